@@ -1,0 +1,211 @@
+"""The deployctl command line: parse options, run one operation over the fleet, report."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from deployctl import __version__
+from deployctl.errors import DeployctlError
+
+app = typer.Typer(
+    name="deployctl",
+    help="Deploy and operate SGLang inference servers on multi-GPU hosts over SSH.",
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+
+# Options shared by the commands; accepted after the subcommand, where users type them.
+InventoryOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "-i",
+        "--inventory",
+        help="Ansible YAML inventory (default: $DEPLOYCTL_INVENTORY, the project's, or localhost).",
+    ),
+]
+HostsOpt = Annotated[
+    str | None, typer.Option("-H", "--hosts", help="Hosts: names, groups, globs, comma lists, all.")
+]
+ForksOpt = Annotated[
+    int, typer.Option("--forks", min=1, max=1024, help="Hosts worked on in parallel.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
+AcceptKeysOpt = Annotated[
+    bool,
+    typer.Option(
+        "--accept-new-host-keys", help="Record unknown SSH host keys (never changed ones)."
+    ),
+]
+KnownHostsOpt = Annotated[
+    Path | None,
+    typer.Option("--known-hosts", help="known_hosts file (default: ~/.ssh/known_hosts)."),
+]
+ProjectOpt = Annotated[
+    Path | None, typer.Option("--project", help="Project folder (default: found by walking up).")
+]
+TemplateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--template",
+        "-t",
+        help="Launch template (default: host var, or eagle3 with --threshold, else baseline).",
+    ),
+]
+ThresholdOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--threshold", min=1, help="Turn speculation off while the batch is larger than N."
+    ),
+]
+SetOpt = Annotated[
+    list[str] | None, typer.Option("--set", help="Override a variable: KEY=VALUE (repeatable).")
+]
+
+
+@dataclass
+class Session:
+    """What every command needs: the project, the selected hosts and how to reach them."""
+
+    project: Any
+    hosts: list[Any]
+    options: Any
+    forks: int
+
+    def fleet(self) -> Any:
+        from deployctl.fanout import Fleet
+
+        return Fleet(self.hosts, self.options, self.forks)
+
+
+def _session(
+    inventory: Path | None,
+    hosts: str | None,
+    forks: int = 16,
+    accept_new_host_keys: bool = False,
+    known_hosts: Path | None = None,
+    project: Path | None = None,
+) -> Session:
+    from deployctl.connection import ConnectOptions
+    from deployctl.inventory import resolve_inventory
+    from deployctl.project import find_project
+
+    found = find_project(Path.cwd(), project)
+    selected = resolve_inventory(inventory, found.default_inventory()).select(hosts)
+    options = ConnectOptions(accept_new_host_keys=accept_new_host_keys, known_hosts=known_hosts)
+    return Session(found, selected, options, forks)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"deployctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    ctx: typer.Context,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """Deploy and operate SGLang inference servers on multi-GPU hosts over SSH."""
+    if ctx.invoked_subcommand is None:
+        print(ctx.get_help())
+        raise typer.Exit(2)
+
+
+@app.command()
+def hosts(
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    json: JsonOpt = False,
+    project: ProjectOpt = None,
+) -> int:
+    """Show the selected hosts with their connection and merged variables."""
+    from deployctl import report
+
+    session = _session(inventory, hosts, project=project)
+    described = {h.name: h.describe() for h in session.hosts}
+    if json:
+        report.print_json({"hosts": described})
+    else:
+        report.print_table(
+            None, ["host", "connection", "address", "user", "vars"], report.hosts_rows(described)
+        )
+    return 0
+
+
+@app.command()
+def render(
+    template: TemplateOpt = None,
+    threshold: ThresholdOpt = None,
+    set_: SetOpt = None,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    json: JsonOpt = False,
+    project: ProjectOpt = None,
+) -> int:
+    """Print, per host, the exact shell command that `launch` will run."""
+    from deployctl import report
+    from deployctl.ops.launch import render_commands
+
+    session = _session(inventory, hosts, project=project)
+    results = render_commands(session.project, session.hosts, template, threshold, set_ or [])
+    if json:
+        report.print_json(report.hosts_document(results, lambda r: {"command": r.display}))
+    else:
+        report.print_rendered(results)
+    return 1 if report.failed(results) else 0
+
+
+@app.command()
+def gpus(
+    max_used_mib: Annotated[
+        int, typer.Option("--max-used-mib", min=0, help="Memory a clean GPU may show.")
+    ] = 16,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    forks: ForksOpt = 16,
+    json: JsonOpt = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    project: ProjectOpt = None,
+) -> int:
+    """Show each host's GPUs and compute processes; exit 1 unless all are clean."""
+    from deployctl import report
+    from deployctl.ops.gpus import check_gpus
+
+    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    with session.fleet() as fleet:
+        results = fleet.run(lambda host, conn: check_gpus(host, conn, max_used_mib))
+    if json:
+        report.print_json(report.hosts_document(results, lambda r: r.to_json()))
+    else:
+        report.print_gpus(results)
+    return 0 if all(r.ok and r.value is not None and r.value.clean for r in results) else 1
+
+
+def main() -> None:
+    """Run the CLI: one-line errors for user mistakes, never a traceback."""
+    from deployctl import report
+
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # usage errors: bad option, bad value, unknown command
+        report.print_error(exc.format_message())
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except DeployctlError as exc:
+        report.print_error(exc.message, exc.hint)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

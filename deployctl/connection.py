@@ -1,0 +1,319 @@
+"""One interface to run commands and move files on a host, locally or over SSH.
+
+This is the only module that imports fabric or paramiko, and it imports them lazily so
+that commands which never touch a remote host start fast.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from deployctl.errors import CommandError, CommandTimeoutError, ConnectError, HostKeyError
+from deployctl.shell import join, quote
+
+if TYPE_CHECKING:
+    import paramiko
+
+    from deployctl.inventory import Host
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_COMMAND_TIMEOUT = 120.0
+_STDERR_TAIL = 400
+# accept-new appends to one known_hosts file from many threads.
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a command returned: exit code and its output."""
+
+    command: str
+    exit_code: int
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", errors="replace")
+
+    def check(self, host: str) -> CommandResult:
+        """Return self, or raise CommandError with the command, exit code and stderr tail."""
+        if self.exit_code != 0:
+            tail = (self.stderr.strip() or self.stdout.strip())[-_STDERR_TAIL:]
+            raise CommandError(
+                f"{host}: command exited {self.exit_code}: {_shorten(self.command)}"
+                + (f": {tail}" if tail else "")
+            )
+        return self
+
+
+def _shorten(command: str, limit: int = 120) -> str:
+    return command if len(command) <= limit else command[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class ConnectOptions:
+    """How to reach hosts: host-key policy and timeouts."""
+
+    accept_new_host_keys: bool = False
+    known_hosts: Path | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    command_timeout: float = DEFAULT_COMMAND_TIMEOUT
+
+
+class Connection(ABC):
+    """Run commands and read or write files on one host; counts round trips."""
+
+    def __init__(self, name: str, command_timeout: float) -> None:
+        self.name = name
+        self.command_timeout = command_timeout
+        self.round_trips = 0
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
+        """Run a shell command (a string, or argv that gets quoted) and return its result."""
+        text = command if isinstance(command, str) else join(command)
+        self.round_trips += 1
+        code, out, err = self._exec(text, stdin, timeout or self.command_timeout)
+        return CommandResult(text, code, out, err)
+
+    def read_file(self, path: str, *, timeout: float | None = None) -> bytes:
+        """Return a file's bytes; raise CommandError if it cannot be read."""
+        return self.run(f"cat -- {quote(path)}", timeout=timeout).check(self.name).stdout_bytes
+
+    def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        """Write a file atomically: a temporary file in the same folder, then rename."""
+        script = (
+            f'set -e; target={quote(path)}; dir=$(dirname -- "$target"); mkdir -p -- "$dir"; '
+            'tmp=$(mktemp "$dir/.deployctl.XXXXXX"); trap \'rm -f -- "$tmp"\' EXIT; '
+            f'cat > "$tmp"; chmod {mode:o} "$tmp"; mv -f -- "$tmp" "$target"; trap - EXIT'
+        )
+        self.run(script, stdin=data).check(self.name)
+
+    @abstractmethod
+    def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+        """Run `command` through the host's shell; return (exit code, stdout, stderr)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the connection."""
+
+
+class LocalConnection(Connection):
+    """This machine, through /bin/sh."""
+
+    def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+        # A session of its own lets a timeout end everything the command started in the foreground.
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            out, err = proc.communicate(stdin or b"", timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise CommandTimeoutError(
+                f"{self.name}: command timed out after {timeout:g}s: {_shorten(command)}"
+            ) from None
+        return proc.returncode, out, err
+
+
+class SSHConnection(Connection):
+    """A host over SSH (fabric/paramiko) with verified host keys; connects on first use."""
+
+    def __init__(self, host: Host, options: ConnectOptions) -> None:
+        super().__init__(
+            host.name, float(host.vars.get("command_timeout", options.command_timeout))
+        )
+        self.host = host
+        self.options = options
+        self.connect_timeout = float(host.vars.get("connect_timeout", options.connect_timeout))
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+
+    def _known_hosts_path(self, ssh_config: dict[str, Any]) -> Path:
+        configured = self.host.vars.get("known_hosts_file") or self.options.known_hosts
+        if configured:
+            return Path(os.path.expanduser(str(configured)))
+        from_config = ssh_config.get("userknownhostsfile")
+        if from_config:
+            return Path(os.path.expanduser(str(from_config).split()[0]))
+        return Path.home() / ".ssh" / "known_hosts"
+
+    def _connect(self) -> paramiko.SSHClient:
+        import fabric
+        import paramiko
+
+        host = self.host
+        connect_kwargs: dict[str, Any] = {
+            "banner_timeout": self.connect_timeout,
+            "auth_timeout": self.connect_timeout,
+        }
+        if host.key_file:
+            connect_kwargs["key_filename"] = [host.key_file]
+        conn = fabric.Connection(
+            host.address,
+            user=host.user,
+            port=host.port,
+            connect_timeout=self.connect_timeout,
+            connect_kwargs=connect_kwargs,
+        )
+        client: paramiko.SSHClient = conn.client
+        known_hosts = self._known_hosts_path(dict(conn.ssh_config))
+        if known_hosts.is_file():
+            client.load_host_keys(str(known_hosts))
+        # Fabric's default policy accepts any key; ours refuses or records like `accept-new`.
+        policy = (
+            _AcceptNewPolicy(known_hosts) if self.options.accept_new_host_keys else _RejectPolicy()
+        )
+        client.set_missing_host_key_policy(cast("paramiko.MissingHostKeyPolicy", policy))
+        where = f"{conn.user}@{conn.host}:{conn.port}"
+        try:
+            if not conn.gateway:
+                sock = socket.create_connection(
+                    (conn.host, conn.port), timeout=self.connect_timeout
+                )
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.connect_kwargs["sock"] = sock
+            conn.open()
+        except _UnknownHostKey as exc:
+            raise HostKeyError(
+                f"{self.name}: host key of {exc.hostname} is not known ({exc.key_type}) in {known_hosts}",
+                hint="check the key, then connect once with --accept-new-host-keys to record it",
+            ) from None
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(
+                f"{self.name}: host key of {exc.hostname} has CHANGED (got {exc.key.get_name()}); "
+                "refusing to connect",
+                hint=f"if the host was really reinstalled, remove the old key: ssh-keygen -R {exc.hostname!r} "
+                f"-f {known_hosts}",
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            raise ConnectError(
+                f"{self.name}: authentication failed for {where}: {exc}",
+                hint="check ansible_user and ansible_ssh_private_key_file, or your ssh-agent",
+            ) from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ConnectError(f"{self.name}: cannot connect to {where}: {reason}") from None
+        return client
+
+    def _client_or_connect(self) -> paramiko.SSHClient:
+        with self._lock:
+            if self._client is None:
+                self._client = self._connect()
+            return self._client
+
+    def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+        import paramiko
+
+        client = self._client_or_connect()
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectError(f"{self.name}: the SSH connection was lost")
+        deadline = time.monotonic() + timeout
+        out: list[bytes] = []
+        err: list[bytes] = []
+        try:
+            # Every blocking step has a timeout, so a host that goes silent cannot hang us.
+            channel = transport.open_session(timeout=min(timeout, self.connect_timeout))
+            channel.settimeout(timeout)
+            channel.exec_command(command)
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            while not channel.status_event.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+                _drain(channel, out, err)
+                if time.monotonic() >= deadline:
+                    channel.close()
+                    raise CommandTimeoutError(
+                        f"{self.name}: command timed out after {timeout:g}s: {_shorten(command)}"
+                    )
+            _drain(channel, out, err)
+            code = channel.recv_exit_status()
+            channel.close()
+        except TimeoutError:
+            raise CommandTimeoutError(
+                f"{self.name}: no answer within {timeout:g}s: {_shorten(command)}"
+            ) from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectError(f"{self.name}: SSH failure: {exc or type(exc).__name__}") from None
+        return code, b"".join(out), b"".join(err)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+
+def _drain(channel: paramiko.Channel, out: list[bytes], err: list[bytes]) -> None:
+    while channel.recv_ready():
+        out.append(channel.recv(1 << 16))
+    while channel.recv_stderr_ready():
+        err.append(channel.recv_stderr(1 << 16))
+
+
+class _UnknownHostKey(Exception):
+    def __init__(self, hostname: str, key_type: str) -> None:
+        super().__init__(hostname)
+        self.hostname = hostname
+        self.key_type = key_type
+
+
+class _RejectPolicy:
+    """Refuse a host whose key is not in known_hosts."""
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        raise _UnknownHostKey(hostname, key.get_name())
+
+
+class _AcceptNewPolicy:
+    """Record an unknown key in known_hosts, like OpenSSH's StrictHostKeyChecking=accept-new."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        from paramiko.hostkeys import HostKeyEntry
+
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        line = HostKeyEntry([hostname], key).to_line() or ""
+        with _KNOWN_HOSTS_LOCK:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(line)
+
+
+def open_connection(host: Host, options: ConnectOptions) -> Connection:
+    """Return the connection for a host: local or SSH, by its ansible_connection."""
+    if host.is_local:
+        timeout = float(host.vars.get("command_timeout", options.command_timeout))
+        return LocalConnection(host.name, timeout)
+    return SSHConnection(host, options)

@@ -1,0 +1,168 @@
+"""Read-only probes: a shell command and a pure parser for its output."""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from deployctl.connection import Connection
+from deployctl.errors import DeployctlError
+
+# The exact queries whose real output is captured under tests/data/nvidia-smi/.
+GPU_QUERY = (
+    "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,"
+    "temperature.gpu,compute_cap,driver_version --format=csv"
+)
+GPU_APPS_QUERY = (
+    "nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_uuid --format=csv"
+)
+# Both queries in one round trip; a missing nvidia-smi is reported as exit 127.
+GPUS_COMMAND = (
+    "command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found'; exit 127; }; "
+    f"{GPU_QUERY} && echo @@apps && {GPU_APPS_QUERY}"
+)
+_PROBE_MARK = "@@deployctl-probe@@"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_used_mib: int
+    memory_total_mib: int
+    utilization_pct: int | None
+    compute_cap: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("compute_cap")
+        return data
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    name: str
+    used_memory_mib: int | None
+    gpu_uuid: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ParseError(DeployctlError):
+    """Probe output that does not have the expected shape, or a probe that failed."""
+
+
+def _number(text: str) -> int | None:
+    """Parse '8811 MiB', '0 %', '8802' or '[N/A]' to an int (None when not available)."""
+    match = re.match(r"\s*(\d+)", text)
+    return int(match.group(1)) if match else None
+
+
+def _csv_rows(text: str, header_prefix: str) -> list[list[str]]:
+    rows = []
+    for row in csv.reader(line for line in text.splitlines() if line.strip()):
+        cells = [cell.strip() for cell in row]
+        if cells and cells[0] == header_prefix:
+            continue
+        rows.append(cells)
+    return rows
+
+
+def parse_gpus(text: str) -> list[Gpu]:
+    """Parse GPU_QUERY output (csv, with or without header and units)."""
+    gpus = []
+    for cells in _csv_rows(text, "index"):
+        if len(cells) < 6 or not cells[0].isdigit():
+            raise ParseError(f"unexpected nvidia-smi GPU line: {','.join(cells)[:200]}")
+        used, total = _number(cells[3]), _number(cells[4])
+        if used is None or total is None:
+            raise ParseError(f"no memory figures in nvidia-smi GPU line: {','.join(cells)[:200]}")
+        gpus.append(
+            Gpu(
+                index=int(cells[0]),
+                uuid=cells[1],
+                name=cells[2],
+                memory_used_mib=used,
+                memory_total_mib=total,
+                utilization_pct=_number(cells[5]),
+                compute_cap=cells[7] if len(cells) > 7 else None,
+            )
+        )
+    return gpus
+
+
+def parse_gpu_processes(text: str) -> list[GpuProcess]:
+    """Parse GPU_APPS_QUERY output (csv, with or without header and units)."""
+    processes = []
+    for cells in _csv_rows(text, "pid"):
+        if len(cells) < 4 or not cells[0].isdigit():
+            raise ParseError(f"unexpected nvidia-smi process line: {','.join(cells)[:200]}")
+        processes.append(GpuProcess(int(cells[0]), cells[1], _number(cells[2]), cells[3]))
+    return processes
+
+
+@dataclass(frozen=True)
+class GpuState:
+    gpus: list[Gpu]
+    processes: list[GpuProcess]
+
+
+def parse_gpus_command(exit_code: int, output: str) -> GpuState:
+    """Parse GPUS_COMMAND's combined output; raise ParseError with nvidia-smi's own message."""
+    if exit_code != 0:
+        message = " ".join(output.split()) or f"nvidia-smi exited {exit_code}"
+        raise ParseError(message[:300])
+    gpu_text, sep, apps_text = output.partition("@@apps")
+    if not sep:
+        raise ParseError("nvidia-smi output is incomplete")
+    return GpuState(parse_gpus(gpu_text), parse_gpu_processes(apps_text))
+
+
+@dataclass(frozen=True)
+class ProbeOutput:
+    exit_code: int
+    output: str
+
+
+def probe_script(probes: Mapping[str, str]) -> str:
+    """Join several probe commands into one shell script (one round trip)."""
+    parts = [
+        f"echo '{_PROBE_MARK} {name}'; ( {command} ) 2>&1; echo \"{_PROBE_MARK} rc=$?\""
+        for name, command in probes.items()
+    ]
+    return "\n".join(parts)
+
+
+def parse_probe_output(text: str) -> dict[str, ProbeOutput]:
+    """Split probe_script output back into each probe's exit code and output."""
+    results: dict[str, ProbeOutput] = {}
+    name: str | None = None
+    lines: list[str] = []
+    for line in text.split("\n"):
+        if line.startswith(_PROBE_MARK):
+            tag = line[len(_PROBE_MARK) + 1 :]
+            if tag.startswith("rc=") and name is not None:
+                results[name] = ProbeOutput(int(tag[3:] or 1), "\n".join(lines))
+                name = None
+            else:
+                name, lines = tag, []
+        elif name is not None:
+            lines.append(line)
+    return results
+
+
+def run_probes(conn: Connection, probes: Mapping[str, str]) -> dict[str, ProbeOutput]:
+    """Run several probes in one round trip; a probe that did not report is an error."""
+    result = conn.run(probe_script(probes))
+    outputs = parse_probe_output(result.stdout)
+    missing = [name for name in probes if name not in outputs]
+    if missing:
+        detail = (result.stderr or result.stdout).strip()[-300:]
+        raise ParseError(f"probe {missing[0]} gave no result (exit {result.exit_code}): {detail}")
+    return outputs

@@ -1,0 +1,1 @@
+"""Operations: read facts, act on a host, return a per-host result."""

@@ -1,0 +1,177 @@
+"""Render launch commands from Jinja2 templates, with every value quoted for the shell."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deployctl.errors import TemplateError, UsageError
+from deployctl.inventory import MASK, Host, is_secret_name
+from deployctl.shell import join, quote
+
+TEMPLATE_SUFFIX = ".j2"
+THRESHOLD_FLAG = "--speculative-disable-batch-threshold"
+_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class RenderedCommand:
+    """A launch command: its argv, the shell line, and a display copy with secrets masked."""
+
+    template: str
+    threshold: int | None
+    argv: list[str]
+    secrets: tuple[str, ...] = ()
+
+    @property
+    def command(self) -> str:
+        return join(self.argv)
+
+    @property
+    def display(self) -> str:
+        """Return the shell line with secret values masked."""
+        return join(mask_values(arg, self.secrets) for arg in self.argv)
+
+    @property
+    def log_stem(self) -> str:
+        """Name what runs: template and threshold, e.g. eagle3_t5."""
+        stem = self.template if self.threshold is None else f"{self.template}_t{self.threshold}"
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
+
+
+def mask_values(text: str, secrets: Sequence[str]) -> str:
+    """Replace every secret value inside `text` with the mask."""
+    for secret in secrets:
+        text = text.replace(secret, MASK)
+    return text
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """Parse --set KEY=VALUE pairs; values are YAML scalars (8 → int, true → bool)."""
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not _VAR_NAME.match(key):
+            raise UsageError(
+                f"--set {pair!r} is not KEY=VALUE with a variable name as KEY",
+                hint="e.g. --set model_path=/shared/models/x --set tp=8",
+            )
+        overrides[key] = _scalar(text)
+    return overrides
+
+
+def _scalar(text: str) -> Any:
+    if text == "":
+        return ""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    # Only plain scalars are converted; anything else stays the string the user typed.
+    return value if isinstance(value, (bool, int, float)) else text
+
+
+def _finalize(value: Any) -> str:
+    """Quote each value that a template prints; lists become one quoted word per item."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return " ".join(quote(item) for item in value)
+    return quote(value)
+
+
+def template_names(search_dirs: Sequence[Path]) -> list[str]:
+    """List the templates available, project ones first."""
+    names: list[str] = []
+    for folder in search_dirs:
+        for path in sorted(folder.glob(f"*{TEMPLATE_SUFFIX}")):
+            if path.stem not in names:
+                names.append(path.stem)
+    return names
+
+
+class TemplateSet:
+    """The launch templates found in the project and the package."""
+
+    def __init__(self, search_dirs: Sequence[Path]) -> None:
+        import jinja2
+
+        self.search_dirs = list(search_dirs)
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader([str(d) for d in self.search_dirs]),
+            undefined=jinja2.StrictUndefined,
+            finalize=_finalize,
+            autoescape=False,
+            keep_trailing_newline=True,
+        )
+
+    def render(
+        self,
+        host: Host,
+        template: str,
+        threshold: int | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> RenderedCommand:
+        """Render the template for a host; a missing variable is an error naming it."""
+        import jinja2
+
+        names = template_names(self.search_dirs)
+        if template not in names:
+            raise TemplateError(
+                f"unknown template {template!r}",
+                hint="available: " + (", ".join(names) or "none"),
+            )
+        variables = {**host.vars, **(overrides or {})}
+        context = {
+            **variables,
+            "inventory_hostname": host.name,
+            "template": template,
+            "threshold": threshold,
+        }
+        try:
+            text = self.env.get_template(template + TEMPLATE_SUFFIX).render(context)
+        except jinja2.UndefinedError as exc:
+            missing = re.search(r"'(\w+)' is undefined", str(exc))
+            name = missing.group(1) if missing else str(exc)
+            raise TemplateError(
+                f"template {template!r} needs variable {name!r}, which host {host.name} does not define",
+                hint=f"define it in the inventory or pass --set {name}=VALUE",
+            ) from None
+        except jinja2.TemplateError as exc:
+            lineno = getattr(exc, "lineno", None)
+            where = f" line {lineno}" if lineno else ""
+            raise TemplateError(f"template {template!r}{where}: {exc}") from None
+        try:
+            argv = shlex.split(text, comments=True)
+        except ValueError as exc:
+            raise TemplateError(
+                f"template {template!r} rendered an unbalanced command: {exc}"
+            ) from None
+        if not argv:
+            raise TemplateError(f"template {template!r} rendered an empty command")
+        if threshold is not None and not any(a.split("=", 1)[0] == THRESHOLD_FLAG for a in argv):
+            argv.append(f"{THRESHOLD_FLAG}={threshold}")
+        secrets = tuple(
+            str(v)
+            for k, v in variables.items()
+            if is_secret_name(k) and v not in (None, "") and len(str(v)) >= 4
+        )
+        return RenderedCommand(template, threshold, argv, secrets)
+
+
+def default_template(host: Host, template: str | None, threshold: int | None) -> str:
+    """Pick the template: the option, else the host's `template` variable, else by threshold."""
+    if template:
+        return template
+    if host.vars.get("template"):
+        return str(host.vars["template"])
+    return "eagle3" if threshold is not None else "baseline"

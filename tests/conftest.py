@@ -1,0 +1,80 @@
+"""Shared fixtures: real sshd test hosts on loopback and a runner for the deployctl CLI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.sshd_hosts import REPO, SSHLab, start_lab
+
+HOST_NAMES = ["alpha", "bravo", "charlie", "delta"]
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[SSHLab]:
+    """Start one real sshd per test host for the whole session."""
+    if os.geteuid() != 0 or not Path("/usr/sbin/sshd").exists():
+        pytest.fail("the sshd test hosts need root and openssh-server: run ./scripts/test")
+    base = Path(tempfile.mkdtemp(prefix="deployctl-hosts-", dir="/tmp"))
+    lab = start_lab(base, HOST_NAMES)
+    try:
+        yield lab
+    finally:
+        for host in lab.hosts.values():
+            host.stop()
+            host.kill_processes()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def hosts(lab: SSHLab) -> SSHLab:
+    """The lab with every host reset to a clean state for this test."""
+    for host in lab.hosts.values():
+        host.reset()
+    return lab
+
+
+@pytest.fixture
+def client_home(tmp_path: Path) -> Path:
+    """An empty HOME for the CLI, so the operator's own ~/.ssh never leaks into a test."""
+    home = tmp_path / "client-home"
+    home.mkdir()
+    return home
+
+
+class CLI:
+    """Run `python -m deployctl` as a user would, from a working folder."""
+
+    def __init__(self, cwd: Path, home: Path) -> None:
+        self.cwd = cwd
+        self.home = home
+
+    def __call__(
+        self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        full_env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))
+        }
+        full_env.update(HOME=str(self.home), PYTHONPATH=str(REPO), COLUMNS="200", **(env or {}))
+        return subprocess.run(
+            [sys.executable, "-m", "deployctl", *args],
+            cwd=self.cwd,
+            env=full_env,
+            text=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+
+@pytest.fixture
+def cli(tmp_path: Path, client_home: Path) -> CLI:
+    work = tmp_path / "work"
+    work.mkdir()
+    return CLI(work, client_home)

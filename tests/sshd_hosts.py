@@ -1,0 +1,244 @@
+"""Real OpenSSH test hosts on loopback addresses, one sshd and one login user per host."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+CAPTURES = TESTS / "data" / "nvidia-smi" / "h200-1gpu"
+FAKE_NVIDIA_SMI = TESTS / "fakes" / "nvidia-smi"
+STANDIN = TESTS / "standin" / "sglang_standin.py"
+SSHD = "/usr/sbin/sshd"
+# Debian's interpreter: readable by the test users (root's pyenv is not) and a cp311 like SGLang's wheel.
+HOST_PYTHON = "/usr/bin/python3"
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
+def sh(*argv: str | Path, check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in argv], check=check, text=True, capture_output=True, **kwargs)
+
+
+@dataclass
+class TestHost:
+    """One sshd on its own loopback address, with its own host key, user, home and fake GPUs."""
+
+    __test__ = False  # not a pytest test class
+
+    name: str
+    address: str
+    root: Path
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    host_key_line: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def user(self) -> str:
+        return f"dct-{self.name}"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def known_hosts_name(self) -> str:
+        return f"[{self.address}]:{self.port}"
+
+    def setup(self, authorized_key: str) -> None:
+        for folder in (self.etc, self.bin, self.home, self.root / "run"):
+            folder.mkdir(parents=True, exist_ok=True)
+        key = self.etc / "ssh_host_ed25519_key"
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)
+        key_type, key_body = key.with_suffix(".pub").read_text().split()[:2]
+        (self.etc / "authorized_keys").write_text(authorized_key)
+        (self.etc / "captures").write_text(str(CAPTURES))
+        shutil.copy(FAKE_NVIDIA_SMI, self.bin / "nvidia-smi")
+        self.set_gpus("clean", 1)
+        self._ensure_user()
+        self.port = free_port(self.address)
+        self.host_key_line = f"{self.known_hosts_name} {key_type} {key_body}\n"
+        path = ":".join([str(self.bin), "/usr/local/bin", "/usr/bin", "/bin"])
+        config = f"""
+Port {self.port}
+ListenAddress {self.address}
+HostKey {key}
+PidFile {self.root / "run" / "sshd.pid"}
+AuthorizedKeysFile {self.etc / "authorized_keys"}
+StrictModes no
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin no
+AllowUsers {self.user}
+MaxStartups 500:30:1000
+MaxSessions 100
+LogLevel ERROR
+SetEnv PATH={path}
+Subsystem sftp internal-sftp
+"""
+        (self.etc / "sshd_config").write_text(config)
+        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation folder
+        sh(SSHD, "-t", "-f", self.etc / "sshd_config")
+        self.start()
+
+    def _ensure_user(self) -> None:
+        exists = sh("id", "-u", self.user, check=False).returncode == 0
+        if not exists:
+            sh("useradd", "--no-create-home", "--user-group", "--shell", "/bin/sh", self.user)
+        # '*' (not '!'): no password, yet not locked, so sshd without PAM lets keys in.
+        sh("usermod", "--home", self.home, "--password", "*", self.user)
+        sh("chown", "-R", f"{self.user}:{self.user}", self.home)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(self.etc / "sshd_config")],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "sshd.log", "ab"),  # noqa: SIM115 - lives with the process
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd for {self.name} exited: {(self.root / 'sshd.log').read_text()}")
+            try:
+                with socket.create_connection((self.address, self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"sshd for {self.name} did not listen on {self.address}:{self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(5)
+        self.proc = None
+
+    def sshd_pids(self) -> list[int]:
+        """The listener and every sshd process serving this host's user."""
+        pids = [self.proc.pid] if self.proc is not None else []
+        out = sh("pgrep", "-u", self.user, "-x", "sshd", check=False).stdout
+        out += sh("pgrep", "-f", f"sshd: {self.user}", check=False).stdout
+        return pids + [int(p) for p in out.split()]
+
+    def pause(self) -> None:
+        """Make the host go silent: stop (SIGSTOP) every sshd process serving it."""
+        for pid in self.sshd_pids():
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for pid in self.sshd_pids():
+            os.kill(pid, signal.SIGCONT)
+
+    def set_gpus(self, mode: str = "clean", count: int = 1) -> None:
+        """clean, busy or failing; `missing` removes nvidia-smi from the host's PATH."""
+        smi = self.bin / "nvidia-smi"
+        if mode == "missing":
+            smi.unlink(missing_ok=True)
+            return
+        if not smi.exists():
+            shutil.copy(FAKE_NVIDIA_SMI, smi)
+        (self.etc / "gpu-mode").write_text(mode)
+        (self.etc / "gpu-count").write_text(str(count))
+
+    def as_user(self, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a shell command locally as this host's user, in its home."""
+        return sh("runuser", "-u", self.user, "--", "sh", "-c", f"cd ~ && {command}", check=check)
+
+    def kill_processes(self) -> None:
+        """End every process of the host's user (servers left by a test)."""
+        sh("pkill", "-KILL", "-u", self.user, check=False)
+        deadline = time.monotonic() + 5
+        while sh("pgrep", "-u", self.user, check=False).stdout.strip() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def reset(self) -> None:
+        """Put the host back to a clean, empty state between tests."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        self.kill_processes()
+        self.set_gpus("clean", 1)
+        shutil.rmtree(self.home, ignore_errors=True)
+        self.home.mkdir()
+        sh("chown", f"{self.user}:{self.user}", self.home)
+
+    def inventory_vars(self, client_key: Path) -> dict[str, Any]:
+        return {
+            "ansible_host": self.address,
+            "ansible_port": self.port,
+            "ansible_user": self.user,
+            "ansible_ssh_private_key_file": str(client_key),
+        }
+
+
+@dataclass
+class SSHLab:
+    """The client side: a key, known_hosts listing every test host, and the hosts."""
+
+    base: Path
+    client_key: Path
+    known_hosts: Path
+    hosts: dict[str, TestHost]
+
+    def inventory(
+        self,
+        path: Path,
+        names: list[str],
+        host_vars: dict[str, dict[str, Any]] | None = None,
+        **common: Any,
+    ) -> Path:
+        """Write an Ansible inventory for the named test hosts."""
+        hosts = {}
+        for name in names:
+            entry = self.hosts[name].inventory_vars(self.client_key)
+            entry.update((host_vars or {}).get(name, {}))
+            hosts[name] = entry
+        variables = {
+            "known_hosts_file": str(self.known_hosts),
+            "python": HOST_PYTHON,
+            "connect_timeout": 5,
+            "command_timeout": 30,
+            **common,
+        }
+        path.write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": variables}}, sort_keys=False))
+        return path
+
+
+def start_lab(base: Path, names: list[str]) -> SSHLab:
+    base.mkdir(parents=True, exist_ok=True)
+    base.chmod(0o755)
+    client = base / "client"
+    client.mkdir()
+    key = client / "id_ed25519"
+    sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)
+    authorized = key.with_suffix(".pub").read_text()
+    hosts: dict[str, TestHost] = {}
+    for index, name in enumerate(names):
+        host = TestHost(name, f"127.0.0.{index + 2}", base / name)
+        host.setup(authorized)
+        hosts[name] = host
+    known_hosts = client / "known_hosts"
+    known_hosts.write_text("".join(h.host_key_line for h in hosts.values()))
+    return SSHLab(base, key, known_hosts, hosts)
