@@ -1,0 +1,141 @@
+"""The one connection interface, exercised the same way locally and over real sshd."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deployctl.connection import (
+    Connection,
+    ConnectOptions,
+    LocalConnection,
+    SSHConnection,
+)
+from deployctl.errors import CommandError, CommandTimeoutError, ConnectError
+from deployctl.inventory import Host
+from tests.sshd_hosts import SSHLab
+
+
+def ssh_host(lab: SSHLab, name: str, **extra: object) -> Host:
+    return Host(
+        name,
+        {
+            **lab.hosts[name].inventory_vars(lab.client_key),
+            "known_hosts_file": str(lab.known_hosts),
+            **extra,
+        },
+    )
+
+
+@pytest.fixture(params=["local", "ssh"])
+def conn(request: pytest.FixtureRequest, hosts: SSHLab) -> Iterator[Connection]:
+    if request.param == "local":
+        connection: Connection = LocalConnection("local", 30)
+    else:
+        connection = SSHConnection(ssh_host(hosts, "alpha"), ConnectOptions())
+    yield connection
+    connection.close()
+
+
+def test_run_returns_exit_code_stdout_and_stderr(conn: Connection) -> None:
+    result = conn.run("echo out; echo err >&2; exit 3")
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
+    with pytest.raises(CommandError, match="exited 3.*err"):
+        result.check(conn.name)
+
+
+def test_argv_is_quoted_so_values_stay_single_arguments(conn: Connection) -> None:
+    value = "a b; echo pwned $(id) `id` 'q' \"d\"\nline2"
+    result = conn.run(["printf", "%s|", value, "-x"])
+    assert result.stdout == value + "|-x|"
+
+
+def test_stdin_and_large_output_on_both_streams(conn: Connection) -> None:
+    big = conn.run("head -c 3000000 /dev/zero | tr '\\0' o; head -c 3000000 /dev/zero | tr '\\0' e >&2")
+    assert len(big.stdout) == 3_000_000 and len(big.stderr) == 3_000_000
+    assert conn.run("wc -c", stdin=b"x" * 100_000).stdout.strip() == "100000"
+
+
+def test_write_file_is_atomic_and_read_back(conn: Connection, tmp_path: Path) -> None:
+    target = conn.run("mktemp -d").stdout.strip() + "/sub/file.txt"
+    conn.write_file(target, b"one\x00two", mode=0o600)
+    assert conn.read_file(target) == b"one\x00two"
+    assert conn.run(["stat", "-c", "%a", target]).stdout.strip() == "600"
+    conn.write_file(target, b"replaced")
+    assert conn.read_file(target) == b"replaced"
+    leftovers = conn.run(["sh", "-c", 'ls -A "$(dirname "$1")"', "sh", target]).stdout.split()
+    assert leftovers == ["file.txt"]
+
+
+def test_reading_a_missing_file_is_an_error(conn: Connection) -> None:
+    with pytest.raises(CommandError, match="No such file"):
+        conn.read_file("/nonexistent/deployctl-test")
+
+
+def test_command_timeout_is_bounded(conn: Connection) -> None:
+    start = time.monotonic()
+    with pytest.raises(CommandTimeoutError, match="timed out"):
+        conn.run("sleep 10", timeout=0.5)
+    assert time.monotonic() - start < 3
+
+
+def test_round_trips_are_counted(conn: Connection) -> None:
+    for _ in range(3):
+        conn.run("true")
+    conn.read_file("/etc/hostname")
+    assert conn.round_trips == 4
+
+
+def test_ssh_connection_is_opened_once_and_reused(hosts: SSHLab) -> None:
+    conn = SSHConnection(ssh_host(hosts, "alpha"), ConnectOptions())
+    try:
+        first = conn.run("echo $PPID").stdout
+        transport = conn._client.get_transport() if conn._client else None
+        second = conn.run("echo $PPID").stdout
+        assert conn._client is not None and conn._client.get_transport() is transport
+        assert first and second
+    finally:
+        conn.close()
+
+
+def test_host_that_goes_silent_mid_session_times_out(hosts: SSHLab) -> None:
+    silent = hosts.hosts["bravo"]
+    conn = SSHConnection(ssh_host(hosts, "bravo", connect_timeout=2), ConnectOptions())
+    try:
+        assert conn.run("echo up").stdout == "up\n"
+        silent.pause()
+        start = time.monotonic()
+        with pytest.raises((CommandTimeoutError, ConnectError)):
+            conn.run("echo still-there", timeout=2)
+        assert time.monotonic() - start < 6
+    finally:
+        silent.resume()
+        conn.close()
+
+
+def test_silent_host_before_connecting_is_bounded(hosts: SSHLab) -> None:
+    silent = hosts.hosts["charlie"]
+    silent.pause()
+    conn = SSHConnection(ssh_host(hosts, "charlie", connect_timeout=2), ConnectOptions())
+    try:
+        start = time.monotonic()
+        with pytest.raises(ConnectError, match="cannot connect"):
+            conn.run("true")
+        assert time.monotonic() - start < 6
+    finally:
+        silent.resume()
+        conn.close()
+
+
+def test_refused_authentication_is_a_clear_error(hosts: SSHLab, tmp_path: Path) -> None:
+    other_key = tmp_path / "other_key"
+    import subprocess
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
+    host = ssh_host(hosts, "alpha", ansible_ssh_private_key_file=str(other_key))
+    conn = SSHConnection(host, ConnectOptions())
+    with pytest.raises(ConnectError, match="authentication failed"):
+        conn.run("true")
