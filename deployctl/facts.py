@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -132,8 +133,11 @@ class ProbeOutput:
 
 def probe_script(probes: Mapping[str, str]) -> str:
     """Join several probe commands into one shell script (one round trip)."""
+    # The newline before the rc mark keeps it at the start of a line when the output has no
+    # final newline; the parser takes that newline back off.
     parts = [
-        f"echo '{_PROBE_MARK} {name}'; ( {command} ) 2>&1; echo \"{_PROBE_MARK} rc=$?\""
+        f"echo {shlex.quote(f'{_PROBE_MARK} {name}')}; ( {command} ) 2>&1; "
+        f"printf '\\n%s rc=%s\\n' {_PROBE_MARK} \"$?\""
         for name, command in probes.items()
     ]
     return "\n".join(parts)
@@ -148,7 +152,9 @@ def parse_probe_output(text: str) -> dict[str, ProbeOutput]:
         if line.startswith(_PROBE_MARK):
             tag = line[len(_PROBE_MARK) + 1 :]
             if tag.startswith("rc=") and name is not None:
-                results[name] = ProbeOutput(int(tag[3:] or 1), "\n".join(lines))
+                output = "\n".join(lines)
+                output = output.removesuffix("\n") if lines else output
+                results[name] = ProbeOutput(int(tag[3:] or 1), output)
                 name = None
             else:
                 name, lines = tag, []

@@ -27,7 +27,16 @@ DEFAULT_VARS: dict[str, Any] = {
 }
 CONNECTION_TYPES = ("ssh", "local")
 LOCALHOST = "localhost"
-_SECRET_WORDS = {"token", "pass", "password", "passwd", "secret", "apikey", "credential", "credentials"}
+_SECRET_WORDS = {
+    "token",
+    "pass",
+    "password",
+    "passwd",
+    "secret",
+    "apikey",
+    "credential",
+    "credentials",
+}
 _SECRET_PAIRS = re.compile(r"(api|access|private|secret)_key(?!_file|_path)", re.IGNORECASE)
 MASK = "********"
 _RANGE = re.compile(r"\[([^\]:]+):([^\]:]+)(?::(\d+))?\]")
@@ -324,15 +333,17 @@ def _resolve(parser: _Parser, folder: Path) -> Inventory:
     depths = _group_depths(groups, parser.source)
     membership = {name: _members(groups, name) for name in groups}
     membership["all"] = list(parser.host_order)
-    # Ansible's order: all, then groups by depth (ties by name); file vars before group_vars/.
+    # Ansible's order: all, then groups by depth (ties by name); every group's inventory-file
+    # vars before any group_vars/ file, so group_vars/all.yml beats a child group's vars:.
     ordered = sorted((g for g in groups if g != "all"), key=lambda g: (depths[g], g))
     group_files = {g: _vars_from_dir(folder / "group_vars", g) for g in ["all", *ordered]}
     hosts: dict[str, Host] = {}
     for name in parser.host_order:
-        merged: dict[str, Any] = {**DEFAULT_VARS, **groups["all"].vars, **group_files["all"]}
+        merged: dict[str, Any] = {**DEFAULT_VARS, **groups["all"].vars}
         mine = [g for g in ordered if name in membership[g]]
         for g in mine:
             merged.update(groups[g].vars)
+        merged.update(group_files["all"])
         for g in mine:
             merged.update(group_files[g])
         merged.update(parser.host_vars[name])

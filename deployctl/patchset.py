@@ -288,7 +288,7 @@ def flag_violations(argv: Sequence[str], needed: Iterable[PatchSet]) -> list[str
             if rule.flag not in used:
                 continue
             for other, allowed in rule.requires.items():
-                value = used[other] if other in used else "<absent>"
+                value = used.get(other, "<absent>")
                 if value not in allowed:
                     problems.append(
                         f"{rule.flag} (patch set {patch_set.name}) needs {other} "
