@@ -209,3 +209,113 @@ def main() -> None:
         report.print_error(exc.message, exc.hint)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+patch_app = typer.Typer(help="SGLang patch sets: list, apply, revert, audit.", no_args_is_help=True)
+app.add_typer(patch_app, name="patch")
+NamesArg = Annotated[
+    list[str] | None, typer.Argument(help="Patch set names (default: each host's `patches`).")
+]
+
+
+def _patch_sets(session: Session) -> Any:
+    from deployctl.patchset import load_patch_sets
+
+    return load_patch_sets(session.project.search_dirs("patches"))
+
+
+@patch_app.command("list")
+def patch_list(json: JsonOpt = False, project: ProjectOpt = None) -> int:
+    """List the patch sets with version, content hash and supported SGLang versions."""
+    from deployctl import report
+    from deployctl.patchset import load_patch_sets
+    from deployctl.project import find_project
+
+    sets = load_patch_sets(find_project(Path.cwd(), project).search_dirs("patches"))
+    if json:
+        report.print_json({"patches": [s.to_json() for s in sets.values()]})
+    else:
+        report.print_patch_list(list(sets.values()))
+    return 0
+
+
+@patch_app.command("apply")
+def patch_apply(
+    names: NamesArg = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Check every hunk; change nothing.")
+    ] = False,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    forks: ForksOpt = 16,
+    json: JsonOpt = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    project: ProjectOpt = None,
+) -> int:
+    """Apply patch sets: every hunk checked first, backups kept, compiled and verified."""
+    from deployctl import report
+    from deployctl.ops.patch import apply_patches, sets_per_host
+
+    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    chosen = sets_per_host(session.hosts, _patch_sets(session), names or [])
+    with session.fleet() as fleet:
+        results = fleet.run(
+            lambda host, conn: apply_patches(host, conn, chosen[host.name], dry_run)
+        )
+    return report.print_patch_actions(results, json)
+
+
+@patch_app.command("revert")
+def patch_revert(
+    names: NamesArg = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Restore even files that drifted.")
+    ] = False,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    forks: ForksOpt = 16,
+    json: JsonOpt = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    project: ProjectOpt = None,
+) -> int:
+    """Restore the original SGLang files of patch sets and check their hashes."""
+    from deployctl import report
+    from deployctl.ops.patch import revert_patches, sets_per_host
+
+    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    chosen = sets_per_host(session.hosts, _patch_sets(session), names or [])
+    with session.fleet() as fleet:
+        results = fleet.run(lambda host, conn: revert_patches(host, conn, chosen[host.name], force))
+    return report.print_patch_actions(results, json)
+
+
+@patch_app.command("audit")
+def patch_audit(
+    expect: Annotated[
+        list[str] | None, typer.Option("--expect", help="Expected set (repeatable).")
+    ] = None,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    forks: ForksOpt = 16,
+    json: JsonOpt = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    project: ProjectOpt = None,
+) -> int:
+    """Show which patch set versions each host has; exit 1 unless all expected are applied."""
+    from deployctl import report
+    from deployctl.ops.patch import audit_host
+    from deployctl.patchset import select_sets
+
+    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    available = _patch_sets(session)
+    select_sets(available, expect or [])  # unknown names fail before any host is contacted
+    with session.fleet() as fleet:
+        results = fleet.run(lambda host, conn: audit_host(host, conn, available, expect or []))
+    if json:
+        report.print_json(report.hosts_document(results, lambda r: r.to_json()))
+    else:
+        report.print_audit(results)
+    return 0 if all(r.value is not None and r.value.good for r in results) else 1

@@ -137,7 +137,7 @@ def probe_script(probes: Mapping[str, str]) -> str:
     # final newline; the parser takes that newline back off.
     parts = [
         f"echo {shlex.quote(f'{_PROBE_MARK} {name}')}; ( {command} ) 2>&1; "
-        f"printf '\\n%s rc=%s\\n' {_PROBE_MARK} \"$?\""
+        f"printf '\\n%s rc=%s\\n' {shlex.quote(_PROBE_MARK)} \"$?\""
         for name, command in probes.items()
     ]
     return "\n".join(parts)
@@ -152,8 +152,7 @@ def parse_probe_output(text: str) -> dict[str, ProbeOutput]:
         if line.startswith(_PROBE_MARK):
             tag = line[len(_PROBE_MARK) + 1 :]
             if tag.startswith("rc=") and name is not None:
-                output = "\n".join(lines)
-                output = output.removesuffix("\n") if lines else output
+                output = "\n".join(lines).removesuffix("\n")
                 results[name] = ProbeOutput(int(tag[3:] or 1), output)
                 name = None
             else:

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from deployctl.errors import TemplateError, UsageError
 from deployctl.inventory import MASK, Host, is_secret_name
 from deployctl.shell import join, quote
@@ -68,14 +66,14 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 def _scalar(text: str) -> Any:
-    if text == "":
-        return ""
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    # Only plain scalars are converted; anything else stays the string the user typed.
-    return value if isinstance(value, (bool, int, float)) else text
+    """Type a --set value: true/false, integers and decimals; anything else stays a string."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if re.fullmatch(r"-?\d+\.\d+", text):
+        return float(text)
+    return text
 
 
 def _finalize(value: Any) -> str:

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from deployctl.ops.gpus import GpuReport
+    from deployctl.ops.patch import AuditReport, PatchAction
+    from deployctl.patchset import PatchSet
     from deployctl.render import RenderedCommand
 
 T = TypeVar("T")
@@ -134,3 +136,54 @@ def print_gpus(results: Sequence[HostResult[GpuReport]]) -> None:
             )
         rows.append([result.name, "", "", "", "", gpu_report.verdict()])
     print_table(None, ["host", "gpu", "name", "memory", "util", "processes / verdict"], rows)
+
+
+def print_patch_list(sets: Sequence[PatchSet]) -> None:
+    rows = [
+        [s.name, s.version, s.short_hash, ", ".join(sorted(s.variants)), s.description]
+        for s in sets
+    ]
+    print_table(None, ["set", "version", "hash", "SGLang", "description"], rows)
+
+
+def print_patch_actions(results: Sequence[HostResult[list[PatchAction]]], as_json: bool) -> int:
+    """Print what apply/revert did per host; return the exit code."""
+    if as_json:
+        print_json(hosts_document(results, lambda acts: {"patches": [a.to_json() for a in acts]}))
+    else:
+        rows = [
+            [r.name, a.set, a.version, a.action, str(len(a.files))]
+            for r in results
+            for a in (r.value or [])
+        ]
+        print_table(None, ["host", "set", "version", "result", "files"], rows)
+        print_host_errors(results)
+    return 1 if failed(results) else 0
+
+
+def print_audit(results: Sequence[HostResult[AuditReport]]) -> None:
+    """Print a hosts × sets matrix with each host's SGLang version."""
+    names: list[str] = []
+    for result in results:
+        for name in result.value.states if result.value else []:
+            if name not in names:
+                names.append(name)
+    rows = []
+    for result in results:
+        if result.value is None:
+            rows.append([result.name, "-", *["?" for _ in names]])
+            continue
+        cells = []
+        for name in names:
+            state = result.value.states.get(name)
+            if state is None:
+                cells.append("")
+            elif state.state == "applied":
+                cells.append(f"applied {state.version}")
+            elif state.state == "outdated":
+                cells.append(f"outdated {state.version} (want {state.expected_version})")
+            else:
+                cells.append(state.state + (f": {state.detail}" if state.detail else ""))
+        rows.append([result.name, result.value.sglang_version or "?", *cells])
+    print_table(None, ["host", "SGLang", *names], rows)
+    print_host_errors(results)

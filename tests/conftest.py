@@ -78,3 +78,11 @@ def cli(tmp_path: Path, client_home: Path) -> CLI:
     work = tmp_path / "work"
     work.mkdir()
     return CLI(work, client_home)
+
+
+@pytest.fixture(scope="session")
+def sglang_template(lab: SSHLab) -> Path:
+    """A venv with the real SGLang 0.5.23 wheel (no deps) and msgspec, built once."""
+    from tests.sglang_wheel import build_template
+
+    return build_template(lab.base)

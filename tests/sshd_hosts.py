@@ -31,7 +31,9 @@ def free_port(address: str) -> int:
 
 
 def sh(*argv: str | Path, check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(a) for a in argv], check=check, text=True, capture_output=True, **kwargs)
+    return subprocess.run(
+        [str(a) for a in argv], check=check, text=True, capture_output=True, **kwargs
+    )
 
 
 @dataclass
@@ -122,7 +124,9 @@ Subsystem sftp internal-sftp
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sshd for {self.name} exited: {(self.root / 'sshd.log').read_text()}")
+                raise RuntimeError(
+                    f"sshd for {self.name} exited: {(self.root / 'sshd.log').read_text()}"
+                )
             try:
                 with socket.create_connection((self.address, self.port), timeout=0.5):
                     return
@@ -171,7 +175,9 @@ Subsystem sftp internal-sftp
         """End every process of the host's user (servers left by a test)."""
         sh("pkill", "-KILL", "-u", self.user, check=False)
         deadline = time.monotonic() + 5
-        while sh("pgrep", "-u", self.user, check=False).stdout.strip() and time.monotonic() < deadline:
+        while (
+            sh("pgrep", "-u", self.user, check=False).stdout.strip() and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
 
     def reset(self) -> None:
@@ -180,7 +186,12 @@ Subsystem sftp internal-sftp
             self.start()
         self.kill_processes()
         self.set_gpus("clean", 1)
-        shutil.rmtree(self.home, ignore_errors=True)
+        # Renaming is instant; the old home (a venv copy, logs) is deleted in the background.
+        trash = self.root.parent / "trash" / f"{self.name}-{time.monotonic_ns()}"
+        trash.parent.mkdir(exist_ok=True)
+        if self.home.exists():
+            self.home.rename(trash)
+            subprocess.Popen(["rm", "-rf", str(trash)])
         self.home.mkdir()
         sh("chown", f"{self.user}:{self.user}", self.home)
 
@@ -222,7 +233,9 @@ class SSHLab:
             "command_timeout": 30,
             **common,
         }
-        path.write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": variables}}, sort_keys=False))
+        path.write_text(
+            yaml.safe_dump({"all": {"hosts": hosts, "vars": variables}}, sort_keys=False)
+        )
         return path
 
 

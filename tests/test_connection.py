@@ -43,7 +43,7 @@ def conn(request: pytest.FixtureRequest, hosts: SSHLab) -> Iterator[Connection]:
 def test_run_returns_exit_code_stdout_and_stderr(conn: Connection) -> None:
     result = conn.run("echo out; echo err >&2; exit 3")
     assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
-    with pytest.raises(CommandError, match="exited 3.*err"):
+    with pytest.raises(CommandError, match=r"exited 3.*err"):
         result.check(conn.name)
 
 
@@ -54,7 +54,9 @@ def test_argv_is_quoted_so_values_stay_single_arguments(conn: Connection) -> Non
 
 
 def test_stdin_and_large_output_on_both_streams(conn: Connection) -> None:
-    big = conn.run("head -c 3000000 /dev/zero | tr '\\0' o; head -c 3000000 /dev/zero | tr '\\0' e >&2")
+    big = conn.run(
+        "head -c 3000000 /dev/zero | tr '\\0' o; head -c 3000000 /dev/zero | tr '\\0' e >&2"
+    )
     assert len(big.stdout) == 3_000_000 and len(big.stderr) == 3_000_000
     assert conn.run("wc -c", stdin=b"x" * 100_000).stdout.strip() == "100000"
 
@@ -134,7 +136,9 @@ def test_refused_authentication_is_a_clear_error(hosts: SSHLab, tmp_path: Path) 
     other_key = tmp_path / "other_key"
     import subprocess
 
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True
+    )
     host = ssh_host(hosts, "alpha", ansible_ssh_private_key_file=str(other_key))
     conn = SSHConnection(host, ConnectOptions())
     with pytest.raises(ConnectError, match="authentication failed"):

@@ -11,7 +11,9 @@ from tests.sshd_hosts import SSHLab
 
 
 def inventory_with_known_hosts(lab: SSHLab, tmp_path: Path, known_hosts: Path) -> Path:
-    return lab.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], known_hosts_file=str(known_hosts))
+    return lab.inventory(
+        tmp_path / "inv.yml", ["alpha", "bravo"], known_hosts_file=str(known_hosts)
+    )
 
 
 def test_unknown_host_key_is_refused_by_default(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
@@ -28,7 +30,9 @@ def test_unknown_host_key_is_refused_by_default(hosts: SSHLab, cli: CLI, tmp_pat
     assert known.read_text() == ""
 
 
-def test_accept_new_records_keys_then_plain_runs_work(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+def test_accept_new_records_keys_then_plain_runs_work(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
     known = tmp_path / "known_hosts"
     inventory = inventory_with_known_hosts(hosts, tmp_path, known)
     first = cli("gpus", "-i", str(inventory), "--accept-new-host-keys")
@@ -58,7 +62,9 @@ def test_changed_host_key_is_always_refused(hosts: SSHLab, cli: CLI, tmp_path: P
     key_type, key_body = impostor.with_suffix(".pub").read_text().split()[:2]
     known = tmp_path / "known_hosts"
     alpha = hosts.hosts["alpha"]
-    known.write_text(f"{alpha.known_hosts_name} {key_type} {key_body}\n" + hosts.hosts["bravo"].host_key_line)
+    known.write_text(
+        f"{alpha.known_hosts_name} {key_type} {key_body}\n" + hosts.hosts["bravo"].host_key_line
+    )
     before = known.read_text()
     inventory = inventory_with_known_hosts(hosts, tmp_path, known)
     for extra in ([], ["--accept-new-host-keys"]):

@@ -1,0 +1,359 @@
+"""Patch sets on hosts: apply (atomic, verified, reversible), revert, audit."""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import io
+import json
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from deployctl.connection import Connection
+from deployctl.errors import DeployctlError, PatchError
+from deployctl.inventory import Host
+from deployctl.patchset import PatchSet, Variant, select_sets, version_key
+from deployctl.shell import join
+
+AGENT = Path(__file__).resolve().parent.parent / "host_agent.py"
+# GNU patch, strict: no fuzz, so a hunk never lands in the wrong place.
+PATCH_ARGS = ["patch", "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch"]
+
+
+@cache
+def agent_source() -> str:
+    return AGENT.read_text(encoding="utf-8")
+
+
+def agent_command(host: Host, command: str, args: Mapping[str, Any]) -> str:
+    """The shell line that runs the host agent with the host's python."""
+    return join([str(host.vars["python"]), "-c", agent_source(), command, json.dumps(args)])
+
+
+def parse_agent_output(host: Host, exit_code: int, stdout: str, stderr: str) -> dict[str, Any]:
+    """Read the agent's JSON answer; its own errors become PatchError."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        detail = (stderr.strip() or stdout.strip())[-300:] or f"exit {exit_code}"
+        raise DeployctlError(f"{host.vars['python']} on {host.name} failed: {detail}")
+    if "error" in doc:
+        raise PatchError(str(doc["error"]))
+    return doc
+
+
+def run_agent(
+    host: Host, conn: Connection, command: str, args: Mapping[str, Any], stdin: bytes | None = None
+) -> dict[str, Any]:
+    """Run one agent command on the host (one round trip)."""
+    result = conn.run(agent_command(host, command, args), stdin=stdin)
+    return parse_agent_output(host, result.exit_code, result.stdout, result.stderr)
+
+
+@dataclass(frozen=True)
+class PatchFacts:
+    """What a host has: its SGLang, the patch records, and current file hashes."""
+
+    sglang_version: str | None
+    site: str | None
+    error: str | None
+    records: dict[str, dict[str, Any]]
+    files: dict[str, str | None]
+
+    def require_sglang(self) -> tuple[str, str]:
+        if self.error or not self.site or not self.sglang_version:
+            raise PatchError(self.error or "SGLang's version could not be read")
+        return self.sglang_version, self.site
+
+    def drifted_files(self, name: str) -> list[str]:
+        """Files of an applied set whose content changed since apply."""
+        record = self.records.get(name)
+        if record is None:
+            return []
+        return sorted(
+            path
+            for path, sums in record["files"].items()
+            if self.files.get(path) != sums["patched_sha256"]
+        )
+
+
+def probe_args(host: Host, sets: Sequence[PatchSet]) -> dict[str, Any]:
+    paths = sorted({f for s in sets for v in s.variants.values() for f in v.files})
+    return {"state_dir": str(host.vars["state_dir"]), "paths": paths}
+
+
+def parse_patch_facts(doc: Mapping[str, Any]) -> PatchFacts:
+    """Turn the agent's probe answer into PatchFacts."""
+    install = doc["sglang"]
+    return PatchFacts(
+        sglang_version=install.get("version"),
+        site=install.get("site"),
+        error=install.get("error"),
+        records=dict(doc.get("records", {})),
+        files=dict(doc.get("files", {})),
+    )
+
+
+def patch_facts(host: Host, conn: Connection, sets: Sequence[PatchSet]) -> PatchFacts:
+    """Probe SGLang and the patch records in one round trip."""
+    return parse_patch_facts(run_agent(host, conn, "probe", probe_args(host, sets)))
+
+
+# ---- audit -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SetState:
+    state: str  # applied | missing | outdated | drifted | unsupported
+    version: str | None
+    expected_version: str
+    detail: str = ""
+
+    @property
+    def good(self) -> bool:
+        return self.state == "applied"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "version": self.version,
+            "expected_version": self.expected_version,
+            "detail": self.detail,
+        }
+
+
+def set_state(facts: PatchFacts, patch_set: PatchSet) -> SetState:
+    """Judge one set on one host."""
+    expected = patch_set.version
+    record = facts.records.get(patch_set.name)
+    applied = record["version"] if record else None
+    if facts.sglang_version not in patch_set.variants and record is None:
+        return SetState(
+            "unsupported", None, expected, f"no variant for SGLang {facts.sglang_version}"
+        )
+    if record is None:
+        return SetState("missing", None, expected)
+    drifted = facts.drifted_files(patch_set.name)
+    if record.get("site") != facts.site or record.get("sglang_version") != facts.sglang_version:
+        return SetState("drifted", applied, expected, "SGLang was reinstalled since apply")
+    if drifted:
+        return SetState("drifted", applied, expected, "changed since apply: " + ", ".join(drifted))
+    if version_key(record["version"]) < version_key(expected):
+        return SetState(
+            "outdated", applied, expected, f"{record['version']} applied, {expected} available"
+        )
+    if record["hash"] != patch_set.content_hash:
+        return SetState("outdated", applied, expected, "set content changed without a version bump")
+    return SetState("applied", applied, expected)
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    sglang_version: str | None
+    states: dict[str, SetState]
+    expected: tuple[str, ...]
+
+    @property
+    def good(self) -> bool:
+        return all(self.states[name].good for name in self.expected)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sglang_version": self.sglang_version,
+            "patches": {name: state.to_json() for name, state in self.states.items()},
+        }
+
+
+def audit_host(
+    host: Host, conn: Connection, available: Mapping[str, PatchSet], expect: Sequence[str]
+) -> AuditReport:
+    """Audit one host against the expected sets (one round trip)."""
+    facts = patch_facts(host, conn, list(available.values()))
+    facts.require_sglang()
+    expected = tuple(expect) or tuple(host_patch_names(host))
+    names = list(expected) + [n for n in facts.records if n not in expected and n in available]
+    states = {name: set_state(facts, available[name]) for name in names}
+    return AuditReport(facts.sglang_version, states, expected)
+
+
+def host_patch_names(host: Host) -> list[str]:
+    """The host's `patches` variable as a list of names."""
+    value = host.vars.get("patches") or []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+# ---- apply -------------------------------------------------------------------------------
+
+
+@dataclass
+class PatchAction:
+    set: str
+    version: str
+    action: str  # applied | replaced | unchanged | would apply | reverted | not applied
+    files: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "set": self.set,
+            "version": self.version,
+            "action": self.action,
+            "files": self.files,
+        }
+
+
+def patched_copies(
+    variant: Variant, originals: Mapping[str, bytes | None], files: Sequence[str]
+) -> dict[str, bytes | None]:
+    """Apply the variant's diffs with GNU patch to a local copy of the original files."""
+    with tempfile.TemporaryDirectory(prefix="deployctl-patch-") as tmp:
+        root = Path(tmp)
+        for path, data in originals.items():
+            if data is not None:
+                (root / path).parent.mkdir(parents=True, exist_ok=True)
+                (root / path).write_bytes(data)
+        for diff in variant.diffs:
+            done = subprocess.run(
+                [*PATCH_ARGS, "-d", str(root), "-i", str(diff)],
+                check=False,
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode != 0:
+                failed = [
+                    ln.strip() for ln in done.stdout.splitlines() if "FAILED" in ln or "can't" in ln
+                ]
+                reason = "; ".join(failed[:3]) or done.stdout.strip()[-300:] or done.stderr.strip()
+                raise PatchError(
+                    f"{diff.name} does not apply to this host's SGLang files: {reason}",
+                    hint="the files differ from the release the diff was made for; nothing was changed",
+                )
+        return {p: (root / p).read_bytes() if (root / p).exists() else None for p in files}
+
+
+def read_files(
+    host: Host, conn: Connection, base: str, paths: Sequence[str]
+) -> dict[str, bytes | None]:
+    doc = run_agent(host, conn, "read", {"base": base, "paths": list(paths)})
+    return {p: None if v is None else base64.b64decode(v) for p, v in doc["files"].items()}
+
+
+def _tar(members: Mapping[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def apply_set(
+    host: Host, conn: Connection, facts: PatchFacts, patch_set: PatchSet, dry_run: bool
+) -> PatchAction:
+    """Apply one set on one host, or say why it is already in place."""
+    sglang_version, site = facts.require_sglang()
+    variant = patch_set.variant_for(sglang_version)
+    record = facts.records.get(patch_set.name)
+    if record is not None:
+        drifted = facts.drifted_files(patch_set.name)
+        if drifted:
+            raise PatchError(
+                f"{patch_set.name} is applied but drifted ({', '.join(drifted)})",
+                hint=f"deployctl patch revert {patch_set.name} --force -H {host.name}, then apply again",
+            )
+        if record["version"] == patch_set.version and record["hash"] == patch_set.content_hash:
+            return PatchAction(
+                patch_set.name, patch_set.version, "unchanged", sorted(record["files"])
+            )
+    files = sorted(set(variant.files) | set(record["files"] if record else []))
+    if record is not None:
+        # A newer version replaces the older one in one step: diff the originals, not the old patch.
+        originals = read_files(host, conn, record["backup_dir"], files)
+        originals.update(
+            {
+                p: data
+                for p, data in read_files(host, conn, site, files).items()
+                if p not in record["files"]
+            }
+        )
+    else:
+        originals = read_files(host, conn, site, files)
+    patched = patched_copies(variant, originals, files)
+    if dry_run:
+        return PatchAction(patch_set.name, patch_set.version, "would apply", files)
+    manifest = {
+        "set": patch_set.name,
+        "version": patch_set.version,
+        "hash": patch_set.content_hash,
+        "variant": variant.sglang_version,
+        "sglang_version": sglang_version,
+        "site": site,
+        "files": files,
+        "expect": {p: facts.files.get(p) for p in files},
+        "verify": [v.name for v in variant.verify],
+        "apply_id": time.strftime("%Y%m%dT%H%M%S") + f"-{time.time_ns() % 1_000_000:06d}",
+        "applied_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "applied_by": f"{getpass.getuser()}@{socket.gethostname()}",
+    }
+    members = {"manifest.json": json.dumps(manifest).encode()}
+    members.update({f"originals/{p}": d for p, d in originals.items() if d is not None})
+    members.update({f"patched/{p}": d for p, d in patched.items() if d is not None})
+    members.update({f"verify/{v.name}": v.read_bytes() for v in variant.verify})
+    doc = run_agent(host, conn, "apply", {"state_dir": str(host.vars["state_dir"])}, _tar(members))
+    new_record = doc["record"]
+    facts.records[patch_set.name] = new_record
+    facts.files.update({p: s["patched_sha256"] for p, s in new_record["files"].items()})
+    action = "applied" if record is None else f"replaced {record['version']}"
+    return PatchAction(patch_set.name, patch_set.version, action, files)
+
+
+def apply_patches(
+    host: Host, conn: Connection, sets: Sequence[PatchSet], dry_run: bool = False
+) -> list[PatchAction]:
+    """Apply sets in order on one host; stop at the first failure (earlier sets stay)."""
+    facts = patch_facts(host, conn, sets)
+    return [apply_set(host, conn, facts, patch_set, dry_run) for patch_set in sets]
+
+
+def revert_patches(
+    host: Host, conn: Connection, sets: Sequence[PatchSet], force: bool = False
+) -> list[PatchAction]:
+    """Restore the originals of each set, dependents first, checking their hashes."""
+    actions = []
+    for patch_set in reversed(sets):
+        doc = run_agent(
+            host,
+            conn,
+            "revert",
+            {"state_dir": str(host.vars["state_dir"]), "set": patch_set.name, "force": force},
+        )
+        action = "reverted" if doc["reverted"] else "not applied"
+        actions.append(PatchAction(patch_set.name, patch_set.version, action, doc.get("files", [])))
+    return actions
+
+
+def sets_per_host(
+    hosts: Sequence[Host], available: Mapping[str, PatchSet], names: Sequence[str]
+) -> dict[str, list[PatchSet]]:
+    """Resolve the sets for each host (named, else its `patches`), all checked up front."""
+    chosen = {}
+    for host in hosts:
+        wanted = list(names) or host_patch_names(host)
+        if not wanted:
+            raise PatchError(
+                f"no patch sets named, and host {host.name} has no `patches` variable",
+                hint="name the sets: deployctl patch apply spec-disable",
+            )
+        chosen[host.name] = select_sets(available, wanted)
+    return chosen

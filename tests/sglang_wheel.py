@@ -1,0 +1,108 @@
+"""The real SGLang 0.5.23 wheel, installed with --no-deps into test hosts' virtualenvs."""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.sshd_hosts import HOST_PYTHON, REPO, TestHost, sh
+
+SGLANG_VERSION = "0.5.23"
+WHEELS = REPO / ".cache" / "wheels"
+SITE = "lib/python3.11/site-packages"
+
+
+def ensure_wheels() -> list[Path]:
+    """Download the SGLang and msgspec wheels once (scripts/test does it too)."""
+    wanted = [f"sglang-{SGLANG_VERSION}-*.whl", "msgspec-*.whl"]
+    if not all(list(WHEELS.glob(p)) for p in wanted):
+        WHEELS.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["python3", "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "--python-version", "3.11", "-d", str(WHEELS), f"sglang=={SGLANG_VERSION}", "msgspec"],
+            check=True,
+        )  # fmt: skip
+    return [next(WHEELS.glob(p)) for p in wanted]
+
+
+def build_template(base: Path) -> Path:
+    """A virtualenv of Debian's python with the real SGLang wheel and msgspec (no torch)."""
+    venv = base / "venv-sglang"
+    sh(HOST_PYTHON, "-m", "venv", venv)
+    sh(
+        venv / "bin" / "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-compile",
+        "--no-index",
+        *ensure_wheels(),
+    )
+    return venv
+
+
+def install_on(host: TestHost, template: Path, standin: Path | None = None) -> str:
+    """Give a host its own copy of the template venv; return its python.
+
+    Hard links make the copy cheap and are safe: deployctl replaces files by rename.
+    """
+    venv = host.home / "venv"
+    sh("cp", "-al", template, venv)
+    if standin is not None:
+        shutil.copy(standin, venv / SITE / standin.name)
+    sh("find", venv, "-type", "d", "-exec", "chown", f"{host.user}:{host.user}", "{}", "+")
+    sh("chown", "-h", f"{host.user}:{host.user}", venv)
+    return str(venv / "bin" / "python")
+
+
+def site_file(template: Path, relpath: str) -> Path:
+    return template / SITE / relpath
+
+
+def write_patch_set(
+    project: Path,
+    name: str,
+    version: str,
+    template: Path,
+    edits: dict[str, list[tuple[str, str]]],
+    verify: dict[str, str] | None = None,
+    flags: dict | None = None,
+    sglang_version: str = SGLANG_VERSION,
+) -> Path:
+    """Write patches/<name>/ with a real unified diff made from edits to the wheel's files."""
+    folder = project / "patches" / name
+    (folder / sglang_version).mkdir(parents=True, exist_ok=True)
+    chunks = []
+    for relpath, replacements in edits.items():
+        original = site_file(template, relpath).read_text()
+        changed = original
+        for old, new in replacements:
+            assert old in changed, f"{old!r} not in {relpath}"
+            changed = changed.replace(old, new, 1)
+        chunks += difflib.unified_diff(
+            original.splitlines(keepends=True),
+            changed.splitlines(keepends=True),
+            f"a/{relpath}",
+            f"b/{relpath}",
+        )
+    (folder / sglang_version / f"{name}.diff").write_text("".join(chunks))
+    verify_names = []
+    for script_name, body in (verify or {}).items():
+        (folder / "verify").mkdir(exist_ok=True)
+        (folder / "verify" / script_name).write_text(body)
+        verify_names.append(f"verify/{script_name}")
+    spec = {
+        "name": name,
+        "version": version,
+        "description": f"test set {name}",
+        "flags": flags or {},
+        "variants": {
+            sglang_version: {"diffs": [f"{sglang_version}/{name}.diff"], "verify": verify_names}
+        },
+    }
+    (folder / "patch.yml").write_text(yaml.safe_dump(spec))
+    return folder

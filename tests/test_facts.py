@@ -1,0 +1,368 @@
+"""Probe parsers on real nvidia-smi captures from an H200, and the probe script round trip."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deployctl.facts import (
+    GPUS_COMMAND,
+    Gpu,
+    GpuProcess,
+    ParseError,
+    ProbeOutput,
+    parse_gpu_processes,
+    parse_gpus,
+    parse_gpus_command,
+    parse_probe_output,
+    probe_script,
+)
+from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
+
+CAPTURES = Path(__file__).resolve().parent / "data" / "nvidia-smi" / "h200-1gpu"
+UUID_A = "GPU-0f384172-4faf-f5c3-14fd-9c3861703c69"  # the machine of idle/busy captures
+UUID_B = "GPU-b9ac1398-b3b7-7428-6100-5c367f7b6c36"  # the machine of idle2/busy3 captures
+H200_TOTAL_MIB = 143771
+
+
+def capture(name: str) -> str:
+    return (CAPTURES / name).read_text(encoding="utf-8")
+
+
+def h200(index: int = 0, used: int = 0, uuid: str = UUID_A) -> Gpu:
+    return Gpu(index, uuid, "NVIDIA H200", used, H200_TOTAL_MIB, 0, "9.0")
+
+
+# --- GPUs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("idle-query-gpu.csv", [h200(used=0)]),
+        ("busy-query-gpu.csv", [h200(used=8811)]),
+        ("idle2-query-gpu-noheader-nounits.csv", [h200(used=0, uuid=UUID_B)]),
+    ],
+)
+def test_parse_gpus_on_real_captures(name: str, expected: list[Gpu]) -> None:
+    assert parse_gpus(capture(name)) == expected
+
+
+def test_gpu_json_leaves_out_compute_capability() -> None:
+    (gpu,) = parse_gpus(capture("busy-query-gpu.csv"))
+    assert gpu.to_json() == {
+        "index": 0,
+        "uuid": UUID_A,
+        "name": "NVIDIA H200",
+        "memory_used_mib": 8811,
+        "memory_total_mib": H200_TOTAL_MIB,
+        "utilization_pct": 0,
+    }
+
+
+def test_parse_gpus_reads_several_gpus_in_order() -> None:
+    header, line = capture("idle-query-gpu.csv").splitlines()
+    lines = [line.replace("0, GPU-", f"{i}, GPU-", 1) for i in range(8)]
+    gpus = parse_gpus("\n".join([header, *lines]) + "\n")
+    assert [g.index for g in gpus] == list(range(8))
+    assert {g.memory_total_mib for g in gpus} == {H200_TOTAL_MIB}
+
+
+def test_parse_gpus_on_empty_output_is_no_gpu() -> None:
+    assert parse_gpus("") == []
+    assert parse_gpus(capture("idle-query-gpu.csv").splitlines()[0]) == []
+
+
+def test_utilization_not_available_is_none() -> None:
+    line = capture("idle2-query-gpu-noheader-nounits.csv").replace(", 0, 36,", ", [N/A], 36,")
+    (gpu,) = parse_gpus(line)
+    assert gpu.utilization_pct is None
+    assert gpu.memory_used_mib == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # The busy3 "query-gpu" capture actually holds a compute-apps line (mis-split).
+        capture("busy3-query-gpu-noheader-nounits.csv"),
+        capture("bogus-field.txt"),
+        capture("busy.txt"),
+        "0, GPU-x, NVIDIA H200, [N/A], 143771 MiB, 0 %\n",
+        "0, GPU-x, NVIDIA H200, 0 MiB\n",
+        "x, GPU-x, NVIDIA H200, 0 MiB, 143771 MiB, 0 %\n",
+    ],
+    ids=["process-line", "bogus-field", "table", "no-memory", "short", "bad-index"],
+)
+def test_parse_gpus_rejects_garbage(text: str) -> None:
+    with pytest.raises(ParseError, match=r"nvidia-smi GPU line"):
+        parse_gpus(text)
+
+
+# --- GPU processes ---------------------------------------------------------------------------
+
+ONE_PROCESS = [GpuProcess(419, "python3", 8802, UUID_A)]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("idle-query-compute-apps.csv", []),
+        ("busy-query-compute-apps.csv", ONE_PROCESS),
+        ("busy-query-compute-apps-noheader-nounits.csv", ONE_PROCESS),
+        # Mis-split capture: this file holds busy3's noheader compute-apps line.
+        (
+            "busy3-query-gpu-noheader-nounits.csv",
+            [GpuProcess(418, "python3", 1634, UUID_B)],
+        ),
+    ],
+)
+def test_parse_gpu_processes_on_real_captures(name: str, expected: list[GpuProcess]) -> None:
+    assert parse_gpu_processes(capture(name)) == expected
+
+
+def test_parse_gpu_processes_reads_the_first_line_of_the_mis_split_busy3_capture() -> None:
+    # Only the first line of busy3-query-compute-apps.csv is nvidia-smi output; ps follows.
+    first = capture("busy3-query-compute-apps.csv").splitlines()[0]
+    assert parse_gpu_processes(first) == [GpuProcess(418, "python3", 1634, UUID_B)]
+
+
+def test_process_json_shape() -> None:
+    (process,) = parse_gpu_processes(capture("busy-query-compute-apps.csv"))
+    assert process.to_json() == {
+        "pid": 419,
+        "name": "python3",
+        "used_memory_mib": 8802,
+        "gpu_uuid": UUID_A,
+    }
+
+
+def test_process_memory_not_available_is_none() -> None:
+    line = f"419, python3, [N/A], {UUID_A}\n"
+    assert parse_gpu_processes(line) == [GpuProcess(419, "python3", None, UUID_A)]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # The mis-split busy3 captures: a shell transcript and ps output, not csv rows.
+        capture("busy3-query-compute-apps-noheader-nounits.csv"),
+        capture("busy3-query-compute-apps.csv"),
+        capture("busy-pmon.txt"),
+        capture("busy-query-gpu.csv"),
+        "419, python3\n",
+    ],
+    ids=["busy3-transcript", "busy3-with-ps", "pmon", "gpu-query", "short"],
+)
+def test_parse_gpu_processes_rejects_garbage(text: str) -> None:
+    with pytest.raises(ParseError, match=r"nvidia-smi process line"):
+        parse_gpu_processes(text)
+
+
+# --- the combined GPU command ----------------------------------------------------------------
+
+
+def combined(gpu_file: str, apps_file: str) -> str:
+    return capture(gpu_file) + "@@apps\n" + capture(apps_file)
+
+
+def test_parse_gpus_command_idle() -> None:
+    state = parse_gpus_command(0, combined("idle-query-gpu.csv", "idle-query-compute-apps.csv"))
+    assert state.gpus == [h200(used=0)]
+    assert state.processes == []
+
+
+def test_parse_gpus_command_busy() -> None:
+    state = parse_gpus_command(0, combined("busy-query-gpu.csv", "busy-query-compute-apps.csv"))
+    assert state.gpus == [h200(used=8811)]
+    assert state.processes == ONE_PROCESS
+
+
+def test_gpus_command_runs_both_queries_and_separates_them() -> None:
+    assert "--query-gpu=" in GPUS_COMMAND
+    assert "--query-compute-apps=" in GPUS_COMMAND
+    assert "echo @@apps" in GPUS_COMMAND
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "output", "message"),
+    [
+        (127, "nvidia-smi: command not found\n", "nvidia-smi: command not found"),
+        (
+            9,
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+            "Make sure that the latest NVIDIA driver is installed and running.\n\n",
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+            "Make sure that the latest NVIDIA driver is installed and running.",
+        ),
+        (2, capture("bogus-field.txt"), 'Field "bogus" is not a valid field to query. rc=2'),
+        (9, "", "nvidia-smi exited 9"),
+        (1, "  \n\n", "nvidia-smi exited 1"),
+    ],
+)
+def test_parse_gpus_command_failure_carries_nvidia_smis_message(
+    exit_code: int, output: str, message: str
+) -> None:
+    with pytest.raises(ParseError) as info:
+        parse_gpus_command(exit_code, output)
+    assert str(info.value) == message
+
+
+def test_parse_gpus_command_failure_message_is_bounded() -> None:
+    with pytest.raises(ParseError) as info:
+        parse_gpus_command(1, "x" * 5000)
+    assert len(str(info.value)) == 300
+
+
+def test_parse_gpus_command_without_separator_is_incomplete() -> None:
+    with pytest.raises(ParseError, match=r"incomplete"):
+        parse_gpus_command(0, capture("idle-query-gpu.csv"))
+
+
+# --- probe scripts ---------------------------------------------------------------------------
+
+
+def run_script(script: str) -> str:
+    result = subprocess.run(
+        ["/bin/sh", "-c", script], capture_output=True, text=True, timeout=10, check=False
+    )
+    assert result.stderr == "", result.stderr
+    return result.stdout
+
+
+def test_probe_script_round_trip_through_a_real_shell() -> None:
+    probes = {
+        "version": "echo 0.5.23",
+        "blank-lines": "echo first; echo; echo; echo last",
+        "fails": "echo partial; echo oops >&2; exit 3",
+        "silent": "true",
+        "no-final-newline": "printf 'no newline'",
+        "stderr-only": "echo warning >&2",
+        "quote's name": "echo quoted",
+        "subshell-exit": "exit 0; echo never",
+    }
+    outputs = parse_probe_output(run_script(probe_script(probes)))
+    assert outputs == {
+        "version": ProbeOutput(0, "0.5.23"),
+        "blank-lines": ProbeOutput(0, "first\n\n\nlast"),
+        "fails": ProbeOutput(3, "partial\noops"),
+        "silent": ProbeOutput(0, ""),
+        "no-final-newline": ProbeOutput(0, "no newline"),
+        "stderr-only": ProbeOutput(0, "warning"),
+        "quote's name": ProbeOutput(0, "quoted"),
+        "subshell-exit": ProbeOutput(0, ""),
+    }
+    assert list(outputs) == list(probes)
+
+
+def test_a_failing_probe_does_not_stop_the_next_one() -> None:
+    outputs = parse_probe_output(run_script(probe_script({"a": "exit 3", "b": "echo still"})))
+    assert outputs["a"].exit_code == 3
+    assert outputs["b"] == ProbeOutput(0, "still")
+
+
+def test_probe_on_a_captured_file_keeps_its_content() -> None:
+    path = CAPTURES / "busy-query-compute-apps.csv"
+    (out,) = parse_probe_output(run_script(probe_script({"apps": f"cat '{path}'"}))).values()
+    assert out.exit_code == 0
+    assert parse_gpu_processes(out.output) == ONE_PROCESS
+
+
+def test_parse_probe_output_ignores_a_probe_that_never_reported() -> None:
+    text = "@@deployctl-probe@@ a\nhalf\n"
+    assert parse_probe_output(text) == {}
+    assert parse_probe_output("noise before\n" + text) == {}
+
+
+# --- the clean/dirty verdict -----------------------------------------------------------------
+
+
+def state_of(gpu_file: str, apps_file: str) -> tuple[list[Gpu], list[GpuProcess]]:
+    return parse_gpus(capture(gpu_file)), parse_gpu_processes(capture(apps_file))
+
+
+@pytest.mark.parametrize(
+    ("gpu_file", "apps_file", "max_used", "clean", "verdict"),
+    [
+        ("idle-query-gpu.csv", "idle-query-compute-apps.csv", 16, True, "clean (1 GPU)"),
+        ("idle-query-gpu.csv", "idle-query-compute-apps.csv", 0, True, "clean (1 GPU)"),
+        (
+            "busy-query-gpu.csv",
+            "busy-query-compute-apps.csv",
+            16,
+            False,
+            "dirty: PIDs 419 hold GPU memory",
+        ),
+        # A listed process makes the host dirty whatever the memory threshold.
+        (
+            "busy-query-gpu.csv",
+            "busy-query-compute-apps.csv",
+            100_000,
+            False,
+            "dirty: PIDs 419 hold GPU memory",
+        ),
+        (
+            "busy-query-gpu.csv",
+            "idle-query-compute-apps.csv",
+            16,
+            False,
+            "dirty: memory in use with no process listed: GPU0 8811 MiB",
+        ),
+        (
+            "busy-query-gpu.csv",
+            "idle-query-compute-apps.csv",
+            8810,
+            False,
+            "dirty: memory in use with no process listed: GPU0 8811 MiB",
+        ),
+        ("busy-query-gpu.csv", "idle-query-compute-apps.csv", 8811, True, "clean (1 GPU)"),
+    ],
+)
+def test_gpu_report_verdict(
+    gpu_file: str, apps_file: str, max_used: int, clean: bool, verdict: str
+) -> None:
+    gpus, processes = state_of(gpu_file, apps_file)
+    report = GpuReport(gpus, processes, max_used_mib=max_used)
+    assert report.clean is clean
+    assert report.verdict() == verdict
+    assert report.to_json()["clean"] is clean
+
+
+def test_gpu_report_on_eight_gpus_names_each_busy_one() -> None:
+    idle = parse_gpus(capture("idle-query-gpu.csv"))[0]
+    busy = parse_gpus(capture("busy-query-gpu.csv"))[0]
+    gpus = [
+        Gpu(
+            i, f"{idle.uuid[:-2]}{i:02x}", idle.name, idle.memory_used_mib, idle.memory_total_mib, 0
+        )
+        for i in range(8)
+    ]
+    assert GpuReport(gpus, [], DEFAULT_MAX_USED_MIB).verdict() == "clean (8 GPUs)"
+    gpus[3] = Gpu(3, "GPU-3", busy.name, busy.memory_used_mib, busy.memory_total_mib, 0)
+    gpus[6] = Gpu(6, "GPU-6", busy.name, 17, busy.memory_total_mib, 0)
+    report = GpuReport(gpus, [], DEFAULT_MAX_USED_MIB)
+    assert [g.index for g in report.busy_gpus] == [3, 6]
+    assert report.verdict() == (
+        "dirty: memory in use with no process listed: GPU3 8811 MiB, GPU6 17 MiB"
+    )
+
+
+def test_gpu_report_lists_each_pid_once_in_order() -> None:
+    (process,) = parse_gpu_processes(capture("busy-query-compute-apps.csv"))
+    (other,) = parse_gpu_processes(capture("busy3-query-gpu-noheader-nounits.csv"))
+    processes = [process, other, GpuProcess(419, "python3", 100, "GPU-other")]
+    report = GpuReport(parse_gpus(capture("busy-query-gpu.csv")), processes, DEFAULT_MAX_USED_MIB)
+    assert report.pids == [418, 419]
+    assert report.verdict() == "dirty: PIDs 418, 419 hold GPU memory"
+    doc = report.to_json()
+    assert [p["pid"] for p in doc["processes"]] == [419, 418, 419]
+    assert doc["gpus"][0]["memory_used_mib"] == 8811
+
+
+def test_gpu_report_from_the_combined_command_output() -> None:
+    state = parse_gpus_command(0, combined("busy-query-gpu.csv", "busy-query-compute-apps.csv"))
+    report = gpu_report(state, DEFAULT_MAX_USED_MIB)
+    assert (report.clean, report.pids) == (False, [419])
+    idle = parse_gpus_command(0, combined("idle-query-gpu.csv", "idle-query-compute-apps.csv"))
+    assert gpu_report(idle, DEFAULT_MAX_USED_MIB).clean is True

@@ -1,0 +1,269 @@
+"""Patch sets applied, audited and reverted over real sshd hosts on SGLang 0.5.23's real files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI
+from tests.sglang_wheel import SITE, install_on, site_file, write_patch_set
+from tests.sshd_hosts import SSHLab
+
+SPEC = "sglang/srt/arg_groups/fields/spec.py"
+VERSION_PY = "sglang/version.py"
+ANCHOR = '    _NS_PATH = "spec"\n'
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def host_site(lab: SSHLab, name: str) -> Path:
+    return lab.hosts[name].home / "venv" / SITE
+
+
+def setup_hosts(lab: SSHLab, template: Path, tmp_path: Path, names: list[str]) -> Path:
+    host_vars = {n: {"python": install_on(lab.hosts[n], template)} for n in names}
+    return lab.inventory(tmp_path / "inv.yml", names, host_vars)
+
+
+def comment_set(project: Path, template: Path, version: str = "1.0.0", text: str = "v1") -> Path:
+    return write_patch_set(
+        project,
+        "marker",
+        version,
+        template,
+        {
+            SPEC: [(ANCHOR, ANCHOR + f"    # deployctl test marker {text}\n")],
+            VERSION_PY: [("try:\n", f"# marker {text}\ntry:\n")],
+        },
+        verify={"check.py": "import os, sys\nsys.exit(0 if os.environ['DEPLOYCTL_SITE'] else 1)\n"},
+    )
+
+
+def audit(cli: CLI, inventory: Path, *names: str) -> tuple[int, dict]:
+    args = ["patch", "audit", "-i", str(inventory), "--json"]
+    for name in names:
+        args += ["--expect", name]
+    result = cli(*args)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_apply_audit_drift_and_revert_restore_the_wheel_bytes(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inventory = setup_hosts(hosts, sglang_template, tmp_path, ["alpha", "bravo"])
+    comment_set(cli.cwd, sglang_template)
+    site = host_site(hosts, "alpha")
+    wheel_sums = {p: sha(site_file(sglang_template, p)) for p in (SPEC, VERSION_PY)}
+
+    code, doc = audit(cli, inventory, "marker")
+    assert code == 1
+    assert doc["hosts"]["alpha"]["patches"]["marker"]["state"] == "missing"
+    assert doc["hosts"]["alpha"]["sglang_version"] == "0.5.23"
+
+    applied = cli("patch", "apply", "marker", "-i", str(inventory), "-H", "alpha", "--json")
+    assert applied.returncode == 0, applied.stderr
+    assert json.loads(applied.stdout)["hosts"]["alpha"]["patches"][0]["action"] == "applied"
+    assert "deployctl test marker v1" in (site / SPEC).read_text()
+    # The wheel's files (hard-linked into every host) are untouched.
+    assert {p: sha(site_file(sglang_template, p)) for p in (SPEC, VERSION_PY)} == wheel_sums
+    assert (site / "sglang/srt/arg_groups/fields/__pycache__").is_dir()
+
+    code, doc = audit(cli, inventory, "marker")
+    assert code == 1  # bravo still lacks it
+    assert doc["hosts"]["alpha"]["patches"]["marker"] == {
+        "state": "applied", "version": "1.0.0", "expected_version": "1.0.0", "detail": "",
+    }  # fmt: skip
+    assert doc["hosts"]["bravo"]["patches"]["marker"]["state"] == "missing"
+
+    with (site / SPEC).open("a") as handle:
+        handle.write("# a hand edit\n")
+    code, doc = audit(cli, inventory, "marker")
+    assert code == 1
+    assert doc["hosts"]["alpha"]["patches"]["marker"]["state"] == "drifted"
+    assert SPEC in doc["hosts"]["alpha"]["patches"]["marker"]["detail"]
+
+    refused = cli("patch", "revert", "marker", "-i", str(inventory), "-H", "alpha")
+    assert refused.returncode == 1 and "drifted" in refused.stderr
+    reverted = cli("patch", "revert", "marker", "--force", "-i", str(inventory), "-H", "alpha")
+    assert reverted.returncode == 0, reverted.stderr
+    assert {p: sha(site / p) for p in (SPEC, VERSION_PY)} == wheel_sums
+    code, doc = audit(cli, inventory, "marker")
+    assert doc["hosts"]["alpha"]["patches"]["marker"]["state"] == "missing"
+
+
+def test_apply_twice_is_a_no_op_and_keeps_backups(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inventory = setup_hosts(hosts, sglang_template, tmp_path, ["alpha"])
+    comment_set(cli.cwd, sglang_template)
+    assert cli("patch", "apply", "marker", "-i", str(inventory)).returncode == 0
+    state = hosts.hosts["alpha"].home / ".deployctl" / "patches"
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in state.rglob("*") if p.is_file()}
+    second = cli("patch", "apply", "marker", "-i", str(inventory), "--json")
+    assert second.returncode == 0
+    assert json.loads(second.stdout)["hosts"]["alpha"]["patches"][0]["action"] == "unchanged"
+    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in state.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_newer_version_replaces_the_older_in_one_step(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inventory = setup_hosts(hosts, sglang_template, tmp_path, ["alpha"])
+    comment_set(cli.cwd, sglang_template, "1.0.0", "v1")
+    assert cli("patch", "apply", "marker", "-i", str(inventory)).returncode == 0
+    comment_set(cli.cwd, sglang_template, "1.1.0", "v2")
+    code, doc = audit(cli, inventory, "marker")
+    assert code == 1
+    assert doc["hosts"]["alpha"]["patches"]["marker"]["state"] == "outdated"
+    assert doc["hosts"]["alpha"]["patches"]["marker"]["version"] == "1.0.0"
+    upgraded = cli("patch", "apply", "marker", "-i", str(inventory), "--json")
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert json.loads(upgraded.stdout)["hosts"]["alpha"]["patches"][0]["action"] == "replaced 1.0.0"
+    text = (host_site(hosts, "alpha") / SPEC).read_text()
+    assert "marker v2" in text and "marker v1" not in text
+    code, doc = audit(cli, inventory, "marker")
+    assert code == 0 and doc["hosts"]["alpha"]["patches"]["marker"]["version"] == "1.1.0"
+    backups = hosts.hosts["alpha"].home / ".deployctl" / "patches" / "backups" / "marker"
+    assert len(list(backups.iterdir())) == 2  # each apply kept its own backup
+    assert cli("patch", "revert", "marker", "-i", str(inventory)).returncode == 0
+    assert sha(host_site(hosts, "alpha") / SPEC) == sha(site_file(sglang_template, SPEC))
+
+
+def test_edited_diff_without_version_bump_is_noticed(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inventory = setup_hosts(hosts, sglang_template, tmp_path, ["alpha"])
+    comment_set(cli.cwd, sglang_template, "1.0.0", "v1")
+    assert cli("patch", "apply", "marker", "-i", str(inventory)).returncode == 0
+    comment_set(cli.cwd, sglang_template, "1.0.0", "v1-edited")
+    code, doc = audit(cli, inventory, "marker")
+    assert code == 1
+    state = doc["hosts"]["alpha"]["patches"]["marker"]
+    assert state["state"] == "outdated" and "without a version bump" in state["detail"]
+
+
+def test_diff_that_does_not_apply_changes_nothing(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inventory = setup_hosts(hosts, sglang_template, tmp_path, ["alpha"])
+    folder = comment_set(cli.cwd, sglang_template)
+    diff = folder / "0.5.23" / "marker.diff"
+    diff.write_text(diff.read_text().replace('_NS_PATH = "spec"', '_NS_PATH = "not-in-0.5.23"'))
+    before = sha(host_site(hosts, "alpha") / SPEC)
+    result = cli("patch", "apply", "marker", "-i", str(inventory))
+    assert result.returncode == 1
+    assert "does not apply" in result.stderr and "FAILED" in result.stderr
+    assert sha(host_site(hosts, "alpha") / SPEC) == before
+    assert not (hosts.hosts["alpha"].home / ".deployctl" / "patches" / "marker.json").exists()
+
+
+@pytest.mark.parametrize("breakage", ["syntax", "verify"])
+def test_broken_patch_is_rolled_back_and_reported(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path, breakage: str
+) -> None:
+    inventory = setup_hosts(hosts, sglang_template, tmp_path, ["alpha"])
+    if breakage == "syntax":
+        # The classic: an argument inserted where a comma was needed.
+        edits = {
+            VERSION_PY: [("try:\n", "# broken set\ntry:\n")],
+            SPEC: [(ANCHOR, ANCHOR + "    speculative_extra: A[int, 'x'] = 1 2\n")],
+        }
+        verify = None
+    else:
+        edits = {VERSION_PY: [("try:\n", "# broken set\ntry:\n")]}
+        verify = {
+            "fails.py": "import sys\nsys.exit('threshold decision wrong: batch 6 speculated')\n"
+        }
+    write_patch_set(cli.cwd, "broken", "1.0.0", sglang_template, edits, verify=verify)
+    site = host_site(hosts, "alpha")
+    before = {p: sha(site / p) for p in (SPEC, VERSION_PY)}
+    result = cli("patch", "apply", "broken", "-i", str(inventory))
+    assert result.returncode == 1
+    assert "rolled back (all files restored)" in result.stderr
+    expected = "invalid syntax" if breakage == "syntax" else "threshold decision wrong"
+    assert expected in result.stderr
+    assert {p: sha(site / p) for p in (SPEC, VERSION_PY)} == before
+    _, doc = audit(cli, inventory, "broken")
+    assert doc["hosts"]["alpha"]["patches"]["broken"]["state"] == "missing"
+
+
+def test_other_sglang_version_is_unsupported(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inventory = setup_hosts(hosts, sglang_template, tmp_path, ["alpha", "bravo"])
+    # bravo gets SGLang "0.5.22": its installed metadata says so, as after a pip install.
+    dist = next(host_site(hosts, "bravo").glob("sglang-0.5.23.dist-info"))
+    metadata = dist / "METADATA"
+    text = metadata.read_text().replace("Version: 0.5.23", "Version: 0.5.22", 1)
+    metadata.unlink()  # break the hard link to the template before editing
+    metadata.write_text(text)
+    comment_set(cli.cwd, sglang_template)
+    result = cli("patch", "apply", "marker", "-i", str(inventory), "--json")
+    doc = json.loads(result.stdout)
+    assert result.returncode == 1
+    assert doc["hosts"]["alpha"]["ok"] is True
+    assert doc["hosts"]["bravo"]["ok"] is False
+    assert "no variant for SGLang 0.5.22" in doc["hosts"]["bravo"]["error"]
+    assert sha(host_site(hosts, "bravo") / SPEC) == sha(site_file(sglang_template, SPEC))
+    code, doc = audit(cli, inventory, "marker")
+    assert code == 1
+    assert doc["hosts"]["alpha"]["patches"]["marker"]["state"] == "applied"
+    assert doc["hosts"]["bravo"]["patches"]["marker"]["state"] == "unsupported"
+
+
+def test_dry_run_checks_hunks_and_changes_nothing(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inventory = setup_hosts(hosts, sglang_template, tmp_path, ["alpha"])
+    comment_set(cli.cwd, sglang_template)
+    before = sha(host_site(hosts, "alpha") / SPEC)
+    result = cli("patch", "apply", "marker", "--dry-run", "-i", str(inventory), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["hosts"]["alpha"]["patches"][0]["action"] == "would apply"
+    assert sha(host_site(hosts, "alpha") / SPEC) == before
+    assert not (hosts.hosts["alpha"].home / ".deployctl").exists()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda f: (f / "patch.yml").write_text("name: marker\nversion: 1.0.0\n"),
+            "lacks required field",
+        ),
+        (
+            lambda f: (f / "0.5.23" / "marker.diff").write_text(
+                (f / "0.5.23" / "marker.diff")
+                .read_text()
+                .replace("a/sglang/", "a/../../etc/", 1)
+                .replace("b/sglang/", "b/../../etc/", 1)
+            ),
+            "escapes the site-packages folder",
+        ),
+    ],
+)
+def test_bad_patch_sets_are_refused_before_any_host(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path, mutate, message: str
+) -> None:
+    inventory = setup_hosts(hosts, sglang_template, tmp_path, ["alpha"])
+    mutate(comment_set(cli.cwd, sglang_template))
+    result = cli("patch", "apply", "marker", "-i", str(inventory))
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (hosts.hosts["alpha"].home / ".deployctl").exists()
+
+
+def test_unknown_set_name_is_a_clear_error(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    inventory = hosts.inventory(tmp_path / "inv.yml", ["alpha"])
+    result = cli("patch", "apply", "no-such-set", "-i", str(inventory))
+    assert result.returncode == 1
+    assert "unknown patch set 'no-such-set'" in result.stderr
+    assert not (hosts.hosts["alpha"].home / ".deployctl").exists()

@@ -1,0 +1,414 @@
+"""Launch templates: the real deployment's flags, shell quoting that holds, and clear errors."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deployctl import project
+from deployctl.errors import TemplateError, UsageError
+from deployctl.inventory import MASK, Host, Inventory, load_inventory
+from deployctl.render import (
+    THRESHOLD_FLAG,
+    RenderedCommand,
+    TemplateSet,
+    default_template,
+    parse_overrides,
+    template_names,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE_INVENTORY = REPO / "inventories" / "example.yml"
+
+# The flags of the real Kimi K2.5 EAGLE-3 deployment on the H200 hosts.
+EAGLE3_H200_FLAGS = [
+    "--model-path=/shared/kimi-k2.5-int4",
+    "--tp=8",
+    "--trust-remote-code",
+    "--cuda-graph-max-bs=128",
+    "--disable-custom-all-reduce",
+    "--attention-backend=flashinfer",
+    "--enable-flashinfer-allreduce-fusion",
+    "--speculative-algorithm=EAGLE3",
+    "--speculative-draft-model-path=/data/eagle3/output_100k_sglang/4",
+    "--speculative-num-steps=2",
+    "--speculative-eagle-topk=4",
+    "--speculative-num-draft-tokens=16",
+    "--mem-fraction-static=0.88",
+    "--port=30000",
+    "--host=0.0.0.0",
+]
+LAUNCHER = ["/opt/sglang/env/bin/python3", "-m", "sglang.launch_server"]
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(project.Project(None), id="shipped"),
+        pytest.param(project.Project(REPO), id="repo-project"),
+    ],
+)
+def templates(request: pytest.FixtureRequest) -> TemplateSet:
+    # One set per module: Jinja compiles each template once and caches it.
+    return TemplateSet(request.param.search_dirs("templates"))
+
+
+@pytest.fixture(scope="module")
+def example() -> Inventory:
+    return load_inventory(EXAMPLE_INVENTORY)
+
+
+def custom_templates(folder: Path, **templates: str) -> TemplateSet:
+    """A TemplateSet over a folder holding the given {name: text} templates."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in templates.items():
+        (folder / f"{name}.j2").write_text(text, encoding="utf-8")
+    return TemplateSet([folder])
+
+
+# --- the real deployment ---------------------------------------------------------------------
+
+
+def test_shipped_templates_are_found() -> None:
+    assert template_names(project.Project(None).search_dirs("templates")) == ["baseline", "eagle3"]
+
+
+def test_eagle3_on_h200_renders_exactly_the_real_deployment_flags(
+    templates: TemplateSet, example: Inventory
+) -> None:
+    rendered = templates.render(example.hosts["h200-a01"], "eagle3")
+    assert rendered.argv[:3] == LAUNCHER
+    assert sorted(rendered.argv[3:]) == sorted(EAGLE3_H200_FLAGS)
+    assert len(rendered.argv) == len(LAUNCHER) + len(EAGLE3_H200_FLAGS)
+    assert shlex.split(rendered.command) == rendered.argv
+    assert rendered.command == shlex.join(rendered.argv)
+    assert THRESHOLD_FLAG not in rendered.command
+    assert rendered.log_stem == "eagle3"
+
+
+def test_threshold_appends_the_disable_batch_flag_once(
+    templates: TemplateSet, example: Inventory
+) -> None:
+    rendered = templates.render(example.hosts["h200-a01"], "eagle3", threshold=5)
+    assert rendered.argv[-1] == f"{THRESHOLD_FLAG}=5"
+    assert sorted(rendered.argv[3:-1]) == sorted(EAGLE3_H200_FLAGS)
+    assert rendered.log_stem == "eagle3_t5"
+
+
+def test_a_template_that_sets_the_threshold_flag_itself_gets_no_second_one(
+    tmp_path: Path,
+) -> None:
+    ts = custom_templates(
+        tmp_path / "t", own=f"serve {THRESHOLD_FLAG}={{{{ threshold }}}} --tp={{{{ tp }}}}\n"
+    )
+    rendered = ts.render(Host("h", {"tp": 2}), "own", threshold=7)
+    assert rendered.argv == ["serve", f"{THRESHOLD_FLAG}=7", "--tp=2"]
+
+
+def test_rtx6000_group_overrides_the_speculative_settings(
+    templates: TemplateSet, example: Inventory
+) -> None:
+    argv = templates.render(example.hosts["rtx-b03"], "eagle3").argv
+    assert "--speculative-eagle-topk=1" in argv
+    assert "--speculative-num-steps=3" in argv
+    assert "--speculative-num-draft-tokens=4" in argv
+
+
+def test_baseline_has_no_speculative_flags(templates: TemplateSet, example: Inventory) -> None:
+    argv = templates.render(example.hosts["h200-a01"], "baseline").argv
+    assert argv[:3] == LAUNCHER
+    assert not [a for a in argv if a.startswith("--speculative")]
+    assert "--model-path=/shared/kimi-k2.5-int4" in argv
+
+
+def test_overrides_beat_inventory_variables(templates: TemplateSet, example: Inventory) -> None:
+    rendered = templates.render(
+        example.hosts["h200-a01"], "eagle3", overrides={"tp": 4, "model_path": "/m/other"}
+    )
+    assert "--tp=4" in rendered.argv
+    assert "--model-path=/m/other" in rendered.argv
+    assert "--tp=8" not in rendered.argv
+
+
+def test_extra_args_become_one_word_each(templates: TemplateSet, example: Inventory) -> None:
+    rendered = templates.render(
+        example.hosts["h200-a01"],
+        "baseline",
+        overrides={"extra_args": ["--log-level=debug", "--served-model-name=kimi k2"]},
+    )
+    assert rendered.argv[-2:] == ["--log-level=debug", "--served-model-name=kimi k2"]
+
+
+# --- quoting ---------------------------------------------------------------------------------
+
+HOSTILE_VALUES = [
+    "/models/with space",
+    "it's",
+    'say "hi"',
+    "both 'single' and \"double\"",
+    "a; touch PWNED",
+    "a && touch PWNED",
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "line1\nline2",
+    "-rf",
+    "--help",
+    "/модели/ünïcødé/模型",
+    "$HOME",
+    "*",
+    "#not-a-comment",
+    "x #still-not-a-comment",
+    "back\\slash",
+    "tab\there",
+    "~root",
+    "",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_VALUES)
+def test_hostile_model_path_stays_one_argument_in_the_launch_command(
+    templates: TemplateSet, example: Inventory, value: str
+) -> None:
+    rendered = templates.render(
+        example.hosts["h200-a01"], "eagle3", overrides={"model_path": value}
+    )
+    assert f"--model-path={value}" in rendered.argv
+    assert shlex.split(rendered.command) == rendered.argv
+    assert len(rendered.argv) == len(LAUNCHER) + len(EAGLE3_H200_FLAGS)
+
+
+@pytest.fixture
+def printf_template(tmp_path: Path) -> TemplateSet:
+    # printf prints each argument it gets followed by NUL: one NUL means one argument.
+    return custom_templates(tmp_path / "templates", show="printf %s\\\\0 {{ model_path }}\n")
+
+
+@pytest.mark.parametrize("value", HOSTILE_VALUES)
+def test_hostile_value_reaches_the_shell_as_exactly_itself(
+    printf_template: TemplateSet, tmp_path: Path, value: str
+) -> None:
+    rendered = printf_template.render(Host("h", {"model_path": value}), "show")
+    assert rendered.argv == ["printf", "%s\\0", value]
+    work = tmp_path / "work"
+    work.mkdir()
+    result = subprocess.run(
+        ["/bin/sh", "-c", rendered.command], cwd=work, capture_output=True, timeout=10
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == value.encode() + b"\0"
+    assert list(work.iterdir()) == []
+
+
+def test_tilde_python_keeps_home_expansion(
+    templates: TemplateSet, example: Inventory, printf_template: TemplateSet, tmp_path: Path
+) -> None:
+    rendered = templates.render(
+        example.hosts["h200-a01"], "eagle3", overrides={"python": "~/env/bin/python3"}
+    )
+    assert rendered.command.startswith("~/env/bin/python3 -m sglang.launch_server ")
+    assert rendered.argv[0] == "~/env/bin/python3"
+
+    home = tmp_path / "home dir"
+    shown = printf_template.render(Host("h", {"model_path": "~/env/b$(x)/python3"}), "show")
+    result = subprocess.run(
+        ["/bin/sh", "-c", shown.command],
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        timeout=10,
+    )
+    assert result.stdout == f"{home}/env/b$(x)/python3".encode() + b"\0"
+
+
+def test_secrets_are_masked_in_display_but_not_in_command(tmp_path: Path) -> None:
+    ts = custom_templates(
+        tmp_path / "t",
+        serve="{{ python }} serve --model-path={{ model_path }} --api-key={{ api_key }}"
+        " --hf={{ hf_token }}\n",
+    )
+    host = Host(
+        "h",
+        {
+            "python": "python3",
+            "model_path": "/m",
+            "api_key": "sk-live-123456",
+            "hf_token": "hf_abcdefgh",
+            "max_tokens": "4096",
+        },
+    )
+    rendered = ts.render(host, "serve")
+    assert "--api-key=sk-live-123456" in rendered.argv
+    assert "sk-live-123456" in rendered.command
+    assert "hf_abcdefgh" in rendered.command
+    assert "sk-live-123456" not in rendered.display
+    assert "hf_abcdefgh" not in rendered.display
+    assert f"--api-key={MASK}" in rendered.display
+    assert f"--hf={MASK}" in rendered.display
+    assert "--model-path=/m" in rendered.display
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def test_missing_variable_names_the_variable_and_the_template(templates: TemplateSet) -> None:
+    host = Host("bare", {"python": "python3", "launch_module": "m", "tp": 1, "port": 1})
+    with pytest.raises(TemplateError) as info:
+        templates.render(host, "eagle3")
+    message = str(info.value)
+    assert "'eagle3'" in message
+    assert "'model_path'" in message
+    assert "bare" in message
+    assert "--set model_path=" in (info.value.hint or "")
+
+
+def test_missing_draft_model_is_named_for_eagle3(
+    templates: TemplateSet, example: Inventory
+) -> None:
+    variables = {k: v for k, v in example.hosts["h200-a01"].vars.items() if k != "draft_model_path"}
+    templates.render(Host("h", variables), "baseline")
+    with pytest.raises(TemplateError, match=r"'draft_model_path'"):
+        templates.render(Host("h", variables), "eagle3")
+
+
+def test_unknown_template_lists_the_available_ones(
+    templates: TemplateSet, example: Inventory
+) -> None:
+    with pytest.raises(TemplateError, match=r"unknown template 'eagle4'") as info:
+        templates.render(example.hosts["h200-a01"], "eagle4")
+    assert info.value.hint == "available: baseline, eagle3"
+
+
+def test_project_template_overrides_the_shipped_one(tmp_path: Path, example: Inventory) -> None:
+    root = tmp_path / "proj"
+    (root / "templates").mkdir(parents=True)
+    (root / "templates" / "baseline.j2").write_text("echo project-baseline {{ tp }}\n")
+    (root / "templates" / "mine.j2").write_text("echo mine\n")
+    found = project.find_project(root)
+    ts = TemplateSet(found.search_dirs("templates"))
+    assert template_names(ts.search_dirs) == ["baseline", "mine", "eagle3"]
+    assert ts.render(example.hosts["h200-a01"], "baseline").argv == [
+        "echo",
+        "project-baseline",
+        "8",
+    ]
+    # eagle3 still comes from the package, but extends the project's baseline.
+    assert ts.render(example.hosts["h200-a01"], "eagle3").argv[:3] == [
+        "echo",
+        "project-baseline",
+        "8",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("serve {% if tp %} --tp={{ tp }}\n", r"template 'bad'"),
+        ("serve {{ tp \n", r"template 'bad' line 1"),
+        ("serve {% endfor %}\n", r"template 'bad'"),
+    ],
+)
+def test_jinja_syntax_error_is_a_template_error(tmp_path: Path, text: str, message: str) -> None:
+    ts = custom_templates(tmp_path / "t", bad=text)
+    with pytest.raises(TemplateError, match=message):
+        ts.render(Host("h", {"tp": 1}), "bad")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("serve 'unbalanced\n", r"unbalanced"),
+        ("{# only a comment #}\n", r"empty command"),
+    ],
+)
+def test_template_that_renders_no_usable_command_is_an_error(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    ts = custom_templates(tmp_path / "t", bad=text)
+    with pytest.raises(TemplateError, match=message):
+        ts.render(Host("h", {}), "bad")
+
+
+# --- --set overrides -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pair", "key", "value"),
+    [
+        ("tp=8", "tp", 8),
+        ("x=true", "x", True),
+        ("x=false", "x", False),
+        ("mem=0.88", "mem", 0.88),
+        ("path=/a b", "path", "/a b"),
+        ("x=", "x", ""),
+        ("x=a=b", "x", "a=b"),
+        ("x=[1, 2]", "x", "[1, 2]"),
+        ("x=null", "x", "null"),
+        ("x={a: 1}", "x", "{a: 1}"),
+        ("model_path=~/m", "model_path", "~/m"),
+        (" tp =8", "tp", 8),
+    ],
+)
+def test_parse_overrides_types_values_as_yaml_scalars(pair: str, key: str, value: object) -> None:
+    parsed = parse_overrides([pair])
+    assert parsed == {key: value}
+    assert type(parsed[key]) is type(value)
+
+
+def test_parse_overrides_later_pair_wins() -> None:
+    assert parse_overrides(["tp=8", "port=1", "tp=4"]) == {"tp": 4, "port": 1}
+
+
+@pytest.mark.parametrize("pair", ["x", "=v", "1x=2", "a-b=1", "a.b=1", ""])
+def test_parse_overrides_rejects_what_is_not_key_value(pair: str) -> None:
+    with pytest.raises(UsageError, match=r"is not KEY=VALUE") as info:
+        parse_overrides([pair])
+    assert repr(pair) in str(info.value)
+    assert info.value.hint
+
+
+# --- template choice and log names -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host_template", "option", "threshold", "expected"),
+    [
+        (None, None, None, "baseline"),
+        (None, None, 5, "eagle3"),
+        (None, "custom", None, "custom"),
+        (None, "custom", 5, "custom"),
+        ("eagle3", None, None, "eagle3"),
+        ("baseline", None, 5, "baseline"),
+        ("eagle3", "baseline", None, "baseline"),
+        ("", None, None, "baseline"),
+    ],
+)
+def test_default_template_choice(
+    host_template: str | None, option: str | None, threshold: int | None, expected: str
+) -> None:
+    variables = {} if host_template is None else {"template": host_template}
+    assert default_template(Host("h", variables), option, threshold) == expected
+
+
+@pytest.mark.parametrize(
+    ("template", "threshold", "stem"),
+    [
+        ("eagle3", 5, "eagle3_t5"),
+        ("baseline", None, "baseline"),
+        ("eagle3", 0, "eagle3_t0"),
+        ("my tmpl/x", 12, "my_tmpl_x_t12"),
+    ],
+)
+def test_log_stem_names_template_and_threshold(
+    template: str, threshold: int | None, stem: str
+) -> None:
+    assert RenderedCommand(template, threshold, ["x"]).log_stem == stem
+
+
+def test_rendered_log_stem_follows_the_threshold(
+    templates: TemplateSet, example: Inventory
+) -> None:
+    host = example.hosts["h200-a01"]
+    assert templates.render(host, "baseline").log_stem == "baseline"
+    assert templates.render(host, "eagle3", threshold=5).log_stem == "eagle3_t5"
