@@ -13,6 +13,7 @@ import io
 import json
 import os
 import py_compile
+import re
 import signal
 import subprocess
 import sys
@@ -283,6 +284,239 @@ def cmd_revert(args):
     return {"reverted": True, "files": sorted(record["files"])}
 
 
+# ---- server lifecycle ----------------------------------------------------------------------
+
+LOG_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.log\Z")
+
+
+def state_path(state_dir, *parts):
+    return os.path.join(os.path.expanduser(state_dir), *parts)
+
+
+def next_log_version(log_dir, stem):
+    highest = 0
+    if os.path.isdir(log_dir):
+        for name in os.listdir(log_dir):
+            match = LOG_NAME.match(name)
+            if match and match.group("stem") == stem:
+                highest = max(highest, int(match.group("n")))
+    return highest + 1
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def take_lock(state_dir, client, break_token):
+    """Create the host lock atomically; report the holder when it exists."""
+    path = state_path(state_dir, "lock")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    holder = read_json(path)
+    if holder and break_token and holder.get("token") == break_token:
+        os.unlink(path)
+    token = f"{client.get('host')}-{client.get('pid')}-{time.time_ns()}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return {"acquired": False, "holder": read_json(path) or {}}
+    with os.fdopen(fd, "w") as handle:
+        json.dump(dict(client, token=token, since=time.time()), handle)
+    return {"acquired": True, "token": token}
+
+
+def release_lock(state_dir, token):
+    path = state_path(state_dir, "lock")
+    holder = read_json(path)
+    if holder and holder.get("token") == token:
+        os.unlink(path)
+        return True
+    return False
+
+
+def port_free(host, port):
+    import socket
+
+    address = "0.0.0.0" if host in ("", "0.0.0.0", "::") else host
+    with socket.socket() as sock:
+        try:
+            sock.bind((address, int(port)))
+        except OSError as exc:
+            return False, str(exc)
+    return True, ""
+
+
+def writable_dir(path):
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return False, str(exc)
+    return os.access(path, os.W_OK | os.X_OK), "not writable"
+
+
+def cmd_preflight(args):
+    """Everything a launch needs to know, and the host lock, in one round trip."""
+    result = cmd_probe(args)
+    log_dir = os.path.expanduser(args["log_dir"])
+    result["port_free"], result["port_error"] = port_free(args["bind_host"], args["port"])
+    result["paths"] = {p: os.path.exists(os.path.expanduser(p)) for p in args["check_paths"]}
+    result["log_dir_writable"], result["log_dir_error"] = writable_dir(log_dir)
+    version = next_log_version(log_dir, args["log_stem"])
+    result["next_log"] = os.path.join(log_dir, f"{args['log_stem']}_v{version}.log")
+    if args.get("lock", True):
+        result["lock"] = take_lock(args["state_dir"], args["client"], args.get("break_lock"))
+    return result
+
+
+def process_group(pgid, sid):
+    """PIDs whose process group and session are the run's (never anyone else's)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and int(fields[3]) == sid and fields[0] != b"Z":
+            members.append(int(entry))
+    return sorted(members)
+
+
+def cmd_start(args):
+    """Start the server detached in its own session, logging to a new versioned file."""
+    state_dir, log_dir = args["state_dir"], os.path.expanduser(args["log_dir"])
+    os.makedirs(log_dir, exist_ok=True)
+    version = next_log_version(log_dir, args["log_stem"])
+    while True:  # O_EXCL: a log is never reused, even by a racing start
+        run_id = f"{args['log_stem']}_v{version}"
+        log_path = os.path.join(log_dir, run_id + ".log")
+        try:
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            break
+        except FileExistsError:
+            version += 1
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", "exec " + args["command"]],
+        stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
+        start_new_session=True, close_fds=True, cwd=os.path.expanduser("~"),
+    )  # fmt: skip
+    os.close(log_fd)
+    record = dict(
+        args["run"],
+        id=run_id,
+        log=log_path,
+        pid=proc.pid,
+        pgid=proc.pid,
+        sid=proc.pid,
+        started_at=time.time(),
+        status="running",
+    )
+    runs = state_path(state_dir, "runs")
+    command_file = os.path.join(runs, run_id + ".cmd")
+    write_atomic(command_file, args["command"].encode(), mode=0o600)
+    write_atomic(os.path.join(runs, run_id + ".json"), json.dumps(record, indent=2).encode())
+    write_atomic(os.path.join(runs, "current"), run_id.encode())
+    if args.get("lock_token"):
+        release_lock(state_dir, args["lock_token"])
+    return {"run": record}
+
+
+def health(host, port):
+    import urllib.error
+    import urllib.request
+
+    address = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    try:
+        with urllib.request.urlopen(f"http://{address}:{port}/health", timeout=0.5) as reply:
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+def read_from(path, offset, limit):
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = size - limit if offset < 0 else offset
+            handle.seek(max(0, min(start, size)))
+            data = handle.read(limit)
+    except OSError:
+        return 0, b""
+    return size, data
+
+
+def cmd_poll(args):
+    """Is the run alive, is it healthy, and what did its log gain since `offset`."""
+    members = process_group(args["pgid"], args["sid"])
+    size, data = read_from(args["log"], args["offset"], args.get("limit", 1 << 20))
+    return {
+        "alive": bool(members),
+        "members": members,
+        "health": health(args["bind_host"], args["port"]) if members else None,
+        "size": size,
+        "data": base64.b64encode(data).decode(),
+    }
+
+
+def current_run(state_dir, run_id=None):
+    runs = state_path(state_dir, "runs")
+    if run_id is None:
+        current = read_bytes(os.path.join(runs, "current"))
+        if current is None:
+            return None
+        run_id = current.decode().strip()
+    return read_json(os.path.join(runs, run_id + ".json"))
+
+
+def cmd_status(args):
+    """The current (or named) run with liveness, health and the tail of its log."""
+    run = current_run(args["state_dir"], args.get("run"))
+    if run is None:
+        return {"run": None}
+    poll = cmd_poll(dict(run, offset=-1, limit=args.get("tail_bytes", 65536)))
+    command = read_bytes(state_path(args["state_dir"], "runs", run["id"] + ".cmd"))
+    return dict(poll, run=run, command=None if command is None else command.decode())
+
+
+def cmd_stop(args):
+    """SIGTERM the run's process group, SIGKILL what is left after the timeout."""
+    state_dir = args["state_dir"]
+    run = current_run(state_dir, args.get("run"))
+    if run is None:
+        return {"run": None}
+    members = process_group(run["pgid"], run["sid"])
+    killed = []
+    if members:
+        os.killpg(run["pgid"], signal.SIGTERM)
+        deadline = time.monotonic() + float(args.get("timeout", 30))
+        while process_group(run["pgid"], run["sid"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        killed = process_group(run["pgid"], run["sid"])
+        if killed:
+            os.killpg(run["pgid"], signal.SIGKILL)
+            while process_group(run["pgid"], run["sid"]) and time.monotonic() < deadline + 10:
+                time.sleep(0.05)
+    if run.get("status") == "running":
+        run = dict(run, status="stopped", stopped_at=time.time())
+        path = state_path(state_dir, "runs", run["id"] + ".json")
+        write_atomic(path, json.dumps(run, indent=2).encode())
+    left = process_group(run["pgid"], run["sid"])
+    return {"run": run, "ended": members, "killed": killed, "left": left}
+
+
+def cmd_release(args):
+    return {"released": release_lock(args["state_dir"], args["token"])}
+
+
 def fail(message):
     sys.stdout.write(json.dumps({"error": message}) + "\n")
     sys.exit(1)
@@ -299,6 +533,12 @@ def main():
         "read": lambda: cmd_read(args),
         "apply": lambda: cmd_apply(args, payload),
         "revert": lambda: cmd_revert(args),
+        "preflight": lambda: cmd_preflight(args),
+        "start": lambda: cmd_start(args),
+        "poll": lambda: cmd_poll(args),
+        "status": lambda: cmd_status(args),
+        "stop": lambda: cmd_stop(args),
+        "release": lambda: cmd_release(args),
     }
     result = handlers[command]()
     try:

@@ -28,7 +28,7 @@ EAGLE3_H200_FLAGS = [
     "--model-path=/shared/kimi-k2.5-int4",
     "--tp=8",
     "--trust-remote-code",
-    "--cuda-graph-max-bs=128",
+    "--cuda-graph-max-bs-decode=128",
     "--disable-custom-all-reduce",
     "--attention-backend=flashinfer",
     "--enable-flashinfer-allreduce-fusion",

@@ -1,0 +1,1098 @@
+"""Test double for SGLang 0.5.23's ``python -m sglang.launch_server``.
+
+This file lives in tests/ and is never part of deployctl.  It lets tests run
+deployctl against hosts without GPUs: it accepts the launch_server flags that
+deployctl renders, writes SGLang 0.5.23's log line forms (wording taken from
+the 0.5.23 wheel), serves /health, /health_generate, /model_info and /v1/models,
+and starts one ``sglang::scheduler_TP{i}`` process per rank.  Behaviour knobs
+come from ``<model_path>/standin.json``; see README.md beside this file.
+
+Stdlib only; torch is imported only by rank processes in GPU mode
+(``gpu_mib > 0``).  Rank processes are this same file re-executed with a
+hidden first argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import importlib.util
+import json
+import os
+import random
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import subprocess
+    from http.server import ThreadingHTTPServer
+
+SGLANG_VERSION = "0.5.23"
+CHILD_FLAG = "--standin-child"  # hidden first argv element of rank processes
+THRESHOLD_FIELD = "speculative_disable_batch_threshold"
+
+KNOB_DEFAULTS: dict[str, Any] = {
+    "startup_s": 0.5,
+    "crash": None,  # None | "startup" | "after_ready"
+    "crash_after_s": 0.5,
+    "crash_message": (
+        "The size of tensor a (160) must match the size of tensor b (2) "
+        "at non-singleton dimension 0"
+    ),
+    "gpu_mib": 0,
+    "ignore_sigterm": False,
+    # Where 0.5.23 is gentler than the worst case, the default is the worst case:
+    "late_bind": False,  # True: listen only once ranks are up, as 0.5.23 does
+    "pdeathsig": False,  # True: ranks die with the parent (0.5.23's PR_SET_PDEATHSIG)
+    "drain_s": 2.0,  # SIGTERM to a ready server: delay before "Gracefully exiting"
+}
+CRASH_MODES = (None, "startup", "after_ready")
+
+# After a SIGQUIT the parent waits this long at most for the other crashing
+# ranks to print their tracebacks before it kills the tree.
+CRASH_GATHER_S = 1.0
+WATCHDOG_INTERVAL_S = 1.0  # SGLang's SubprocessWatchdog polls every second
+GIB = 1024**3
+
+
+# --------------------------------------------------------------------------
+# Output.  SGLang logs through `logging` to stderr and uvicorn's access log
+# goes to stdout; each record is one os.write so lines from the parent and the
+# ranks (sharing one file description) never tear.
+# --------------------------------------------------------------------------
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+
+
+def _write(fd: int, text: str) -> None:
+    data = text.encode("utf-8", "backslashreplace")
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(fd, data) :]
+
+
+def log(msg: str, prefix: str = "") -> None:
+    """Write one SGLang logger record: ``[YYYY-MM-DD HH:MM:SS{ prefix}] msg``."""
+    _write(2, f"[{_stamp()}{prefix}] {msg}\n")
+
+
+def uvicorn_log(level: str, msg: str, fd: int = 2) -> None:
+    """Write one uvicorn record in the format SGLang configures for it."""
+    _write(fd, f"[{_stamp()}] {(level + ':').ljust(9)} {msg}\n")
+
+
+# --------------------------------------------------------------------------
+# Process titles, the way setproctitle does it: rewrite the argv area that
+# /proc/<pid>/cmdline shows, and set comm (15 characters) with prctl.
+# --------------------------------------------------------------------------
+
+PR_SET_NAME = 15
+PR_SET_PDEATHSIG = 1
+
+
+def _prctl(option: int, arg: int | bytes) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+
+
+def set_process_title(title: str) -> None:
+    """Make ``ps -o args`` show exactly ``title`` and ``ps -o comm`` its first 15 bytes."""
+    _prctl(PR_SET_NAME, title.encode()[:15])
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        # Fields after "(comm)": index 0 is field 3; arg_start/arg_end are 48/49.
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        start, end = int(fields[45]), int(fields[46])
+    except (OSError, ValueError, IndexError):
+        return
+    size = end - start
+    if start == 0 or size <= 1:
+        return
+    raw = title.encode()[: size - 1]
+    ctypes.memmove(start, raw + b"\0" * (size - len(raw)), size)
+
+
+# --------------------------------------------------------------------------
+# The real sglang package, if one is importable (never imported: its
+# __init__ needs torch).
+# --------------------------------------------------------------------------
+
+
+def _sglang_dirs() -> list[str]:
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return []
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return list(spec.submodule_search_locations)
+
+
+def threshold_flag_supported() -> bool:
+    """Say whether the installed SGLang knows --speculative-disable-batch-threshold.
+
+    The flag exists only once the spec-disable patch added the field; with no
+    sglang installed at all the stand-in accepts it.
+    """
+    dirs = _sglang_dirs()
+    if not dirs:
+        return True
+    # 0.5.23 declares fields in arg_groups/fields/spec.py; older releases
+    # kept one dataclass in server_args.py.
+    for rel in ("srt/arg_groups/fields/spec.py", "srt/server_args.py"):
+        for root in dirs:
+            try:
+                with open(os.path.join(root, rel), encoding="utf-8") as f:
+                    return THRESHOLD_FIELD in f.read()
+            except OSError:
+                continue
+    return False
+
+
+def sglang_root() -> str:
+    """Return the directory traceback frames should name as sglang's."""
+    dirs = _sglang_dirs()
+    if dirs:
+        return dirs[0]
+    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return os.path.join(sys.prefix, "lib", ver, "site-packages", "sglang")
+
+
+# --------------------------------------------------------------------------
+# Argument parsing: SGLang's flag names and argparse semantics (prog name,
+# abbreviations, ambiguity) for the subset deployctl uses.
+# --------------------------------------------------------------------------
+
+# (option strings, argparse keyword arguments), in ServerArgs field order.
+_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("--model-path", "--model"), {"type": str, "required": True}),
+    (("--tokenizer-path",), {"type": str}),
+    (("--load-format",), {"type": str, "default": "auto"}),
+    (("--trust-remote-code",), {"action": "store_true"}),
+    (("--context-length",), {"type": str}),
+    (("--dtype",), {"type": str, "default": "auto"}),
+    (("--quantization",), {"type": str}),
+    (("--kv-cache-dtype",), {"type": str, "default": "auto"}),
+    (("--mem-fraction-static",), {"type": float}),
+    (("--max-running-requests",), {"type": int}),
+    (("--chunked-prefill-size",), {"type": int}),
+    (("--page-size",), {"type": int}),
+    (("--disable-radix-cache",), {"action": "store_true"}),
+    (("--dist-init-addr", "--nccl-init-addr"), {"type": str}),
+    (("--nnodes",), {"type": int, "default": 1}),
+    (("--node-rank",), {"type": int, "default": 0}),
+    (("--tp-size", "--tensor-parallel-size"), {"type": int, "default": 1}),
+    (("--pp-size", "--pipeline-parallel-size"), {"type": int, "default": 1}),
+    (("--dp-size", "--data-parallel-size"), {"type": int, "default": 1}),
+    (("--ep-size", "--expert-parallel-size", "--ep"), {"type": int, "default": 1}),
+    (("--base-gpu-id",), {"type": int, "default": 0}),
+    (("--random-seed",), {"type": int}),
+    (("--watchdog-timeout",), {"type": float, "default": 300}),
+    (("--host",), {"type": str, "default": "127.0.0.1"}),
+    (("--port",), {"type": int, "default": 30000}),
+    (("--skip-server-warmup",), {"action": "store_true"}),
+    (("--api-key",), {"type": str}),
+    (("--served-model-name",), {"type": str}),
+    (("--log-level",), {"type": str, "default": "info"}),
+    (("--enable-metrics",), {"action": "store_true"}),
+    (("--attention-backend",), {"type": str}),
+    # 0.5.23 has only the -decode/-prefill spellings, so a bare
+    # --cuda-graph-max-bs is an ambiguous abbreviation there, as here.
+    (("--cuda-graph-max-bs-decode",), {"type": int}),
+    (("--cuda-graph-max-bs-prefill",), {"type": int}),
+    (("--disable-custom-all-reduce",), {"action": "store_true"}),
+    (("--enable-torch-compile",), {"action": "store_true"}),
+    (("--speculative-algorithm",), {"type": str}),
+    (
+        ("--speculative-draft-model-path", "--speculative-draft-model"),
+        {"type": str},
+    ),
+    (("--speculative-num-steps",), {"type": int}),
+    (("--speculative-eagle-topk",), {"type": int}),
+    (("--speculative-num-draft-tokens",), {"type": int}),
+    (("--speculative-adaptive",), {"action": "store_true"}),
+    (("--disable-cuda-graph",), {"action": "store_true"}),
+    (("--enable-dp-attention",), {"action": "store_true"}),
+    (("--enable-flashinfer-allreduce-fusion",), {"action": "store_true"}),
+]
+
+# Deprecated flags 0.5.23 warns about at parse time: flag -> replacement.
+_DEPRECATED = {
+    "--disable-cuda-graph": "--cuda-graph-backend-{decode,prefill}=disabled",
+    "--enable-dp-attention": "--attn-dp-size <dp-size>",
+}
+
+
+def build_parser(with_threshold: bool) -> argparse.ArgumentParser:
+    """Build the launch_server parser; the threshold flag only when patched in."""
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    for flags, kwargs in _FLAGS:
+        parser.add_argument(*flags, **kwargs)
+    if with_threshold:
+        parser.add_argument("--speculative-disable-batch-threshold", type=int)
+    return parser
+
+
+def server_args_dict(args: argparse.Namespace) -> dict[str, Any]:
+    """Return the resolved-arguments dict SGLang logs as ``server_args=``."""
+    out = dict(vars(args))
+    out["tokenizer_path"] = args.tokenizer_path or args.model_path
+    out["served_model_name"] = args.served_model_name or args.model_path
+    return out
+
+
+# --------------------------------------------------------------------------
+# Scheduler tracebacks, with frames from the 0.5.23 sources.
+# --------------------------------------------------------------------------
+
+# (path under the sglang package or "torch:" path, line, function, source, expr)
+_Frame = tuple[str, int, str, str, str | None]
+
+_STARTUP_FRAMES: list[_Frame] = [
+    (
+        "srt/managers/scheduler.py",
+        6362,
+        "run_scheduler_process",
+        "scheduler = Scheduler(server_args, port_args)",
+        "Scheduler(server_args, port_args)",
+    ),
+    ("srt/managers/scheduler.py", 568, "__init__", "self.init_model_worker()", None),
+    ("srt/managers/scheduler.py", 1137, "init_model_worker", "self.init_memory_pools()", None),
+    (
+        "srt/managers/scheduler.py",
+        1106,
+        "init_memory_pools",
+        "self.draft_worker.alloc_memory_pool(",
+        None,
+    ),
+    ("srt/speculative/eagle_worker_v2.py", 258, "alloc_memory_pool", "self.init_lm_head()", None),
+    (
+        "srt/speculative/eagle_worker_v2.py",
+        375,
+        "init_lm_head",
+        "head.data = head.data[self.hot_token_id]",
+        "head.data[self.hot_token_id]",
+    ),
+]
+
+_RUNNING_FRAMES: list[_Frame] = [
+    (
+        "srt/managers/scheduler.py",
+        6368,
+        "run_scheduler_process",
+        "scheduler.run_event_loop()",
+        None,
+    ),
+    ("srt/managers/scheduler.py", 2010, "run_event_loop", "dispatch_event_loop(self)", None),
+    (
+        "srt/managers/scheduler.py",
+        6215,
+        "dispatch_event_loop",
+        "return _dispatch_event_loop_once(scheduler)",
+        "_dispatch_event_loop_once(scheduler)",
+    ),
+    (
+        "srt/managers/scheduler.py",
+        6231,
+        "_dispatch_event_loop_once",
+        "scheduler.event_loop_overlap()",
+        None,
+    ),
+    (
+        "torch:utils/_contextlib.py",
+        120,
+        "decorate_context",
+        "return func(*args, **kwargs)",
+        "func(*args, **kwargs)",
+    ),
+    (
+        "srt/managers/scheduler.py",
+        2109,
+        "event_loop_overlap",
+        "batch_result = self.run_batch(batch)",
+        "self.run_batch(batch)",
+    ),
+    (
+        "srt/managers/scheduler.py",
+        4870,
+        "run_batch",
+        "batch_result = self.model_worker.forward_batch_generation(",
+        None,
+    ),
+    (
+        "srt/speculative/eagle_worker_v2.py",
+        1480,
+        "forward_batch_generation",
+        "verify_input: EagleVerifyInput = self.draft_worker.draft(batch)",
+        "self.draft_worker.draft(batch)",
+    ),
+    ("srt/speculative/eagle_worker_v2.py", 714, "draft", "self.draft_forward(forward_batch)", None),
+    (
+        "srt/speculative/eagle_worker_v2.py",
+        758,
+        "draft_forward",
+        "topk_index = self.hot_token_id[topk_index]",
+        "self.hot_token_id[topk_index]",
+    ),
+]
+
+
+def format_traceback(frames: list[_Frame], root: str, exc_line: str) -> str:
+    """Render frames the way Python 3.11's traceback module does."""
+    torch_root = os.path.join(os.path.dirname(root), "torch")
+    out = ["Traceback (most recent call last):\n"]
+    for rel, line, func, src, expr in frames:
+        path = (
+            os.path.join(torch_root, rel[6:])
+            if rel.startswith("torch:")
+            else os.path.join(root, rel)
+        )
+        out.append(f'  File "{path}", line {line}, in {func}\n    {src}\n')
+        if expr is not None:
+            out.append(" " * (4 + src.index(expr)) + "^" * len(expr) + "\n")
+    out.append(exc_line + "\n")
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------
+# Child processes: scheduler ranks and the detokenizer.
+# --------------------------------------------------------------------------
+
+
+def _sleep_until(deadline: float) -> None:
+    delay = deadline - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+_HELD: list[Any] = []  # GPU tensors a rank keeps for its whole life
+
+
+def _gpu_free_gib(index: int) -> float:
+    import torch  # type: ignore[import-not-found]  # GPU mode only: costs seconds
+
+    device = torch.device("cuda", index % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return float(torch.cuda.mem_get_info(device)[0]) / GIB
+
+
+def _gpu_hold(index: int, mib: int) -> int:
+    """Allocate ``mib`` MiB on the rank's GPU, touch it, keep it; return the device index."""
+    import torch
+
+    device = torch.device("cuda", index % torch.cuda.device_count())
+    tensor = torch.empty(mib * 1024 * 1024, dtype=torch.uint8, device=device)
+    tensor.fill_(1)
+    torch.cuda.synchronize(device)
+    _HELD.append(tensor)
+    return int(device.index)
+
+
+def _report(cfg: dict[str, Any], word: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(cfg["status_fd"], f"{word} {cfg['index']}\n".encode())
+
+
+def _crash(cfg: dict[str, Any], frames: list[_Frame], crash_at: float) -> NoReturn:
+    """Fail like a scheduler: log the traceback, SIGQUIT the parent, wait to be killed."""
+    rng = random.Random(cfg["index"] * 7919 + int(crash_at * 1000))
+    # Ranks hit the error at slightly different moments, so blocks interleave.
+    _sleep_until(crash_at + rng.uniform(0.0, 0.05))
+    tb = format_traceback(frames, cfg["sglang_root"], f"RuntimeError: {cfg['crash_message']}")
+    # One logger record: the prefixed first line, then raw traceback lines.
+    log(f"Scheduler hit an exception: {tb}", cfg["prefix"])
+    # Tell the parent this rank has printed, so it kills the tree only once
+    # every crashing rank has (real ranks fail together on the same bug).
+    _report(cfg, "crashed")
+    if os.getppid() == cfg["parent"]:
+        with contextlib.suppress(OSError):
+            os.kill(cfg["parent"], signal.SIGQUIT)
+    # SGLang's parent answers with kill_process_tree(); linger until then.
+    time.sleep(10)
+    os._exit(1)
+
+
+def child_main(cfg: dict[str, Any]) -> NoReturn:
+    """Run one child process (a scheduler rank or the detokenizer)."""
+    set_process_title(cfg["title"])
+    if cfg["pdeathsig"]:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != cfg["parent"]:
+            os._exit(0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if cfg["ignore_sigterm"] else signal.SIG_DFL)
+    if cfg["role"] == "rank":
+        _rank_main(cfg)
+    while True:  # the detokenizer just stays around like the real one
+        signal.pause()
+
+
+def _rank_main(cfg: dict[str, Any]) -> NoReturn:
+    prefix: str = cfg["prefix"]
+    span: float = cfg["startup_s"]
+    spec: bool = cfg["speculative"]
+    # The schedule runs from the parent's start, or from this rank's own
+    # start when process creation lagged (eight ranks on a small CPU).
+    t0 = max(float(cfg["t0"]), time.time() - 0.05 * span)
+
+    def at(fraction: float) -> None:
+        _sleep_until(t0 + fraction * span)
+
+    gpu = cfg["gpu_mib"] > 0
+    at(0.1)
+    tic = time.time()
+    before = _gpu_free_gib(cfg["gpu"]) if gpu else 139.19
+    log(f"Load weight begin. avail mem={before:.2f} GB", prefix)
+    if gpu:
+        device = _gpu_hold(cfg["gpu"], cfg["gpu_mib"])
+        after = _gpu_free_gib(cfg["gpu"])
+        log(f"[standin] holding {cfg['gpu_mib']} MiB on cuda:{device}", prefix)
+    else:
+        after = before - 15.52
+    at(0.35)
+    log(
+        f"Load weight end. elapsed={time.time() - tic:.2f} s, type={cfg['arch']}, "
+        f"avail mem={after:.2f} GB, mem usage={before - after:.2f} GB.",
+        prefix,
+    )
+    if spec:
+        log(f"Load weight begin. avail mem={after:.2f} GB", prefix)
+        at(0.45)
+        log(
+            f"Load weight end. elapsed={0.1 * span:.2f} s, type=LlamaForCausalLMEagle3, "
+            f"avail mem={after - 0.85:.2f} GB, mem usage=0.85 GB.",
+            prefix,
+        )
+        after -= 0.85
+    if cfg["crash"] == "startup":
+        _crash(cfg, _STARTUP_FRAMES, t0 + 0.5 * span)
+    at(0.55)
+    pool = after - 104.3
+    log(f"Memory pool end. avail mem={pool:.2f} GB", prefix)
+    name, per_req = ("target verify", cfg["draft_tokens"]) if spec else ("target decode", 1)
+    log(
+        f"Capture {name} CUDA graph begin. backend=full, num_tokens_per_req={per_req}, "
+        f"avail mem={pool:.2f} GB",
+        prefix,
+    )
+    tic = time.time()
+    at(0.75)
+    log(
+        f"Capture {name} CUDA graph end. bs={cfg['capture_bs']}, elapsed={time.time() - tic:.2f} s, "
+        f"mem usage=1.21 GB, avail mem={pool - 1.21:.2f} GB.",
+        prefix,
+    )
+    if cfg["first"]:
+        log(
+            f"max_total_num_tokens=1183744, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+            f"max_running_requests=2048, context_len={cfg['context_len']}, "
+            f"available_gpu_mem={pool - 1.21:.2f} GB",
+            prefix,
+        )
+    _report(cfg, "ready")
+    # The parent writes "serving <time>" once it logged the ready line.  EOF
+    # means it is gone; unless pdeathsig is set we stay and keep any GPU
+    # memory, the orphaned-rank case that makes deployctl kill the group.
+    with os.fdopen(cfg["ctl_fd"], "rb", buffering=0) as ctl:
+        line = ctl.readline()
+    if line.startswith(b"serving ") and cfg["crash"] == "after_ready":
+        _crash(cfg, _RUNNING_FRAMES, float(line.split()[1]) + cfg["crash_after_s"])
+    while True:
+        signal.pause()
+
+
+# --------------------------------------------------------------------------
+# HTTP: the endpoints deployctl probes, with uvicorn-style access lines.
+# --------------------------------------------------------------------------
+
+
+def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> ThreadingHTTPServer:
+    """Create (unbound) the HTTP server; imported lazily so ranks start fast."""
+    from http import HTTPStatus
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import unquote
+
+    class _Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server: Any  # the _HTTPServer below, which carries .launcher
+
+        def do_GET(self) -> None:
+            self._route()
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            self._route()
+
+        def _route(self) -> None:
+            launcher = self.server.launcher
+            path = self.path.split("?", 1)[0]
+            if path in ("/health", "/health_generate", "/ready"):
+                self._send(200 if launcher.healthy() else 503)
+            elif path in ("/model_info", "/get_model_info"):
+                self._send_json(200, launcher.model_info())
+            elif path == "/v1/models":
+                self._send_json(200, {"object": "list", "data": [launcher.model_card()]})
+            elif path.startswith("/v1/models/"):
+                name = unquote(path[len("/v1/models/") :])
+                if name == launcher.served_model_name:
+                    self._send_json(200, launcher.model_card())
+                else:
+                    error = {
+                        "message": f"The model '{name}' does not exist",
+                        "type": "invalid_request_error",
+                        "param": "model",
+                        "code": "model_not_found",
+                    }
+                    self._send_json(404, {"error": error})
+            elif path in ("/server_info", "/get_server_info"):
+                self._send_json(200, launcher.server_info())
+            else:
+                self._send_json(404, {"detail": "Not Found"})
+
+        def _send(self, code: int, body: bytes = b"", ctype: str | None = None) -> None:
+            self.send_response(code)
+            if ctype:
+                self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _send_json(self, code: int, obj: Any) -> None:
+            self._send(code, json.dumps(obj).encode(), "application/json")
+
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            status = int(code) if str(code).isdigit() else 0
+            try:
+                phrase = HTTPStatus(status).phrase
+            except ValueError:
+                phrase = ""
+            host, port = self.client_address[:2]
+            uvicorn_log(
+                "INFO", f'{host}:{port} - "{self.requestline}" {status} {phrase}'.rstrip(), fd=1
+            )
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # uvicorn prints access lines only; errors stay quiet
+
+    class _HTTPServer(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def __init__(self, family: int, sockaddr: Any, launcher: Launcher) -> None:
+            self.address_family = family
+            self.launcher = launcher
+            super().__init__(sockaddr, _Handler, bind_and_activate=False)
+
+        def server_bind(self) -> None:
+            # Skip HTTPServer's getfqdn(): a DNS lookup here would slow start-up.
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind(self.server_address)
+            self.server_address = self.socket.getsockname()
+
+    return _HTTPServer(family, sockaddr, launcher)
+
+
+# --------------------------------------------------------------------------
+# The main process.
+# --------------------------------------------------------------------------
+
+
+class Launcher:
+    """The launch_server main process: ranks, HTTP, signals, readiness."""
+
+    def __init__(self, args: argparse.Namespace, knobs: dict[str, Any]) -> None:
+        self.args = args
+        self.knobs = knobs
+        self.pid = os.getpid()
+        self.server_args = server_args_dict(args)
+        self.served_model_name: str = self.server_args["served_model_name"]
+        self.ranks: list[subprocess.Popen[bytes]] = []
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.ctl_fds: list[int] = []
+        self.status_r: int | None = None  # ranks report "ready N" / "crashed N" here
+        self.status_buf = b""
+        self.ready_ranks: set[int] = set()
+        self.crashed_ranks: set[int] = set()
+        self.sigquit_pending = False
+        self.http: ThreadingHTTPServer | None = None
+        self.ready = False
+        self.exiting = False
+        self.sigterm_at: float | None = None
+        self.startup_time = time.time()
+        config = self._hf_config()
+        archs = config.get("architectures") or ["LlamaForCausalLM"]
+        self.arch: str = archs[0]
+        self.model_type: str | None = config.get("model_type")
+        self.context_len = int(config.get("max_position_embeddings") or 4096)
+        if args.context_length and str(args.context_length).isdigit():
+            self.context_len = int(args.context_length)
+
+    def _hf_config(self) -> dict[str, Any]:
+        try:
+            with open(os.path.join(self.args.model_path, "config.json"), encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    # -- HTTP-facing state --------------------------------------------------
+
+    def healthy(self) -> bool:
+        return self.ready and not self.exiting
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.args.model_path,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": self.server_args["tokenizer_path"],
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": self.args.load_format,
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": self.model_type,
+            "architectures": [self.arch],
+        }
+
+    def model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": self.served_model_name,
+            "parent": None,
+            "max_model_len": self.context_len,
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        return {
+            **self.server_args,
+            "startup_time": self.startup_time,
+            "internal_states": [{}],
+            "version": SGLANG_VERSION,
+            "frontend": "python",
+        }
+
+    # -- start-up -------------------------------------------------------------
+
+    def bind(self) -> str | None:
+        """Bind the HTTP port; return uvicorn's error text when that fails."""
+        host, port = self.args.host, self.args.port
+        try:
+            infos = socket.getaddrinfo(
+                host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        except socket.gaierror as exc:
+            return str(exc)
+        family, _, _, _, sockaddr = infos[0]
+        server = make_http_server(family, sockaddr, self)
+        try:
+            server.server_bind()
+            server.server_activate()
+        except OSError as exc:
+            server.server_close()
+            # asyncio's and uvloop's create_server word the failure this way.
+            reason = (exc.strerror or str(exc)).lower()
+            return f"[Errno {exc.errno}] error while attempting to bind on address {sockaddr!r}: {reason}"
+        self.http = server
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return None
+
+    def rank_layout(self) -> list[tuple[int | None, int]]:
+        """Return (dp rank or None, tp rank) per scheduler process."""
+        tp, dp = max(1, self.args.tp_size), max(1, self.args.dp_size)
+        if dp == 1:
+            return [(None, t) for t in range(tp)]
+        if self.args.enable_dp_attention:
+            width = tp // dp if tp % dp == 0 else 1
+            return [(t // width, t) for t in range(tp)]
+        return [(d, t) for d in range(dp) for t in range(tp)]
+
+    def spawn_children(self, t0: float) -> None:
+        """Start the ranks and the detokenizer."""
+        self.status_r, status_w = os.pipe()
+        spec = bool(self.args.speculative_algorithm)
+        draft_tokens = self.args.speculative_num_draft_tokens or 4
+        max_bs = self.args.cuda_graph_max_bs_decode or 256
+        capture_bs = [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64) if b <= max_bs]
+        capture_bs += list(range(80, max_bs + 1, 16))
+        common = {
+            "parent": self.pid,
+            "t0": t0,
+            "startup_s": float(self.knobs["startup_s"]),
+            "crash": self.knobs["crash"],
+            "crash_after_s": float(self.knobs["crash_after_s"]),
+            "crash_message": str(self.knobs["crash_message"]),
+            "gpu_mib": int(self.knobs["gpu_mib"]),
+            "pdeathsig": bool(self.knobs["pdeathsig"]),
+            "sglang_root": sglang_root(),
+            "arch": self.arch,
+            "context_len": self.context_len,
+            "speculative": spec,
+            "draft_tokens": draft_tokens,
+            "capture_bs": capture_bs,
+            "status_fd": status_w,
+        }
+        for index, (dp_rank, tp_rank) in enumerate(self.rank_layout()):
+            prefix = ""
+            if dp_rank is not None:
+                prefix += f" DP{dp_rank}"
+            if self.args.tp_size > 1:
+                prefix += f" TP{tp_rank}"
+            ctl_r, ctl_w = os.pipe()
+            cfg = {
+                **common,
+                "role": "rank",
+                "index": index,
+                "prefix": prefix,
+                "title": f"sglang::scheduler{prefix.replace(' ', '_')}",
+                "gpu": self.args.base_gpu_id + index,
+                "first": index == 0,
+                "ignore_sigterm": bool(self.knobs["ignore_sigterm"]),
+                "ctl_fd": ctl_r,
+            }
+            proc = self._spawn(cfg, (status_w, ctl_r))
+            os.close(ctl_r)
+            self.ranks.append(proc)
+            self.ctl_fds.append(ctl_w)
+        detok = {**common, "role": "detokenizer", "title": "sglang::detokenizer"}
+        self._spawn({**detok, "ignore_sigterm": False}, ())
+        os.close(status_w)
+
+    def _spawn(self, cfg: dict[str, Any], fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        import subprocess  # the main process only; ranks start faster without it
+
+        # -S skips site (tens of ms per rank) unless a rank needs torch from it.
+        flags = [] if cfg["gpu_mib"] > 0 else ["-S"]
+        cmd = [sys.executable, *flags, os.path.abspath(__file__), CHILD_FLAG, json.dumps(cfg)]
+        # Same process group and session as the parent, like mp.Process.
+        proc = subprocess.Popen(cmd, pass_fds=fds)
+        self.children.append(proc)
+        return proc
+
+    def read_reports(self, timeout: float) -> None:
+        """Collect "ready N" / "crashed N" lines from the ranks for up to ``timeout`` s."""
+        if self.status_r is None:
+            time.sleep(timeout)
+            return
+        readable, _, _ = select.select([self.status_r], [], [], timeout)
+        if not readable:
+            return
+        chunk = os.read(self.status_r, 4096)
+        if not chunk:  # every rank has closed its end
+            os.close(self.status_r)
+            self.status_r = None
+            return
+        *lines, self.status_buf = (self.status_buf + chunk).split(b"\n")
+        for line in lines:
+            word, _, index = line.partition(b" ")
+            (self.ready_ranks if word == b"ready" else self.crashed_ranks).add(int(index))
+
+    def pump(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for rank reports, then act on a pending SIGQUIT."""
+        self.read_reports(timeout)
+        if self.sigquit_pending:
+            self.handle_sigquit()
+
+    def idle_until(self, deadline: float) -> None:
+        while time.time() < deadline:
+            self.pump(min(0.05, max(0.0, deadline - time.time())))
+
+    def wait_for_ranks(self) -> None:
+        """Block until every rank reports ready, failing like SGLang if one dies."""
+        while len(self.ready_ranks) < len(self.ranks):
+            self.pump(0.2)
+            for index, proc in enumerate(self.ranks):
+                code = proc.poll()
+                if code is not None and index not in self.ready_ranks:
+                    self.fail_rank_died(index, code)
+
+    def fail_rank_died(self, index: int, code: int) -> NoReturn:
+        """Exit like launch_server when a rank dies without a traceback."""
+        self.kill_process_tree(include_parent=False)
+        message = (
+            f"Rank {index} scheduler died during initialization (exit code: {code}). "
+            "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. "
+            "Run `dmesg -T | grep -i oom` to check."
+        )
+        root = sglang_root()
+        _write(
+            2,
+            "Traceback (most recent call last):\n"
+            f'  File "{root}/launch_server.py", line 86, in <module>\n'
+            "    run_server(server_args)\n"
+            f'  File "{root}/srt/entrypoints/engine.py", line 2027, in _wait_for_scheduler_ready\n'
+            "    raise _scheduler_died_error(i, scheduler_procs[i])\n"
+            f"RuntimeError: {message}\n",
+        )
+        os._exit(1)
+
+    def kill_process_tree(self, include_parent: bool) -> None:
+        log(
+            f"kill_process_tree called: parent_pid={self.pid}, "
+            f"include_parent={include_parent}, pid={self.pid}"
+        )
+        for proc in self.children:
+            with contextlib.suppress(OSError):
+                proc.kill()
+        if include_parent:
+            os.kill(self.pid, signal.SIGKILL)
+
+    # -- signals ----------------------------------------------------------------
+
+    def on_sigquit(self, signum: int, frame: Any) -> None:
+        self.sigquit_pending = True  # acted on by pump(), outside the handler
+
+    def handle_sigquit(self) -> NoReturn:
+        """Log SGLang's SIGQUIT line for the current phase and kill the tree."""
+        if self.knobs["crash"]:
+            # Let the other crashing ranks finish their tracebacks first.
+            deadline = time.time() + CRASH_GATHER_S
+            while time.time() < deadline and any(
+                proc.poll() is None and index not in self.crashed_ranks
+                for index, proc in enumerate(self.ranks)
+            ):
+                self.read_reports(0.05)
+        if self.ready:
+            # The tokenizer manager's handler, added through the event loop,
+            # so SGLang formats signum and frame as None.
+            log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+        else:
+            log("Received sigquit from a child process. It usually means the child failed.")
+        self.kill_process_tree(include_parent=True)
+        os._exit(1)  # not reached: kill_process_tree SIGKILLs this process
+
+    def on_sigterm_running(self, signum: int, frame: Any) -> None:
+        if self.exiting:
+            return
+        log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
+        self.exiting = True
+        self.sigterm_at = time.time()
+
+    # -- phases -------------------------------------------------------------------
+
+    def uvicorn_startup_lines(self) -> None:
+        uvicorn_log("INFO", f"Started server process [{self.pid}]")
+        uvicorn_log("INFO", "Waiting for application startup.")
+        uvicorn_log("INFO", "Application startup complete.")
+
+    def exit_bind_failed(self, error: str) -> NoReturn:
+        uvicorn_log("ERROR", error)
+        uvicorn_log("INFO", "Waiting for application shutdown.")
+        uvicorn_log("INFO", "Application shutdown complete.")
+        # launch_server's `finally: kill_process_tree(os.getpid(), include_parent=False)`
+        self.kill_process_tree(include_parent=False)
+        os._exit(1)
+
+    def run(self) -> NoReturn:
+        """Start up, report readiness, then serve until signalled."""
+        span = float(self.knobs["startup_s"])
+        t0 = time.time()
+        signal.signal(signal.SIGQUIT, self.on_sigquit)
+        if not self.knobs["late_bind"]:
+            error = self.bind()
+            if error is not None:
+                self.uvicorn_startup_lines()
+                self.exit_bind_failed(error)
+        self.spawn_children(t0)
+        self.wait_for_ranks()
+        warm = time.time()
+        self.uvicorn_startup_lines()
+        if self.knobs["late_bind"]:
+            error = self.bind()
+            if error is not None:
+                self.exit_bind_failed(error)
+        host = f"[{self.args.host}]" if ":" in self.args.host else self.args.host
+        uvicorn_log(
+            "INFO", f"Uvicorn running on http://{host}:{self.args.port} (Press CTRL+C to quit)"
+        )
+        # The warmup request: TP0 runs a prefill, then the server reports ready.
+        self.idle_until(max(t0 + 0.9 * span, warm + 0.05 * span))
+        client = f"127.0.0.1:{random.randint(40000, 60000)}"
+        uvicorn_log("INFO", f'{client} - "GET /model_info HTTP/1.1" 200 OK', fd=1)
+        first_prefix = " DP0" if self.args.dp_size > 1 else ""
+        first_prefix += " TP0" if self.args.tp_size > 1 else ""
+        log(
+            "Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
+            "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
+            "input throughput (token/s): 0.00",
+            first_prefix,
+        )
+        uvicorn_log("INFO", f'{client} - "POST /generate HTTP/1.1" 200 OK', fd=1)
+        self.idle_until(max(t0 + span, warm + 0.1 * span))
+        # From here on SGLang's tokenizer manager owns SIGTERM and SIGQUIT.
+        signal.signal(signal.SIGTERM, self.on_sigterm_running)
+        self.ready = True
+        log("The server is fired up and ready to roll!")
+        serving = f"serving {time.time()!r}\n".encode()
+        for fd in self.ctl_fds:
+            with contextlib.suppress(OSError):
+                os.write(fd, serving)
+        self.serve()
+
+    def serve(self) -> NoReturn:
+        """Watch the ranks like SubprocessWatchdog; finish a SIGTERM drain."""
+        drain = float(self.knobs["drain_s"])
+        next_check = time.time() + WATCHDOG_INTERVAL_S
+        while True:
+            self.pump(0.05)
+            now = time.time()
+            if self.sigterm_at is not None and now >= self.sigterm_at + drain:
+                self.shutdown()
+            if now < next_check:
+                continue
+            next_check = now + WATCHDOG_INTERVAL_S
+            for index, proc in enumerate(self.ranks):
+                code = proc.poll()
+                if code is not None and code != 0:
+                    log(
+                        f"Subprocess scheduler_{index} (pid={proc.pid}) crashed with exit "
+                        f"code {code}. Triggering SIGQUIT for cleanup..."
+                    )
+                    self.sigquit_pending = True  # SGLang SIGQUITs itself here
+                    break
+
+    def shutdown(self) -> NoReturn:
+        # Ranks are left to the process-group signal (deployctl's job); real
+        # 0.5.23 would also send them a ShutdownReq and then SIGKILL stragglers.
+        log(
+            "Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[]."
+        )
+        uvicorn_log("INFO", "Shutting down")
+        uvicorn_log("INFO", "Waiting for application shutdown.")
+        uvicorn_log("INFO", "Application shutdown complete.")
+        uvicorn_log("INFO", f"Finished server process [{self.pid}]")
+        os._exit(0)
+
+
+# --------------------------------------------------------------------------
+# Entry point.
+# --------------------------------------------------------------------------
+
+
+def _model_path_from_argv(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg in ("--model-path", "--model") and i + 1 < len(argv):
+            return argv[i + 1]
+        for flag in ("--model-path=", "--model="):
+            if arg.startswith(flag):
+                return arg[len(flag) :]
+    return None
+
+
+def record_argv(argv: list[str]) -> None:
+    """Append this start's exact argv to <model_path>/standin-argv.jsonl."""
+    model_path = _model_path_from_argv(argv)
+    if model_path is None or not os.path.isdir(model_path):
+        return
+    entry = {
+        "argv": argv,
+        "pid": os.getpid(),
+        "pgid": os.getpgrp(),
+        "sid": os.getsid(0),
+        "time": time.time(),
+    }
+    fd = os.open(
+        os.path.join(model_path, "standin-argv.jsonl"),
+        os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+        0o644,
+    )
+    try:
+        os.write(fd, (json.dumps(entry) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def load_knobs(model_path: str) -> dict[str, Any]:
+    """Read <model_path>/standin.json over the defaults; reject unknown knobs."""
+    knobs = dict(KNOB_DEFAULTS)
+    try:
+        with open(os.path.join(model_path, "standin.json"), encoding="utf-8") as f:
+            given = json.load(f)
+    except FileNotFoundError:
+        return knobs
+    unknown = sorted(set(given) - set(KNOB_DEFAULTS))
+    if unknown:
+        raise ValueError(f"standin.json: unknown knob(s) {unknown}; known: {sorted(KNOB_DEFAULTS)}")
+    knobs.update(given)
+    if knobs["crash"] not in CRASH_MODES:
+        raise ValueError(f"standin.json: crash must be one of {CRASH_MODES}")
+    return knobs
+
+
+def _launch_warning() -> None:
+    # launch_server.py warns at import under `python -m`; the log shows it.
+    root = sglang_root()
+    _write(
+        2,
+        f"{root}/launch_server.py:71: UserWarning: 'python -m sglang.launch_server' is still "
+        "supported, but 'sglang serve' is the recommended entrypoint.\n"
+        "  Example: sglang serve --model-path <model> [options]\n"
+        "  warnings.warn(\n",
+    )
+
+
+def _exit_bad_model_path(path: str) -> NoReturn:
+    # A path that is not a local folder is taken for a Hub repo id, and
+    # transformers rejects it; launch_server dies with this traceback.
+    root = sglang_root()
+    _write(
+        2,
+        "Traceback (most recent call last):\n"
+        '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
+        '  File "<frozen runpy>", line 88, in _run_code\n'
+        f'  File "{root}/launch_server.py", line 81, in <module>\n'
+        "    server_args = prepare_server_args(sys.argv[1:])\n"
+        "                  ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        f"OSError: Incorrect path_or_model_id: {path!r}. Please provide either the path "
+        "to a local folder or the repo_id of a model on the Hub.\n",
+    )
+    sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Run the stand-in with launch_server's command line."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [CHILD_FLAG]:
+        child_main(json.loads(argv[1]))
+    record_argv(argv)
+    _launch_warning()
+    args = build_parser(threshold_flag_supported()).parse_args(argv)
+    for flag, new_flag in _DEPRECATED.items():
+        if getattr(args, flag[2:].replace("-", "_")):
+            # Printed before logging is configured, so without a timestamp.
+            _write(
+                2,
+                f"\033[1;33m'{flag}' is deprecated and will be removed in a future release. "
+                f"Use '{new_flag}' instead.\033[0m\n",
+            )
+    if not os.path.isdir(args.model_path):
+        _exit_bad_model_path(args.model_path)
+    knobs = load_knobs(args.model_path)
+    launcher = Launcher(args, knobs)
+    log(f"server_args={launcher.server_args!r}")
+    if args.enable_flashinfer_allreduce_fusion:
+        log(
+            "--enable-flashinfer-allreduce-fusion is deprecated. "
+            "Please use --flashinfer-allreduce-fusion-backend=auto instead."
+        )
+    launcher.run()
+
+
+if __name__ == "__main__":
+    main()

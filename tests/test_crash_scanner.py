@@ -1,0 +1,811 @@
+"""Behaviour of the crash scanner and its signature catalog on SGLang 0.5.23 logs."""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from deployctl.crash import (
+    STORED_LINE_CAP,
+    Catalog,
+    CatalogError,
+    CrashReport,
+    CrashScanner,
+    _literal_anchors,
+    load_catalog,
+    scan_lines,
+    scan_text,
+)
+
+LOGS = Path(__file__).parent / "data" / "logs"
+ALL_LOGS = sorted(p.name for p in LOGS.glob("*.log"))
+SP = "/home/ml/env/lib/python3.11/site-packages"
+
+
+def read_log(name: str) -> str:
+    return (LOGS / name).read_text(encoding="utf-8")
+
+
+def line_number_of(text: str, needle: str) -> int:
+    """Return the 1-based number of the first line containing `needle`."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if needle in line:
+            return number
+    raise AssertionError(f"{needle!r} not in text")
+
+
+def scheduler_traceback(rank: str, message: str, exception: str = "RuntimeError") -> str:
+    prefix = f" {rank}" if rank else ""
+    return (
+        f"[2026-11-29 10:12:33{prefix}] Scheduler hit an exception: "
+        "Traceback (most recent call last):\n"
+        f'  File "{SP}/sglang/srt/managers/scheduler.py", line 6368, in run_scheduler_process\n'
+        "    scheduler.run_event_loop()\n"
+        f'  File "{SP}/sglang/srt/layers/logits_processor.py", line 402, in forward\n'
+        "    logits = logits[sample_indices] + bias\n"
+        "             ~~~~~~~~~~~~~~~~~~~~~~~^~~~~~\n"
+        f"{exception}: {message}\n"
+        "\n"
+    )
+
+
+SHAPE = (
+    "The size of tensor a ({a}) must match the size of tensor b ({b}) at non-singleton dimension 0"
+)
+
+
+# --- real crash forms ----------------------------------------------------------------------
+
+
+def test_same_traceback_from_eight_ranks_is_one_report_listing_the_ranks() -> None:
+    text = read_log("tp8_spec_shape_mismatch.log")
+
+    reports = scan_text(text)
+
+    assert len(reports) == 1
+    report = reports[0]
+    assert report.ranks == tuple(f"TP{r}" for r in range(8))
+    assert report.signature == "tensor-shape-mismatch"
+    assert report.exception == "RuntimeError"
+    assert report.message == SHAPE.format(a=160, b=2)
+    assert report.file == f"{SP}/sglang/srt/layers/logits_processor.py"
+    assert (report.line, report.function) == (402, "forward")
+    assert report.log_line == line_number_of(text, "TP0] Scheduler hit an exception")
+
+
+def test_tensor_shape_hint_names_batch_times_draft_tokens_from_the_server_args() -> None:
+    (report,) = scan_text(read_log("tp8_spec_shape_mismatch.log"))
+
+    assert (
+        "160 = 10 × 16 (batch × draft tokens): speculative shapes reached a non-speculative step"
+        in report.hint
+    )
+    # Both sizes and their ratio are spelled out.
+    assert "Tensor a has size 160 where tensor b has 2 (ratio a/b = 80)" in report.hint
+
+
+def test_tensor_shape_hint_uses_the_ratio_as_second_factor_without_server_args() -> None:
+    (report,) = scan_text(scheduler_traceback("TP0", SHAPE.format(a=160, b=10)))
+
+    assert "160 = 10 × 16: if 10 is the batch and 16 the number of draft tokens" in report.hint
+    assert "ratio a/b = 16" in report.hint
+
+
+def test_tensor_shape_hint_says_when_sizes_are_not_multiples() -> None:
+    (report,) = scan_text(scheduler_traceback("TP0", SHAPE.format(a=7, b=3)))
+
+    assert "not multiples of each other" in report.hint
+
+
+def test_tensor_shape_hint_does_not_read_a_huge_ratio_as_draft_tokens() -> None:
+    (report,) = scan_text(scheduler_traceback("TP0", SHAPE.format(a=2, b=4096)))
+
+    assert "Tensor b has size 4096 where tensor a has 2 (ratio b/a = 2048)." in report.hint
+    assert "draft tokens" not in report.hint
+
+
+def test_parent_sigquit_after_a_traceback_is_part_of_that_crash() -> None:
+    text = scheduler_traceback("TP0", SHAPE.format(a=160, b=2)) + (
+        "[2026-11-29 10:12:34] Received sigquit from a child process. "
+        "It usually means the child failed.\n"
+    )
+
+    assert [r.signature for r in scan_text(text)] == ["tensor-shape-mismatch"]
+
+
+def test_parent_sigquit_alone_is_reported() -> None:
+    text = (
+        "[2026-11-29 10:12:34] Received sigquit from a child process. "
+        "It usually means the child failed.\n"
+    )
+
+    (report,) = scan_text(text)
+
+    assert report.signature == "child-failed"
+    assert report.exception == ""
+    assert report.log_line == 1
+
+
+def test_syntax_error_in_patched_server_args_points_at_the_file_and_line() -> None:
+    (report,) = scan_text(read_log("syntax_error_server_args.log"))
+
+    assert report.signature == "sglang-syntax-error"
+    assert report.exception == "SyntaxError"
+    assert report.message == "invalid syntax. Perhaps you forgot a comma?"
+    assert report.file == f"{SP}/sglang/srt/server_args.py"
+    assert report.line == 123
+    assert report.function is None
+    assert report.ranks == ()
+    assert report.log_line == 1
+    assert "deployctl patch audit" in report.hint
+    assert "deployctl patch revert" in report.hint
+
+
+def test_import_error_inside_sglang_blames_a_patch() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        f'  File "{SP}/sglang/srt/speculative/eagle_worker_v2.py", line 41, in <module>\n'
+        "    from sglang.srt.speculative.spec_disable import SpecDisablePolicy\n"
+        "ModuleNotFoundError: No module named 'sglang.srt.speculative.spec_disable'\n"
+    )
+
+    (report,) = scan_text(text)
+
+    assert report.signature == "sglang-import-error"
+    assert "deployctl patch revert" in report.hint
+
+
+def test_out_of_memory_while_capturing_cuda_graphs() -> None:
+    text = read_log("cuda_graph_oom.log")
+
+    (report,) = scan_text(text)
+
+    assert report.signature == "cuda-graph-capture-oom"
+    # The chained traceback's final exception is SGLang's wrapper around torch's OOM.
+    assert report.exception == "Exception"
+    assert report.message.startswith("Capture cuda graph failed: CUDA out of memory.")
+    # The OOM message names each rank's GPU, yet it is one crash.
+    assert report.ranks == ("TP0", "TP1", "TP2", "TP3")
+    assert report.log_line == line_number_of(text, "TP0] Scheduler hit an exception")
+    assert "--mem-fraction-static" in report.hint
+    assert "--cuda-graph-max-bs" in report.hint
+
+
+def test_plain_cuda_out_of_memory() -> None:
+    text = scheduler_traceback(
+        "TP0",
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "139.81 GiB of which 1.06 GiB is free.",
+        exception="torch.OutOfMemoryError",
+    )
+
+    (report,) = scan_text(text)
+
+    assert report.signature == "cuda-oom"
+    assert report.exception == "torch.OutOfMemoryError"
+    assert "--mem-fraction-static" in report.hint
+
+
+def test_not_enough_memory_as_exception_and_as_log_line() -> None:
+    message = "Not enough memory. Please try to increase --mem-fraction-static."
+    as_exception = scheduler_traceback("TP0", message)
+    as_line = f"[2026-11-29 10:12:33 TP0] {message}\n"
+
+    assert [r.signature for r in scan_text(as_exception)] == ["not-enough-memory"]
+    assert [r.signature for r in scan_text(as_line)] == ["not-enough-memory"]
+
+
+def test_nccl_watchdog_timeout_then_subprocess_crash_is_one_report() -> None:
+    text = read_log("nccl_watchdog_timeout.log")
+
+    (report,) = scan_text(text)
+
+    assert report.signature == "nccl-timeout"
+    assert report.message.startswith("Watchdog caught collective operation timeout: WorkNCCL(")
+    assert report.ranks == ("rank3",)
+    assert report.log_line == line_number_of(text, "[rank3]:")
+    assert report.file is None and report.line is None
+
+
+def test_subprocess_crash_alone_names_its_signal() -> None:
+    text = (
+        "[2026-11-29 10:22:42] Subprocess scheduler_5 (pid=48219) crashed with exit code -9. "
+        "Triggering SIGQUIT for cleanup...\n"
+        "[2026-11-29 10:22:42] Received sigquit from a child process. "
+        "It usually means the child failed.\n"
+    )
+
+    (report,) = scan_text(text)
+
+    assert report.signature == "subprocess-crashed"
+    assert "exit code -9 = killed by SIGKILL" in report.hint
+    assert "scheduler_5 (pid 48219)" in report.hint
+
+
+def test_nccl_error_exception() -> None:
+    text = scheduler_traceback(
+        "TP2",
+        "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.hpp:268, unhandled "
+        "cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3",
+        exception="torch.distributed.DistBackendError",
+    )
+
+    (report,) = scan_text(text)
+
+    assert report.signature == "nccl-error"
+    assert report.ranks == ("TP2",)
+
+
+def test_port_in_use_reported_by_uvicorn() -> None:
+    text = read_log("port_in_use.log")
+
+    (report,) = scan_text(text)
+
+    assert report.signature == "port-in-use"
+    assert report.message.startswith("[Errno 98] error while attempting to bind")
+    assert report.log_line == line_number_of(text, "[Errno 98]")
+
+
+def test_port_in_use_raised_as_oserror() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        f'  File "{SP}/sglang/srt/entrypoints/http_server.py", line 2590, in launch_server\n'
+        "    sock.bind((server_args.host, server_args.port))\n"
+        "OSError: [Errno 98] Address already in use\n"
+    )
+
+    assert [r.signature for r in scan_text(text)] == ["port-in-use"]
+
+
+def test_scheduler_watchdog_timeout_printed_by_every_rank_is_merged() -> None:
+    text = "".join(
+        f"[2026-11-29 10:40:0{r} TP{r}] Scheduler watchdog timeout "
+        "(self.watchdog_timeout=300, self.soft=False)\n"
+        for r in (3, 0, 2, 1)
+    )
+
+    (report,) = scan_text(text)
+
+    assert report.signature == "scheduler-watchdog-timeout"
+    assert report.ranks == ("TP0", "TP1", "TP2", "TP3")
+    assert report.log_line == 1
+
+
+def test_scheduler_died_during_initialization_points_at_the_oom_killer() -> None:
+    text = (
+        "Traceback (most recent call last):\n"
+        f'  File "{SP}/sglang/srt/entrypoints/engine.py", line 2026, in _wait_for_scheduler_ready\n'
+        "    raise _scheduler_died_error(j, scheduler_procs[j])\n"
+        "RuntimeError: Rank 2 scheduler died during initialization (exit code: -9). If exit "
+        "code is -9 (SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i "
+        "oom` to check.\n"
+    )
+
+    (report,) = scan_text(text)
+
+    assert report.signature == "scheduler-died-init"
+    assert "rank 2" in report.hint
+    assert "SIGKILL" in report.hint
+    assert "dmesg" in report.hint
+
+
+def test_chained_traceback_reports_the_final_exception() -> None:
+    text = read_log("chained_tokenizer_load.log")
+
+    (report,) = scan_text(text)
+
+    assert report.exception == "RuntimeError"
+    assert report.message.startswith("Failed to load the tokenizer.")
+    assert report.file == f"{SP}/sglang/srt/utils/hf_transformers/tokenizer.py"
+    assert (report.line, report.function) == (208, "_auto_tokenizer_from_pretrained")
+    assert report.signature == "trust-remote-code"
+    # The crash starts where its first traceback starts.
+    assert report.log_line == line_number_of(text, "Traceback (most recent call last):")
+
+
+def test_too_many_values_to_unpack_is_an_api_mismatch() -> None:
+    text = read_log("too_many_values_to_unpack.log")
+
+    (report,) = scan_text(text)
+
+    assert report.signature == "api-mismatch-unpack"
+    assert report.message == "too many values to unpack (expected 2)"
+    assert report.ranks == ("TP0", "TP1")
+    assert "patch" in report.hint and "SGLang version" in report.hint
+
+
+def test_unknown_exception_falls_back() -> None:
+    (report,) = scan_text(scheduler_traceback("TP0", "frobnicator exploded", "KeyError"))
+
+    assert report.signature == "unknown-exception"
+    assert report.exception == "KeyError"
+
+
+# --- no false positives --------------------------------------------------------------------
+
+
+def test_healthy_log_with_ready_line_has_no_crash() -> None:
+    text = read_log("healthy_ready.log")
+
+    assert "The server is fired up and ready to roll!" in text
+    assert scan_text(text) == []
+
+
+def test_warnings_about_errors_and_exceptions_are_not_crashes() -> None:
+    text = read_log("healthy_warnings.log")
+
+    assert "error handling is deprecated" in text
+    assert "Exception handling enabled" in text
+    assert "max_retries on error" in text
+    assert scan_text(text) == []
+
+
+def test_exception_ignored_at_shutdown_is_not_a_crash() -> None:
+    text = (
+        "Exception ignored in: <function ZmqSocket.__del__ at 0x7f3c2b9e1d80>\n"
+        "Traceback (most recent call last):\n"
+        f'  File "{SP}/zmq/sugar/socket.py", line 185, in __del__\n'
+        "    self.close()\n"
+        "RuntimeError: Event loop is closed\n"
+    )
+
+    assert scan_text(text) == []
+
+
+def test_soft_watchdog_timeout_is_not_a_crash() -> None:
+    text = (
+        "[2026-11-29 10:40:00 TP0] Scheduler watchdog timeout "
+        "(self.watchdog_timeout=30.0, self.soft=True)\n"
+    )
+
+    assert scan_text(text) == []
+
+
+# --- log forms -----------------------------------------------------------------------------
+
+
+def test_rank_prefixes_with_dp_tp_milliseconds_and_no_rank() -> None:
+    text = (
+        scheduler_traceback("DP1 TP3", SHAPE.format(a=160, b=2))
+        + scheduler_traceback("DP0 TP10", SHAPE.format(a=160, b=2))
+        + scheduler_traceback("DP0 TP2", SHAPE.format(a=160, b=2)).replace(":33 DP0", ":33.412 DP0")
+        + scheduler_traceback("", SHAPE.format(a=160, b=2))
+    )
+
+    (report,) = scan_text(text)
+
+    # Ranks sort by number, not by text; the unprefixed copy adds no rank.
+    assert report.ranks == ("DP0 TP2", "DP0 TP10", "DP1 TP3")
+
+
+def test_traceback_lines_from_two_ranks_interleaved_line_by_line() -> None:
+    one = scheduler_traceback("TP0", SHAPE.format(a=160, b=2)).splitlines()
+    two = scheduler_traceback("TP1", SHAPE.format(a=160, b=2)).splitlines()
+    mixed = [one[0], two[0]]
+    for a, b in zip(one[1:], two[1:], strict=True):
+        mixed += [a, b]
+
+    (report,) = scan_text("\n".join(mixed) + "\n")
+
+    assert report.ranks == ("TP0", "TP1")
+    assert (report.line, report.function) == (402, "forward")
+
+
+def test_different_crashes_on_different_ranks_are_separate_reports() -> None:
+    text = scheduler_traceback("TP0", SHAPE.format(a=160, b=2)) + scheduler_traceback(
+        "TP1", "too many values to unpack (expected 2)", "ValueError"
+    )
+
+    reports = scan_text(text)
+
+    assert [(r.signature, r.ranks) for r in reports] == [
+        ("tensor-shape-mismatch", ("TP0",)),
+        ("api-mismatch-unpack", ("TP1",)),
+    ]
+
+
+def test_abandoned_traceback_does_not_swallow_a_later_crash() -> None:
+    text = (
+        "[2026-11-29 10:12:30 TP0] Scheduler hit an exception: "
+        "Traceback (most recent call last):\n"
+        + "[2026-11-29 10:12:31 TP1] Decode batch, #running-req: 3, cuda graph: True\n" * 5
+        + scheduler_traceback("TP1", SHAPE.format(a=160, b=2))
+    )
+
+    (report,) = scan_text(text)
+
+    assert report.ranks == ("TP1",)
+    assert report.log_line == 7
+
+
+def test_scan_of_a_log_tail_ignores_orphan_traceback_lines() -> None:
+    lines = read_log("tp8_spec_shape_mismatch.log").splitlines(keepends=True)
+    tp0 = line_number_of("".join(lines), "TP0] Scheduler hit an exception")
+    # Start in the middle of TP0's traceback, as a reader of the last few MB would.
+    tail = lines[tp0 + 4 :]
+
+    (report,) = scan_text("".join(tail))
+
+    assert report.ranks == tuple(f"TP{r}" for r in range(1, 8))
+    assert report.signature == "tensor-shape-mismatch"
+
+
+def test_a_tail_holding_only_the_end_of_a_traceback_yields_nothing() -> None:
+    text = (
+        "    logits = logits[sample_indices] + bias\n"
+        "             ~~~~~~~~~~~~~~~~~~~~~~~^~~~~~\n"
+        f"RuntimeError: {SHAPE.format(a=160, b=2)}\n"
+        "\n"
+        "[2026-11-29 10:12:35 TP3] Decode batch, #running-req: 10, cuda graph: True\n"
+    )
+
+    assert scan_text(text) == []
+
+
+def test_scan_lines_numbers_lines_from_start_line() -> None:
+    lines = scheduler_traceback("TP0", SHAPE.format(a=160, b=2)).splitlines()
+
+    (report,) = scan_lines(["[2026-11-29 10:12:00 TP0] Decode batch", *lines], start_line=1001)
+
+    assert report.log_line == 1002
+
+
+def test_scan_lines_accepts_lines_with_or_without_newlines() -> None:
+    text = read_log("tp8_spec_shape_mismatch.log")
+
+    assert scan_lines(text.splitlines()) == scan_text(text)
+    assert scan_lines(text.splitlines(keepends=True)) == scan_text(text)
+
+
+# --- follow mode ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL_LOGS)
+def test_feeding_byte_by_byte_gives_the_same_reports_as_scan_text(name: str) -> None:
+    text = read_log(name)
+    scanner = CrashScanner()
+
+    emitted: list[CrashReport] = []
+    for char in text:
+        emitted += scanner.feed(char)
+    emitted += scanner.finish()
+
+    expected = scan_text(text)
+    assert scanner.reports == expected
+    key = [(r.signature, r.log_line, r.message) for r in expected]
+    got = [(r.signature, r.log_line, r.message) for r in emitted]
+    if "During handling of the above exception" in text:
+        # Follow mode cannot wait for a chain to go on: an inner exception of a chained
+        # traceback may come first, at the log line where the final one starts.
+        assert set(key) <= set(got)
+        assert {line for _, line, _ in got} == {line for _, line, _ in key}
+    else:
+        # Each crash is returned once, as soon as its first copy is complete.
+        assert got == key
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_feeding_random_chunks_gives_the_same_reports_as_scan_text(seed: int) -> None:
+    rng = random.Random(seed)
+    for name in ALL_LOGS:
+        text = read_log(name)
+        scanner = CrashScanner()
+        pos = 0
+        while pos < len(text):
+            size = rng.choice([1, 2, 7, 64, 333, 4096])
+            scanner.feed(text[pos : pos + size])
+            pos += size
+        scanner.finish()
+
+        assert scanner.reports == scan_text(text), name
+
+
+def test_feed_returns_a_crash_as_soon_as_its_exception_line_arrives() -> None:
+    scanner = CrashScanner()
+    tp0 = scheduler_traceback("TP0", SHAPE.format(a=160, b=2))
+    exception_line = tp0.splitlines(keepends=True)[-2]
+    before, after = tp0.split(exception_line)
+
+    assert scanner.feed(before) == []
+    (report,) = scanner.feed(exception_line)
+    assert report.ranks == ("TP0",)
+    # The same crash from another rank is not returned again, but is merged.
+    assert scanner.feed(after + scheduler_traceback("TP1", SHAPE.format(a=160, b=2))) == []
+    assert scanner.finish() == []
+    assert scanner.reports[0].ranks == ("TP0", "TP1")
+
+
+def test_feed_buffers_a_partial_last_line() -> None:
+    scanner = CrashScanner()
+    line = "[2026-11-29 10:12:34] Received sigquit from a child process. It usually means"
+
+    assert scanner.feed(line) == []
+    assert scanner.feed(" the child failed.") == []
+    (report,) = scanner.feed("\n")
+    assert report.signature == "child-failed"
+
+
+def test_finish_scans_an_unterminated_last_line() -> None:
+    scanner = CrashScanner()
+    scanner.feed("[2026-11-29 10:12:33 TP0] Scheduler watchdog timeout (self.soft=False)")
+
+    (report,) = scanner.finish()
+
+    assert report.signature == "scheduler-watchdog-timeout"
+
+
+def test_chained_traceback_split_after_inner_exception_is_corrected_in_reports() -> None:
+    text = read_log("chained_tokenizer_load.log")
+    cut = text.index("\nDuring handling") + 1
+    scanner = CrashScanner()
+
+    early = scanner.feed(text[:cut])
+    later = scanner.feed(text[cut:]) + scanner.finish()
+
+    # Follow mode cannot wait: the inner exception is returned when it completes ...
+    assert [r.exception for r in early] == ["KeyError"]
+    # ... and the consolidated view keeps only the final one.
+    assert [r.exception for r in later] == ["RuntimeError"]
+    assert scanner.reports == scan_text(text)
+
+
+def test_is_crash_line_marks_crash_lines_only() -> None:
+    scanner = CrashScanner()
+    crash = read_log("tp8_spec_shape_mismatch.log").splitlines()
+    healthy = read_log("healthy_ready.log").splitlines()
+
+    assert scanner.is_crash_line(next(x for x in crash if "Scheduler hit an exception" in x))
+    assert scanner.is_crash_line(next(x for x in crash if x.startswith("RuntimeError:")))
+    assert scanner.is_crash_line(next(x for x in crash if x.startswith('  File "')))
+    assert scanner.is_crash_line("[2026-11-29 10:12:21] Received sigquit from a child process.")
+    assert not any(scanner.is_crash_line(line) for line in healthy)
+    assert not scanner.is_crash_line(
+        "[2026-11-29 10:11:02] WARNING: Exception handling enabled for custom logit processors."
+    )
+
+
+# --- hardening -----------------------------------------------------------------------------
+
+
+def test_empty_input_yields_nothing() -> None:
+    assert scan_text("") == []
+    assert scan_lines([]) == []
+    assert CrashScanner().finish() == []
+    assert CrashScanner().feed("") == []
+
+
+def test_binary_garbage_does_not_raise() -> None:
+    rng = random.Random(7)
+    garbage = bytes(rng.randrange(256) for _ in range(200_000)).decode("utf-8", errors="replace")
+    text = garbage + "\n" + scheduler_traceback("TP0", SHAPE.format(a=160, b=2)) + garbage
+
+    reports = scan_text(text)
+
+    assert [r.signature for r in reports] == ["tensor-shape-mismatch"]
+
+
+def test_very_long_lines_are_capped_in_reports() -> None:
+    huge = "x" * 1_000_000
+    text = scheduler_traceback("TP0", f"boom {huge}") + huge + "\n"
+
+    (report,) = scan_text(text)
+
+    assert len(report.message) <= STORED_LINE_CAP
+    assert report.message.startswith("boom x")
+
+
+def test_a_huge_line_without_newline_fed_in_chunks_does_not_grow_memory() -> None:
+    scanner = CrashScanner()
+    for _ in range(200):
+        scanner.feed("y" * 100_000)
+    scanner.feed("\n[2026-11-29 10:12:34] Received sigquit from a child process.\n")
+
+    assert [r.signature for r in scanner.reports] == ["child-failed"]
+    assert scanner.reports[0].log_line == 2
+
+
+def test_healthy_log_scans_fast() -> None:
+    # A loose floor that catches a lost pre-filter or quadratic behaviour, not a benchmark.
+    line = (
+        "[2026-11-29 10:12:09 TP0] Decode batch, #running-req: 10, #token: 15300, token usage: "
+        "0.01, cuda graph: True, gen throughput (token/s): 917.00, #queue-req: 0, \n"
+    )
+    text = line * 100_000 + read_log("healthy_warnings.log") * 20
+
+    started = time.perf_counter()
+    assert scan_text(text) == []
+    elapsed = time.perf_counter() - started
+
+    assert len(text) / 1e6 / elapsed > 10
+
+
+# --- catalog -------------------------------------------------------------------------------
+
+
+def test_shipped_catalog_ends_with_the_fallback() -> None:
+    ids = [s.id for s in load_catalog().signatures]
+
+    assert ids[-1] == "unknown-exception"
+    assert len(ids) == len(set(ids))
+    for required in (
+        "tensor-shape-mismatch",
+        "api-mismatch-unpack",
+        "sglang-syntax-error",
+        "sglang-import-error",
+        "cuda-oom",
+        "not-enough-memory",
+        "cuda-graph-capture-failed",
+        "nccl-timeout",
+        "nccl-error",
+        "port-in-use",
+        "scheduler-watchdog-timeout",
+        "scheduler-died-init",
+        "subprocess-crashed",
+    ):
+        assert required in ids
+
+
+def test_user_catalog_comes_before_the_shipped_one(tmp_path: Path) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text(
+        "signatures:\n"
+        "  - id: our-logits-bug\n"
+        "    title: Known logits bug\n"
+        "    message: 'tensor a \\((?P<a>\\d+)\\)'\n"
+        "    file: 'logits_processor\\.py$'\n"
+        "    hint: 'Tensor a was {a}: upgrade to our build 2026.11.3 ({function}).'\n",
+        encoding="utf-8",
+    )
+    catalog = load_catalog([user])
+
+    (report,) = scan_text(read_log("tp8_spec_shape_mismatch.log"), catalog)
+
+    assert catalog.signatures[0].id == "our-logits-bug"
+    assert report.signature == "our-logits-bug"
+    assert report.hint == "Tensor a was 160: upgrade to our build 2026.11.3 (forward)."
+    # Other crashes still meet the shipped signatures.
+    assert scan_text(read_log("port_in_use.log"), catalog)[0].signature == "port-in-use"
+
+
+def test_user_catalog_line_rule_finds_new_one_line_crashes(tmp_path: Path) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text(
+        "- id: xid-error\n"
+        "  title: GPU Xid error\n"
+        "  line: 'NVRM: Xid \\(PCI:(?P<pci>[0-9a-f:.]+)\\): (?P<xid>\\d+)'\n"
+        "  hint: 'GPU {pci} reported Xid {xid}: drain the host.'\n",
+        encoding="utf-8",
+    )
+    text = "[2026-11-29 10:12:33] NVRM: Xid (PCI:0000:18:00): 79, pid=48200, GPU has fallen off\n"
+
+    (report,) = scan_text(text, load_catalog([user]))
+
+    assert report.hint == "GPU 0000:18:00 reported Xid 79: drain the host."
+
+
+@pytest.mark.parametrize(
+    ("content", "complaint"),
+    [
+        ("signatures: [\n", "invalid YAML"),
+        ("- id: a\n  title: t\n  hint: h\n  message: '(unclosed'\n", "not a valid regex"),
+        ("- id: a\n  title: t\n  message: x\n", "'hint' must be a non-empty string"),
+        ("- id: a\n  title: t\n  hint: h\n  mesage: x\n", "unknown key 'mesage'"),
+        ("- id: a\n  title: t\n  hint: h\n", "has no match rule"),
+        ("- id: a\n  title: t\n  hint: 'see {0}'\n  message: x\n", "must be a plain name"),
+        ("- id: a\n  title: t\n  hint: 'unbalanced {'\n  message: x\n", "bad hint template"),
+        ("- id: a\n  title: t\n  hint: h\n  explain: magic\n  message: x\n", "unknown explain"),
+        (
+            "- id: a\n  title: t\n  hint: h\n  message: x\n- id: a\n  title: t\n  hint: h\n"
+            "  message: y\n",
+            "defined twice",
+        ),
+        ("just a string\n", "expected a list of signatures"),
+        ("version: 2\nsignatures: []\n", "unsupported catalog version 2"),
+        ("context:\n  n: 'no value group'\n", "(?P<value>"),
+    ],
+)
+def test_malformed_user_catalog_raises_one_line_error_naming_the_file(
+    tmp_path: Path, content: str, complaint: str
+) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text(content, encoding="utf-8")
+
+    with pytest.raises(CatalogError) as caught:
+        load_catalog([user])
+
+    message = str(caught.value)
+    assert isinstance(caught.value, ValueError)
+    assert message.startswith(f"{user}: ")
+    assert complaint in message
+    assert "\n" not in message
+
+
+def test_missing_user_catalog_raises_catalog_error(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="cannot read"):
+        load_catalog([tmp_path / "nope.yml"])
+
+
+def test_catalog_without_a_matching_signature_reports_nothing() -> None:
+    empty = Catalog([])
+
+    assert scan_text(read_log("tp8_spec_shape_mismatch.log"), empty) == []
+
+
+# --- reports -------------------------------------------------------------------------------
+
+
+def test_report_to_json_and_summary() -> None:
+    (report,) = scan_text(read_log("tp8_spec_shape_mismatch.log"))
+
+    data = report.to_json()
+
+    assert list(data) == [
+        "exception",
+        "message",
+        "file",
+        "line",
+        "function",
+        "ranks",
+        "signature",
+        "title",
+        "hint",
+        "log_line",
+    ]
+    assert data["ranks"] == [f"TP{r}" for r in range(8)]
+    assert report.summary() == ("Tensor shape mismatch: RuntimeError: " + SHAPE.format(a=160, b=2))
+
+
+def test_summary_shortens_long_messages_to_one_line() -> None:
+    (report,) = scan_text(scheduler_traceback("TP0", "boom " + "z" * 500))
+
+    summary = report.summary()
+
+    assert "\n" not in summary
+    assert len(summary) < 250
+    assert summary.endswith("…")
+
+
+# --- the pre-filter ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "sample"),
+    [
+        (
+            r"Scheduler watchdog timeout(?! \([^)]*self\.soft=True)",
+            "TP0] Scheduler watchdog timeout",
+        ),
+        (r"Rank (?P<rank>\d+) scheduler died during init", "Rank 3 scheduler died during init"),
+        (r"\[Errno 98\]", "ERROR: [Errno 98] bind"),
+        (r"colou?r failure", "color failure"),
+        (r"NCCL error in:|ncclSystemError", "x ncclSystemError y"),
+        (r"a{2,3}bbbb", "aabbbb"),
+    ],
+)
+def test_literal_anchors_are_found_in_every_match(pattern: str, sample: str) -> None:
+    anchors = _literal_anchors(pattern)
+
+    assert re.search(pattern, sample)
+    assert anchors is not None
+    assert any(anchor in sample for anchor in anchors)
+
+
+@pytest.mark.parametrize("pattern", [r"(?i)nccl error", r"a|\d+", r"[abc]+x"])
+def test_literal_anchors_give_up_when_no_literal_is_certain(pattern: str) -> None:
+    assert _literal_anchors(pattern) is None
+
+
+def test_line_rule_without_a_literal_still_finds_its_lines(tmp_path: Path) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text(
+        "- id: shouty\n  title: Shouty\n  line: '(?i)^kernel panic'\n  hint: h\n",
+        encoding="utf-8",
+    )
+
+    (report,) = scan_text("ok\n[2026-11-29 10:00:00] KERNEL PANIC now\n", load_catalog([user]))
+
+    assert (report.signature, report.log_line) == ("shouty", 2)

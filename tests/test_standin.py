@@ -1,0 +1,366 @@
+"""Tests for the SGLang 0.5.23 stand-in (tests/standin/sglang_standin.py).
+
+Each test runs the stand-in as a real process tree in its own session, on an
+ephemeral port, and kills the whole process group afterwards.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+
+import pytest
+
+STANDIN_DIR = Path(__file__).parent / "standin"
+STANDIN = STANDIN_DIR / "sglang_standin.py"
+READY = "The server is fired up and ready to roll!"
+LAUNCH_SIGQUIT = "Received sigquit from a child process. It usually means the child failed."
+RUNNING_SIGQUIT = "SIGQUIT received. signum=None, frame=None. It usually means one child failed."
+STAMP = r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 8.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    """Say whether pid runs (a zombie awaiting its reaper counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def group_members(pgid: int) -> dict[int, str]:
+    """Map pid -> `ps` args for the live processes of one process group."""
+    out = subprocess.run(
+        ["ps", "-eo", "pid=,pgid=,stat=,args="], capture_output=True, text=True, check=True
+    ).stdout
+    members = {}
+    for line in out.splitlines():
+        pid, group, stat, *args = line.split(None, 3)
+        if int(group) == pgid and not stat.startswith("Z"):
+            members[int(pid)] = args[0] if args else ""
+    return members
+
+
+def http_get(port: int, path: str) -> tuple[int, bytes] | None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
+class Server:
+    """One stand-in launch: its process, port and log."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path, model: Path) -> None:
+        self.proc = proc
+        self.port = port
+        self.log = log
+        self.model = model
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_log(self, needle: str, timeout: float = 8.0) -> None:
+        wait_for(lambda: needle in self.text(), timeout, repr(needle))
+
+    def status(self, path: str = "/health") -> int | None:
+        result = http_get(self.port, path)
+        return None if result is None else result[0]
+
+    def schedulers(self) -> dict[int, str]:
+        return {
+            pid: args
+            for pid, args in group_members(self.pid).items()
+            if args.startswith("sglang::scheduler")
+        }
+
+
+Launch = Callable[..., Server]
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Launch]:
+    """Start stand-ins like deployctl does (own session, log file); kill their groups after."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def _launch(
+        model: Path | None = None,
+        *extra: str,
+        tp: int = 2,
+        knobs: dict[str, object] | None = None,
+        env: dict[str, str] | None = None,
+        as_module: bool = False,
+        port: int | None = None,
+    ) -> Server:
+        if model is None:
+            model = tmp_path / "model"
+        model.mkdir(parents=True, exist_ok=True)
+        # A short start-up keeps the file fast; tests that time phases say so.
+        (model / "standin.json").write_text(json.dumps(knobs or {"startup_s": 0.3}))
+        port = port or free_port()
+        entry = ["-m", "sglang_standin"] if as_module else [str(STANDIN)]
+        argv = [str(x) for x in ("--model-path", model, "--tp", tp, "--port", port, *extra)]
+        log = tmp_path / f"server-{len(started)}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, *entry, *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
+        started.append(proc)
+        return Server(proc, port, log, model)
+
+    yield _launch
+    for proc in started:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+        pgid = proc.pid
+        wait_for(lambda: not group_members(pgid), 5, "the group to die")  # noqa: B023
+
+
+def test_health_is_503_while_starting_then_200_with_the_ready_line(launch: Launch) -> None:
+    server = launch(knobs={"startup_s": 0.8})
+    wait_for(lambda: server.status() is not None, 3, "the HTTP port")
+    assert server.status() == 503
+    assert READY not in server.text()
+    wait_for(lambda: server.status() == 200, 5, "/health 200")
+    assert server.status("/health_generate") == 200
+    log = server.text()
+    assert re.search(STAMP + r"\] " + re.escape(READY) + "$", log, re.M)
+    # SGLang's order: args, per-rank load and capture, uvicorn, ready.
+    order = [
+        f"] server_args={{'model_path': '{server.model}'",
+        " TP0] Load weight begin. avail mem=",
+        " TP1] Load weight end. elapsed=",
+        " TP1] Capture target decode CUDA graph end. bs=",
+        f"] INFO:     Uvicorn running on http://127.0.0.1:{server.port} (Press CTRL+C to quit)",
+        READY,
+    ]
+    positions = [log.index(needle) for needle in order]
+    assert positions == sorted(positions)
+    info = http_get(server.port, "/model_info")
+    assert info is not None
+    assert json.loads(info[1])["model_path"] == str(server.model)
+    assert json.loads(info[1])["is_generation"] is True
+    models = http_get(server.port, "/v1/models")
+    assert models is not None
+    assert json.loads(models[1])["data"][0]["id"] == str(server.model)
+
+
+def test_one_scheduler_per_rank_in_the_launch_process_group(launch: Launch) -> None:
+    server = launch(tp=4)
+    server.wait_log(READY)
+    titles = sorted(server.schedulers().values())
+    assert titles == [f"sglang::scheduler_TP{i}" for i in range(4)]
+    comm = subprocess.run(
+        ["ps", "-o", "comm=", "-p", ",".join(map(str, server.schedulers()))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert comm == ["sglang::schedul"] * 4  # prctl's 15-byte name, as setproctitle sets it
+    for pid in server.schedulers():
+        assert os.getpgid(pid) == server.pid
+        assert os.getsid(pid) == server.pid
+
+
+def test_killing_only_the_parent_leaves_the_ranks_and_the_group_kill_ends_them(
+    launch: Launch,
+) -> None:
+    server = launch()
+    server.wait_log(READY)
+    ranks = list(server.schedulers())
+    assert len(ranks) == 2
+    os.kill(server.pid, signal.SIGKILL)
+    server.proc.wait(timeout=5)
+    time.sleep(0.3)
+    assert all(alive(pid) for pid in ranks)
+    assert set(ranks) <= set(group_members(server.pid))
+    os.killpg(server.pid, signal.SIGKILL)
+    wait_for(lambda: not any(alive(pid) for pid in ranks), 5, "the ranks to die")
+
+
+def test_sigterm_to_the_group_ends_everything_like_sglang(launch: Launch) -> None:
+    server = launch()
+    server.wait_log(READY)
+    os.killpg(server.pid, signal.SIGTERM)
+    server.proc.wait(timeout=5)
+    wait_for(lambda: not group_members(server.pid), 5, "the group to end")
+    log = server.text()
+    assert "SIGTERM received. signum=None frame=None. Draining requests" in log
+    # The ranks die of SIGTERM first; SGLang's subprocess watchdog sees that.
+    assert re.search(r"Subprocess scheduler_\d \(pid=\d+\) crashed with exit code -15", log)
+
+
+def test_ranks_that_ignore_sigterm_need_sigkill(launch: Launch) -> None:
+    server = launch(knobs={"startup_s": 0.3, "ignore_sigterm": True, "drain_s": 0.2})
+    server.wait_log(READY)
+    ranks = list(server.schedulers())
+    os.killpg(server.pid, signal.SIGTERM)
+    assert server.proc.wait(timeout=5) == 0  # the parent drains and exits cleanly
+    assert "Finished server process" in server.text()
+    time.sleep(0.2)
+    assert all(alive(pid) for pid in ranks)
+    os.killpg(server.pid, signal.SIGKILL)
+    wait_for(lambda: not any(alive(pid) for pid in ranks), 5, "the ranks to die")
+
+
+def test_startup_crash_prints_one_traceback_per_rank_then_sigquit(launch: Launch) -> None:
+    message = "The size of tensor a (160) must match the size of tensor b (2)"
+    server = launch(tp=4, knobs={"startup_s": 0.4, "crash": "startup", "crash_message": message})
+    assert server.proc.wait(timeout=8) != 0
+    wait_for(lambda: not group_members(server.pid), 5, "the group to end")
+    log = server.text()
+    heads = re.findall(
+        STAMP + r" TP(\d)\] Scheduler hit an exception: Traceback \(most recent call last\):$",
+        log,
+        re.M,
+    )
+    assert sorted(heads) == ["0", "1", "2", "3"]
+    assert log.count(f"\nRuntimeError: {message}\n") == 4
+    assert '/sglang/srt/managers/scheduler.py", line 6362, in run_scheduler_process' in log
+    assert log.count("sglang/srt/speculative/eagle_worker_v2.py") == 8
+    assert log.index(LAUNCH_SIGQUIT) > log.rindex("RuntimeError:")
+    assert READY not in log
+
+
+def test_crash_after_ready_uses_the_running_phase_sigquit_line(launch: Launch) -> None:
+    knobs = {"startup_s": 0.3, "crash": "after_ready", "crash_after_s": 0.2}
+    server = launch(knobs=knobs)
+    assert server.proc.wait(timeout=8) != 0
+    log = server.text()
+    assert log.index(READY) < log.index("Scheduler hit an exception") < log.index(RUNNING_SIGQUIT)
+    assert log.count("in event_loop_overlap") == 2
+
+
+def test_port_in_use_logs_uvicorns_bind_error_and_exits_1(launch: Launch) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        server = launch(port=port)
+        assert server.proc.wait(timeout=5) == 1
+    expected = (
+        f"] ERROR:    [Errno 98] error while attempting to bind on address "
+        f"('127.0.0.1', {port}): address already in use\n"
+    )
+    assert expected in server.text()
+
+
+def test_argv_is_recorded_exactly_for_a_hostile_model_dir(launch: Launch, tmp_path: Path) -> None:
+    hostile = tmp_path / "m o'd\"el;$(touch pwned)`id`\nnext line"
+    extra = ["--trust-remote-code", "--mem-fraction-static", "0.85"]
+    server = launch(
+        hostile,
+        *extra,
+        as_module=True,  # the way deployctl runs it: python -m <launch_module>
+        env={"PYTHONPATH": str(STANDIN_DIR)},
+        knobs={"startup_s": 0.2},
+    )
+    server.wait_log(READY)
+    lines = (hostile / "standin-argv.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 1
+    argv = ["--model-path", str(hostile), "--tp", "2", "--port", str(server.port), *extra]
+    assert records[0]["argv"] == argv
+    assert records[0]["pid"] == records[0]["pgid"] == records[0]["sid"] == server.pid
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "error"),
+    [
+        (["--no-such-flag", "1"], "error: unrecognized arguments: --no-such-flag 1"),
+        # 0.5.23 has only --cuda-graph-max-bs-{decode,prefill}.
+        (["--cuda-graph-max-bs", "8"], "error: ambiguous option: --cuda-graph-max-bs could match"),
+    ],
+)
+def test_unknown_flags_are_argparse_errors(launch: Launch, flag: list[str], error: str) -> None:
+    server = launch(None, *flag)
+    assert server.proc.wait(timeout=5) == 2
+    assert f"sglang serve: {error}" in server.text()
+
+
+def fake_sglang(root: Path, spec_source: str) -> Path:
+    """Write a minimal sglang package tree whose fields/spec.py holds spec_source."""
+    fields = root / "sglang" / "srt" / "arg_groups" / "fields"
+    fields.mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text("raise ImportError('needs torch')\n")
+    (fields / "spec.py").write_text(spec_source)
+    return root
+
+
+@pytest.mark.parametrize("patched", [False, True])
+def test_threshold_flag_follows_the_installed_sglang(
+    launch: Launch, tmp_path: Path, patched: bool
+) -> None:
+    field = "    speculative_disable_batch_threshold: A[Optional[int], 'x'] = None\n"
+    source = "class Spec:\n    speculative_algorithm = None\n" + (field if patched else "")
+    tree = fake_sglang(tmp_path / "site", source)
+    server = launch(
+        None, "--speculative-disable-batch-threshold", "5", env={"PYTHONPATH": str(tree)}
+    )
+    if patched:
+        server.wait_log("'speculative_disable_batch_threshold': 5")
+        # Frames name the sglang that is installed.
+        assert f"{tree}/sglang/launch_server.py:71: UserWarning" in server.text()
+    else:
+        assert server.proc.wait(timeout=5) == 2
+        assert (
+            "error: unrecognized arguments: --speculative-disable-batch-threshold 5"
+            in server.text()
+        )
+
+
+def test_threshold_flag_is_accepted_without_any_sglang(launch: Launch) -> None:
+    server = launch(None, "--speculative-disable-batch-threshold", "3")
+    server.wait_log("'speculative_disable_batch_threshold': 3")
+
+
+def test_a_model_path_that_is_not_a_folder_fails_like_sglang(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    proc = subprocess.run(
+        [sys.executable, str(STANDIN), "--model-path", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert proc.returncode == 1
+    assert f"OSError: Incorrect path_or_model_id: '{missing}'." in proc.stderr
