@@ -319,3 +319,235 @@ def patch_audit(
     else:
         report.print_audit(results)
     return 0 if all(r.value is not None and r.value.good for r in results) else 1
+
+
+RunOpt = Annotated[
+    str | None,
+    typer.Option("--run", help="A run id, e.g. eagle3_t5_v3 (default: the current run)."),
+]
+PathOpt = Annotated[str | None, typer.Option("--path", help="A log file on the host.")]
+
+
+@app.command()
+def crash(
+    run: RunOpt = None,
+    path: PathOpt = None,
+    file: Annotated[Path | None, typer.Option("--file", help="A log file on this machine.")] = None,
+    scan_all: Annotated[
+        bool, typer.Option("--all", help="Scan the whole log, not only its last 64 MiB.")
+    ] = False,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    forks: ForksOpt = 16,
+    json: JsonOpt = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    project: ProjectOpt = None,
+) -> int:
+    """Find crash traces in a run's log, a log on a host, or a local file; exit 1 if any."""
+    from deployctl import report
+    from deployctl.ops.logs import load_user_catalog, scan_local_file, scan_log
+
+    if sum(x is not None for x in (run, path, file)) > 1:
+        raise typer.BadParameter("give only one of --run, --path and --file")
+    if file is not None:
+        crashes = scan_local_file(file, load_user_catalog(project))
+        report.print_crashes_local(crashes, json)
+        return 1 if crashes else 0
+    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    catalog = load_user_catalog(project)
+    with session.fleet() as fleet:
+        results = fleet.run(lambda host, conn: scan_log(host, conn, catalog, run, path, scan_all))
+    report.print_crashes(results, json)
+    return 1 if report.failed(results) or any(r.value and r.value.crashes for r in results) else 0
+
+
+@app.command()
+def logs(
+    run: RunOpt = None,
+    path: PathOpt = None,
+    lines: Annotated[int, typer.Option("-n", "--lines", min=0, help="Lines from the end.")] = 40,
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Stream new lines until Ctrl-C.")
+    ] = False,
+    crash_only: Annotated[bool, typer.Option("--crash", help="Print only crash reports.")] = False,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    forks: ForksOpt = 16,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    project: ProjectOpt = None,
+) -> int:
+    """Print the tail of each host's log; --follow streams it and marks crash lines."""
+    from deployctl.ops.logs import load_user_catalog, show_logs
+
+    if run is not None and path is not None:
+        raise typer.BadParameter("give only one of --run and --path")
+    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    with session.fleet() as fleet:
+        return show_logs(fleet, load_user_catalog(project), run, path, lines, follow, crash_only)
+
+
+TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds to wait until ready.")]
+
+
+def _catalog_and_sets(session: Session) -> tuple[Any, Any]:
+    from deployctl.ops.logs import load_user_catalog
+
+    return load_user_catalog(session.project.root), _patch_sets(session)
+
+
+@app.command()
+def launch(
+    template: TemplateOpt = None,
+    threshold: ThresholdOpt = None,
+    set_: SetOpt = None,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once started.")] = False,
+    timeout: TimeoutOpt = 900,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Preflight and show the commands only.")
+    ] = False,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    forks: ForksOpt = 16,
+    json: JsonOpt = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    project: ProjectOpt = None,
+) -> int:
+    """Preflight every host, start the server detached with a versioned log, wait until ready."""
+    from deployctl import report
+    from deployctl.ops import launch as ops
+
+    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    catalog, patch_sets = _catalog_and_sets(session)
+    plans = ops.plan_launch(
+        session.project, session.hosts, template, threshold, set_ or [], patch_sets
+    )
+    with session.fleet() as fleet, report.Progress(enabled=not json) as progress:
+        result = ops.launch(
+            fleet,
+            plans,
+            catalog,
+            wait=not no_wait,
+            timeout=timeout,
+            dry_run=dry_run,
+            progress=progress.update,
+        )
+    return report.print_launch(result, json, dry_run)
+
+
+@app.command()
+def stop(
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0, help="Seconds between SIGTERM and SIGKILL.")
+    ] = 30,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    forks: ForksOpt = 16,
+    json: JsonOpt = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    project: ProjectOpt = None,
+) -> int:
+    """End each host's run (its whole process group) and wait until the GPUs are clean."""
+    from deployctl import report
+    from deployctl.ops.server import stop_run
+
+    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    with session.fleet() as fleet:
+        results = fleet.run(lambda host, conn: stop_run(host, conn, timeout))
+    return report.print_stop(results, json)
+
+
+@app.command()
+def status(
+    run: RunOpt = None,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    forks: ForksOpt = 16,
+    json: JsonOpt = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    project: ProjectOpt = None,
+) -> int:
+    """Show each host's current run: alive, ready, uptime, log, crash, GPU memory."""
+    from deployctl import report
+    from deployctl.ops.logs import load_user_catalog
+    from deployctl.ops.server import run_status
+
+    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    catalog = load_user_catalog(session.project.root)
+    with session.fleet() as fleet:
+        results = fleet.run(lambda host, conn: run_status(host, conn, catalog, run))
+    return report.print_status(results, json)
+
+
+@app.command()
+def restart(
+    crashed: Annotated[
+        bool, typer.Option("--crashed", help="Only runs that died or crashed.")
+    ] = False,
+    no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once started.")] = False,
+    timeout: TimeoutOpt = 900,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    forks: ForksOpt = 16,
+    json: JsonOpt = False,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    project: ProjectOpt = None,
+) -> int:
+    """Stop and relaunch each host's recorded run (same command, next log version)."""
+    from deployctl import report
+    from deployctl.ops.server import restart as restart_runs
+
+    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    catalog, patch_sets = _catalog_and_sets(session)
+    with session.fleet() as fleet, report.Progress(enabled=not json) as progress:
+        statuses, result = restart_runs(
+            fleet,
+            catalog,
+            patch_sets,
+            crashed_only=crashed,
+            timeout=timeout,
+            wait=not no_wait,
+            progress=progress.update,
+        )
+    return report.print_restart(statuses, result, json)
+
+
+@app.command()
+def watch(
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.2, help="Seconds between checks.")
+    ] = 10,
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", min=0, help="Restarts allowed within the window.")
+    ] = 3,
+    window: Annotated[
+        float, typer.Option("--window", min=1, help="Crash-loop window in seconds.")
+    ] = 600,
+    timeout: TimeoutOpt = 900,
+    inventory: InventoryOpt = None,
+    hosts: HostsOpt = None,
+    forks: ForksOpt = 16,
+    accept_new_host_keys: AcceptKeysOpt = False,
+    known_hosts: KnownHostsOpt = None,
+    project: ProjectOpt = None,
+) -> int:
+    """Supervise runs: restart crashed ones with backoff, stop at a crash loop; Ctrl-C ends."""
+    from deployctl import report
+    from deployctl.ops.server import watch as watch_runs
+
+    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    catalog, patch_sets = _catalog_and_sets(session)
+    with session.fleet() as fleet:
+        try:
+            watch_runs(
+                fleet, catalog, patch_sets, interval=interval, max_restarts=max_restarts,
+                window=window, timeout=timeout, emit=report.print_event,
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            report.print_event_text("watch ended; servers left running")
+    return 0

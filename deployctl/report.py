@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -13,7 +14,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from deployctl.ops.gpus import GpuReport
+    from deployctl.ops.launch import LaunchReport
     from deployctl.ops.patch import AuditReport, PatchAction
+    from deployctl.ops.server import RunStatus, StopResult, WatchEvent
     from deployctl.patchset import PatchSet
     from deployctl.render import RenderedCommand
 
@@ -187,3 +190,200 @@ def print_audit(results: Sequence[HostResult[AuditReport]]) -> None:
         rows.append([result.name, result.value.sglang_version or "?", *cells])
     print_table(None, ["host", "SGLang", *names], rows)
     print_host_errors(results)
+
+
+class Progress:
+    """A live line per host on stderr while waiting (only on a terminal)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.lines: dict[str, str] = {}
+        self._live: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            from rich.live import Live
+
+            self._live = Live(console=console(stderr=True), refresh_per_second=4, transient=True)
+            self._live.__enter__()
+        return self
+
+    def update(self, host: str, elapsed: float, last_line: str) -> None:
+        """Show a host's elapsed wait and the latest log line."""
+        if self._live is None:
+            return
+        from rich.text import Text
+
+        self.lines[host] = f"{host}  {elapsed:6.1f}s  {last_line[-120:]}"
+        self._live.update(Text("\n".join(self.lines.values())))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+
+def _crash_lines(crashes: Sequence[Any]) -> list[str]:
+    lines = []
+    for crash in crashes:
+        ranks = ",".join(crash.ranks) if crash.ranks else "-"
+        where = f"{crash.file}:{crash.line} in {crash.function}" if crash.file else ""
+        lines.append(f"  crash [{ranks}] {crash.exception}: {crash.message}".rstrip(": "))
+        if where:
+            lines.append(f"    at {where}")
+        lines.append(f"    {crash.title} — hint: {crash.hint}")
+    return lines
+
+
+def print_launch(result: LaunchReport, as_json: bool, dry_run: bool) -> int:
+    """Print preflight problems, or each host's run and how it came up; return the exit code."""
+    preflights = {r.name: r for r in result.preflights}
+    outcomes = {r.name: r for r in result.outcomes}
+    if as_json:
+        hosts: dict[str, Any] = {}
+        for name, pre in preflights.items():
+            entry: dict[str, Any] = {
+                "ok": pre.ok and bool(pre.value and pre.value.ok),
+                "error": pre.error,
+            }
+            if pre.value is not None:
+                entry["preflight"] = pre.value.to_json()
+            out = outcomes.get(name)
+            if out is not None:
+                entry["ok"] = out.ok and bool(out.value and out.value.ok)
+                entry["error"] = out.error
+                if out.value is not None:
+                    entry.update(out.value.to_json())
+            hosts[name] = entry
+        print_json({"started": bool(result.outcomes), "dry_run": dry_run, "hosts": hosts})
+        return (
+            0
+            if (dry_run and not result.refused and not failed(result.preflights)) or result.ok
+            else 1
+        )
+    out_console = console()
+    if result.refused or dry_run:
+        for name, pre in preflights.items():
+            if pre.value is None:
+                sys.stderr.write(f"{name}: error: {_one_line(pre.error or '')}\n")
+                continue
+            if dry_run:
+                out_console.print(f"# {name} → {pre.value.next_log}", style="bold")
+                out_console.print(pre.value.plan.rendered.display, markup=False)
+            for problem in pre.value.problems:
+                sys.stderr.write(f"{name}: error: {_one_line(problem)}\n")
+            for hint in pre.value.hints:
+                sys.stderr.write(f"{name}: hint: {_one_line(hint)}\n")
+        if result.refused:
+            sys.stderr.write("nothing was started on any host\n")
+            return 1
+        return 0
+    for name, out in outcomes.items():
+        if out.value is None:
+            sys.stderr.write(f"{name}: error: {_one_line(out.error or '')}\n")
+            continue
+        outcome = out.value
+        run = outcome.run
+        state = {
+            "ready": f"ready in {outcome.elapsed:.1f}s",
+            "started": "started (not waiting)",
+            "timeout": f"not ready after {outcome.elapsed:.0f}s; left running",
+            "crashed": f"CRASHED after {outcome.elapsed:.1f}s",
+            "died": f"DIED after {outcome.elapsed:.1f}s",
+        }[outcome.state]
+        out_console.print(f"{name}: {run['id']} pid {run['pid']} — {state}", markup=False)
+        out_console.print(f"  log: {run['log']}", markup=False)
+        for line in _crash_lines(outcome.crashes):
+            out_console.print(line, markup=False)
+        if outcome.state == "died" and outcome.last_line:
+            out_console.print(f"  last line: {outcome.last_line}", markup=False)
+    return 0 if result.ok else 1
+
+
+def print_stop(results: Sequence[HostResult[StopResult]], as_json: bool) -> int:
+    if as_json:
+        print_json(hosts_document(results, lambda r: r.to_json()))
+    else:
+        rows = []
+        for r in results:
+            if r.value is None:
+                continue
+            v = r.value
+            gpus = {True: "clean", False: "NOT clean", None: "not checked"}[v.gpus_clean]
+            ended = ", ".join(map(str, v.ended)) or "-"
+            rows.append(
+                [r.name, v.run or "-", ended, ", ".join(map(str, v.killed)) or "-", gpus, v.note]
+            )
+        print_table(None, ["host", "run", "ended pids", "needed SIGKILL", "GPUs", "note"], rows)
+        print_host_errors(results)
+    bad = failed(results) or any(r.value and r.value.gpus_clean is False for r in results)
+    return 1 if bad else 0
+
+
+def print_status(results: Sequence[HostResult[RunStatus]], as_json: bool) -> int:
+    if as_json:
+        print_json(hosts_document(results, lambda r: r.to_json()))
+    else:
+        rows = []
+        for r in results:
+            if r.value is None:
+                continue
+            d = r.value.to_json()
+            state = (
+                "crashed"
+                if d["crashed"]
+                else "ready"
+                if d["ready"]
+                else "alive"
+                if d["alive"]
+                else d["status"] or "-"
+            )
+            uptime = f"{d['uptime_s']}s" if d["uptime_s"] is not None else "-"
+            mem = f"{d['gpu_memory_used_mib']} MiB" if d["gpu_memory_used_mib"] is not None else "-"
+            detail = d["crash"] or d["last_line"] or ""
+            rows.append(
+                [
+                    r.name,
+                    d["run"] or "-",
+                    str(d["pid"] or "-"),
+                    state,
+                    uptime,
+                    mem,
+                    d["log"] or "-",
+                    detail[:160],
+                ]
+            )
+        print_table(
+            None,
+            ["host", "run", "pid", "state", "uptime", "GPU mem", "log", "crash / last line"],
+            rows,
+        )
+        print_host_errors(results)
+    bad = failed(results) or any(r.value and r.value.crashed for r in results)
+    return 1 if bad else 0
+
+
+def print_restart(
+    statuses: Sequence[HostResult[RunStatus]], result: LaunchReport | None, as_json: bool
+) -> int:
+    if result is None:
+        if as_json:
+            print_json(
+                {"restarted": [], "hosts": hosts_document(statuses, lambda r: r.to_json())["hosts"]}
+            )
+        else:
+            console().print("nothing to restart", markup=False)
+            print_host_errors(statuses)
+        return 1 if failed(statuses) else 0
+    code = print_launch(result, as_json, dry_run=False)
+    if not as_json:
+        print_host_errors(statuses)
+    return 1 if code or failed(statuses) else 0
+
+
+def print_event(event: WatchEvent) -> None:
+    print_event_text(f"{event.host}: {event.message}")
+
+
+def print_event_text(text: str) -> None:
+    sys.stdout.write(f"{time.strftime('%H:%M:%S')} {text}\n")
+    sys.stdout.flush()

@@ -1,14 +1,34 @@
-"""Launch: render the command per host, preflight every host, start detached, wait for ready."""
+"""Launch: render per host, preflight every host, start detached, wait until ready."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+import getpass
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from deployctl.errors import DeployctlError
-from deployctl.fanout import HostResult
+from deployctl import __version__
+from deployctl.connection import Connection
+from deployctl.crash import Catalog, CrashReport, CrashScanner
+from deployctl.errors import DeployctlError, PreflightError
+from deployctl.facts import GPUS_COMMAND, parse_gpus_command, parse_probe_output, probe_script
+from deployctl.fanout import Fleet, HostResult
 from deployctl.inventory import Host
+from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
+from deployctl.ops.patch import agent_command, parse_agent_output, parse_patch_facts, run_agent
+from deployctl.patchset import PatchSet, command_flags, flag_violations, sets_for_flags
 from deployctl.project import Project
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
+from deployctl.shell import quote
+
+READY_LINE = "The server is fired up and ready to roll!"
+POLL_INTERVAL = 0.3
+# A lock older than this is stale even when its owner cannot be checked (another machine).
+LOCK_STALE_AFTER = 6 * 3600
 
 
 def render_commands(
@@ -17,8 +37,9 @@ def render_commands(
     template: str | None,
     threshold: int | None,
     set_pairs: Sequence[str],
+    patch_sets: Mapping[str, PatchSet] | None = None,
 ) -> list[HostResult[RenderedCommand]]:
-    """Render the launch command for each host (locally; no host is contacted)."""
+    """Render the launch command for each host locally; check patch-set flag constraints."""
     overrides = parse_overrides(set_pairs)
     templates = TemplateSet(project.search_dirs("templates"))
     results: list[HostResult[RenderedCommand]] = []
@@ -26,7 +47,361 @@ def render_commands(
         try:
             name = default_template(host, template, threshold)
             rendered = templates.render(host, name, threshold, overrides)
+            if patch_sets is not None:
+                problems = flag_violations(rendered.argv, sets_for_flags(rendered.argv, patch_sets))
+                if problems:
+                    raise PreflightError(
+                        problems[0],
+                        hint="change the template's values with --set, e.g. --set speculative_eagle_topk=1",
+                    )
             results.append(HostResult(host, value=rendered))
         except DeployctlError as exc:
             results.append(HostResult(host, error=exc.message, hint=exc.hint))
     return results
+
+
+@dataclass
+class Plan:
+    """What will run on one host: the command, the sets it needs and where it logs."""
+
+    host: Host
+    rendered: RenderedCommand
+    needed_sets: list[PatchSet]
+
+    @property
+    def port(self) -> int:
+        flags = command_flags(self.rendered.argv)
+        return int(flags.get("--port") or self.host.vars.get("port", 30000))
+
+    @property
+    def bind_host(self) -> str:
+        return str(command_flags(self.rendered.argv).get("--host") or "127.0.0.1")
+
+    @property
+    def tp(self) -> int:
+        flags = command_flags(self.rendered.argv)
+        value = flags.get("--tp-size") or flags.get("--tp") or 1
+        return int(value)
+
+    def check_paths(self) -> list[str]:
+        flags = command_flags(self.rendered.argv)
+        keys = ("--model-path", "--speculative-draft-model-path")
+        return [str(flags[k]) for k in keys if flags.get(k)]
+
+
+def client_identity(op: str) -> dict[str, Any]:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(), "op": op}
+
+
+@dataclass
+class Preflight:
+    """One host's answer to 'may we start here?', with the lock when we hold it."""
+
+    plan: Plan
+    problems: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+    gpus: GpuReport | None = None
+    next_log: str = ""
+    lock_token: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ready": self.ok,
+            "problems": self.problems,
+            "command": self.plan.rendered.display,
+            "log": self.next_log,
+        }
+
+
+def preflight_script(plan: Plan, break_lock: str | None = None) -> str:
+    host = plan.host
+    args = {
+        "state_dir": str(host.vars["state_dir"]),
+        "paths": sorted(
+            {f for s in plan.needed_sets for v in s.variants.values() for f in v.files}
+        ),
+        "port": plan.port,
+        "bind_host": plan.bind_host,
+        "check_paths": plan.check_paths(),
+        "log_dir": str(host.vars["log_dir"]),
+        "log_stem": plan.rendered.log_stem,
+        "client": client_identity("launch"),
+        "break_lock": break_lock,
+    }
+    return probe_script({"gpus": GPUS_COMMAND, "agent": agent_command(host, "preflight", args)})
+
+
+def _stale(holder: Mapping[str, Any]) -> bool:
+    """A lock is stale when its owner here is dead, or when it is very old."""
+    if time.time() - float(holder.get("since", 0)) > LOCK_STALE_AFTER:
+        return True
+    if holder.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(holder.get("pid", 0)), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False
+
+
+def run_preflight(plan: Plan, conn: Connection, max_used_mib: int) -> Preflight:
+    """Check one host in one round trip (two when a stale lock must be cleared)."""
+    host = plan.host
+    outputs = parse_probe_output(conn.run(preflight_script(plan)).stdout)
+    agent = outputs.get("agent")
+    if agent is None:
+        raise DeployctlError(f"{host.name}: preflight gave no answer")
+    doc = parse_agent_output(host, agent.exit_code, agent.output, "")
+    lock = doc.get("lock", {})
+    if not lock.get("acquired") and _stale(lock.get("holder", {})):
+        outputs = parse_probe_output(
+            conn.run(preflight_script(plan, lock["holder"].get("token"))).stdout
+        )
+        doc = parse_agent_output(host, outputs["agent"].exit_code, outputs["agent"].output, "")
+        lock = doc.get("lock", {})
+    result = Preflight(plan, next_log=doc.get("next_log", ""), lock_token=lock.get("token"))
+    problems, hints = result.problems, result.hints
+    if not lock.get("acquired"):
+        holder = lock.get("holder", {})
+        problems.append(
+            f"another deployctl {holder.get('op', 'operation')} is in progress on {host.name} "
+            f"(pid {holder.get('pid')} on {holder.get('host')})"
+        )
+    gpus = outputs.get("gpus")
+    try:
+        state = parse_gpus_command(gpus.exit_code, gpus.output) if gpus else None
+    except DeployctlError as exc:
+        problems.append(f"GPUs cannot be checked: {exc.message}")
+        state = None
+    if state is not None:
+        result.gpus = gpu_report(state, max_used_mib)
+        if not result.gpus.clean:
+            problems.append(f"GPUs are not clean: {result.gpus.verdict()}")
+            hints.append(f"stop what holds them (deployctl stop -H {host.name}) or kill those PIDs")
+        if len(state.gpus) < plan.tp:
+            problems.append(
+                f"tensor parallelism {plan.tp} needs {plan.tp} GPUs; {host.name} has {len(state.gpus)}"
+            )
+    if not doc.get("port_free", True):
+        problems.append(f"port {plan.port} is in use on {host.name} ({doc.get('port_error')})")
+    facts = parse_patch_facts(doc)
+    if facts.error:
+        problems.append(facts.error)
+    else:
+        for patch_set in plan.needed_sets:
+            from deployctl.ops.patch import set_state
+
+            state_of_set = set_state(facts, patch_set)
+            if not state_of_set.good:
+                flags = ", ".join(r.flag for r in patch_set.flags)
+                problems.append(
+                    f"{flags} needs patch set {patch_set.name}, which is {state_of_set.state} on {host.name}"
+                    + (f" ({state_of_set.detail})" if state_of_set.detail else "")
+                )
+                hints.append(f"deployctl patch apply {patch_set.name} -H {host.name}")
+    for path, exists in doc.get("paths", {}).items():
+        if not exists:
+            problems.append(f"{path} does not exist on {host.name}")
+    if not doc.get("log_dir_writable", True):
+        problems.append(
+            f"log folder {host.vars['log_dir']} is not writable: {doc.get('log_dir_error')}"
+        )
+    return result
+
+
+def release_lock(plan: Plan, conn: Connection, token: str) -> None:
+    run_agent(
+        plan.host, conn, "release", {"state_dir": str(plan.host.vars["state_dir"]), "token": token}
+    )
+
+
+def start_run(
+    plan: Plan, conn: Connection, lock_token: str | None, restart_of: str | None = None
+) -> dict[str, Any]:
+    """Start the server detached with a new versioned log; record the run; release the lock."""
+    host, rendered = plan.host, plan.rendered
+    run = {
+        "template": rendered.template,
+        "threshold": rendered.threshold,
+        "command": rendered.display,
+        "port": plan.port,
+        "bind_host": plan.bind_host,
+        "tp": plan.tp,
+        "patches": {s.name: s.version for s in plan.needed_sets},
+        "deployctl_version": __version__,
+        "started_by": f"{getpass.getuser()}@{socket.gethostname()}",
+        "restart_of": restart_of,
+    }
+    args = {
+        "state_dir": str(host.vars["state_dir"]),
+        "log_dir": str(host.vars["log_dir"]),
+        "log_stem": rendered.log_stem,
+        "command": rendered.command,
+        "run": run,
+        "lock_token": lock_token,
+    }
+    record: dict[str, Any] = run_agent(host, conn, "start", args)["run"]
+    return record
+
+
+@dataclass
+class Outcome:
+    """How a started run ended up: ready, crashed, died or still starting at the timeout."""
+
+    run: dict[str, Any]
+    state: str  # ready | crashed | died | timeout | started
+    elapsed: float
+    crashes: list[CrashReport] = field(default_factory=list)
+    last_line: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.state in ("ready", "started")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run["id"],
+            "log": self.run["log"],
+            "pid": self.run["pid"],
+            "state": self.state,
+            "ready": self.state == "ready",
+            "elapsed_s": round(self.elapsed, 2),
+            "crashes": [c.to_json() for c in self.crashes],
+            "command": self.run["command"],
+        }
+
+
+def poll_args(run: Mapping[str, Any], offset: int) -> dict[str, Any]:
+    keys = ("pgid", "sid", "log", "port", "bind_host")
+    return {**{k: run[k] for k in keys}, "offset": offset}
+
+
+def wait_ready(
+    host: Host,
+    conn: Connection,
+    run: dict[str, Any],
+    catalog: Catalog,
+    timeout: float,
+    progress: Callable[[str, float, str], None] | None = None,
+) -> Outcome:
+    """Poll the run until /health answers 200 or the ready line appears; fail fast on a crash."""
+    scanner = CrashScanner(catalog)
+    offset, started, last_line, buffer = 0, time.monotonic(), "", ""
+    while True:
+        doc = run_agent(host, conn, "poll", poll_args(run, offset))
+        data = base64.b64decode(doc["data"]).decode("utf-8", errors="replace")
+        offset += len(base64.b64decode(doc["data"]))
+        buffer += data
+        lines = buffer.split("\n")
+        buffer = lines.pop()
+        if any(line.strip() for line in lines):
+            last_line = next(line for line in reversed(lines) if line.strip())
+        crashes = scanner.feed(data)
+        elapsed = time.monotonic() - started
+        if crashes:
+            return Outcome(run, "crashed", elapsed, scanner.reports, last_line)
+        if doc["health"] == 200 or any(READY_LINE in line for line in lines):
+            return Outcome(run, "ready", elapsed, [], last_line)
+        if not doc["alive"]:
+            return Outcome(run, "died", elapsed, scanner.finish() or scanner.reports, last_line)
+        if elapsed >= timeout:
+            return Outcome(run, "timeout", elapsed, [], last_line)
+        if progress is not None:
+            progress(host.name, elapsed, last_line)
+        time.sleep(POLL_INTERVAL)
+
+
+@dataclass
+class LaunchReport:
+    """The result of a launch over all selected hosts."""
+
+    preflights: list[HostResult[Preflight]]
+    outcomes: list[HostResult[Outcome]]
+    refused: bool
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused and all(
+            r.ok and r.value is not None and r.value.ok for r in self.outcomes
+        )
+
+
+def plan_launch(
+    project: Project,
+    hosts: Sequence[Host],
+    template: str | None,
+    threshold: int | None,
+    set_pairs: Sequence[str],
+    patch_sets: Mapping[str, PatchSet],
+) -> list[Plan]:
+    """Render and check every host's command locally; refuse before any host is touched."""
+    rendered = render_commands(project, hosts, template, threshold, set_pairs, patch_sets)
+    failed = [r for r in rendered if r.value is None]
+    if failed:
+        first = failed[0]
+        names = ", ".join(r.name for r in failed)
+        raise DeployctlError(f"{names}: {first.error}", hint=first.hint)
+    return [
+        Plan(r.host, r.value, sets_for_flags(r.value.argv, patch_sets))
+        for r in rendered
+        if r.value is not None
+    ]
+
+
+def launch(
+    fleet: Fleet,
+    plans: Sequence[Plan],
+    catalog: Catalog,
+    *,
+    wait: bool = True,
+    timeout: float = 900,
+    dry_run: bool = False,
+    max_used_mib: int = DEFAULT_MAX_USED_MIB,
+    progress: Callable[[str, float, str], None] | None = None,
+    restart_of: Mapping[str, str] | None = None,
+) -> LaunchReport:
+    """Preflight all hosts; start on all only if every one passed; then wait for ready."""
+    by_name = {p.host.name: p for p in plans}
+    preflights = fleet.run(
+        lambda host, conn: run_preflight(by_name[host.name], conn, max_used_mib),
+        [p.host for p in plans],
+    )
+    refused = dry_run or not all(r.ok and r.value is not None and r.value.ok for r in preflights)
+    if refused:
+        held = [r.value for r in preflights if r.value is not None and r.value.lock_token]
+        fleet.run(
+            lambda host, conn: release_lock(
+                by_name[host.name], conn, _token(preflights, host.name)
+            ),
+            [p.plan.host for p in held],
+        )
+        return LaunchReport(preflights, [], refused=not dry_run)
+
+    def start_and_wait(host: Host, conn: Connection) -> Outcome:
+        preflight = next(r.value for r in preflights if r.name == host.name and r.value is not None)
+        run = start_run(
+            by_name[host.name], conn, preflight.lock_token, (restart_of or {}).get(host.name)
+        )
+        if not wait:
+            return Outcome(run, "started", 0.0)
+        return wait_ready(host, conn, run, catalog, timeout, progress)
+
+    outcomes = fleet.run(start_and_wait, [p.host for p in plans])
+    return LaunchReport(preflights, outcomes, refused=False)
+
+
+def _token(preflights: Sequence[HostResult[Preflight]], name: str) -> str:
+    for result in preflights:
+        if result.name == name and result.value is not None and result.value.lock_token:
+            return result.value.lock_token
+    raise DeployctlError(f"{name}: no lock held")
+
+
+def shell_log_hint(run: Mapping[str, Any]) -> str:
+    return f"tail -f {quote(run['log'])}"

@@ -1,0 +1,281 @@
+"""A host's current run: status, stop, restart of crashed runs, and watch."""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployctl.connection import Connection
+from deployctl.crash import Catalog, CrashReport, scan_text
+from deployctl.errors import DeployctlError
+from deployctl.facts import GPUS_COMMAND, parse_gpus_command, parse_probe_output, probe_script
+from deployctl.fanout import Fleet, HostResult
+from deployctl.inventory import Host, is_secret_name
+from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
+from deployctl.ops.launch import LaunchReport, Plan, launch
+from deployctl.ops.patch import agent_command, parse_agent_output, run_agent
+from deployctl.patchset import PatchSet, sets_for_flags
+from deployctl.render import RenderedCommand
+
+STATUS_TAIL_BYTES = 256 * 1024
+
+
+@dataclass
+class RunStatus:
+    """The current run on a host as one status probe sees it."""
+
+    run: dict[str, Any] | None
+    alive: bool = False
+    health: int | None = None
+    last_line: str = ""
+    crashes: list[CrashReport] = field(default_factory=list)
+    gpus: GpuReport | None = None
+    command: str | None = None
+
+    @property
+    def running(self) -> bool:
+        """Deployctl started it and has not stopped it."""
+        return self.run is not None and self.run.get("status") == "running"
+
+    @property
+    def crashed(self) -> bool:
+        return self.running and (not self.alive or bool(self.crashes))
+
+    @property
+    def ready(self) -> bool:
+        return self.alive and self.health == 200
+
+    def to_json(self) -> dict[str, Any]:
+        run = self.run or {}
+        return {
+            "run": run.get("id"),
+            "pid": run.get("pid"),
+            "alive": self.alive,
+            "ready": self.ready,
+            "crashed": self.crashed,
+            "status": run.get("status"),
+            "uptime_s": round(time.time() - run["started_at"]) if self.alive and run else None,
+            "log": run.get("log"),
+            "last_line": self.last_line,
+            "crash": self.crashes[0].summary() if self.crashes else None,
+            "gpu_memory_used_mib": sum(g.memory_used_mib for g in self.gpus.gpus)
+            if self.gpus
+            else None,
+        }
+
+
+def run_status(
+    host: Host, conn: Connection, catalog: Catalog, run_id: str | None = None
+) -> RunStatus:
+    """Read the run, its liveness, health, log tail and GPUs in one round trip."""
+    args = {
+        "state_dir": str(host.vars["state_dir"]),
+        "run": run_id,
+        "tail_bytes": STATUS_TAIL_BYTES,
+    }
+    script = probe_script({"gpus": GPUS_COMMAND, "agent": agent_command(host, "status", args)})
+    outputs = parse_probe_output(conn.run(script).stdout)
+    if "agent" not in outputs:
+        raise DeployctlError(f"{host.name}: status gave no answer")
+    doc = parse_agent_output(host, outputs["agent"].exit_code, outputs["agent"].output, "")
+    gpus = None
+    if "gpus" in outputs:
+        try:
+            state = parse_gpus_command(outputs["gpus"].exit_code, outputs["gpus"].output)
+            gpus = gpu_report(state, DEFAULT_MAX_USED_MIB)
+        except DeployctlError:
+            gpus = None
+    run = doc.get("run")
+    if run is None:
+        return RunStatus(None, gpus=gpus)
+    tail = base64.b64decode(doc["data"]).decode("utf-8", errors="replace")
+    lines = [line for line in tail.splitlines() if line.strip()]
+    crashes = scan_text(tail, catalog) if run.get("status") == "running" else []
+    return RunStatus(
+        run,
+        alive=bool(doc["alive"]),
+        health=doc.get("health"),
+        last_line=lines[-1] if lines else "",
+        crashes=crashes,
+        gpus=gpus,
+        command=doc.get("command"),
+    )
+
+
+@dataclass
+class StopResult:
+    run: str | None
+    ended: list[int]
+    killed: list[int]
+    gpus_clean: bool | None
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "ended": self.ended,
+            "killed": self.killed,
+            "gpus_clean": self.gpus_clean,
+            "note": self.note,
+        }
+
+
+def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120) -> StopResult:
+    """SIGTERM the run's process group, SIGKILL leftovers, then wait for clean GPUs."""
+    args = {"state_dir": str(host.vars["state_dir"]), "timeout": timeout}
+    doc = run_agent(host, conn, "stop", args)
+    run = doc.get("run")
+    if run is None:
+        return StopResult(None, [], [], None, "no run recorded")
+    if doc.get("left"):
+        raise DeployctlError(f"{host.name}: processes {doc['left']} survived SIGKILL")
+    note = "" if doc["ended"] else "was not running"
+    deadline = time.monotonic() + gpu_timeout
+    while True:
+        try:
+            gpus = check_gpus(host, conn)
+        except DeployctlError as exc:
+            return StopResult(
+                run["id"], doc["ended"], doc["killed"], None, f"GPUs not checked: {exc.message}"
+            )
+        if gpus.clean or time.monotonic() > deadline:
+            return StopResult(run["id"], doc["ended"], doc["killed"], gpus.clean, note)
+        time.sleep(0.5)
+
+
+def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchSet]) -> Plan:
+    """The plan to relaunch a recorded run with the same rendered command."""
+    if status.run is None or not status.command:
+        raise DeployctlError(
+            f"{host.name}: no recorded run to restart", hint="deployctl launch first"
+        )
+    argv = shlex.split(status.command)
+    secrets = tuple(
+        str(v)
+        for k, v in host.vars.items()
+        if is_secret_name(k) and v not in (None, "") and len(str(v)) >= 4
+    )
+    rendered = RenderedCommand(
+        str(status.run["template"]), status.run.get("threshold"), argv, secrets
+    )
+    return Plan(host, rendered, sets_for_flags(argv, patch_sets))
+
+
+def restart(
+    fleet: Fleet,
+    catalog: Catalog,
+    patch_sets: Mapping[str, PatchSet],
+    *,
+    crashed_only: bool,
+    timeout: float,
+    stop_timeout: float = 30,
+    wait: bool = True,
+    progress: Callable[[str, float, str], None] | None = None,
+) -> tuple[list[HostResult[RunStatus]], LaunchReport | None]:
+    """Stop and relaunch each host's recorded run with the next log version."""
+    statuses = fleet.run(lambda host, conn: run_status(host, conn, catalog))
+    chosen = [
+        r
+        for r in statuses
+        if r.value is not None and r.value.run and (r.value.crashed or not crashed_only)
+    ]
+    if not chosen:
+        return statuses, None
+    plans = [recorded_plan(r.host, r.value, patch_sets) for r in chosen if r.value is not None]
+    stops = fleet.run(
+        lambda host, conn: stop_run(host, conn, stop_timeout), [p.host for p in plans]
+    )
+    stopped = {r.name for r in stops if r.ok}
+    plans = [p for p in plans if p.host.name in stopped]
+    restart_of = {
+        r.name: str(r.value.run["id"]) for r in chosen if r.value is not None and r.value.run
+    }
+    report = launch(
+        fleet, plans, catalog, wait=wait, timeout=timeout, progress=progress, restart_of=restart_of
+    )
+    failed_stops: list[HostResult[RunStatus]] = [
+        HostResult(r.host, error=r.error, hint=r.hint) for r in stops if not r.ok
+    ]
+    return failed_stops + statuses, report
+
+
+@dataclass
+class WatchEvent:
+    host: str
+    message: str
+
+
+def watch(
+    fleet: Fleet,
+    catalog: Catalog,
+    patch_sets: Mapping[str, PatchSet],
+    *,
+    interval: float,
+    max_restarts: int,
+    window: float,
+    timeout: float,
+    emit: Callable[[WatchEvent], None],
+    rounds: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Restart crashed runs with exponential backoff; give up on a crash loop."""
+    history: dict[str, list[tuple[float, str]]] = {}
+    next_try: dict[str, float] = {}
+    given_up: set[str] = set()
+    done = 0
+    while rounds is None or done < rounds:
+        done += 1
+        for result in fleet.run(lambda host, conn: run_status(host, conn, catalog)):
+            name, status = result.name, result.value
+            if status is None:
+                emit(WatchEvent(name, f"error: {result.error}"))
+                continue
+            if name in given_up or not status.crashed or time.monotonic() < next_try.get(name, 0):
+                continue
+            signature = status.crashes[0].signature if status.crashes else "died"
+            now = time.monotonic()
+            recent = [(t, s) for t, s in history.get(name, []) if now - t <= window] + [
+                (now, signature)
+            ]
+            history[name] = recent
+            run_id = status.run["id"] if status.run else "?"
+            repeated = len(recent) >= 2 and recent[-2][1] == signature and signature != "died"
+            if len(recent) > max_restarts or repeated:
+                why = (
+                    f"same crash twice ({signature})"
+                    if repeated
+                    else f"{len(recent)} crashes within {window:g}s"
+                )
+                emit(
+                    WatchEvent(
+                        name, f"crash loop: {why}; not restarting {run_id}; last crash: {signature}"
+                    )
+                )
+                given_up.add(name)
+                continue
+            emit(
+                WatchEvent(
+                    name, f"{run_id} crashed ({signature}); restarting (attempt {len(recent)})"
+                )
+            )
+            plan = recorded_plan(result.host, status, patch_sets)
+            stop_result = fleet.run(lambda host, conn: stop_run(host, conn, 30), [result.host])[0]
+            if not stop_result.ok:
+                emit(WatchEvent(name, f"stop failed: {stop_result.error}"))
+                continue
+            report = launch(fleet, [plan], catalog, timeout=timeout, restart_of={name: str(run_id)})
+            outcome = report.outcomes[0].value if report.outcomes else None
+            state = outcome.state if outcome else "refused"
+            new_run = outcome.run["id"] if outcome else "-"
+            emit(WatchEvent(name, f"restarted as {new_run}: {state}"))
+            next_try[name] = time.monotonic() + min(300.0, interval * 2 ** (len(recent) - 1))
+        if rounds is None or done < rounds:
+            sleep(interval)
+
+
+def crashed_hosts(statuses: Sequence[HostResult[RunStatus]]) -> list[str]:
+    return [r.name for r in statuses if r.value is not None and r.value.crashed]

@@ -1,0 +1,284 @@
+"""launch / status / stop / restart / watch over real sshd hosts with the stand-in server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI
+from tests.sshd_hosts import STANDIN, SSHLab, TestHost, free_port, sh
+
+
+def prepare(host: TestHost, tp: int = 2, **knobs: object) -> dict[str, object]:
+    """Give a host the stand-in (importable from its home) and a model folder."""
+    shutil.copy(STANDIN, host.home / STANDIN.name)
+    model = host.home / "model"
+    model.mkdir(exist_ok=True)
+    (model / "standin.json").write_text(json.dumps({"startup_s": 0.3, **knobs}))
+    sh("chown", "-R", f"{host.user}:{host.user}", host.home)
+    host.set_gpus("clean", max(tp, 1))
+    return {
+        "launch_module": "sglang_standin",
+        "model_path": str(model),
+        "draft_model_path": str(model),
+        "tp": tp,
+        "bind_host": host.address,
+        "port": free_port(host.address),
+        "log_dir": "~/logs",
+    }
+
+
+def inventory(lab: SSHLab, tmp_path: Path, names: list[str], **knobs: object) -> Path:
+    host_vars = {n: prepare(lab.hosts[n], **knobs) for n in names}
+    return lab.inventory(tmp_path / "inv.yml", names, host_vars)
+
+
+def rank_pids(host: TestHost) -> list[int]:
+    out = sh("pgrep", "-u", host.user, "-f", "sglang::scheduler", check=False).stdout
+    return [int(p) for p in out.split()]
+
+
+def launch_json(cli: CLI, inv: Path, *extra: str) -> tuple[int, dict, str]:
+    result = cli("launch", "-i", str(inv), "--json", "--timeout", "60", *extra)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout), result.stderr
+
+
+def test_launch_reaches_ready_then_stop_ends_every_rank(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"])
+    alpha = hosts.hosts["alpha"]
+    code, doc, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    entry = doc["hosts"]["alpha"]
+    assert entry["state"] == "ready" and entry["run"] == "baseline_v1"
+    assert entry["log"] == str(alpha.home / "logs" / "baseline_v1.log")
+    assert "The server is fired up and ready to roll!" in Path(entry["log"]).read_text()
+    assert len(rank_pids(alpha)) == 2
+    # Detached: its own session and process group.
+    pid = entry["pid"]
+    assert os.getpgid(pid) == pid and os.getsid(pid) == pid
+
+    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["alpha"]
+    assert status["alive"] and status["ready"] and not status["crashed"]
+    assert status["run"] == "baseline_v1" and status["pid"] == pid
+
+    stopped = cli("stop", "-i", str(inv), "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    result = json.loads(stopped.stdout)["hosts"]["alpha"]
+    assert pid in result["ended"] and result["gpus_clean"] is True
+    assert rank_pids(alpha) == []
+    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["alpha"]
+    assert status["alive"] is False and status["status"] == "stopped" and status["crashed"] is False
+
+
+def test_log_versions_increment_and_old_logs_are_kept(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"])
+    logs = hosts.hosts["alpha"].home / "logs"
+    logs.mkdir()
+    (logs / "eagle3_v4.log").write_text("an older run\n")
+    sh("chown", "-R", "dct-alpha:dct-alpha", logs)
+    code, doc, err = launch_json(cli, inv)
+    assert code == 0, err
+    assert doc["hosts"]["alpha"]["run"] == "eagle3_v5"
+    assert cli("stop", "-i", str(inv)).returncode == 0
+    first = (logs / "eagle3_v5.log").read_text()
+    code, doc, err = launch_json(cli, inv)
+    assert code == 0, err
+    assert doc["hosts"]["alpha"]["run"] == "eagle3_v6"
+    assert (logs / "eagle3_v4.log").read_text() == "an older run\n"
+    assert (logs / "eagle3_v5.log").read_text().startswith(first)
+    cli("stop", "-i", str(inv))
+
+
+def test_dirty_gpus_refuse_naming_pids_and_nothing_starts(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha", "bravo", "charlie"])
+    hosts.hosts["bravo"].set_gpus("busy", 2)
+    code, doc, _err = launch_json(cli, inv)
+    assert code == 1
+    assert doc["started"] is False
+    assert "PIDs 419 hold GPU memory" in " ".join(doc["hosts"]["bravo"]["preflight"]["problems"])
+    assert doc["hosts"]["alpha"]["preflight"]["ready"] is True
+    for name in ("alpha", "bravo", "charlie"):
+        host = hosts.hosts[name]
+        assert rank_pids(host) == []
+        assert not (host.home / "logs").exists() or not list((host.home / "logs").iterdir())
+        assert not (host.home / ".deployctl" / "lock").exists()  # locks released
+    human = cli("launch", "-i", str(inv), "--timeout", "60")
+    assert "bravo: error: GPUs are not clean: dirty: PIDs 419 hold GPU memory" in human.stderr
+    assert "nothing was started on any host" in human.stderr
+
+
+def test_port_in_use_is_refused(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"])
+    import yaml
+
+    port = yaml.safe_load(inv.read_text())["all"]["hosts"]["alpha"]["port"]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.2", port))
+        sock.listen()
+        code, doc, _ = launch_json(cli, inv)
+    assert code == 1
+    assert f"port {port} is in use" in " ".join(doc["hosts"]["alpha"]["preflight"]["problems"])
+
+
+def test_crash_during_start_fails_fast_with_the_report(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"], crash="startup")
+    start = time.monotonic()
+    code, doc, _ = launch_json(cli, inv)
+    assert code == 1
+    entry = doc["hosts"]["alpha"]
+    assert entry["state"] in ("crashed", "died")
+    crash = entry["crashes"][0]
+    assert crash["signature"] == "tensor-shape-mismatch"
+    assert crash["exception"] == "RuntimeError"
+    assert set(crash["ranks"]) <= {"TP0", "TP1"} and crash["ranks"]
+    assert time.monotonic() - start < 30
+    human = cli("status", "-i", str(inv))
+    assert human.returncode == 1 and "crashed" in human.stdout
+
+
+def test_restart_crashed_brings_the_run_back(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha", "bravo"], crash="after_ready", crash_after_s=0.5)
+    model = hosts.hosts["bravo"].home / "model" / "standin.json"
+    model.write_text(json.dumps({"startup_s": 0.3}))  # bravo stays healthy
+    code, doc, err = launch_json(cli, inv)
+    assert code == 0, err
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]
+        if status["alpha"]["crashed"]:
+            break
+        time.sleep(0.5)
+    assert status["alpha"]["crashed"] and "tensor" in status["alpha"]["crash"].lower()
+    assert not status["bravo"]["crashed"]
+    (hosts.hosts["alpha"].home / "model" / "standin.json").write_text(
+        json.dumps({"startup_s": 0.3})
+    )
+    result = cli("restart", "--crashed", "-i", str(inv), "--json", "--timeout", "60")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["hosts"]["alpha"]["run"] == "eagle3_v2" and doc["hosts"]["alpha"]["state"] == "ready"
+    assert "bravo" not in doc["hosts"]  # healthy runs are left alone
+    logs = hosts.hosts["alpha"].home / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == ["eagle3_v1.log", "eagle3_v2.log"]
+    cli("stop", "-i", str(inv))
+
+
+def test_watch_restarts_once_then_stops_at_a_crash_loop(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"], crash="after_ready", crash_after_s=0.3)
+    code, _, err = launch_json(cli, inv)
+    assert code == 0, err
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYCTL_")}
+    env.update(HOME=str(cli.home), PYTHONPATH=str(Path(__file__).parent.parent))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deployctl", "watch", "-i", str(inv), "--interval", "0.5", "--timeout", "30"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cli.cwd,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline() if proc.stdout else ""
+            if not line:
+                break
+            lines.append(line)
+            if "crash loop" in line:
+                break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    text = "".join(lines)
+    assert "restarting (attempt 1)" in text, text + err
+    assert "restarted as eagle3_v2" in text
+    assert "crash loop" in text and "tensor-shape-mismatch" in text
+    assert "Traceback" not in err
+    logs = sorted(p.name for p in (hosts.hosts["alpha"].home / "logs").iterdir())
+    assert logs == ["eagle3_v1.log", "eagle3_v2.log"]
+
+
+def test_two_launches_at_once_one_is_refused(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"], startup_s=1.0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYCTL_")}
+    env.update(HOME=str(cli.home), PYTHONPATH=str(Path(__file__).parent.parent))
+    argv = [sys.executable, "-m", "deployctl", "launch", "-i", str(inv), "--timeout", "60"]
+    procs = [
+        subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cli.cwd
+        )
+        for _ in range(2)
+    ]
+    results = [(*p.communicate(timeout=120), p.returncode) for p in procs]
+    codes = sorted(r[2] for r in results)
+    assert codes == [0, 1], results
+    loser = next(r for r in results if r[2] == 1)
+    assert "in progress" in loser[1] or "is in use" in loser[1] or "not clean" in loser[1]
+    assert len(list((hosts.hosts["alpha"].home / "logs").iterdir())) == 1
+    cli("stop", "-i", str(inv))
+
+
+def test_stale_lock_of_a_dead_launcher_is_cleared(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    state = hosts.hosts["alpha"].home / ".deployctl"
+    state.mkdir()
+    lock = {
+        "host": socket.gethostname(),
+        "pid": dead.pid,
+        "op": "launch",
+        "token": "t",
+        "since": time.time(),
+    }
+    (state / "lock").write_text(json.dumps(lock))
+    sh("chown", "-R", "dct-alpha:dct-alpha", state)
+    code, _, err = launch_json(cli, inv)
+    assert code == 0, err
+    cli("stop", "-i", str(inv))
+
+
+def test_dry_run_shows_commands_and_starts_nothing(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"])
+    result = cli("launch", "--dry-run", "-i", str(inv))
+    assert result.returncode == 0, result.stderr
+    assert "-m sglang_standin" in result.stdout and "eagle3_v1.log" in result.stdout
+    assert rank_pids(hosts.hosts["alpha"]) == []
+    assert not (hosts.hosts["alpha"].home / ".deployctl" / "lock").exists()
+
+
+@pytest.mark.parametrize("value", ["/models/a b;touch /tmp/pwned-$(id -u)", "-rf `id`\n'x\"y"])
+def test_hostile_model_path_reaches_the_server_exactly(
+    hosts: SSHLab, cli: CLI, tmp_path: Path, value: str
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    host_vars = prepare(alpha, tp=1)
+    model = alpha.home / "m" / value.replace("/", "_")
+    model.mkdir(parents=True)
+    (model / "standin.json").write_text(json.dumps({"startup_s": 0.2}))
+    sh("chown", "-R", f"{alpha.user}:{alpha.user}", alpha.home)
+    host_vars.update(model_path=str(model), draft_model_path=str(model))
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": host_vars})
+    code, _doc, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    record = json.loads((model / "standin-argv.jsonl").read_text().splitlines()[0])
+    assert f"--model-path={model}" in record["argv"]
+    assert not list(Path("/tmp").glob("pwned-*"))
+    cli("stop", "-i", str(inv))
