@@ -73,8 +73,8 @@ class Fleet:
             except Exception as exc:  # a bug or surprise on one host must not stop the rest
                 return HostResult(host, error=f"{type(exc).__name__}: {exc}")
 
-        if len(targets) == 1:
-            return [one(targets[0])]
+        if len(targets) <= 1:
+            return [one(host) for host in targets]
         with ThreadPoolExecutor(max_workers=min(self.forks, len(targets))) as pool:
             return list(pool.map(one, targets))
 

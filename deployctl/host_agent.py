@@ -339,11 +339,25 @@ def release_lock(state_dir, token):
     return False
 
 
+def module_found(module):
+    """Can `python -m module` find the module's top-level package (without importing it)?"""
+    import importlib.util
+
+    if not module:
+        return True
+    try:
+        return importlib.util.find_spec(module.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def port_free(host, port):
     import socket
 
     address = "0.0.0.0" if host in ("", "0.0.0.0", "::") else host
     with socket.socket() as sock:
+        # Like the server will: connections in TIME_WAIT do not make the port busy.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((address, int(port)))
         except OSError as exc:
@@ -362,6 +376,7 @@ def writable_dir(path):
 def cmd_preflight(args):
     """Everything a launch needs to know, and the host lock, in one round trip."""
     result = cmd_probe(args)
+    result["module_found"] = module_found(args.get("module"))
     log_dir = os.path.expanduser(args["log_dir"])
     result["port_free"], result["port_error"] = port_free(args["bind_host"], args["port"])
     result["paths"] = {p: os.path.exists(os.path.expanduser(p)) for p in args["check_paths"]}

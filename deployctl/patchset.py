@@ -159,6 +159,7 @@ def _content_hash(folder: Path, files: Iterable[Path]) -> str:
 
 def load_patch_set(folder: Path) -> PatchSet:
     """Read and check patches/<name>/patch.yml and the files it names."""
+    folder = folder.resolve()
     source = str(folder / PATCH_FILE)
     try:
         data = yaml.safe_load((folder / PATCH_FILE).read_text(encoding="utf-8"))

@@ -28,6 +28,7 @@ def prepare(host: TestHost, tp: int = 2, **knobs: object) -> dict[str, object]:
     host.set_gpus("clean", max(tp, 1))
     return {
         "launch_module": "sglang_standin",
+        "template": "eagle3",
         "model_path": str(model),
         "draft_model_path": str(model),
         "tp": tp,
@@ -91,12 +92,12 @@ def test_log_versions_increment_and_old_logs_are_kept(
     (logs / "eagle3_v4.log").write_text("an older run\n")
     sh("chown", "-R", "dct-alpha:dct-alpha", logs)
     code, doc, err = launch_json(cli, inv)
-    assert code == 0, err
+    assert code == 0, (err, doc)
     assert doc["hosts"]["alpha"]["run"] == "eagle3_v5"
     assert cli("stop", "-i", str(inv)).returncode == 0
     first = (logs / "eagle3_v5.log").read_text()
     code, doc, err = launch_json(cli, inv)
-    assert code == 0, err
+    assert code == 0, (err, doc)
     assert doc["hosts"]["alpha"]["run"] == "eagle3_v6"
     assert (logs / "eagle3_v4.log").read_text() == "an older run\n"
     assert (logs / "eagle3_v5.log").read_text().startswith(first)
@@ -159,7 +160,7 @@ def test_restart_crashed_brings_the_run_back(hosts: SSHLab, cli: CLI, tmp_path: 
     model = hosts.hosts["bravo"].home / "model" / "standin.json"
     model.write_text(json.dumps({"startup_s": 0.3}))  # bravo stays healthy
     code, doc, err = launch_json(cli, inv)
-    assert code == 0, err
+    assert code == 0, (err, doc)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]

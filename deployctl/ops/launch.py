@@ -83,6 +83,11 @@ class Plan:
         value = flags.get("--tp-size") or flags.get("--tp") or 1
         return int(value)
 
+    @property
+    def launch_module(self) -> str | None:
+        argv = self.rendered.argv
+        return argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
+
     def check_paths(self) -> list[str]:
         flags = command_flags(self.rendered.argv)
         keys = ("--model-path", "--speculative-draft-model-path")
@@ -127,6 +132,7 @@ def preflight_script(plan: Plan, break_lock: str | None = None) -> str:
         "port": plan.port,
         "bind_host": plan.bind_host,
         "check_paths": plan.check_paths(),
+        "module": plan.launch_module,
         "log_dir": str(host.vars["log_dir"]),
         "log_stem": plan.rendered.log_stem,
         "client": client_identity("launch"),
@@ -190,10 +196,13 @@ def run_preflight(plan: Plan, conn: Connection, max_used_mib: int) -> Preflight:
             )
     if not doc.get("port_free", True):
         problems.append(f"port {plan.port} is in use on {host.name} ({doc.get('port_error')})")
+    if not doc.get("module_found", True):
+        problems.append(f"{host.vars['python']} on {host.name} cannot find module {plan.launch_module}")
+        hints.append("set the host's `python` to the interpreter that has SGLang installed")
     facts = parse_patch_facts(doc)
-    if facts.error:
+    if plan.needed_sets and facts.error:
         problems.append(facts.error)
-    else:
+    elif plan.needed_sets:
         for patch_set in plan.needed_sets:
             from deployctl.ops.patch import set_state
 
