@@ -387,3 +387,97 @@ def print_event(event: WatchEvent) -> None:
 def print_event_text(text: str) -> None:
     sys.stdout.write(f"{time.strftime('%H:%M:%S')} {text}\n")
     sys.stdout.flush()
+
+
+# ---- crash reports (deployctl crash, deployctl logs --crash) ------------------------------
+
+if TYPE_CHECKING:
+    from deployctl.crash import CrashReport
+    from deployctl.ops.logs import LogScan
+
+_MESSAGE_CAP = 500
+
+
+def print_crashes_local(crashes: Sequence[CrashReport], as_json: bool) -> None:
+    """Print the crashes found in a local log file, or say that there are none."""
+    if as_json:
+        print_json({"crashes": [c.to_json() for c in crashes]})
+        return
+    if not crashes:
+        sys.stdout.write("no crash found\n")
+    for crash in crashes:
+        sys.stdout.write("\n".join(crash_lines(crash)) + "\n")
+
+
+def print_crashes(results: Sequence[HostResult[LogScan]], as_json: bool) -> None:
+    """Print each host's crashes (each once, with its ranks), or what was scanned."""
+    if as_json:
+        document = hosts_document(results, lambda scan: scan.to_json())
+        for entry in document["hosts"].values():
+            # A failed host keeps the shape, so readers need not test for the keys.
+            entry.setdefault("log", None)
+            entry.setdefault("crashes", [])
+        print_json(document)
+        return
+    for result in results:
+        scan = result.value
+        if scan is None:
+            continue
+        label = f"{result.name}: " if len(results) > 1 else ""
+        scanned = f"scanned {_size(scan.scanned_bytes)} of {_size(scan.size)}"
+        if not scan.crashes:
+            sys.stdout.write(f"{label}no crash found in {scan.path} ({scanned})\n")
+            continue
+        count = len(scan.crashes)
+        sys.stdout.write(
+            f"{label}{count} crash{'es' if count > 1 else ''} in {scan.path} ({scanned})\n"
+        )
+        whole = scan.scanned_bytes >= scan.size
+        for crash in scan.crashes:
+            lines = crash_lines(crash, whole)
+            sys.stdout.write("".join(f"  {line}\n" for line in lines))
+    sys.stdout.flush()
+    print_host_errors(results)
+
+
+def crash_lines(crash: CrashReport, whole_log: bool = True) -> list[str]:
+    """Return the human lines for one crash: title, exception, frame, ranks, hint."""
+    lines = [f"crash: {crash.title} [{crash.signature}]"]
+    message = _one_line(crash.message)
+    if len(message) > _MESSAGE_CAP:
+        message = message[: _MESSAGE_CAP - 1] + "…"
+    lines.append(f"  {crash.exception}: {message}" if crash.exception else f"  {message}")
+    if crash.file:
+        where = f"{crash.file}:{crash.line}" if crash.line is not None else crash.file
+        lines.append(f"  at {where}" + (f" in {crash.function}" if crash.function else ""))
+    if crash.ranks:
+        lines.append(f"  ranks: {format_ranks(crash.ranks)}")
+    # A partial scan starts mid-log, so its line numbers count from where it started.
+    lines.append(
+        f"  log line {crash.log_line}"
+        if whole_log
+        else f"  line {crash.log_line} of the scanned tail"
+    )
+    lines.append(f"  hint: {_one_line(crash.hint)}")
+    return lines
+
+
+def format_ranks(ranks: Sequence[str]) -> str:
+    """Return ranks compactly: `TP0-TP7 (8)` for a run of one kind, else a list."""
+    kinds = {r.rstrip("0123456789") for r in ranks}
+    digits = [r[len(r.rstrip("0123456789")) :] for r in ranks]
+    if len(ranks) > 2 and len(kinds) == 1 and all(d.isdigit() for d in digits):
+        numbers = [int(d) for d in digits]
+        if numbers == list(range(numbers[0], numbers[0] + len(numbers))):
+            return f"{ranks[0]}-{ranks[-1]} ({len(ranks)})"
+    return ", ".join(ranks) + (f" ({len(ranks)})" if len(ranks) > 1 else "")
+
+
+def _size(n: int) -> str:
+    """Return a byte count for people: 512 B, 21.0 KiB, 64.0 MiB, 1.0 GiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"

@@ -197,7 +197,9 @@ def run_preflight(plan: Plan, conn: Connection, max_used_mib: int) -> Preflight:
     if not doc.get("port_free", True):
         problems.append(f"port {plan.port} is in use on {host.name} ({doc.get('port_error')})")
     if not doc.get("module_found", True):
-        problems.append(f"{host.vars['python']} on {host.name} cannot find module {plan.launch_module}")
+        problems.append(
+            f"{host.vars['python']} on {host.name} cannot find module {plan.launch_module}"
+        )
         hints.append("set the host's `python` to the interpreter that has SGLang installed")
     facts = parse_patch_facts(doc)
     if plan.needed_sets and facts.error:

@@ -11,8 +11,8 @@ Exit 0 on success; otherwise one line on stderr and exit 1.
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import functools
 import os
@@ -22,7 +22,11 @@ import types
 FUSION = ("sglang", "srt", "layers", "flashinfer_comm_fusion.py")
 ADD_NORM = ("sglang", "srt", "layers", "layer_boundary", "residual", "add_norm.py")
 COMMON = ("sglang", "srt", "utils", "common.py")
-PROBES = {"is_sm90": "is_sm90_supported", "is_sm100": "is_sm100_supported", "is_sm120": "is_sm120_supported"}
+PROBES = {
+    "is_sm90": "is_sm90_supported",
+    "is_sm100": "is_sm100_supported",
+    "is_sm120": "is_sm120_supported",
+}
 
 
 class CheckError(Exception):
@@ -60,12 +64,16 @@ class Source:
 
     def run(self, names: list[str], namespace: dict) -> dict:
         module = ast.Module(body=[self.node(n) for n in names], type_ignores=[])
-        code = compile(module, self.path, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True)
+        code = compile(
+            module, self.path, "exec", flags=__future__.annotations.compiler_flag, dont_inherit=True
+        )
         exec(code, namespace)
         return namespace
 
 
-def platform_for(common: Source, capability: tuple[int, int], cuda: str = "12.8") -> types.SimpleNamespace:
+def platform_for(
+    common: Source, capability: tuple[int, int], cuda: str = "12.8"
+) -> types.SimpleNamespace:
     """Evaluate SGLang's own capability probes for a given (major, minor)."""
     fake_torch = types.SimpleNamespace(version=types.SimpleNamespace(cuda=cuda))
     ns = {
@@ -151,9 +159,18 @@ def check(site: str) -> None:
     expect(resolve(fusion, sm100, "cutedsl") == "cutedsl", "SM100 cutedsl must stay allowed")
     expect(resolve(fusion, sm89, "trtllm") == "error", "SM89 must stay rejected")
 
-    expect(ar_fusion_applies(add_norm, sm120, "trtllm"), "fused AR+RMSNorm must apply on SM120 with trtllm")
-    expect(not ar_fusion_applies(add_norm, sm120, None), "fusion must stay off on SM120 without the opt-in")
-    expect(not ar_fusion_applies(add_norm, sm120, "trtllm", batch_size=4096), "batch bound must still hold")
+    expect(
+        ar_fusion_applies(add_norm, sm120, "trtllm"),
+        "fused AR+RMSNorm must apply on SM120 with trtllm",
+    )
+    expect(
+        not ar_fusion_applies(add_norm, sm120, None),
+        "fusion must stay off on SM120 without the opt-in",
+    )
+    expect(
+        not ar_fusion_applies(add_norm, sm120, "trtllm", batch_size=4096),
+        "batch bound must still hold",
+    )
     expect(ar_fusion_applies(add_norm, sm100, "mnnvl"), "SM100 must keep the fusion")
     expect(not ar_fusion_applies(add_norm, sm89, "trtllm"), "SM89 must stay excluded")
 

@@ -129,7 +129,7 @@ def check(site: str) -> None:
             validate(args)
         except ValueError as exc:
             if "--speculative-disable-batch-threshold" not in str(exc):
-                raise CheckError(f"{label}: error does not name the flag: {exc}")
+                raise CheckError(f"{label}: error does not name the flag: {exc}") from None
         else:
             raise CheckError(f"{label}: accepted, expected a ValueError")
 
