@@ -156,7 +156,9 @@ def render(
     from deployctl.ops.launch import render_commands
 
     session = _session(inventory, hosts, project=project)
-    results = render_commands(session.project, session.hosts, template, threshold, set_ or [])
+    results = render_commands(
+        session.project, session.hosts, template, threshold, set_ or [], _patch_sets(session)
+    )
     if json:
         report.print_json(report.hosts_document(results, lambda r: {"command": r.display}))
     else:

@@ -267,3 +267,46 @@ def test_unknown_set_name_is_a_clear_error(hosts: SSHLab, cli: CLI, tmp_path: Pa
     assert result.returncode == 1
     assert "unknown patch set 'no-such-set'" in result.stderr
     assert not (hosts.hosts["alpha"].home / ".deployctl").exists()
+
+
+SHIPPED = ["spec-disable", "sm120-support"]
+
+
+def test_shipped_sets_apply_audit_and_revert_on_real_sglang(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    from deployctl.patchset import load_patch_sets
+    from deployctl.project import SHIPPED_DATA
+
+    inventory = setup_hosts(hosts, sglang_template, tmp_path, ["alpha"])
+    site = host_site(hosts, "alpha")
+    sets = load_patch_sets([SHIPPED_DATA / "patches"])
+    files = sorted({f for name in SHIPPED for f in sets[name].variants["0.5.23"].files})
+    pristine = {f: sha(site / f) if (site / f).exists() else None for f in files}
+    assert None in pristine.values()  # spec-disable adds a new module
+
+    applied = cli("patch", "apply", *SHIPPED, "-i", str(inventory), "--json")
+    assert applied.returncode == 0, applied.stderr
+    actions = json.loads(applied.stdout)["hosts"]["alpha"]["patches"]
+    assert [(a["set"], a["action"]) for a in actions] == [(n, "applied") for n in SHIPPED]
+    assert "speculative_disable_batch_threshold" in (site / SPEC).read_text()
+    assert (site / "sglang/srt/speculative/spec_disable_policy.py").exists()
+
+    code, doc = audit(cli, inventory, *SHIPPED)
+    assert code == 0
+    assert {n: s["state"] for n, s in doc["hosts"]["alpha"]["patches"].items()} == dict.fromkeys(
+        SHIPPED, "applied"
+    )
+    record = json.loads(
+        (hosts.hosts["alpha"].home / ".deployctl/patches/spec-disable.json").read_text()
+    )
+    assert record["version"] == "1.0.0" and record["sglang_version"] == "0.5.23"
+    assert record["site"] == str(site) and record["applied_by"]
+    assert set(record["files"]) == set(sets["spec-disable"].variants["0.5.23"].files)
+
+    reverted = cli("patch", "revert", *SHIPPED, "-i", str(inventory))
+    assert reverted.returncode == 0, reverted.stderr
+    assert {f: sha(site / f) if (site / f).exists() else None for f in files} == pristine
+    code, doc = audit(cli, inventory, *SHIPPED)
+    assert code == 1
+    assert {s["state"] for s in doc["hosts"]["alpha"]["patches"].values()} == {"missing"}
