@@ -366,3 +366,31 @@ def test_gpu_report_from_the_combined_command_output() -> None:
     assert (report.clean, report.pids) == (False, [419])
     idle = parse_gpus_command(0, combined("idle-query-gpu.csv", "idle-query-compute-apps.csv"))
     assert gpu_report(idle, DEFAULT_MAX_USED_MIB).clean is True
+
+
+DEPLOYCTL_CAPTURES = Path(__file__).parent / "data" / "nvidia-smi" / "h200-deployctl"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "used", "pids", "names"),
+    [
+        ("idle", 0, [], []),
+        ("busy-torch", 4715, [476], ["python3"]),
+        ("busy-standin", 3691, [553], ["sglang::scheduler"]),
+    ],
+)
+def test_parsers_on_captures_of_deployctls_own_queries(
+    prefix: str, used: int, pids: list[int], names: list[str]
+) -> None:
+    gpus = parse_gpus((DEPLOYCTL_CAPTURES / f"{prefix}-query-gpu.csv").read_text())
+    processes = parse_gpu_processes(
+        (DEPLOYCTL_CAPTURES / f"{prefix}-query-compute-apps.csv").read_text()
+    )
+    assert [(g.index, g.name, g.memory_used_mib, g.memory_total_mib) for g in gpus] == [
+        (0, "NVIDIA H200", used, 143771)
+    ]
+    assert gpus[0].compute_cap == "9.0"
+    assert [p.pid for p in processes] == pids and [p.name for p in processes] == names
+    assert all(p.gpu_uuid == gpus[0].uuid for p in processes)
+    report = GpuReport(gpus, processes, 16)
+    assert report.clean is (not pids)
