@@ -5,12 +5,20 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from deployctl import __version__
 from deployctl.errors import DeployctlError
+
+if TYPE_CHECKING:  # the real imports are lazy, so `deployctl --help` starts fast
+    from deployctl.connection import ConnectOptions
+    from deployctl.crash import Catalog
+    from deployctl.fanout import Fleet
+    from deployctl.inventory import Host
+    from deployctl.patchset import PatchSet
+    from deployctl.project import Project
 
 app = typer.Typer(
     name="deployctl",
@@ -72,12 +80,12 @@ SetOpt = Annotated[
 class Session:
     """What every command needs: the project, the selected hosts and how to reach them."""
 
-    project: Any
-    hosts: list[Any]
-    options: Any
+    project: Project
+    hosts: list[Host]
+    options: ConnectOptions
     forks: int
 
-    def fleet(self) -> Any:
+    def fleet(self) -> Fleet:
         from deployctl.fanout import Fleet
 
         return Fleet(self.hosts, self.options, self.forks)
@@ -220,7 +228,7 @@ NamesArg = Annotated[
 ]
 
 
-def _patch_sets(session: Session) -> Any:
+def _patch_sets(session: Session) -> dict[str, PatchSet]:
     from deployctl.patchset import load_patch_sets
 
     return load_patch_sets(session.project.search_dirs("patches"))
@@ -393,7 +401,7 @@ def logs(
 TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds to wait until ready.")]
 
 
-def _catalog_and_sets(session: Session) -> tuple[Any, Any]:
+def _catalog_and_sets(session: Session) -> tuple[Catalog, dict[str, PatchSet]]:
     from deployctl.ops.logs import load_user_catalog
 
     return load_user_catalog(session.project.root), _patch_sets(session)
