@@ -361,7 +361,7 @@ def crash(
     if sum(x is not None for x in (run, path, file)) > 1:
         raise typer.BadParameter("give only one of --run, --path and --file")
     if file is not None:
-        crashes = scan_local_file(file, load_user_catalog(project))
+        crashes = scan_local_file(file, load_user_catalog(project), scan_all)
         report.print_crashes_local(crashes, json)
         return 1 if crashes else 0
     session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)

@@ -7,6 +7,7 @@ that commands which never touch a remote host start fast.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -248,14 +249,26 @@ class SSHConnection(Connection):
             if stdin:
                 channel.sendall(stdin)
             channel.shutdown_write()
-            while not channel.status_event.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+            # Read until EOF, not until the exit status: sshd may send the status first.
+            while True:
                 _drain(channel, out, err)
-                if time.monotonic() >= deadline:
+                if (channel.eof_received or channel.closed) and not (
+                    channel.recv_ready() or channel.recv_stderr_ready()
+                ):
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     channel.close()
                     raise CommandTimeoutError(
                         f"{self.name}: command timed out after {timeout:g}s: {_shorten(command)}"
                     )
-            _drain(channel, out, err)
+                # The channel's pipe wakes us on stdout or stderr data and on EOF.
+                select.select([channel], [], [], min(remaining, 1.0))
+            if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
+                channel.close()
+                raise CommandTimeoutError(
+                    f"{self.name}: no exit status within {timeout:g}s: {_shorten(command)}"
+                )
             code = channel.recv_exit_status()
             channel.close()
         except TimeoutError:

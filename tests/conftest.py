@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sshd_hosts import REPO, SSHLab, start_lab
+from tests.sshd_hosts import REPO, SSHLab, start_lab, stop_lab
 
 HOST_NAMES = ["alpha", "bravo", "charlie", "delta"]
 
@@ -27,10 +26,7 @@ def lab() -> Iterator[SSHLab]:
     try:
         yield lab
     finally:
-        for host in lab.hosts.values():
-            host.stop()
-            host.kill_processes()
-        shutil.rmtree(base, ignore_errors=True)
+        stop_lab(lab)
 
 
 @pytest.fixture

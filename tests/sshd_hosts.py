@@ -45,6 +45,7 @@ class TestHost:
     name: str
     address: str
     root: Path
+    user_prefix: str = "dct"
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     host_key_line: str = ""
@@ -52,7 +53,7 @@ class TestHost:
 
     @property
     def user(self) -> str:
-        return f"dct-{self.name}"
+        return f"{self.user_prefix}-{self.name}"
 
     @property
     def home(self) -> Path:
@@ -114,6 +115,9 @@ Subsystem sftp internal-sftp
         # '*' (not '!'): no password, yet not locked, so sshd without PAM lets keys in.
         sh("usermod", "--home", self.home, "--password", "*", self.user)
         sh("chown", "-R", f"{self.user}:{self.user}", self.home)
+
+    def remove_user(self) -> None:
+        sh("userdel", self.user, check=False)
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -248,10 +252,21 @@ def start_lab(base: Path, names: list[str]) -> SSHLab:
     sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)
     authorized = key.with_suffix(".pub").read_text()
     hosts: dict[str, TestHost] = {}
+    # Login users of their own per lab, so two test sessions on one machine never collide.
+    prefix = "d" + base.name.rsplit("-", 1)[-1].lower().replace("_", "")[:6]
     for index, name in enumerate(names):
-        host = TestHost(name, f"127.0.0.{index + 2}", base / name)
+        host = TestHost(name, f"127.0.0.{index + 2}", base / name, prefix)
         host.setup(authorized)
         hosts[name] = host
     known_hosts = client / "known_hosts"
     known_hosts.write_text("".join(h.host_key_line for h in hosts.values()))
     return SSHLab(base, key, known_hosts, hosts)
+
+
+def stop_lab(lab: SSHLab) -> None:
+    """Stop every sshd, end the users' processes and remove the users."""
+    for host in lab.hosts.values():
+        host.stop()
+        host.kill_processes()
+        host.remove_user()
+    shutil.rmtree(lab.base, ignore_errors=True)

@@ -90,7 +90,7 @@ def test_log_versions_increment_and_old_logs_are_kept(
     logs = hosts.hosts["alpha"].home / "logs"
     logs.mkdir()
     (logs / "eagle3_v4.log").write_text("an older run\n")
-    sh("chown", "-R", "dct-alpha:dct-alpha", logs)
+    sh("chown", "-R", f"{hosts.hosts['alpha'].user}:{hosts.hosts['alpha'].user}", logs)
     code, doc, err = launch_json(cli, inv)
     assert code == 0, (err, doc)
     assert doc["hosts"]["alpha"]["run"] == "eagle3_v5"
@@ -250,7 +250,7 @@ def test_stale_lock_of_a_dead_launcher_is_cleared(hosts: SSHLab, cli: CLI, tmp_p
         "since": time.time(),
     }
     (state / "lock").write_text(json.dumps(lock))
-    sh("chown", "-R", "dct-alpha:dct-alpha", state)
+    sh("chown", "-R", f"{hosts.hosts['alpha'].user}:{hosts.hosts['alpha'].user}", state)
     code, _, err = launch_json(cli, inv)
     assert code == 0, err
     cli("stop", "-i", str(inv))

@@ -1,0 +1,504 @@
+"""Server logs on hosts: find a run's log, scan it for crashes, print its tail, follow it."""
+
+from __future__ import annotations
+
+import codecs
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from deployctl.connection import Connection
+from deployctl.crash import (
+    Catalog,
+    CatalogError,
+    CrashReport,
+    CrashScanner,
+    load_catalog,
+    scan_text,
+)
+from deployctl.errors import DeployctlError
+from deployctl.fanout import Fleet, HostResult
+from deployctl.inventory import Host
+from deployctl.ops.patch import run_agent
+from deployctl.project import find_project
+from deployctl.shell import quote
+
+# A crash is written at the end of a log; scanning only the tail keeps a 1 GB log cheap.
+SCAN_TAIL_BYTES = 64 << 20
+# `--all` moves the log in pieces of this size so memory stays bounded on both ends.
+SCAN_CHUNK_BYTES = 64 << 20
+# The first window read for `logs -n N`; grown (x4) until it holds N lines.
+TAIL_WINDOW_BYTES = 64 << 10
+# `logs -n N` never moves more than this to find N lines.
+TAIL_WINDOW_MAX = 64 << 20
+# The most one follow poll brings back; a host that wrote more is polled again at once.
+FOLLOW_LIMIT_BYTES = 1 << 20
+FOLLOW_INTERVAL = 0.25
+CRASH_MARK = "!! "
+_RED, _RESET = "\033[31m", "\033[0m"
+
+# Exit codes of the window script (see _window_command).
+_NO_FILE, _IS_DIR, _NOT_REGULAR, _UNREADABLE = 65, 66, 67, 68
+
+
+class MissingLogError(DeployctlError):
+    """The log file does not exist (yet, or any more) on the host."""
+
+
+def load_user_catalog(project_dir: Path | None) -> Catalog:
+    """Load the shipped crash catalog plus the project's own signatures.yml."""
+    project = find_project(Path.cwd(), project_dir)
+    try:
+        return load_catalog(project.user_signatures())
+    except CatalogError as exc:
+        raise DeployctlError(
+            " ".join(str(exc).split()), hint="fix or remove the project's signatures.yml"
+        ) from None
+
+
+def log_path(host: Host, conn: Connection, run: str | None, path: str | None) -> str:
+    """Return `path`, else the log of the named (or current) run recorded on the host."""
+    if path is not None:
+        return path
+    args = {"state_dir": str(host.vars["state_dir"]), "run": run, "tail_bytes": 0}
+    record = run_agent(host, conn, "status", args).get("run")
+    if not isinstance(record, dict) or not record.get("log"):
+        if run is not None:
+            raise DeployctlError(
+                f"no run {run} recorded on {host.name}",
+                hint="check the run id (`deployctl status`), or give --path",
+            )
+        raise DeployctlError(f"no run recorded on {host.name}", hint="launch one, or give --path")
+    return str(record["log"])
+
+
+@dataclass
+class LogScan:
+    """What a crash scan of one log found, and how much of the log it read."""
+
+    path: str
+    size: int
+    scanned_bytes: int
+    crashes: list[CrashReport]
+
+    def to_json(self) -> dict[str, object]:
+        """Return the scan as a JSON-ready dict."""
+        return {
+            "log": self.path,
+            "size": self.size,
+            "scanned_bytes": self.scanned_bytes,
+            "crashes": [c.to_json() for c in self.crashes],
+        }
+
+
+# ---- reading a remote log by byte ranges ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Window:
+    """Bytes [start, start + len(data)) of a remote log whose size was `size` when read."""
+
+    size: int
+    inode: int
+    start: int
+    data: bytes
+
+
+def _window_command(
+    path: str, *, back: int | None = None, start: int = 0, limit: int = 0, inode: int = 0
+) -> str:
+    """Return one shell command printing "size inode start" and then a byte range of `path`.
+
+    With `back`, the range is the last `back` bytes up to the size just measured (so the end
+    offset is exact even while the log grows). Otherwise it is `limit` bytes from `start`,
+    or from 0 when the file shrank below `start` or is another file than `inode` (rotated;
+    0: not known yet).
+    """
+    f = quote(path)
+    if back is not None:
+        pick = f"if [ $s -gt {back} ]; then o=$((s-{back})); else o=0; fi; n=$((s-o))"
+    else:
+        pick = f"o={int(start)}; n={int(limit)}; if [ $s -lt $o ]; then o=0; fi"
+        if inode:
+            pick += f"; if [ $i -ne {int(inode)} ]; then o=0; fi"
+    # stat then tail|head: GNU tail seeks to the offset, so a huge log is never read whole.
+    return (
+        f"if [ -d {f} ]; then exit {_IS_DIR}; fi; "
+        f"if [ ! -e {f} ]; then exit {_NO_FILE}; fi; "
+        f"if [ ! -f {f} ]; then exit {_NOT_REGULAR}; fi; "
+        f"if [ ! -r {f} ]; then exit {_UNREADABLE}; fi; "
+        f"x=$(stat -L -c '%s %i' -- {f}) || exit {_NO_FILE}; set -- $x; s=$1; i=$2; {pick}; "
+        f'echo "$s $i $o"; tail -c +$((o+1)) -- {f} | head -c $n'
+    )
+
+
+def _read_window(
+    host: Host,
+    conn: Connection,
+    path: str,
+    *,
+    back: int | None = None,
+    start: int = 0,
+    limit: int = 0,
+    inode: int = 0,
+) -> _Window:
+    """Run the window command once and parse its answer."""
+    result = conn.run(_window_command(path, back=back, start=start, limit=limit, inode=inode))
+    if result.exit_code == _NO_FILE:
+        raise MissingLogError(f"log {path} does not exist on {host.name}")
+    if result.exit_code == _IS_DIR:
+        raise DeployctlError(f"log {path} on {host.name} is a directory, not a file")
+    if result.exit_code == _NOT_REGULAR:
+        raise DeployctlError(f"log {path} on {host.name} is not a regular file")
+    if result.exit_code == _UNREADABLE:
+        raise DeployctlError(f"log {path} on {host.name} is not readable by {host.user or 'us'}")
+    result.check(host.name)
+    header, _, data = result.stdout_bytes.partition(b"\n")
+    try:
+        size, inode_now, offset = header.decode().split()
+        return _Window(int(size), int(inode_now), int(offset), data)
+    except ValueError:
+        raise DeployctlError(
+            f"{host.name}: unexpected answer while reading {path}: {header[:80]!r}"
+        ) from None
+
+
+def _drop_partial_first_line(data: bytes, start: int) -> tuple[bytes, int]:
+    """Cut the line a mid-file window starts inside; return the rest and its offset."""
+    if start == 0:
+        return data, 0
+    cut = data.find(b"\n") + 1
+    return (data[cut:], start + cut) if cut else (b"", start + len(data))
+
+
+def scan_log(
+    host: Host,
+    conn: Connection,
+    catalog: Catalog,
+    run: str | None,
+    path: str | None,
+    scan_all: bool,
+) -> LogScan:
+    """Scan a host's log for crashes: its last 64 MiB in one round trip, or all of it."""
+    log = log_path(host, conn, run, path)
+    if not scan_all:
+        window = _read_window(host, conn, log, back=SCAN_TAIL_BYTES)
+        data, _ = _drop_partial_first_line(window.data, window.start)
+        crashes = scan_text(data.decode("utf-8", errors="replace"), catalog)
+        return LogScan(log, window.size, len(window.data), crashes)
+    scanner = CrashScanner(catalog)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offset, inode, size = 0, 0, 0
+    while True:
+        window = _read_window(host, conn, log, start=offset, limit=SCAN_CHUNK_BYTES, inode=inode)
+        if window.start != offset:
+            raise DeployctlError(
+                f"log {log} on {host.name} was truncated or replaced while being scanned",
+                hint="run the scan again",
+            )
+        inode, size = window.inode, max(window.size, offset + len(window.data))
+        scanner.feed(decoder.decode(window.data))
+        offset += len(window.data)
+        if not window.data or offset >= window.size:
+            break
+    scanner.feed(decoder.decode(b"", final=True))
+    scanner.finish()
+    return LogScan(log, size, offset, scanner.reports)
+
+
+def scan_local_file(path: Path, catalog: Catalog, scan_all: bool = False) -> list[CrashReport]:
+    """Scan a log on this machine for crashes: its last 64 MiB, or all of it."""
+    try:
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if scan_all:
+                return _scan_stream(handle, catalog)
+            start = max(0, size - SCAN_TAIL_BYTES)
+            handle.seek(start)
+            data, _ = _drop_partial_first_line(handle.read(SCAN_TAIL_BYTES), start)
+    except FileNotFoundError:
+        raise DeployctlError(f"log file {path} does not exist") from None
+    except IsADirectoryError:
+        raise DeployctlError(f"{path} is a directory, not a log file") from None
+    except OSError as exc:
+        raise DeployctlError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return scan_text(data.decode("utf-8", errors="replace"), catalog)
+
+
+def _scan_stream(handle: IO[bytes], catalog: Catalog) -> list[CrashReport]:
+    """Scan a whole binary stream in 16 MiB chunks through one CrashScanner."""
+    scanner = CrashScanner(catalog)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    while chunk := handle.read(16 << 20):
+        scanner.feed(decoder.decode(chunk))
+    scanner.feed(decoder.decode(b"", final=True))
+    scanner.finish()
+    return scanner.reports
+
+
+# ---- logs: tail and follow -----------------------------------------------------------------
+
+
+@dataclass
+class _Tail:
+    """A host's log, its last lines, and where following it continues."""
+
+    path: str
+    lines: list[str]
+    offset: int
+    inode: int
+
+
+def _split_lines(data: bytes) -> list[str]:
+    text = data.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _read_tail(
+    host: Host, conn: Connection, path: str, lines: int, complete_only: bool = False
+) -> _Tail:
+    """Return the last `lines` lines of a remote log, usually in one round trip."""
+    # With `complete_only` an unterminated last line is left out and the offset points at its
+    # start, so a follower prints it once, when it is complete.
+    window = _read_window(host, conn, path, back=max(TAIL_WINDOW_BYTES, lines * 256))
+    start, data, size = window.start, window.data, window.start + len(window.data)
+    # Grow the window backwards until it holds `lines` whole lines (or the file's start).
+    while start > 0 and data.count(b"\n") <= lines and size - start < TAIL_WINDOW_MAX:
+        back = min(start, max(size - start, TAIL_WINDOW_BYTES) * 3)
+        earlier = _read_window(host, conn, path, start=start - back, limit=back, inode=window.inode)
+        if earlier.start != start - back:  # rotated meanwhile: what we have is the new file
+            break
+        start, data = earlier.start, earlier.data + data
+    end = size
+    if complete_only:
+        cut = data.rfind(b"\n") + 1
+        if cut or start == 0:
+            end = start + cut
+            data = data[:cut]
+    data, _ = _drop_partial_first_line(data, start)
+    picked = _split_lines(data)[-lines:] if lines else []
+    return _Tail(path, picked, end, window.inode)
+
+
+class _Printer:
+    """Write whole lines to stdout from many threads, flushed, crash lines marked."""
+
+    def __init__(self, prefixed: bool, stop: threading.Event) -> None:
+        self.prefixed = prefixed
+        self.stop = stop
+        self.color = sys.stdout.isatty()
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def line(self, host: str, text: str, crash: bool = False) -> None:
+        prefix = f"{host} | " if self.prefixed else ""
+        if crash:
+            # The mark stays in piped output too, so scripts (and grep) can find crash lines.
+            text = f"{_RED}{CRASH_MARK}{text}{_RESET}" if self.color else CRASH_MARK + text
+        self._write(prefix + text + "\n")
+
+    def crash(self, host: str, report: CrashReport) -> None:
+        from deployctl.report import format_ranks
+
+        prefix = f"{host} | " if self.prefixed else ""
+        where = f" at {report.file}:{report.line}" if report.file else ""
+        ranks = f" (ranks {format_ranks(report.ranks)})" if report.ranks else ""
+        text = f"{prefix}{CRASH_MARK}CRASH: {report.summary()}{where}{ranks}\n"
+        text += f"{prefix}{CRASH_MARK}hint: {report.hint}\n"
+        self._write(f"{_RED}{text}{_RESET}" if self.color else text)
+
+    def _write(self, text: str) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()  # the output may be piped: each line must leave at once
+            except BrokenPipeError:
+                # The reader left (`| head`): stop following, and keep exit from complaining.
+                self.closed = True
+                self.stop.set()
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+
+
+def _error(name: str, message: str, hint: str | None = None) -> None:
+    sys.stderr.write(f"{name}: error: {' '.join(message.split())}\n")
+    if hint:
+        sys.stderr.write(f"{name}: hint: {' '.join(hint.split())}\n")
+    sys.stderr.flush()
+
+
+class _Follower:
+    """One host's follow loop: poll new bytes, print whole lines, report crashes."""
+
+    def __init__(
+        self,
+        host: Host,
+        conn: Connection,
+        tail: _Tail,
+        catalog: Catalog,
+        printer: _Printer,
+        stop: threading.Event,
+        crash_only: bool,
+    ) -> None:
+        self.host, self.conn, self.tail = host, conn, tail
+        self.catalog, self.printer, self.stop = catalog, printer, stop
+        self.crash_only = crash_only
+        self.failed = False
+        self.restart()
+
+    def restart(self) -> None:
+        """Forget what was read: the log was truncated or replaced by a new one."""
+        self.scanner = CrashScanner(self.catalog)
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.pending = ""
+
+    def emit(self, text: str) -> None:
+        """Print the whole lines of `text` and the crashes they complete."""
+        text = self.pending + text
+        cut = text.rfind("\n") + 1
+        self.pending = text[cut:]
+        if not cut:
+            return
+        whole = text[:cut]
+        if not self.crash_only:
+            for line in whole[:-1].split("\n"):
+                self.printer.line(self.host.name, line, self.scanner.is_crash_line(line))
+        for report in self.scanner.feed(whole):
+            self.printer.crash(self.host.name, report)
+
+    def run(self) -> None:
+        """Poll until stopped; a failure is reported once and ends only this host."""
+        offset, inode = self.tail.offset, self.tail.inode
+        while not self.stop.is_set():
+            try:
+                window = _read_window(
+                    self.host,
+                    self.conn,
+                    self.tail.path,
+                    start=offset,
+                    limit=FOLLOW_LIMIT_BYTES,
+                    inode=inode,
+                )
+            except MissingLogError:  # rotated away, like `tail -F`: wait for the new file
+                if inode:
+                    offset, inode = 0, 0
+                    self.restart()
+                self.stop.wait(FOLLOW_INTERVAL)
+                continue
+            except Exception as exc:  # a failing host must not stop the others
+                if not self.stop.is_set():  # after Ctrl-C, connections close under us
+                    self.failed = True
+                    if isinstance(exc, DeployctlError):
+                        _error(self.host.name, exc.message, exc.hint)
+                    else:
+                        _error(self.host.name, f"{type(exc).__name__}: {exc}")
+                return
+            if window.start != offset:  # truncated or replaced: the new content starts at 0
+                self.restart()
+            offset, inode = window.start + len(window.data), window.inode
+            self.emit(self.decoder.decode(window.data))
+            if len(window.data) < FOLLOW_LIMIT_BYTES:
+                self.stop.wait(FOLLOW_INTERVAL)
+
+
+def show_logs(
+    fleet: Fleet,
+    catalog: Catalog,
+    run: str | None,
+    path: str | None,
+    lines: int,
+    follow: bool,
+    crash_only: bool,
+) -> int:
+    """Print each host's log tail (or its crashes); with `follow`, stream it until Ctrl-C."""
+    from deployctl import report
+
+    if crash_only and not follow:
+        scans = fleet.run(lambda host, conn: scan_log(host, conn, catalog, run, path, False))
+        report.print_crashes(scans, False)
+        return 1 if report.failed(scans) else 0
+    stop = threading.Event()
+    printer = _Printer(len(fleet.hosts) > 1, stop)
+    if not follow:
+        tails = fleet.run(
+            lambda host, conn: _read_tail(host, conn, log_path(host, conn, run, path), lines)
+        )
+        for result in tails:
+            for line in result.value.lines if result.value is not None else []:
+                printer.line(result.name, line)
+        _report_failed(tails)
+        return 1 if report.failed(tails) else 0
+    try:
+        return _follow(fleet, catalog, run, path, lines, crash_only, printer, stop)
+    except KeyboardInterrupt:  # Ctrl-C before the polling started: still a clean end
+        stop.set()
+        return 0
+
+
+def _report_failed(results: list[HostResult[_Tail]]) -> None:
+    for result in results:
+        if not result.ok:
+            _error(result.name, result.error or "failed", result.hint)
+
+
+def _follow(
+    fleet: Fleet,
+    catalog: Catalog,
+    run: str | None,
+    path: str | None,
+    lines: int,
+    crash_only: bool,
+    printer: _Printer,
+    stop: threading.Event,
+) -> int:
+    """Print each log's tail, then poll every host in a thread of its own until Ctrl-C."""
+
+    def start(host: Host, conn: Connection) -> _Tail:
+        log = log_path(host, conn, run, path)
+        if not crash_only:
+            return _read_tail(host, conn, log, lines, complete_only=True)
+        # Crash-only following starts with the crashes already in the log's tail.
+        window = _read_window(host, conn, log, back=SCAN_TAIL_BYTES)
+        cut = window.data.rfind(b"\n") + 1
+        if not cut and window.start > 0:  # one endless line: skip it
+            return _Tail(log, [], window.size, window.inode)
+        data, _ = _drop_partial_first_line(window.data[:cut], window.start)
+        return _Tail(log, _split_lines(data), window.start + cut, window.inode)
+
+    tails = fleet.run(start)
+    _report_failed(tails)
+    followers: list[_Follower] = []
+    for result in tails:
+        if result.value is not None:
+            conn = fleet.connection(result.host)
+            follower = _Follower(
+                result.host, conn, result.value, catalog, printer, stop, crash_only
+            )
+            # The tail goes through the scanner too, so a crash under way is still reported.
+            follower.emit("".join(line + "\n" for line in result.value.lines))
+            followers.append(follower)
+    threads = [
+        threading.Thread(target=f.run, name=f"follow-{f.host.name}", daemon=True) for f in followers
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            stop.wait(0.2)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a follow ends: not an error
+    stop.set()
+    deadline = time.monotonic() + 2.0
+    for thread in threads:
+        # A poll in flight ends quickly; daemon threads never hold the exit longer than this.
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return 1 if any(not r.ok for r in tails) or any(f.failed for f in followers) else 0

@@ -1,0 +1,359 @@
+"""`deployctl crash` and `deployctl logs` on local files and on real sshd hosts, follow included."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from deployctl.connection import ConnectOptions, LocalConnection, open_connection
+from deployctl.crash import load_catalog
+from deployctl.inventory import DEFAULT_VARS, Host
+from deployctl.ops import logs as logs_op
+from tests.conftest import CLI
+from tests.sshd_hosts import REPO, SSHLab, TestHost, sh
+
+LOGS = REPO / "tests" / "data" / "logs"
+TP8 = LOGS / "tp8_spec_shape_mismatch.log"
+HEALTHY = LOGS / "healthy_ready.log"
+REMOTE_LOG = "~/logs/server.log"
+
+# Sample log -> the signature it must be reported under (None: healthy).
+EXPECTED = {
+    "chained_tokenizer_load.log": "trust-remote-code",
+    "cuda_graph_oom.log": "cuda-graph-capture-oom",
+    "healthy_ready.log": None,
+    "healthy_warnings.log": None,
+    "nccl_watchdog_timeout.log": "nccl-timeout",
+    "port_in_use.log": "port-in-use",
+    "syntax_error_server_args.log": "sglang-syntax-error",
+    "too_many_values_to_unpack.log": "api-mismatch-unpack",
+    "tp8_spec_shape_mismatch.log": "tensor-shape-mismatch",
+}
+
+SCHEDULER_CRASH = """\
+[2026-11-29 10:12:20 TP0] Scheduler hit an exception: Traceback (most recent call last):
+  File "/env/lib/python3.11/site-packages/sglang/srt/managers/scheduler.py", line 3012, in run_scheduler_process
+    scheduler.event_loop_overlap()
+  File "/env/lib/python3.11/site-packages/sglang/srt/layers/logits_processor.py", line 402, in forward
+    hidden = hidden_states[pruned] + bias
+RuntimeError: The size of tensor a (160) must match the size of tensor b (2) at non-singleton dimension 0
+
+[2026-11-29 10:12:20] Received sigquit from a child process. It usually means the child failed.
+"""
+
+
+def write_log(host: TestHost, data: bytes | str, name: str = "logs/server.log") -> Path:
+    """Write a log into a test host's home, owned by its user."""
+    path = host.home / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    sh("chown", "-R", f"{host.user}:{host.user}", host.home)
+    return path
+
+
+def cli_env(cli: CLI) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
+    env.update(HOME=str(cli.home), PYTHONPATH=str(REPO), COLUMNS="200")
+    return env
+
+
+def no_traceback(result: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+# ---- crash --file ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_crash_file_reports_each_sample_log(cli: CLI, name: str) -> None:
+    result = cli("crash", "--file", str(LOGS / name), "--json")
+    no_traceback(result)
+    crashes = json.loads(result.stdout)["crashes"]
+    expected = EXPECTED[name]
+    if expected is None:
+        assert result.returncode == 0
+        assert crashes == []
+    else:
+        assert result.returncode == 1
+        assert [c["signature"] for c in crashes] == [expected]
+        assert set(crashes[0]) >= {"exception", "message", "file", "line", "ranks", "hint"}
+
+
+def test_crash_file_tp8_is_one_report_with_eight_ranks(cli: CLI) -> None:
+    doc = json.loads(cli("crash", "--file", str(TP8), "--json").stdout)
+    assert len(doc["crashes"]) == 1
+    crash = doc["crashes"][0]
+    assert crash["ranks"] == [f"TP{n}" for n in range(8)]
+    assert crash["exception"] == "RuntimeError"
+    assert (crash["line"], crash["function"]) == (402, "forward")
+    human = cli("crash", "--file", str(TP8))
+    assert human.returncode == 1
+    out = human.stdout
+    assert out.count("crash: Tensor shape mismatch") == 1
+    assert "RuntimeError: The size of tensor a (160) must match" in out
+    assert "logits_processor.py:402 in forward" in out
+    assert "ranks: TP0-TP7 (8)" in out
+    assert "hint: Tensor a has size 160" in out
+
+
+def test_crash_file_errors_are_one_line_and_junk_is_no_crash(cli: CLI, tmp_path: Path) -> None:
+    for target, what in ((tmp_path / "nope.log", "does not exist"), (tmp_path, "is a directory")):
+        result = cli("crash", "--file", str(target))
+        no_traceback(result)
+        assert result.returncode == 1
+        assert result.stderr.splitlines() == [result.stderr.splitlines()[0]]
+        assert result.stderr.startswith("error: ") and what in result.stderr
+    binary = tmp_path / "binary.log"
+    binary.write_bytes(bytes(range(256)) * 4000 + b"\xff\xfe\x00" * 1000)
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    for target in (binary, empty):
+        result = cli("crash", "--file", str(target))
+        no_traceback(result)
+        assert result.returncode == 0
+        assert "no crash" in result.stdout
+
+
+# ---- crash over SSH ----------------------------------------------------------------------
+
+
+def test_crash_over_ssh_reports_per_host(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    names = ["alpha", "bravo", "charlie", "delta"]
+    inventory = hosts.inventory(tmp_path / "inv.yml", names)
+    write_log(hosts.hosts["alpha"], TP8.read_bytes())
+    write_log(hosts.hosts["bravo"], HEALTHY.read_bytes())
+    (hosts.hosts["delta"].home / "logs" / "server.log").mkdir(parents=True)
+    result = cli(
+        "crash", "-i", str(inventory), "--path", REMOTE_LOG, "-H", ",".join(names), "--json"
+    )
+    no_traceback(result)
+    assert result.returncode == 1
+    doc = json.loads(result.stdout)["hosts"]
+    alpha, bravo, charlie, delta = (doc[n] for n in names)
+    assert alpha["ok"] and alpha["log"] == REMOTE_LOG
+    assert alpha["size"] == alpha["scanned_bytes"] == TP8.stat().st_size
+    assert [c["signature"] for c in alpha["crashes"]] == ["tensor-shape-mismatch"]
+    assert len(alpha["crashes"][0]["ranks"]) == 8
+    assert bravo["ok"] and bravo["crashes"] == [] and bravo["error"] is None
+    assert not charlie["ok"] and "does not exist" in charlie["error"] and charlie["crashes"] == []
+    assert not delta["ok"] and "is a directory" in delta["error"]
+
+    human = cli("crash", "-i", str(inventory), "--path", REMOTE_LOG, "-H", "alpha,bravo,charlie")
+    no_traceback(human)
+    assert human.returncode == 1
+    assert "alpha: 1 crash in ~/logs/server.log" in human.stdout
+    assert "bravo: no crash found in ~/logs/server.log (scanned 5.2 KiB of 5.2 KiB)" in human.stdout
+    assert human.stderr.startswith("charlie: error: log ~/logs/server.log does not exist")
+
+    healthy = cli("crash", "-i", str(inventory), "--path", REMOTE_LOG, "-H", "bravo")
+    assert healthy.returncode == 0, healthy.stderr
+
+
+def test_crash_scan_reads_only_the_tail_in_one_round_trip(
+    hosts: SSHLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    # 3 MiB of healthy lines, a crash, then 100 kB more: a 1 MiB tail still holds the crash.
+    filler = "[2026-11-29 10:12:01 TP0] Decode batch, #running-req: 10, gen throughput: 9.0\n"
+    text = filler * (3 * 1024 * 1024 // len(filler)) + SCHEDULER_CRASH + filler * 1300
+    log = str(write_log(alpha, text))
+    crash_line = text.count("\n", 0, text.index("[2026-11-29 10:12:20 TP0]")) + 1
+    monkeypatch.setattr(logs_op, "SCAN_TAIL_BYTES", 1 << 20)
+    monkeypatch.setattr(logs_op, "SCAN_CHUNK_BYTES", 1 << 20)
+    host = Host("alpha", {**DEFAULT_VARS, **alpha.inventory_vars(hosts.client_key)})
+    catalog = load_catalog()
+    local = LocalConnection("alpha", 30)
+    ssh = open_connection(host, ConnectOptions(known_hosts=hosts.known_hosts))
+    try:
+        for conn in (local, ssh):
+            tail = logs_op.scan_log(host, conn, catalog, None, log, scan_all=False)
+            assert (tail.size, tail.scanned_bytes) == (len(text), 1 << 20)
+            assert [c.signature for c in tail.crashes] == ["tensor-shape-mismatch"]
+            whole = logs_op.scan_log(host, conn, catalog, None, log, scan_all=True)
+            assert whole.scanned_bytes == whole.size == len(text)
+            assert [c.log_line for c in whole.crashes] == [crash_line]
+        # Counted locally: over SSH, output the connection lost costs a second trip to refetch.
+        assert local.round_trips == 1 + 4  # the tail, then --all in four 1 MiB pieces
+    finally:
+        ssh.close()
+
+
+# ---- logs --------------------------------------------------------------------------------
+
+
+def test_logs_prints_exactly_the_last_lines(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    inventory = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo", "charlie"])
+    lines = [f"[2026-11-29 10:12:{n:02d}] line {n}" for n in range(20)]
+    write_log(hosts.hosts["alpha"], "\n".join(lines) + "\n")
+    write_log(hosts.hosts["bravo"], "\n".join(lines))  # no newline at the end
+    # Lines longer than the first window make the tail grow backwards.
+    wide = [f"{n} " + "x" * 50_000 for n in range(10)]
+    write_log(hosts.hosts["charlie"], "\n".join(wide) + "\n")
+
+    one = cli("logs", "-i", str(inventory), "-H", "alpha", "--path", REMOTE_LOG, "-n", "5")
+    no_traceback(one)
+    assert one.returncode == 0
+    assert one.stdout.splitlines() == lines[-5:]
+
+    two = cli("logs", "-i", str(inventory), "-H", "alpha,bravo", "--path", REMOTE_LOG, "-n", "5")
+    assert two.returncode == 0
+    out = two.stdout.splitlines()
+    assert out == [f"alpha | {line}" for line in lines[-5:]] + [
+        f"bravo | {line}" for line in lines[-5:]
+    ]
+
+    big = cli("logs", "-i", str(inventory), "-H", "charlie", "--path", REMOTE_LOG, "-n", "3")
+    assert big.stdout.splitlines() == wide[-3:]
+
+
+def test_logs_finds_the_run_log_or_says_there_is_none(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inventory = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"])
+    alpha = hosts.hosts["alpha"]
+    log = write_log(alpha, "first\nsecond\nthird\n", "deployctl/logs/eagle3_t5_v1.log")
+    runs = alpha.home / ".deployctl" / "runs"
+    runs.mkdir(parents=True)
+    record = {"id": "eagle3_t5_v1", "log": str(log), "pgid": 999999, "sid": 999999}
+    (runs / "eagle3_t5_v1.json").write_text(json.dumps(record))
+    (runs / "current").write_text("eagle3_t5_v1")
+    sh("chown", "-R", f"{alpha.user}:{alpha.user}", alpha.home)
+
+    result = cli("logs", "-i", str(inventory), "-H", "alpha,bravo", "-n", "2")
+    no_traceback(result)
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == ["alpha | second", "alpha | third"]
+    assert "bravo: error: no run recorded on bravo" in result.stderr
+    assert "bravo: hint: launch one, or give --path" in result.stderr
+
+    named = cli("logs", "-i", str(inventory), "-H", "alpha", "--run", "eagle3_t5_v1", "-n", "1")
+    assert named.stdout == "third\n"
+
+
+def test_logs_crash_prints_only_reports(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    inventory = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"])
+    write_log(hosts.hosts["alpha"], TP8.read_bytes())
+    write_log(hosts.hosts["bravo"], HEALTHY.read_bytes())
+    result = cli("logs", "-i", str(inventory), "-H", "alpha,bravo", "--path", REMOTE_LOG, "--crash")
+    no_traceback(result)
+    assert result.returncode == 0
+    assert "alpha: 1 crash in ~/logs/server.log" in result.stdout
+    assert "ranks: TP0-TP7 (8)" in result.stdout
+    assert "bravo: no crash found in ~/logs/server.log" in result.stdout
+    assert "Decode batch" not in result.stdout  # no plain log lines
+
+
+# ---- logs --follow -----------------------------------------------------------------------
+
+
+class Follow:
+    """`deployctl logs -f` as a subprocess, its stdout read line by line in a thread."""
+
+    def __init__(self, cli: CLI, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "deployctl", "logs", "-f", *args],
+            cwd=cli.cwd,
+            env=cli_env(cli),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def until(self, predicate: str, timeout: float = 10) -> None:
+        """Read lines until one contains `predicate`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.proc.kill()
+                pytest.fail(
+                    f"no {predicate!r} in {self.seen}; stderr: {self.proc.communicate()[1]}"
+                )
+            try:
+                line = self.lines.get(timeout=left).rstrip("\n")
+            except queue.Empty:
+                continue
+            self.seen.append(line)
+            if predicate in line:
+                return
+
+    def interrupt(self) -> tuple[int, str]:
+        self.proc.send_signal(signal.SIGINT)
+        _, err = self.proc.communicate(timeout=10)
+        return self.proc.returncode, err
+
+
+def append(path: Path, text: str) -> None:
+    with path.open("a") as handle:
+        handle.write(text)
+
+
+def test_follow_streams_new_lines_and_marks_the_crash(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inventory = hosts.inventory(tmp_path / "inv.yml", ["alpha"])
+    log = write_log(hosts.hosts["alpha"], "old 1\nold 2\nold 3\npartial")
+    follow = Follow(cli, "-i", str(inventory), "-H", "alpha", "--path", REMOTE_LOG, "-n", "2")
+    try:
+        follow.until("old 3")
+        append(log, " line done\n")
+        healthy = [
+            f"[2026-11-29 10:12:{n:02d} TP0] Decode batch, #running-req: {n}" for n in range(6)
+        ]
+        for line in healthy:
+            append(log, line + "\n")
+            time.sleep(0.05)
+        append(log, SCHEDULER_CRASH)
+        follow.until("CRASH: Tensor shape mismatch")
+        follow.until("hint:")
+        # Truncation (a log rewritten in place) restarts from the file's start.
+        log.write_text("fresh start\n")
+        follow.until("fresh start")
+    finally:
+        code, err = follow.interrupt()
+    seen = follow.seen
+    assert seen[:3] == ["old 2", "old 3", "partial line done"]
+    for line in healthy:
+        assert seen.count(line) == 1
+    assert (
+        "!! [2026-11-29 10:12:20 TP0] Scheduler hit an exception: Traceback (most recent call last):"
+        in seen
+    )
+    assert any(line.startswith("!! RuntimeError: The size of tensor a (160)") for line in seen)
+    assert not any(line.startswith("!! ") for line in seen[: 3 + len(healthy)])
+    assert code == 0, err
+    assert "Traceback" not in err
+
+
+def test_follow_two_hosts_prefixes_lines_and_reports_a_failed_host(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inventory = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"])
+    log = write_log(hosts.hosts["alpha"], "start\n")
+    follow = Follow(cli, "-i", str(inventory), "-H", "alpha,bravo", "--path", REMOTE_LOG)
+    try:
+        follow.until("alpha | start")
+        append(log, "next\n")
+        follow.until("alpha | next")
+    finally:
+        code, err = follow.interrupt()
+    assert code == 1
+    assert "bravo: error: log ~/logs/server.log does not exist on bravo" in err
+    assert "Traceback" not in err
