@@ -394,3 +394,32 @@ def test_parsers_on_captures_of_deployctls_own_queries(
     assert all(p.gpu_uuid == gpus[0].uuid for p in processes)
     report = GpuReport(gpus, processes, 16)
     assert report.clean is (not pids)
+
+
+TWO_GPU_CAPTURES = Path(__file__).parent / "data" / "nvidia-smi" / "h200x2-deployctl"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "used", "processes"),
+    [
+        ("idle", [0, 0], []),
+        ("busy-torch", [4715, 4715], [(595, "python3", 0), (595, "python3", 1)]),
+        (
+            "busy-standin",
+            [3691, 3691],
+            [(698, "sglang::scheduler_TP0", 0), (699, "sglang::scheduler_TP1", 1)],
+        ),
+    ],
+)
+def test_parsers_on_a_two_gpu_host(
+    prefix: str, used: list[int], processes: list[tuple[int, str, int]]
+) -> None:
+    gpus = parse_gpus((TWO_GPU_CAPTURES / f"{prefix}-query-gpu.csv").read_text())
+    found = parse_gpu_processes((TWO_GPU_CAPTURES / f"{prefix}-query-compute-apps.csv").read_text())
+    assert [g.index for g in gpus] == [0, 1]
+    assert [g.memory_used_mib for g in gpus] == used
+    uuid_index = {g.uuid: g.index for g in gpus}
+    assert [(p.pid, p.name, uuid_index[p.gpu_uuid]) for p in found] == processes
+    report = GpuReport(gpus, found, 16)
+    assert report.pids == sorted({pid for pid, _, _ in processes})
+    assert report.clean is (not processes)
