@@ -6,6 +6,7 @@ that commands which never touch a remote host start fast.
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     import paramiko
 
     from deployctl.inventory import Host
+
+# paramiko logs a failed handshake with a traceback; with no handler anywhere Python would
+# print it on our stderr. The error reaches the user as one ConnectError line instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_COMMAND_TIMEOUT = 120.0
@@ -241,10 +246,23 @@ class SSHConnection(Connection):
         deadline = time.monotonic() + timeout
         out: list[bytes] = []
         err: list[bytes] = []
+        expired = threading.Event()
+        watchdog: threading.Timer | None = None
+        timed_out = f"{self.name}: command timed out after {timeout:g}s: {_shorten(command)}"
         try:
             # Every blocking step has a timeout, so a host that goes silent cannot hang us.
             channel = transport.open_session(timeout=min(timeout, self.connect_timeout))
             channel.settimeout(timeout)
+
+            def expire() -> None:
+                expired.set()
+                channel.close()
+
+            # exec_command waits for the server's reply without any timeout: closing the
+            # channel at the deadline is what ends that wait (and any other) on a silent host.
+            watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), expire)
+            watchdog.daemon = True
+            watchdog.start()
             channel.exec_command(command)
             if stdin:
                 channel.sendall(stdin)
@@ -259,24 +277,31 @@ class SSHConnection(Connection):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     channel.close()
-                    raise CommandTimeoutError(
-                        f"{self.name}: command timed out after {timeout:g}s: {_shorten(command)}"
-                    )
+                    raise CommandTimeoutError(timed_out)
                 # The channel's pipe wakes us on stdout or stderr data and on EOF.
                 select.select([channel], [], [], min(remaining, 1.0))
+            if expired.is_set():
+                raise CommandTimeoutError(timed_out)
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
                 channel.close()
                 raise CommandTimeoutError(
                     f"{self.name}: no exit status within {timeout:g}s: {_shorten(command)}"
                 )
             code = channel.recv_exit_status()
+            if expired.is_set():
+                raise CommandTimeoutError(timed_out)
             channel.close()
         except TimeoutError:
             raise CommandTimeoutError(
                 f"{self.name}: no answer within {timeout:g}s: {_shorten(command)}"
             ) from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
+            if expired.is_set():
+                raise CommandTimeoutError(timed_out) from None
             raise ConnectError(f"{self.name}: SSH failure: {exc or type(exc).__name__}") from None
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
         return code, b"".join(out), b"".join(err)
 
     def close(self) -> None:

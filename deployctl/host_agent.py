@@ -144,8 +144,34 @@ def restore(site, originals):
             write_atomic(target, data)
 
 
+def put_back(target, data):
+    """Give `target` its original bytes again (None: it did not exist); True when done."""
+    try:
+        if data is None:
+            if os.path.lexists(target):
+                os.unlink(target)
+            return True
+        try:
+            write_atomic(target, data)
+        except OSError:
+            # A full disk has no room for a second copy: drop ours first, then write.
+            mode = os.stat(target).st_mode & 0o7777
+            os.unlink(target)
+            write_atomic(target, data, mode)
+    except OSError:
+        return False
+    return True
+
+
 def cmd_apply(args, payload):
     """Back up, write patched files, compile, verify; undo everything on any failure."""
+    # A dropped connection can cut the upload at a tar block boundary, which reads as a
+    # valid but shorter archive: check that every byte arrived before using any of it.
+    if hashlib.sha256(payload).hexdigest() != args.get("payload_sha256"):
+        fail(
+            f"the upload is incomplete ({len(payload)} of {args.get('payload_size')} bytes; "
+            "connection dropped?); nothing was changed"
+        )
     members = {}
     with tarfile.open(fileobj=io.BytesIO(payload)) as tar:
         for member in tar.getmembers():
@@ -164,18 +190,21 @@ def cmd_apply(args, payload):
     backup_dir = os.path.join(patches_dir(state_dir), "backups", name, manifest["apply_id"])
     if os.path.exists(backup_dir):
         fail(f"backup folder {backup_dir} already exists; refusing to overwrite a backup")
-    for path, data in originals.items():
-        if data is not None:
-            write_atomic(os.path.join(backup_dir, path), data)
     before = {p: read_bytes(os.path.join(site, p)) for p in manifest["files"]}
+    replaced = []  # the files this apply changed, in order: only these are put back
     try:
+        for path, data in originals.items():
+            if data is not None:
+                write_atomic(os.path.join(backup_dir, path), data)
         for path, data in patched.items():
             target = os.path.join(site, path)
             if data is None:
                 if os.path.exists(target):
                     os.unlink(target)
+                    replaced.append(path)
             else:
                 write_atomic(target, data)
+                replaced.append(path)
         for path in manifest["files"]:
             if path.endswith(".py") and patched[path] is not None:
                 py_compile.compile(os.path.join(site, path), doraise=True)
@@ -194,40 +223,44 @@ def cmd_apply(args, payload):
                     "no output"
                 ]
                 raise RuntimeError(f"verify {os.path.basename(script)} failed: {detail[0]}")
+        record = {
+            "set": name,
+            "version": manifest["version"],
+            "hash": manifest["hash"],
+            "variant": manifest["variant"],
+            "sglang_version": manifest["sglang_version"],
+            "site": site,
+            "apply_id": manifest["apply_id"],
+            "applied_at": manifest["applied_at"],
+            "applied_by": manifest["applied_by"],
+            "backup_dir": backup_dir,
+            "files": {
+                p: {
+                    "original_sha256": None
+                    if originals[p] is None
+                    else hashlib.sha256(originals[p]).hexdigest(),
+                    "patched_sha256": sha256(os.path.join(site, p)),
+                }
+                for p in manifest["files"]
+            },
+        }
+        record_path = os.path.join(patches_dir(state_dir), name + ".json")
+        previous = read_json(record_path)
+        if previous:
+            archive(state_dir, previous, "replaced")
+        # Without its record an apply cannot be audited or reverted: it is part of the change.
+        write_atomic(record_path, json.dumps(record, indent=2).encode())
     except (py_compile.PyCompileError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        restore(site, before)
+        stuck = [p for p in reversed(replaced) if not put_back(os.path.join(site, p), before[p])]
         back = {p: sha256(os.path.join(site, p)) for p in manifest["files"]}
         message = str(exc).strip().splitlines()
         reason = " ".join(line.strip() for line in message[-4:])
-        fail(
-            f"rolled back ({'all files restored' if back == current else 'RESTORE MISMATCH'}): {reason}"
-        )
-    record = {
-        "set": name,
-        "version": manifest["version"],
-        "hash": manifest["hash"],
-        "variant": manifest["variant"],
-        "sglang_version": manifest["sglang_version"],
-        "site": site,
-        "apply_id": manifest["apply_id"],
-        "applied_at": manifest["applied_at"],
-        "applied_by": manifest["applied_by"],
-        "backup_dir": backup_dir,
-        "files": {
-            p: {
-                "original_sha256": None
-                if originals[p] is None
-                else hashlib.sha256(originals[p]).hexdigest(),
-                "patched_sha256": sha256(os.path.join(site, p)),
-            }
-            for p in manifest["files"]
-        },
-    }
-    record_path = os.path.join(patches_dir(state_dir), name + ".json")
-    previous = read_json(record_path)
-    if previous:
-        archive(state_dir, previous, "replaced")
-    write_atomic(record_path, json.dumps(record, indent=2).encode())
+        if back == current:
+            outcome = "all files restored"
+        else:
+            differ = sorted(p for p in back if back[p] != current[p])
+            outcome = f"RESTORE MISMATCH: {', '.join(stuck or differ)} not restored"
+        fail(f"rolled back ({outcome}): {reason}")
     lock.close()
     return {"record": record}
 
@@ -287,19 +320,26 @@ def cmd_revert(args):
 # ---- server lifecycle ----------------------------------------------------------------------
 
 LOG_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.log\Z")
+RUN_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.json\Z")
 
 
 def state_path(state_dir, *parts):
     return os.path.join(os.path.expanduser(state_dir), *parts)
 
 
-def next_log_version(log_dir, stem):
+def next_log_version(log_dir, stem, runs_dir):
+    """One more than the highest version of `stem` among the logs and the run records.
+
+    Run records count too: a log deleted to save space must not let its run id, and so its
+    record, be reused.
+    """
     highest = 0
-    if os.path.isdir(log_dir):
-        for name in os.listdir(log_dir):
-            match = LOG_NAME.match(name)
-            if match and match.group("stem") == stem:
-                highest = max(highest, int(match.group("n")))
+    for folder, pattern in ((log_dir, LOG_NAME), (runs_dir, RUN_NAME)):
+        if os.path.isdir(folder):
+            for name in os.listdir(folder):
+                match = pattern.match(name)
+                if match and match.group("stem") == stem:
+                    highest = max(highest, int(match.group("n")))
     return highest + 1
 
 
@@ -381,7 +421,7 @@ def cmd_preflight(args):
     result["port_free"], result["port_error"] = port_free(args["bind_host"], args["port"])
     result["paths"] = {p: os.path.exists(os.path.expanduser(p)) for p in args["check_paths"]}
     result["log_dir_writable"], result["log_dir_error"] = writable_dir(log_dir)
-    version = next_log_version(log_dir, args["log_stem"])
+    version = next_log_version(log_dir, args["log_stem"], state_path(args["state_dir"], "runs"))
     result["next_log"] = os.path.join(log_dir, f"{args['log_stem']}_v{version}.log")
     if args.get("lock", True):
         result["lock"] = take_lock(args["state_dir"], args["client"], args.get("break_lock"))
@@ -407,11 +447,15 @@ def process_group(pgid, sid):
 def cmd_start(args):
     """Start the server detached in its own session, logging to a new versioned file."""
     state_dir, log_dir = args["state_dir"], os.path.expanduser(args["log_dir"])
+    runs = state_path(state_dir, "runs")
     os.makedirs(log_dir, exist_ok=True)
-    version = next_log_version(log_dir, args["log_stem"])
+    version = next_log_version(log_dir, args["log_stem"], runs)
     while True:  # O_EXCL: a log is never reused, even by a racing start
         run_id = f"{args['log_stem']}_v{version}"
         log_path = os.path.join(log_dir, run_id + ".log")
+        if os.path.exists(os.path.join(runs, run_id + ".json")):
+            version += 1
+            continue
         try:
             log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
             break
@@ -433,7 +477,6 @@ def cmd_start(args):
         started_at=time.time(),
         status="running",
     )
-    runs = state_path(state_dir, "runs")
     command_file = os.path.join(runs, run_id + ".cmd")
     write_atomic(command_file, args["command"].encode(), mode=0o600)
     write_atomic(os.path.join(runs, run_id + ".json"), json.dumps(record, indent=2).encode())
@@ -444,17 +487,17 @@ def cmd_start(args):
 
 
 def health(host, port):
-    import urllib.error
-    import urllib.request
+    """GET /health on the host itself: the status code, or None when nothing answers."""
+    import socket
 
     address = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
     try:
-        with urllib.request.urlopen(f"http://{address}:{port}/health", timeout=0.5) as reply:
-            return reply.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (OSError, ValueError):
+        with socket.create_connection((address, int(port)), timeout=0.5) as sock:
+            sock.sendall(f"GET /health HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
+            status_line = sock.makefile("rb").readline().split()
+    except OSError:
         return None
+    return int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else None
 
 
 def read_from(path, offset, limit):
@@ -470,13 +513,23 @@ def read_from(path, offset, limit):
 
 
 def cmd_poll(args):
-    """Is the run alive, is it healthy, and what did its log gain since `offset`."""
-    members = process_group(args["pgid"], args["sid"])
-    size, data = read_from(args["log"], args["offset"], args.get("limit", 1 << 20))
+    """Is the run alive, is it healthy, and what did its log gain since `offset`.
+
+    With `wait`, keep watching (in this one process) until something changes, so the
+    caller learns of a ready line or a crash within ~50 ms instead of a poll interval.
+    """
+    deadline = time.monotonic() + float(args.get("wait", 0))
+    while True:
+        members = process_group(args["pgid"], args["sid"])
+        size, data = read_from(args["log"], args["offset"], args.get("limit", 1 << 20))
+        code = health(args["bind_host"], args["port"]) if members else None
+        if data or not members or code == 200 or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
     return {
         "alive": bool(members),
         "members": members,
-        "health": health(args["bind_host"], args["port"]) if members else None,
+        "health": code,
         "size": size,
         "data": base64.b64encode(data).decode(),
     }

@@ -50,10 +50,37 @@ def is_secret_name(name: str) -> bool:
 
 
 def mask_secrets(variables: Mapping[str, Any]) -> dict[str, Any]:
-    """Return a copy with secret-looking variables masked."""
-    return {
-        k: MASK if is_secret_name(k) and v not in (None, "") else v for k, v in variables.items()
-    }
+    """Return a copy with secret-looking variables masked, in nested mappings too."""
+    return {k: _masked(str(k), v) for k, v in variables.items()}
+
+
+def _masked(name: str, value: Any) -> Any:
+    if is_secret_name(name) and value not in (None, ""):
+        return MASK
+    if isinstance(value, Mapping):
+        return mask_secrets(value)
+    if isinstance(value, list):
+        return [mask_secrets(v) if isinstance(v, Mapping) else v for v in value]
+    return value
+
+
+def secret_values(variables: Mapping[str, Any]) -> tuple[str, ...]:
+    """Return the values held under secret-looking names at any depth, longest first."""
+    found: set[str] = set()
+
+    def walk(value: Any, secret: bool) -> None:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                walk(item, secret or is_secret_name(str(key)))
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, secret)
+        # Short values (and booleans) would mask innocent parts of a command.
+        elif secret and not isinstance(value, (bool, type(None))) and len(str(value)) >= 4:
+            found.add(str(value))
+
+    walk(variables, False)
+    return tuple(sorted(found, key=lambda v: (-len(v), v)))
 
 
 @dataclass(frozen=True)
@@ -366,6 +393,18 @@ def _check_host(host: Host, source: str) -> None:
         raise InventoryError(
             f"{source}: host {host.name}: ansible_port {port!r} is not a port number"
         )
+    for name in ("connect_timeout", "command_timeout"):
+        value = host.vars.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = 0.0
+        if isinstance(value, bool) or not seconds > 0:
+            raise InventoryError(
+                f"{source}: host {host.name}: {name} {value!r} is not a number of seconds"
+            )
 
 
 def resolve_inventory(explicit: Path | None, project_default: Path | None) -> Inventory:

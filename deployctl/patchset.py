@@ -194,11 +194,14 @@ def load_patch_set(folder: Path) -> PatchSet:
         )
         targets: list[str] = []
         for diff in diffs:
-            targets += [
-                t
-                for t in diff_targets(diff.read_text(encoding="utf-8"), str(diff))
-                if t not in targets
-            ]
+            try:
+                text = diff.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                raise PatchError(
+                    f"{diff} is not UTF-8 text (byte {exc.start})",
+                    hint="SGLang's sources are UTF-8: write the diff as UTF-8",
+                ) from None
+            targets += [t for t in diff_targets(text, str(diff)) if t not in targets]
         files += [*diffs, *verify]
         variants[str(sglang_version)] = Variant(str(sglang_version), diffs, verify, tuple(targets))
     return PatchSet(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from deployctl.errors import TemplateError, UsageError
-from deployctl.inventory import MASK, Host, is_secret_name
+from deployctl.inventory import MASK, Host, secret_values
 from deployctl.shell import join, quote
 
 TEMPLATE_SUFFIX = ".j2"
@@ -144,6 +144,11 @@ class TemplateSet:
                 f"template {template!r} needs variable {name!r}, which host {host.name} does not define",
                 hint=f"define it in the inventory or pass --set {name}=VALUE",
             ) from None
+        except UnicodeDecodeError as exc:
+            raise TemplateError(
+                f"template {template!r} (or one it includes) is not UTF-8 text: byte {exc.start} "
+                f"is {exc.object[exc.start : exc.start + 1]!r}"
+            ) from None
         except jinja2.TemplateError as exc:
             lineno = getattr(exc, "lineno", None)
             where = f" line {lineno}" if lineno else ""
@@ -158,12 +163,7 @@ class TemplateSet:
             raise TemplateError(f"template {template!r} rendered an empty command")
         if threshold is not None and not any(a.split("=", 1)[0] == THRESHOLD_FLAG for a in argv):
             argv.append(f"{THRESHOLD_FLAG}={threshold}")
-        secrets = tuple(
-            str(v)
-            for k, v in variables.items()
-            if is_secret_name(k) and v not in (None, "") and len(str(v)) >= 4
-        )
-        return RenderedCommand(template, threshold, argv, secrets)
+        return RenderedCommand(template, threshold, argv, secret_values(variables))
 
 
 def default_template(host: Host, template: str | None, threshold: int | None) -> str:

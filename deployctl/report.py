@@ -8,11 +8,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from deployctl.fanout import HostResult
-
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from deployctl.fanout import HostResult
     from deployctl.ops.gpus import GpuReport
     from deployctl.ops.launch import LaunchReport
     from deployctl.ops.patch import AuditReport, PatchAction
@@ -109,8 +108,14 @@ def print_rendered(results: Sequence[HostResult[RenderedCommand]]) -> None:
     for result in results:
         if result.value is not None:
             out.print(f"# {result.name}", style="bold")
-            out.print(result.value.display, markup=False)
+            print_command(out, result.value.display)
     print_host_errors(results)
+
+
+def print_command(out: Console, command: str) -> None:
+    """Print a shell command byte for byte: rich would expand tabs and turn :name: into emoji."""
+    out.file.write(command + "\n")
+    out.file.flush()
 
 
 def print_gpus(results: Sequence[HostResult[GpuReport]]) -> None:
@@ -268,7 +273,7 @@ def print_launch(result: LaunchReport, as_json: bool, dry_run: bool) -> int:
                 continue
             if dry_run:
                 out_console.print(f"# {name} → {pre.value.next_log}", style="bold")
-                out_console.print(pre.value.plan.rendered.display, markup=False)
+                print_command(out_console, pre.value.plan.rendered.display)
             for problem in pre.value.problems:
                 sys.stderr.write(f"{name}: error: {_one_line(problem)}\n")
             for hint in pre.value.hints:

@@ -26,7 +26,8 @@ from deployctl.render import RenderedCommand, TemplateSet, default_template, par
 from deployctl.shell import quote
 
 READY_LINE = "The server is fired up and ready to roll!"
-POLL_INTERVAL = 0.3
+# The agent long-polls: it returns as soon as the log grows or the run dies or is ready.
+POLL_WAIT = 1.0
 # A lock older than this is stale even when its owner cannot be checked (another machine).
 LOCK_STALE_AFTER = 6 * 3600
 
@@ -47,6 +48,9 @@ def render_commands(
         try:
             name = default_template(host, template, threshold)
             rendered = templates.render(host, name, threshold, overrides)
+            problems = number_problems(host, rendered.argv)
+            if problems:
+                raise PreflightError(problems[0], hint="fix the value in the inventory or --set")
             if patch_sets is not None:
                 problems = flag_violations(rendered.argv, sets_for_flags(rendered.argv, patch_sets))
                 if problems:
@@ -58,6 +62,20 @@ def render_commands(
         except DeployctlError as exc:
             results.append(HostResult(host, error=exc.message, hint=exc.hint))
     return results
+
+
+def number_problems(host: Host, argv: Sequence[str]) -> list[str]:
+    """Say which of the command's port and tensor parallelism is not a usable number."""
+    flags = command_flags(argv)
+    port = str(flags.get("--port") or host.vars.get("port", 30000))
+    problems = []
+    if not (port.isdigit() and 1 <= int(port) <= 65535):
+        problems.append(f"--port {port!r} is not a port number (1-65535)")
+    for flag in ("--tp-size", "--tp"):
+        value = flags.get(flag)
+        if value is not None and not (value.isdigit() and int(value) >= 1):
+            problems.append(f"{flag} {value!r} is not a number of GPUs")
+    return problems
 
 
 @dataclass
@@ -288,9 +306,9 @@ class Outcome:
         }
 
 
-def poll_args(run: Mapping[str, Any], offset: int) -> dict[str, Any]:
+def poll_args(run: Mapping[str, Any], offset: int, wait: float = 0) -> dict[str, Any]:
     keys = ("pgid", "sid", "log", "port", "bind_host")
-    return {**{k: run[k] for k in keys}, "offset": offset}
+    return {**{k: run[k] for k in keys}, "offset": offset, "wait": wait}
 
 
 def wait_ready(
@@ -305,7 +323,7 @@ def wait_ready(
     scanner = CrashScanner(catalog)
     offset, started, last_line, buffer = 0, time.monotonic(), "", ""
     while True:
-        doc = run_agent(host, conn, "poll", poll_args(run, offset))
+        doc = run_agent(host, conn, "poll", poll_args(run, offset, wait=POLL_WAIT))
         data = base64.b64decode(doc["data"]).decode("utf-8", errors="replace")
         offset += len(base64.b64decode(doc["data"]))
         buffer += data
@@ -325,7 +343,6 @@ def wait_ready(
             return Outcome(run, "timeout", elapsed, [], last_line)
         if progress is not None:
             progress(host.name, elapsed, last_line)
-        time.sleep(POLL_INTERVAL)
 
 
 @dataclass

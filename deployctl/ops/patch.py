@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import getpass
+import hashlib
 import io
 import json
 import socket
@@ -310,7 +311,13 @@ def apply_set(
     members.update({f"originals/{p}": d for p, d in originals.items() if d is not None})
     members.update({f"patched/{p}": d for p, d in patched.items() if d is not None})
     members.update({f"verify/{v.name}": v.read_bytes() for v in variant.verify})
-    doc = run_agent(host, conn, "apply", {"state_dir": str(host.vars["state_dir"])}, _tar(members))
+    payload = _tar(members)
+    args = {
+        "state_dir": str(host.vars["state_dir"]),
+        "payload_sha256": hashlib.sha256(payload).hexdigest(),
+        "payload_size": len(payload),
+    }
+    doc = run_agent(host, conn, "apply", args, payload)
     new_record = doc["record"]
     facts.records[patch_set.name] = new_record
     facts.files.update({p: s["patched_sha256"] for p, s in new_record["files"].items()})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -14,7 +15,7 @@ from deployctl.crash import Catalog, CrashReport, scan_text
 from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, parse_gpus_command, parse_probe_output, probe_script
 from deployctl.fanout import Fleet, HostResult
-from deployctl.inventory import Host, is_secret_name
+from deployctl.inventory import MASK, Host, secret_values
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
 from deployctl.ops.launch import LaunchReport, Plan, launch
 from deployctl.ops.patch import agent_command, parse_agent_output, run_agent
@@ -154,15 +155,31 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
             f"{host.name}: no recorded run to restart", hint="deployctl launch first"
         )
     argv = shlex.split(status.command)
-    secrets = tuple(
-        str(v)
-        for k, v in host.vars.items()
-        if is_secret_name(k) and v not in (None, "") and len(str(v)) >= 4
-    )
+    # Secrets given with --set at launch are not in the inventory: find them where the
+    # recorded (masked) command hides them.
+    hidden = masked_values(str(status.run.get("command", "")), argv)
+    secrets = tuple(sorted({*secret_values(host.vars), *hidden}, key=lambda v: (-len(v), v)))
     rendered = RenderedCommand(
         str(status.run["template"]), status.run.get("threshold"), argv, secrets
     )
     return Plan(host, rendered, sets_for_flags(argv, patch_sets))
+
+
+def masked_values(shown: str, argv: Sequence[str]) -> list[str]:
+    """Return the parts of `argv` that the masked command line `shown` replaced by the mask."""
+    try:
+        words = shlex.split(shown)
+    except ValueError:
+        return []
+    if len(words) != len(argv):
+        return []
+    found: list[str] = []
+    for word, real in zip(words, argv, strict=True):
+        if MASK in word:
+            pattern = "(.+?)".join(re.escape(part) for part in word.split(MASK))
+            match = re.fullmatch(pattern, real, re.DOTALL)
+            found += list(match.groups()) if match else [real]
+    return found
 
 
 def restart(
