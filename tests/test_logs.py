@@ -158,7 +158,7 @@ def test_crash_over_ssh_reports_per_host(hosts: SSHLab, cli: CLI, tmp_path: Path
     assert healthy.returncode == 0, healthy.stderr
 
 
-def test_crash_scan_reads_only_the_tail_in_one_round_trip(
+def test_crash_scan_reads_growing_windows_from_the_end(
     hosts: SSHLab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     alpha = hosts.hosts["alpha"]
@@ -167,7 +167,8 @@ def test_crash_scan_reads_only_the_tail_in_one_round_trip(
     text = filler * (3 * 1024 * 1024 // len(filler)) + SCHEDULER_CRASH + filler * 1300
     log = str(write_log(alpha, text))
     crash_line = text.count("\n", 0, text.index("[2026-11-29 10:12:20 TP0]")) + 1
-    monkeypatch.setattr(logs_op, "SCAN_TAIL_BYTES", 1 << 20)
+    # The first window (64 KiB) misses the crash, the second (1 MiB) holds it.
+    monkeypatch.setattr(logs_op, "TAIL_WINDOWS", (64 << 10, 1 << 20))
     monkeypatch.setattr(logs_op, "SCAN_CHUNK_BYTES", 1 << 20)
     host = Host("alpha", {**DEFAULT_VARS, **alpha.inventory_vars(hosts.client_key)})
     catalog = load_catalog()
@@ -181,8 +182,8 @@ def test_crash_scan_reads_only_the_tail_in_one_round_trip(
             whole = logs_op.scan_log(host, conn, catalog, None, log, scan_all=True)
             assert whole.scanned_bytes == whole.size == len(text)
             assert [c.log_line for c in whole.crashes] == [crash_line]
-        # Counted locally: over SSH, output the connection lost costs a second trip to refetch.
-        assert local.round_trips == 1 + 4  # the tail, then --all in four 1 MiB pieces
+        # Two windows from the end, then --all in four 1 MiB pieces.
+        assert local.round_trips == ssh.round_trips == 2 + 4
     finally:
         ssh.close()
 

@@ -7,6 +7,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -29,6 +30,7 @@ from deployctl.shell import quote
 
 # A crash is written at the end of a log; scanning only the tail keeps a 1 GB log cheap.
 SCAN_TAIL_BYTES = 64 << 20
+TAIL_WINDOWS = (4 << 20, 16 << 20, SCAN_TAIL_BYTES)
 # `--all` moves the log in pieces of this size so memory stays bounded on both ends.
 SCAN_CHUNK_BYTES = 64 << 20
 # The first window read for `logs -n N`; grown (x4) until it holds N lines.
@@ -186,10 +188,15 @@ def scan_log(
     """Scan a host's log for crashes: its last 64 MiB in one round trip, or all of it."""
     log = log_path(host, conn, run, path)
     if not scan_all:
-        window = _read_window(host, conn, log, back=SCAN_TAIL_BYTES)
-        data, _ = _drop_partial_first_line(window.data, window.start)
-        crashes = scan_text(data.decode("utf-8", errors="replace"), catalog)
-        return LogScan(log, window.size, len(window.data), crashes)
+        sizes: list[int] = []
+
+        def read_back(back: int) -> tuple[bytes, int]:
+            window = _read_window(host, conn, log, back=back)
+            sizes.append(window.size)
+            return window.data, window.start
+
+        crashes, scanned = _scan_from_end(read_back, catalog)
+        return LogScan(log, sizes[-1], scanned, crashes)
     scanner = CrashScanner(catalog)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset, inode, size = 0, 0, 0
@@ -217,16 +224,38 @@ def scan_local_file(path: Path, catalog: Catalog, scan_all: bool = False) -> lis
             size = os.fstat(handle.fileno()).st_size
             if scan_all:
                 return _scan_stream(handle, catalog)
-            start = max(0, size - SCAN_TAIL_BYTES)
-            handle.seek(start)
-            data, _ = _drop_partial_first_line(handle.read(SCAN_TAIL_BYTES), start)
+
+            def read_back(back: int) -> tuple[bytes, int]:
+                start = max(0, size - back)
+                handle.seek(start)
+                return handle.read(back), start
+
+            return _scan_from_end(read_back, catalog)[0]
     except FileNotFoundError:
         raise DeployctlError(f"log file {path} does not exist") from None
     except IsADirectoryError:
         raise DeployctlError(f"{path} is a directory, not a log file") from None
     except OSError as exc:
         raise DeployctlError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return scan_text(data.decode("utf-8", errors="replace"), catalog)
+
+
+def _scan_from_end(
+    read_back: Callable[[int], tuple[bytes, int]], catalog: Catalog
+) -> tuple[list[CrashReport], int]:
+    """Scan ever larger windows at the log's end until a crash shows; return it and bytes scanned.
+
+    A dead server's crash is at the end of its log, so the first small window usually
+    answers; a healthy log costs at most the last SCAN_TAIL_BYTES.
+    """
+    crashes: list[CrashReport] = []
+    data = b""
+    for back in TAIL_WINDOWS:
+        data, start = read_back(back)
+        lines, _ = _drop_partial_first_line(data, start)
+        crashes = scan_text(lines.decode("utf-8", errors="replace"), catalog)
+        if crashes or start == 0:
+            break
+    return crashes, len(data)
 
 
 def _scan_stream(handle: IO[bytes], catalog: Catalog) -> list[CrashReport]:
