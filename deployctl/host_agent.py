@@ -1,10 +1,24 @@
-"""Runs ON a host, with the host's python (stdlib only): probe SGLang, apply and revert patches.
+"""Runs ON a host, with the host's python (stdlib only): SGLang probes, patches, server runs.
 
 deployctl sends this file's source as `python -c SOURCE COMMAND JSON-ARGS` with any payload
 on stdin, and reads one JSON document from stdout. Each command is one round trip. Apply
 and revert read their whole input before touching anything, ignore a dropped connection,
 and restore every file on failure, so a host is never left half-patched.
+
+Everything deployctl keeps on a host lives under `state_dir` (default ~/.deployctl), laid
+out here and nowhere else:
+
+    lock                                  held while a launch changes the host
+    runs/<run-id>.json                    one record per launch (run id = log name); kept
+    runs/<run-id>.cmd                     the unmasked command, mode 0600, for restart
+    runs/current                          id of the host's current run
+    patches/<set>.json                    what is applied now: version, hash, files, sha256s
+    patches/.lock                         serialises patch changes (flock, dies with us)
+    patches/history/<set>-<id>-<why>.json records of reverted or replaced applies
+    patches/backups/<set>/<id>/<relpath>  originals saved by one apply; never overwritten
 """
+
+from __future__ import annotations
 
 import base64
 import fcntl
@@ -22,9 +36,12 @@ import tempfile
 import time
 
 
-def sha256(path):
-    data = read_bytes(path)
+def digest(data):
     return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def sha256(path):
+    return digest(read_bytes(path))
 
 
 def sglang_install():
@@ -172,11 +189,12 @@ def cmd_apply(args, payload):
             f"the upload is incomplete ({len(payload)} of {args.get('payload_size')} bytes; "
             "connection dropped?); nothing was changed"
         )
-    members = {}
+    members: dict[str, bytes] = {}
     with tarfile.open(fileobj=io.BytesIO(payload)) as tar:
         for member in tar.getmembers():
-            if member.isfile():
-                members[member.name] = tar.extractfile(member).read()
+            extracted = tar.extractfile(member) if member.isfile() else None
+            if extracted is not None:
+                members[member.name] = extracted.read()
     manifest = json.loads(members.pop("manifest.json"))
     site, name = manifest["site"], manifest["set"]
     state_dir = args["state_dir"]
@@ -236,9 +254,7 @@ def cmd_apply(args, payload):
             "backup_dir": backup_dir,
             "files": {
                 p: {
-                    "original_sha256": None
-                    if originals[p] is None
-                    else hashlib.sha256(originals[p]).hexdigest(),
+                    "original_sha256": digest(originals[p]),
                     "patched_sha256": sha256(os.path.join(site, p)),
                 }
                 for p in manifest["files"]
@@ -294,15 +310,14 @@ def cmd_revert(args):
         fail(
             f"drifted since apply (hand edits or a reinstall): {', '.join(drifted)}; use --force to restore anyway"
         )
-    originals = {}
+    originals: dict[str, bytes | None] = {}
     for path, sums in record["files"].items():
         backup = os.path.join(record["backup_dir"], path)
         if sums["original_sha256"] is None:
             originals[path] = None
         else:
-            with open(backup, "rb") as handle:
-                originals[path] = handle.read()
-            if hashlib.sha256(originals[path]).hexdigest() != sums["original_sha256"]:
+            originals[path] = read_bytes(backup)
+            if digest(originals[path]) != sums["original_sha256"]:
                 fail(f"backup of {path} does not match its recorded hash; nothing restored")
     restore(site, originals)
     mismatched = [
