@@ -1,0 +1,107 @@
+"""Round trips as a tested property: how many remote commands each read costs per host.
+
+Over real sshd hosts, through the library layer (Fleet + ops), counting with
+Connection.round_trips: gpus, status and patch audit cost one remote command per host, whatever
+the host answers; a launch preflight costs one, two only when a stale lock must be broken.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+from deployctl.connection import ConnectOptions
+from deployctl.crash import load_catalog
+from deployctl.fanout import Fleet
+from deployctl.inventory import Host, load_inventory
+from deployctl.ops.gpus import check_gpus
+from deployctl.ops.launch import plan_launch, release_lock, run_preflight
+from deployctl.ops.patch import audit_host
+from deployctl.ops.server import run_status
+from deployctl.patchset import load_patch_sets
+from deployctl.project import SHIPPED_DATA, Project
+from tests.sglang_wheel import SGLANG_VERSION, install_on
+from tests.sshd_hosts import SSHLab, sh
+from tests.test_lifecycle import prepare
+
+NAMES = ["alpha", "bravo", "charlie"]
+
+
+def fleet_hosts(lab: SSHLab, tmp_path: Path, host_vars: dict[str, dict[str, object]]) -> list[Host]:
+    inventory = lab.inventory(tmp_path / "inv.yml", list(host_vars), host_vars)
+    return load_inventory(inventory).select(None)
+
+
+def test_gpus_status_and_audit_cost_one_round_trip_per_host(
+    hosts: SSHLab, sglang_template: Path, tmp_path: Path
+) -> None:
+    # alpha and bravo have SGLang, charlie has none: an error answer must not cost more.
+    hosts.hosts["bravo"].set_gpus("busy", 2)
+    host_vars: dict[str, dict[str, object]] = {
+        "alpha": {"python": install_on(hosts.hosts["alpha"], sglang_template)},
+        "bravo": {"python": install_on(hosts.hosts["bravo"], sglang_template)},
+        "charlie": {"patches": ["spec-disable"]},
+    }
+    selected = fleet_hosts(hosts, tmp_path, host_vars)
+    sets = load_patch_sets([SHIPPED_DATA / "patches"])
+    catalog = load_catalog()
+    one_each = dict.fromkeys(NAMES, 1)
+
+    with Fleet(selected, ConnectOptions(), forks=3) as fleet:
+        gpus = {r.name: r for r in fleet.run(check_gpus)}
+        assert fleet.round_trips() == one_each
+    assert gpus["alpha"].value is not None and gpus["alpha"].value.clean
+    assert gpus["bravo"].value is not None and gpus["bravo"].value.pids == [419]
+
+    with Fleet(selected, ConnectOptions(), forks=3) as fleet:
+        status = fleet.run(lambda host, conn: run_status(host, conn, catalog))
+        assert fleet.round_trips() == one_each
+    for result in status:
+        assert result.value is not None and result.value.run is None, result.error
+        assert result.value.gpus is not None
+
+    with Fleet(selected, ConnectOptions(), forks=3) as fleet:
+        audit = {
+            r.name: r
+            for r in fleet.run(lambda host, conn: audit_host(host, conn, sets, ["spec-disable"]))
+        }
+        assert fleet.round_trips() == one_each
+    for name in ("alpha", "bravo"):
+        report = audit[name].value
+        assert report is not None and report.sglang_version == SGLANG_VERSION, audit[name].error
+        assert report.states["spec-disable"].state == "missing"
+    assert audit["charlie"].value is None
+    assert "SGLang is not installed" in (audit["charlie"].error or "")
+
+
+def write_stale_lock(lab: SSHLab, name: str) -> None:
+    """A lock left six hours ago by a deployctl that is gone."""
+    host = lab.hosts[name]
+    lock = host.home / ".deployctl" / "lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = {"host": socket.gethostname(), "pid": 1 << 22, "user": "root", "op": "launch"}
+    lock.write_text(json.dumps(dict(holder, token="stale-token", since=time.time() - 7 * 3600)))
+    sh("chown", "-R", f"{host.user}:{host.user}", lock.parent)
+
+
+def test_launch_preflight_costs_one_round_trip_two_to_break_a_stale_lock(
+    hosts: SSHLab, tmp_path: Path
+) -> None:
+    host_vars = {name: prepare(hosts.hosts[name]) for name in NAMES}
+    write_stale_lock(hosts, "charlie")
+    selected = fleet_hosts(hosts, tmp_path, host_vars)
+    sets = load_patch_sets([SHIPPED_DATA / "patches"])
+    plans = {p.host.name: p for p in plan_launch(Project(None), selected, None, None, [], sets)}
+
+    with Fleet(selected, ConnectOptions(), forks=3) as fleet:
+        preflights = fleet.run(lambda host, conn: run_preflight(plans[host.name], conn, 16))
+        assert fleet.round_trips() == {"alpha": 1, "bravo": 1, "charlie": 2}
+        tokens = {}
+        for result in preflights:
+            assert result.value is not None and result.value.ok, (result.error, result.value)
+            assert result.value.lock_token
+            tokens[result.name] = result.value.lock_token
+        fleet.run(lambda host, conn: release_lock(plans[host.name], conn, tokens[host.name]))
+    assert all(not (hosts.hosts[n].home / ".deployctl" / "lock").exists() for n in NAMES)
