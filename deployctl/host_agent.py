@@ -391,12 +391,17 @@ def take_lock(state_dir, client, break_token):
     if holder and break_token and holder.get("token") == break_token:
         os.unlink(path)
     token = f"{client.get('host')}-{client.get('pid')}-{time.time_ns()}"
+    # Written whole first, then linked into place: link() fails when the lock exists, and
+    # nobody ever reads a half-written lock.
+    fd, tmp = tempfile.mkstemp(prefix=".lock.", dir=os.path.dirname(path))
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(dict(client, token=token, since=time.time()), handle)
+        os.link(tmp, path)
     except FileExistsError:
         return {"acquired": False, "holder": read_json(path) or {}}
-    with os.fdopen(fd, "w") as handle:
-        json.dump(dict(client, token=token, since=time.time()), handle)
+    finally:
+        os.unlink(tmp)
     return {"acquired": True, "token": token}
 
 

@@ -28,7 +28,8 @@ from deployctl.shell import quote
 READY_LINE = "The server is fired up and ready to roll!"
 # The agent long-polls: it returns as soon as the log grows or the run dies or is ready.
 POLL_WAIT = 1.0
-# A lock older than this is stale even when its owner cannot be checked (another machine).
+# How long a lock may be held when the holder says nothing shorter; past its expiry it is
+# stale even when its owner cannot be checked (another machine).
 LOCK_STALE_AFTER = 6 * 3600
 
 
@@ -112,8 +113,15 @@ class Plan:
         return [str(flags[k]) for k in keys if flags.get(k)]
 
 
-def client_identity(op: str) -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(), "op": op}
+def client_identity(op: str, hold_for: float = LOCK_STALE_AFTER) -> dict[str, Any]:
+    """Who takes the host lock, and until when it may hold it at most."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "user": getpass.getuser(),
+        "op": op,
+        "expires": time.time() + hold_for,
+    }
 
 
 @dataclass
@@ -140,7 +148,9 @@ class Preflight:
         }
 
 
-def preflight_script(plan: Plan, break_lock: str | None = None) -> str:
+def preflight_script(
+    plan: Plan, break_lock: str | None = None, hold_for: float = LOCK_STALE_AFTER
+) -> str:
     host = plan.host
     args = {
         "state_dir": str(host.vars["state_dir"]),
@@ -153,15 +163,15 @@ def preflight_script(plan: Plan, break_lock: str | None = None) -> str:
         "module": plan.launch_module,
         "log_dir": str(host.vars["log_dir"]),
         "log_stem": plan.rendered.log_stem,
-        "client": client_identity("launch"),
+        "client": client_identity("launch", hold_for),
         "break_lock": break_lock,
     }
     return probe_script({"gpus": GPUS_COMMAND, "agent": agent_command(host, "preflight", args)})
 
 
 def _stale(holder: Mapping[str, Any]) -> bool:
-    """A lock is stale when its owner here is dead, or when it is very old."""
-    if time.time() - float(holder.get("since", 0)) > LOCK_STALE_AFTER:
+    """A lock is stale when its owner here is dead, or when its time is up."""
+    if time.time() > float(holder.get("expires", time.time() + 1)):
         return True
     if holder.get("host") != socket.gethostname():
         return False
@@ -174,10 +184,12 @@ def _stale(holder: Mapping[str, Any]) -> bool:
     return False
 
 
-def run_preflight(plan: Plan, conn: Connection, max_used_mib: int) -> Preflight:
+def run_preflight(
+    plan: Plan, conn: Connection, max_used_mib: int, hold_for: float = LOCK_STALE_AFTER
+) -> Preflight:
     """Check one host in one round trip (two when a stale lock must be cleared)."""
     host = plan.host
-    outputs = parse_probe_output(conn.run(preflight_script(plan)).stdout)
+    outputs = parse_probe_output(conn.run(preflight_script(plan, hold_for=hold_for)).stdout)
     agent = outputs.get("agent")
     if agent is None:
         raise DeployctlError(f"{host.name}: preflight gave no answer")
@@ -185,7 +197,7 @@ def run_preflight(plan: Plan, conn: Connection, max_used_mib: int) -> Preflight:
     lock = doc.get("lock", {})
     if not lock.get("acquired") and _stale(lock.get("holder", {})):
         outputs = parse_probe_output(
-            conn.run(preflight_script(plan, lock["holder"].get("token"))).stdout
+            conn.run(preflight_script(plan, lock["holder"].get("token"), hold_for)).stdout
         )
         doc = parse_agent_output(host, outputs["agent"].exit_code, outputs["agent"].output, "")
         lock = doc.get("lock", {})
@@ -397,7 +409,9 @@ def launch(
     """Preflight all hosts; start on all only if every one passed; then wait for ready."""
     by_name = {p.host.name: p for p in plans}
     preflights = fleet.run(
-        lambda host, conn: run_preflight(by_name[host.name], conn, max_used_mib),
+        # The lock is held until the wait ends: a second launch must not slip in while
+        # the first server has not yet bound its port.
+        lambda host, conn: run_preflight(by_name[host.name], conn, max_used_mib, timeout + 120),
         [p.host for p in plans],
     )
     refused = dry_run or not all(r.ok and r.value is not None and r.value.ok for r in preflights)
@@ -412,13 +426,15 @@ def launch(
         return LaunchReport(preflights, [], refused=not dry_run)
 
     def start_and_wait(host: Host, conn: Connection) -> Outcome:
-        preflight = next(r.value for r in preflights if r.name == host.name and r.value is not None)
-        run = start_run(
-            by_name[host.name], conn, preflight.lock_token, (restart_of or {}).get(host.name)
-        )
+        plan = by_name[host.name]
+        token = _token(preflights, host.name)
+        run = start_run(plan, conn, None if wait else token, (restart_of or {}).get(host.name))
         if not wait:
             return Outcome(run, "started", 0.0)
-        return wait_ready(host, conn, run, catalog, timeout, progress)
+        try:
+            return wait_ready(host, conn, run, catalog, timeout, progress)
+        finally:
+            release_lock(plan, conn, token)
 
     outcomes = fleet.run(start_and_wait, [p.host for p in plans])
     return LaunchReport(preflights, outcomes, refused=False)
