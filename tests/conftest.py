@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,11 @@ import pytest
 from tests.sshd_hosts import REPO, SSHLab, start_lab, stop_lab
 
 HOST_NAMES = ["alpha", "bravo", "charlie", "delta"]
+
+# A harness that starts the suite in the background can hand it SIGINT ignored, and ignored
+# signals stay ignored in children: tests that end `logs -f` and `watch` with Ctrl-C need it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
