@@ -23,7 +23,6 @@ from deployctl.ops.patch import agent_command, parse_agent_output, parse_patch_f
 from deployctl.patchset import PatchSet, command_flags, flag_violations, sets_for_flags
 from deployctl.project import Project
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
-from deployctl.shell import quote
 
 READY_LINE = "The server is fired up and ready to roll!"
 # The agent long-polls: it returns as soon as the log grows or the run dies or is ready.
@@ -445,7 +444,3 @@ def _token(preflights: Sequence[HostResult[Preflight]], name: str) -> str:
         if result.name == name and result.value is not None and result.value.lock_token:
             return result.value.lock_token
     raise DeployctlError(f"{name}: no lock held")
-
-
-def shell_log_hint(run: Mapping[str, Any]) -> str:
-    return f"tail -f {quote(run['log'])}"

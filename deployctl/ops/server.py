@@ -292,7 +292,3 @@ def watch(
             next_try[name] = time.monotonic() + min(300.0, interval * 2 ** (len(recent) - 1))
         if rounds is None or done < rounds:
             sleep(interval)
-
-
-def crashed_hosts(statuses: Sequence[HostResult[RunStatus]]) -> list[str]:
-    return [r.name for r in statuses if r.value is not None and r.value.crashed]
