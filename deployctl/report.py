@@ -227,18 +227,6 @@ class Progress:
             self._live.__exit__(None, None, None)
 
 
-def _crash_lines(crashes: Sequence[Any]) -> list[str]:
-    lines = []
-    for crash in crashes:
-        ranks = ",".join(crash.ranks) if crash.ranks else "-"
-        where = f"{crash.file}:{crash.line} in {crash.function}" if crash.file else ""
-        lines.append(f"  crash [{ranks}] {crash.exception}: {crash.message}".rstrip(": "))
-        if where:
-            lines.append(f"    at {where}")
-        lines.append(f"    {crash.title} — hint: {crash.hint}")
-    return lines
-
-
 def print_launch(result: LaunchReport, as_json: bool, dry_run: bool) -> int:
     """Print preflight problems, or each host's run and how it came up; return the exit code."""
     preflights = {r.name: r for r in result.preflights}
@@ -297,8 +285,9 @@ def print_launch(result: LaunchReport, as_json: bool, dry_run: bool) -> int:
         }[outcome.state]
         out_console.print(f"{name}: {run['id']} pid {run['pid']} — {state}", markup=False)
         out_console.print(f"  log: {run['log']}", markup=False)
-        for line in _crash_lines(outcome.crashes):
-            out_console.print(line, markup=False)
+        for crash in outcome.crashes:
+            for line in crash_lines(crash):
+                out_console.print("  " + line, markup=False)
         if outcome.state == "died" and outcome.last_line:
             out_console.print(f"  last line: {outcome.last_line}", markup=False)
     return 0 if result.ok else 1

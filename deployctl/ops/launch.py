@@ -15,11 +15,17 @@ from deployctl import __version__
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, CrashScanner
 from deployctl.errors import DeployctlError, PreflightError
-from deployctl.facts import GPUS_COMMAND, parse_gpus_command, parse_probe_output, probe_script
+from deployctl.facts import GPUS_COMMAND, parse_gpus_command
 from deployctl.fanout import Fleet, HostResult
 from deployctl.inventory import Host
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
-from deployctl.ops.patch import agent_command, parse_agent_output, parse_patch_facts, run_agent
+from deployctl.ops.patch import (
+    agent_command,
+    parse_patch_facts,
+    run_agent,
+    run_agent_beside,
+    set_state,
+)
 from deployctl.patchset import PatchSet, command_flags, flag_violations, sets_for_flags
 from deployctl.project import Project
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
@@ -147,9 +153,9 @@ class Preflight:
         }
 
 
-def preflight_script(
+def preflight_probes(
     plan: Plan, break_lock: str | None = None, hold_for: float = LOCK_STALE_AFTER
-) -> str:
+) -> dict[str, str]:
     host = plan.host
     args = {
         "state_dir": str(host.vars["state_dir"]),
@@ -165,7 +171,7 @@ def preflight_script(
         "client": client_identity("launch", hold_for),
         "break_lock": break_lock,
     }
-    return probe_script({"gpus": GPUS_COMMAND, "agent": agent_command(host, "preflight", args)})
+    return {"gpus": GPUS_COMMAND, "agent": agent_command(host, "preflight", args)}
 
 
 def _stale(holder: Mapping[str, Any]) -> bool:
@@ -188,17 +194,11 @@ def run_preflight(
 ) -> Preflight:
     """Check one host in one round trip (two when a stale lock must be cleared)."""
     host = plan.host
-    outputs = parse_probe_output(conn.run(preflight_script(plan, hold_for=hold_for)).stdout)
-    agent = outputs.get("agent")
-    if agent is None:
-        raise DeployctlError(f"{host.name}: preflight gave no answer")
-    doc = parse_agent_output(host, agent.exit_code, agent.output, "")
+    outputs, doc = run_agent_beside(host, conn, preflight_probes(plan, hold_for=hold_for))
     lock = doc.get("lock", {})
     if not lock.get("acquired") and _stale(lock.get("holder", {})):
-        outputs = parse_probe_output(
-            conn.run(preflight_script(plan, lock["holder"].get("token"), hold_for)).stdout
-        )
-        doc = parse_agent_output(host, outputs["agent"].exit_code, outputs["agent"].output, "")
+        token = lock["holder"].get("token")
+        outputs, doc = run_agent_beside(host, conn, preflight_probes(plan, token, hold_for))
         lock = doc.get("lock", {})
     result = Preflight(plan, next_log=doc.get("next_log", ""), lock_token=lock.get("token"))
     problems, hints = result.problems, result.hints
@@ -208,9 +208,9 @@ def run_preflight(
             f"another deployctl {holder.get('op', 'operation')} is in progress on {host.name} "
             f"(pid {holder.get('pid')} on {holder.get('host')})"
         )
-    gpus = outputs.get("gpus")
+    gpus = outputs["gpus"]
     try:
-        state = parse_gpus_command(gpus.exit_code, gpus.output) if gpus else None
+        state = parse_gpus_command(gpus.exit_code, gpus.output)
     except DeployctlError as exc:
         problems.append(f"GPUs cannot be checked: {exc.message}")
         state = None
@@ -235,8 +235,6 @@ def run_preflight(
         problems.append(facts.error)
     elif plan.needed_sets:
         for patch_set in plan.needed_sets:
-            from deployctl.ops.patch import set_state
-
             state_of_set = set_state(facts, patch_set)
             if not state_of_set.good:
                 flags = ", ".join(r.flag for r in patch_set.flags)

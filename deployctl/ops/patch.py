@@ -20,6 +20,7 @@ from typing import Any
 
 from deployctl.connection import Connection
 from deployctl.errors import DeployctlError, PatchError
+from deployctl.facts import ProbeOutput, run_probes
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet, Variant, select_sets, version_key
 from deployctl.shell import join
@@ -60,6 +61,15 @@ def run_agent(
     """Run one agent command on the host (one round trip)."""
     result = conn.run(agent_command(host, command, args), stdin=stdin)
     return parse_agent_output(host, result.exit_code, result.stdout, result.stderr)
+
+
+def run_agent_beside(
+    host: Host, conn: Connection, probes: Mapping[str, str]
+) -> tuple[dict[str, ProbeOutput], dict[str, Any]]:
+    """Run shell probes and the agent probe named "agent" in one round trip."""
+    outputs = run_probes(conn, probes)
+    agent = outputs["agent"]
+    return outputs, parse_agent_output(host, agent.exit_code, agent.output, "")
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ from typing import Any
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, scan_text
 from deployctl.errors import DeployctlError
-from deployctl.facts import GPUS_COMMAND, parse_gpus_command, parse_probe_output, probe_script
+from deployctl.facts import GPUS_COMMAND, parse_gpus_command
 from deployctl.fanout import Fleet, HostResult
 from deployctl.inventory import MASK, Host, secret_values
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
 from deployctl.ops.launch import LaunchReport, Plan, launch
-from deployctl.ops.patch import agent_command, parse_agent_output, run_agent
+from deployctl.ops.patch import agent_command, run_agent, run_agent_beside
 from deployctl.patchset import PatchSet, sets_for_flags
 from deployctl.render import RenderedCommand
 
@@ -78,18 +78,13 @@ def run_status(
         "run": run_id,
         "tail_bytes": STATUS_TAIL_BYTES,
     }
-    script = probe_script({"gpus": GPUS_COMMAND, "agent": agent_command(host, "status", args)})
-    outputs = parse_probe_output(conn.run(script).stdout)
-    if "agent" not in outputs:
-        raise DeployctlError(f"{host.name}: status gave no answer")
-    doc = parse_agent_output(host, outputs["agent"].exit_code, outputs["agent"].output, "")
-    gpus = None
-    if "gpus" in outputs:
-        try:
-            state = parse_gpus_command(outputs["gpus"].exit_code, outputs["gpus"].output)
-            gpus = gpu_report(state, DEFAULT_MAX_USED_MIB)
-        except DeployctlError:
-            gpus = None
+    probes = {"gpus": GPUS_COMMAND, "agent": agent_command(host, "status", args)}
+    outputs, doc = run_agent_beside(host, conn, probes)
+    try:  # a host without working GPUs still has a status
+        state = parse_gpus_command(outputs["gpus"].exit_code, outputs["gpus"].output)
+        gpus: GpuReport | None = gpu_report(state, DEFAULT_MAX_USED_MIB)
+    except DeployctlError:
+        gpus = None
     run = doc.get("run")
     if run is None:
         return RunStatus(None, gpus=gpus)
