@@ -43,8 +43,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from deployctl.connection import Connection  # noqa: E402 - needs the path above
+from deployctl.agent import AGENT_FILE, agent_hash  # noqa: E402 - needs the path above
+from deployctl.connection import Connection  # noqa: E402
 from deployctl.facts import GPUS_COMMAND  # noqa: E402
+from deployctl.host_agent import AGENT_DIR  # noqa: E402
 from deployctl.inventory import load_inventory  # noqa: E402
 from deployctl.ops.gpus import check_gpus  # noqa: E402
 from deployctl.ops.patch import audit_host  # noqa: E402
@@ -99,6 +101,11 @@ def setup_hosts(base: Path, count: int, sglang: bool) -> tuple[SSHLab, dict[str,
     for name, host in lab.hosts.items():
         cached_nvidia_smi(host)
         pythons[name] = install_on(host, template) if template else "/usr/bin/python3"
+        # deployctl keeps its agent on each host; the other contenders run that same copy.
+        copy = host.home / ".deployctl" / AGENT_DIR / f"{agent_hash()}.py"
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(AGENT_FILE.read_bytes())
+        sh("chown", "-R", f"{host.user}:{host.user}", host.home / ".deployctl")
     log(f"{count} hosts ready in {time.monotonic() - started:.1f} s")
     return lab, pythons
 

@@ -156,15 +156,16 @@ if __name__ == "__main__":
 
 TRACE_SOURCE = r"""import atexit, base64, json, os, runpy, sys, time
 
+import deployctl.agent as agent
 import deployctl.ops.launch as launch
 
 events = [{"what": "main", "t": time.time()}]
-_run_agent, _wait_ready = launch.run_agent, launch.wait_ready
+_call, _wait_ready = agent.call, launch.wait_ready
 
 
-def run_agent(host, conn, command, args, stdin=None):
+def call(host, conn, command, args, reply_type, stdin=None):
     t0 = time.time()
-    doc = _run_agent(host, conn, command, args, stdin)
+    doc = _call(host, conn, command, args, reply_type, stdin)
     t1 = time.time()
     size = len(base64.b64decode(doc.get("data", ""))) if command == "poll" else None
     events.append({"what": command, "t0": t0, "t1": t1, "bytes": size})
@@ -187,7 +188,7 @@ def dump():
         gc.freeze()  # the experiment: interpreter exit without the final full collections
 
 
-launch.run_agent, launch.wait_ready = run_agent, wait_ready
+agent.call, launch.wait_ready = call, wait_ready
 atexit.register(dump)
 sys.argv = ["deployctl", *sys.argv[1:]]
 runpy.run_module("deployctl", run_name="__main__", alter_sys=True)
@@ -501,10 +502,11 @@ def split_trace(events: list[dict[str, Any]], written: float, exit_time: float) 
 
 def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
     """Time one poll's parts over the same sshd while a (ready) server runs."""
+    from deployctl.agent import AGENT_FILE, agent_command, agent_hash, install_agent
     from deployctl.connection import ConnectOptions, open_connection
+    from deployctl.host_agent import BOOTSTRAP
     from deployctl.inventory import load_inventory
     from deployctl.ops.launch import POLL_WAIT, poll_args
-    from deployctl.ops.patch import AGENT, agent_command
 
     model = bench.model
     for name in ("go", "written"):
@@ -539,7 +541,7 @@ def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
         "ssh + agent poll": agent_command(host, "poll", args),
     }
     conn = open_connection(host, ConnectOptions())
-    conn.run("true")  # connect outside the timings
+    install_agent(host, conn)  # connect, and put the agent in place, outside the timings
     times: dict[str, list[float]] = {k: [] for k in commands}
     try:
         for _ in range(samples):
@@ -551,12 +553,14 @@ def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
                     raise SystemExit(f"{name} exited {result.exit_code}: {result.stderr[-500:]}")
     finally:
         conn.close()
-    local: dict[str, list[float]] = {"python3 -c pass": [], "python3 -c AGENT poll": []}
-    poll_argv = [HOST_PYTHON, "-c", AGENT.read_text(), "poll", json.dumps(args)]
+    local: dict[str, list[float]] = {"python3 -c pass": [], "python3 agent poll": []}
+    copy = bench.work / f"{agent_hash()}.py"  # run as on a host: hash checked, then run
+    copy.write_bytes(AGENT_FILE.read_bytes())
+    poll_argv = [HOST_PYTHON, "-c", BOOTSTRAP, str(copy), "poll", json.dumps(args)]
     for _ in range(samples):
         for name, argv in (
             ("python3 -c pass", [HOST_PYTHON, "-c", "pass"]),
-            ("python3 -c AGENT poll", poll_argv),
+            ("python3 agent poll", poll_argv),
         ):
             t0 = time.perf_counter()
             subprocess.run(argv, check=True, capture_output=True)
@@ -564,7 +568,7 @@ def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
     pieces = [
         json.loads(
             subprocess.run(
-                [HOST_PYTHON, "-c", AGENT_PIECES, str(AGENT), json.dumps(args)],
+                [HOST_PYTHON, "-c", AGENT_PIECES, str(AGENT_FILE), json.dumps(args)],
                 check=True,
                 capture_output=True,
                 text=True,

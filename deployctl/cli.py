@@ -1,25 +1,39 @@
-"""The deployctl command line: parse options, run one operation over the fleet, report."""
+"""The deployctl command line: parse options, run one operation over the fleet, report.
+
+Each command body builds one result from the library and returns it with the `View` that
+shows it; `fleet_command` declares the shared options, hands the body a ready `Session`,
+shows the result and turns it into the exit status (`exit_status`, the one place that
+decides it). `main` maps exceptions to exit codes.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from deployctl import __version__
+from deployctl import DEFAULT_FORKS, __version__
 from deployctl.errors import DeployctlError
 
 if TYPE_CHECKING:  # the real imports are lazy, so `deployctl --help` starts fast
-    from deployctl.connection import ConnectOptions
+    from deployctl.connection import Connection
     from deployctl.crash import Catalog
-    from deployctl.fanout import Fleet
+    from deployctl.fanout import Fleet, FleetResult
     from deployctl.inventory import Host
     from deployctl.patchset import PatchSet
     from deployctl.project import Project
+    from deployctl.report import View
+
+T = TypeVar("T")
 
 app = typer.Typer(
     name="deployctl",
@@ -28,36 +42,184 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode=None,
 )
+patch_app = typer.Typer(help="SGLang patch sets: list, apply, revert, audit.", no_args_is_help=True)
+app.add_typer(patch_app, name="patch")
 
-# Options shared by the commands; accepted after the subcommand, where users type them.
-InventoryOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "-i",
-        "--inventory",
-        help="Ansible YAML inventory (default: $DEPLOYCTL_INVENTORY, the project's, or localhost).",
-    ),
-]
-HostsOpt = Annotated[
-    str | None, typer.Option("-H", "--hosts", help="Hosts: names, groups, globs, comma lists, all.")
-]
-ForksOpt = Annotated[
-    int, typer.Option("--forks", min=1, max=1024, help="Hosts worked on in parallel.")
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document.")]
-AcceptKeysOpt = Annotated[
-    bool,
-    typer.Option(
-        "--accept-new-host-keys", help="Record unknown SSH host keys (never changed ones)."
-    ),
-]
-KnownHostsOpt = Annotated[
-    Path | None,
-    typer.Option("--known-hosts", help="known_hosts file (default: ~/.ssh/known_hosts)."),
-]
-ProjectOpt = Annotated[
-    Path | None, typer.Option("--project", help="Project folder (default: found by walking up).")
-]
+
+# ---- the options every fleet command shares, declared once ---------------------------------
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """The shared options' values; a command that does not take one gets its default."""
+
+    inventory: Path | None = None
+    hosts: str | None = None
+    project: Path | None = None
+    forks: int = DEFAULT_FORKS
+    accept_new_host_keys: bool = False
+    known_hosts: Path | None = None
+    json: bool = False
+
+
+def _shared(
+    name: str, annotation: Any, default: Any, *decls: str, **option: Any
+) -> inspect.Parameter:
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=default,
+        annotation=Annotated[annotation, typer.Option(*decls, **option)],
+    )
+
+
+# Grouped by what a command needs: hosts to select, connections to open, a JSON document.
+SHARED_OPTIONS: dict[str, list[inspect.Parameter]] = {
+    "select": [
+        _shared(
+            "inventory", Path | None, None, "-i", "--inventory",
+            help="Ansible YAML inventory (default: $DEPLOYCTL_INVENTORY, the project's, or localhost).",
+        ),
+        _shared(
+            "hosts", str | None, None, "-H", "--hosts",
+            help="Hosts: names, groups, globs, comma lists, all.",
+        ),
+    ],
+    "connect": [
+        _shared(
+            "forks", int, DEFAULT_FORKS, "--forks", min=1, max=1024,
+            help="Hosts worked on in parallel.",
+        ),
+        _shared(
+            "accept_new_host_keys", bool, False, "--accept-new-host-keys",
+            help="Record unknown SSH host keys (never changed ones).",
+        ),
+        _shared(
+            "known_hosts", Path | None, None, "--known-hosts",
+            help="known_hosts file (default: ~/.ssh/known_hosts).",
+        ),
+    ],
+    "json": [_shared("json", bool, False, "--json", help="Print one JSON document.")],
+    "project": [
+        _shared(
+            "project", Path | None, None, "--project",
+            help="Project folder (default: found by walking up).",
+        )
+    ],
+}  # fmt: skip
+FLEET = ("select", "connect", "json", "project")
+
+
+class Session:
+    """What a command needs: the project, the selected hosts and how to reach them.
+
+    The project and the hosts are found on first use, so a command that needs neither
+    (`crash --file`) never reads an inventory.
+    """
+
+    def __init__(self, options: SessionOptions) -> None:
+        self.options = options
+
+    @cached_property
+    def project(self) -> Project:
+        from deployctl.project import find_project
+
+        return find_project(Path.cwd(), self.options.project)
+
+    @cached_property
+    def hosts(self) -> list[Host]:
+        from deployctl.inventory import resolve_inventory
+
+        inventory = resolve_inventory(self.options.inventory, self.project.default_inventory())
+        return inventory.select(self.options.hosts)
+
+    @contextmanager
+    def fleet(self) -> Iterator[Fleet]:
+        """The selected hosts with one connection each, closed at the end."""
+        from deployctl.connection import ConnectOptions
+        from deployctl.fanout import Fleet
+
+        options = ConnectOptions(
+            accept_new_host_keys=self.options.accept_new_host_keys,
+            known_hosts=self.options.known_hosts,
+        )
+        with Fleet(self.hosts, options, self.options.forks) as fleet:
+            yield fleet
+
+    def run(self, operation: Callable[[Host, Connection], T]) -> FleetResult[T]:
+        """Run one operation on every selected host."""
+        with self.fleet() as fleet:
+            return fleet.run(operation)
+
+    def patch_sets(self) -> dict[str, PatchSet]:
+        from deployctl.patchset import load_patch_sets
+
+        return load_patch_sets(self.project.search_dirs("patches"))
+
+    def catalog(self) -> Catalog:
+        from deployctl.ops.logs import load_user_catalog
+
+        return load_user_catalog(self.project)
+
+
+Reply = tuple["View[Any]", Any]
+
+
+def fleet_command(
+    group: typer.Typer, name: str | None = None, *, options: tuple[str, ...] = FLEET
+) -> Callable[[Callable[..., Reply]], Callable[..., Reply]]:
+    """Register `func(session, **own_options) -> (view, result)` with the shared options added."""
+
+    def decorate(func: Callable[..., Reply]) -> Callable[..., Reply]:
+        own = list(inspect.signature(func, eval_str=True).parameters.values())[1:]
+        shared = [p for group_name in options for p in SHARED_OPTIONS[group_name]]
+
+        def command(**values: Any) -> int:
+            chosen = {p.name: values.pop(p.name) for p in shared}
+            session = Session(SessionOptions(**chosen))
+            view, result = func(session, **values)
+            return finish(view, result, session.options.json)
+
+        command.__signature__ = inspect.Signature(own + shared)  # type: ignore[attr-defined]
+        command.__doc__ = func.__doc__
+        group.command(name or func.__name__.replace("_", "-"))(command)
+        return func
+
+    return decorate
+
+
+def finish(view: View[Any], result: Any, as_json: bool) -> int:
+    """Show the result and return the exit status; keep the tracebacks of any bug."""
+    from deployctl import report
+
+    bugs = [(r.name, r.exception) for fr in _fleet_results(result) for r in fr.bugs()]
+    report.render_result(view, result, as_json)
+    if bugs:
+        report.print_bug([(name, exc) for name, exc in bugs if exc is not None])
+    return exit_status(result, bool(bugs))
+
+
+def exit_status(result: Any, bug: bool = False) -> int:
+    """0 when the result is good, 1 when it is not, 2 when deployctl itself failed."""
+    if bug:
+        return 2
+    # Results that judge themselves say so in `ok`; plain listings (hosts, patch list) are good.
+    return 0 if getattr(result, "ok", True) else 1
+
+
+def _fleet_results(result: Any) -> Iterator[FleetResult[Any]]:
+    """Every per-host result inside a command's result (a launch holds two)."""
+    from deployctl.fanout import FleetResult
+
+    if isinstance(result, FleetResult):
+        yield result
+    elif dataclasses.is_dataclass(result) and not isinstance(result, type):
+        for field in dataclasses.fields(result):
+            yield from _fleet_results(getattr(result, field.name))
+
+
+# ---- commands ------------------------------------------------------------------------------
+
 TemplateOpt = Annotated[
     str | None,
     typer.Option(
@@ -75,39 +237,16 @@ ThresholdOpt = Annotated[
 SetOpt = Annotated[
     list[str] | None, typer.Option("--set", help="Override a variable: KEY=VALUE (repeatable).")
 ]
-
-
-@dataclass
-class Session:
-    """What every command needs: the project, the selected hosts and how to reach them."""
-
-    project: Project
-    hosts: list[Host]
-    options: ConnectOptions
-    forks: int
-
-    def fleet(self) -> Fleet:
-        from deployctl.fanout import Fleet
-
-        return Fleet(self.hosts, self.options, self.forks)
-
-
-def _session(
-    inventory: Path | None,
-    hosts: str | None,
-    forks: int = 16,
-    accept_new_host_keys: bool = False,
-    known_hosts: Path | None = None,
-    project: Path | None = None,
-) -> Session:
-    from deployctl.connection import ConnectOptions
-    from deployctl.inventory import resolve_inventory
-    from deployctl.project import find_project
-
-    found = find_project(Path.cwd(), project)
-    selected = resolve_inventory(inventory, found.default_inventory()).select(hosts)
-    options = ConnectOptions(accept_new_host_keys=accept_new_host_keys, known_hosts=known_hosts)
-    return Session(found, selected, options, forks)
+RunOpt = Annotated[
+    str | None,
+    typer.Option("--run", help="A run id, e.g. eagle3_t5_v3 (default: the current run)."),
+]
+PathOpt = Annotated[str | None, typer.Option("--path", help="A log file on the host.")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds to wait until ready.")]
+NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once started.")]
+NamesArg = Annotated[
+    list[str] | None, typer.Argument(help="Patch set names (default: each host's `patches`).")
+]
 
 
 def _version(value: bool) -> None:
@@ -129,257 +268,132 @@ def _root(
         raise typer.Exit(2)
 
 
-@app.command()
-def hosts(
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    json: JsonOpt = False,
-    project: ProjectOpt = None,
-) -> int:
+@fleet_command(app, options=("select", "json", "project"))
+def hosts(session: Session) -> Reply:
     """Show the selected hosts with their connection and merged variables."""
     from deployctl import report
 
-    session = _session(inventory, hosts, project=project)
-    described = {h.name: h.describe() for h in session.hosts}
-    if json:
-        report.print_json({"hosts": described})
-    else:
-        report.print_table(
-            None, ["host", "connection", "address", "user", "vars"], report.hosts_rows(described)
-        )
-    return 0
+    return report.HOSTS, {h.name: h.describe() for h in session.hosts}
 
 
-@app.command()
+@fleet_command(app, options=("select", "json", "project"))
 def render(
+    session: Session,
     template: TemplateOpt = None,
     threshold: ThresholdOpt = None,
     set_: SetOpt = None,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    json: JsonOpt = False,
-    project: ProjectOpt = None,
-) -> int:
+) -> Reply:
     """Print, per host, the exact shell command that `launch` will run."""
     from deployctl import report
     from deployctl.ops.launch import render_commands
 
-    session = _session(inventory, hosts, project=project)
-    results = render_commands(
-        session.project, session.hosts, template, threshold, set_ or [], _patch_sets(session)
+    rendered = render_commands(
+        session.project, session.hosts, template, threshold, set_ or [], session.patch_sets()
     )
-    if json:
-        report.print_json(report.hosts_document(results, lambda r: {"command": r.display}))
-    else:
-        report.print_rendered(results)
-    return 1 if report.failed(results) else 0
+    # A dirty GPU does not matter here: only hosts that failed to render count.
+    return report.RENDERED, rendered
 
 
-@app.command()
+@fleet_command(app)
 def gpus(
+    session: Session,
     max_used_mib: Annotated[
         int, typer.Option("--max-used-mib", min=0, help="Memory a clean GPU may show.")
     ] = 16,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    forks: ForksOpt = 16,
-    json: JsonOpt = False,
-    accept_new_host_keys: AcceptKeysOpt = False,
-    known_hosts: KnownHostsOpt = None,
-    project: ProjectOpt = None,
-) -> int:
+) -> Reply:
     """Show each host's GPUs and compute processes; exit 1 unless all are clean."""
     from deployctl import report
     from deployctl.ops.gpus import check_gpus
 
-    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
-    with session.fleet() as fleet:
-        results = fleet.run(lambda host, conn: check_gpus(host, conn, max_used_mib))
-    if json:
-        report.print_json(report.hosts_document(results, lambda r: r.to_json()))
-    else:
-        report.print_gpus(results)
-    return 0 if all(r.ok and r.value is not None and r.value.clean for r in results) else 1
+    return report.GPUS, session.run(lambda host, conn: check_gpus(host, conn, max_used_mib))
 
 
-def main() -> None:
-    """Run the CLI: one-line errors for user mistakes, never a traceback."""
-    from deployctl.report import print_error  # light: the heavy parts of report load lazily
-
-    try:
-        result = app(standalone_mode=False)
-        code = result if isinstance(result, int) else 0
-    except typer.TyperException as exc:  # usage errors: bad option, bad value, unknown command
-        print_error(exc.format_message())
-        code = 2
-    except (typer.Abort, KeyboardInterrupt):
-        sys.stderr.write("interrupted\n")
-        code = 130
-    except typer.Exit as exc:
-        code = exc.exit_code
-    except DeployctlError as exc:
-        print_error(exc.message, exc.hint)
-        code = 1
-    # Skip the interpreter's final garbage collection of everything paramiko and friends
-    # allocated (~250 ms on a small machine): output is flushed and connections are closed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-patch_app = typer.Typer(help="SGLang patch sets: list, apply, revert, audit.", no_args_is_help=True)
-app.add_typer(patch_app, name="patch")
-NamesArg = Annotated[
-    list[str] | None, typer.Argument(help="Patch set names (default: each host's `patches`).")
-]
-
-
-def _patch_sets(session: Session) -> dict[str, PatchSet]:
-    from deployctl.patchset import load_patch_sets
-
-    return load_patch_sets(session.project.search_dirs("patches"))
-
-
-@patch_app.command("list")
-def patch_list(json: JsonOpt = False, project: ProjectOpt = None) -> int:
+@fleet_command(patch_app, "list", options=("json", "project"))
+def patch_list(session: Session) -> Reply:
     """List the patch sets with version, content hash and supported SGLang versions."""
     from deployctl import report
-    from deployctl.patchset import load_patch_sets
-    from deployctl.project import find_project
 
-    sets = load_patch_sets(find_project(Path.cwd(), project).search_dirs("patches"))
-    if json:
-        report.print_json({"patches": [s.to_json() for s in sets.values()]})
-    else:
-        report.print_patch_list(list(sets.values()))
-    return 0
+    return report.PATCH_LIST, list(session.patch_sets().values())
 
 
-@patch_app.command("apply")
+@fleet_command(patch_app, "apply")
 def patch_apply(
+    session: Session,
     names: NamesArg = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check every hunk; change nothing.")
     ] = False,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    forks: ForksOpt = 16,
-    json: JsonOpt = False,
-    accept_new_host_keys: AcceptKeysOpt = False,
-    known_hosts: KnownHostsOpt = None,
-    project: ProjectOpt = None,
-) -> int:
+) -> Reply:
     """Apply patch sets: every hunk checked first, backups kept, compiled and verified."""
     from deployctl import report
     from deployctl.ops.patch import apply_patches, sets_per_host
 
-    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
-    chosen = sets_per_host(session.hosts, _patch_sets(session), names or [])
-    with session.fleet() as fleet:
-        results = fleet.run(
-            lambda host, conn: apply_patches(host, conn, chosen[host.name], dry_run)
-        )
-    return report.print_patch_actions(results, json)
+    chosen = sets_per_host(session.hosts, session.patch_sets(), names or [])
+    results = session.run(lambda host, conn: apply_patches(host, conn, chosen[host.name], dry_run))
+    return report.PATCH_ACTIONS, results
 
 
-@patch_app.command("revert")
+@fleet_command(patch_app, "revert")
 def patch_revert(
+    session: Session,
     names: NamesArg = None,
     force: Annotated[
         bool, typer.Option("--force", help="Restore even files that drifted.")
     ] = False,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    forks: ForksOpt = 16,
-    json: JsonOpt = False,
-    accept_new_host_keys: AcceptKeysOpt = False,
-    known_hosts: KnownHostsOpt = None,
-    project: ProjectOpt = None,
-) -> int:
+) -> Reply:
     """Restore the original SGLang files of patch sets and check their hashes."""
     from deployctl import report
     from deployctl.ops.patch import revert_patches, sets_per_host
 
-    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
-    chosen = sets_per_host(session.hosts, _patch_sets(session), names or [])
-    with session.fleet() as fleet:
-        results = fleet.run(lambda host, conn: revert_patches(host, conn, chosen[host.name], force))
-    return report.print_patch_actions(results, json)
+    chosen = sets_per_host(session.hosts, session.patch_sets(), names or [])
+    results = session.run(lambda host, conn: revert_patches(host, conn, chosen[host.name], force))
+    return report.PATCH_ACTIONS, results
 
 
-@patch_app.command("audit")
+@fleet_command(patch_app, "audit")
 def patch_audit(
+    session: Session,
     expect: Annotated[
         list[str] | None, typer.Option("--expect", help="Expected set (repeatable).")
     ] = None,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    forks: ForksOpt = 16,
-    json: JsonOpt = False,
-    accept_new_host_keys: AcceptKeysOpt = False,
-    known_hosts: KnownHostsOpt = None,
-    project: ProjectOpt = None,
-) -> int:
+) -> Reply:
     """Show which patch set versions each host has; exit 1 unless all expected are applied."""
     from deployctl import report
     from deployctl.ops.patch import audit_host
     from deployctl.patchset import select_sets
 
-    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
-    available = _patch_sets(session)
+    available = session.patch_sets()
     select_sets(available, expect or [])  # unknown names fail before any host is contacted
-    with session.fleet() as fleet:
-        results = fleet.run(lambda host, conn: audit_host(host, conn, available, expect or []))
-    if json:
-        report.print_json(report.hosts_document(results, lambda r: r.to_json()))
-    else:
-        report.print_audit(results)
-    return 0 if all(r.value is not None and r.value.good for r in results) else 1
+    results = session.run(lambda host, conn: audit_host(host, conn, available, expect or []))
+    return report.AUDIT, results
 
 
-RunOpt = Annotated[
-    str | None,
-    typer.Option("--run", help="A run id, e.g. eagle3_t5_v3 (default: the current run)."),
-]
-PathOpt = Annotated[str | None, typer.Option("--path", help="A log file on the host.")]
-
-
-@app.command()
+@fleet_command(app)
 def crash(
+    session: Session,
     run: RunOpt = None,
     path: PathOpt = None,
     file: Annotated[Path | None, typer.Option("--file", help="A log file on this machine.")] = None,
     scan_all: Annotated[
         bool, typer.Option("--all", help="Scan the whole log, not only its last 64 MiB.")
     ] = False,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    forks: ForksOpt = 16,
-    json: JsonOpt = False,
-    accept_new_host_keys: AcceptKeysOpt = False,
-    known_hosts: KnownHostsOpt = None,
-    project: ProjectOpt = None,
-) -> int:
+) -> Reply:
     """Find crash traces in a run's log, a log on a host, or a local file; exit 1 if any."""
     from deployctl import report
-    from deployctl.ops.logs import load_user_catalog, scan_local_file, scan_log
+    from deployctl.ops.logs import CrashSearch, LocalCrashes, scan_local_file, scan_log
 
     if sum(x is not None for x in (run, path, file)) > 1:
         raise typer.BadParameter("give only one of --run, --path and --file")
+    catalog = session.catalog()
     if file is not None:
-        crashes = scan_local_file(file, load_user_catalog(project), scan_all)
-        report.print_crashes_local(crashes, json)
-        return 1 if crashes else 0
-    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
-    catalog = load_user_catalog(project)
-    with session.fleet() as fleet:
-        results = fleet.run(lambda host, conn: scan_log(host, conn, catalog, run, path, scan_all))
-    report.print_crashes(results, json)
-    return 1 if report.failed(results) or any(r.value and r.value.crashes for r in results) else 0
+        return report.LOCAL_CRASHES, LocalCrashes(scan_local_file(file, catalog, scan_all))
+    scans = session.run(lambda host, conn: scan_log(host, conn, catalog, run, path, scan_all))
+    return report.CRASHES, CrashSearch(scans)
 
 
-@app.command()
+@fleet_command(app, options=("select", "connect", "project"))
 def logs(
+    session: Session,
     run: RunOpt = None,
     path: PathOpt = None,
     lines: Annotated[int, typer.Option("-n", "--lines", min=0, help="Lines from the end.")] = 40,
@@ -387,60 +401,41 @@ def logs(
         bool, typer.Option("-f", "--follow", help="Stream new lines until Ctrl-C.")
     ] = False,
     crash_only: Annotated[bool, typer.Option("--crash", help="Print only crash reports.")] = False,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    forks: ForksOpt = 16,
-    accept_new_host_keys: AcceptKeysOpt = False,
-    known_hosts: KnownHostsOpt = None,
-    project: ProjectOpt = None,
-) -> int:
+) -> Reply:
     """Print the tail of each host's log; --follow streams it and marks crash lines."""
-    from deployctl.ops.logs import load_user_catalog, show_logs
+    from deployctl import report
+    from deployctl.ops.logs import show_logs
 
     if run is not None and path is not None:
         raise typer.BadParameter("give only one of --run and --path")
-    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
+    catalog = session.catalog()
+    printer = report.LogPrinter(prefixed=len(session.hosts) > 1)
     with session.fleet() as fleet:
-        return show_logs(fleet, load_user_catalog(project), run, path, lines, follow, crash_only)
+        result = show_logs(fleet, catalog, run, path, lines, follow, crash_only, printer)
+    return report.LOGS, result
 
 
-TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds to wait until ready.")]
-
-
-def _catalog_and_sets(session: Session) -> tuple[Catalog, dict[str, PatchSet]]:
-    from deployctl.ops.logs import load_user_catalog
-
-    return load_user_catalog(session.project.root), _patch_sets(session)
-
-
-@app.command()
+@fleet_command(app)
 def launch(
+    session: Session,
     template: TemplateOpt = None,
     threshold: ThresholdOpt = None,
     set_: SetOpt = None,
-    no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once started.")] = False,
+    no_wait: NoWaitOpt = False,
     timeout: TimeoutOpt = 900,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Preflight and show the commands only.")
     ] = False,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    forks: ForksOpt = 16,
-    json: JsonOpt = False,
-    accept_new_host_keys: AcceptKeysOpt = False,
-    known_hosts: KnownHostsOpt = None,
-    project: ProjectOpt = None,
-) -> int:
+) -> Reply:
     """Preflight every host, start the server detached with a versioned log, wait until ready."""
     from deployctl import report
     from deployctl.ops import launch as ops
 
-    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
-    catalog, patch_sets = _catalog_and_sets(session)
+    catalog, patch_sets = session.catalog(), session.patch_sets()
     plans = ops.plan_launch(
         session.project, session.hosts, template, threshold, set_ or [], patch_sets
     )
-    with session.fleet() as fleet, report.Progress(enabled=not json) as progress:
+    with session.fleet() as fleet, report.Progress(enabled=not session.options.json) as progress:
         result = ops.launch(
             fleet,
             plans,
@@ -450,78 +445,49 @@ def launch(
             dry_run=dry_run,
             progress=progress.update,
         )
-    return report.print_launch(result, json, dry_run)
+    return report.LAUNCH, result
 
 
-@app.command()
+@fleet_command(app)
 def stop(
+    session: Session,
     timeout: Annotated[
         float, typer.Option("--timeout", min=0, help="Seconds between SIGTERM and SIGKILL.")
     ] = 30,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    forks: ForksOpt = 16,
-    json: JsonOpt = False,
-    accept_new_host_keys: AcceptKeysOpt = False,
-    known_hosts: KnownHostsOpt = None,
-    project: ProjectOpt = None,
-) -> int:
+) -> Reply:
     """End each host's run (its whole process group) and wait until the GPUs are clean."""
     from deployctl import report
     from deployctl.ops.server import stop_run
 
-    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
-    with session.fleet() as fleet:
-        results = fleet.run(lambda host, conn: stop_run(host, conn, timeout))
-    return report.print_stop(results, json)
+    return report.STOP, session.run(lambda host, conn: stop_run(host, conn, timeout))
 
 
-@app.command()
-def status(
-    run: RunOpt = None,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    forks: ForksOpt = 16,
-    json: JsonOpt = False,
-    accept_new_host_keys: AcceptKeysOpt = False,
-    known_hosts: KnownHostsOpt = None,
-    project: ProjectOpt = None,
-) -> int:
+@fleet_command(app)
+def status(session: Session, run: RunOpt = None) -> Reply:
     """Show each host's current run: alive, ready, uptime, log, crash, GPU memory."""
     from deployctl import report
-    from deployctl.ops.logs import load_user_catalog
     from deployctl.ops.server import run_status
 
-    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
-    catalog = load_user_catalog(session.project.root)
-    with session.fleet() as fleet:
-        results = fleet.run(lambda host, conn: run_status(host, conn, catalog, run))
-    return report.print_status(results, json)
+    catalog = session.catalog()
+    return report.STATUS, session.run(lambda host, conn: run_status(host, conn, catalog, run))
 
 
-@app.command()
+@fleet_command(app)
 def restart(
+    session: Session,
     crashed: Annotated[
         bool, typer.Option("--crashed", help="Only runs that died or crashed.")
     ] = False,
-    no_wait: Annotated[bool, typer.Option("--no-wait", help="Return once started.")] = False,
+    no_wait: NoWaitOpt = False,
     timeout: TimeoutOpt = 900,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    forks: ForksOpt = 16,
-    json: JsonOpt = False,
-    accept_new_host_keys: AcceptKeysOpt = False,
-    known_hosts: KnownHostsOpt = None,
-    project: ProjectOpt = None,
-) -> int:
+) -> Reply:
     """Stop and relaunch each host's recorded run (same command, next log version)."""
     from deployctl import report
     from deployctl.ops.server import restart as restart_runs
 
-    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
-    catalog, patch_sets = _catalog_and_sets(session)
-    with session.fleet() as fleet, report.Progress(enabled=not json) as progress:
-        statuses, result = restart_runs(
+    catalog, patch_sets = session.catalog(), session.patch_sets()
+    with session.fleet() as fleet, report.Progress(enabled=not session.options.json) as progress:
+        result = restart_runs(
             fleet,
             catalog,
             patch_sets,
@@ -530,11 +496,12 @@ def restart(
             wait=not no_wait,
             progress=progress.update,
         )
-    return report.print_restart(statuses, result, json)
+    return report.RESTART, result
 
 
-@app.command()
+@fleet_command(app, options=("select", "connect", "project"))
 def watch(
+    session: Session,
     interval: Annotated[
         float, typer.Option("--interval", min=0.2, help="Seconds between checks.")
     ] = 10,
@@ -545,19 +512,13 @@ def watch(
         float, typer.Option("--window", min=1, help="Crash-loop window in seconds.")
     ] = 600,
     timeout: TimeoutOpt = 900,
-    inventory: InventoryOpt = None,
-    hosts: HostsOpt = None,
-    forks: ForksOpt = 16,
-    accept_new_host_keys: AcceptKeysOpt = False,
-    known_hosts: KnownHostsOpt = None,
-    project: ProjectOpt = None,
-) -> int:
+) -> Reply:
     """Supervise runs: restart crashed ones with backoff, stop at a crash loop; Ctrl-C ends."""
     from deployctl import report
+    from deployctl.ops.server import WatchEnded
     from deployctl.ops.server import watch as watch_runs
 
-    session = _session(inventory, hosts, forks, accept_new_host_keys, known_hosts, project)
-    catalog, patch_sets = _catalog_and_sets(session)
+    catalog, patch_sets = session.catalog(), session.patch_sets()
     with session.fleet() as fleet:
         try:
             watch_runs(
@@ -566,4 +527,42 @@ def watch(
             )  # fmt: skip
         except KeyboardInterrupt:
             report.print_event_text("watch ended; servers left running")
-    return 0
+    return report.STREAMED, WatchEnded()
+
+
+# ---- entry point ---------------------------------------------------------------------------
+
+
+def main() -> None:
+    """Run the CLI: one-line errors for user mistakes, a debug file for bugs, never a traceback."""
+    try:
+        result = app(standalone_mode=False)
+        code = result if isinstance(result, int) else 0
+    except typer.TyperException as exc:  # usage errors: bad option, bad value, unknown command
+        _print_error(exc.format_message())
+        code = 2
+    except (typer.Abort, KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+        code = 130
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except DeployctlError as exc:
+        _print_error(exc.message, exc.hint)
+        code = 1
+    except Exception as exc:  # a bug: one line for the user, the traceback kept in a file
+        from deployctl.errors import explain
+        from deployctl.report import print_bug
+
+        print_bug([(None, exc)], explain(exc)[0])
+        code = 2
+    # Skip the interpreter's final garbage collection of everything paramiko and friends
+    # allocated (~250 ms on a small machine): output is flushed and connections are closed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _print_error(message: str, hint: str | None = None) -> None:
+    from deployctl.report import print_error  # loaded only when there is an error to print
+
+    print_error(message, hint)

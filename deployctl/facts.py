@@ -58,6 +58,8 @@ class GpuProcess:
 class ParseError(DeployctlError):
     """Probe output that does not have the expected shape, or a probe that failed."""
 
+    code = "parse"
+
 
 def _number(text: str) -> int | None:
     """Parse '8811 MiB', '0 %', '8802' or '[N/A]' to an int (None when not available)."""

@@ -3,35 +3,107 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from deployctl import DEFAULT_FORKS
 from deployctl.connection import Connection, ConnectOptions, open_connection
-from deployctl.errors import DeployctlError
+from deployctl.errors import DeployctlError, error_code, explain
 from deployctl.inventory import Host
 
 T = TypeVar("T")
-DEFAULT_FORKS = 16
+U = TypeVar("U")
 
 
 @dataclass(frozen=True)
 class HostResult(Generic[T]):
-    """One host's outcome: a value, or the error that stopped it there."""
+    """One host's outcome: a value, or the exception that stopped it there."""
 
     host: Host
     value: T | None = None
-    error: str | None = None
-    hint: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
+    exception: BaseException | None = None
 
     @property
     def name(self) -> str:
         return self.host.name
+
+    @property
+    def failed(self) -> bool:
+        """The operation raised on this host (its value's own verdict aside)."""
+        return self.exception is not None
+
+    @property
+    def ok(self) -> bool:
+        """The operation finished here and its value, if it judges itself, is good."""
+        if self.exception is not None:
+            return False
+        return bool(getattr(self.value, "ok", True))
+
+    @property
+    def error(self) -> str | None:
+        """The failure in one line for people; None when the host succeeded."""
+        return None if self.exception is None else explain(self.exception)[0]
+
+    @property
+    def hint(self) -> str | None:
+        return None if self.exception is None else explain(self.exception)[1]
+
+    @property
+    def code(self) -> str | None:
+        """The failure's stable code (see errors.py); None when the host succeeded."""
+        return None if self.exception is None else error_code(self.exception)
+
+    @property
+    def is_bug(self) -> bool:
+        """The failure is not one deployctl explains: a bug, whose traceback must be kept."""
+        return self.exception is not None and not isinstance(self.exception, DeployctlError)
+
+
+class FleetResult(Generic[T]):
+    """Every selected host's result, in inventory order."""
+
+    def __init__(self, results: Iterable[HostResult[T]]) -> None:
+        self.results = list(results)
+
+    def __iter__(self) -> Iterator[HostResult[T]]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __getitem__(self, index: int) -> HostResult[T]:
+        return self.results[index]
+
+    @property
+    def succeeded(self) -> dict[str, T]:
+        """Host name → value, for the hosts where the operation finished."""
+        return {r.name: r.value for r in self.results if r.value is not None and not r.failed}
+
+    @property
+    def failed(self) -> dict[str, BaseException]:
+        """Host name → the exception that stopped the operation there."""
+        return {r.name: r.exception for r in self.results if r.exception is not None}
+
+    @property
+    def ok(self) -> bool:
+        """Every host finished and every value that judges itself is good."""
+        return all(r.ok for r in self.results)
+
+    def bugs(self) -> list[HostResult[T]]:
+        return [r for r in self.results if r.is_bug]
+
+    def map(self, change: Callable[[HostResult[T]], HostResult[U]]) -> FleetResult[U]:
+        return FleetResult(change(r) for r in self.results)
+
+
+def attempt(host: Host, operation: Callable[[], T]) -> HostResult[T]:
+    """Run `operation` for one host and keep its value or its exception."""
+    try:
+        return HostResult(host, value=operation())
+    except Exception as exc:  # a bug or surprise on one host must not stop the rest
+        return HostResult(host, exception=exc)
 
 
 class Fleet:
@@ -61,22 +133,17 @@ class Fleet:
         self,
         operation: Callable[[Host, Connection], T],
         hosts: Iterable[Host] | None = None,
-    ) -> list[HostResult[T]]:
+    ) -> FleetResult[T]:
         """Run `operation` on each host in parallel; return results in host order."""
         targets = list(self.hosts if hosts is None else hosts)
 
         def one(host: Host) -> HostResult[T]:
-            try:
-                return HostResult(host, value=operation(host, self.connection(host)))
-            except DeployctlError as exc:
-                return HostResult(host, error=exc.message, hint=exc.hint)
-            except Exception as exc:  # a bug or surprise on one host must not stop the rest
-                return HostResult(host, error=f"{type(exc).__name__}: {exc}")
+            return attempt(host, lambda: operation(host, self.connection(host)))
 
         if len(targets) <= 1:
-            return [one(host) for host in targets]
+            return FleetResult(one(host) for host in targets)
         with ThreadPoolExecutor(max_workers=min(self.forks, len(targets))) as pool:
-            return list(pool.map(one, targets))
+            return FleetResult(pool.map(one, targets))
 
     def close(self) -> None:
         """Close every connection opened."""

@@ -1,13 +1,19 @@
 """Runs ON a host, with the host's python (stdlib only): SGLang probes, patches, server runs.
 
-deployctl sends this file's source as `python -c SOURCE COMMAND JSON-ARGS` with any payload
-on stdin, and reads one JSON document from stdout. Each command is one round trip. Apply
-and revert read their whole input before touching anything, ignore a dropped connection,
-and restore every file on failure, so a host is never left half-patched.
+deployctl keeps a copy of this file on each host under its content hash
+(`<state_dir>/agent/<sha256>.py`) and runs it through `BOOTSTRAP` as
+`python -c BOOTSTRAP FILE CALL JSON-ARGS`, with any payload on stdin; it reads one JSON
+document from stdout. A copy that is missing, or whose content is not the hash in its name,
+answers `AGENT_MISSING` instead, and the client sends the file again.
+Each call is one round trip, and its arguments and reply are declared below (`*Args`,
+`*Reply`); the client checks every reply against its declaration. Apply and revert read
+their whole input before touching anything, ignore a dropped connection, and restore every
+file on failure, so a host is never left half-patched.
 
 Everything deployctl keeps on a host lives under `state_dir` (default ~/.deployctl), laid
 out here and nowhere else:
 
+    agent/<sha256>.py                     this file, named by the hash of its content
     lock                                  held while a launch changes the host
     runs/<run-id>.json                    one record per launch (run id = log name); kept
     runs/<run-id>.cmd                     the unmasked command, mode 0600, for restart
@@ -34,51 +40,263 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
+from typing import IO, Any, NoReturn, TypedDict, cast
+
+AGENT_DIR = "agent"
+# Printed (with exit status AGENT_MISSING_EXIT) when the copy named is absent or altered.
+AGENT_MISSING = "@@deployctl-agent-missing@@"
+AGENT_MISSING_EXIT = 97
+# Run as `python -c BOOTSTRAP FILE ARGS…`: check FILE against the hash in its name, then run it.
+BOOTSTRAP = f"""import hashlib, sys
+path = sys.argv[1]
+try:
+    code = open(path, "rb").read()
+except OSError:
+    code = b""
+if hashlib.sha256(code).hexdigest() != path.rsplit("/", 1)[-1][:-3]:
+    print("{AGENT_MISSING}")
+    sys.exit({AGENT_MISSING_EXIT})
+sys.argv = sys.argv[1:]
+exec(compile(code, path, "exec"), {{"__name__": "__main__", "__file__": path}})
+"""
 
 
-def digest(data):
+# ---- the protocol: each call's arguments and reply ----------------------------------------
+
+
+class SglangInstall(TypedDict, total=False):
+    version: str | None
+    site: str
+    python: str
+    error: str
+
+
+class FileSums(TypedDict):
+    original_sha256: str | None
+    patched_sha256: str | None
+
+
+class AppliedSet(TypedDict):
+    """Which set, which version of it, on which SGLang, applied when and by whom."""
+
+    set: str
+    version: str
+    hash: str
+    variant: str
+    sglang_version: str
+    site: str
+    apply_id: str
+    applied_at: str
+    applied_by: str
+
+
+class PatchRecord(AppliedSet):
+    """patches/<set>.json: an applied set, its backups and the sha256 of each of its files."""
+
+    backup_dir: str
+    files: dict[str, FileSums]
+
+
+class ProbeArgs(TypedDict):
+    state_dir: str
+    paths: list[str]
+
+
+class ProbeReply(TypedDict):
+    sglang: SglangInstall
+    records: dict[str, PatchRecord]
+    files: dict[str, str | None]
+
+
+class ReadArgs(TypedDict):
+    base: str
+    paths: list[str]
+
+
+class ReadReply(TypedDict):
+    files: dict[str, str | None]  # base64, or None for a file that does not exist
+
+
+class ApplyArgs(TypedDict):
+    state_dir: str
+    payload_sha256: str
+    payload_size: int
+
+
+class Manifest(AppliedSet):
+    """manifest.json inside an apply's payload (a tar on stdin)."""
+
+    files: list[str]
+    expect: dict[str, str | None]
+    verify: list[str]
+
+
+class ApplyReply(TypedDict):
+    record: PatchRecord
+
+
+class RevertArgs(TypedDict):
+    state_dir: str
+    set: str
+    force: bool
+
+
+class RevertReply(TypedDict):
+    reverted: bool
+    files: list[str]
+
+
+class ClientIdentity(TypedDict):
+    host: str
+    pid: int
+    user: str
+    op: str
+    expires: float
+
+
+class LockReply(TypedDict):
+    acquired: bool
+    token: str | None
+    holder: dict[str, Any] | None  # the lock file as found; its "token" is always set
+
+
+class PreflightArgs(ProbeArgs):
+    port: int
+    bind_host: str
+    check_paths: list[str]
+    module: str | None
+    log_dir: str
+    log_stem: str
+    client: ClientIdentity
+    break_lock: str | None
+
+
+class PreflightReply(ProbeReply):
+    module_found: bool
+    port_free: bool
+    port_error: str
+    paths: dict[str, bool]
+    log_dir_writable: bool
+    log_dir_error: str
+    next_log: str
+    lock: LockReply
+
+
+class RunInfo(TypedDict):
+    template: str
+    threshold: int | None
+    command: str  # as shown to people: secrets masked
+    port: int
+    bind_host: str
+    tp: int
+    patches: dict[str, str]
+    deployctl_version: str
+    started_by: str
+    restart_of: str | None
+
+
+class RunRecord(RunInfo):
+    id: str
+    log: str
+    pid: int
+    pgid: int
+    sid: int
+    started_at: float
+    status: str  # running | stopped
+
+
+class StartArgs(TypedDict):
+    state_dir: str
+    log_dir: str
+    log_stem: str
+    command: str  # the real command, secrets included
+    run: RunInfo
+    lock_token: str | None
+
+
+class StartReply(TypedDict):
+    run: RunRecord
+
+
+class PollArgs(TypedDict):
+    pgid: int
+    sid: int
+    log: str
+    port: int
+    bind_host: str
+    offset: int  # negative: the last `limit` bytes
+    limit: int
+    wait: float
+
+
+class PollReply(TypedDict):
+    alive: bool
+    members: list[int]
+    health: int | None
+    size: int
+    data: str  # base64
+
+
+class StatusArgs(TypedDict):
+    state_dir: str
+    run: str | None
+    tail_bytes: int
+
+
+class StatusReply(PollReply):
+    run: RunRecord | None
+    command: str | None
+
+
+class StopArgs(TypedDict):
+    state_dir: str
+    timeout: float
+
+
+class StopReply(TypedDict):
+    run: RunRecord | None
+    ended: list[int]
+    killed: list[int]
+    left: list[int]
+
+
+class ReleaseArgs(TypedDict):
+    state_dir: str
+    token: str
+
+
+class ReleaseReply(TypedDict):
+    released: bool
+
+
+# What each call answers; the client checks replies against these.
+REPLIES: dict[str, type] = {
+    "probe": ProbeReply,
+    "read": ReadReply,
+    "apply": ApplyReply,
+    "revert": RevertReply,
+    "preflight": PreflightReply,
+    "start": StartReply,
+    "poll": PollReply,
+    "status": StatusReply,
+    "stop": StopReply,
+    "release": ReleaseReply,
+}
+
+
+# ---- files ---------------------------------------------------------------------------------
+
+
+def digest(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def sha256(path):
+def sha256(path: str) -> str | None:
     return digest(read_bytes(path))
 
 
-def sglang_install():
-    """Find SGLang without importing it (its __init__ needs torch)."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec("sglang")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        return {"error": f"SGLang is not installed for {sys.executable}"}
-    site = os.path.dirname(next(iter(spec.submodule_search_locations)))
-    return {"version": dist_version(site, "sglang"), "site": site, "python": sys.executable}
-
-
-def dist_version(site, name):
-    """The installed version from <site>/<name>-*.dist-info/METADATA.
-
-    Reading it directly is ~80 ms cheaper per call than importing importlib.metadata, and
-    it describes the copy that `import sglang` really finds.
-    """
-    for entry in sorted(os.listdir(site)):
-        if entry.lower().startswith(name + "-") and entry.endswith(".dist-info"):
-            metadata = read_bytes(os.path.join(site, entry, "METADATA")) or b""
-            for line in metadata.decode("utf-8", errors="replace").splitlines():
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip()
-    import importlib.metadata  # an editable or unusual install: ask the slow way
-
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def read_bytes(path):
+def read_bytes(path: str) -> bytes | None:
     try:
         with open(path, "rb") as handle:
             return handle.read()
@@ -86,7 +304,7 @@ def read_bytes(path):
         return None
 
 
-def read_json(path):
+def read_json(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
@@ -94,7 +312,7 @@ def read_json(path):
         return None
 
 
-def write_atomic(path, data, mode=None):
+def write_atomic(path: str, data: bytes, mode: int | None = None) -> None:
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     if mode is None:
@@ -116,67 +334,11 @@ def write_atomic(path, data, mode=None):
         raise
 
 
-def patches_dir(state_dir):
-    return os.path.join(os.path.expanduser(state_dir), "patches")
+def write_json(path: str, document: Any) -> None:
+    write_atomic(path, json.dumps(document, indent=2).encode())
 
 
-def records(state_dir):
-    folder = patches_dir(state_dir)
-    found = {}
-    if os.path.isdir(folder):
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(".json"):
-                record = read_json(os.path.join(folder, name))
-                if record:
-                    found[name[:-5]] = record
-    return found
-
-
-def lock_patches(state_dir):
-    """Serialise patch changes on this host; the lock dies with the process."""
-    folder = patches_dir(state_dir)
-    os.makedirs(folder, exist_ok=True)
-    handle = open(os.path.join(folder, ".lock"), "w")  # noqa: SIM115 - held until exit
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        fail("another deployctl patch operation is running on this host")
-    return handle
-
-
-def cmd_probe(args):
-    """SGLang version and site, patch records, and sha256 of the files of interest."""
-    install = sglang_install()
-    found = records(args["state_dir"])
-    paths = set(args.get("paths", []))
-    for record in found.values():
-        paths.update(record.get("files", {}))
-    files = {}
-    if "site" in install:
-        files = {p: sha256(os.path.join(install["site"], p)) for p in sorted(paths)}
-    return {"sglang": install, "records": found, "files": files}
-
-
-def cmd_read(args):
-    """Return the named files under `base` as base64 (None for a file that does not exist)."""
-    contents = {}
-    for path in args["paths"]:
-        data = read_bytes(os.path.join(args["base"], path))
-        contents[path] = None if data is None else base64.b64encode(data).decode()
-    return {"files": contents}
-
-
-def restore(site, originals):
-    for path, data in originals.items():
-        target = os.path.join(site, path)
-        if data is None:
-            if os.path.exists(target):
-                os.unlink(target)
-        else:
-            write_atomic(target, data)
-
-
-def put_back(target, data):
+def put_back(target: str, data: bytes | None) -> bool:
     """Give `target` its original bytes again (None: it did not exist); True when done."""
     try:
         if data is None:
@@ -195,13 +357,109 @@ def put_back(target, data):
     return True
 
 
-def cmd_apply(args, payload):
+def state_path(state_dir: str, *parts: str) -> str:
+    return os.path.join(os.path.expanduser(state_dir), *parts)
+
+
+def fail(message: str) -> NoReturn:
+    sys.stdout.write(json.dumps({"error": message}) + "\n")
+    sys.exit(1)
+
+
+# ---- SGLang and patches --------------------------------------------------------------------
+
+
+def sglang_install() -> SglangInstall:
+    """Find SGLang without importing it (its __init__ needs torch)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return {"error": f"SGLang is not installed for {sys.executable}"}
+    site = os.path.dirname(next(iter(spec.submodule_search_locations)))
+    return {"version": dist_version(site, "sglang"), "site": site, "python": sys.executable}
+
+
+def dist_version(site: str, name: str) -> str | None:
+    """The installed version from <site>/<name>-*.dist-info/METADATA.
+
+    Reading it directly is ~80 ms cheaper per call than importing importlib.metadata, and
+    it describes the copy that `import sglang` really finds.
+    """
+    for entry in sorted(os.listdir(site)):
+        if entry.lower().startswith(name + "-") and entry.endswith(".dist-info"):
+            metadata = read_bytes(os.path.join(site, entry, "METADATA")) or b""
+            for line in metadata.decode("utf-8", errors="replace").splitlines():
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+    import importlib.metadata  # an editable or unusual install: ask the slow way
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def patches_dir(state_dir: str) -> str:
+    return state_path(state_dir, "patches")
+
+
+def records(state_dir: str) -> dict[str, PatchRecord]:
+    folder = patches_dir(state_dir)
+    found: dict[str, PatchRecord] = {}
+    if os.path.isdir(folder):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".json"):
+                record = read_json(os.path.join(folder, name))
+                if record:
+                    found[name[:-5]] = record
+    return found
+
+
+def lock_patches(state_dir: str) -> IO[str]:
+    """Serialise patch changes on this host; the lock dies with the process."""
+    folder = patches_dir(state_dir)
+    os.makedirs(folder, exist_ok=True)
+    handle = open(os.path.join(folder, ".lock"), "w")  # noqa: SIM115 - held until exit
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fail("another deployctl patch operation is running on this host")
+    return handle
+
+
+def cmd_probe(args: ProbeArgs) -> ProbeReply:
+    """SGLang version and site, patch records, and sha256 of the files of interest."""
+    install = sglang_install()
+    found = records(args["state_dir"])
+    paths = set(args["paths"])
+    for record in found.values():
+        paths.update(record.get("files", {}))
+    files: dict[str, str | None] = {}
+    if "site" in install:
+        files = {p: sha256(os.path.join(install["site"], p)) for p in sorted(paths)}
+    return {"sglang": install, "records": found, "files": files}
+
+
+def cmd_read(args: ReadArgs) -> ReadReply:
+    """Return the named files under `base` as base64 (None for a file that does not exist)."""
+    contents: dict[str, str | None] = {}
+    for path in args["paths"]:
+        data = read_bytes(os.path.join(args["base"], path))
+        contents[path] = None if data is None else base64.b64encode(data).decode()
+    return {"files": contents}
+
+
+def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
     """Back up, write patched files, compile, verify; undo everything on any failure."""
     # A dropped connection can cut the upload at a tar block boundary, which reads as a
     # valid but shorter archive: check that every byte arrived before using any of it.
-    if hashlib.sha256(payload).hexdigest() != args.get("payload_sha256"):
+    if hashlib.sha256(payload).hexdigest() != args["payload_sha256"]:
         fail(
-            f"the upload is incomplete ({len(payload)} of {args.get('payload_size')} bytes; "
+            f"the upload is incomplete ({len(payload)} of {args['payload_size']} bytes; "
             "connection dropped?); nothing was changed"
         )
     members: dict[str, bytes] = {}
@@ -210,7 +468,7 @@ def cmd_apply(args, payload):
             extracted = tar.extractfile(member) if member.isfile() else None
             if extracted is not None:
                 members[member.name] = extracted.read()
-    manifest = json.loads(members.pop("manifest.json"))
+    manifest: Manifest = json.loads(members.pop("manifest.json"))
     site, name = manifest["site"], manifest["set"]
     state_dir = args["state_dir"]
     lock = lock_patches(state_dir)
@@ -241,22 +499,8 @@ def cmd_apply(args, payload):
         for path in manifest["files"]:
             if path.endswith(".py") and patched[path] is not None:
                 py_compile.compile(os.path.join(site, path), doraise=True)
-        verify_dir = tempfile.mkdtemp(prefix="deployctl-verify-")
-        for script in manifest["verify"]:
-            script_path = os.path.join(verify_dir, os.path.basename(script))
-            with open(script_path, "wb") as handle:
-                handle.write(members["verify/" + script])
-            env = dict(os.environ, DEPLOYCTL_SITE=site)
-            done = subprocess.run(
-                [sys.executable, script_path], check=False, cwd=verify_dir, env=env,
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-            if done.returncode != 0:
-                detail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [
-                    "no output"
-                ]
-                raise RuntimeError(f"verify {os.path.basename(script)} failed: {detail[0]}")
-        record = {
+        run_verify_scripts(site, manifest["verify"], members)
+        record: PatchRecord = {
             "set": name,
             "version": manifest["version"],
             "hash": manifest["hash"],
@@ -280,7 +524,7 @@ def cmd_apply(args, payload):
         if previous:
             archive(state_dir, previous, "replaced")
         # Without its record an apply cannot be audited or reverted: it is part of the change.
-        write_atomic(record_path, json.dumps(record, indent=2).encode())
+        write_json(record_path, record)
     except (py_compile.PyCompileError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
         stuck = [p for p in reversed(replaced) if not put_back(os.path.join(site, p), before[p])]
         back = {p: sha256(os.path.join(site, p)) for p in manifest["files"]}
@@ -296,22 +540,39 @@ def cmd_apply(args, payload):
     return {"record": record}
 
 
-def archive(state_dir, record, why):
-    record = dict(record, ended=why, ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+def run_verify_scripts(site: str, scripts: list[str], members: dict[str, bytes]) -> None:
+    """Run each verify script of the set against the patched files; raise on the first failure."""
+    verify_dir = tempfile.mkdtemp(prefix="deployctl-verify-")
+    for script in scripts:
+        script_path = os.path.join(verify_dir, os.path.basename(script))
+        with open(script_path, "wb") as handle:
+            handle.write(members["verify/" + script])
+        env = dict(os.environ, DEPLOYCTL_SITE=site)
+        done = subprocess.run(
+            [sys.executable, script_path], check=False, cwd=verify_dir, env=env,
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if done.returncode != 0:
+            detail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"verify {os.path.basename(script)} failed: {detail[0]}")
+
+
+def archive(state_dir: str, record: PatchRecord, why: str) -> None:
+    ended = dict(record, ended=why, ended_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     path = os.path.join(
         patches_dir(state_dir), "history", f"{record['set']}-{record['apply_id']}-{why}.json"
     )
-    write_atomic(path, json.dumps(record, indent=2).encode())
+    write_json(path, ended)
 
 
-def cmd_revert(args):
+def cmd_revert(args: RevertArgs) -> RevertReply:
     """Restore a set's originals from its backup and check their hashes."""
     state_dir, name = args["state_dir"], args["set"]
     lock = lock_patches(state_dir)
     record_path = os.path.join(patches_dir(state_dir), name + ".json")
-    record = read_json(record_path)
+    record: PatchRecord | None = read_json(record_path)
     if record is None:
-        return {"reverted": False, "reason": "not applied"}
+        return {"reverted": False, "files": []}
     site = record["site"]
     for other_name, other in records(state_dir).items():
         shared = set(other.get("files", {})) & set(record["files"])
@@ -321,21 +582,20 @@ def cmd_revert(args):
         p for p, sums in record["files"].items()
         if sha256(os.path.join(site, p)) != sums["patched_sha256"]
     ]  # fmt: skip
-    if drifted and not args.get("force"):
+    if drifted and not args["force"]:
         fail(
             f"drifted since apply (hand edits or a reinstall): {', '.join(drifted)}; use --force to restore anyway"
         )
     originals: dict[str, bytes | None] = {}
     for path, sums in record["files"].items():
-        backup = os.path.join(record["backup_dir"], path)
         if sums["original_sha256"] is None:
             originals[path] = None
         else:
-            originals[path] = read_bytes(backup)
+            originals[path] = read_bytes(os.path.join(record["backup_dir"], path))
             if digest(originals[path]) != sums["original_sha256"]:
                 fail(f"backup of {path} does not match its recorded hash; nothing restored")
-    restore(site, originals)
-    mismatched = [
+    stuck = [p for p, data in originals.items() if not put_back(os.path.join(site, p), data)]
+    mismatched = stuck or [
         p for p, sums in record["files"].items()
         if sha256(os.path.join(site, p)) != sums["original_sha256"]
     ]  # fmt: skip
@@ -353,11 +613,7 @@ LOG_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.log\Z")
 RUN_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.json\Z")
 
 
-def state_path(state_dir, *parts):
-    return os.path.join(os.path.expanduser(state_dir), *parts)
-
-
-def next_log_version(log_dir, stem, runs_dir):
+def next_log_version(log_dir: str, stem: str, runs_dir: str) -> int:
     """One more than the highest version of `stem` among the logs and the run records.
 
     Run records count too: a log deleted to save space must not let its run id, and so its
@@ -373,24 +629,32 @@ def next_log_version(log_dir, stem, runs_dir):
     return highest + 1
 
 
-def pid_alive(pid):
+def lock_identity(raw: bytes) -> tuple[dict[str, Any], str]:
+    """The lock file as a dict and the token that names it.
+
+    A record without a token of its own (hand-made, or cut short) is named by its content's
+    hash, so that exactly that record can be broken and nothing written after it.
+    """
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        holder = json.loads(raw)
+    except ValueError:
+        holder = None
+    if not isinstance(holder, dict):
+        holder = {}
+    token = holder.get("token")
+    if not isinstance(token, str) or not token:
+        token = "sha256:" + hashlib.sha256(raw).hexdigest()
+    return dict(holder, token=token), token
 
 
-def take_lock(state_dir, client, break_token):
+def take_lock(state_dir: str, client: ClientIdentity, break_token: str | None) -> LockReply:
     """Create the host lock atomically; report the holder when it exists."""
     path = state_path(state_dir, "lock")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    holder = read_json(path)
-    if holder and break_token and holder.get("token") == break_token:
+    raw = read_bytes(path)
+    if raw is not None and break_token and lock_identity(raw)[1] == break_token:
         os.unlink(path)
-    token = f"{client.get('host')}-{client.get('pid')}-{time.time_ns()}"
+    token = f"{client['host']}-{client['pid']}-{time.time_ns()}"
     # Written whole first, then linked into place: link() fails when the lock exists, and
     # nobody ever reads a half-written lock.
     fd, tmp = tempfile.mkstemp(prefix=".lock.", dir=os.path.dirname(path))
@@ -399,22 +663,23 @@ def take_lock(state_dir, client, break_token):
             json.dump(dict(client, token=token, since=time.time()), handle)
         os.link(tmp, path)
     except FileExistsError:
-        return {"acquired": False, "holder": read_json(path) or {}}
+        holder, _ = lock_identity(read_bytes(path) or b"")
+        return {"acquired": False, "token": None, "holder": holder}
     finally:
         os.unlink(tmp)
-    return {"acquired": True, "token": token}
+    return {"acquired": True, "token": token, "holder": None}
 
 
-def release_lock(state_dir, token):
+def release_lock(state_dir: str, token: str) -> bool:
     path = state_path(state_dir, "lock")
     holder = read_json(path)
-    if holder and holder.get("token") == token:
+    if isinstance(holder, dict) and holder.get("token") == token:
         os.unlink(path)
         return True
     return False
 
 
-def module_found(module):
+def module_found(module: str | None) -> bool:
     """Can `python -m module` find the module's top-level package (without importing it)?"""
     import importlib.util
 
@@ -426,7 +691,7 @@ def module_found(module):
         return False
 
 
-def port_free(host, port):
+def port_free(host: str, port: int) -> tuple[bool, str]:
     import socket
 
     address = "0.0.0.0" if host in ("", "0.0.0.0", "::") else host
@@ -440,7 +705,7 @@ def port_free(host, port):
     return True, ""
 
 
-def writable_dir(path):
+def writable_dir(path: str) -> tuple[bool, str]:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
@@ -448,22 +713,27 @@ def writable_dir(path):
     return os.access(path, os.W_OK | os.X_OK), "not writable"
 
 
-def cmd_preflight(args):
+def cmd_preflight(args: PreflightArgs) -> PreflightReply:
     """Everything a launch needs to know, and the host lock, in one round trip."""
-    result = cmd_probe(args)
-    result["module_found"] = module_found(args.get("module"))
+    probe = cmd_probe(args)
     log_dir = os.path.expanduser(args["log_dir"])
-    result["port_free"], result["port_error"] = port_free(args["bind_host"], args["port"])
-    result["paths"] = {p: os.path.exists(os.path.expanduser(p)) for p in args["check_paths"]}
-    result["log_dir_writable"], result["log_dir_error"] = writable_dir(log_dir)
+    free, port_error = port_free(args["bind_host"], args["port"])
+    writable, log_dir_error = writable_dir(log_dir)
     version = next_log_version(log_dir, args["log_stem"], state_path(args["state_dir"], "runs"))
-    result["next_log"] = os.path.join(log_dir, f"{args['log_stem']}_v{version}.log")
-    if args.get("lock", True):
-        result["lock"] = take_lock(args["state_dir"], args["client"], args.get("break_lock"))
-    return result
+    return {
+        **probe,
+        "module_found": module_found(args["module"]),
+        "port_free": free,
+        "port_error": port_error,
+        "paths": {p: os.path.exists(os.path.expanduser(p)) for p in args["check_paths"]},
+        "log_dir_writable": writable,
+        "log_dir_error": log_dir_error,
+        "next_log": os.path.join(log_dir, f"{args['log_stem']}_v{version}.log"),
+        "lock": take_lock(args["state_dir"], args["client"], args["break_lock"]),
+    }
 
 
-def process_group(pgid, sid):
+def process_group(pgid: int, sid: int) -> list[int]:
     """PIDs whose process group and session are the run's (never anyone else's)."""
     members = []
     for entry in os.listdir("/proc"):
@@ -479,7 +749,7 @@ def process_group(pgid, sid):
     return sorted(members)
 
 
-def cmd_start(args):
+def cmd_start(args: StartArgs) -> StartReply:
     """Start the server detached in its own session, logging to a new versioned file."""
     state_dir, log_dir = args["state_dir"], os.path.expanduser(args["log_dir"])
     runs = state_path(state_dir, "runs")
@@ -502,26 +772,25 @@ def cmd_start(args):
         start_new_session=True, close_fds=True, cwd=os.path.expanduser("~"),
     )  # fmt: skip
     os.close(log_fd)
-    record = dict(
-        args["run"],
-        id=run_id,
-        log=log_path,
-        pid=proc.pid,
-        pgid=proc.pid,
-        sid=proc.pid,
-        started_at=time.time(),
-        status="running",
-    )
-    command_file = os.path.join(runs, run_id + ".cmd")
-    write_atomic(command_file, args["command"].encode(), mode=0o600)
-    write_atomic(os.path.join(runs, run_id + ".json"), json.dumps(record, indent=2).encode())
+    record: RunRecord = {
+        **args["run"],
+        "id": run_id,
+        "log": log_path,
+        "pid": proc.pid,
+        "pgid": proc.pid,
+        "sid": proc.pid,
+        "started_at": time.time(),
+        "status": "running",
+    }
+    write_atomic(os.path.join(runs, run_id + ".cmd"), args["command"].encode(), mode=0o600)
+    write_json(os.path.join(runs, run_id + ".json"), record)
     write_atomic(os.path.join(runs, "current"), run_id.encode())
-    if args.get("lock_token"):
+    if args["lock_token"]:
         release_lock(state_dir, args["lock_token"])
     return {"run": record}
 
 
-def health(host, port):
+def health(host: str, port: int) -> int | None:
     """GET /health on the host itself: the status code, or None when nothing answers."""
     import socket
 
@@ -535,7 +804,7 @@ def health(host, port):
     return int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else None
 
 
-def read_from(path, offset, limit):
+def read_from(path: str, offset: int, limit: int) -> tuple[int, bytes]:
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
@@ -547,16 +816,16 @@ def read_from(path, offset, limit):
     return size, data
 
 
-def cmd_poll(args):
+def cmd_poll(args: PollArgs) -> PollReply:
     """Is the run alive, is it healthy, and what did its log gain since `offset`.
 
     With `wait`, keep watching (in this one process) until something changes, so the
     caller learns of a ready line or a crash within ~50 ms instead of a poll interval.
     """
-    deadline = time.monotonic() + float(args.get("wait", 0))
+    deadline = time.monotonic() + float(args["wait"])
     while True:
         members = process_group(args["pgid"], args["sid"])
-        size, data = read_from(args["log"], args["offset"], args.get("limit", 1 << 20))
+        size, data = read_from(args["log"], args["offset"], args["limit"])
         code = health(args["bind_host"], args["port"]) if members else None
         if data or not members or code == 200 or time.monotonic() >= deadline:
             break
@@ -570,37 +839,50 @@ def cmd_poll(args):
     }
 
 
-def current_run(state_dir, run_id=None):
+def current_run(state_dir: str, run_id: str | None = None) -> RunRecord | None:
     runs = state_path(state_dir, "runs")
     if run_id is None:
         current = read_bytes(os.path.join(runs, "current"))
         if current is None:
             return None
         run_id = current.decode().strip()
-    return read_json(os.path.join(runs, run_id + ".json"))
+    record: RunRecord | None = read_json(os.path.join(runs, run_id + ".json"))
+    return record
 
 
-def cmd_status(args):
+def cmd_status(args: StatusArgs) -> StatusReply:
     """The current (or named) run with liveness, health and the tail of its log."""
-    run = current_run(args["state_dir"], args.get("run"))
+    run = current_run(args["state_dir"], args["run"])
     if run is None:
-        return {"run": None}
-    poll = cmd_poll(dict(run, offset=-1, limit=args.get("tail_bytes", 65536)))
+        nothing: PollReply = {"alive": False, "members": [], "health": None, "size": 0, "data": ""}
+        return {**nothing, "run": None, "command": None}
+    poll = cmd_poll(
+        {
+            "pgid": run["pgid"],
+            "sid": run["sid"],
+            "log": run["log"],
+            "port": run["port"],
+            "bind_host": run["bind_host"],
+            "offset": -1,
+            "limit": args["tail_bytes"],
+            "wait": 0,
+        }
+    )
     command = read_bytes(state_path(args["state_dir"], "runs", run["id"] + ".cmd"))
-    return dict(poll, run=run, command=None if command is None else command.decode())
+    return {**poll, "run": run, "command": None if command is None else command.decode()}
 
 
-def cmd_stop(args):
+def cmd_stop(args: StopArgs) -> StopReply:
     """SIGTERM the run's process group, SIGKILL what is left after the timeout."""
     state_dir = args["state_dir"]
-    run = current_run(state_dir, args.get("run"))
+    run = current_run(state_dir)
     if run is None:
-        return {"run": None}
+        return {"run": None, "ended": [], "killed": [], "left": []}
     members = process_group(run["pgid"], run["sid"])
-    killed = []
+    killed: list[int] = []
     if members:
         os.killpg(run["pgid"], signal.SIGTERM)
-        deadline = time.monotonic() + float(args.get("timeout", 30))
+        deadline = time.monotonic() + float(args["timeout"])
         while process_group(run["pgid"], run["sid"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         killed = process_group(run["pgid"], run["sid"])
@@ -608,30 +890,30 @@ def cmd_stop(args):
             os.killpg(run["pgid"], signal.SIGKILL)
             while process_group(run["pgid"], run["sid"]) and time.monotonic() < deadline + 10:
                 time.sleep(0.05)
-    if run.get("status") == "running":
-        run = dict(run, status="stopped", stopped_at=time.time())
-        path = state_path(state_dir, "runs", run["id"] + ".json")
-        write_atomic(path, json.dumps(run, indent=2).encode())
+    if run["status"] == "running":
+        stopped = dict(run, status="stopped", stopped_at=time.time())
+        write_json(state_path(state_dir, "runs", run["id"] + ".json"), stopped)
+        run = cast(RunRecord, stopped)
     left = process_group(run["pgid"], run["sid"])
     return {"run": run, "ended": members, "killed": killed, "left": left}
 
 
-def cmd_release(args):
+def cmd_release(args: ReleaseArgs) -> ReleaseReply:
     return {"released": release_lock(args["state_dir"], args["token"])}
 
 
-def fail(message):
-    sys.stdout.write(json.dumps({"error": message}) + "\n")
-    sys.exit(1)
+# ---- entry point ---------------------------------------------------------------------------
 
 
-def main():
+def main() -> None:
     # A dropped connection must not interrupt a change half-way: finish or roll back.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    command, args = sys.argv[1], json.loads(sys.argv[2])
-    payload = sys.stdin.buffer.read() if command == "apply" else b""
-    handlers = {
+    # The server runs `python -m` from the home folder (cmd_start): look for modules there.
+    sys.path[0] = os.path.expanduser("~")
+    call, args = sys.argv[1], json.loads(sys.argv[2])
+    payload = sys.stdin.buffer.read() if call == "apply" else b""
+    handlers: dict[str, Callable[[], Any]] = {
         "probe": lambda: cmd_probe(args),
         "read": lambda: cmd_read(args),
         "apply": lambda: cmd_apply(args, payload),
@@ -643,7 +925,9 @@ def main():
         "stop": lambda: cmd_stop(args),
         "release": lambda: cmd_release(args),
     }
-    result = handlers[command]()
+    if call not in handlers:
+        fail(f"unknown agent call {call!r}")
+    result = handlers[call]()
     try:
         sys.stdout.write(json.dumps(result) + "\n")
         sys.stdout.flush()

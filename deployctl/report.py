@@ -1,25 +1,58 @@
-"""Human tables and --json documents for per-host results."""
+"""All presentation: human tables, streamed lines and --json documents for command results.
+
+Each command's result has a `View`: how people see it and its JSON document.
+`render_result` picks one of the two; nothing here decides an exit status.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from deployctl.crash.model import CrashReport, crash_lines, format_ranks, one_line
+from deployctl.errors import DeployctlError, explain
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from deployctl.fanout import HostResult
+    from deployctl.fanout import FleetResult, HostResult
     from deployctl.ops.gpus import GpuReport
     from deployctl.ops.launch import LaunchReport
+    from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
     from deployctl.ops.patch import AuditReport, PatchAction
-    from deployctl.ops.server import RunStatus, StopResult, WatchEvent
+    from deployctl.ops.server import RestartReport, RunStatus, StopResult, WatchEvent
     from deployctl.patchset import PatchSet
     from deployctl.render import RenderedCommand
 
+R = TypeVar("R")
 T = TypeVar("T")
+CRASH_MARK = "!! "
+_RED, _RESET = "\033[31m", "\033[0m"
+
+
+@dataclass(frozen=True)
+class View(Generic[R]):
+    """How one kind of result is shown: to people, and as one JSON document."""
+
+    human: Callable[[R], None]
+    document: Callable[[R], Any]
+
+
+def render_result(view: View[R], result: R, as_json: bool) -> None:
+    """Show a command's result as JSON or for people."""
+    if as_json:
+        print_json(view.document(result))
+    else:
+        view.human(result)
+
+
+# ---- building blocks -----------------------------------------------------------------------
 
 
 def console(stderr: bool = False) -> Console:
@@ -36,30 +69,64 @@ def print_json(document: Any) -> None:
     sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
 
 
-def print_error(message: str, hint: str | None = None) -> None:
-    """Print `error: …` and `hint: …` on stderr, one line each."""
-    sys.stderr.write(f"error: {_one_line(message)}\n")
-    if hint:
-        sys.stderr.write(f"hint: {_one_line(hint)}\n")
+def error_text(message: str, hint: str | None = None, host: str | None = None) -> str:
+    """`[host: ]error: …` and `[host: ]hint: …`, one line each: the one error format."""
+    return tagged("error", message, host) + (tagged("hint", hint, host) if hint else "")
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
+def tagged(tag: str, text: str, host: str | None = None) -> str:
+    """One `[host: ]tag: text` line."""
+    prefix = f"{host}: " if host else ""
+    return f"{prefix}{tag}: {one_line(text)}\n"
+
+
+def print_error(message: str, hint: str | None = None, host: str | None = None) -> None:
+    """Print an error (and its hint) on stderr."""
+    sys.stderr.write(error_text(message, hint, host))
+    sys.stderr.flush()
+
+
+def print_bug(failures: Sequence[tuple[str | None, BaseException]], message: str = "") -> None:
+    """Keep the tracebacks of bugs (per host, or None for the command) in a new debug file,
+    and name it in one error line."""
+    from deployctl.debug import write_debug_file
+
+    path = write_debug_file(failures)
+    hosts = [host for host, _ in failures if host]
+    where = f" on {', '.join(hosts)}" if hosts else ""
+    print_error(
+        message or f"internal error{where}",
+        f"a bug in deployctl; the traceback is in {path}; please report it",
+    )
+
+
+def print_host_errors(results: Iterable[HostResult[Any]]) -> None:
+    """Print each failed host's error (and hint) on stderr."""
+    for result in results:
+        if result.failed:
+            print_error(result.error or "", result.hint, result.name)
+
+
+def host_entry(result: HostResult[T], to_json: Callable[[T], dict[str, Any]]) -> dict[str, Any]:
+    """One host in a JSON document: ok, error, its stable code and hint, and its fields."""
+    entry: dict[str, Any] = {"ok": not result.failed, "error": result.error, "code": result.code}
+    if result.hint:
+        entry["hint"] = result.hint
+    if result.value is not None:
+        entry.update(to_json(result.value))
+    return entry
 
 
 def hosts_document(
     results: Iterable[HostResult[T]], to_json: Callable[[T], dict[str, Any]]
 ) -> dict[str, Any]:
-    """Return {"hosts": {name: {"ok", "error", **fields}}} for per-host results."""
-    hosts: dict[str, Any] = {}
-    for result in results:
-        entry: dict[str, Any] = {"ok": result.ok, "error": result.error}
-        if result.hint:
-            entry["hint"] = result.hint
-        if result.value is not None:
-            entry.update(to_json(result.value))
-        hosts[result.name] = entry
-    return {"hosts": hosts}
+    """Return {"hosts": {name: {"ok", "error", "code", **fields}}} for per-host results."""
+    return {"hosts": {result.name: host_entry(result, to_json) for result in results}}
+
+
+def per_host(to_json: Callable[[T], dict[str, Any]]) -> Callable[[FleetResult[T]], Any]:
+    """The JSON document of a fleet result whose values turn into dicts with `to_json`."""
+    return lambda results: hosts_document(results, to_json)
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
@@ -75,22 +142,16 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
     console().print(table)
 
 
-def print_host_errors(results: Iterable[HostResult[Any]]) -> None:
-    """Print each failed host's error (and hint) on stderr."""
-    for result in results:
-        if not result.ok:
-            sys.stderr.write(f"{result.name}: error: {_one_line(result.error or '')}\n")
-            if result.hint:
-                sys.stderr.write(f"{result.name}: hint: {_one_line(result.hint)}\n")
+def print_command(out: Console, command: str) -> None:
+    """Print a shell command byte for byte: rich would expand tabs and turn :name: into emoji."""
+    out.file.write(command + "\n")
+    out.file.flush()
 
 
-def failed(results: Iterable[HostResult[Any]]) -> bool:
-    """Tell whether any host failed."""
-    return any(not r.ok for r in results)
+# ---- hosts and render ----------------------------------------------------------------------
 
 
-def hosts_rows(described: dict[str, dict[str, Any]]) -> list[list[str]]:
-    """Rows for `deployctl hosts`: connection facts and deployctl's own variables."""
+def _hosts_table(described: dict[str, dict[str, Any]]) -> None:
     rows = []
     for name, info in described.items():
         port = f":{info['port']}" if info["port"] else ""
@@ -99,11 +160,13 @@ def hosts_rows(described: dict[str, dict[str, Any]]) -> list[list[str]]:
         rows.append(
             [name, info["connection"], f"{info['address']}{port}", info["user"] or "", shown]
         )
-    return rows
+    print_table(None, ["host", "connection", "address", "user", "vars"], rows)
 
 
-def print_rendered(results: Sequence[HostResult[RenderedCommand]]) -> None:
-    """Print each host's rendered command (secrets masked), or its error."""
+HOSTS: View[dict[str, dict[str, Any]]] = View(_hosts_table, lambda d: {"hosts": d})
+
+
+def _rendered(results: FleetResult[RenderedCommand]) -> None:
     out = console()
     for result in results:
         if result.value is not None:
@@ -112,19 +175,20 @@ def print_rendered(results: Sequence[HostResult[RenderedCommand]]) -> None:
     print_host_errors(results)
 
 
-def print_command(out: Console, command: str) -> None:
-    """Print a shell command byte for byte: rich would expand tabs and turn :name: into emoji."""
-    out.file.write(command + "\n")
-    out.file.flush()
+RENDERED: View[FleetResult[RenderedCommand]] = View(
+    _rendered, per_host(lambda r: {"command": r.display})
+)
 
 
-def print_gpus(results: Sequence[HostResult[GpuReport]]) -> None:
-    """Print one row per GPU and a verdict per host."""
+# ---- gpus ----------------------------------------------------------------------------------
+
+
+def _gpus_table(results: FleetResult[GpuReport]) -> None:
     rows = []
     for result in results:
         gpu_report = result.value
         if gpu_report is None:
-            rows.append([result.name, "-", "", "", "", "error: " + _one_line(result.error or "")])
+            rows.append([result.name, "-", "", "", "", "error: " + one_line(result.error or "")])
             continue
         by_gpu: dict[str, list[str]] = {}
         for proc in gpu_report.processes:
@@ -146,7 +210,13 @@ def print_gpus(results: Sequence[HostResult[GpuReport]]) -> None:
     print_table(None, ["host", "gpu", "name", "memory", "util", "processes / verdict"], rows)
 
 
-def print_patch_list(sets: Sequence[PatchSet]) -> None:
+GPUS: View[FleetResult[GpuReport]] = View(_gpus_table, per_host(lambda r: r.to_json()))
+
+
+# ---- patches -------------------------------------------------------------------------------
+
+
+def _patch_list(sets: Sequence[PatchSet]) -> None:
     rows = [
         [s.name, s.version, s.short_hash, ", ".join(sorted(s.variants)), s.description]
         for s in sets
@@ -154,23 +224,28 @@ def print_patch_list(sets: Sequence[PatchSet]) -> None:
     print_table(None, ["set", "version", "hash", "SGLang", "description"], rows)
 
 
-def print_patch_actions(results: Sequence[HostResult[list[PatchAction]]], as_json: bool) -> int:
-    """Print what apply/revert did per host; return the exit code."""
-    if as_json:
-        print_json(hosts_document(results, lambda acts: {"patches": [a.to_json() for a in acts]}))
-    else:
-        rows = [
-            [r.name, a.set, a.version, a.action, str(len(a.files))]
-            for r in results
-            for a in (r.value or [])
-        ]
-        print_table(None, ["host", "set", "version", "result", "files"], rows)
-        print_host_errors(results)
-    return 1 if failed(results) else 0
+PATCH_LIST: View[Sequence[PatchSet]] = View(
+    _patch_list, lambda sets: {"patches": [s.to_json() for s in sets]}
+)
 
 
-def print_audit(results: Sequence[HostResult[AuditReport]]) -> None:
-    """Print a hosts × sets matrix with each host's SGLang version."""
+def _patch_actions(results: FleetResult[list[PatchAction]]) -> None:
+    rows = [
+        [r.name, a.set, a.version, a.action, str(len(a.files))]
+        for r in results
+        for a in r.value or []
+    ]
+    print_table(None, ["host", "set", "version", "result", "files"], rows)
+    print_host_errors(results)
+
+
+PATCH_ACTIONS: View[FleetResult[list[PatchAction]]] = View(
+    _patch_actions, per_host(lambda acts: {"patches": [a.to_json() for a in acts]})
+)
+
+
+def _audit_table(results: FleetResult[AuditReport]) -> None:
+    """A hosts × sets matrix with each host's SGLang version."""
     names: list[str] = []
     for result in results:
         for name in result.value.states if result.value else []:
@@ -195,6 +270,127 @@ def print_audit(results: Sequence[HostResult[AuditReport]]) -> None:
         rows.append([result.name, result.value.sglang_version or "?", *cells])
     print_table(None, ["host", "SGLang", *names], rows)
     print_host_errors(results)
+
+
+AUDIT: View[FleetResult[AuditReport]] = View(_audit_table, per_host(lambda r: r.to_json()))
+
+
+# ---- crash and logs ------------------------------------------------------------------------
+
+
+def _local_crashes(result: LocalCrashes) -> None:
+    if not result.crashes:
+        sys.stdout.write("no crash found\n")
+    for crash in result.crashes:
+        sys.stdout.write("\n".join(crash_lines(crash)) + "\n")
+
+
+LOCAL_CRASHES: View[LocalCrashes] = View(
+    _local_crashes, lambda r: {"crashes": [c.to_json() for c in r.crashes]}
+)
+
+
+def _crash_scans(results: FleetResult[LogScan]) -> None:
+    """Each host's crashes (each once, with its ranks), or what was scanned."""
+    for result in results:
+        scan = result.value
+        if scan is None:
+            continue
+        label = f"{result.name}: " if len(results) > 1 else ""
+        scanned = f"scanned {_size(scan.scanned_bytes)} of {_size(scan.size)}"
+        if not scan.crashes:
+            sys.stdout.write(f"{label}no crash found in {scan.path} ({scanned})\n")
+            continue
+        count = len(scan.crashes)
+        sys.stdout.write(
+            f"{label}{count} crash{'es' if count > 1 else ''} in {scan.path} ({scanned})\n"
+        )
+        whole = scan.scanned_bytes >= scan.size
+        for crash in scan.crashes:
+            sys.stdout.write("".join(f"  {line}\n" for line in crash_lines(crash, whole)))
+    sys.stdout.flush()
+    print_host_errors(results)
+
+
+def _crash_scans_document(results: FleetResult[LogScan]) -> dict[str, Any]:
+    document = hosts_document(results, lambda scan: scan.to_json())
+    for entry in document["hosts"].values():
+        # A failed host keeps the shape, so readers need not test for the keys.
+        entry.setdefault("log", None)
+        entry.setdefault("crashes", [])
+    return document
+
+
+CRASHES: View[CrashSearch] = View(
+    lambda r: _crash_scans(r.scans), lambda r: _crash_scans_document(r.scans)
+)
+
+
+def _logs(result: LogsResult) -> None:
+    # Lines and errors were streamed as they came; only `--crash` scans are left to show.
+    if result.scans is not None:
+        _crash_scans(result.scans)
+
+
+LOGS: View[LogsResult] = View(
+    _logs, lambda r: _crash_scans_document(r.scans) if r.scans is not None else {}
+)
+
+
+class LogPrinter:
+    """Write whole log lines to stdout from many threads, flushed, crash lines marked."""
+
+    def __init__(self, prefixed: bool) -> None:
+        self.prefixed = prefixed
+        self.color = sys.stdout.isatty()
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def line(self, host: str, text: str, crash: bool = False) -> None:
+        prefix = f"{host} | " if self.prefixed else ""
+        if crash:
+            # The mark stays in piped output too, so scripts (and grep) can find crash lines.
+            text = f"{_RED}{CRASH_MARK}{text}{_RESET}" if self.color else CRASH_MARK + text
+        self._write(prefix + text + "\n")
+
+    def crash(self, host: str, report: CrashReport) -> None:
+        prefix = f"{host} | " if self.prefixed else ""
+        where = f" at {report.file}:{report.line}" if report.file else ""
+        ranks = f" (ranks {format_ranks(report.ranks)})" if report.ranks else ""
+        text = f"{prefix}{CRASH_MARK}CRASH: {report.summary()}{where}{ranks}\n"
+        text += f"{prefix}{CRASH_MARK}hint: {report.hint}\n"
+        self._write(f"{_RED}{text}{_RESET}" if self.color else text)
+
+    def error(self, host: str, exc: BaseException) -> None:
+        print_error(*explain(exc), host=host)
+        if not isinstance(exc, DeployctlError):
+            print_bug([(host, exc)])
+
+    def _write(self, text: str) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()  # the output may be piped: each line must leave at once
+            except BrokenPipeError:
+                # The reader left (`| head`): stop following, and keep exit from complaining.
+                self.closed = True
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+
+
+def _size(n: int) -> str:
+    """Return a byte count for people: 512 B, 21.0 KiB, 64.0 MiB, 1.0 GiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+# ---- launch, stop, status, restart, watch --------------------------------------------------
 
 
 class Progress:
@@ -227,52 +423,41 @@ class Progress:
             self._live.__exit__(None, None, None)
 
 
-def print_launch(result: LaunchReport, as_json: bool, dry_run: bool) -> int:
-    """Print preflight problems, or each host's run and how it came up; return the exit code."""
-    preflights = {r.name: r for r in result.preflights}
+def _launch_document(result: LaunchReport) -> dict[str, Any]:
     outcomes = {r.name: r for r in result.outcomes}
-    if as_json:
-        hosts: dict[str, Any] = {}
-        for name, pre in preflights.items():
-            entry: dict[str, Any] = {
-                "ok": pre.ok and bool(pre.value and pre.value.ok),
-                "error": pre.error,
-            }
-            if pre.value is not None:
-                entry["preflight"] = pre.value.to_json()
-            out = outcomes.get(name)
-            if out is not None:
-                entry["ok"] = out.ok and bool(out.value and out.value.ok)
-                entry["error"] = out.error
-                if out.value is not None:
-                    entry.update(out.value.to_json())
-            hosts[name] = entry
-        print_json({"started": bool(result.outcomes), "dry_run": dry_run, "hosts": hosts})
-        return (
-            0
-            if (dry_run and not result.refused and not failed(result.preflights)) or result.ok
-            else 1
-        )
+    hosts: dict[str, Any] = {}
+    for pre in result.preflights:
+        entry = host_entry(pre, lambda p: {"preflight": p.to_json()})
+        entry["ok"] = pre.ok
+        out = outcomes.get(pre.name)
+        if out is not None:
+            entry.update(host_entry(out, lambda o: o.to_json()))
+            entry["ok"] = out.ok
+        hosts[pre.name] = entry
+    return {"started": result.started, "dry_run": result.dry_run, "hosts": hosts}
+
+
+def _launch(result: LaunchReport) -> None:
+    """Preflight problems (and, for a dry run, the commands), or each host's run."""
     out_console = console()
-    if result.refused or dry_run:
-        for name, pre in preflights.items():
+    if result.refused or result.dry_run:
+        for pre in result.preflights:
             if pre.value is None:
-                sys.stderr.write(f"{name}: error: {_one_line(pre.error or '')}\n")
+                print_error(pre.error or "", pre.hint, pre.name)
                 continue
-            if dry_run:
-                out_console.print(f"# {name} → {pre.value.next_log}", style="bold")
+            if result.dry_run:
+                out_console.print(f"# {pre.name} → {pre.value.next_log}", style="bold")
                 print_command(out_console, pre.value.plan.rendered.display)
             for problem in pre.value.problems:
-                sys.stderr.write(f"{name}: error: {_one_line(problem)}\n")
+                print_error(problem, host=pre.name)
             for hint in pre.value.hints:
-                sys.stderr.write(f"{name}: hint: {_one_line(hint)}\n")
+                sys.stderr.write(tagged("hint", hint, pre.name))
         if result.refused:
             sys.stderr.write("nothing was started on any host\n")
-            return 1
-        return 0
-    for name, out in outcomes.items():
+        return
+    for out in result.outcomes:
         if out.value is None:
-            sys.stderr.write(f"{name}: error: {_one_line(out.error or '')}\n")
+            print_error(out.error or "", out.hint, out.name)
             continue
         outcome = out.value
         run = outcome.run
@@ -283,99 +468,83 @@ def print_launch(result: LaunchReport, as_json: bool, dry_run: bool) -> int:
             "crashed": f"CRASHED after {outcome.elapsed:.1f}s",
             "died": f"DIED after {outcome.elapsed:.1f}s",
         }[outcome.state]
-        out_console.print(f"{name}: {run['id']} pid {run['pid']} — {state}", markup=False)
+        out_console.print(f"{out.name}: {run['id']} pid {run['pid']} — {state}", markup=False)
         out_console.print(f"  log: {run['log']}", markup=False)
         for crash in outcome.crashes:
             for line in crash_lines(crash):
                 out_console.print("  " + line, markup=False)
         if outcome.state == "died" and outcome.last_line:
             out_console.print(f"  last line: {outcome.last_line}", markup=False)
-    return 0 if result.ok else 1
 
 
-def print_stop(results: Sequence[HostResult[StopResult]], as_json: bool) -> int:
-    if as_json:
-        print_json(hosts_document(results, lambda r: r.to_json()))
-    else:
-        rows = []
-        for r in results:
-            if r.value is None:
-                continue
-            v = r.value
-            gpus = {True: "clean", False: "NOT clean", None: "not checked"}[v.gpus_clean]
-            ended = ", ".join(map(str, v.ended)) or "-"
-            rows.append(
-                [r.name, v.run or "-", ended, ", ".join(map(str, v.killed)) or "-", gpus, v.note]
-            )
-        print_table(None, ["host", "run", "ended pids", "needed SIGKILL", "GPUs", "note"], rows)
-        print_host_errors(results)
-    bad = failed(results) or any(r.value and r.value.gpus_clean is False for r in results)
-    return 1 if bad else 0
+LAUNCH: View[LaunchReport] = View(_launch, _launch_document)
 
 
-def print_status(results: Sequence[HostResult[RunStatus]], as_json: bool) -> int:
-    if as_json:
-        print_json(hosts_document(results, lambda r: r.to_json()))
-    else:
-        rows = []
-        for r in results:
-            if r.value is None:
-                continue
-            d = r.value.to_json()
-            state = (
-                "crashed"
-                if d["crashed"]
-                else "ready"
-                if d["ready"]
-                else "alive"
-                if d["alive"]
-                else d["status"] or "-"
-            )
-            uptime = f"{d['uptime_s']}s" if d["uptime_s"] is not None else "-"
-            mem = f"{d['gpu_memory_used_mib']} MiB" if d["gpu_memory_used_mib"] is not None else "-"
-            detail = d["crash"] or d["last_line"] or ""
-            rows.append(
-                [
-                    r.name,
-                    d["run"] or "-",
-                    str(d["pid"] or "-"),
-                    state,
-                    uptime,
-                    mem,
-                    d["log"] or "-",
-                    detail[:160],
-                ]
-            )
-        print_table(
-            None,
-            ["host", "run", "pid", "state", "uptime", "GPU mem", "log", "crash / last line"],
-            rows,
+def _stop_table(results: FleetResult[StopResult]) -> None:
+    rows = []
+    for r in results:
+        if r.value is None:
+            continue
+        v = r.value
+        gpus = {True: "clean", False: "NOT clean", None: "not checked"}[v.gpus_clean]
+        ended = ", ".join(map(str, v.ended)) or "-"
+        rows.append(
+            [r.name, v.run or "-", ended, ", ".join(map(str, v.killed)) or "-", gpus, v.note]
         )
-        print_host_errors(results)
-    bad = failed(results) or any(r.value and r.value.crashed for r in results)
-    return 1 if bad else 0
+    print_table(None, ["host", "run", "ended pids", "needed SIGKILL", "GPUs", "note"], rows)
+    print_host_errors(results)
 
 
-def print_restart(
-    statuses: Sequence[HostResult[RunStatus]], result: LaunchReport | None, as_json: bool
-) -> int:
-    if result is None:
-        if as_json:
-            print_json(
-                {"restarted": [], "hosts": hosts_document(statuses, lambda r: r.to_json())["hosts"]}
-            )
+STOP: View[FleetResult[StopResult]] = View(_stop_table, per_host(lambda r: r.to_json()))
+
+
+def _status_table(results: FleetResult[RunStatus]) -> None:
+    rows = []
+    for r in results:
+        if r.value is None:
+            continue
+        d = r.value.to_json()
+        if d["crashed"]:
+            state = "crashed"
+        elif d["ready"]:
+            state = "ready"
         else:
-            console().print("nothing to restart", markup=False)
-            print_host_errors(statuses)
-        return 1 if failed(statuses) else 0
-    code = print_launch(result, as_json, dry_run=False)
-    if not as_json:
-        print_host_errors(statuses)
-    return 1 if code or failed(statuses) else 0
+            state = "alive" if d["alive"] else d["status"] or "-"
+        uptime = f"{d['uptime_s']}s" if d["uptime_s"] is not None else "-"
+        mem = f"{d['gpu_memory_used_mib']} MiB" if d["gpu_memory_used_mib"] is not None else "-"
+        detail = d["crash"] or d["last_line"] or ""
+        row = [r.name, d["run"] or "-", str(d["pid"] or "-"), state, uptime, mem, d["log"] or "-"]
+        rows.append([*row, detail[:160]])
+    columns = ["host", "run", "pid", "state", "uptime", "GPU mem", "log", "crash / last line"]
+    print_table(None, columns, rows)
+    print_host_errors(results)
+
+
+STATUS: View[FleetResult[RunStatus]] = View(_status_table, per_host(lambda r: r.to_json()))
+
+
+def _restart(result: RestartReport) -> None:
+    if result.launch is None:
+        console().print("nothing to restart", markup=False)
+    else:
+        _launch(result.launch)
+    print_host_errors(result.statuses)
+
+
+def _restart_document(result: RestartReport) -> dict[str, Any]:
+    if result.launch is None:
+        statuses = hosts_document(result.statuses, lambda r: r.to_json())["hosts"]
+        return {"restarted": [], "hosts": statuses}
+    return _launch_document(result.launch)
+
+
+RESTART: View[RestartReport] = View(_restart, _restart_document)
 
 
 def print_event(event: WatchEvent) -> None:
     print_event_text(f"{event.host}: {event.message}")
+    if event.exception is not None and not isinstance(event.exception, DeployctlError):
+        print_bug([(event.host, event.exception)])
 
 
 def print_event_text(text: str) -> None:
@@ -383,95 +552,4 @@ def print_event_text(text: str) -> None:
     sys.stdout.flush()
 
 
-# ---- crash reports (deployctl crash, deployctl logs --crash) ------------------------------
-
-if TYPE_CHECKING:
-    from deployctl.crash import CrashReport
-    from deployctl.ops.logs import LogScan
-
-_MESSAGE_CAP = 500
-
-
-def print_crashes_local(crashes: Sequence[CrashReport], as_json: bool) -> None:
-    """Print the crashes found in a local log file, or say that there are none."""
-    if as_json:
-        print_json({"crashes": [c.to_json() for c in crashes]})
-        return
-    if not crashes:
-        sys.stdout.write("no crash found\n")
-    for crash in crashes:
-        sys.stdout.write("\n".join(crash_lines(crash)) + "\n")
-
-
-def print_crashes(results: Sequence[HostResult[LogScan]], as_json: bool) -> None:
-    """Print each host's crashes (each once, with its ranks), or what was scanned."""
-    if as_json:
-        document = hosts_document(results, lambda scan: scan.to_json())
-        for entry in document["hosts"].values():
-            # A failed host keeps the shape, so readers need not test for the keys.
-            entry.setdefault("log", None)
-            entry.setdefault("crashes", [])
-        print_json(document)
-        return
-    for result in results:
-        scan = result.value
-        if scan is None:
-            continue
-        label = f"{result.name}: " if len(results) > 1 else ""
-        scanned = f"scanned {_size(scan.scanned_bytes)} of {_size(scan.size)}"
-        if not scan.crashes:
-            sys.stdout.write(f"{label}no crash found in {scan.path} ({scanned})\n")
-            continue
-        count = len(scan.crashes)
-        sys.stdout.write(
-            f"{label}{count} crash{'es' if count > 1 else ''} in {scan.path} ({scanned})\n"
-        )
-        whole = scan.scanned_bytes >= scan.size
-        for crash in scan.crashes:
-            lines = crash_lines(crash, whole)
-            sys.stdout.write("".join(f"  {line}\n" for line in lines))
-    sys.stdout.flush()
-    print_host_errors(results)
-
-
-def crash_lines(crash: CrashReport, whole_log: bool = True) -> list[str]:
-    """Return the human lines for one crash: title, exception, frame, ranks, hint."""
-    lines = [f"crash: {crash.title} [{crash.signature}]"]
-    message = _one_line(crash.message)
-    if len(message) > _MESSAGE_CAP:
-        message = message[: _MESSAGE_CAP - 1] + "…"
-    lines.append(f"  {crash.exception}: {message}" if crash.exception else f"  {message}")
-    if crash.file:
-        where = f"{crash.file}:{crash.line}" if crash.line is not None else crash.file
-        lines.append(f"  at {where}" + (f" in {crash.function}" if crash.function else ""))
-    if crash.ranks:
-        lines.append(f"  ranks: {format_ranks(crash.ranks)}")
-    # A partial scan starts mid-log, so its line numbers count from where it started.
-    lines.append(
-        f"  log line {crash.log_line}"
-        if whole_log
-        else f"  line {crash.log_line} of the scanned tail"
-    )
-    lines.append(f"  hint: {_one_line(crash.hint)}")
-    return lines
-
-
-def format_ranks(ranks: Sequence[str]) -> str:
-    """Return ranks compactly: `TP0-TP7 (8)` for a run of one kind, else a list."""
-    kinds = {r.rstrip("0123456789") for r in ranks}
-    digits = [r[len(r.rstrip("0123456789")) :] for r in ranks]
-    if len(ranks) > 2 and len(kinds) == 1 and all(d.isdigit() for d in digits):
-        numbers = [int(d) for d in digits]
-        if numbers == list(range(numbers[0], numbers[0] + len(numbers))):
-            return f"{ranks[0]}-{ranks[-1]} ({len(ranks)})"
-    return ", ".join(ranks) + (f" ({len(ranks)})" if len(ranks) > 1 else "")
-
-
-def _size(n: int) -> str:
-    """Return a byte count for people: 512 B, 21.0 KiB, 64.0 MiB, 1.0 GiB."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+STREAMED: View[Any] = View(lambda _: None, lambda _: {})

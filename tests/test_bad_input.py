@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from deployctl.host_agent import AGENT_DIR
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab
 from tests.test_lifecycle import prepare
@@ -49,15 +50,23 @@ def home_snapshot(lab: SSHLab) -> dict[str, tuple[Any, ...]]:
     return snap
 
 
+def is_agent_copy(path: str) -> bool:
+    return Path(path).parent.name == AGENT_DIR and Path(path).parent.parent.name == ".deployctl"
+
+
 def assert_homes_unchanged(before: dict[str, tuple[Any, ...]], lab: SSHLab) -> None:
     """No file added, removed or touched; no folder removed.
 
     A refused launch may leave deployctl's own empty folders (~/.deployctl, the log folder)
-    behind: preflight creates them to take the host lock and to test the log folder.
+    behind: preflight creates them to take the host lock and to test the log folder. A command
+    that reached a host may leave deployctl's host agent there (~/.deployctl/agent/<sha256>.py):
+    a copy of deployctl's own code, kept so that it is not sent again.
     """
     after = home_snapshot(lab)
     removed = sorted(before.keys() - after.keys())
-    added_files = sorted(p for p in after.keys() - before.keys() if after[p][0] != "dir")
+    added_files = sorted(
+        p for p in after.keys() - before.keys() if after[p][0] != "dir" and not is_agent_copy(p)
+    )
     changed = sorted(p for p in before.keys() & after.keys() if before[p] != after[p])
     assert (removed, added_files, changed) == ([], [], []), "a host was changed"
 

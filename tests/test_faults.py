@@ -27,8 +27,10 @@ from typing import Any
 
 import pytest
 
+from deployctl import agent
 from deployctl.connection import ConnectOptions, open_connection
 from deployctl.errors import CommandTimeoutError, PatchError
+from deployctl.host_agent import BOOTSTRAP
 from deployctl.inventory import load_inventory
 from deployctl.ops import patch as patch_ops
 from deployctl.patchset import PatchSet, load_patch_sets
@@ -86,11 +88,13 @@ def user_argvs(host: TestHost) -> dict[int, list[str]]:
 
 
 def agents(host: TestHost, command: str | None = None) -> list[int]:
-    """PIDs of host agents (`python -c SOURCE COMMAND ARGS`) running on the host."""
+    """PIDs of host agents (`python -c BOOTSTRAP STATE/agent/HASH.py CALL ARGS`) on the host."""
     return [
         pid
         for pid, argv in user_argvs(host).items()
-        if len(argv) > 3 and argv[1] == "-c" and (command is None or argv[3] == command)
+        if len(argv) > 4
+        and argv[1:3] == ["-c", BOOTSTRAP]
+        and (command is None or argv[4] == command)
     ]
 
 
@@ -326,16 +330,18 @@ def test_upload_cut_at_a_tar_block_boundary_changes_nothing(
         "after the first patched file": lambda names: [n for n in names if "patched/" in n][1],
         "before the verify scripts": lambda names: next(n for n in names if "verify/" in n),
     }
-    real_run_agent = patch_ops.run_agent
+    real_call = agent.call
     for why, member in cuts.items():
 
-        def cut_upload(host: Any, conn: Any, command: str, args: Any, stdin: Any = None) -> Any:
+        def cut_upload(
+            host: Any, conn: Any, command: str, args: Any, reply: Any, stdin: Any = None
+        ) -> Any:
             if command == "apply":
                 offsets = tar_offsets(stdin)
                 stdin = stdin[: offsets[member(list(offsets))]]  # noqa: B023
-            return real_run_agent(host, conn, command, args, stdin)
+            return real_call(host, conn, command, args, reply, stdin)
 
-        monkeypatch.setattr(patch_ops, "run_agent", cut_upload)
+        monkeypatch.setattr(agent, "call", cut_upload)
         conn = open_connection(host, ConnectOptions())
         try:
             with pytest.raises(PatchError, match="upload is incomplete"):
@@ -364,13 +370,13 @@ def tmpfs() -> Iterator[Callable[[Path], None]]:
         shutil.copytree(keep / "copy", folder, symlinks=True, dirs_exist_ok=True)
         os.chown(folder, stat.st_uid, stat.st_gid)
         shutil.rmtree(keep)
-        with open(folder / "filler", "wb") as handle:  # every free block taken
-            try:
+        try:
+            with open(folder / "filler", "wb") as handle:  # every free block taken
                 while True:
                     handle.write(b"\0" * 65536)
                     handle.flush()
-            except OSError:
-                pass
+        except OSError:
+            pass  # full (the copy may have filled it already)
 
     yield fill
     for folder in mounted:
@@ -478,3 +484,19 @@ def test_two_launches_at_once_one_wins_one_is_refused(
     assert len((alpha.home / "model" / "standin-argv.jsonl").read_text().splitlines()) == 1
     assert not (alpha.home / ".deployctl" / "lock").exists()
     assert cli("stop", "-i", str(inv)).returncode == 0
+
+
+def test_revert_on_a_full_disk_still_restores_the_originals(
+    patch_host: dict[str, Any], cli: CLI, tmpfs: Callable[[Path], None]
+) -> None:
+    ctx = patch_host
+    applied = cli("patch", "apply", SET, "-i", str(ctx["inv"]))
+    assert applied.returncode == 0, applied.stderr
+    assert files_state(ctx) == "patched"
+    # No room for a second copy beside the patched file: the original must replace it in place.
+    tmpfs(ctx["site"] / "sglang" / "srt" / "speculative")
+    result = cli("patch", "revert", SET, "-i", str(ctx["inv"]))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert files_state(ctx) == "original"
+    assert audit_state(cli, ctx) == "missing"

@@ -283,3 +283,64 @@ def test_hostile_model_path_reaches_the_server_exactly(
     assert f"--model-path={model}" in record["argv"]
     assert not list(Path("/tmp").glob("pwned-*"))
     cli("stop", "-i", str(inv))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        json.dumps({"host": socket.gethostname(), "op": "launch", "token": "t"}),  # no pid
+        json.dumps({"host": socket.gethostname(), "pid": 0, "expires": time.time() + 3600}),
+        "{cut short",
+        "",
+    ],
+    ids=["no-pid-no-expiry", "pid-0", "not-json", "empty"],
+)
+def test_a_lock_no_deployctl_could_have_written_does_not_block_forever(
+    hosts: SSHLab, cli: CLI, tmp_path: Path, content: str
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"])
+    state = hosts.hosts["alpha"].home / ".deployctl"
+    state.mkdir()
+    (state / "lock").write_text(content)
+    sh("chown", "-R", f"{hosts.hosts['alpha'].user}:{hosts.hosts['alpha'].user}", state)
+    code, doc, err = launch_json(cli, inv)
+    assert code == 0, err
+    assert doc["hosts"]["alpha"]["state"] == "ready"
+    cli("stop", "-i", str(inv))
+
+
+def test_a_live_launchers_lock_is_respected(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"])
+    state = hosts.hosts["alpha"].home / ".deployctl"
+    state.mkdir()
+    holder = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),  # alive: this test
+        "op": "launch",
+        "token": "live",
+        "expires": time.time() + 3600,
+    }
+    (state / "lock").write_text(json.dumps(holder))
+    sh("chown", "-R", f"{hosts.hosts['alpha'].user}:{hosts.hosts['alpha'].user}", state)
+    code, doc, err = launch_json(cli, inv)
+    assert code == 1 and doc["started"] is False, err
+    problems = doc["hosts"]["alpha"]["preflight"]["problems"]
+    assert any("another deployctl launch is in progress" in p for p in problems), problems
+    assert json.loads((state / "lock").read_text())["token"] == "live"
+
+
+def test_dry_run_with_a_failing_preflight_exits_1_and_starts_nothing(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"])
+    hosts.hosts["alpha"].set_gpus("busy", 2)
+    human = cli("launch", "--dry-run", "-i", str(inv))
+    assert human.returncode == 1, human.stderr
+    assert "-m sglang_standin" in human.stdout  # the command is still shown
+    assert "alpha: error: GPUs are not clean" in human.stderr
+    assert "nothing was started on any host" in human.stderr
+    code, doc, _ = launch_json(cli, inv, "--dry-run")
+    assert code == 1
+    assert (doc["dry_run"], doc["started"], doc["hosts"]["alpha"]["ok"]) == (True, False, False)
+    assert rank_pids(hosts.hosts["alpha"]) == []
+    assert not (hosts.hosts["alpha"].home / ".deployctl" / "lock").exists()

@@ -224,7 +224,13 @@ def test_logs_finds_the_run_log_or_says_there_is_none(
     log = write_log(alpha, "first\nsecond\nthird\n", "deployctl/logs/eagle3_t5_v1.log")
     runs = alpha.home / ".deployctl" / "runs"
     runs.mkdir(parents=True)
-    record = {"id": "eagle3_t5_v1", "log": str(log), "pgid": 999999, "sid": 999999}
+    record = {  # as the agent's start writes it, for a run long gone
+        "template": "eagle3", "threshold": 5, "command": "python3 -m sglang.launch_server",
+        "port": 30000, "bind_host": "127.0.0.1", "tp": 1, "patches": {},
+        "deployctl_version": "0.1.0", "started_by": "test", "restart_of": None,
+        "id": "eagle3_t5_v1", "log": str(log), "pid": 999999, "pgid": 999999, "sid": 999999,
+        "started_at": 0.0, "status": "running",
+    }  # fmt: skip
     (runs / "eagle3_t5_v1.json").write_text(json.dumps(record))
     (runs / "current").write_text("eagle3_t5_v1")
     sh("chown", "-R", f"{alpha.user}:{alpha.user}", alpha.home)

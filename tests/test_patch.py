@@ -228,7 +228,9 @@ def test_dry_run_checks_hunks_and_changes_nothing(
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["hosts"]["alpha"]["patches"][0]["action"] == "would apply"
     assert sha(host_site(hosts, "alpha") / SPEC) == before
-    assert not (hosts.hosts["alpha"].home / ".deployctl").exists()
+    # No record, backup or lock: deployctl's state holds only its agent's copy.
+    state = hosts.hosts["alpha"].home / ".deployctl"
+    assert [p.name for p in state.iterdir()] == ["agent"]
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,9 @@
 
 Over real sshd hosts, through the library layer (Fleet + ops), counting with
 Connection.round_trips: gpus, status and patch audit cost one remote command per host, whatever
-the host answers; a launch preflight costs one, two only when a stale lock must be broken.
+the host answers; a launch preflight costs one, two only when a stale lock must be broken. The
+host agent is sent to a host once (per deployctl version): the first agent call there costs
+three round trips (the miss, the copy, the call), every later one a single round trip.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import socket
 import time
 from pathlib import Path
 
+from deployctl.agent import install_agent
 from deployctl.connection import ConnectOptions
 from deployctl.crash import load_catalog
 from deployctl.fanout import Fleet
@@ -56,6 +59,11 @@ def test_gpus_status_and_audit_cost_one_round_trip_per_host(
     assert gpus["bravo"].value is not None and gpus["bravo"].value.pids == [419]
 
     with Fleet(selected, ConnectOptions(), forks=3) as fleet:
+        first = fleet.run(lambda host, conn: run_status(host, conn, catalog))
+        assert fleet.round_trips() == dict.fromkeys(NAMES, 3)
+    assert first.ok and not first.failed
+
+    with Fleet(selected, ConnectOptions(), forks=3) as fleet:
         status = fleet.run(lambda host, conn: run_status(host, conn, catalog))
         assert fleet.round_trips() == one_each
     for result in status:
@@ -94,13 +102,18 @@ def test_launch_preflight_costs_one_round_trip_two_to_break_a_stale_lock(
     selected = fleet_hosts(hosts, tmp_path, host_vars)
     sets = load_patch_sets([SHIPPED_DATA / "patches"])
     plans = {p.host.name: p for p in plan_launch(Project(None), selected, None, None, [], sets)}
+    with Fleet(selected, ConnectOptions(), forks=3) as fleet:
+        assert not fleet.run(install_agent).failed
 
     with Fleet(selected, ConnectOptions(), forks=3) as fleet:
         preflights = fleet.run(lambda host, conn: run_preflight(plans[host.name], conn, 16))
         assert fleet.round_trips() == {"alpha": 1, "bravo": 1, "charlie": 2}
         tokens = {}
         for result in preflights:
-            assert result.value is not None and result.value.ok, (result.error, result.value)
+            assert result.value is not None and result.value.ok, (
+                result.error,
+                result.value.problems if result.value else None,
+            )
             assert result.value.lock_token
             tokens[result.name] = result.value.lock_token
         fleet.run(lambda host, conn: release_lock(plans[host.name], conn, tokens[host.name]))

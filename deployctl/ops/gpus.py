@@ -29,6 +29,10 @@ class GpuReport:
         return not self.processes and not self.busy_gpus
 
     @property
+    def ok(self) -> bool:
+        return self.clean
+
+    @property
     def pids(self) -> list[int]:
         return sorted({p.pid for p in self.processes})
 

@@ -3,29 +3,38 @@
 from __future__ import annotations
 
 import base64
+import codecs
 import getpass
 import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from deployctl import __version__
+from deployctl import __version__, agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, CrashScanner
 from deployctl.errors import DeployctlError, PreflightError
-from deployctl.facts import GPUS_COMMAND, parse_gpus_command
-from deployctl.fanout import Fleet, HostResult
+from deployctl.facts import GPUS_COMMAND, ProbeOutput, parse_gpus_command
+from deployctl.fanout import Fleet, FleetResult, attempt
+from deployctl.host_agent import (
+    ClientIdentity,
+    PollArgs,
+    PollReply,
+    PreflightArgs,
+    PreflightReply,
+    ReleaseArgs,
+    ReleaseReply,
+    RunInfo,
+    RunRecord,
+    StartArgs,
+    StartReply,
+)
 from deployctl.inventory import Host
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
-from deployctl.ops.patch import (
-    agent_command,
-    parse_patch_facts,
-    run_agent,
-    run_agent_beside,
-    set_state,
-)
+from deployctl.ops.patch import parse_patch_facts, set_state
 from deployctl.patchset import PatchSet, command_flags, flag_violations, sets_for_flags
 from deployctl.project import Project
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
@@ -33,6 +42,8 @@ from deployctl.render import RenderedCommand, TemplateSet, default_template, par
 READY_LINE = "The server is fired up and ready to roll!"
 # The agent long-polls: it returns as soon as the log grows or the run dies or is ready.
 POLL_WAIT = 1.0
+# The most log one poll brings back.
+POLL_LIMIT_BYTES = 1 << 20
 # How long a lock may be held when the holder says nothing shorter; past its expiry it is
 # stale even when its owner cannot be checked (another machine).
 LOCK_STALE_AFTER = 6 * 3600
@@ -45,29 +56,27 @@ def render_commands(
     threshold: int | None,
     set_pairs: Sequence[str],
     patch_sets: Mapping[str, PatchSet] | None = None,
-) -> list[HostResult[RenderedCommand]]:
+) -> FleetResult[RenderedCommand]:
     """Render the launch command for each host locally; check patch-set flag constraints."""
     overrides = parse_overrides(set_pairs)
     templates = TemplateSet(project.search_dirs("templates"))
-    results: list[HostResult[RenderedCommand]] = []
-    for host in hosts:
-        try:
-            name = default_template(host, template, threshold)
-            rendered = templates.render(host, name, threshold, overrides)
-            problems = number_problems(host, rendered.argv)
+
+    def render_one(host: Host) -> RenderedCommand:
+        name = default_template(host, template, threshold)
+        rendered = templates.render(host, name, threshold, overrides)
+        problems = number_problems(host, rendered.argv)
+        if problems:
+            raise PreflightError(problems[0], hint="fix the value in the inventory or --set")
+        if patch_sets is not None:
+            problems = flag_violations(rendered.argv, sets_for_flags(rendered.argv, patch_sets))
             if problems:
-                raise PreflightError(problems[0], hint="fix the value in the inventory or --set")
-            if patch_sets is not None:
-                problems = flag_violations(rendered.argv, sets_for_flags(rendered.argv, patch_sets))
-                if problems:
-                    raise PreflightError(
-                        problems[0],
-                        hint="change the template's values with --set, e.g. --set speculative_eagle_topk=1",
-                    )
-            results.append(HostResult(host, value=rendered))
-        except DeployctlError as exc:
-            results.append(HostResult(host, error=exc.message, hint=exc.hint))
-    return results
+                raise PreflightError(
+                    problems[0],
+                    hint="change the template's values with --set, e.g. --set speculative_eagle_topk=1",
+                )
+        return rendered
+
+    return FleetResult(attempt(host, partial(render_one, host)) for host in hosts)
 
 
 def number_problems(host: Host, argv: Sequence[str]) -> list[str]:
@@ -118,7 +127,7 @@ class Plan:
         return [str(flags[k]) for k in keys if flags.get(k)]
 
 
-def client_identity(op: str, hold_for: float = LOCK_STALE_AFTER) -> dict[str, Any]:
+def client_identity(op: str, hold_for: float = LOCK_STALE_AFTER) -> ClientIdentity:
     """Who takes the host lock, and until when it may hold it at most."""
     return {
         "host": socket.gethostname(),
@@ -153,11 +162,11 @@ class Preflight:
         }
 
 
-def preflight_probes(
+def preflight_args(
     plan: Plan, break_lock: str | None = None, hold_for: float = LOCK_STALE_AFTER
-) -> dict[str, str]:
+) -> PreflightArgs:
     host = plan.host
-    args = {
+    return {
         "state_dir": str(host.vars["state_dir"]),
         "paths": sorted(
             {f for s in plan.needed_sets for v in s.variants.values() for f in v.files}
@@ -171,22 +180,42 @@ def preflight_probes(
         "client": client_identity("launch", hold_for),
         "break_lock": break_lock,
     }
-    return {"gpus": GPUS_COMMAND, "agent": agent_command(host, "preflight", args)}
 
 
 def _stale(holder: Mapping[str, Any]) -> bool:
-    """A lock is stale when its owner here is dead, or when its time is up."""
-    if time.time() > float(holder.get("expires", time.time() + 1)):
+    """A lock is stale when its owner here is dead, or when its time is up.
+
+    A record without a usable pid and expiry was not written by any deployctl (they all
+    write both), and nothing would ever end it: it is stale too.
+    """
+    try:
+        pid, expires = int(holder["pid"]), float(holder["expires"])
+    except (KeyError, TypeError, ValueError):
+        return True
+    if pid <= 0 or time.time() > expires:
         return True
     if holder.get("host") != socket.gethostname():
         return False
     try:
-        os.kill(int(holder.get("pid", 0)), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except (PermissionError, ValueError):
+    except PermissionError:
         return False
     return False
+
+
+def _preflight_call(
+    plan: Plan, conn: Connection, break_lock: str | None, hold_for: float
+) -> tuple[dict[str, ProbeOutput], PreflightReply]:
+    return agent.call_beside(
+        plan.host,
+        conn,
+        {"gpus": GPUS_COMMAND},
+        "preflight",
+        preflight_args(plan, break_lock, hold_for),
+        PreflightReply,
+    )
 
 
 def run_preflight(
@@ -194,16 +223,16 @@ def run_preflight(
 ) -> Preflight:
     """Check one host in one round trip (two when a stale lock must be cleared)."""
     host = plan.host
-    outputs, doc = run_agent_beside(host, conn, preflight_probes(plan, hold_for=hold_for))
-    lock = doc.get("lock", {})
-    if not lock.get("acquired") and _stale(lock.get("holder", {})):
-        token = lock["holder"].get("token")
-        outputs, doc = run_agent_beside(host, conn, preflight_probes(plan, token, hold_for))
-        lock = doc.get("lock", {})
-    result = Preflight(plan, next_log=doc.get("next_log", ""), lock_token=lock.get("token"))
+    outputs, doc = _preflight_call(plan, conn, None, hold_for)
+    lock = doc["lock"]
+    if not lock["acquired"] and _stale(lock["holder"] or {}):
+        token = (lock["holder"] or {}).get("token")
+        outputs, doc = _preflight_call(plan, conn, token, hold_for)
+        lock = doc["lock"]
+    result = Preflight(plan, next_log=doc["next_log"], lock_token=lock["token"])
     problems, hints = result.problems, result.hints
-    if not lock.get("acquired"):
-        holder = lock.get("holder", {})
+    if not lock["acquired"]:
+        holder = lock["holder"] or {}
         problems.append(
             f"another deployctl {holder.get('op', 'operation')} is in progress on {host.name} "
             f"(pid {holder.get('pid')} on {holder.get('host')})"
@@ -223,9 +252,9 @@ def run_preflight(
             problems.append(
                 f"tensor parallelism {plan.tp} needs {plan.tp} GPUs; {host.name} has {len(state.gpus)}"
             )
-    if not doc.get("port_free", True):
-        problems.append(f"port {plan.port} is in use on {host.name} ({doc.get('port_error')})")
-    if not doc.get("module_found", True):
+    if not doc["port_free"]:
+        problems.append(f"port {plan.port} is in use on {host.name} ({doc['port_error']})")
+    if not doc["module_found"]:
         problems.append(
             f"{host.vars['python']} on {host.name} cannot find module {plan.launch_module}"
         )
@@ -243,28 +272,27 @@ def run_preflight(
                     + (f" ({state_of_set.detail})" if state_of_set.detail else "")
                 )
                 hints.append(f"deployctl patch apply {patch_set.name} -H {host.name}")
-    for path, exists in doc.get("paths", {}).items():
+    for path, exists in doc["paths"].items():
         if not exists:
             problems.append(f"{path} does not exist on {host.name}")
-    if not doc.get("log_dir_writable", True):
+    if not doc["log_dir_writable"]:
         problems.append(
-            f"log folder {host.vars['log_dir']} is not writable: {doc.get('log_dir_error')}"
+            f"log folder {host.vars['log_dir']} is not writable: {doc['log_dir_error']}"
         )
     return result
 
 
 def release_lock(plan: Plan, conn: Connection, token: str) -> None:
-    run_agent(
-        plan.host, conn, "release", {"state_dir": str(plan.host.vars["state_dir"]), "token": token}
-    )
+    args: ReleaseArgs = {"state_dir": str(plan.host.vars["state_dir"]), "token": token}
+    agent.call(plan.host, conn, "release", args, ReleaseReply)
 
 
 def start_run(
     plan: Plan, conn: Connection, lock_token: str | None, restart_of: str | None = None
-) -> dict[str, Any]:
+) -> RunRecord:
     """Start the server detached with a new versioned log; record the run; release the lock."""
     host, rendered = plan.host, plan.rendered
-    run = {
+    run: RunInfo = {
         "template": rendered.template,
         "threshold": rendered.threshold,
         "command": rendered.display,
@@ -276,7 +304,7 @@ def start_run(
         "started_by": f"{getpass.getuser()}@{socket.gethostname()}",
         "restart_of": restart_of,
     }
-    args = {
+    args: StartArgs = {
         "state_dir": str(host.vars["state_dir"]),
         "log_dir": str(host.vars["log_dir"]),
         "log_stem": rendered.log_stem,
@@ -284,15 +312,14 @@ def start_run(
         "run": run,
         "lock_token": lock_token,
     }
-    record: dict[str, Any] = run_agent(host, conn, "start", args)["run"]
-    return record
+    return agent.call(host, conn, "start", args, StartReply)["run"]
 
 
 @dataclass
 class Outcome:
     """How a started run ended up: ready, crashed, died or still starting at the timeout."""
 
-    run: dict[str, Any]
+    run: RunRecord
     state: str  # ready | crashed | died | timeout | started
     elapsed: float
     crashes: list[CrashReport] = field(default_factory=list)
@@ -315,26 +342,37 @@ class Outcome:
         }
 
 
-def poll_args(run: Mapping[str, Any], offset: int, wait: float = 0) -> dict[str, Any]:
-    keys = ("pgid", "sid", "log", "port", "bind_host")
-    return {**{k: run[k] for k in keys}, "offset": offset, "wait": wait}
+def poll_args(run: RunRecord, offset: int, wait: float = 0) -> PollArgs:
+    return {
+        "pgid": run["pgid"],
+        "sid": run["sid"],
+        "log": run["log"],
+        "port": run["port"],
+        "bind_host": run["bind_host"],
+        "offset": offset,
+        "limit": POLL_LIMIT_BYTES,
+        "wait": wait,
+    }
 
 
 def wait_ready(
     host: Host,
     conn: Connection,
-    run: dict[str, Any],
+    run: RunRecord,
     catalog: Catalog,
     timeout: float,
     progress: Callable[[str, float, str], None] | None = None,
 ) -> Outcome:
     """Poll the run until /health answers 200 or the ready line appears; fail fast on a crash."""
     scanner = CrashScanner(catalog)
+    # One decoder for the whole log: a character split across two polls stays whole.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset, started, last_line, buffer = 0, time.monotonic(), "", ""
     while True:
-        doc = run_agent(host, conn, "poll", poll_args(run, offset, wait=POLL_WAIT))
-        data = base64.b64decode(doc["data"]).decode("utf-8", errors="replace")
-        offset += len(base64.b64decode(doc["data"]))
+        doc = poll(host, conn, run, offset)
+        raw = base64.b64decode(doc["data"])
+        offset += len(raw)
+        data = decoder.decode(raw, final=not doc["alive"])
         buffer += data
         lines = buffer.split("\n")
         buffer = lines.pop()
@@ -354,19 +392,31 @@ def wait_ready(
             progress(host.name, elapsed, last_line)
 
 
+def poll(host: Host, conn: Connection, run: RunRecord, offset: int) -> PollReply:
+    """What the run's log gained since `offset`, and whether it is alive and healthy."""
+    return agent.call(host, conn, "poll", poll_args(run, offset, wait=POLL_WAIT), PollReply)
+
+
 @dataclass
 class LaunchReport:
-    """The result of a launch over all selected hosts."""
+    """The result of a launch over all selected hosts.
 
-    preflights: list[HostResult[Preflight]]
-    outcomes: list[HostResult[Outcome]]
+    `refused`: some host failed its preflight, so nothing was started anywhere. A dry run
+    starts nothing either way, and is refused when a real launch would have been.
+    """
+
+    preflights: FleetResult[Preflight]
+    outcomes: FleetResult[Outcome]
     refused: bool
+    dry_run: bool = False
+
+    @property
+    def started(self) -> bool:
+        return bool(self.outcomes.results)
 
     @property
     def ok(self) -> bool:
-        return not self.refused and all(
-            r.ok and r.value is not None and r.value.ok for r in self.outcomes
-        )
+        return not self.refused and self.outcomes.ok
 
 
 def plan_launch(
@@ -379,7 +429,7 @@ def plan_launch(
 ) -> list[Plan]:
     """Render and check every host's command locally; refuse before any host is touched."""
     rendered = render_commands(project, hosts, template, threshold, set_pairs, patch_sets)
-    failed = [r for r in rendered if r.value is None]
+    failed = [r for r in rendered if r.failed]
     if failed:
         first = failed[0]
         names = ", ".join(r.name for r in failed)
@@ -411,8 +461,8 @@ def launch(
         lambda host, conn: run_preflight(by_name[host.name], conn, max_used_mib, timeout + 120),
         [p.host for p in plans],
     )
-    refused = dry_run or not all(r.ok and r.value is not None and r.value.ok for r in preflights)
-    if refused:
+    refused = not preflights.ok
+    if refused or dry_run:
         held = [r.value for r in preflights if r.value is not None and r.value.lock_token]
         fleet.run(
             lambda host, conn: release_lock(
@@ -420,7 +470,7 @@ def launch(
             ),
             [p.plan.host for p in held],
         )
-        return LaunchReport(preflights, [], refused=not dry_run)
+        return LaunchReport(preflights, FleetResult([]), refused=refused, dry_run=dry_run)
 
     def start_and_wait(host: Host, conn: Connection) -> Outcome:
         plan = by_name[host.name]
@@ -437,7 +487,7 @@ def launch(
     return LaunchReport(preflights, outcomes, refused=False)
 
 
-def _token(preflights: Sequence[HostResult[Preflight]], name: str) -> str:
+def _token(preflights: FleetResult[Preflight], name: str) -> str:
     for result in preflights:
         if result.name == name and result.value is not None and result.value.lock_token:
             return result.value.lock_token

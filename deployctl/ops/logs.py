@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import codecs
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
+from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.crash import (
     Catalog,
@@ -22,10 +22,10 @@ from deployctl.crash import (
     scan_text,
 )
 from deployctl.errors import DeployctlError
-from deployctl.fanout import Fleet, HostResult
+from deployctl.fanout import Fleet, FleetResult
+from deployctl.host_agent import StatusArgs, StatusReply
 from deployctl.inventory import Host
-from deployctl.ops.patch import run_agent
-from deployctl.project import find_project
+from deployctl.project import Project
 from deployctl.shell import quote
 
 # A crash is written at the end of a log; scanning only the tail keeps a 1 GB log cheap.
@@ -40,8 +40,6 @@ TAIL_WINDOW_MAX = 64 << 20
 # The most one follow poll brings back; a host that wrote more is polled again at once.
 FOLLOW_LIMIT_BYTES = 1 << 20
 FOLLOW_INTERVAL = 0.25
-CRASH_MARK = "!! "
-_RED, _RESET = "\033[31m", "\033[0m"
 
 # Exit codes of the window script (see _window_command).
 _NO_FILE, _IS_DIR, _NOT_REGULAR, _UNREADABLE = 65, 66, 67, 68
@@ -50,10 +48,11 @@ _NO_FILE, _IS_DIR, _NOT_REGULAR, _UNREADABLE = 65, 66, 67, 68
 class MissingLogError(DeployctlError):
     """The log file does not exist (yet, or any more) on the host."""
 
+    code = "missing_log"
 
-def load_user_catalog(project_dir: Path | None) -> Catalog:
+
+def load_user_catalog(project: Project) -> Catalog:
     """Load the shipped crash catalog plus the project's own signatures.yml."""
-    project = find_project(Path.cwd(), project_dir)
     try:
         return load_catalog(project.user_signatures())
     except CatalogError as exc:
@@ -66,9 +65,9 @@ def log_path(host: Host, conn: Connection, run: str | None, path: str | None) ->
     """Return `path`, else the log of the named (or current) run recorded on the host."""
     if path is not None:
         return path
-    args = {"state_dir": str(host.vars["state_dir"]), "run": run, "tail_bytes": 0}
-    record = run_agent(host, conn, "status", args).get("run")
-    if not isinstance(record, dict) or not record.get("log"):
+    args: StatusArgs = {"state_dir": str(host.vars["state_dir"]), "run": run, "tail_bytes": 0}
+    record = agent.call(host, conn, "status", args, StatusReply)["run"]
+    if record is None:
         if run is not None:
             raise DeployctlError(
                 f"no run {run} recorded on {host.name}",
@@ -95,6 +94,17 @@ class LogScan:
             "scanned_bytes": self.scanned_bytes,
             "crashes": [c.to_json() for c in self.crashes],
         }
+
+
+@dataclass
+class CrashSearch:
+    """`deployctl crash` over the fleet: good when every log was read and none has a crash."""
+
+    scans: FleetResult[LogScan]
+
+    @property
+    def ok(self) -> bool:
+        return not self.scans.failed and not any(s.crashes for s in self.scans.succeeded.values())
 
 
 # ---- reading a remote log by byte ranges ---------------------------------------------------
@@ -217,6 +227,17 @@ def scan_log(
     return LogScan(log, size, offset, scanner.reports)
 
 
+@dataclass
+class LocalCrashes:
+    """The crashes found in a log on this machine: good when there are none."""
+
+    crashes: list[CrashReport]
+
+    @property
+    def ok(self) -> bool:
+        return not self.crashes
+
+
 def scan_local_file(path: Path, catalog: Catalog, scan_all: bool = False) -> list[CrashReport]:
     """Scan a log on this machine for crashes: its last 64 MiB, or all of it."""
     try:
@@ -316,57 +337,38 @@ def _read_tail(
     return _Tail(path, picked, end, window.inode)
 
 
-class _Printer:
-    """Write whole lines to stdout from many threads, flushed, crash lines marked."""
+class LogSink(Protocol):
+    """Where `show_logs` sends what it reads, as it reads it (called from many threads)."""
 
-    def __init__(self, prefixed: bool, stop: threading.Event) -> None:
-        self.prefixed = prefixed
-        self.stop = stop
-        self.color = sys.stdout.isatty()
-        self.lock = threading.Lock()
-        self.closed = False
+    @property
+    def closed(self) -> bool:
+        """The reader has gone (a closed pipe): following stops."""
+        ...
 
     def line(self, host: str, text: str, crash: bool = False) -> None:
-        prefix = f"{host} | " if self.prefixed else ""
-        if crash:
-            # The mark stays in piped output too, so scripts (and grep) can find crash lines.
-            text = f"{_RED}{CRASH_MARK}{text}{_RESET}" if self.color else CRASH_MARK + text
-        self._write(prefix + text + "\n")
+        """One whole log line; `crash` marks a line that belongs to a crash trace."""
 
     def crash(self, host: str, report: CrashReport) -> None:
-        from deployctl.report import format_ranks
+        """A crash completed by the lines just sent."""
 
-        prefix = f"{host} | " if self.prefixed else ""
-        where = f" at {report.file}:{report.line}" if report.file else ""
-        ranks = f" (ranks {format_ranks(report.ranks)})" if report.ranks else ""
-        text = f"{prefix}{CRASH_MARK}CRASH: {report.summary()}{where}{ranks}\n"
-        text += f"{prefix}{CRASH_MARK}hint: {report.hint}\n"
-        self._write(f"{_RED}{text}{_RESET}" if self.color else text)
-
-    def _write(self, text: str) -> None:
-        with self.lock:
-            if self.closed:
-                return
-            try:
-                sys.stdout.write(text)
-                sys.stdout.flush()  # the output may be piped: each line must leave at once
-            except BrokenPipeError:
-                # The reader left (`| head`): stop following, and keep exit from complaining.
-                self.closed = True
-                self.stop.set()
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
+    def error(self, host: str, exc: BaseException) -> None:
+        """A host that could not be read (once per host)."""
 
 
-def _error(name: str, message: str, hint: str | None = None) -> None:
-    sys.stderr.write(f"{name}: error: {' '.join(message.split())}\n")
-    if hint:
-        sys.stderr.write(f"{name}: hint: {' '.join(hint.split())}\n")
-    sys.stderr.flush()
+@dataclass
+class LogsResult:
+    """What `logs` did: hosts that failed, and the crash scans of `--crash` without follow."""
+
+    failed: list[str] = field(default_factory=list)
+    scans: FleetResult[LogScan] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
 
 
 class _Follower:
-    """One host's follow loop: poll new bytes, print whole lines, report crashes."""
+    """One host's follow loop: poll new bytes, send whole lines, report crashes."""
 
     def __init__(
         self,
@@ -374,12 +376,12 @@ class _Follower:
         conn: Connection,
         tail: _Tail,
         catalog: Catalog,
-        printer: _Printer,
+        sink: LogSink,
         stop: threading.Event,
         crash_only: bool,
     ) -> None:
         self.host, self.conn, self.tail = host, conn, tail
-        self.catalog, self.printer, self.stop = catalog, printer, stop
+        self.catalog, self.sink, self.stop = catalog, sink, stop
         self.crash_only = crash_only
         self.failed = False
         self.restart()
@@ -391,7 +393,7 @@ class _Follower:
         self.pending = ""
 
     def emit(self, text: str) -> None:
-        """Print the whole lines of `text` and the crashes they complete."""
+        """Send the whole lines of `text` and the crashes they complete."""
         text = self.pending + text
         cut = text.rfind("\n") + 1
         self.pending = text[cut:]
@@ -400,14 +402,19 @@ class _Follower:
         whole = text[:cut]
         if not self.crash_only:
             for line in whole[:-1].split("\n"):
-                self.printer.line(self.host.name, line, self.scanner.is_crash_line(line))
+                self.sink.line(self.host.name, line, self.scanner.is_crash_line(line))
         for report in self.scanner.feed(whole):
-            self.printer.crash(self.host.name, report)
+            self.sink.crash(self.host.name, report)
+
+    def stopped(self) -> bool:
+        if self.sink.closed:
+            self.stop.set()
+        return self.stop.is_set()
 
     def run(self) -> None:
         """Poll until stopped; a failure is reported once and ends only this host."""
         offset, inode = self.tail.offset, self.tail.inode
-        while not self.stop.is_set():
+        while not self.stopped():
             try:
                 window = _read_window(
                     self.host,
@@ -426,10 +433,7 @@ class _Follower:
             except Exception as exc:  # a failing host must not stop the others
                 if not self.stop.is_set():  # after Ctrl-C, connections close under us
                     self.failed = True
-                    if isinstance(exc, DeployctlError):
-                        _error(self.host.name, exc.message, exc.hint)
-                    else:
-                        _error(self.host.name, f"{type(exc).__name__}: {exc}")
+                    self.sink.error(self.host.name, exc)
                 return
             if window.start != offset:  # truncated or replaced: the new content starts at 0
                 self.restart()
@@ -447,36 +451,32 @@ def show_logs(
     lines: int,
     follow: bool,
     crash_only: bool,
-) -> int:
-    """Print each host's log tail (or its crashes); with `follow`, stream it until Ctrl-C."""
-    from deployctl import report
-
+    sink: LogSink,
+) -> LogsResult:
+    """Send each host's log tail (or its crashes) to `sink`; with `follow`, until Ctrl-C."""
     if crash_only and not follow:
         scans = fleet.run(lambda host, conn: scan_log(host, conn, catalog, run, path, False))
-        report.print_crashes(scans, False)
-        return 1 if report.failed(scans) else 0
-    stop = threading.Event()
-    printer = _Printer(len(fleet.hosts) > 1, stop)
+        return LogsResult(list(scans.failed), scans)
     if not follow:
         tails = fleet.run(
             lambda host, conn: _read_tail(host, conn, log_path(host, conn, run, path), lines)
         )
         for result in tails:
             for line in result.value.lines if result.value is not None else []:
-                printer.line(result.name, line)
-        _report_failed(tails)
-        return 1 if report.failed(tails) else 0
+                sink.line(result.name, line)
+        _report_failed(tails, sink)
+        return LogsResult(list(tails.failed))
+    stop = threading.Event()
     try:
-        return _follow(fleet, catalog, run, path, lines, crash_only, printer, stop)
+        return _follow(fleet, catalog, run, path, lines, crash_only, sink, stop)
     except KeyboardInterrupt:  # Ctrl-C before the polling started: still a clean end
         stop.set()
-        return 0
+        return LogsResult()
 
 
-def _report_failed(results: list[HostResult[_Tail]]) -> None:
-    for result in results:
-        if not result.ok:
-            _error(result.name, result.error or "failed", result.hint)
+def _report_failed(results: FleetResult[_Tail], sink: LogSink) -> None:
+    for name, exc in results.failed.items():
+        sink.error(name, exc)
 
 
 def _follow(
@@ -486,10 +486,10 @@ def _follow(
     path: str | None,
     lines: int,
     crash_only: bool,
-    printer: _Printer,
+    sink: LogSink,
     stop: threading.Event,
-) -> int:
-    """Print each log's tail, then poll every host in a thread of its own until Ctrl-C."""
+) -> LogsResult:
+    """Send each log's tail, then poll every host in a thread of its own until Ctrl-C."""
 
     def start(host: Host, conn: Connection) -> _Tail:
         log = log_path(host, conn, run, path)
@@ -504,14 +504,12 @@ def _follow(
         return _Tail(log, _split_lines(data), window.start + cut, window.inode)
 
     tails = fleet.run(start)
-    _report_failed(tails)
+    _report_failed(tails, sink)
     followers: list[_Follower] = []
     for result in tails:
         if result.value is not None:
             conn = fleet.connection(result.host)
-            follower = _Follower(
-                result.host, conn, result.value, catalog, printer, stop, crash_only
-            )
+            follower = _Follower(result.host, conn, result.value, catalog, sink, stop, crash_only)
             # The tail goes through the scanner too, so a crash under way is still reported.
             follower.emit("".join(line + "\n" for line in result.value.lines))
             followers.append(follower)
@@ -530,4 +528,4 @@ def _follow(
     for thread in threads:
         # A poll in flight ends quickly; daemon threads never hold the exit longer than this.
         thread.join(max(0.0, deadline - time.monotonic()))
-    return 1 if any(not r.ok for r in tails) or any(f.failed for f in followers) else 0
+    return LogsResult([*tails.failed, *(f.host.name for f in followers if f.failed)])

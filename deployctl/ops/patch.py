@@ -14,62 +14,28 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
+from deployctl import agent
 from deployctl.connection import Connection
-from deployctl.errors import DeployctlError, PatchError
-from deployctl.facts import ProbeOutput, run_probes
+from deployctl.errors import PatchError
+from deployctl.host_agent import (
+    ApplyArgs,
+    ApplyReply,
+    Manifest,
+    PatchRecord,
+    ProbeArgs,
+    ProbeReply,
+    ReadReply,
+    RevertArgs,
+    RevertReply,
+)
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet, Variant, select_sets, version_key
-from deployctl.shell import join
 
-AGENT = Path(__file__).resolve().parent.parent / "host_agent.py"
 # GNU patch, strict: no fuzz, so a hunk never lands in the wrong place.
 PATCH_ARGS = ["patch", "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch"]
-
-
-@cache
-def agent_source() -> str:
-    return AGENT.read_text(encoding="utf-8")
-
-
-def agent_command(host: Host, command: str, args: Mapping[str, Any]) -> str:
-    """The shell line that runs the host agent with the host's python."""
-    return join([str(host.vars["python"]), "-c", agent_source(), command, json.dumps(args)])
-
-
-def parse_agent_output(host: Host, exit_code: int, stdout: str, stderr: str) -> dict[str, Any]:
-    """Read the agent's JSON answer; its own errors become PatchError."""
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    try:
-        doc = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        detail = (stderr.strip() or stdout.strip())[-300:] or f"exit {exit_code}"
-        raise DeployctlError(f"{host.vars['python']} on {host.name} failed: {detail}")
-    if "error" in doc:
-        raise PatchError(str(doc["error"]))
-    return doc
-
-
-def run_agent(
-    host: Host, conn: Connection, command: str, args: Mapping[str, Any], stdin: bytes | None = None
-) -> dict[str, Any]:
-    """Run one agent command on the host (one round trip)."""
-    result = conn.run(agent_command(host, command, args), stdin=stdin)
-    return parse_agent_output(host, result.exit_code, result.stdout, result.stderr)
-
-
-def run_agent_beside(
-    host: Host, conn: Connection, probes: Mapping[str, str]
-) -> tuple[dict[str, ProbeOutput], dict[str, Any]]:
-    """Run shell probes and the agent probe named "agent" in one round trip."""
-    outputs = run_probes(conn, probes)
-    agent = outputs["agent"]
-    return outputs, parse_agent_output(host, agent.exit_code, agent.output, "")
 
 
 @dataclass(frozen=True)
@@ -79,7 +45,7 @@ class PatchFacts:
     sglang_version: str | None
     site: str | None
     error: str | None
-    records: dict[str, dict[str, Any]]
+    records: dict[str, PatchRecord]
     files: dict[str, str | None]
 
     def require_sglang(self) -> tuple[str, str]:
@@ -99,26 +65,26 @@ class PatchFacts:
         )
 
 
-def probe_args(host: Host, sets: Sequence[PatchSet]) -> dict[str, Any]:
+def probe_args(host: Host, sets: Sequence[PatchSet]) -> ProbeArgs:
     paths = sorted({f for s in sets for v in s.variants.values() for f in v.files})
     return {"state_dir": str(host.vars["state_dir"]), "paths": paths}
 
 
-def parse_patch_facts(doc: Mapping[str, Any]) -> PatchFacts:
+def parse_patch_facts(reply: ProbeReply) -> PatchFacts:
     """Turn the agent's probe answer into PatchFacts."""
-    install = doc["sglang"]
+    install = reply["sglang"]
     return PatchFacts(
         sglang_version=install.get("version"),
         site=install.get("site"),
         error=install.get("error"),
-        records=dict(doc.get("records", {})),
-        files=dict(doc.get("files", {})),
+        records=dict(reply["records"]),
+        files=dict(reply["files"]),
     )
 
 
 def patch_facts(host: Host, conn: Connection, sets: Sequence[PatchSet]) -> PatchFacts:
     """Probe SGLang and the patch records in one round trip."""
-    return parse_patch_facts(run_agent(host, conn, "probe", probe_args(host, sets)))
+    return parse_patch_facts(agent.call(host, conn, "probe", probe_args(host, sets), ProbeReply))
 
 
 # ---- audit -------------------------------------------------------------------------------
@@ -176,7 +142,8 @@ class AuditReport:
     expected: tuple[str, ...]
 
     @property
-    def good(self) -> bool:
+    def ok(self) -> bool:
+        """Every expected set is applied."""
         return all(self.states[name].good for name in self.expected)
 
     def to_json(self) -> dict[str, Any]:
@@ -255,8 +222,8 @@ def patched_copies(
 def read_files(
     host: Host, conn: Connection, base: str, paths: Sequence[str]
 ) -> dict[str, bytes | None]:
-    doc = run_agent(host, conn, "read", {"base": base, "paths": list(paths)})
-    return {p: None if v is None else base64.b64decode(v) for p, v in doc["files"].items()}
+    reply = agent.call(host, conn, "read", {"base": base, "paths": list(paths)}, ReadReply)
+    return {p: None if v is None else base64.b64decode(v) for p, v in reply["files"].items()}
 
 
 def _tar(members: Mapping[str, bytes]) -> bytes:
@@ -303,7 +270,7 @@ def apply_set(
     patched = patched_copies(variant, originals, files)
     if dry_run:
         return PatchAction(patch_set.name, patch_set.version, "would apply", files)
-    manifest = {
+    manifest: Manifest = {
         "set": patch_set.name,
         "version": patch_set.version,
         "hash": patch_set.content_hash,
@@ -322,13 +289,12 @@ def apply_set(
     members.update({f"patched/{p}": d for p, d in patched.items() if d is not None})
     members.update({f"verify/{v.name}": v.read_bytes() for v in variant.verify})
     payload = _tar(members)
-    args = {
+    args: ApplyArgs = {
         "state_dir": str(host.vars["state_dir"]),
         "payload_sha256": hashlib.sha256(payload).hexdigest(),
         "payload_size": len(payload),
     }
-    doc = run_agent(host, conn, "apply", args, payload)
-    new_record = doc["record"]
+    new_record = agent.call(host, conn, "apply", args, ApplyReply, stdin=payload)["record"]
     facts.records[patch_set.name] = new_record
     facts.files.update({p: s["patched_sha256"] for p, s in new_record["files"].items()})
     action = "applied" if record is None else f"replaced {record['version']}"
@@ -349,14 +315,14 @@ def revert_patches(
     """Restore the originals of each set, dependents first, checking their hashes."""
     actions = []
     for patch_set in reversed(sets):
-        doc = run_agent(
-            host,
-            conn,
-            "revert",
-            {"state_dir": str(host.vars["state_dir"]), "set": patch_set.name, "force": force},
-        )
-        action = "reverted" if doc["reverted"] else "not applied"
-        actions.append(PatchAction(patch_set.name, patch_set.version, action, doc.get("files", [])))
+        args: RevertArgs = {
+            "state_dir": str(host.vars["state_dir"]),
+            "set": patch_set.name,
+            "force": force,
+        }
+        reply = agent.call(host, conn, "revert", args, RevertReply)
+        action = "reverted" if reply["reverted"] else "not applied"
+        actions.append(PatchAction(patch_set.name, patch_set.version, action, reply["files"]))
     return actions
 
 

@@ -10,15 +10,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, scan_text
 from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, parse_gpus_command
-from deployctl.fanout import Fleet, HostResult
+from deployctl.fanout import Fleet, FleetResult, HostResult
+from deployctl.host_agent import RunRecord, StatusArgs, StatusReply, StopArgs, StopReply
 from deployctl.inventory import MASK, Host, secret_values
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
 from deployctl.ops.launch import LaunchReport, Plan, launch
-from deployctl.ops.patch import agent_command, run_agent, run_agent_beside
 from deployctl.patchset import PatchSet, sets_for_flags
 from deployctl.render import RenderedCommand
 
@@ -29,7 +30,7 @@ STATUS_TAIL_BYTES = 256 * 1024
 class RunStatus:
     """The current run on a host as one status probe sees it."""
 
-    run: dict[str, Any] | None
+    run: RunRecord | None
     alive: bool = False
     health: int | None = None
     last_line: str = ""
@@ -50,17 +51,21 @@ class RunStatus:
     def ready(self) -> bool:
         return self.alive and self.health == 200
 
+    @property
+    def ok(self) -> bool:
+        return not self.crashed
+
     def to_json(self) -> dict[str, Any]:
-        run = self.run or {}
+        run = self.run
         return {
-            "run": run.get("id"),
-            "pid": run.get("pid"),
+            "run": run["id"] if run else None,
+            "pid": run["pid"] if run else None,
             "alive": self.alive,
             "ready": self.ready,
             "crashed": self.crashed,
-            "status": run.get("status"),
+            "status": run["status"] if run else None,
             "uptime_s": round(time.time() - run["started_at"]) if self.alive and run else None,
-            "log": run.get("log"),
+            "log": run["log"] if run else None,
             "last_line": self.last_line,
             "crash": self.crashes[0].summary() if self.crashes else None,
             "gpu_memory_used_mib": sum(g.memory_used_mib for g in self.gpus.gpus)
@@ -73,32 +78,32 @@ def run_status(
     host: Host, conn: Connection, catalog: Catalog, run_id: str | None = None
 ) -> RunStatus:
     """Read the run, its liveness, health, log tail and GPUs in one round trip."""
-    args = {
+    args: StatusArgs = {
         "state_dir": str(host.vars["state_dir"]),
         "run": run_id,
         "tail_bytes": STATUS_TAIL_BYTES,
     }
-    probes = {"gpus": GPUS_COMMAND, "agent": agent_command(host, "status", args)}
-    outputs, doc = run_agent_beside(host, conn, probes)
+    probes = {"gpus": GPUS_COMMAND}
+    outputs, doc = agent.call_beside(host, conn, probes, "status", args, StatusReply)
     try:  # a host without working GPUs still has a status
         state = parse_gpus_command(outputs["gpus"].exit_code, outputs["gpus"].output)
         gpus: GpuReport | None = gpu_report(state, DEFAULT_MAX_USED_MIB)
     except DeployctlError:
         gpus = None
-    run = doc.get("run")
+    run = doc["run"]
     if run is None:
         return RunStatus(None, gpus=gpus)
     tail = base64.b64decode(doc["data"]).decode("utf-8", errors="replace")
     lines = [line for line in tail.splitlines() if line.strip()]
-    crashes = scan_text(tail, catalog) if run.get("status") == "running" else []
+    crashes = scan_text(tail, catalog) if run["status"] == "running" else []
     return RunStatus(
         run,
-        alive=bool(doc["alive"]),
-        health=doc.get("health"),
+        alive=doc["alive"],
+        health=doc["health"],
         last_line=lines[-1] if lines else "",
         crashes=crashes,
         gpus=gpus,
-        command=doc.get("command"),
+        command=doc["command"],
     )
 
 
@@ -109,6 +114,11 @@ class StopResult:
     killed: list[int]
     gpus_clean: bool | None
     note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """False only when the GPUs were checked and are still not clean."""
+        return self.gpus_clean is not False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -122,12 +132,12 @@ class StopResult:
 
 def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120) -> StopResult:
     """SIGTERM the run's process group, SIGKILL leftovers, then wait for clean GPUs."""
-    args = {"state_dir": str(host.vars["state_dir"]), "timeout": timeout}
-    doc = run_agent(host, conn, "stop", args)
-    run = doc.get("run")
+    args: StopArgs = {"state_dir": str(host.vars["state_dir"]), "timeout": timeout}
+    doc = agent.call(host, conn, "stop", args, StopReply)
+    run = doc["run"]
     if run is None:
         return StopResult(None, [], [], None, "no run recorded")
-    if doc.get("left"):
+    if doc["left"]:
         raise DeployctlError(f"{host.name}: processes {doc['left']} survived SIGKILL")
     note = "" if doc["ended"] else "was not running"
     deadline = time.monotonic() + gpu_timeout
@@ -152,11 +162,9 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
     argv = shlex.split(status.command)
     # Secrets given with --set at launch are not in the inventory: find them where the
     # recorded (masked) command hides them.
-    hidden = masked_values(str(status.run.get("command", "")), argv)
+    hidden = masked_values(status.run["command"], argv)
     secrets = tuple(sorted({*secret_values(host.vars), *hidden}, key=lambda v: (-len(v), v)))
-    rendered = RenderedCommand(
-        str(status.run["template"]), status.run.get("threshold"), argv, secrets
-    )
+    rendered = RenderedCommand(status.run["template"], status.run["threshold"], argv, secrets)
     return Plan(host, rendered, sets_for_flags(argv, patch_sets))
 
 
@@ -187,38 +195,60 @@ def restart(
     stop_timeout: float = 30,
     wait: bool = True,
     progress: Callable[[str, float, str], None] | None = None,
-) -> tuple[list[HostResult[RunStatus]], LaunchReport | None]:
+) -> RestartReport:
     """Stop and relaunch each host's recorded run with the next log version."""
     statuses = fleet.run(lambda host, conn: run_status(host, conn, catalog))
-    chosen = [
-        r
-        for r in statuses
-        if r.value is not None and r.value.run and (r.value.crashed or not crashed_only)
-    ]
+    chosen = {
+        name: status
+        for name, status in statuses.succeeded.items()
+        if status.run and (status.crashed or not crashed_only)
+    }
     if not chosen:
-        return statuses, None
-    plans = [recorded_plan(r.host, r.value, patch_sets) for r in chosen if r.value is not None]
+        return RestartReport(statuses, None)
+    hosts = {h.name: h for h in fleet.hosts}
+    plans = [recorded_plan(hosts[name], status, patch_sets) for name, status in chosen.items()]
+    # Failed stops are not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
     stops = fleet.run(
         lambda host, conn: stop_run(host, conn, stop_timeout), [p.host for p in plans]
     )
-    stopped = {r.name for r in stops if r.ok}
-    plans = [p for p in plans if p.host.name in stopped]
-    restart_of = {
-        r.name: str(r.value.run["id"]) for r in chosen if r.value is not None and r.value.run
-    }
+    plans = [p for p in plans if p.host.name not in stops.failed]
+    restart_of = {name: status.run["id"] for name, status in chosen.items() if status.run}
     report = launch(
         fleet, plans, catalog, wait=wait, timeout=timeout, progress=progress, restart_of=restart_of
     )
     failed_stops: list[HostResult[RunStatus]] = [
-        HostResult(r.host, error=r.error, hint=r.hint) for r in stops if not r.ok
+        HostResult(r.host, exception=r.exception) for r in stops if r.failed
     ]
-    return failed_stops + statuses, report
+    return RestartReport(FleetResult([*failed_stops, *statuses]), report)
+
+
+@dataclass
+class RestartReport:
+    """What restart saw on each host, and the launch of the runs it chose (None: none)."""
+
+    statuses: FleetResult[RunStatus]
+    launch: LaunchReport | None
+
+    @property
+    def ok(self) -> bool:
+        """Every host could be read and stopped, and every relaunch came up."""
+        # A crashed run is why restart was called: it does not fail the restart itself.
+        read = not self.statuses.failed
+        return read and (self.launch is None or self.launch.ok)
+
+
+@dataclass
+class WatchEnded:
+    """Watch ends only when told to; its events were shown as they happened."""
+
+    ok: bool = True
 
 
 @dataclass
 class WatchEvent:
     host: str
     message: str
+    exception: BaseException | None = None  # what stopped a check, kept for its traceback
 
 
 def watch(
@@ -244,7 +274,7 @@ def watch(
         for result in fleet.run(lambda host, conn: run_status(host, conn, catalog)):
             name, status = result.name, result.value
             if status is None:
-                emit(WatchEvent(name, f"error: {result.error}"))
+                emit(WatchEvent(name, f"error: {result.error}", result.exception))
                 continue
             if name in given_up or not status.crashed or time.monotonic() < next_try.get(name, 0):
                 continue
@@ -276,8 +306,8 @@ def watch(
             )
             plan = recorded_plan(result.host, status, patch_sets)
             stop_result = fleet.run(lambda host, conn: stop_run(host, conn, 30), [result.host])[0]
-            if not stop_result.ok:
-                emit(WatchEvent(name, f"stop failed: {stop_result.error}"))
+            if stop_result.failed:
+                emit(WatchEvent(name, f"stop failed: {stop_result.error}", stop_result.exception))
                 continue
             report = launch(fleet, [plan], catalog, timeout=timeout, restart_of={name: str(run_id)})
             outcome = report.outcomes[0].value if report.outcomes else None

@@ -1,0 +1,182 @@
+"""The client of the host agent: run its calls on a host and check each reply's shape.
+
+The agent (`host_agent.py`) is kept on the host under its content hash and sent again only
+when that copy is missing or altered, so no call carries the agent's source in its argv.
+Every reply is checked against the call's declared reply type; a reply that lacks a key is
+an error, never read as a default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import types
+import typing
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from deployctl import host_agent as proto
+from deployctl.connection import CommandResult, Connection
+from deployctl.errors import DeployctlError, PatchError
+from deployctl.facts import ProbeOutput, run_probes
+from deployctl.inventory import Host
+from deployctl.shell import join
+
+AGENT_FILE = Path(proto.__file__).resolve()
+R = TypeVar("R")
+
+
+class AgentError(DeployctlError):
+    """The host agent could not run, or answered something that is not its protocol."""
+
+    code = "agent"
+
+
+@cache
+def agent_source() -> bytes:
+    return AGENT_FILE.read_bytes()
+
+
+@cache
+def agent_hash() -> str:
+    return hashlib.sha256(agent_source()).hexdigest()
+
+
+def agent_path(host: Host) -> str:
+    """Where the host keeps this version of the agent."""
+    state_dir = str(host.vars["state_dir"]).rstrip("/")
+    return f"{state_dir}/{proto.AGENT_DIR}/{agent_hash()}.py"
+
+
+def agent_command(host: Host, call: str, args: Mapping[str, Any]) -> str:
+    """The shell line that runs one agent call with the host's python."""
+    python = str(host.vars["python"])
+    return join([python, "-c", proto.BOOTSTRAP, agent_path(host), call, json.dumps(args)])
+
+
+def _agent_missing(exit_code: int, stdout: str) -> bool:
+    return exit_code == proto.AGENT_MISSING_EXIT and proto.AGENT_MISSING in stdout
+
+
+def install_agent(host: Host, conn: Connection) -> None:
+    """Put this version of the agent on the host (one round trip)."""
+    conn.write_file(agent_path(host), agent_source())
+
+
+def parse_reply(
+    host: Host, call: str, exit_code: int, stdout: str, stderr: str, reply_type: type[R]
+) -> R:
+    """Read the agent's JSON answer and check it has every key its type declares."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    try:
+        doc = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        detail = (stderr.strip() or stdout.strip())[-300:] or f"exit {exit_code}"
+        raise AgentError(f"{host.vars['python']} on {host.name} failed: {detail}")
+    if "error" in doc:
+        raise PatchError(str(doc["error"]))
+    problems = shape_problems(doc, reply_type, call)
+    if problems:
+        raise AgentError(
+            f"{host.name}: the host agent's {call} reply is malformed: {'; '.join(problems[:3])}",
+            hint="an agent of another deployctl version answered? run the command again",
+        )
+    return cast(R, doc)
+
+
+def call(
+    host: Host,
+    conn: Connection,
+    name: str,
+    args: Mapping[str, Any],
+    reply_type: type[R],
+    stdin: bytes | None = None,
+) -> R:
+    """Run one agent call on the host: one round trip once the agent is there."""
+    command = agent_command(host, name, args)
+    result = conn.run(command, stdin=stdin)
+    if _agent_missing(result.exit_code, result.stdout):
+        install_agent(host, conn)
+        result = conn.run(command, stdin=stdin)
+    return _reply(host, name, result, reply_type)
+
+
+def _reply(host: Host, name: str, result: CommandResult, reply_type: type[R]) -> R:
+    return parse_reply(host, name, result.exit_code, result.stdout, result.stderr, reply_type)
+
+
+def call_beside(
+    host: Host,
+    conn: Connection,
+    probes: Mapping[str, str],
+    name: str,
+    args: Mapping[str, Any],
+    reply_type: type[R],
+) -> tuple[dict[str, ProbeOutput], R]:
+    """Run shell probes and one agent call in one round trip (the call's output is "agent")."""
+    script = {**probes, "agent": agent_command(host, name, args)}
+    outputs = run_probes(conn, script)
+    if _agent_missing(outputs["agent"].exit_code, outputs["agent"].output):
+        install_agent(host, conn)
+        outputs = run_probes(conn, script)
+    agent = outputs.pop("agent")
+    return outputs, parse_reply(host, name, agent.exit_code, agent.output, "", reply_type)
+
+
+# ---- reply shapes --------------------------------------------------------------------------
+
+
+def shape_problems(value: Any, expected: Any, where: str) -> list[str]:
+    """Say where `value` lacks a key its TypedDict declares (nested ones too) or has the
+    wrong kind of value; an empty list when it fits."""
+    if expected is Any:
+        return []
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(expected)
+        if value is None and type(None) in options:
+            return []
+        tried = [shape_problems(value, o, where) for o in options if o is not type(None)]
+        return [] if any(not t for t in tried) else tried[0]
+    if typing.is_typeddict(expected):
+        if not isinstance(value, dict):
+            return [f"{where} is not an object"]
+        hints = _hints(expected)
+        problems = [f"{where}.{key} is missing" for key in sorted(_required(expected) - set(value))]
+        for key, item in value.items():
+            if key in hints:
+                problems += shape_problems(item, hints[key], f"{where}.{key}")
+        return problems
+    if origin is dict:
+        if not isinstance(value, dict):
+            return [f"{where} is not an object"]
+        item_type = typing.get_args(expected)[1]
+        return [p for k, v in value.items() for p in shape_problems(v, item_type, f"{where}.{k}")]
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{where} is not a list"]
+        item_type = typing.get_args(expected)[0]
+        return [
+            p for i, v in enumerate(value) for p in shape_problems(v, item_type, f"{where}[{i}]")
+        ]
+    if expected is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    elif expected is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, expected)
+    return [] if ok else [f"{where} is {type(value).__name__}, not {expected.__name__}"]
+
+
+@cache
+def _hints(typed_dict: type) -> dict[str, Any]:
+    return typing.get_type_hints(typed_dict, vars(proto))
+
+
+@cache
+def _required(typed_dict: type) -> frozenset[str]:
+    return frozenset(getattr(typed_dict, "__required_keys__", frozenset()))

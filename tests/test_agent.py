@@ -1,0 +1,161 @@
+"""The host-agent protocol: a copy kept on the host by content hash, replies checked by type."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deployctl import agent, host_agent
+from deployctl.connection import ConnectOptions, LocalConnection, open_connection
+from deployctl.crash import load_catalog
+from deployctl.errors import PatchError
+from deployctl.host_agent import PollReply, PreflightReply, ReleaseReply, StatusArgs, StatusReply
+from deployctl.inventory import DEFAULT_VARS, Host
+from deployctl.ops import launch as launch_ops
+from deployctl.ops.server import run_status
+from tests.sshd_hosts import SSHLab
+
+STATUS_ARGS: StatusArgs = {"state_dir": "~/.deployctl", "run": None, "tail_bytes": 0}
+
+
+def local_host(tmp_path: Path) -> Host:
+    return Host(
+        "here", {**DEFAULT_VARS, "python": sys.executable, "state_dir": str(tmp_path / "state")}
+    )
+
+
+# ---- replies are checked against their declared types --------------------------------------
+
+
+def reply(host: Host, document: object, reply_type: type) -> object:
+    return agent.parse_reply(host, "test", 0, json.dumps(document) + "\n", "", reply_type)
+
+
+def test_a_reply_missing_a_key_is_an_error_not_a_default(tmp_path: Path) -> None:
+    host = local_host(tmp_path)
+    good = {"alive": True, "members": [7], "health": None, "size": 0, "data": ""}
+    assert reply(host, good, PollReply) == good
+    for key in good:
+        broken = {k: v for k, v in good.items() if k != key}
+        with pytest.raises(agent.AgentError, match=rf"test\.{key} is missing"):
+            reply(host, broken, PollReply)
+
+
+def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
+    host = local_host(tmp_path)
+    lock = {"acquired": True, "token": "t", "holder": None}
+    base = {
+        "sglang": {"error": "not installed"},
+        "records": {},
+        "files": {},
+        "module_found": True,
+        "port_free": True,
+        "port_error": "",
+        "paths": {},
+        "log_dir_writable": True,
+        "log_dir_error": "",
+        "next_log": "/logs/x_v1.log",
+        "lock": lock,
+    }
+    assert reply(host, base, PreflightReply) == base
+    # The preflight of a port that is in use, with the key gone: never read as "free".
+    with pytest.raises(agent.AgentError, match="port_free is missing"):
+        reply(host, {k: v for k, v in base.items() if k != "port_free"}, PreflightReply)
+    with pytest.raises(agent.AgentError, match=r"lock\.acquired is missing"):
+        reply(host, {**base, "lock": {"token": "t", "holder": None}}, PreflightReply)
+    with pytest.raises(agent.AgentError, match="port_free is str, not bool"):
+        reply(host, {**base, "port_free": "yes"}, PreflightReply)
+    with pytest.raises(agent.AgentError, match=r"records\.spec-disable\.applied_at is missing"):
+        reply(host, {**base, "records": {"spec-disable": {"set": "spec-disable"}}}, PreflightReply)
+
+
+def test_the_agents_own_refusal_and_garbage_are_errors(tmp_path: Path) -> None:
+    host = local_host(tmp_path)
+    with pytest.raises(PatchError, match="another deployctl patch operation"):
+        reply(host, {"error": "another deployctl patch operation is running"}, ReleaseReply)
+    with pytest.raises(agent.AgentError, match="failed: Traceback"):
+        agent.parse_reply(host, "x", 1, "", "Traceback (most recent call last): ...", ReleaseReply)
+
+
+def test_every_call_declares_its_reply() -> None:
+    handled = set(host_agent.REPLIES)
+    source = Path(host_agent.__file__).read_text(encoding="utf-8")
+    assert {name for name in handled if f'"{name}": lambda: cmd_{name}(' in source} == handled
+
+
+# ---- the agent lives on the host under its content hash ------------------------------------
+
+
+def test_the_agent_is_sent_once_then_run_from_its_hash_named_copy(tmp_path: Path) -> None:
+    host, conn = local_host(tmp_path), LocalConnection("here", 30)
+    copy = tmp_path / "state" / "agent" / f"{agent.agent_hash()}.py"
+    command = agent.agent_command(host, "status", STATUS_ARGS)
+    # The source never rides in the command line (one argument is capped at 128 KiB).
+    assert len(command) < 1000 and "def cmd_status" not in command
+
+    assert agent.call(host, conn, "status", STATUS_ARGS, StatusReply)["run"] is None
+    assert copy.read_bytes() == Path(host_agent.__file__).read_bytes()
+    assert conn.round_trips == 3  # the miss, the copy, the call
+    agent.call(host, conn, "status", STATUS_ARGS, StatusReply)
+    assert conn.round_trips == 4
+
+
+def test_an_altered_copy_is_replaced_not_run(tmp_path: Path) -> None:
+    host, conn = local_host(tmp_path), LocalConnection("here", 30)
+    agent.install_agent(host, conn)
+    copy = tmp_path / "state" / "agent" / f"{agent.agent_hash()}.py"
+    copy.write_text('import json; print(json.dumps({"run": None}))\n')  # not what the name says
+    assert agent.call(host, conn, "status", STATUS_ARGS, StatusReply)["run"] is None
+    assert copy.read_bytes() == Path(host_agent.__file__).read_bytes()
+
+
+def test_status_over_ssh_sends_the_agent_once_per_host(hosts: SSHLab, tmp_path: Path) -> None:
+    alpha = hosts.hosts["alpha"]
+    host = Host("alpha", {**DEFAULT_VARS, **alpha.inventory_vars(hosts.client_key)})
+    conn = open_connection(host, ConnectOptions(known_hosts=hosts.known_hosts))
+    catalog = load_catalog()
+    try:
+        assert run_status(host, conn, catalog).run is None
+        assert conn.round_trips == 3
+        run_status(host, conn, catalog)
+        assert conn.round_trips == 4
+    finally:
+        conn.close()
+    copies = list((alpha.home / ".deployctl" / "agent").iterdir())
+    assert [p.name for p in copies] == [f"{agent.agent_hash()}.py"]
+
+
+# ---- the launch poll decodes the log as one stream -----------------------------------------
+
+
+def test_a_character_split_between_polls_stays_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host, conn = local_host(tmp_path), LocalConnection("here", 30)
+    log = tmp_path / "server.log"
+    line = "naïve café → 東京 ready soon"
+    log.write_text(line + "\n", encoding="utf-8")
+    server = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    run: host_agent.RunRecord = {
+        "template": "baseline", "threshold": None, "command": "sleep 30", "port": 1,
+        "bind_host": "127.0.0.1", "tp": 1, "patches": {}, "deployctl_version": "test",
+        "started_by": "test", "restart_of": None, "id": "x_v1", "log": str(log),
+        "pid": server.pid, "pgid": server.pid, "sid": server.pid, "started_at": time.time(),
+        "status": "running",
+    }  # fmt: skip
+    # Polls of 3 bytes cut most of those characters in two.
+    monkeypatch.setattr(launch_ops, "POLL_LIMIT_BYTES", 3)
+    monkeypatch.setattr(launch_ops, "POLL_WAIT", 0.0)
+    try:
+        outcome = launch_ops.wait_ready(host, conn, run, load_catalog(), timeout=3)
+    finally:
+        os.killpg(server.pid, 9)
+        server.wait()
+    assert outcome.state == "timeout"
+    assert outcome.last_line == line

@@ -1,0 +1,119 @@
+"""The package's imports point one way: read with `ast`, no cycles and no upward imports."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+from typing import Any
+
+PACKAGE = Path(__file__).resolve().parent.parent / "deployctl"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(path: Path) -> set[str]:
+    """Every name `path` imports, at any depth of its code (lazy imports too).
+
+    `from deployctl import report` yields both `deployctl` and `deployctl.report`.
+    """
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the deployctl modules it imports (the package's own __init__ left out)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {
+        name: (imported_names(path) & modules.keys()) - {name, "deployctl"}
+        for name, path in modules.items()
+    }
+
+
+def test_the_graph_sees_the_known_imports() -> None:
+    graph = import_graph()
+    assert "deployctl.ops.launch" in graph["deployctl.cli"]
+    assert "deployctl.report" in graph["deployctl.cli"]
+    assert "deployctl.agent" in graph["deployctl.ops.launch"]
+    assert "deployctl.crash.model" in graph["deployctl.report"]
+
+
+def test_there_is_no_import_cycle() -> None:
+    graph = import_graph()
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = "open"
+        path.append(name)
+        for dep in sorted(graph[name]):
+            if state.get(dep) == "open":
+                cycle = [*path[path.index(dep) :], dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep)
+        path.pop()
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+
+
+def test_ops_never_import_presentation_or_the_cli() -> None:
+    for name, deps in import_graph().items():
+        if name.startswith("deployctl.ops"):
+            assert not deps & {"deployctl.report", "deployctl.cli"}, (name, deps)
+
+
+def test_only_the_cli_imports_report_and_nothing_imports_the_cli() -> None:
+    for name, deps in import_graph().items():
+        assert "deployctl.cli" not in deps or name == "deployctl.__main__", name
+        if name not in {"deployctl.cli", "deployctl.report"}:
+            assert "deployctl.report" not in deps, name
+
+
+def test_the_host_agent_imports_only_the_standard_library() -> None:
+    # It runs on hosts, with their own python and nothing of deployctl installed.
+    tops = {name.split(".")[0] for name in imported_names(PACKAGE / "host_agent.py")}
+    assert tops <= {"__future__", *sys.stdlib_module_names}, tops - set(sys.stdlib_module_names)
+
+
+def test_only_the_connection_module_imports_fabric_or_paramiko() -> None:
+    for path in PACKAGE.rglob("*.py"):
+        tops = {name.split(".")[0] for name in imported_names(path)}
+        assert path.name == "connection.py" or not tops & {"fabric", "paramiko", "invoke"}, path
+
+
+SHARED_FLAGS = ["--inventory", "--hosts", "--forks", "--accept-new-host-keys", "--known-hosts"]
+
+
+def test_the_cli_declares_each_shared_option_once() -> None:
+    source = (PACKAGE / "cli.py").read_text(encoding="utf-8")
+    for flag in [*SHARED_FLAGS, "--json", "--project"]:
+        assert source.count(f'"{flag}"') == 1, flag
+
+
+def test_every_fleet_command_takes_the_shared_options() -> None:
+    import typer.main
+
+    from deployctl.cli import app
+
+    root: Any = typer.main.get_command(app)
+    patch = root.commands["patch"]
+    commands = {**root.commands, **{f"patch {n}": c for n, c in patch.commands.items()}}
+    fleet = ["gpus", "crash", "launch", "stop", "status", "restart", "logs", "watch"]
+    fleet += ["patch apply", "patch revert", "patch audit"]
+    for name in fleet:
+        flags = {opt for param in commands[name].params for opt in param.opts}
+        assert set(SHARED_FLAGS) <= flags, (name, set(SHARED_FLAGS) - flags)
+        assert ("--json" in flags) == (name not in {"logs", "watch"}), name
