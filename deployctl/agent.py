@@ -1,7 +1,8 @@
 """The client of the host agent: run its calls on a host and check each reply's shape.
 
 The agent (`host_agent.py`) is kept on the host under its content hash and sent again only
-when that copy is missing or altered, so no call carries the agent's source in its argv.
+when that copy is missing or altered, so no call carries the agent's source in its argv
+(except on a host where the copy cannot be written: a full disk must not stop a `stop`).
 Every reply is checked against the call's declared reply type; a reply that lacks a key is
 an error, never read as a default.
 """
@@ -18,8 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from deployctl import host_agent as proto
-from deployctl.connection import CommandResult, Connection
-from deployctl.errors import DeployctlError, PatchError
+from deployctl.connection import Connection
+from deployctl.errors import CommandError, DeployctlError, InventoryError, PatchError
 from deployctl.facts import ProbeOutput, run_probes
 from deployctl.inventory import Host
 from deployctl.shell import join
@@ -34,6 +35,12 @@ class AgentError(DeployctlError):
     code = "agent"
 
 
+class HostError(DeployctlError):
+    """The host could not do what was asked: a missing home, a state folder that is a file…"""
+
+    code = "host"
+
+
 @cache
 def agent_source() -> bytes:
     return AGENT_FILE.read_bytes()
@@ -44,16 +51,26 @@ def agent_hash() -> str:
     return hashlib.sha256(agent_source()).hexdigest()
 
 
+# Hosts (by agent path) where the agent could not be written in this invocation.
+_NOT_KEPT: set[str] = set()
+
+
 def agent_path(host: Host) -> str:
     """Where the host keeps this version of the agent."""
-    state_dir = str(host.vars["state_dir"]).rstrip("/")
-    return f"{state_dir}/{proto.AGENT_DIR}/{agent_hash()}.py"
+    state_dir = str(host.vars["state_dir"])
+    if not state_dir.strip():
+        raise InventoryError(
+            f"{host.name}: state_dir is empty", hint="set it to a folder, e.g. ~/.deployctl"
+        )
+    return f"{state_dir.rstrip('/')}/{proto.AGENT_DIR}/{agent_hash()}.py"
 
 
 def agent_command(host: Host, call: str, args: Mapping[str, Any]) -> str:
     """The shell line that runs one agent call with the host's python."""
-    python = str(host.vars["python"])
-    return join([python, "-c", proto.BOOTSTRAP, agent_path(host), call, json.dumps(args)])
+    python, path = str(host.vars["python"]), agent_path(host)
+    if path in _NOT_KEPT:  # the source rides in argv, as it must where nothing can be written
+        return join([python, "-c", agent_source().decode(), call, json.dumps(args)])
+    return join([python, "-c", proto.BOOTSTRAP, path, call, json.dumps(args)])
 
 
 def _agent_missing(exit_code: int, stdout: str) -> bool:
@@ -62,28 +79,44 @@ def _agent_missing(exit_code: int, stdout: str) -> bool:
 
 def install_agent(host: Host, conn: Connection) -> None:
     """Put this version of the agent on the host (one round trip)."""
-    conn.write_file(agent_path(host), agent_source())
+    path = agent_path(host)
+    try:
+        conn.write_file(path, agent_source())
+    except CommandError as exc:
+        raise HostError(
+            f"cannot keep deployctl's agent at {path} on {host.name}: {exc.output}",
+            hint="state_dir must be a folder the login user can write",
+        ) from None
+
+
+def _send_agent(host: Host, conn: Connection) -> None:
+    """After a miss: keep the agent on the host, or send it with each call where it cannot be."""
+    try:
+        install_agent(host, conn)
+    except HostError:
+        _NOT_KEPT.add(agent_path(host))
 
 
 def parse_reply(
     host: Host, call: str, exit_code: int, stdout: str, stderr: str, reply_type: type[R]
 ) -> R:
     """Read the agent's JSON answer and check it has every key its type declares."""
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    lines = [line for line in stdout.splitlines() if line.startswith(proto.REPLY_MARK)]
     try:
-        doc = json.loads(lines[-1]) if lines else None
+        doc = json.loads(lines[-1][len(proto.REPLY_MARK) :]) if lines else None
     except ValueError:
         doc = None
     if not isinstance(doc, dict):
         detail = (stderr.strip() or stdout.strip())[-300:] or f"exit {exit_code}"
         raise AgentError(f"{host.vars['python']} on {host.name} failed: {detail}")
     if "error" in doc:
-        raise PatchError(str(doc["error"]))
+        error_type = {"patch": PatchError, "host": HostError}.get(str(doc.get("code")), AgentError)
+        raise error_type(str(doc["error"]))
     problems = shape_problems(doc, reply_type, call)
     if problems:
         raise AgentError(
             f"{host.name}: the host agent's {call} reply is malformed: {'; '.join(problems[:3])}",
-            hint="an agent of another deployctl version answered? run the command again",
+            hint="something on the host answered in deployctl's place, or its files are damaged",
         )
     return cast(R, doc)
 
@@ -97,15 +130,10 @@ def call(
     stdin: bytes | None = None,
 ) -> R:
     """Run one agent call on the host: one round trip once the agent is there."""
-    command = agent_command(host, name, args)
-    result = conn.run(command, stdin=stdin)
+    result = conn.run(agent_command(host, name, args), stdin=stdin)
     if _agent_missing(result.exit_code, result.stdout):
-        install_agent(host, conn)
-        result = conn.run(command, stdin=stdin)
-    return _reply(host, name, result, reply_type)
-
-
-def _reply(host: Host, name: str, result: CommandResult, reply_type: type[R]) -> R:
+        _send_agent(host, conn)
+        result = conn.run(agent_command(host, name, args), stdin=stdin)
     return parse_reply(host, name, result.exit_code, result.stdout, result.stderr, reply_type)
 
 
@@ -118,13 +146,12 @@ def call_beside(
     reply_type: type[R],
 ) -> tuple[dict[str, ProbeOutput], R]:
     """Run shell probes and one agent call in one round trip (the call's output is "agent")."""
-    script = {**probes, "agent": agent_command(host, name, args)}
-    outputs = run_probes(conn, script)
+    outputs = run_probes(conn, {**probes, "agent": agent_command(host, name, args)})
     if _agent_missing(outputs["agent"].exit_code, outputs["agent"].output):
-        install_agent(host, conn)
-        outputs = run_probes(conn, script)
+        _send_agent(host, conn)
+        outputs = run_probes(conn, {**probes, "agent": agent_command(host, name, args)})
     agent = outputs.pop("agent")
-    return outputs, parse_reply(host, name, agent.exit_code, agent.output, "", reply_type)
+    return outputs, parse_reply(host, name, agent.exit_code, agent.output, agent.stderr, reply_type)
 
 
 # ---- reply shapes --------------------------------------------------------------------------

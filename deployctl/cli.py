@@ -192,10 +192,10 @@ def finish(view: View[Any], result: Any, as_json: bool) -> int:
     """Show the result and return the exit status; keep the tracebacks of any bug."""
     from deployctl import report
 
-    bugs = [(r.name, r.exception) for fr in _fleet_results(result) for r in fr.bugs()]
+    bugs = list(_bugs(result))
     report.render_result(view, result, as_json)
     if bugs:
-        report.print_bug([(name, exc) for name, exc in bugs if exc is not None])
+        report.print_bug(bugs)
     return exit_status(result, bool(bugs))
 
 
@@ -207,15 +207,23 @@ def exit_status(result: Any, bug: bool = False) -> int:
     return 0 if getattr(result, "ok", True) else 1
 
 
-def _fleet_results(result: Any) -> Iterator[FleetResult[Any]]:
-    """Every per-host result inside a command's result (a launch holds two)."""
+def _bugs(result: Any) -> Iterator[tuple[str, BaseException]]:
+    """(host, exception) for every host that failed by a bug, anywhere in a command's result.
+
+    Failed hosts are kept as `{name: exception}` (FleetResult.failed, LogsResult.failed);
+    results that hold others (a launch holds two fleet results) are dataclasses.
+    """
     from deployctl.fanout import FleetResult
 
     if isinstance(result, FleetResult):
-        yield result
+        result = result.failed
+    if isinstance(result, dict):
+        for name, exc in result.items():
+            if isinstance(exc, Exception) and not isinstance(exc, DeployctlError):
+                yield name, exc
     elif dataclasses.is_dataclass(result) and not isinstance(result, type):
         for field in dataclasses.fields(result):
-            yield from _fleet_results(getattr(result, field.name))
+            yield from _bugs(getattr(result, field.name))
 
 
 # ---- commands ------------------------------------------------------------------------------
@@ -426,16 +434,24 @@ def launch(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Preflight and show the commands only.")
     ] = False,
+    replace: Annotated[
+        bool,
+        typer.Option("--replace", help="Stop a host's running server first (else: refused)."),
+    ] = False,
 ) -> Reply:
     """Preflight every host, start the server detached with a versioned log, wait until ready."""
     from deployctl import report
     from deployctl.ops import launch as ops
+    from deployctl.ops.server import stop_live_runs
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
     plans = ops.plan_launch(
         session.project, session.hosts, template, threshold, set_ or [], patch_sets
     )
     with session.fleet() as fleet, report.Progress(enabled=not session.options.json) as progress:
+        if replace and not dry_run:
+            # A stop that fails leaves its run alive, and the preflight then refuses that host.
+            stop_live_runs(fleet, catalog, [p.host for p in plans])
         result = ops.launch(
             fleet,
             plans,
@@ -523,7 +539,7 @@ def watch(
         try:
             watch_runs(
                 fleet, catalog, patch_sets, interval=interval, max_restarts=max_restarts,
-                window=window, timeout=timeout, emit=report.print_event,
+                window=window, timeout=timeout, emit=report.EventPrinter(),
             )  # fmt: skip
         except KeyboardInterrupt:
             report.print_event_text("watch ended; servers left running")

@@ -66,7 +66,8 @@ class CommandResult:
             tail = (self.stderr.strip() or self.stdout.strip())[-_STDERR_TAIL:]
             raise CommandError(
                 f"{host}: command exited {self.exit_code}: {_shorten(self.command)}"
-                + (f": {tail}" if tail else "")
+                + (f": {tail}" if tail else ""),
+                output=tail,
             )
         return self
 

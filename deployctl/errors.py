@@ -57,9 +57,13 @@ class CommandTimeoutError(DeployctlError):
 
 
 class CommandError(DeployctlError):
-    """A remote command exited non-zero."""
+    """A remote command exited non-zero; `output` is the tail of what it said."""
 
     code = "command"
+
+    def __init__(self, message: str, hint: str | None = None, output: str = "") -> None:
+        super().__init__(message, hint)
+        self.output = output
 
 
 class PatchError(DeployctlError):

@@ -116,10 +116,13 @@ class GpuState:
     processes: list[GpuProcess]
 
 
-def parse_gpus_command(exit_code: int, output: str) -> GpuState:
-    """Parse GPUS_COMMAND's combined output; raise ParseError with nvidia-smi's own message."""
+def parse_gpus_command(exit_code: int, output: str, stderr: str = "") -> GpuState:
+    """Parse GPUS_COMMAND's output; raise ParseError with nvidia-smi's own message.
+
+    Only stdout is data: what nvidia-smi warns about on stderr never reaches the parser.
+    """
     if exit_code != 0:
-        message = " ".join(output.split()) or f"nvidia-smi exited {exit_code}"
+        message = " ".join(f"{output} {stderr}".split()) or f"nvidia-smi exited {exit_code}"
         raise ParseError(message[:300])
     gpu_text, sep, apps_text = output.partition("@@apps")
     if not sep:
@@ -130,37 +133,49 @@ def parse_gpus_command(exit_code: int, output: str) -> GpuState:
 @dataclass(frozen=True)
 class ProbeOutput:
     exit_code: int
-    output: str
+    output: str  # the probe's stdout: its data
+    stderr: str = ""  # kept apart, so a tool's warnings never reach a parser
 
 
 def probe_script(probes: Mapping[str, str]) -> str:
-    """Join several probe commands into one shell script (one round trip)."""
-    # The newline before the rc mark keeps it at the start of a line when the output has no
-    # final newline; the parser takes that newline back off.
+    """Join several probe commands into one shell script (one round trip).
+
+    Each probe's stdout and stderr come back between marks, so whatever the login prints
+    (motd, an rc file's banner) is outside every frame and ignored.
+    """
+    mark = shlex.quote(_PROBE_MARK)
+    # The newline before each closing mark keeps it at the start of a line when the output
+    # has no final newline; the parser takes that newline back off.
     parts = [
-        f"echo {shlex.quote(f'{_PROBE_MARK} {name}')}; ( {command} ) 2>&1; "
-        f"printf '\\n%s rc=%s\\n' {shlex.quote(_PROBE_MARK)} \"$?\""
+        f'echo {shlex.quote(f"{_PROBE_MARK} {name}")}; ( {command} ) 2>"$t"; '
+        f"printf '\\n%s rc=%s\\n' {mark} \"$?\"; cat \"$t\"; printf '\\n%s end\\n' {mark}"
         for name, command in probes.items()
     ]
-    return "\n".join(parts)
+    setup = "t=$(mktemp 2>/dev/null) || t=/dev/null"
+    return "\n".join([setup, *parts, '[ "$t" = /dev/null ] || rm -f "$t"'])
 
 
 def parse_probe_output(text: str) -> dict[str, ProbeOutput]:
-    """Split probe_script output back into each probe's exit code and output."""
+    """Split probe_script output back into each probe's exit code, stdout and stderr."""
     results: dict[str, ProbeOutput] = {}
     name: str | None = None
+    code = 0
+    stdout: str | None = None
     lines: list[str] = []
     for line in text.split("\n"):
-        if line.startswith(_PROBE_MARK):
-            tag = line[len(_PROBE_MARK) + 1 :]
-            if tag.startswith("rc=") and name is not None:
-                output = "\n".join(lines).removesuffix("\n")
-                results[name] = ProbeOutput(int(tag[3:] or 1), output)
-                name = None
-            else:
-                name, lines = tag, []
-        elif name is not None:
+        if not line.startswith(_PROBE_MARK):
             lines.append(line)
+            continue
+        tag = line[len(_PROBE_MARK) + 1 :]
+        body = "\n".join(lines).removesuffix("\n")
+        if tag.startswith("rc=") and name is not None:
+            code, stdout = int(tag[3:] or 1), body
+        elif tag == "end" and name is not None and stdout is not None:
+            results[name] = ProbeOutput(code, stdout, body)
+            name, stdout = None, None
+        else:
+            name, stdout = tag, None
+        lines = []
     return results
 
 

@@ -14,7 +14,6 @@ from deployctl.errors import DeployctlError, error_code, explain
 from deployctl.inventory import Host
 
 T = TypeVar("T")
-U = TypeVar("U")
 
 
 @dataclass(frozen=True)
@@ -90,12 +89,6 @@ class FleetResult(Generic[T]):
     def ok(self) -> bool:
         """Every host finished and every value that judges itself is good."""
         return all(r.ok for r in self.results)
-
-    def bugs(self) -> list[HostResult[T]]:
-        return [r for r in self.results if r.is_bug]
-
-    def map(self, change: Callable[[HostResult[T]], HostResult[U]]) -> FleetResult[U]:
-        return FleetResult(change(r) for r in self.results)
 
 
 def attempt(host: Host, operation: Callable[[], T]) -> HostResult[T]:

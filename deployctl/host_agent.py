@@ -47,6 +47,8 @@ AGENT_DIR = "agent"
 # Printed (with exit status AGENT_MISSING_EXIT) when the copy named is absent or altered.
 AGENT_MISSING = "@@deployctl-agent-missing@@"
 AGENT_MISSING_EXIT = 97
+# Starts the line that holds a reply: what a login prints (motd, an rc file) is never read.
+REPLY_MARK = "@@deployctl-reply@@ "
 # Run as `python -c BOOTSTRAP FILE ARGS…`: check FILE against the hash in its name, then run it.
 BOOTSTRAP = f"""import hashlib, sys
 path = sys.argv[1]
@@ -172,7 +174,13 @@ class PreflightArgs(ProbeArgs):
     break_lock: str | None
 
 
+class LiveRun(TypedDict):
+    id: str
+    pid: int
+
+
 class PreflightReply(ProbeReply):
+    live_run: LiveRun | None  # the current run, when its processes are still there
     module_found: bool
     port_free: bool
     port_error: str
@@ -196,7 +204,13 @@ class RunInfo(TypedDict):
     restart_of: str | None
 
 
-class RunRecord(RunInfo):
+class LeaderIdentity(TypedDict, total=False):
+    # The leader's start time in clock ticks since boot (/proc/PID/stat field 22): with it, a
+    # PID that now names another process is never taken for the run. Older records lack it.
+    starttime: int
+
+
+class RunRecord(RunInfo, LeaderIdentity):
     id: str
     log: str
     pid: int
@@ -219,7 +233,7 @@ class StartReply(TypedDict):
     run: RunRecord
 
 
-class PollArgs(TypedDict):
+class PollArgs(LeaderIdentity):
     pgid: int
     sid: int
     log: str
@@ -268,21 +282,6 @@ class ReleaseArgs(TypedDict):
 
 class ReleaseReply(TypedDict):
     released: bool
-
-
-# What each call answers; the client checks replies against these.
-REPLIES: dict[str, type] = {
-    "probe": ProbeReply,
-    "read": ReadReply,
-    "apply": ApplyReply,
-    "revert": RevertReply,
-    "preflight": PreflightReply,
-    "start": StartReply,
-    "poll": PollReply,
-    "status": StatusReply,
-    "stop": StopReply,
-    "release": ReleaseReply,
-}
 
 
 # ---- files ---------------------------------------------------------------------------------
@@ -334,8 +333,8 @@ def write_atomic(path: str, data: bytes, mode: int | None = None) -> None:
         raise
 
 
-def write_json(path: str, document: Any) -> None:
-    write_atomic(path, json.dumps(document, indent=2).encode())
+def write_json(path: str, document: Any, mode: int | None = None) -> None:
+    write_atomic(path, json.dumps(document, indent=2).encode(), mode)
 
 
 def put_back(target: str, data: bytes | None) -> bool:
@@ -361,8 +360,9 @@ def state_path(state_dir: str, *parts: str) -> str:
     return os.path.join(os.path.expanduser(state_dir), *parts)
 
 
-def fail(message: str) -> NoReturn:
-    sys.stdout.write(json.dumps({"error": message}) + "\n")
+def fail(message: str, code: str = "patch") -> NoReturn:
+    """Answer with an error instead of a reply; `code` says what kind (see the client)."""
+    sys.stdout.write(REPLY_MARK + json.dumps({"error": message, "code": code}) + "\n")
     sys.exit(1)
 
 
@@ -595,7 +595,12 @@ def cmd_revert(args: RevertArgs) -> RevertReply:
             if digest(originals[path]) != sums["original_sha256"]:
                 fail(f"backup of {path} does not match its recorded hash; nothing restored")
     stuck = [p for p, data in originals.items() if not put_back(os.path.join(site, p), data)]
-    mismatched = stuck or [
+    if stuck:
+        fail(
+            f"could not write back {', '.join(stuck)} (disk full?); the originals stay in "
+            f"{record['backup_dir']}, and the set stays recorded: free space, then revert again"
+        )
+    mismatched = [
         p for p, sums in record["files"].items()
         if sha256(os.path.join(site, p)) != sums["original_sha256"]
     ]  # fmt: skip
@@ -720,8 +725,11 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
     free, port_error = port_free(args["bind_host"], args["port"])
     writable, log_dir_error = writable_dir(log_dir)
     version = next_log_version(log_dir, args["log_stem"], state_path(args["state_dir"], "runs"))
+    current = current_run(args["state_dir"])
+    live = current is not None and current["status"] == "running" and bool(run_members(current))
     return {
         **probe,
+        "live_run": {"id": current["id"], "pid": current["pid"]} if current and live else None,
         "module_found": module_found(args["module"]),
         "port_free": free,
         "port_error": port_error,
@@ -733,20 +741,45 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
     }
 
 
+def stat_fields(pid: int | str) -> list[bytes] | None:
+    """/proc/PID/stat after the command name: [state, ppid, pgrp, session, …]; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def process_starttime(pid: int) -> int | None:
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[19])
+
+
 def process_group(pgid: int, sid: int) -> list[int]:
     """PIDs whose process group and session are the run's (never anyone else's)."""
     members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and int(fields[3]) == sid and fields[0] != b"Z":
+        fields = stat_fields(entry)
+        if fields and int(fields[2]) == pgid and int(fields[3]) == sid and fields[0] != b"Z":
             members.append(int(entry))
     return sorted(members)
+
+
+def run_members(run: PollArgs | RunRecord) -> list[int]:
+    """The run's live processes; none when its leader's PID now names another process.
+
+    While any process of the run is left, Linux does not give its group id (the leader's
+    PID) to a new process; so a process with that PID and another start time means the
+    whole run is gone, and what shares that group now belongs to someone else.
+    """
+    recorded = run.get("starttime")
+    if recorded is not None:
+        now = process_starttime(run["pgid"])
+        if now is not None and now != recorded:
+            return []
+    return process_group(run["pgid"], run["sid"])
 
 
 def cmd_start(args: StartArgs) -> StartReply:
@@ -772,8 +805,13 @@ def cmd_start(args: StartArgs) -> StartReply:
         start_new_session=True, close_fds=True, cwd=os.path.expanduser("~"),
     )  # fmt: skip
     os.close(log_fd)
+    identity: LeaderIdentity = {}
+    starttime = process_starttime(proc.pid)
+    if starttime is not None:
+        identity["starttime"] = starttime
     record: RunRecord = {
         **args["run"],
+        **identity,
         "id": run_id,
         "log": log_path,
         "pid": proc.pid,
@@ -782,8 +820,9 @@ def cmd_start(args: StartArgs) -> StartReply:
         "started_at": time.time(),
         "status": "running",
     }
+    # Private: the record shows the (masked) command, and the .cmd file the real one.
     write_atomic(os.path.join(runs, run_id + ".cmd"), args["command"].encode(), mode=0o600)
-    write_json(os.path.join(runs, run_id + ".json"), record)
+    write_json(os.path.join(runs, run_id + ".json"), record, mode=0o600)
     write_atomic(os.path.join(runs, "current"), run_id.encode())
     if args["lock_token"]:
         release_lock(state_dir, args["lock_token"])
@@ -824,7 +863,7 @@ def cmd_poll(args: PollArgs) -> PollReply:
     """
     deadline = time.monotonic() + float(args["wait"])
     while True:
-        members = process_group(args["pgid"], args["sid"])
+        members = run_members(args)
         size, data = read_from(args["log"], args["offset"], args["limit"])
         code = health(args["bind_host"], args["port"]) if members else None
         if data or not members or code == 200 or time.monotonic() >= deadline:
@@ -856,8 +895,10 @@ def cmd_status(args: StatusArgs) -> StatusReply:
     if run is None:
         nothing: PollReply = {"alive": False, "members": [], "health": None, "size": 0, "data": ""}
         return {**nothing, "run": None, "command": None}
+    identity: LeaderIdentity = {"starttime": run["starttime"]} if "starttime" in run else {}
     poll = cmd_poll(
         {
+            **identity,
             "pgid": run["pgid"],
             "sid": run["sid"],
             "log": run["log"],
@@ -878,23 +919,23 @@ def cmd_stop(args: StopArgs) -> StopReply:
     run = current_run(state_dir)
     if run is None:
         return {"run": None, "ended": [], "killed": [], "left": []}
-    members = process_group(run["pgid"], run["sid"])
+    members = run_members(run)
     killed: list[int] = []
     if members:
         os.killpg(run["pgid"], signal.SIGTERM)
         deadline = time.monotonic() + float(args["timeout"])
-        while process_group(run["pgid"], run["sid"]) and time.monotonic() < deadline:
+        while run_members(run) and time.monotonic() < deadline:
             time.sleep(0.05)
-        killed = process_group(run["pgid"], run["sid"])
+        killed = run_members(run)
         if killed:
             os.killpg(run["pgid"], signal.SIGKILL)
-            while process_group(run["pgid"], run["sid"]) and time.monotonic() < deadline + 10:
+            while run_members(run) and time.monotonic() < deadline + 10:
                 time.sleep(0.05)
     if run["status"] == "running":
         stopped = dict(run, status="stopped", stopped_at=time.time())
         write_json(state_path(state_dir, "runs", run["id"] + ".json"), stopped)
         run = cast(RunRecord, stopped)
-    left = process_group(run["pgid"], run["sid"])
+    left = run_members(run)
     return {"run": run, "ended": members, "killed": killed, "left": left}
 
 
@@ -926,10 +967,14 @@ def main() -> None:
         "release": lambda: cmd_release(args),
     }
     if call not in handlers:
-        fail(f"unknown agent call {call!r}")
-    result = handlers[call]()
+        fail(f"unknown agent call {call!r}", "agent")
     try:
-        sys.stdout.write(json.dumps(result) + "\n")
+        result = handlers[call]()
+    except OSError as exc:  # a missing home, a state_dir that is a file, a read-only disk
+        where = f": {exc.filename}" if exc.filename else ""
+        fail(f"{call} failed on the host: {exc.strerror or exc}{where}", "host")
+    try:
+        sys.stdout.write(REPLY_MARK + json.dumps(result) + "\n")
         sys.stdout.flush()
     except OSError:
         pass

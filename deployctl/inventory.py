@@ -147,8 +147,14 @@ class Inventory:
 
     def select(self, pattern: str | None) -> list[Host]:
         """Return hosts matching an Ansible-style pattern; error when none match."""
-        pattern = (pattern or "all").strip()
+        pattern = "all" if pattern is None else pattern.strip()
         terms = [t.strip() for t in re.split(r"[,:]", pattern) if t.strip()]
+        if not terms:
+            # `-H "$UNSET"` must not mean the whole fleet: that takes `all` or `*`.
+            raise InventoryError(
+                f"empty host pattern {pattern!r}",
+                hint="name hosts or groups; select every host with -H all",
+            )
         positives = [t for t in terms if not t.startswith(("!", "&"))]
         selected = set(self.hosts) if not positives else set()
         for term in positives:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployctl.errors import UsageError
+from deployctl.errors import DeployctlError, UsageError
 
 PROJECT_PARTS = ("templates", "patches", "inventories")
 SHIPPED_DATA = Path(__file__).resolve().parent / "data"
@@ -49,8 +54,79 @@ def find_project(start: Path, explicit: Path | None = None) -> Project:
     if explicit is not None:
         if not explicit.is_dir():
             raise UsageError(f"project folder {explicit} does not exist")
-        return Project(explicit.resolve())
+        return trusted(explicit.resolve())
     for candidate in (start, *start.parents):
         if is_project_dir(candidate) and candidate.resolve() != SHIPPED_DATA:
-            return Project(candidate.resolve())
+            return trusted(candidate.resolve())
     return Project(None)
+
+
+class UnsafeProjectError(DeployctlError):
+    """A project file that another user could have written: deployctl would run it."""
+
+    code = "unsafe_project"
+
+
+def trusted(root: Path) -> Project:
+    """Refuse a project whose folder, templates, patch sets or signatures another user can
+    change (owned by someone else, or writable by others), as OpenSSH refuses such a config:
+    templates become commands, and patch sets run scripts on every host."""
+    for path in _project_files(root):
+        problem = _unsafe(path) or (_unsafe(path.resolve()) if path.is_symlink() else None)
+        if problem:
+            raise UnsafeProjectError(
+                f"{path} {problem}; deployctl runs what a project holds",
+                hint=f"make it yours and not writable by others (chown, chmod go-w {path})",
+            )
+    return Project(root)
+
+
+def _project_files(root: Path) -> Iterator[Path]:
+    yield root
+    for part in ("templates", "patches", "signatures.yml"):
+        top = root / part
+        if top.exists():
+            yield top
+            if top.is_dir():
+                yield from sorted(top.rglob("*"))
+
+
+def _unsafe(path: Path) -> str | None:
+    """Why `path` could be changed by another user, or None (OpenSSH's secure_permissions)."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return None  # gone, or a dangling link: reading it fails later, with its own error
+    me = os.getuid()
+    if info.st_uid not in (0, me):
+        return f"is owned by {_user(info.st_uid)}"
+    if stat.S_ISLNK(info.st_mode):
+        return None  # a link's own mode means nothing; what it points to is checked apart
+    if info.st_mode & stat.S_IWOTH:
+        return "is writable by every user"
+    if info.st_mode & stat.S_IWGRP and not _private_group(info.st_gid, info.st_uid):
+        return f"is writable by group {_group(info.st_gid)}"
+    return None
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """The group holds the owner alone (a user private group, as umask 002 systems use)."""
+    try:
+        group, owner = grp.getgrgid(gid), pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return owner.pw_gid == gid and set(group.gr_mem) <= {owner.pw_name}
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _group(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return f"gid {gid}"

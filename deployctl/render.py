@@ -101,10 +101,11 @@ class TemplateSet:
     """The launch templates found in the project and the package."""
 
     def __init__(self, search_dirs: Sequence[Path]) -> None:
-        import jinja2
+        import jinja2.sandbox
 
         self.search_dirs = list(search_dirs)
-        self.env = jinja2.Environment(
+        # Sandboxed: a template cannot reach Python's internals (`cycler.__init__.__globals__`).
+        self.env = jinja2.sandbox.SandboxedEnvironment(
             loader=jinja2.FileSystemLoader([str(d) for d in self.search_dirs]),
             undefined=jinja2.StrictUndefined,
             finalize=_finalize,
@@ -139,7 +140,12 @@ class TemplateSet:
             text = self.env.get_template(template + TEMPLATE_SUFFIX).render(context)
         except jinja2.UndefinedError as exc:
             missing = re.search(r"'(\w+)' is undefined", str(exc))
-            name = missing.group(1) if missing else str(exc)
+            if missing is None:  # an attribute or key of a defined variable: `cfg.nope`
+                raise TemplateError(
+                    f"template {template!r} for host {host.name}: {exc}",
+                    hint="check the template's expression against the variable's value",
+                ) from None
+            name = missing.group(1)
             raise TemplateError(
                 f"template {template!r} needs variable {name!r}, which host {host.name} does not define",
                 hint=f"define it in the inventory or pass --set {name}=VALUE",

@@ -332,9 +332,7 @@ def _logs(result: LogsResult) -> None:
         _crash_scans(result.scans)
 
 
-LOGS: View[LogsResult] = View(
-    _logs, lambda r: _crash_scans_document(r.scans) if r.scans is not None else {}
-)
+LOGS: View[LogsResult] = View(_logs, lambda _: {})  # `logs` has no --json
 
 
 class LogPrinter:
@@ -362,9 +360,7 @@ class LogPrinter:
         self._write(f"{_RED}{text}{_RESET}" if self.color else text)
 
     def error(self, host: str, exc: BaseException) -> None:
-        print_error(*explain(exc), host=host)
-        if not isinstance(exc, DeployctlError):
-            print_bug([(host, exc)])
+        print_error(*explain(exc), host=host)  # a bug's traceback is kept when `logs` ends
 
     def _write(self, text: str) -> None:
         with self.lock:
@@ -473,6 +469,10 @@ def _launch(result: LaunchReport) -> None:
         for crash in outcome.crashes:
             for line in crash_lines(crash):
                 out_console.print("  " + line, markup=False)
+        for trace in outcome.warnings:
+            out_console.print(
+                f"  warning: a trace in the log, server healthy: {trace.summary()}", markup=False
+            )
         if outcome.state == "died" and outcome.last_line:
             out_console.print(f"  last line: {outcome.last_line}", markup=False)
 
@@ -512,7 +512,8 @@ def _status_table(results: FleetResult[RunStatus]) -> None:
             state = "alive" if d["alive"] else d["status"] or "-"
         uptime = f"{d['uptime_s']}s" if d["uptime_s"] is not None else "-"
         mem = f"{d['gpu_memory_used_mib']} MiB" if d["gpu_memory_used_mib"] is not None else "-"
-        detail = d["crash"] or d["last_line"] or ""
+        warning = f"warning: {d['warning']}" if d["warning"] else ""
+        detail = d["crash"] or warning or d["last_line"] or ""
         row = [r.name, d["run"] or "-", str(d["pid"] or "-"), state, uptime, mem, d["log"] or "-"]
         rows.append([*row, detail[:160]])
     columns = ["host", "run", "pid", "state", "uptime", "GPU mem", "log", "crash / last line"]
@@ -541,10 +542,19 @@ def _restart_document(result: RestartReport) -> dict[str, Any]:
 RESTART: View[RestartReport] = View(_restart, _restart_document)
 
 
-def print_event(event: WatchEvent) -> None:
-    print_event_text(f"{event.host}: {event.message}")
-    if event.exception is not None and not isinstance(event.exception, DeployctlError):
-        print_bug([(event.host, event.exception)])
+class EventPrinter:
+    """`watch` events as timestamped lines; a bug's traceback is kept once per host and kind."""
+
+    def __init__(self) -> None:
+        self.kept: set[tuple[str, type[BaseException]]] = set()
+
+    def __call__(self, event: WatchEvent) -> None:
+        print_event_text(f"{event.host}: {event.message}")
+        exc = event.exception
+        if exc is None or isinstance(exc, DeployctlError) or (event.host, type(exc)) in self.kept:
+            return
+        self.kept.add((event.host, type(exc)))
+        print_bug([(event.host, exc)])
 
 
 def print_event_text(text: str) -> None:
@@ -552,4 +562,5 @@ def print_event_text(text: str) -> None:
     sys.stdout.flush()
 
 
+# `watch`: its events were shown as they happened; it has no --json.
 STREAMED: View[Any] = View(lambda _: None, lambda _: {})

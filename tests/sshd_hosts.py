@@ -25,7 +25,7 @@ HOST_PYTHON = "/usr/bin/python3"
 
 
 def free_port(address: str) -> int:
-    with socket.socket() as sock:
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
         sock.bind((address, 0))
         return int(sock.getsockname()[1])
 
@@ -160,8 +160,14 @@ Subsystem sftp internal-sftp
         for pid in self.sshd_pids():
             os.kill(pid, signal.SIGCONT)
 
-    def set_gpus(self, mode: str = "clean", count: int = 1) -> None:
-        """clean, busy or failing; `missing` removes nvidia-smi from the host's PATH."""
+    def set_gpus(self, mode: str = "clean", count: int = 1, warn: bool = False) -> None:
+        """clean, busy or failing; `missing` removes nvidia-smi from the host's PATH.
+
+        `warn`: nvidia-smi prints a warning on stderr before each answer.
+        """
+        (self.etc / "gpu-warn").unlink(missing_ok=True)
+        if warn:
+            (self.etc / "gpu-warn").write_text("1\n")
         smi = self.bin / "nvidia-smi"
         if mode == "missing":
             smi.unlink(missing_ok=True)

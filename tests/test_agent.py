@@ -34,7 +34,8 @@ def local_host(tmp_path: Path) -> Host:
 
 
 def reply(host: Host, document: object, reply_type: type) -> object:
-    return agent.parse_reply(host, "test", 0, json.dumps(document) + "\n", "", reply_type)
+    text = "Welcome!\n" + host_agent.REPLY_MARK + json.dumps(document) + "\n"
+    return agent.parse_reply(host, "test", 0, text, "", reply_type)
 
 
 def test_a_reply_missing_a_key_is_an_error_not_a_default(tmp_path: Path) -> None:
@@ -54,6 +55,7 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
         "sglang": {"error": "not installed"},
         "records": {},
         "files": {},
+        "live_run": None,
         "module_found": True,
         "port_free": True,
         "port_error": "",
@@ -77,16 +79,19 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
 
 def test_the_agents_own_refusal_and_garbage_are_errors(tmp_path: Path) -> None:
     host = local_host(tmp_path)
+    refusal = {"error": "another deployctl patch operation is running", "code": "patch"}
     with pytest.raises(PatchError, match="another deployctl patch operation"):
-        reply(host, {"error": "another deployctl patch operation is running"}, ReleaseReply)
+        reply(host, refusal, ReleaseReply)
+    with pytest.raises(agent.HostError, match="Not a directory"):
+        reply(
+            host,
+            {"error": "status failed on the host: Not a directory", "code": "host"},
+            ReleaseReply,
+        )
+    with pytest.raises(agent.AgentError, match="unknown agent call"):
+        reply(host, {"error": "unknown agent call 'x'"}, ReleaseReply)
     with pytest.raises(agent.AgentError, match="failed: Traceback"):
         agent.parse_reply(host, "x", 1, "", "Traceback (most recent call last): ...", ReleaseReply)
-
-
-def test_every_call_declares_its_reply() -> None:
-    handled = set(host_agent.REPLIES)
-    source = Path(host_agent.__file__).read_text(encoding="utf-8")
-    assert {name for name in handled if f'"{name}": lambda: cmd_{name}(' in source} == handled
 
 
 # ---- the agent lives on the host under its content hash ------------------------------------

@@ -197,6 +197,9 @@ CASES = [
     Case("intersection-empty", ("launch", "-i", INV, "-H", "alpha:&bravo"), "matches no host"),
     Case("exclusion-empty", ("stop", "-i", INV, "-H", "all:!alpha:!bravo"), "matches no host"),
     Case("pattern-json", ("status", "--json", "-i", INV, "-H", "nope"), "no host or group"),
+    Case("pattern-empty", ("stop", "-i", INV, "-H", ""), "empty host pattern"),
+    Case("pattern-blank", ("launch", "-i", INV, "-H", " , "), "empty host pattern"),
+    Case("pattern-separators", ("restart", "-i", INV, "-H", ":,:"), "empty host pattern"),
     # -- templates and variables --
     Case("unknown-template", ("launch", "-i", INV, "--template", "eagle4"),
          "unknown template 'eagle4'"),

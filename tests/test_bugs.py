@@ -13,23 +13,21 @@ import sys
 from pathlib import Path
 
 from tests.conftest import CLI
-from tests.sshd_hosts import REPO, SSHLab
+from tests.sshd_hosts import REPO, SSHLab, sh
 
-# Runs the real CLI after replacing one function with one that raises for one host.
+# Runs the real CLI after replacing MODULE:FUNCTION with one that raises for one host (its
+# first argument's name), or for every call with "*".
 PLANT = """
-import sys
-import deployctl.ops.gpus as gpus
-real, target = gpus.check_gpus, sys.argv[1]
-def check_gpus(host, conn, *args):
-    if host.name == target:
+import importlib, sys
+target, spec = sys.argv[1], sys.argv[2]
+module_name, name = spec.split(":")
+module = importlib.import_module(module_name)
+real = getattr(module, name)
+def planted(*args, **kwargs):
+    if target == "*" or getattr(args[0], "name", None) == target:
         raise RuntimeError("planted bug")
-    return real(host, conn, *args)
-gpus.check_gpus = check_gpus
-if sys.argv[2] == "report":
-    import deployctl.report as report
-    def broken(*args):
-        raise KeyError("planted in presentation")
-    report.render_result = broken
+    return real(*args, **kwargs)
+setattr(module, name, planted)
 sys.argv = ["deployctl", *sys.argv[3:]]
 from deployctl.cli import main
 main()
@@ -37,6 +35,7 @@ main()
 
 
 def run_planted(cli: CLI, on_host: str, where: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run deployctl with a bug planted in `where` (MODULE:FUNCTION) for host `on_host`."""
     env = {
         "HOME": str(cli.home),
         "PYTHONPATH": str(REPO),
@@ -59,7 +58,7 @@ def test_a_bug_on_one_host_keeps_its_traceback_and_the_others_finish(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"])
-    result = run_planted(cli, "bravo", "ops", "gpus", "-i", str(inv))
+    result = run_planted(cli, "bravo", "deployctl.ops.gpus:check_gpus", "gpus", "-i", str(inv))
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
     assert "clean (" in result.stdout and "alpha" in result.stdout  # alpha was still checked
@@ -70,7 +69,9 @@ def test_a_bug_on_one_host_keeps_its_traceback_and_the_others_finish(
     assert "RuntimeError: planted bug" in kept
     assert debug_file(result.stderr).is_relative_to(cli.home / ".local" / "state" / "deployctl")
 
-    as_json = run_planted(cli, "bravo", "ops", "gpus", "-i", str(inv), "--json")
+    as_json = run_planted(
+        cli, "bravo", "deployctl.ops.gpus:check_gpus", "gpus", "-i", str(inv), "--json"
+    )
     assert as_json.returncode == 2
     doc = json.loads(as_json.stdout)["hosts"]
     assert doc["alpha"]["ok"] and doc["alpha"]["code"] is None
@@ -83,13 +84,29 @@ def test_a_bug_in_the_command_itself_is_one_line_and_a_file(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"])
-    result = run_planted(cli, "nobody", "report", "gpus", "-i", str(inv))
+    result = run_planted(cli, "*", "deployctl.report:render_result", "gpus", "-i", str(inv))
     assert result.returncode == 2
     lines = result.stderr.splitlines()
-    assert lines[0] == "error: internal error: KeyError: 'planted in presentation'", lines
+    assert lines[0] == "error: internal error: RuntimeError: planted bug", lines
     assert lines[1].startswith("hint: a bug in deployctl; the traceback is in "), lines
     assert len(lines) == 2
-    assert "KeyError: 'planted in presentation'" in debug_file(result.stderr).read_text()
+    assert "in planted" in debug_file(result.stderr).read_text()
+
+
+def test_a_bug_while_reading_one_hosts_log_exits_2_with_its_traceback(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"])
+    for name in ("alpha", "bravo"):
+        log = hosts.hosts[name].home / "server.log"
+        log.write_text(f"{name} line\n")
+        sh("chown", f"{hosts.hosts[name].user}:", str(log))
+    where = "deployctl.ops.logs:_read_tail"
+    result = run_planted(cli, "bravo", where, "logs", "-i", str(inv), "--path", "~/server.log")
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "alpha | alpha line\n"
+    assert "bravo: error: internal error: RuntimeError: planted bug" in result.stderr
+    assert "RuntimeError: planted bug" in debug_file(result.stderr).read_text()
 
 
 def test_a_user_mistake_is_not_called_a_bug(cli: CLI, tmp_path: Path) -> None:

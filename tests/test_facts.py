@@ -246,14 +246,23 @@ def test_probe_script_round_trip_through_a_real_shell() -> None:
     assert outputs == {
         "version": ProbeOutput(0, "0.5.23"),
         "blank-lines": ProbeOutput(0, "first\n\n\nlast"),
-        "fails": ProbeOutput(3, "partial\noops"),
+        "fails": ProbeOutput(3, "partial", "oops"),  # stderr kept apart from the data
         "silent": ProbeOutput(0, ""),
         "no-final-newline": ProbeOutput(0, "no newline"),
-        "stderr-only": ProbeOutput(0, "warning"),
+        "stderr-only": ProbeOutput(0, "", "warning"),
         "quote's name": ProbeOutput(0, "quoted"),
         "subshell-exit": ProbeOutput(0, ""),
     }
     assert list(outputs) == list(probes)
+
+
+def test_what_the_login_prints_around_the_probes_is_ignored() -> None:
+    script = probe_script({"a": "echo data; echo warn >&2", "b": "echo more"})
+    noisy = f'echo "Welcome!"; echo "{{\\"motd\\": 1}}"; {script}; echo "bye"'
+    assert parse_probe_output(run_script(noisy)) == {
+        "a": ProbeOutput(0, "data", "warn"),
+        "b": ProbeOutput(0, "more"),
+    }
 
 
 def test_a_failing_probe_does_not_stop_the_next_one() -> None:

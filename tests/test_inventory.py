@@ -398,6 +398,17 @@ def test_pattern_matching_nothing_is_an_error_naming_the_pattern(
     assert info.value.hint
 
 
+@pytest.mark.parametrize("pattern", ["", " ", ",", " , ", ":", ",:,"])
+def test_an_empty_pattern_selects_nothing_and_says_how_to_select_all(
+    fleet: Inventory, pattern: str
+) -> None:
+    # `stop -H "$UNSET_VARIABLE"` must never mean the whole fleet.
+    with pytest.raises(InventoryError, match="empty host pattern") as info:
+        fleet.select(pattern)
+    assert "-H all" in (info.value.hint or "")
+    assert fleet.select(None) == fleet.select("all") == fleet.select("*")
+
+
 def test_pattern_error_names_the_term_that_matched_nothing(fleet: Inventory) -> None:
     with pytest.raises(InventoryError, match=r"no host or group named 'typo'"):
         fleet.select("h200,typo")

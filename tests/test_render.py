@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import grp
+import os
 import shlex
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -412,3 +415,74 @@ def test_rendered_log_stem_follows_the_threshold(
     host = example.hosts["h200-a01"]
     assert templates.render(host, "baseline").log_stem == "baseline"
     assert templates.render(host, "eagle3", threshold=5).log_stem == "eagle3_t5"
+
+
+# ---- what a template may do, and whose project is trusted ----------------------------------
+
+
+def test_a_template_cannot_reach_python_internals(tmp_path: Path) -> None:
+    (tmp_path / "evil.j2").write_text(
+        "python3 -m sglang.launch_server "
+        "{{ cycler.__init__.__globals__.os.popen('touch " + str(tmp_path / "pwned") + "').read() }}"
+    )
+    with pytest.raises(TemplateError, match="unsafe"):
+        TemplateSet([tmp_path]).render(Host("h", {}), "evil")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_missing_attribute_names_the_expression_not_a_variable(tmp_path: Path) -> None:
+    (tmp_path / "attr.j2").write_text("python3 -m x --flag={{ cfg.nope }}\n")
+    with pytest.raises(TemplateError, match="has no attribute 'nope'") as info:
+        TemplateSet([tmp_path]).render(Host("h", {"cfg": {"yes": 1}}), "attr")
+    assert "--set" not in (info.value.hint or "")
+
+
+def make_project(root: Path) -> Path:
+    (root / "templates").mkdir(parents=True)
+    (root / "templates" / "baseline.j2").write_text("python3 -m sglang.launch_server\n")
+    (root / "patches" / "mine").mkdir(parents=True)
+    (root / "patches" / "mine" / "patch.yml").write_text("name: mine\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("target", "change", "message"),
+    [
+        ("", lambda p: p.chmod(0o777), "writable by every user"),
+        ("templates", lambda p: p.chmod(0o757), "writable by every user"),
+        ("templates/baseline.j2", lambda p: p.chmod(0o666), "writable by every user"),
+        ("patches/mine/patch.yml", lambda p: os.chown(p, 65534, -1), "is owned by"),
+        ("patches/mine", lambda p: (os.chown(p, -1, shared_gid()), p.chmod(0o775)), "by group"),
+    ],
+    ids=["root-0777", "templates-o+w", "template-0666", "patch-owned-by-nobody", "group-shared"],
+)
+def test_a_project_others_can_change_is_refused(
+    tmp_path: Path, target: str, change: Any, message: str
+) -> None:
+    root = make_project(tmp_path / "proj")
+    work = root / "sub"
+    work.mkdir()
+    assert project.find_project(work).root == root  # trusted as it is
+    change(root / target)
+    for found in (lambda: project.find_project(work), lambda: project.find_project(work, root)):
+        with pytest.raises(project.UnsafeProjectError, match=message) as info:
+            found()
+        assert "chmod go-w" in (info.value.hint or "")
+
+
+def shared_gid() -> int:
+    """A group that has members besides root (so group-writable means others can write)."""
+    for group in grp.getgrall():
+        if group.gr_mem and set(group.gr_mem) != {"root"}:
+            return group.gr_gid
+    group_name = "deployctl-shared-test"
+    subprocess.run(["groupadd", "-f", group_name], check=True)
+    subprocess.run(["usermod", "-aG", group_name, "nobody"], check=True)
+    return grp.getgrnam(group_name).gr_gid
+
+
+def test_a_private_group_may_write_like_on_umask_002_systems(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "proj")
+    (root / "templates").chmod(0o775)  # root's own group: no other member
+    assert grp.getgrgid(os.stat(root / "templates").st_gid).gr_mem in ([], ["root"])
+    assert project.find_project(root).root == root

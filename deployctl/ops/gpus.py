@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deployctl.connection import Connection
-from deployctl.facts import GPUS_COMMAND, Gpu, GpuProcess, GpuState, parse_gpus_command
+from deployctl.facts import GPUS_COMMAND, Gpu, GpuProcess, GpuState, parse_gpus_command, run_probes
 from deployctl.inventory import Host
 
 DEFAULT_MAX_USED_MIB = 16
@@ -64,6 +64,5 @@ def gpu_report(state: GpuState, max_used_mib: int) -> GpuReport:
 
 def check_gpus(host: Host, conn: Connection, max_used_mib: int = DEFAULT_MAX_USED_MIB) -> GpuReport:
     """Query nvidia-smi once on the host and judge its GPUs."""
-    result = conn.run(GPUS_COMMAND)
-    state = parse_gpus_command(result.exit_code, result.stdout + result.stderr)
-    return gpu_report(state, max_used_mib)
+    probe = run_probes(conn, {"gpus": GPUS_COMMAND})["gpus"]
+    return gpu_report(parse_gpus_command(probe.exit_code, probe.output, probe.stderr), max_used_mib)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import contextlib
 import getpass
 import os
 import socket
@@ -21,6 +22,7 @@ from deployctl.facts import GPUS_COMMAND, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, attempt
 from deployctl.host_agent import (
     ClientIdentity,
+    LeaderIdentity,
     PollArgs,
     PollReply,
     PreflightArgs,
@@ -239,7 +241,7 @@ def run_preflight(
         )
     gpus = outputs["gpus"]
     try:
-        state = parse_gpus_command(gpus.exit_code, gpus.output)
+        state = parse_gpus_command(gpus.exit_code, gpus.output, gpus.stderr)
     except DeployctlError as exc:
         problems.append(f"GPUs cannot be checked: {exc.message}")
         state = None
@@ -252,6 +254,10 @@ def run_preflight(
             problems.append(
                 f"tensor parallelism {plan.tp} needs {plan.tp} GPUs; {host.name} has {len(state.gpus)}"
             )
+    live = doc["live_run"]
+    if live is not None:
+        problems.append(f"run {live['id']} (pid {live['pid']}) is still running on {host.name}")
+        hints.append(f"stop it first (deployctl stop -H {host.name}), or launch with --replace")
     if not doc["port_free"]:
         problems.append(f"port {plan.port} is in use on {host.name} ({doc['port_error']})")
     if not doc["module_found"]:
@@ -324,6 +330,7 @@ class Outcome:
     elapsed: float
     crashes: list[CrashReport] = field(default_factory=list)
     last_line: str = ""
+    warnings: list[CrashReport] = field(default_factory=list)  # traces while healthy
 
     @property
     def ok(self) -> bool:
@@ -338,12 +345,15 @@ class Outcome:
             "ready": self.state == "ready",
             "elapsed_s": round(self.elapsed, 2),
             "crashes": [c.to_json() for c in self.crashes],
+            "warnings": [c.to_json() for c in self.warnings],
             "command": self.run["command"],
         }
 
 
 def poll_args(run: RunRecord, offset: int, wait: float = 0) -> PollArgs:
+    identity: LeaderIdentity = {"starttime": run["starttime"]} if "starttime" in run else {}
     return {
+        **identity,
         "pgid": run["pgid"],
         "sid": run["sid"],
         "log": run["log"],
@@ -380,10 +390,11 @@ def wait_ready(
             last_line = next(line for line in reversed(lines) if line.strip())
         crashes = scanner.feed(data)
         elapsed = time.monotonic() - started
-        if crashes:
+        # A trace while /health answers 200 is a failed request, not a failed server.
+        if crashes and doc["health"] != 200:
             return Outcome(run, "crashed", elapsed, scanner.reports, last_line)
         if doc["health"] == 200 or any(READY_LINE in line for line in lines):
-            return Outcome(run, "ready", elapsed, [], last_line)
+            return Outcome(run, "ready", elapsed, [], last_line, warnings=scanner.reports)
         if not doc["alive"]:
             return Outcome(run, "died", elapsed, scanner.finish() or scanner.reports, last_line)
         if elapsed >= timeout:
@@ -430,6 +441,9 @@ def plan_launch(
     """Render and check every host's command locally; refuse before any host is touched."""
     rendered = render_commands(project, hosts, template, threshold, set_pairs, patch_sets)
     failed = [r for r in rendered if r.failed]
+    for result in failed:
+        if result.is_bug and result.exception is not None:
+            raise result.exception  # a bug keeps its traceback: the CLI writes it to a file
     if failed:
         first = failed[0]
         names = ", ".join(r.name for r in failed)
@@ -475,13 +489,19 @@ def launch(
     def start_and_wait(host: Host, conn: Connection) -> Outcome:
         plan = by_name[host.name]
         token = _token(preflights, host.name)
-        run = start_run(plan, conn, None if wait else token, (restart_of or {}).get(host.name))
-        if not wait:
-            return Outcome(run, "started", 0.0)
+        released = False  # without waiting, a successful start releases the lock itself
         try:
+            run = start_run(plan, conn, None if wait else token, (restart_of or {}).get(host.name))
+            released = not wait
+            if not wait:
+                return Outcome(run, "started", 0.0)
             return wait_ready(host, conn, run, catalog, timeout, progress)
         finally:
-            release_lock(plan, conn, token)
+            if not released:
+                # Every way out of a launch gives the lock back; a host that cannot be reached
+                # now keeps it until it expires, and the error that got us here is the one shown.
+                with contextlib.suppress(DeployctlError):
+                    release_lock(plan, conn, token)
 
     outcomes = fleet.run(start_and_wait, [p.host for p in plans])
     return LaunchReport(preflights, outcomes, refused=False)

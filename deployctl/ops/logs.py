@@ -41,6 +41,8 @@ TAIL_WINDOW_MAX = 64 << 20
 FOLLOW_LIMIT_BYTES = 1 << 20
 FOLLOW_INTERVAL = 0.25
 
+# Starts the window script's answer: whatever the login printed before it is not the log.
+WINDOW_MARK = b"@@deployctl-window@@"
 # Exit codes of the window script (see _window_command).
 _NO_FILE, _IS_DIR, _NOT_REGULAR, _UNREADABLE = 65, 66, 67, 68
 
@@ -144,7 +146,7 @@ def _window_command(
         f"if [ ! -f {f} ]; then exit {_NOT_REGULAR}; fi; "
         f"if [ ! -r {f} ]; then exit {_UNREADABLE}; fi; "
         f"x=$(stat -L -c '%s %i' -- {f}) || exit {_NO_FILE}; set -- $x; s=$1; i=$2; {pick}; "
-        f'echo "$s $i $o"; tail -c +$((o+1)) -- {f} | head -c $n'
+        f'echo "{WINDOW_MARK.decode()} $s $i $o"; tail -c +$((o+1)) -- {f} | head -c $n'
     )
 
 
@@ -169,7 +171,8 @@ def _read_window(
     if result.exit_code == _UNREADABLE:
         raise DeployctlError(f"log {path} on {host.name} is not readable by {host.user or 'us'}")
     result.check(host.name)
-    header, _, data = result.stdout_bytes.partition(b"\n")
+    _, _, answer = result.stdout_bytes.partition(WINDOW_MARK + b" ")
+    header, _, data = answer.partition(b"\n")
     try:
         size, inode_now, offset = header.decode().split()
         return _Window(int(size), int(inode_now), int(offset), data)
@@ -357,9 +360,9 @@ class LogSink(Protocol):
 
 @dataclass
 class LogsResult:
-    """What `logs` did: hosts that failed, and the crash scans of `--crash` without follow."""
+    """What `logs` did: the hosts that failed (and why), and `--crash` scans without follow."""
 
-    failed: list[str] = field(default_factory=list)
+    failed: dict[str, BaseException] = field(default_factory=dict)
     scans: FleetResult[LogScan] | None = None
 
     @property
@@ -383,7 +386,7 @@ class _Follower:
         self.host, self.conn, self.tail = host, conn, tail
         self.catalog, self.sink, self.stop = catalog, sink, stop
         self.crash_only = crash_only
-        self.failed = False
+        self.failure: BaseException | None = None
         self.restart()
 
     def restart(self) -> None:
@@ -432,7 +435,7 @@ class _Follower:
                 continue
             except Exception as exc:  # a failing host must not stop the others
                 if not self.stop.is_set():  # after Ctrl-C, connections close under us
-                    self.failed = True
+                    self.failure = exc
                     self.sink.error(self.host.name, exc)
                 return
             if window.start != offset:  # truncated or replaced: the new content starts at 0
@@ -456,7 +459,7 @@ def show_logs(
     """Send each host's log tail (or its crashes) to `sink`; with `follow`, until Ctrl-C."""
     if crash_only and not follow:
         scans = fleet.run(lambda host, conn: scan_log(host, conn, catalog, run, path, False))
-        return LogsResult(list(scans.failed), scans)
+        return LogsResult(scans.failed, scans)
     if not follow:
         tails = fleet.run(
             lambda host, conn: _read_tail(host, conn, log_path(host, conn, run, path), lines)
@@ -465,7 +468,7 @@ def show_logs(
             for line in result.value.lines if result.value is not None else []:
                 sink.line(result.name, line)
         _report_failed(tails, sink)
-        return LogsResult(list(tails.failed))
+        return LogsResult(tails.failed)
     stop = threading.Event()
     try:
         return _follow(fleet, catalog, run, path, lines, crash_only, sink, stop)
@@ -528,4 +531,5 @@ def _follow(
     for thread in threads:
         # A poll in flight ends quickly; daemon threads never hold the exit longer than this.
         thread.join(max(0.0, deadline - time.monotonic()))
-    return LogsResult([*tails.failed, *(f.host.name for f in followers if f.failed)])
+    stopped = {f.host.name: f.failure for f in followers if f.failure is not None}
+    return LogsResult({**tails.failed, **stopped})

@@ -45,7 +45,17 @@ class RunStatus:
 
     @property
     def crashed(self) -> bool:
-        return self.running and (not self.alive or bool(self.crashes))
+        """Dead, or failing its health check with a fatal trace in its log.
+
+        SGLang logs a traceback for a failed request and goes on serving: a trace in a live,
+        healthy server is a warning, never a reason to restart it.
+        """
+        return self.running and (not self.alive or (bool(self.crashes) and not self.ready))
+
+    @property
+    def warnings(self) -> list[CrashReport]:
+        """Traces in the log of a server that is alive and healthy."""
+        return [] if self.crashed else self.crashes
 
     @property
     def ready(self) -> bool:
@@ -67,7 +77,8 @@ class RunStatus:
             "uptime_s": round(time.time() - run["started_at"]) if self.alive and run else None,
             "log": run["log"] if run else None,
             "last_line": self.last_line,
-            "crash": self.crashes[0].summary() if self.crashes else None,
+            "crash": self.crashes[0].summary() if self.crashes and self.crashed else None,
+            "warning": self.warnings[0].summary() if self.warnings else None,
             "gpu_memory_used_mib": sum(g.memory_used_mib for g in self.gpus.gpus)
             if self.gpus
             else None,
@@ -86,7 +97,8 @@ def run_status(
     probes = {"gpus": GPUS_COMMAND}
     outputs, doc = agent.call_beside(host, conn, probes, "status", args, StatusReply)
     try:  # a host without working GPUs still has a status
-        state = parse_gpus_command(outputs["gpus"].exit_code, outputs["gpus"].output)
+        gpu_probe = outputs["gpus"]
+        state = parse_gpus_command(gpu_probe.exit_code, gpu_probe.output, gpu_probe.stderr)
         gpus: GpuReport | None = gpu_report(state, DEFAULT_MAX_USED_MIB)
     except DeployctlError:
         gpus = None
@@ -151,6 +163,17 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
         if gpus.clean or time.monotonic() > deadline:
             return StopResult(run["id"], doc["ended"], doc["killed"], gpus.clean, note)
         time.sleep(0.5)
+
+
+def stop_live_runs(
+    fleet: Fleet, catalog: Catalog, hosts: Sequence[Host], timeout: float = 30
+) -> FleetResult[StopResult | None]:
+    """Stop the runs still alive on `hosts` (launch --replace); None where none was."""
+
+    def stop_if_alive(host: Host, conn: Connection) -> StopResult | None:
+        return stop_run(host, conn, timeout) if run_status(host, conn, catalog).alive else None
+
+    return fleet.run(stop_if_alive, hosts)
 
 
 def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchSet]) -> Plan:

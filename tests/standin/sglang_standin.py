@@ -51,6 +51,9 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "late_bind": False,  # True: listen only once ranks are up, as 0.5.23 does
     "pdeathsig": False,  # True: ranks die with the parent (0.5.23's PR_SET_PDEATHSIG)
     "drain_s": 2.0,  # SIGTERM to a ready server: delay before "Gracefully exiting"
+    # True: crash_after_s after ready, one request fails with a logged traceback (uvicorn's
+    # "Exception in ASGI application") and the server goes on serving, healthy.
+    "request_error": False,
 }
 CRASH_MODES = (None, "startup", "after_ready")
 
@@ -949,9 +952,17 @@ class Launcher:
         """Watch the ranks like SubprocessWatchdog; finish a SIGTERM drain."""
         drain = float(self.knobs["drain_s"])
         next_check = time.time() + WATCHDOG_INTERVAL_S
+        request_error_at = (
+            time.time() + float(self.knobs["crash_after_s"])
+            if self.knobs["request_error"]
+            else None
+        )
         while True:
             self.pump(0.05)
             now = time.time()
+            if request_error_at is not None and now >= request_error_at:
+                request_error_at = None
+                self.log_request_error()
             if self.sigterm_at is not None and now >= self.sigterm_at + drain:
                 self.shutdown()
             if now < next_check:
@@ -966,6 +977,21 @@ class Launcher:
                     )
                     self.sigquit_pending = True  # SGLang SIGQUITs itself here
                     break
+
+    def log_request_error(self) -> None:
+        """One failed request, as uvicorn logs it; the server keeps serving."""
+        site = "/usr/local/lib/python3.11/site-packages"
+        lines = [
+            "Traceback (most recent call last):",
+            f'  File "{site}/uvicorn/protocols/http/httptools_impl.py", line 409, in run_asgi',
+            "    result = await app(  # type: ignore[func-returns-value]",
+            f'  File "{site}/sglang/srt/entrypoints/http_server.py", line 1089, in openai_v1_chat_completions',
+            "    return await raw_request.app.state.openai_serving_chat.handle_request(request, raw_request)",
+            f'  File "{site}/sglang/srt/managers/tokenizer_manager.py", line 612, in _tokenize_one_request',
+            "    input_ids = self.tokenizer.encode(input_text)",
+            "ValueError: The input (40961 tokens) is longer than the model's context length (40960 tokens).",
+        ]
+        uvicorn_log("ERROR", "Exception in ASGI application\n" + "\n".join(lines))
 
     def shutdown(self) -> NoReturn:
         # Ranks are left to the process-group signal (deployctl's job); real
