@@ -554,12 +554,13 @@ def main() -> None:
     try:
         result = app(standalone_mode=False)
         code = result if isinstance(result, int) else 0
+        if code == 130:  # typer's answer when Ctrl-C ended the command
+            _interrupted()
     except typer.TyperException as exc:  # usage errors: bad option, bad value, unknown command
         _print_error(exc.format_message())
         code = 2
     except (typer.Abort, KeyboardInterrupt):
-        sys.stderr.write("interrupted\n")
-        code = 130
+        code = _interrupted()
     except typer.Exit as exc:
         code = exc.exit_code
     except DeployctlError as exc:
@@ -576,6 +577,13 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _interrupted() -> int:
+    sys.stderr.write(
+        "interrupted: what was already started on hosts keeps running (deployctl status shows it)\n"
+    )
+    return 130
 
 
 def _print_error(message: str, hint: str | None = None) -> None:

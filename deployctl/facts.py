@@ -81,7 +81,7 @@ def parse_gpus(text: str) -> list[Gpu]:
     """Parse GPU_QUERY output (csv, with or without header and units)."""
     gpus = []
     for cells in _csv_rows(text, "index"):
-        if len(cells) < 6 or not cells[0].isdigit():
+        if len(cells) < 6 or not (cells[0].isascii() and cells[0].isdigit()):
             raise ParseError(f"unexpected nvidia-smi GPU line: {','.join(cells)[:200]}")
         used, total = _number(cells[3]), _number(cells[4])
         if used is None or total is None:
@@ -104,7 +104,7 @@ def parse_gpu_processes(text: str) -> list[GpuProcess]:
     """Parse GPU_APPS_QUERY output (csv, with or without header and units)."""
     processes = []
     for cells in _csv_rows(text, "pid"):
-        if len(cells) < 4 or not cells[0].isdigit():
+        if len(cells) < 4 or not (cells[0].isascii() and cells[0].isdigit()):
             raise ParseError(f"unexpected nvidia-smi process line: {','.join(cells)[:200]}")
         processes.append(GpuProcess(int(cells[0]), cells[1], _number(cells[2]), cells[3]))
     return processes
@@ -127,7 +127,10 @@ def parse_gpus_command(exit_code: int, output: str, stderr: str = "") -> GpuStat
     gpu_text, sep, apps_text = output.partition("@@apps")
     if not sep:
         raise ParseError("nvidia-smi output is incomplete")
-    return GpuState(parse_gpus(gpu_text), parse_gpu_processes(apps_text))
+    gpus = parse_gpus(gpu_text)
+    if not gpus:  # never "clean (0 GPUs)": a host without a GPU listed cannot be judged
+        raise ParseError("nvidia-smi listed no GPU")
+    return GpuState(gpus, parse_gpu_processes(apps_text))
 
 
 @dataclass(frozen=True)

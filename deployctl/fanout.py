@@ -135,8 +135,14 @@ class Fleet:
 
         if len(targets) <= 1:
             return FleetResult(one(host) for host in targets)
-        with ThreadPoolExecutor(max_workers=min(self.forks, len(targets))) as pool:
-            return FleetResult(pool.map(one, targets))
+        pool = ThreadPoolExecutor(max_workers=min(self.forks, len(targets)))
+        try:
+            futures = [pool.submit(one, host) for host in targets]
+            return FleetResult(future.result() for future in futures)
+        finally:
+            # On Ctrl-C, do not wait for hosts still at work (a launch waits up to --timeout):
+            # the command ends now, and what those hosts were doing goes on there.
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """Close every connection opened."""

@@ -542,19 +542,20 @@ def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
 
 def run_verify_scripts(site: str, scripts: list[str], members: dict[str, bytes]) -> None:
     """Run each verify script of the set against the patched files; raise on the first failure."""
-    verify_dir = tempfile.mkdtemp(prefix="deployctl-verify-")
-    for script in scripts:
-        script_path = os.path.join(verify_dir, os.path.basename(script))
-        with open(script_path, "wb") as handle:
-            handle.write(members["verify/" + script])
-        env = dict(os.environ, DEPLOYCTL_SITE=site)
-        done = subprocess.run(
-            [sys.executable, script_path], check=False, cwd=verify_dir, env=env,
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        if done.returncode != 0:
-            detail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
-            raise RuntimeError(f"verify {os.path.basename(script)} failed: {detail[0]}")
+    with tempfile.TemporaryDirectory(prefix="deployctl-verify-") as verify_dir:
+        for script in scripts:
+            script_path = os.path.join(verify_dir, os.path.basename(script))
+            with open(script_path, "wb") as handle:
+                handle.write(members["verify/" + script])
+            env = dict(os.environ, DEPLOYCTL_SITE=site)
+            done = subprocess.run(
+                [sys.executable, script_path], check=False, cwd=verify_dir, env=env,
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            if done.returncode != 0:
+                output = (done.stderr.strip() or done.stdout.strip()).splitlines()
+                detail = output[-1] if output else "no output"
+                raise RuntimeError(f"verify {os.path.basename(script)} failed: {detail}")
 
 
 def archive(state_dir: str, record: PatchRecord, why: str) -> None:
@@ -699,8 +700,8 @@ def module_found(module: str | None) -> bool:
 def port_free(host: str, port: int) -> tuple[bool, str]:
     import socket
 
-    address = "0.0.0.0" if host in ("", "0.0.0.0", "::") else host
-    with socket.socket() as sock:
+    address = "0.0.0.0" if host in ("", "0.0.0.0") else host
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
         # Like the server will: connections in TIME_WAIT do not make the port busy.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -733,7 +734,11 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
         "module_found": module_found(args["module"]),
         "port_free": free,
         "port_error": port_error,
-        "paths": {p: os.path.exists(os.path.expanduser(p)) for p in args["check_paths"]},
+        # As the server will see them: it runs from the home folder, and no shell expands a
+        # `~` inside `--flag=~/x` for it.
+        "paths": {
+            p: os.path.exists(os.path.join(os.path.expanduser("~"), p)) for p in args["check_paths"]
+        },
         "log_dir_writable": writable,
         "log_dir_error": log_dir_error,
         "next_log": os.path.join(log_dir, f"{args['log_stem']}_v{version}.log"),

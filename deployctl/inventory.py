@@ -6,7 +6,7 @@ import fnmatch
 import os
 import re
 import string
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,13 +31,20 @@ _SECRET_WORDS = {
     "token",
     "pass",
     "password",
+    "passwords",
     "passwd",
+    "passphrase",
     "secret",
+    "secrets",
     "apikey",
     "credential",
     "credentials",
 }
-_SECRET_PAIRS = re.compile(r"(api|access|private|secret)_key(?!_file|_path)", re.IGNORECASE)
+# `api_key`, `api-key`, `wandb_key`, `HF_KEY`: a name whose last word is "key" holds one;
+# `ssh_key_file`, `key_path` name where one is.
+_KEY_NAME = re.compile(r"(?:^|[_\-.])key\Z", re.IGNORECASE)
+# The shortest value masked: shorter ones would mask innocent parts of a command.
+_MIN_SECRET = 4
 MASK = "********"
 _RANGE = re.compile(r"\[([^\]:]+):([^\]:]+)(?::(\d+))?\]")
 _SECTION_KEYS = {"hosts", "vars", "children"}
@@ -46,7 +53,29 @@ _SECTION_KEYS = {"hosts", "vars", "children"}
 def is_secret_name(name: str) -> bool:
     """Tell whether a variable name looks like it holds a secret."""
     words = set(re.split(r"[_\-.]", name.lower()))
-    return bool(words & _SECRET_WORDS) or bool(_SECRET_PAIRS.search(name))
+    # "tokens" alone is a list of them; `max_tokens` and `num_draft_tokens` are counts.
+    whole = name.lower() == "tokens"
+    return whole or bool(words & _SECRET_WORDS) or bool(_KEY_NAME.search(name))
+
+
+def flag_secrets(words: Sequence[Any]) -> list[str]:
+    """The values that follow secret-looking flags in argv-like words.
+
+    `["--api-key", "sk-1"]` and `["--hf-token=hf_2"]` give "sk-1" and "hf_2".
+    """
+    found = []
+    for i, word in enumerate(words):
+        text = str(word)
+        if not text.startswith("-"):
+            continue
+        name, eq, value = text.lstrip("-").partition("=")
+        if not is_secret_name(name):
+            continue
+        if eq:
+            found.append(value)
+        elif i + 1 < len(words) and not str(words[i + 1]).startswith("-"):
+            found.append(str(words[i + 1]))
+    return [v for v in found if len(v) >= _MIN_SECRET]
 
 
 def mask_secrets(variables: Mapping[str, Any]) -> dict[str, Any]:
@@ -60,8 +89,16 @@ def _masked(name: str, value: Any) -> Any:
     if isinstance(value, Mapping):
         return mask_secrets(value)
     if isinstance(value, list):
-        return [mask_secrets(v) if isinstance(v, Mapping) else v for v in value]
+        hidden = sorted(set(flag_secrets(value)), key=len, reverse=True)  # ["--api-key", "sk-1"]
+        return [mask_values(v, hidden) if isinstance(v, str) else _masked(name, v) for v in value]
     return value
+
+
+def mask_values(text: str, secrets: Sequence[str]) -> str:
+    """Replace every secret value inside `text` with the mask (longest secrets first)."""
+    for secret in secrets:
+        text = text.replace(secret, MASK)
+    return text
 
 
 def secret_values(variables: Mapping[str, Any]) -> tuple[str, ...]:
@@ -73,10 +110,12 @@ def secret_values(variables: Mapping[str, Any]) -> tuple[str, ...]:
             for key, item in value.items():
                 walk(item, secret or is_secret_name(str(key)))
         elif isinstance(value, list):
+            found.update(flag_secrets(value))
             for item in value:
                 walk(item, secret)
-        # Short values (and booleans) would mask innocent parts of a command.
-        elif secret and not isinstance(value, (bool, type(None))) and len(str(value)) >= 4:
+        elif (
+            secret and not isinstance(value, (bool, type(None))) and len(str(value)) >= _MIN_SECRET
+        ):
             found.add(str(value))
 
     walk(variables, False)
@@ -205,7 +244,7 @@ def expand_host_range(name: str) -> list[str]:
     start, end, stride_text = match.group(1), match.group(2), match.group(3)
     stride = int(stride_text) if stride_text else 1
     head, tail = name[: match.start()], name[match.end() :]
-    if start.isdigit() and end.isdigit():
+    if start.isascii() and end.isascii() and start.isdigit() and end.isdigit():
         width = len(start) if start.startswith("0") and len(start) > 1 else 0
         if int(end) < int(start) or stride < 1:
             raise InventoryError(f"host range {name!r} is empty")
@@ -394,7 +433,9 @@ def _check_host(host: Host, source: str) -> None:
         )
     port = host.vars.get("ansible_port")
     if port is not None and (
-        isinstance(port, bool) or not str(port).isdigit() or not 1 <= int(port) <= 65535
+        isinstance(port, bool)
+        or not (str(port).isascii() and str(port).isdigit())
+        or not 1 <= int(port) <= 65535
     ):
         raise InventoryError(
             f"{source}: host {host.name}: ansible_port {port!r} is not a port number"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from deployctl.errors import TemplateError, UsageError
-from deployctl.inventory import MASK, Host, secret_values
+from deployctl.inventory import Host, flag_secrets, mask_values, secret_values
 from deployctl.shell import join, quote
 
 TEMPLATE_SUFFIX = ".j2"
@@ -43,11 +43,10 @@ class RenderedCommand:
         return re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
 
 
-def mask_values(text: str, secrets: Sequence[str]) -> str:
-    """Replace every secret value inside `text` with the mask."""
-    for secret in secrets:
-        text = text.replace(secret, MASK)
-    return text
+def command_secrets(variables: Mapping[str, Any], argv: Sequence[str]) -> tuple[str, ...]:
+    """What to mask in a command: secret variables' values and values of secret flags."""
+    found = {*secret_values(variables), *flag_secrets(argv)}
+    return tuple(sorted(found, key=lambda v: (-len(v), v)))
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
@@ -169,7 +168,7 @@ class TemplateSet:
             raise TemplateError(f"template {template!r} rendered an empty command")
         if threshold is not None and not any(a.split("=", 1)[0] == THRESHOLD_FLAG for a in argv):
             argv.append(f"{THRESHOLD_FLAG}={threshold}")
-        return RenderedCommand(template, threshold, argv, secret_values(variables))
+        return RenderedCommand(template, threshold, argv, command_secrets(variables, argv))
 
 
 def default_template(host: Host, template: str | None, threshold: int | None) -> str:

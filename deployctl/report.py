@@ -340,7 +340,7 @@ class LogPrinter:
 
     def __init__(self, prefixed: bool) -> None:
         self.prefixed = prefixed
-        self.color = sys.stdout.isatty()
+        self.color = sys.stdout.isatty() and use_color()
         self.lock = threading.Lock()
         self.closed = False
 
@@ -374,6 +374,11 @@ class LogPrinter:
                 self.closed = True
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, sys.stdout.fileno())
+
+
+def use_color() -> bool:
+    """Colour unless the user or the terminal says no (NO_COLOR, TERM=dumb)."""
+    return "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
 
 
 def _size(n: int) -> str:

@@ -318,6 +318,14 @@ def test_describe_has_the_json_shape_of_deployctl_hosts(tmp_path: Path) -> None:
         ("max_tokens", False),
         ("ansible_ssh_private_key_file", False),
         ("model_path", False),
+        ("api-key", True),
+        ("secrets", True),
+        ("tokens", True),
+        ("passphrase", True),
+        ("wandb_key", True),
+        ("OPENAI_API_KEY", True),
+        ("key_path", False),
+        ("monkey", False),
     ],
 )
 def test_describe_masks_secret_looking_variables(tmp_path: Path, name: str, masked: bool) -> None:
@@ -326,6 +334,17 @@ def test_describe_masks_secret_looking_variables(tmp_path: Path, name: str, mask
     assert shown == (MASK if masked else "value-1234")
     # The host keeps the real value; only the description is masked.
     assert inv.hosts["h1"].vars[name] == "value-1234"
+
+
+def test_describe_masks_secrets_in_lists_at_any_depth(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  hosts:\n    h:\n      extra_args: ['--api-key', 'sk-live-1234', '--tp', '8',"
+        " '--hf-token=hf_abcdef']\n      nested: [[{password: hunter22}], [{ok: visible}]]\n"
+    )
+    shown = load_inventory(inv).select("h")[0].describe()["vars"]
+    assert shown["extra_args"] == ["--api-key", MASK, "--tp", "8", f"--hf-token={MASK}"]
+    assert shown["nested"] == [[{"password": MASK}], [{"ok": "visible"}]]
 
 
 def test_describe_leaves_an_empty_secret_visible_as_empty(tmp_path: Path) -> None:

@@ -364,3 +364,31 @@ def test_follow_two_hosts_prefixes_lines_and_reports_a_failed_host(
     assert code == 1
     assert "bravo: error: log ~/logs/server.log does not exist on bravo" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_crash_file_refuses_what_is_not_a_regular_file(cli: CLI, tmp_path: Path, kind: str) -> None:
+    if kind == "fifo":
+        target = tmp_path / "pipe.log"
+        os.mkfifo(target)  # opening it would wait for a writer forever
+    else:
+        target = Path("/dev/zero")  # --all would never end
+    result = cli("crash", "--file", str(target), "--all", timeout=20)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"error: {target} is not a regular file"), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "color"), [({}, True), ({"NO_COLOR": "1"}, False), ({"TERM": "dumb"}, False)]
+)
+def test_crash_lines_are_coloured_only_where_colour_is_welcome(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], color: bool
+) -> None:
+    from deployctl.report import LogPrinter
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)
+    assert LogPrinter(prefixed=False).color is color

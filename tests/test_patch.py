@@ -287,8 +287,12 @@ def test_shipped_sets_apply_audit_and_revert_on_real_sglang(
     pristine = {f: sha(site / f) if (site / f).exists() else None for f in files}
     assert None in pristine.values()  # spec-disable adds a new module
 
+    verify_folders = set(Path("/tmp").glob("deployctl-verify-*"))
     applied = cli("patch", "apply", *SHIPPED, "-i", str(inventory), "--json")
     assert applied.returncode == 0, applied.stderr
+    # The verify scripts ran (the sets have some) and left no folder behind on the host.
+    assert all(sets[name].variants["0.5.23"].verify for name in SHIPPED)
+    assert set(Path("/tmp").glob("deployctl-verify-*")) == verify_folders
     actions = json.loads(applied.stdout)["hosts"]["alpha"]["patches"]
     assert [(a["set"], a["action"]) for a in actions] == [(n, "applied") for n in SHIPPED]
     assert "speculative_disable_batch_threshold" in (site / SPEC).read_text()

@@ -486,3 +486,15 @@ def test_a_private_group_may_write_like_on_umask_002_systems(tmp_path: Path) -> 
     (root / "templates").chmod(0o775)  # root's own group: no other member
     assert grp.getgrgid(os.stat(root / "templates").st_gid).gr_mem in ([], ["root"])
     assert project.find_project(root).root == root
+
+
+def test_values_after_secret_looking_flags_are_masked_when_shown(tmp_path: Path) -> None:
+    (tmp_path / "flags.j2").write_text(
+        "python3 -m sglang.launch_server --api-key {{ given }} --hf-token={{ other }} --tp 8\n"
+    )
+    host = Host("h", {"given": "sk-plain-named", "other": "hf_0123456789"})
+    rendered = TemplateSet([tmp_path]).render(host, "flags")
+    assert "sk-plain-named" in rendered.command and "hf_0123456789" in rendered.command
+    assert rendered.display == (
+        f"python3 -m sglang.launch_server --api-key '{MASK}' '--hf-token={MASK}' --tp 8"
+    )

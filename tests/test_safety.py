@@ -279,11 +279,11 @@ def test_ctrl_c_ends_a_multi_host_launch_at_once_and_leaves_the_servers(
         time.sleep(0.5)
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=30)
         took = time.monotonic() - started
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, (err, _out)
     assert took < 3, f"Ctrl-C took {took:.1f}s"
     assert "interrupted: what was already started on hosts keeps running" in err
     assert "Traceback" not in err

@@ -17,7 +17,7 @@ from typing import Any
 from deployctl import __version__, agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, CrashScanner
-from deployctl.errors import DeployctlError, PreflightError
+from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, attempt
 from deployctl.host_agent import (
@@ -61,7 +61,15 @@ def render_commands(
 ) -> FleetResult[RenderedCommand]:
     """Render the launch command for each host locally; check patch-set flag constraints."""
     overrides = parse_overrides(set_pairs)
+    reached = sorted(k for k in overrides if k.startswith("ansible_"))
+    if reached:
+        raise UsageError(
+            f"--set cannot change how hosts are reached: {', '.join(reached)}",
+            hint="set connection variables in the inventory",
+        )
     templates = TemplateSet(project.search_dirs("templates"))
+    # The overrides are the host's variables from here on: its log_dir, state_dir, python…
+    hosts = [Host(host.name, {**host.vars, **overrides}) for host in hosts]
 
     def render_one(host: Host) -> RenderedCommand:
         name = default_template(host, template, threshold)
@@ -86,13 +94,18 @@ def number_problems(host: Host, argv: Sequence[str]) -> list[str]:
     flags = command_flags(argv)
     port = str(flags.get("--port") or host.vars.get("port", 30000))
     problems = []
-    if not (port.isdigit() and 1 <= int(port) <= 65535):
+    if not (is_number(port) and 1 <= int(port) <= 65535):
         problems.append(f"--port {port!r} is not a port number (1-65535)")
     for flag in ("--tp-size", "--tp"):
         value = flags.get(flag)
-        if value is not None and not (value.isdigit() and int(value) >= 1):
+        if value is not None and not (is_number(value) and int(value) >= 1):
             problems.append(f"{flag} {value!r} is not a number of GPUs")
     return problems
+
+
+def is_number(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` also accepts superscripts, which `int` refuses."""
+    return text.isascii() and text.isdigit()
 
 
 @dataclass

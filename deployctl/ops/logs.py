@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -244,6 +245,8 @@ class LocalCrashes:
 def scan_local_file(path: Path, catalog: Catalog, scan_all: bool = False) -> list[CrashReport]:
     """Scan a log on this machine for crashes: its last 64 MiB, or all of it."""
     try:
+        if not stat.S_ISREG(path.stat().st_mode) and not path.is_dir():
+            raise DeployctlError(f"{path} is not a regular file", hint="give a log file")
         with path.open("rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             if scan_all:

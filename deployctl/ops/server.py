@@ -17,11 +17,11 @@ from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.host_agent import RunRecord, StatusArgs, StatusReply, StopArgs, StopReply
-from deployctl.inventory import MASK, Host, secret_values
+from deployctl.inventory import MASK, Host
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
 from deployctl.ops.launch import LaunchReport, Plan, launch
 from deployctl.patchset import PatchSet, sets_for_flags
-from deployctl.render import RenderedCommand
+from deployctl.render import RenderedCommand, command_secrets
 
 STATUS_TAIL_BYTES = 256 * 1024
 
@@ -103,6 +103,10 @@ def run_status(
     except DeployctlError:
         gpus = None
     run = doc["run"]
+    if run is None and run_id is not None:
+        raise DeployctlError(
+            f"no run {run_id} recorded on {host.name}", hint="check the run id (deployctl status)"
+        )
     if run is None:
         return RunStatus(None, gpus=gpus)
     tail = base64.b64decode(doc["data"]).decode("utf-8", errors="replace")
@@ -186,7 +190,9 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
     # Secrets given with --set at launch are not in the inventory: find them where the
     # recorded (masked) command hides them.
     hidden = masked_values(status.run["command"], argv)
-    secrets = tuple(sorted({*secret_values(host.vars), *hidden}, key=lambda v: (-len(v), v)))
+    secrets = tuple(
+        sorted({*command_secrets(host.vars, argv), *hidden}, key=lambda v: (-len(v), v))
+    )
     rendered = RenderedCommand(status.run["template"], status.run["threshold"], argv, secrets)
     return Plan(host, rendered, sets_for_flags(argv, patch_sets))
 
