@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 import string
@@ -171,7 +172,7 @@ class Host:
 class _Group:
     name: str
     vars: dict[str, Any] = field(default_factory=dict)
-    hosts: list[str] = field(default_factory=list)
+    hosts: dict[str, None] = field(default_factory=dict)  # an ordered set
     children: list[str] = field(default_factory=list)
     parents: set[str] = field(default_factory=set)
 
@@ -317,8 +318,7 @@ class _Parser:
                 if host not in self.host_vars:
                     self.host_order.append(host)
                 self.host_vars.setdefault(host, {}).update(variables)
-                if host not in group.hosts:
-                    group.hosts.append(host)
+                group.hosts[host] = None
         children = _as_mapping(body.get("children"), f"{where}.children", self.source)
         for child, child_body in children.items():
             if child == "all":
@@ -353,7 +353,11 @@ def _vars_dir_files(folder: Path, name: str) -> Iterator[Path]:
         if candidate.is_file():
             yield candidate
         elif candidate.is_dir():
-            yield from sorted(p for p in candidate.iterdir() if p.suffix in (".yml", ".yaml"))
+            try:
+                found = sorted(p for p in candidate.iterdir() if p.suffix in (".yml", ".yaml"))
+            except OSError as exc:
+                raise InventoryError(f"cannot read {candidate}: {exc.strerror}") from None
+            yield from found
 
 
 def _vars_from_dir(folder: Path, name: str) -> dict[str, Any]:
@@ -365,6 +369,13 @@ def _vars_from_dir(folder: Path, name: str) -> dict[str, Any]:
 
 def load_inventory(path: Path) -> Inventory:
     """Parse an Ansible YAML inventory with its group_vars/ and host_vars/ folders."""
+    try:
+        return _load_inventory(path)
+    except RecursionError:
+        raise InventoryError(f"{path}: groups or values are nested too deeply") from None
+
+
+def _load_inventory(path: Path) -> Inventory:
     if path.is_dir():
         raise InventoryError(f"inventory {path} is a folder, not a YAML file")
     if not path.exists():
@@ -382,28 +393,30 @@ def load_inventory(path: Path) -> Inventory:
     for name, group in parser.groups.items():
         if name != "all" and not group.parents:
             group.parents.add("all")
+    grouped = {
+        h for n, g in parser.groups.items() if n not in ("all", "ungrouped") for h in g.hosts
+    }
     for host in parser.host_order:
-        if not any(
-            host in g.hosts for n, g in parser.groups.items() if n not in ("all", "ungrouped")
-        ):
-            parser.groups["ungrouped"].hosts.append(host)
+        if host not in grouped:
+            parser.groups["ungrouped"].hosts[host] = None
     parser.groups["ungrouped"].parents.add("all")
     if not parser.host_order:
         raise InventoryError(f"{source} defines no hosts")
     return _resolve(parser, path.parent)
 
 
-def _members(groups: dict[str, _Group], name: str) -> list[str]:
-    found = list(groups[name].hosts)
+def _members(groups: dict[str, _Group], name: str) -> dict[str, None]:
+    found = dict(groups[name].hosts)
     for child in groups[name].children:
-        found += [h for h in _members(groups, child) if h not in found]
+        found.update(_members(groups, child))
     return found
 
 
 def _resolve(parser: _Parser, folder: Path) -> Inventory:
     groups = parser.groups
     depths = _group_depths(groups, parser.source)
-    membership = {name: _members(groups, name) for name in groups}
+    members = {name: _members(groups, name) for name in groups}
+    membership = {name: list(hosts) for name, hosts in members.items()}
     membership["all"] = list(parser.host_order)
     # Ansible's order: all, then groups by depth (ties by name); every group's inventory-file
     # vars before any group_vars/ file, so group_vars/all.yml beats a child group's vars:.
@@ -412,7 +425,7 @@ def _resolve(parser: _Parser, folder: Path) -> Inventory:
     hosts: dict[str, Host] = {}
     for name in parser.host_order:
         merged: dict[str, Any] = {**DEFAULT_VARS, **groups["all"].vars}
-        mine = [g for g in ordered if name in membership[g]]
+        mine = [g for g in ordered if name in members[g]]
         for g in mine:
             merged.update(groups[g].vars)
         merged.update(group_files["all"])
@@ -448,7 +461,7 @@ def _check_host(host: Host, source: str) -> None:
             seconds = float(value)
         except (TypeError, ValueError):
             seconds = 0.0
-        if isinstance(value, bool) or not seconds > 0:
+        if isinstance(value, bool) or not 0 < seconds < math.inf:
             raise InventoryError(
                 f"{source}: host {host.name}: {name} {value!r} is not a number of seconds"
             )

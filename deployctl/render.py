@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 
 from deployctl.errors import TemplateError, UsageError
 from deployctl.inventory import Host, flag_secrets, mask_values, secret_values
-from deployctl.shell import join, quote
+from deployctl.shell import join, quote, split
 
 TEMPLATE_SUFFIX = ".j2"
 THRESHOLD_FLAG = "--speculative-disable-batch-threshold"
@@ -159,7 +158,7 @@ class TemplateSet:
             where = f" line {lineno}" if lineno else ""
             raise TemplateError(f"template {template!r}{where}: {exc}") from None
         try:
-            argv = shlex.split(text, comments=True)
+            argv = split(text)
         except ValueError as exc:
             raise TemplateError(
                 f"template {template!r} rendered an unbalanced command: {exc}"

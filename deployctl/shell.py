@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterable
 
@@ -20,3 +21,52 @@ def quote(value: object) -> str:
 def join(argv: Iterable[object]) -> str:
     """Join arguments into one shell command line, each quoted."""
     return " ".join(quote(arg) for arg in argv)
+
+
+# One piece of a POSIX-shell-like word at a time (the grammar of shlex.split(comments=True)).
+_PIECE = re.compile(
+    r"""(?P<space>[ \t\r\n]+)
+      | (?P<comment>\#[^\n]*)
+      | (?P<plain>[^ \t\r\n'"\\\#]+)
+      | '(?P<single>[^']*)'
+      | "(?P<double>(?:[^"\\]|\\.)*)"
+      | \\(?P<escaped>.)""",
+    re.VERBOSE | re.DOTALL,
+)
+_DOUBLE_ESCAPE = re.compile(r'\\(["\\])')
+_ENDS_IN_ESCAPE = re.compile(r'"(?:[^"\\]|\\.)*\\', re.DOTALL)
+
+
+def split(text: str) -> list[str]:
+    """Split shell words as `shlex.split(text, comments=True)` does, in linear time.
+
+    shlex builds each word one character at a time (a 1 MiB value took ~15 s); this reads
+    runs of characters with one regex. A `#` ends the word it is in and the rest of its line.
+    """
+    words: list[str] = []
+    parts: list[str] = []
+    in_word = False
+    pos, end = 0, len(text)
+    while pos < end:
+        match = _PIECE.match(text, pos)
+        if match is None:
+            raise ValueError(_unclosed(text[pos:]))
+        kind, pos = str(match.lastgroup), match.end()
+        if kind in ("space", "comment"):
+            if in_word:
+                words.append("".join(parts))
+                parts, in_word = [], False
+            continue
+        value = match.group(kind)
+        parts.append(_DOUBLE_ESCAPE.sub(r"\1", value) if kind == "double" else value)
+        in_word = True
+    if in_word:
+        words.append("".join(parts))
+    return words
+
+
+def _unclosed(rest: str) -> str:
+    """shlex's words for what cannot be read: an open quote, or a final lone backslash."""
+    if rest[0] == "'" or (rest[0] == '"' and not _ENDS_IN_ESCAPE.fullmatch(rest)):
+        return "No closing quotation"
+    return "No escaped character"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -631,3 +632,87 @@ def test_a_folder_without_project_parts_is_not_a_project(tmp_path: Path) -> None
     assert not project.is_project_dir(tmp_path)
     (tmp_path / "patches").mkdir()
     assert project.is_project_dir(tmp_path)
+
+
+def test_an_unreadable_group_vars_folder_is_an_inventory_error() -> None:
+    # Root reads everything: the inventory is loaded in a child that became `nobody`.
+    import pwd
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="deployctl-unreadable-", dir="/tmp"))
+    secret = base / "group_vars" / "all"
+    try:
+        base.chmod(0o755)
+        (base / "inv.yml").write_text("all:\n  hosts:\n    h: {}\n")
+        secret.mkdir(parents=True)
+        (secret / "vars.yml").write_text("x: 1\n")
+        secret.chmod(0)
+        nobody = pwd.getpwnam("nobody")
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                load_inventory(base / "inv.yml")
+                answer = "loaded"
+            except InventoryError as exc:
+                answer = f"InventoryError: {exc.message}"
+            except BaseException as exc:
+                answer = f"{type(exc).__name__}: {exc}"
+            os.write(write_end, answer.encode())
+            os._exit(0)
+        os.close(write_end)
+        answer = os.read(read_end, 4096).decode()
+        os.waitpid(child, 0)
+    finally:
+        secret.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
+    assert answer == f"InventoryError: cannot read {secret}: Permission denied"
+
+
+def test_a_range_without_a_start_begins_at_zero_as_in_ansible() -> None:
+    assert expand_host_range("gpu[:3]") == ["gpu0", "gpu1", "gpu2", "gpu3"]
+
+
+def test_a_range_without_an_end_is_an_error_as_in_ansible() -> None:
+    with pytest.raises(InventoryError, match=r"host range 'gpu\[01:\]' has no end"):
+        expand_host_range("gpu[01:]")
+
+
+def test_a_key_given_twice_is_an_error_not_lost_hosts(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  children:\n    gpus:\n      hosts: {a: {}}\n    gpus:\n      hosts: {b: {}}\n"
+    )
+    with pytest.raises(InventoryError, match=r"line 5: malformed YAML: duplicate key 'gpus'"):
+        load_inventory(inv)
+
+
+def test_hosts_named_by_ipv6_address_can_be_selected(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all:\n  hosts:\n    '::1': {}\n    'fe80::1': {}\n    alpha: {}\n")
+    loaded = load_inventory(inv)
+    assert [h.name for h in loaded.select("::1")] == ["::1"]
+    assert [h.name for h in loaded.select("fe80::1, alpha")] == ["fe80::1", "alpha"]
+    assert [h.name for h in loaded.select("all,!::1")] == ["fe80::1", "alpha"]
+
+
+def test_a_hundred_thousand_hosts_resolve(tmp_path: Path) -> None:
+    # Membership is kept in ordered sets: this took minutes when it was quadratic.
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all:\n  children:\n    gpu:\n      hosts:\n        gpu[1:100000]:\n")
+    loaded = load_inventory(inv)
+    assert len(loaded.select("gpu")) == 100000
+    assert [h.name for h in loaded.select("gpu,!gpu??*")] == [
+        "gpu1",
+        "gpu2",
+        "gpu3",
+        "gpu4",
+        "gpu5",
+        "gpu6",
+        "gpu7",
+        "gpu8",
+        "gpu9",
+    ]

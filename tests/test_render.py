@@ -498,3 +498,32 @@ def test_values_after_secret_looking_flags_are_masked_when_shown(tmp_path: Path)
     assert rendered.display == (
         f"python3 -m sglang.launch_server --api-key '{MASK}' '--hf-token={MASK}' --tp 8"
     )
+
+
+def test_the_word_splitter_agrees_with_shlex_on_every_tricky_string() -> None:
+    import random
+
+    from deployctl.shell import split
+
+    rng = random.Random(20261130)
+    alphabet = list("ab -'\"\\#\n\t\r=$x")
+    for _ in range(20000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 16)))
+        try:
+            expected: list[str] | str = shlex.split(text, comments=True)
+        except ValueError as exc:
+            expected = str(exc)
+        try:
+            got: list[str] | str = split(text)
+        except ValueError as exc:
+            got = str(exc)
+        assert got == expected, repr(text)
+
+
+def test_a_one_mebibyte_value_round_trips_through_render(tmp_path: Path) -> None:
+    value = "/m/" + "a'b c" * (1 << 18)  # quotes and spaces all the way
+    host = Host("h", {"python": "python3", "launch_module": "m", "model_path": value})
+    (tmp_path / "big.j2").write_text(
+        "{{ python }} -m {{ launch_module }} --model-path={{ model_path }}\n"
+    )
+    assert TemplateSet([tmp_path]).render(host, "big").argv[-1] == f"--model-path={value}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import re
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_
 from deployctl.ops.launch import LaunchReport, Plan, launch
 from deployctl.patchset import PatchSet, sets_for_flags
 from deployctl.render import RenderedCommand, command_secrets
+from deployctl.shell import split
 
 STATUS_TAIL_BYTES = 256 * 1024
 
@@ -186,7 +186,7 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
         raise DeployctlError(
             f"{host.name}: no recorded run to restart", hint="deployctl launch first"
         )
-    argv = shlex.split(status.command)
+    argv = split(status.command)
     # Secrets given with --set at launch are not in the inventory: find them where the
     # recorded (masked) command hides them.
     hidden = masked_values(status.run["command"], argv)
@@ -200,7 +200,7 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
 def masked_values(shown: str, argv: Sequence[str]) -> list[str]:
     """Return the parts of `argv` that the masked command line `shown` replaced by the mask."""
     try:
-        words = shlex.split(shown)
+        words = split(shown)
     except ValueError:
         return []
     if len(words) != len(argv):
