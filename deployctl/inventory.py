@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import math
 import os
 import re
@@ -47,7 +48,7 @@ _KEY_NAME = re.compile(r"(?:^|[_\-.])key\Z", re.IGNORECASE)
 # The shortest value masked: shorter ones would mask innocent parts of a command.
 _MIN_SECRET = 4
 MASK = "********"
-_RANGE = re.compile(r"\[([^\]:]+):([^\]:]+)(?::(\d+))?\]")
+_RANGE = re.compile(r"\[([^\]:]*):([^\]:]*)(?::(\d+))?\]")
 _SECTION_KEYS = {"hosts", "vars", "children"}
 
 
@@ -188,7 +189,7 @@ class Inventory:
     def select(self, pattern: str | None) -> list[Host]:
         """Return hosts matching an Ansible-style pattern; error when none match."""
         pattern = "all" if pattern is None else pattern.strip()
-        terms = [t.strip() for t in re.split(r"[,:]", pattern) if t.strip()]
+        terms = split_pattern(pattern)
         if not terms:
             # `-H "$UNSET"` must not mean the whole fleet: that takes `all` or `*`.
             raise InventoryError(
@@ -231,6 +232,25 @@ class Inventory:
         )
 
 
+def split_pattern(pattern: str) -> list[str]:
+    """Split a host pattern into terms on commas and colons; an IPv6 address stays whole."""
+    terms: list[str] = []
+    for part in (p.strip() for p in pattern.split(",")):
+        if _is_ipv6(part.lstrip("!&")):
+            terms.append(part)
+        else:
+            terms += [t.strip() for t in part.split(":") if t.strip()]
+    return terms
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def builtin_inventory() -> Inventory:
     """Return the fallback inventory: this machine through the local connection."""
     host = Host(LOCALHOST, {**DEFAULT_VARS, "ansible_connection": "local"})
@@ -243,6 +263,9 @@ def expand_host_range(name: str) -> list[str]:
     if match is None:
         return [name]
     start, end, stride_text = match.group(1), match.group(2), match.group(3)
+    if not end:  # Ansible refuses `gpu[01:]`; it reads `gpu[:3]` as gpu0 to gpu3
+        raise InventoryError(f"host range {name!r} has no end")
+    start = start or "0"
     stride = int(stride_text) if stride_text else 1
     head, tail = name[: match.start()], name[match.end() :]
     if start.isascii() and end.isascii() and start.isdigit() and end.isdigit():
@@ -275,6 +298,22 @@ def _as_mapping(value: Any, where: str, source: str) -> dict[str, Any]:
     return value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (the last would silently win,
+    dropping the first's hosts)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _load_yaml(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
@@ -283,7 +322,7 @@ def _load_yaml(path: Path) -> Any:
     except OSError as exc:
         raise InventoryError(f"cannot read {path}: {exc.strerror}") from exc
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
