@@ -17,6 +17,7 @@ out here and nowhere else:
     lock                                  held while a launch changes the host
     runs/<run-id>.json                    one record per launch (run id = log name); kept
     runs/<run-id>.cmd                     the unmasked command, mode 0600, for restart
+    runs/<run-id>.env                     the server's own environment (JSON), mode 0600
     runs/current                          id of the host's current run
     patches/<set>.json                    what is applied now: version, hash, files, sha256s
     patches/.lock                         serialises patch changes (flock, dies with us)
@@ -191,7 +192,11 @@ class PreflightReply(ProbeReply):
     lock: LockReply
 
 
-class RunInfo(TypedDict):
+class RunShown(TypedDict, total=False):
+    env: dict[str, str]  # the server's environment, secrets masked (records before 0.2 lack it)
+
+
+class RunInfo(RunShown):
     template: str
     threshold: int | None
     command: str  # as shown to people: secrets masked
@@ -225,6 +230,7 @@ class StartArgs(TypedDict):
     log_dir: str
     log_stem: str
     command: str  # the real command, secrets included
+    env: dict[str, str]  # the real environment for the server, over the login's
     run: RunInfo
     lock_token: str | None
 
@@ -261,6 +267,7 @@ class StatusArgs(TypedDict):
 class StatusReply(PollReply):
     run: RunRecord | None
     command: str | None
+    env: dict[str, str] | None
 
 
 class StopArgs(TypedDict):
@@ -808,6 +815,7 @@ def cmd_start(args: StartArgs) -> StartReply:
         ["/bin/sh", "-c", "exec " + args["command"]],
         stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
         start_new_session=True, close_fds=True, cwd=os.path.expanduser("~"),
+        env={**os.environ, **args["env"]},
     )  # fmt: skip
     os.close(log_fd)
     identity: LeaderIdentity = {}
@@ -827,6 +835,7 @@ def cmd_start(args: StartArgs) -> StartReply:
     }
     # Private: the record shows the (masked) command, and the .cmd file the real one.
     write_atomic(os.path.join(runs, run_id + ".cmd"), args["command"].encode(), mode=0o600)
+    write_json(os.path.join(runs, run_id + ".env"), args["env"], mode=0o600)
     write_json(os.path.join(runs, run_id + ".json"), record, mode=0o600)
     write_atomic(os.path.join(runs, "current"), run_id.encode())
     if args["lock_token"]:
@@ -899,7 +908,7 @@ def cmd_status(args: StatusArgs) -> StatusReply:
     run = current_run(args["state_dir"], args["run"])
     if run is None:
         nothing: PollReply = {"alive": False, "members": [], "health": None, "size": 0, "data": ""}
-        return {**nothing, "run": None, "command": None}
+        return {**nothing, "run": None, "command": None, "env": None}
     identity: LeaderIdentity = {"starttime": run["starttime"]} if "starttime" in run else {}
     poll = cmd_poll(
         {
@@ -915,7 +924,13 @@ def cmd_status(args: StatusArgs) -> StatusReply:
         }
     )
     command = read_bytes(state_path(args["state_dir"], "runs", run["id"] + ".cmd"))
-    return {**poll, "run": run, "command": None if command is None else command.decode()}
+    env = read_json(state_path(args["state_dir"], "runs", run["id"] + ".env"))
+    return {
+        **poll,
+        "run": run,
+        "command": None if command is None else command.decode(),
+        "env": env if isinstance(env, dict) else None,
+    }
 
 
 def cmd_stop(args: StopArgs) -> StopReply:

@@ -463,18 +463,52 @@ def _resolve(parser: _Parser, folder: Path) -> Inventory:
     group_files = {g: _vars_from_dir(folder / "group_vars", g) for g in ["all", *ordered]}
     hosts: dict[str, Host] = {}
     for name in parser.host_order:
-        merged: dict[str, Any] = {**DEFAULT_VARS, **groups["all"].vars}
         mine = [g for g in ordered if name in members[g]]
-        for g in mine:
-            merged.update(groups[g].vars)
-        merged.update(group_files["all"])
-        for g in mine:
-            merged.update(group_files[g])
-        merged.update(parser.host_vars[name])
-        merged.update(_vars_from_dir(folder / "host_vars", name))
-        hosts[name] = Host(name, merged)
+        layers = [
+            DEFAULT_VARS,
+            groups["all"].vars,
+            *(groups[g].vars for g in mine),
+            group_files["all"],
+            *(group_files[g] for g in mine),
+            parser.host_vars[name],
+            _vars_from_dir(folder / "host_vars", name),
+        ]
+        hosts[name] = Host(name, merge_layers(layers, f"{parser.source}: host {name}"))
         _check_host(hosts[name], parser.source)
     return Inventory(hosts, membership, parser.source)
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def merge_layers(layers: Sequence[Mapping[str, Any]], where: str) -> dict[str, Any]:
+    """Merge variable layers, later ones winning, as Ansible does; `env` merges key by key
+    (a host's `env` adds to its group's instead of replacing it)."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            is_env = key == "env"
+            merged[key] = {**merged.get("env", {}), **check_env(value, where)} if is_env else value
+    return merged
+
+
+def check_env(value: Any, where: str) -> dict[str, str]:
+    """An `env` mapping as the server will get it: valid names, values as text."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InventoryError(f"{where}: env must be a mapping of NAME: value")
+    env: dict[str, str] = {}
+    for name, item in value.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise InventoryError(
+                f"{where}: env name {name!r} is not a variable name",
+                hint="names are letters, digits and _, not starting with a digit",
+            )
+        if isinstance(item, Mapping | list) or item is None:
+            raise InventoryError(f"{where}: env {name} must be a single value, not {item!r}")
+        env[name] = ("true" if item else "false") if isinstance(item, bool) else str(item)
+    return env
 
 
 def _check_host(host: Host, source: str) -> None:

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from deployctl.errors import TemplateError, UsageError
-from deployctl.inventory import Host, flag_secrets, mask_values, secret_values
+from deployctl.inventory import (
+    MASK,
+    Host,
+    check_env,
+    flag_secrets,
+    is_secret_name,
+    mask_values,
+    secret_values,
+)
 from deployctl.shell import join, quote, split
 
 TEMPLATE_SUFFIX = ".j2"
@@ -25,6 +34,7 @@ class RenderedCommand:
     threshold: int | None
     argv: list[str]
     secrets: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # for the server only, over the login's
 
     @property
     def command(self) -> str:
@@ -34,6 +44,20 @@ class RenderedCommand:
     def display(self) -> str:
         """Return the shell line with secret values masked."""
         return join(mask_values(arg, self.secrets) for arg in self.argv)
+
+    @property
+    def env_shown(self) -> dict[str, str]:
+        """The environment as people may see it: secret-looking names' values masked."""
+        return {
+            name: MASK if is_secret_name(name) and value else mask_values(value, self.secrets)
+            for name, value in self.env.items()
+        }
+
+    @property
+    def display_lines(self) -> str:
+        """`KEY=value` lines (shell-quoted, masked), then the command: what `render` shows."""
+        lines = [f"{name}={shlex.quote(value)}" for name, value in self.env_shown.items()]
+        return "\n".join([*lines, self.display])
 
     @property
     def log_stem(self) -> str:
@@ -167,7 +191,8 @@ class TemplateSet:
             raise TemplateError(f"template {template!r} rendered an empty command")
         if threshold is not None and not any(a.split("=", 1)[0] == THRESHOLD_FLAG for a in argv):
             argv.append(f"{THRESHOLD_FLAG}={threshold}")
-        return RenderedCommand(template, threshold, argv, command_secrets(variables, argv))
+        env = check_env(variables.get("env"), f"host {host.name}")
+        return RenderedCommand(template, threshold, argv, command_secrets(variables, argv), env)
 
 
 def default_template(host: Host, template: str | None, threshold: int | None) -> str:

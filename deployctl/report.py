@@ -171,12 +171,12 @@ def _rendered(results: FleetResult[RenderedCommand]) -> None:
     for result in results:
         if result.value is not None:
             out.print(f"# {result.name}", style="bold")
-            print_command(out, result.value.display)
+            print_command(out, result.value.display_lines)
     print_host_errors(results)
 
 
 RENDERED: View[FleetResult[RenderedCommand]] = View(
-    _rendered, per_host(lambda r: {"command": r.display})
+    _rendered, per_host(lambda r: {"command": r.display, "env": r.env_shown})
 )
 
 
@@ -448,7 +448,7 @@ def _launch(result: LaunchReport) -> None:
                 continue
             if result.dry_run:
                 out_console.print(f"# {pre.name} → {pre.value.next_log}", style="bold")
-                print_command(out_console, pre.value.plan.rendered.display)
+                print_command(out_console, pre.value.plan.rendered.display_lines)
             for problem in pre.value.problems:
                 print_error(problem, host=pre.name)
             for hint in pre.value.hints:

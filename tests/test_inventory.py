@@ -716,3 +716,52 @@ def test_a_hundred_thousand_hosts_resolve(tmp_path: Path) -> None:
         "gpu8",
         "gpu9",
     ]
+
+
+def test_env_merges_key_by_key_by_ansible_precedence(tmp_path: Path) -> None:
+    inv = write_tree(
+        tmp_path,
+        {
+            "inv.yml": """
+all:
+  vars:
+    env: {NCCL_DEBUG: WARN, KEEP: all}
+  children:
+    rtx:
+      vars:
+        env: {NCCL_P2P_DISABLE: 1, NCCL_DEBUG: INFO}
+      hosts:
+        rtx-b01: {env: {SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: true}}
+        rtx-b02: {}
+""",
+            "group_vars/rtx.yml": "env: {NCCL_SOCKET_IFNAME: eth0}\n",
+        },
+    )
+    hosts = {h.name: h for h in load_inventory(inv).select(None)}
+    assert hosts["rtx-b01"].vars["env"] == {
+        "NCCL_DEBUG": "INFO",
+        "KEEP": "all",
+        "NCCL_P2P_DISABLE": "1",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "true",
+    }
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in hosts["rtx-b02"].vars["env"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ("{A-B: 1}", "env name 'A-B' is not a variable name"),
+        ("{1X: 1}", "env name '1X' is not a variable name"),
+        ("[A, B]", "env must be a mapping"),
+        ("{A: {B: 1}}", "env A must be a single value"),
+        ("{A: null}", "env A must be a single value"),
+    ],
+)
+def test_bad_env_is_an_inventory_error_before_any_host(
+    tmp_path: Path, env: str, message: str
+) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text(f"all:\n  hosts:\n    h:\n      env: {env}\n")
+    with pytest.raises(InventoryError, match=message):
+        load_inventory(inv)

@@ -344,3 +344,52 @@ def test_dry_run_with_a_failing_preflight_exits_1_and_starts_nothing(
     assert (doc["dry_run"], doc["started"], doc["hosts"]["alpha"]["ok"]) == (True, False, False)
     assert rank_pids(hosts.hosts["alpha"]) == []
     assert not (hosts.hosts["alpha"].home / ".deployctl" / "lock").exists()
+
+
+ENV_VALUES = {
+    "NCCL_P2P_DISABLE": "1",
+    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "true",
+    "ODD_VALUE": "two words 'single' \"double\" $HOME `id` \\ back\nsecond line é",
+    "HF_TOKEN": "hf_env_secret_0123456789",
+}
+
+
+def test_env_reaches_the_server_byte_exact_masked_everywhere_and_kept_by_restart(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    host_vars = prepare(alpha, tp=1)
+    host_vars["env"] = ENV_VALUES
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": host_vars})
+    secret = ENV_VALUES["HF_TOKEN"]
+
+    shown = cli("render", "-i", str(inv))
+    assert shown.returncode == 0, shown.stderr
+    assert "NCCL_P2P_DISABLE=1\n" in shown.stdout and "HF_TOKEN='********'" in shown.stdout
+    dry = cli("launch", "--dry-run", "-i", str(inv), "--template", "baseline")
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=true" in dry.stdout
+    code, doc, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    assert doc["hosts"]["alpha"]["env"]["HF_TOKEN"] == "********"
+    restarted = json.loads(cli("restart", "-i", str(inv), "--json", "--timeout", "60").stdout)
+    assert restarted["hosts"]["alpha"]["state"] == "ready"
+    status = cli("status", "-i", str(inv), "--json")
+    cli("stop", "-i", str(inv))
+
+    starts = [
+        json.loads(line)
+        for line in (alpha.home / "model" / "standin-argv.jsonl").read_text().splitlines()
+    ]
+    assert len(starts) == 2  # the launch and the restart
+    for start in starts:
+        assert {k: start["env"].get(k) for k in ENV_VALUES} == ENV_VALUES
+        assert start["env"]["HOME"] == str(alpha.home)  # the login environment is the base
+    runs = alpha.home / ".deployctl" / "runs"
+    for path in runs.iterdir():
+        if path.suffix == ".env":
+            assert json.loads(path.read_text()) == ENV_VALUES
+            assert path.stat().st_mode & 0o777 == 0o600
+        else:
+            assert secret not in path.read_text() or path.suffix == ".cmd", path
+    for text in (shown.stdout, dry.stdout, json.dumps(doc), json.dumps(restarted), status.stdout):
+        assert secret not in text

@@ -527,3 +527,16 @@ def test_a_one_mebibyte_value_round_trips_through_render(tmp_path: Path) -> None
         "{{ python }} -m {{ launch_module }} --model-path={{ model_path }}\n"
     )
     assert TemplateSet([tmp_path]).render(host, "big").argv[-1] == f"--model-path={value}"
+
+
+def test_env_is_shown_before_the_command_quoted_and_masked(tmp_path: Path) -> None:
+    (tmp_path / "t.j2").write_text("python3 -m sglang.launch_server --tp=1\n")
+    env = {"NCCL_P2P_DISABLE": "1", "HF_TOKEN": "hf_secret_value", "ODD": "a b'c$\nd"}
+    rendered = TemplateSet([tmp_path]).render(Host("h", {"env": env}), "t")
+    assert rendered.env == env  # the server gets the real values
+    assert rendered.env_shown == {**env, "HF_TOKEN": MASK}
+    assert rendered.display_lines.split("\n", 2)[:2] == ["NCCL_P2P_DISABLE=1", f"HF_TOKEN='{MASK}'"]
+    assert rendered.display_lines.endswith("python3 -m sglang.launch_server --tp=1")
+    assert shlex.split(rendered.display_lines.split("\n", 2)[2].rsplit("\n", 1)[0]) == [
+        "ODD=a b'c$\nd"
+    ]

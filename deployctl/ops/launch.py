@@ -34,7 +34,7 @@ from deployctl.host_agent import (
     StartArgs,
     StartReply,
 )
-from deployctl.inventory import Host
+from deployctl.inventory import Host, merge_layers
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
 from deployctl.patchset import PatchSet, command_flags, flag_violations, sets_for_flags
@@ -69,7 +69,7 @@ def render_commands(
         )
     templates = TemplateSet(project.search_dirs("templates"))
     # The overrides are the host's variables from here on: its log_dir, state_dir, python…
-    hosts = [Host(host.name, {**host.vars, **overrides}) for host in hosts]
+    hosts = [Host(host.name, merge_layers([host.vars, overrides], "--set")) for host in hosts]
 
     def render_one(host: Host) -> RenderedCommand:
         name = default_template(host, template, threshold)
@@ -173,6 +173,7 @@ class Preflight:
             "ready": self.ok,
             "problems": self.problems,
             "command": self.plan.rendered.display,
+            "env": self.plan.rendered.env_shown,
             "log": self.next_log,
         }
 
@@ -312,6 +313,7 @@ def start_run(
     """Start the server detached with a new versioned log; record the run; release the lock."""
     host, rendered = plan.host, plan.rendered
     run: RunInfo = {
+        "env": rendered.env_shown,
         "template": rendered.template,
         "threshold": rendered.threshold,
         "command": rendered.display,
@@ -328,6 +330,7 @@ def start_run(
         "log_dir": str(host.vars["log_dir"]),
         "log_stem": rendered.log_stem,
         "command": rendered.command,
+        "env": rendered.env,
         "run": run,
         "lock_token": lock_token,
     }
@@ -360,6 +363,7 @@ class Outcome:
             "crashes": [c.to_json() for c in self.crashes],
             "warnings": [c.to_json() for c in self.warnings],
             "command": self.run["command"],
+            "env": self.run.get("env", {}),
         }
 
 

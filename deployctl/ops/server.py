@@ -37,6 +37,7 @@ class RunStatus:
     crashes: list[CrashReport] = field(default_factory=list)
     gpus: GpuReport | None = None
     command: str | None = None
+    env: dict[str, str] | None = None  # the server's real environment, for restart
 
     @property
     def running(self) -> bool:
@@ -120,6 +121,7 @@ def run_status(
         crashes=crashes,
         gpus=gpus,
         command=doc["command"],
+        env=doc["env"],
     )
 
 
@@ -193,8 +195,18 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
     secrets = tuple(
         sorted({*command_secrets(host.vars, argv), *hidden}, key=lambda v: (-len(v), v))
     )
-    rendered = RenderedCommand(status.run["template"], status.run["threshold"], argv, secrets)
+    env = status.env or {}
+    secrets = tuple(
+        sorted({*secrets, *masked_env_values(status.run, env)}, key=lambda v: (-len(v), v))
+    )
+    rendered = RenderedCommand(status.run["template"], status.run["threshold"], argv, secrets, env)
     return Plan(host, rendered, sets_for_flags(argv, patch_sets))
+
+
+def masked_env_values(run: RunRecord, env: Mapping[str, str]) -> list[str]:
+    """The real values of the environment variables the run record shows masked."""
+    shown = run.get("env", {})
+    return [value for name, value in env.items() if MASK in shown.get(name, "") and value]
 
 
 def masked_values(shown: str, argv: Sequence[str]) -> list[str]:

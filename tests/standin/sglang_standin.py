@@ -1028,6 +1028,7 @@ def record_argv(argv: list[str]) -> None:
         return
     entry = {
         "argv": argv,
+        "env": dict(os.environ),
         "pid": os.getpid(),
         "pgid": os.getpgrp(),
         "sid": os.getsid(0),
