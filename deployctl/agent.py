@@ -51,8 +51,8 @@ def agent_hash() -> str:
     return hashlib.sha256(agent_source()).hexdigest()
 
 
-# Hosts (by agent path) where the agent could not be written in this invocation.
-_NOT_KEPT: set[str] = set()
+# (host, agent path) where the agent could not be written in this invocation.
+_NOT_KEPT: set[tuple[str, str]] = set()
 
 
 def agent_path(host: Host) -> str:
@@ -68,7 +68,7 @@ def agent_path(host: Host) -> str:
 def agent_command(host: Host, call: str, args: Mapping[str, Any]) -> str:
     """The shell line that runs one agent call with the host's python."""
     python, path = str(host.vars["python"]), agent_path(host)
-    if path in _NOT_KEPT:  # the source rides in argv, as it must where nothing can be written
+    if (host.name, path) in _NOT_KEPT:  # the source rides in argv where nothing can be written
         return join([python, "-c", agent_source().decode(), call, json.dumps(args)])
     return join([python, "-c", proto.BOOTSTRAP, path, call, json.dumps(args)])
 
@@ -94,7 +94,7 @@ def _send_agent(host: Host, conn: Connection) -> None:
     try:
         install_agent(host, conn)
     except HostError:
-        _NOT_KEPT.add(agent_path(host))
+        _NOT_KEPT.add((host.name, agent_path(host)))
 
 
 def parse_reply(

@@ -164,3 +164,16 @@ def test_a_character_split_between_polls_stays_whole(
         server.wait()
     assert outcome.state == "timeout"
     assert outcome.last_line == line
+
+
+def test_a_host_where_the_agent_cannot_be_kept_changes_no_other_host(tmp_path: Path) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder\n")
+    first = Host("first", {**DEFAULT_VARS, "python": sys.executable, "state_dir": str(blocked)})
+    second = Host("second", dict(first.vars))  # the same state_dir text, another host
+    conn = LocalConnection("first", 30)
+    with pytest.raises(agent.HostError, match="Not a directory"):
+        agent.call(first, conn, "status", {**STATUS_ARGS, "state_dir": str(blocked)}, StatusReply)
+    # The source rode in argv for `first`; `second` still gets the short command.
+    assert "def cmd_status" in agent.agent_command(first, "status", STATUS_ARGS)
+    assert "def cmd_status" not in agent.agent_command(second, "status", STATUS_ARGS)

@@ -27,6 +27,13 @@ def wait_for(condition: Callable[[], bool], limit: float = 20) -> None:
         time.sleep(0.05)
 
 
+def one_host(hosts: SSHLab, tmp_path: Path, tp: int = 1, **knobs: object) -> tuple[TestHost, Path]:
+    """alpha, prepared for the stand-in, and an inventory of it alone."""
+    alpha = hosts.hosts["alpha"]
+    host_vars = prepare(alpha, tp=tp, **knobs)
+    return alpha, hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": host_vars})
+
+
 def running(pid: int) -> bool:
     """The process exists and is not a zombie (nobody here may reap orphans at once)."""
     try:
@@ -91,9 +98,7 @@ def test_a_state_dir_that_is_a_file_is_one_line_naming_it(
 def test_a_trace_in_a_healthy_server_is_a_warning_not_a_crash(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    alpha = hosts.hosts["alpha"]
-    host_vars = prepare(alpha, tp=1, request_error=True, crash_after_s=0.1)
-    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": host_vars})
+    _, inv = one_host(hosts, tmp_path, request_error=True, crash_after_s=0.1)
     code, doc, err = launch_json(cli, inv, "--template", "baseline")
     assert code == 0 and doc["hosts"]["alpha"]["state"] == "ready", err
     log = Path(doc["hosts"]["alpha"]["log"])
@@ -121,9 +126,7 @@ def test_a_trace_in_a_server_that_fails_its_health_check_is_a_crash(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     # The shipped behaviour stays: a scheduler trace while starting ends the launch at once.
-    alpha = hosts.hosts["alpha"]
-    host_vars = prepare(alpha, tp=2, crash="startup", startup_s=30)
-    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": host_vars})
+    _, inv = one_host(hosts, tmp_path, tp=2, crash="startup", startup_s=30)
     code, doc, _ = launch_json(cli, inv, "--template", "baseline")
     assert code == 1 and doc["hosts"]["alpha"]["state"] in ("crashed", "died")
     assert doc["hosts"]["alpha"]["crashes"]
@@ -132,9 +135,7 @@ def test_a_trace_in_a_server_that_fails_its_health_check_is_a_crash(
 def test_a_recorded_pid_that_now_names_another_process_is_never_signalled(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    alpha = hosts.hosts["alpha"]
-    host_vars = prepare(alpha, tp=1)
-    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": host_vars})
+    alpha, inv = one_host(hosts, tmp_path)
     code, doc, err = launch_json(cli, inv, "--template", "baseline")
     assert code == 0, err
     run_id = doc["hosts"]["alpha"]["run"]
@@ -167,9 +168,7 @@ def test_a_recorded_pid_that_now_names_another_process_is_never_signalled(
 def test_launch_refuses_while_the_current_run_lives_and_replace_stops_it_first(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    alpha = hosts.hosts["alpha"]
-    host_vars = prepare(alpha, tp=1)
-    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": host_vars})
+    _, inv = one_host(hosts, tmp_path)
     code, first, err = launch_json(cli, inv, "--template", "baseline", "--no-wait")
     assert code == 0, err
     code, second, err = launch_json(cli, inv, "--template", "baseline", "--no-wait")
@@ -193,9 +192,7 @@ def test_launch_refuses_while_the_current_run_lives_and_replace_stops_it_first(
 def test_a_host_where_the_agent_cannot_be_kept_can_still_be_stopped(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    alpha = hosts.hosts["alpha"]
-    host_vars = prepare(alpha, tp=1)
-    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": host_vars})
+    alpha, inv = one_host(hosts, tmp_path)
     code, doc, err = launch_json(cli, inv, "--template", "baseline")
     assert code == 0, err
     # As after an upgrade on a full disk: the new agent's copy cannot be written.
@@ -294,8 +291,7 @@ def test_ctrl_c_ends_a_multi_host_launch_at_once_and_leaves_the_servers(
 def test_set_reaches_every_variable_and_refuses_connection_ones(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    alpha = hosts.hosts["alpha"]
-    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": prepare(alpha, tp=1)})
+    alpha, inv = one_host(hosts, tmp_path)
     dry = cli("launch", "--dry-run", "-i", str(inv), "--set", "log_dir=~/elsewhere",
               "--set", "template=baseline")  # fmt: skip
     assert dry.returncode == 0, dry.stderr
@@ -310,8 +306,7 @@ def test_preflight_checks_the_path_the_server_will_get(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     # `--model-path=~/model` reaches the server with a literal `~`: no shell expands it there.
-    alpha = hosts.hosts["alpha"]
-    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": prepare(alpha, tp=1)})
+    _, inv = one_host(hosts, tmp_path)
     result = cli("launch", "--dry-run", "-i", str(inv), "--set", "model_path=~/model")
     assert result.returncode == 1
     assert "alpha: error: ~/model does not exist on alpha" in result.stderr
