@@ -299,6 +299,10 @@ class SSHConnection(Connection):
         except (paramiko.SSHException, OSError, EOFError) as exc:
             if expired.is_set():
                 raise CommandTimeoutError(timed_out) from None
+            if "Timeout opening channel" in str(exc):  # the host went silent: a timeout too
+                raise CommandTimeoutError(
+                    f"{self.name}: no answer within {timeout:g}s: {_shorten(command)}"
+                ) from None
             raise ConnectError(f"{self.name}: SSH failure: {exc or type(exc).__name__}") from None
         finally:
             if watchdog is not None:

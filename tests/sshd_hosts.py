@@ -161,7 +161,8 @@ Subsystem sftp internal-sftp
             os.kill(pid, signal.SIGCONT)
 
     def set_gpus(self, mode: str = "clean", count: int = 1, warn: bool = False) -> None:
-        """clean, busy or failing; `missing` removes nvidia-smi from the host's PATH.
+        """clean, busy, ghost (memory used, no process listed) or failing; `missing` removes
+        nvidia-smi from the host's PATH.
 
         `warn`: nvidia-smi prints a warning on stderr before each answer.
         """

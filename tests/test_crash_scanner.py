@@ -809,3 +809,23 @@ def test_line_rule_without_a_literal_still_finds_its_lines(tmp_path: Path) -> No
     (report,) = scan_text("ok\n[2026-11-29 10:00:00] KERNEL PANIC now\n", load_catalog([user]))
 
     assert (report.signature, report.log_line) == ("shouty", 2)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "draft", "claims"),
+    [
+        ("160", "2", "16", "160 = 10 \u00d7 16 (batch \u00d7 draft tokens)"),
+        ("161", "10", "16", None),  # 161 is no multiple of 16: no batch-times-draft claim
+        ("48", "3", "16", "48 = 3 \u00d7 16 (batch \u00d7 draft tokens)"),
+    ],
+)
+def test_the_draft_token_hint_is_claimed_only_for_an_exact_product(
+    a: str, b: str, draft: str, claims: str | None
+) -> None:
+    from deployctl.crash.catalog import _explain_tensor_sizes
+
+    text = _explain_tensor_sizes({"a": a, "b": b, "draft_tokens": draft})["sizes"]
+    if claims is None:
+        assert "draft tokens" not in text and f"{a} = " not in text, text
+    else:
+        assert claims in text, text

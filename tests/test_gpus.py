@@ -83,7 +83,16 @@ def test_unreachable_host_does_not_stop_the_others(hosts: SSHLab, cli: CLI, tmp_
     assert "cannot connect" in doc["hosts"]["bravo"]["error"]
 
 
-def test_max_used_mib_tolerates_small_usage(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+def test_max_used_mib_judges_memory_that_no_listed_process_holds(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    # What real drivers show when a process in another PID namespace holds the memory.
+    hosts.hosts["alpha"].set_gpus("ghost", 1)
     inventory = hosts.inventory(tmp_path / "inv.yml", ["alpha"])
-    code, doc = gpus_json(cli, inventory, "--max-used-mib", "0")
-    assert code == 0 and doc["hosts"]["alpha"]["clean"] is True
+    code, doc = gpus_json(cli, inventory)  # the default: 16 MiB
+    assert code == 1 and doc["hosts"]["alpha"]["clean"] is False
+    assert doc["hosts"]["alpha"]["processes"] == []
+    human = cli("gpus", "-i", str(inventory))
+    assert "memory in use with no process listed: GPU0 8811 MiB" in human.stdout
+    assert gpus_json(cli, inventory, "--max-used-mib", "8811")[0] == 0
+    assert gpus_json(cli, inventory, "--max-used-mib", "8810")[0] == 1

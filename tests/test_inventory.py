@@ -327,6 +327,10 @@ def test_describe_has_the_json_shape_of_deployctl_hosts(tmp_path: Path) -> None:
         ("OPENAI_API_KEY", True),
         ("key_path", False),
         ("monkey", False),
+        ("HF_TOKEN", True),
+        ("Api_Key", True),
+        ("DB_PASSWORD", True),
+        ("Credentials", True),
     ],
 )
 def test_describe_masks_secret_looking_variables(tmp_path: Path, name: str, masked: bool) -> None:
@@ -765,3 +769,15 @@ def test_bad_env_is_an_inventory_error_before_any_host(
     inv.write_text(f"all:\n  hosts:\n    h:\n      env: {env}\n")
     with pytest.raises(InventoryError, match=message):
         load_inventory(inv)
+
+
+def test_what_a_secret_named_parent_holds_is_secret_at_any_depth(tmp_path: Path) -> None:
+    from deployctl.inventory import secret_values
+
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  hosts:\n    h:\n      credentials: {hf: hf_nested_value, more: [{x: deep_value}]}\n"
+    )
+    host = load_inventory(inv).select("h")[0]
+    assert host.describe()["vars"]["credentials"] == MASK
+    assert {"hf_nested_value", "deep_value"} <= set(secret_values(host.vars))

@@ -248,11 +248,15 @@ def test_stale_lock_of_a_dead_launcher_is_cleared(hosts: SSHLab, cli: CLI, tmp_p
         "op": "launch",
         "token": "t",
         "since": time.time(),
+        "expires": time.time() + 3600,  # not expired: only the dead owner makes it stale
     }
     (state / "lock").write_text(json.dumps(lock))
     sh("chown", "-R", f"{hosts.hosts['alpha'].user}:{hosts.hosts['alpha'].user}", state)
-    code, _, err = launch_json(cli, inv)
+    code, doc, err = launch_json(cli, inv)
     assert code == 0, err
+    assert doc["hosts"]["alpha"]["state"] == "ready"
+    # Broken, then ours taken and given back at the end of the launch.
+    assert not (state / "lock").exists()
     cli("stop", "-i", str(inv))
 
 
@@ -393,3 +397,55 @@ def test_env_reaches_the_server_byte_exact_masked_everywhere_and_kept_by_restart
             assert secret not in path.read_text() or path.suffix == ".cmd", path
     for text in (shown.stdout, dry.stdout, json.dumps(doc), json.dumps(restarted), status.stdout):
         assert secret not in text
+
+
+def test_the_dry_run_announces_the_log_the_launch_uses_after_a_log_was_deleted(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"])
+    code, doc, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0 and doc["hosts"]["alpha"]["run"] == "baseline_v1", err
+    cli("stop", "-i", str(inv))
+    Path(doc["hosts"]["alpha"]["log"]).unlink()  # deleted to save space; its record stays
+    dry = cli("launch", "--dry-run", "-i", str(inv), "--template", "baseline", "--json")
+    announced = json.loads(dry.stdout)["hosts"]["alpha"]["preflight"]["log"]
+    assert announced.endswith("/baseline_v2.log")
+    code, doc, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    assert doc["hosts"]["alpha"]["log"] == announced
+    cli("stop", "-i", str(inv))
+
+
+def test_stop_ends_every_rank_with_sigterm_to_the_group(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    # Ranks outlive their parent (no PR_SET_PDEATHSIG): only a signal to the whole group
+    # ends them before the grace period is over.
+    inv = inventory(hosts, tmp_path, ["alpha"], drain_s=0.2)
+    code, _, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    ranks = rank_pids(hosts.hosts["alpha"])
+    assert len(ranks) == 2
+    started = time.monotonic()
+    stopped = cli("stop", "-i", str(inv), "--timeout", "15", "--json")
+    took = time.monotonic() - started
+    entry = json.loads(stopped.stdout)["hosts"]["alpha"]
+    assert stopped.returncode == 0, stopped.stderr
+    assert set(ranks) <= set(entry["ended"]) and entry["killed"] == []
+    assert took < 15, "stop waited out its grace period: the ranks never got SIGTERM"
+    assert rank_pids(hosts.hosts["alpha"]) == []
+
+
+def test_stop_escalates_to_sigkill_for_ranks_that_ignore_sigterm(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"], ignore_sigterm=True, drain_s=0.2)
+    code, _, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    ranks = rank_pids(hosts.hosts["alpha"])
+    stopped = cli("stop", "-i", str(inv), "--timeout", "1", "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    entry = json.loads(stopped.stdout)["hosts"]["alpha"]
+    assert set(ranks) <= set(entry["killed"]), entry  # SIGKILL was needed, and sent
+    assert entry["gpus_clean"] is True
+    assert rank_pids(hosts.hosts["alpha"]) == []

@@ -316,3 +316,31 @@ def test_shipped_sets_apply_audit_and_revert_on_real_sglang(
     code, doc = audit(cli, inventory, *SHIPPED)
     assert code == 1
     assert {s["state"] for s in doc["hosts"]["alpha"]["patches"].values()} == {"missing"}
+
+
+@pytest.mark.parametrize(
+    ("applied", "available", "state", "detail"),
+    [
+        ("1.9.0", "1.10.0", "outdated", "1.9.0 applied, 1.10.0 available"),
+        ("1.10.0", "1.10.0", "applied", ""),
+        ("2.0.0", "1.10.0", "outdated", "set content changed without a version bump"),
+    ],
+)
+def test_patch_versions_are_ordered_as_numbers_not_text(
+    applied: str, available: str, state: str, detail: str
+) -> None:
+    import dataclasses
+
+    from deployctl.ops.patch import PatchFacts, set_state
+    from deployctl.patchset import load_patch_sets, version_key
+    from deployctl.project import SHIPPED_DATA
+
+    shipped = load_patch_sets([SHIPPED_DATA / "patches"])["spec-disable"]
+    patch_set = dataclasses.replace(shipped, version=available)
+    same_content = shipped.content_hash if applied == available else "another hash"
+    record = {"version": applied, "hash": same_content, "files": {}, "site": "/s",
+              "sglang_version": "0.5.23"}  # fmt: skip
+    facts = PatchFacts("0.5.23", "/s", None, {"spec-disable": record}, {})  # type: ignore[dict-item]
+    judged = set_state(facts, patch_set)
+    assert (judged.state, judged.detail) == (state, detail)
+    assert version_key("1.10.0") > version_key("1.9.2")

@@ -350,8 +350,12 @@ def test_threshold_flag_follows_the_installed_sglang(
 
 
 def test_threshold_flag_is_accepted_without_any_sglang(launch: Launch) -> None:
+    # The stand-in's own contract (deployctl's side is in test_threshold_launch.py): with no
+    # sglang installed, the patched flag is accepted, shown in server_args, and served.
     server = launch(None, "--speculative-disable-batch-threshold", "3")
     server.wait_log("'speculative_disable_batch_threshold': 3")
+    server.wait_log("The server is fired up and ready to roll!")
+    assert server.status() == 200
 
 
 def test_a_model_path_that_is_not_a_folder_fails_like_sglang(tmp_path: Path) -> None:
