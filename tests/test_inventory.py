@@ -781,3 +781,35 @@ def test_what_a_secret_named_parent_holds_is_secret_at_any_depth(tmp_path: Path)
     host = load_inventory(inv).select("h")[0]
     assert host.describe()["vars"]["credentials"] == MASK
     assert {"hf_nested_value", "deep_value"} <= set(secret_values(host.vars))
+
+
+def test_secret_values_are_exactly_the_secrets_longest_first() -> None:
+    from deployctl.inventory import secret_values
+
+    variables = {
+        "model_path": "/models/x",  # not secret: never masked in commands
+        "tp": 8,
+        "pin": "abcdef",
+        "api_key": "abcd",  # four characters: the shortest masked
+        "password": "xyz",  # three: too short to mask without hiding innocent text
+        "db_password": "abcdefgh",
+        "enabled_token": True,
+        "opts": ["--tp", "8", "--hf-token", "hf_tail_value"],  # a secret flag's value, last
+    }
+    assert secret_values(variables) == ("hf_tail_value", "abcdefgh", "abcd")
+
+
+def test_masking_lists_of_flags_at_their_edges() -> None:
+    from deployctl.inventory import mask_secrets
+
+    def shown(args: list[str]) -> list[str]:
+        return list(mask_secrets({"extra_args": args})["extra_args"])
+
+    # A secret inside a longer one is masked after it, so no tail of the longer one shows.
+    assert shown(["--api-key", "sk-abcd", "--hf-token=sk-abcd-long"]) == [
+        "--api-key", MASK, f"--hf-token={MASK}",
+    ]  # fmt: skip
+    assert shown(["--tp", "8", "--api-key"]) == ["--tp", "8", "--api-key"]  # no value after it
+    assert shown(["--api-key", "--tp", "8"]) == ["--api-key", "--tp", "8"]  # a flag, not a value
+    assert shown(["--api-key", "abcd"]) == ["--api-key", MASK]
+    assert shown(["--api-key", "abc"]) == ["--api-key", "abc"]

@@ -1,0 +1,95 @@
+"""Mutation score of the pure modules against their fast unit tests (mutmut), per target.
+
+Slow (minutes per module on 2 cores), so not part of CI. It mutates a copy of the committed
+tree (`git archive HEAD`), never the working tree, and writes benchmarks/results/mutation.json.
+
+Run: python benchmarks/mutation.py [TARGET ...]     (default: every target below)
+Needs: pip install mutmut==3.8.1 (in the same venv as the project's dev install).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results" / "mutation.json"
+
+# target: (modules to mutate, their fast tests: no sshd hosts, no network)
+TARGETS: dict[str, tuple[list[str], list[str]]] = {
+    "inventory": (["deployctl/inventory.py"], ["tests/test_inventory.py"]),
+    "render": (["deployctl/render.py", "deployctl/shell.py"], ["tests/test_render.py"]),
+    "facts": (["deployctl/facts.py"], ["tests/test_facts.py"]),
+    "crash": (["deployctl/crash/"], ["tests/test_crash_scanner.py"]),
+}
+_COUNT = re.compile(r"(\d+)/(\d+)\s+🎉 (\d+) 🫥 (\d+)\s+⏰ (\d+)\s+🤔 (\d+)\s+🙁 (\d+)")
+
+
+def run_target(name: str, modules: list[str], tests: list[str]) -> dict[str, object]:
+    """Mutate `modules` in a fresh copy of HEAD and run `tests` against each mutant."""
+    with tempfile.TemporaryDirectory(prefix=f"deployctl-mutation-{name}-") as tmp:
+        work = Path(tmp)
+        archive = subprocess.run(
+            ["git", "archive", "HEAD"], cwd=REPO, check=True, capture_output=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(work)], input=archive.stdout, check=True)
+        with (work / "pyproject.toml").open("a", encoding="utf-8") as config:
+            config.write(
+                "\n[tool.mutmut]\n"
+                f"paths_to_mutate = {json.dumps(modules)}\n"
+                f"tests_dir = {json.dumps(tests)}\n"
+                'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n'
+            )
+        mutmut = [str(Path(sys.executable).parent / "mutmut")]
+        started = time.monotonic()
+        run = subprocess.run(
+            [*mutmut, "run", "--max-children", "2"], cwd=work, capture_output=True, text=True
+        )
+        seconds = time.monotonic() - started
+        counts = _COUNT.findall(run.stdout + run.stderr)
+        if not counts:
+            raise SystemExit(f"{name}: mutmut gave no counts:\n{(run.stdout + run.stderr)[-2000:]}")
+        done, total, killed, _, timeouts, suspicious, survived = map(int, counts[-1])
+        listing = subprocess.run([*mutmut, "results"], cwd=work, capture_output=True, text=True)
+        survivors = [
+            line.split(":")[0].strip() for line in listing.stdout.splitlines() if "survived" in line
+        ]
+    return {
+        "modules": modules,
+        "tests": tests,
+        "mutants": total,
+        "killed": killed + timeouts,
+        "survived": survived,
+        "suspicious": suspicious,
+        "score": round((killed + timeouts) / total, 3) if total else None,
+        "seconds": round(seconds),
+        "survivors": survivors,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="*", metavar="TARGET", help=", ".join(TARGETS))
+    names = parser.parse_args().targets or list(TARGETS)
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        parser.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
+    results = {name: run_target(name, *TARGETS[name]) for name in names}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    for name, result in results.items():
+        print(
+            f"{name:10} {result['killed']}/{result['mutants']} killed "
+            f"(score {result['score']}), {result['survived']} survived, {result['seconds']} s"
+        )
+    print(f"survivors, by name: {RESULTS}  (show one: cd a copy; mutmut show NAME)")
+
+
+if __name__ == "__main__":
+    main()
