@@ -55,7 +55,7 @@ def run_target(name: str, modules: list[str], tests: list[str]) -> dict[str, obj
         counts = _COUNT.findall(run.stdout + run.stderr)
         if not counts:
             raise SystemExit(f"{name}: mutmut gave no counts:\n{(run.stdout + run.stderr)[-2000:]}")
-        done, total, killed, _, timeouts, suspicious, survived = map(int, counts[-1])
+        _, total, killed, _, timeouts, suspicious, survived = map(int, counts[-1])
         listing = subprocess.run([*mutmut, "results"], cwd=work, capture_output=True, text=True)
         survivors = [
             line.split(":")[0].strip() for line in listing.stdout.splitlines() if "survived" in line
