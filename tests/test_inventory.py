@@ -809,6 +809,10 @@ def test_masking_lists_of_flags_at_their_edges() -> None:
     assert shown(["--api-key", "sk-abcd", "--hf-token=sk-abcd-long"]) == [
         "--api-key", MASK, f"--hf-token={MASK}",
     ]  # fmt: skip
+    # Longest first, not in text order: "zzzz" sorts after "abzzzzcd" but sits inside it.
+    assert shown(["--api-key", "zzzz", "--hf-token", "abzzzzcd"]) == [
+        "--api-key", MASK, "--hf-token", MASK,
+    ]  # fmt: skip
     assert shown(["--tp", "8", "--api-key"]) == ["--tp", "8", "--api-key"]  # no value after it
     assert shown(["--api-key", "--tp", "8"]) == ["--api-key", "--tp", "8"]  # a flag, not a value
     assert shown(["--api-key", "abcd"]) == ["--api-key", MASK]
