@@ -45,6 +45,8 @@ def run_target(name: str, modules: list[str], tests: list[str]) -> dict[str, obj
                 f"paths_to_mutate = {json.dumps(modules)}\n"
                 f"tests_dir = {json.dumps(tests)}\n"
                 'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]\n'
+                # The tests read the shipped templates, inventories and captures.
+                'also_copy = ["inventories", "templates", "patches", "deployctl/data", "tests/data"]\n'
             )
         mutmut = [str(Path(sys.executable).parent / "mutmut")]
         started = time.monotonic()
