@@ -451,7 +451,7 @@ def launch(
     with session.fleet() as fleet, report.Progress(enabled=not session.options.json) as progress:
         if replace and not dry_run:
             # A stop that fails leaves its run alive, and the preflight then refuses that host.
-            stop_live_runs(fleet, catalog, [p.host for p in plans])
+            stop_live_runs(fleet, [p.host for p in plans])
         result = ops.launch(
             fleet,
             plans,

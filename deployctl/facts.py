@@ -11,6 +11,7 @@ from typing import Any
 
 from deployctl.connection import Connection
 from deployctl.errors import DeployctlError
+from deployctl.text import is_number
 
 # The exact queries whose real output is captured under tests/data/nvidia-smi/.
 GPU_QUERY = (
@@ -81,7 +82,7 @@ def parse_gpus(text: str) -> list[Gpu]:
     """Parse GPU_QUERY output (csv, with or without header and units)."""
     gpus = []
     for cells in _csv_rows(text, "index"):
-        if len(cells) < 6 or not (cells[0].isascii() and cells[0].isdigit()):
+        if len(cells) < 6 or not is_number(cells[0]):
             raise ParseError(f"unexpected nvidia-smi GPU line: {','.join(cells)[:200]}")
         used, total = _number(cells[3]), _number(cells[4])
         if used is None or total is None:
@@ -104,7 +105,7 @@ def parse_gpu_processes(text: str) -> list[GpuProcess]:
     """Parse GPU_APPS_QUERY output (csv, with or without header and units)."""
     processes = []
     for cells in _csv_rows(text, "pid"):
-        if len(cells) < 4 or not (cells[0].isascii() and cells[0].isdigit()):
+        if len(cells) < 4 or not is_number(cells[0]):
             raise ParseError(f"unexpected nvidia-smi process line: {','.join(cells)[:200]}")
         processes.append(GpuProcess(int(cells[0]), cells[1], _number(cells[2]), cells[3]))
     return processes

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from deployctl.errors import InventoryError
+from deployctl.text import is_number
 
 # deployctl's own settings, below every inventory level.
 DEFAULT_VARS: dict[str, Any] = {
@@ -268,7 +269,7 @@ def expand_host_range(name: str) -> list[str]:
     start = start or "0"
     stride = int(stride_text) if stride_text else 1
     head, tail = name[: match.start()], name[match.end() :]
-    if start.isascii() and end.isascii() and start.isdigit() and end.isdigit():
+    if is_number(start) and is_number(end):
         width = len(start) if start.startswith("0") and len(start) > 1 else 0
         if int(end) < int(start) or stride < 1:
             raise InventoryError(f"host range {name!r} is empty")
@@ -519,9 +520,7 @@ def _check_host(host: Host, source: str) -> None:
         )
     port = host.vars.get("ansible_port")
     if port is not None and (
-        isinstance(port, bool)
-        or not (str(port).isascii() and str(port).isdigit())
-        or not 1 <= int(port) <= 65535
+        isinstance(port, bool) or not is_number(str(port)) or not 1 <= int(port) <= 65535
     ):
         raise InventoryError(
             f"{source}: host {host.name}: ansible_port {port!r} is not a port number"

@@ -15,12 +15,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from deployctl.crash.model import CrashReport, crash_lines, format_ranks, one_line
 from deployctl.errors import DeployctlError, explain
+from deployctl.text import one_line
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from deployctl.crash.model import CrashReport
     from deployctl.fanout import FleetResult, HostResult
     from deployctl.ops.gpus import GpuReport
     from deployctl.ops.launch import LaunchReport
@@ -282,7 +283,7 @@ def _local_crashes(result: LocalCrashes) -> None:
     if not result.crashes:
         sys.stdout.write("no crash found\n")
     for crash in result.crashes:
-        sys.stdout.write("\n".join(crash_lines(crash)) + "\n")
+        sys.stdout.write("\n".join(_crash_lines(crash)) + "\n")
 
 
 LOCAL_CRASHES: View[LocalCrashes] = View(
@@ -307,7 +308,7 @@ def _crash_scans(results: FleetResult[LogScan]) -> None:
         )
         whole = scan.scanned_bytes >= scan.size
         for crash in scan.crashes:
-            sys.stdout.write("".join(f"  {line}\n" for line in crash_lines(crash, whole)))
+            sys.stdout.write("".join(f"  {line}\n" for line in _crash_lines(crash, whole)))
     sys.stdout.flush()
     print_host_errors(results)
 
@@ -354,6 +355,8 @@ class LogPrinter:
     def crash(self, host: str, report: CrashReport) -> None:
         prefix = f"{host} | " if self.prefixed else ""
         where = f" at {report.file}:{report.line}" if report.file else ""
+        from deployctl.crash.model import format_ranks
+
         ranks = f" (ranks {format_ranks(report.ranks)})" if report.ranks else ""
         text = f"{prefix}{CRASH_MARK}CRASH: {report.summary()}{where}{ranks}\n"
         text += f"{prefix}{CRASH_MARK}hint: {report.hint}\n"
@@ -374,6 +377,13 @@ class LogPrinter:
                 self.closed = True
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, sys.stdout.fileno())
+
+
+def _crash_lines(crash: CrashReport, whole_log: bool = True) -> list[str]:
+    # Loaded when a crash is shown: the crash package (and yaml) cost ~30 ms to import.
+    from deployctl.crash.model import crash_lines
+
+    return crash_lines(crash, whole_log)
 
 
 def use_color() -> bool:
@@ -472,7 +482,7 @@ def _launch(result: LaunchReport) -> None:
         out_console.print(f"{out.name}: {run['id']} pid {run['pid']} — {state}", markup=False)
         out_console.print(f"  log: {run['log']}", markup=False)
         for crash in outcome.crashes:
-            for line in crash_lines(crash):
+            for line in _crash_lines(crash):
                 out_console.print("  " + line, markup=False)
         for trace in outcome.warnings:
             out_console.print(

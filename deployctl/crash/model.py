@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from deployctl.text import one_line
+
 _MESSAGE_CAP = 500
 
 
@@ -77,8 +79,3 @@ def format_ranks(ranks: Sequence[str]) -> str:
         if numbers == list(range(numbers[0], numbers[0] + len(numbers))):
             return f"{ranks[0]}-{ranks[-1]} ({len(ranks)})"
     return ", ".join(ranks) + (f" ({len(ranks)})" if len(ranks) > 1 else "")
-
-
-def one_line(text: str) -> str:
-    """Return `text` on one line, its runs of whitespace collapsed to single spaces."""
-    return " ".join(text.split())

@@ -40,6 +40,7 @@ from deployctl.ops.patch import parse_patch_facts, set_state
 from deployctl.patchset import PatchSet, command_flags, flag_violations, sets_for_flags
 from deployctl.project import Project
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
+from deployctl.text import is_number
 
 READY_LINE = "The server is fired up and ready to roll!"
 # The agent long-polls: it returns as soon as the log grows or the run dies or is ready.
@@ -101,11 +102,6 @@ def number_problems(host: Host, argv: Sequence[str]) -> list[str]:
         if value is not None and not (is_number(value) and int(value) >= 1):
             problems.append(f"{flag} {value!r} is not a number of GPUs")
     return problems
-
-
-def is_number(text: str) -> bool:
-    """ASCII digits only: `str.isdigit` also accepts superscripts, which `int` refuses."""
-    return text.isascii() and text.isdigit()
 
 
 @dataclass

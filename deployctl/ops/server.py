@@ -172,12 +172,15 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
 
 
 def stop_live_runs(
-    fleet: Fleet, catalog: Catalog, hosts: Sequence[Host], timeout: float = 30
+    fleet: Fleet, hosts: Sequence[Host], timeout: float = 30
 ) -> FleetResult[StopResult | None]:
     """Stop the runs still alive on `hosts` (launch --replace); None where none was."""
 
     def stop_if_alive(host: Host, conn: Connection) -> StopResult | None:
-        return stop_run(host, conn, timeout) if run_status(host, conn, catalog).alive else None
+        # Only whether it lives: no log tail to scan, no GPU query (stop_run checks those).
+        args: StatusArgs = {"state_dir": str(host.vars["state_dir"]), "run": None, "tail_bytes": 0}
+        alive = agent.call(host, conn, "status", args, StatusReply)["alive"]
+        return stop_run(host, conn, timeout) if alive else None
 
     return fleet.run(stop_if_alive, hosts)
 
