@@ -55,6 +55,7 @@ class SessionOptions:
 
     inventory: Path | None = None
     hosts: str | None = None
+    deployment: str | None = None
     project: Path | None = None
     forks: int = DEFAULT_FORKS
     accept_new_host_keys: bool = False
@@ -85,6 +86,12 @@ SHARED_OPTIONS: dict[str, list[inspect.Parameter]] = {
             help="Hosts: names, groups, globs, comma lists, all.",
         ),
     ],
+    "deployment": [
+        _shared(
+            "deployment", str | None, None, "-d", "--deployment",
+            help="One deployment of each host (default: every deployment).",
+        ),
+    ],
     "connect": [
         _shared(
             "forks", int, DEFAULT_FORKS, "--forks", min=1, max=1024,
@@ -108,6 +115,8 @@ SHARED_OPTIONS: dict[str, list[inspect.Parameter]] = {
     ],
 }  # fmt: skip
 FLEET = ("select", "connect", "json", "project")
+# Commands on servers: they work per deployment, and -d picks one.
+SERVERS = ("select", "deployment", "connect", "json", "project")
 
 
 class Session:
@@ -117,8 +126,9 @@ class Session:
     (`crash --file`) never reads an inventory.
     """
 
-    def __init__(self, options: SessionOptions) -> None:
+    def __init__(self, options: SessionOptions, per_deployment: bool = False) -> None:
         self.options = options
+        self.per_deployment = per_deployment
 
     @cached_property
     def project(self) -> Project:
@@ -133,6 +143,15 @@ class Session:
         inventory = resolve_inventory(self.options.inventory, self.project.default_inventory())
         return inventory.select(self.options.hosts)
 
+    @cached_property
+    def targets(self) -> list[Host]:
+        """What the command works on: the hosts, or for server commands their deployments."""
+        if not self.per_deployment:
+            return self.hosts
+        from deployctl.deployments import deployment_targets
+
+        return deployment_targets(self.hosts, self.options.deployment)
+
     @contextmanager
     def fleet(self) -> Iterator[Fleet]:
         """The selected hosts with one connection each, closed at the end."""
@@ -143,11 +162,11 @@ class Session:
             accept_new_host_keys=self.options.accept_new_host_keys,
             known_hosts=self.options.known_hosts,
         )
-        with Fleet(self.hosts, options, self.options.forks) as fleet:
+        with Fleet(self.targets, options, self.options.forks) as fleet:
             yield fleet
 
     def run(self, operation: Callable[[Host, Connection], T]) -> FleetResult[T]:
-        """Run one operation on every selected host."""
+        """Run one operation on every target."""
         with self.fleet() as fleet:
             return fleet.run(operation)
 
@@ -176,7 +195,7 @@ def fleet_command(
 
         def command(**values: Any) -> int:
             chosen = {p.name: values.pop(p.name) for p in shared}
-            session = Session(SessionOptions(**chosen))
+            session = Session(SessionOptions(**chosen), "deployment" in options)
             view, result = func(session, **values)
             return finish(view, result, session.options.json)
 
@@ -284,7 +303,7 @@ def hosts(session: Session) -> Reply:
     return report.HOSTS, {h.name: h.describe() for h in session.hosts}
 
 
-@fleet_command(app, options=("select", "json", "project"))
+@fleet_command(app, options=("select", "deployment", "json", "project"))
 def render(
     session: Session,
     template: TemplateOpt = None,
@@ -296,7 +315,7 @@ def render(
     from deployctl.ops.launch import render_commands
 
     rendered = render_commands(
-        session.project, session.hosts, template, threshold, set_ or [], session.patch_sets()
+        session.project, session.targets, template, threshold, set_ or [], session.patch_sets()
     )
     # A dirty GPU does not matter here: only hosts that failed to render count.
     return report.RENDERED, rendered
@@ -311,9 +330,11 @@ def gpus(
 ) -> Reply:
     """Show each host's GPUs and compute processes; exit 1 unless all are clean."""
     from deployctl import report
-    from deployctl.ops.gpus import check_gpus
+    from deployctl.ops.gpus import check_gpus, find_holders
 
-    return report.GPUS, session.run(lambda host, conn: check_gpus(host, conn, max_used_mib))
+    return report.GPUS, session.run(
+        lambda host, conn: find_holders(host, conn, check_gpus(host, conn, max_used_mib))
+    )
 
 
 @fleet_command(patch_app, "list", options=("json", "project"))
@@ -376,7 +397,7 @@ def patch_audit(
     return report.AUDIT, results
 
 
-@fleet_command(app)
+@fleet_command(app, options=SERVERS)
 def crash(
     session: Session,
     run: RunOpt = None,
@@ -399,7 +420,7 @@ def crash(
     return report.CRASHES, CrashSearch(scans)
 
 
-@fleet_command(app, options=("select", "connect", "project"))
+@fleet_command(app, options=("select", "deployment", "connect", "project"))
 def logs(
     session: Session,
     run: RunOpt = None,
@@ -417,13 +438,13 @@ def logs(
     if run is not None and path is not None:
         raise typer.BadParameter("give only one of --run and --path")
     catalog = session.catalog()
-    printer = report.LogPrinter(prefixed=len(session.hosts) > 1)
+    printer = report.LogPrinter(prefixed=len(session.targets) > 1)
     with session.fleet() as fleet:
         result = show_logs(fleet, catalog, run, path, lines, follow, crash_only, printer)
     return report.LOGS, result
 
 
-@fleet_command(app)
+@fleet_command(app, options=SERVERS)
 def launch(
     session: Session,
     template: TemplateOpt = None,
@@ -446,7 +467,7 @@ def launch(
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
     plans = ops.plan_launch(
-        session.project, session.hosts, template, threshold, set_ or [], patch_sets
+        session.project, session.targets, template, threshold, set_ or [], patch_sets
     )
     with session.fleet() as fleet, report.Progress(enabled=not session.options.json) as progress:
         if replace and not dry_run:
@@ -464,21 +485,23 @@ def launch(
     return report.LAUNCH, result
 
 
-@fleet_command(app)
+@fleet_command(app, options=SERVERS)
 def stop(
     session: Session,
     timeout: Annotated[
         float, typer.Option("--timeout", min=0, help="Seconds between SIGTERM and SIGKILL.")
     ] = 30,
 ) -> Reply:
-    """End each host's run (its whole process group) and wait until the GPUs are clean."""
+    """End each deployment's run (its whole process group); wait until its GPUs are clean."""
     from deployctl import report
     from deployctl.ops.server import stop_run
 
+    if session.options.deployment is None:
+        report.print_stopping(session.targets)
     return report.STOP, session.run(lambda host, conn: stop_run(host, conn, timeout))
 
 
-@fleet_command(app)
+@fleet_command(app, options=SERVERS)
 def status(session: Session, run: RunOpt = None) -> Reply:
     """Show each host's current run: alive, ready, uptime, log, crash, GPU memory."""
     from deployctl import report
@@ -488,7 +511,7 @@ def status(session: Session, run: RunOpt = None) -> Reply:
     return report.STATUS, session.run(lambda host, conn: run_status(host, conn, catalog, run))
 
 
-@fleet_command(app)
+@fleet_command(app, options=SERVERS)
 def restart(
     session: Session,
     crashed: Annotated[
@@ -515,7 +538,7 @@ def restart(
     return report.RESTART, result
 
 
-@fleet_command(app, options=("select", "connect", "project"))
+@fleet_command(app, options=("select", "deployment", "connect", "project"))
 def watch(
     session: Session,
     interval: Annotated[

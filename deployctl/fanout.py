@@ -26,7 +26,8 @@ class HostResult(Generic[T]):
 
     @property
     def name(self) -> str:
-        return self.host.name
+        """The host, or `host/deployment` for one of a host's deployments."""
+        return self.host.label
 
     @property
     def failed(self) -> bool:
@@ -77,7 +78,7 @@ class FleetResult(Generic[T]):
 
     @property
     def succeeded(self) -> dict[str, T]:
-        """Host name → value, for the hosts where the operation finished."""
+        """Host name (or host/deployment) → value, where the operation finished."""
         return {r.name: r.value for r in self.results if r.value is not None and not r.failed}
 
     @property

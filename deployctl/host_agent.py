@@ -165,6 +165,8 @@ class LockReply(TypedDict):
 
 
 class PreflightArgs(ProbeArgs):
+    deployment: str | None
+    gpus: list[int] | None  # None: every GPU
     port: int
     bind_host: str
     check_paths: list[str]
@@ -178,10 +180,14 @@ class PreflightArgs(ProbeArgs):
 class LiveRun(TypedDict):
     id: str
     pid: int
+    deployment: str | None
+    gpus: list[int] | None
+    port: int
+    members: list[int]
 
 
 class PreflightReply(ProbeReply):
-    live_run: LiveRun | None  # the current run, when its processes are still there
+    live_runs: list[LiveRun]  # every deployment's current run whose processes are still there
     module_found: bool
     port_free: bool
     port_error: str
@@ -193,7 +199,10 @@ class PreflightReply(ProbeReply):
 
 
 class RunShown(TypedDict, total=False):
-    env: dict[str, str]  # the server's environment, secrets masked (records before 0.2 lack it)
+    # Records before 0.2 lack these.
+    env: dict[str, str]  # the server's environment, secrets masked
+    deployment: str | None
+    gpus: list[int] | None
 
 
 class RunInfo(RunShown):
@@ -227,6 +236,7 @@ class RunRecord(RunInfo, LeaderIdentity):
 
 class StartArgs(TypedDict):
     state_dir: str
+    deployment: str | None
     log_dir: str
     log_stem: str
     command: str  # the real command, secrets included
@@ -260,6 +270,7 @@ class PollReply(TypedDict):
 
 class StatusArgs(TypedDict):
     state_dir: str
+    deployment: str | None
     run: str | None
     tail_bytes: int
 
@@ -272,6 +283,7 @@ class StatusReply(PollReply):
 
 class StopArgs(TypedDict):
     state_dir: str
+    deployment: str | None
     timeout: float
 
 
@@ -284,11 +296,20 @@ class StopReply(TypedDict):
 
 class ReleaseArgs(TypedDict):
     state_dir: str
+    deployment: str | None
     token: str
 
 
 class ReleaseReply(TypedDict):
     released: bool
+
+
+class RunsArgs(TypedDict):
+    state_dir: str
+
+
+class RunsReply(TypedDict):
+    live_runs: list[LiveRun]
 
 
 # ---- files ---------------------------------------------------------------------------------
@@ -660,31 +681,72 @@ def lock_identity(raw: bytes) -> tuple[dict[str, Any], str]:
     return dict(holder, token=token), token
 
 
-def take_lock(state_dir: str, client: ClientIdentity, break_token: str | None) -> LockReply:
-    """Create the host lock atomically; report the holder when it exists."""
-    path = state_path(state_dir, "lock")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    raw = read_bytes(path)
-    if raw is not None and break_token and lock_identity(raw)[1] == break_token:
-        os.unlink(path)
-    token = f"{client['host']}-{client['pid']}-{time.time_ns()}"
-    # Written whole first, then linked into place: link() fails when the lock exists, and
-    # nobody ever reads a half-written lock.
-    fd, tmp = tempfile.mkstemp(prefix=".lock.", dir=os.path.dirname(path))
+LOCK_PREFIX = "lock"
+
+
+def lock_name(deployment: str | None) -> str:
+    """One launch lock per deployment: `lock` for the host's implicit one, `lock-NAME`."""
+    return LOCK_PREFIX if deployment is None else f"{LOCK_PREFIX}-{deployment}"
+
+
+def lock_files(state_dir: str) -> list[str]:
+    folder = state_path(state_dir)
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return [
+        os.path.join(folder, n)
+        for n in sorted(names)
+        if n == LOCK_PREFIX or n.startswith(LOCK_PREFIX + "-")
+    ]
+
+
+def shares_gpus(first: list[int] | None, second: list[int] | None) -> bool:
+    return first is None or second is None or bool(set(first) & set(second))
+
+
+def take_lock(
+    state_dir: str,
+    client: ClientIdentity,
+    break_token: str | None,
+    deployment: str | None = None,
+    gpus: list[int] | None = None,
+) -> LockReply:
+    """Take the deployment's launch lock unless a lock on any of its GPUs is held.
+
+    Deployments on disjoint GPUs launch at once; one on every GPU (gpus None) waits for all.
+    Report the holder that stands in the way.
+    """
+    folder = state_path(state_dir)
+    os.makedirs(folder, exist_ok=True)
+    # One taker at a time, so checking the others and writing ours is one step; the folder
+    # itself is the mutex (closing it unlocks), so no file is left behind.
+    guard = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(dict(client, token=token, since=time.time()), handle)
-        os.link(tmp, path)
-    except FileExistsError:
-        holder, _ = lock_identity(read_bytes(path) or b"")
-        return {"acquired": False, "token": None, "holder": holder}
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        held = []
+        for path in lock_files(state_dir):
+            raw = read_bytes(path)
+            if raw is None:
+                continue
+            holder, token = lock_identity(raw)
+            if break_token and token == break_token:
+                os.unlink(path)
+                continue
+            held.append((path, holder))
+        ours = state_path(state_dir, lock_name(deployment))
+        for path, holder in held:
+            theirs = holder.get("gpus")
+            if path == ours or shares_gpus(gpus, theirs if isinstance(theirs, list) else None):
+                return {"acquired": False, "token": None, "holder": holder}
+        token = f"{client['host']}-{client['pid']}-{time.time_ns()}"
+        record = dict(client, token=token, since=time.time(), deployment=deployment, gpus=gpus)
+        write_json(ours, record)
     finally:
-        os.unlink(tmp)
+        os.close(guard)
     return {"acquired": True, "token": token, "holder": None}
 
 
-def release_lock(state_dir: str, token: str) -> bool:
-    path = state_path(state_dir, "lock")
+def release_lock(state_dir: str, token: str, deployment: str | None = None) -> bool:
+    path = state_path(state_dir, lock_name(deployment))
     holder = read_json(path)
     if isinstance(holder, dict) and holder.get("token") == token:
         os.unlink(path)
@@ -733,11 +795,9 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
     free, port_error = port_free(args["bind_host"], args["port"])
     writable, log_dir_error = writable_dir(log_dir)
     version = next_log_version(log_dir, args["log_stem"], state_path(args["state_dir"], "runs"))
-    current = current_run(args["state_dir"])
-    live = current is not None and current["status"] == "running" and bool(run_members(current))
     return {
         **probe,
-        "live_run": {"id": current["id"], "pid": current["pid"]} if current and live else None,
+        "live_runs": live_runs(args["state_dir"]),
         "module_found": module_found(args["module"]),
         "port_free": free,
         "port_error": port_error,
@@ -749,7 +809,9 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
         "log_dir_writable": writable,
         "log_dir_error": log_dir_error,
         "next_log": os.path.join(log_dir, f"{args['log_stem']}_v{version}.log"),
-        "lock": take_lock(args["state_dir"], args["client"], args["break_lock"]),
+        "lock": take_lock(
+            args["state_dir"], args["client"], args["break_lock"], args["deployment"], args["gpus"]
+        ),
     }
 
 
@@ -837,9 +899,9 @@ def cmd_start(args: StartArgs) -> StartReply:
     write_atomic(os.path.join(runs, run_id + ".cmd"), args["command"].encode(), mode=0o600)
     write_json(os.path.join(runs, run_id + ".env"), args["env"], mode=0o600)
     write_json(os.path.join(runs, run_id + ".json"), record, mode=0o600)
-    write_atomic(os.path.join(runs, "current"), run_id.encode())
+    write_atomic(os.path.join(runs, pointer_name(args["deployment"])), run_id.encode())
     if args["lock_token"]:
-        release_lock(state_dir, args["lock_token"])
+        release_lock(state_dir, args["lock_token"], args["deployment"])
     return {"run": record}
 
 
@@ -892,10 +954,20 @@ def cmd_poll(args: PollArgs) -> PollReply:
     }
 
 
-def current_run(state_dir: str, run_id: str | None = None) -> RunRecord | None:
+POINTER = "current"
+
+
+def pointer_name(deployment: str | None) -> str:
+    """The file naming a deployment's current run: `current`, or `current-NAME`."""
+    return POINTER if deployment is None else f"{POINTER}-{deployment}"
+
+
+def current_run(
+    state_dir: str, run_id: str | None = None, deployment: str | None = None
+) -> RunRecord | None:
     runs = state_path(state_dir, "runs")
     if run_id is None:
-        current = read_bytes(os.path.join(runs, "current"))
+        current = read_bytes(os.path.join(runs, pointer_name(deployment)))
         if current is None:
             return None
         run_id = current.decode().strip()
@@ -903,9 +975,38 @@ def current_run(state_dir: str, run_id: str | None = None) -> RunRecord | None:
     return record
 
 
+def live_runs(state_dir: str) -> list[LiveRun]:
+    """Every deployment's current run on this host that still has processes."""
+    runs = state_path(state_dir, "runs")
+    names = sorted(os.listdir(runs)) if os.path.isdir(runs) else []
+    found: list[LiveRun] = []
+    for name in names:
+        if name != POINTER and not name.startswith(POINTER + "-"):
+            continue
+        deployment = name[len(POINTER) + 1 :] or None
+        run = current_run(state_dir, deployment=deployment)
+        members = run_members(run) if run and run["status"] == "running" else []
+        if run and members:
+            found.append(
+                {
+                    "id": run["id"],
+                    "pid": run["pid"],
+                    "deployment": deployment,
+                    "gpus": run.get("gpus"),
+                    "port": run["port"],
+                    "members": members,
+                }
+            )
+    return found
+
+
+def cmd_runs(args: RunsArgs) -> RunsReply:
+    return {"live_runs": live_runs(args["state_dir"])}
+
+
 def cmd_status(args: StatusArgs) -> StatusReply:
     """The current (or named) run with liveness, health and the tail of its log."""
-    run = current_run(args["state_dir"], args["run"])
+    run = current_run(args["state_dir"], args["run"], args["deployment"])
     if run is None:
         nothing: PollReply = {"alive": False, "members": [], "health": None, "size": 0, "data": ""}
         return {**nothing, "run": None, "command": None, "env": None}
@@ -936,7 +1037,7 @@ def cmd_status(args: StatusArgs) -> StatusReply:
 def cmd_stop(args: StopArgs) -> StopReply:
     """SIGTERM the run's process group, SIGKILL what is left after the timeout."""
     state_dir = args["state_dir"]
-    run = current_run(state_dir)
+    run = current_run(state_dir, deployment=args["deployment"])
     if run is None:
         return {"run": None, "ended": [], "killed": [], "left": []}
     members = run_members(run)
@@ -960,7 +1061,7 @@ def cmd_stop(args: StopArgs) -> StopReply:
 
 
 def cmd_release(args: ReleaseArgs) -> ReleaseReply:
-    return {"released": release_lock(args["state_dir"], args["token"])}
+    return {"released": release_lock(args["state_dir"], args["token"], args["deployment"])}
 
 
 # ---- entry point ---------------------------------------------------------------------------
@@ -985,6 +1086,7 @@ def main() -> None:
         "status": lambda: cmd_status(args),
         "stop": lambda: cmd_stop(args),
         "release": lambda: cmd_release(args),
+        "runs": lambda: cmd_runs(args),
     }
     if call not in handlers:
         fail(f"unknown agent call {call!r}", "agent")

@@ -127,10 +127,17 @@ def secret_values(variables: Mapping[str, Any]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Host:
-    """One inventory host with its merged variables."""
+    """One inventory host with its merged variables; with `deployment`, one server on it
+    (see deployments.py), whose variables are the host's with the deployment's over them."""
 
     name: str
     vars: dict[str, Any] = field(default_factory=dict)
+    deployment: str | None = None
+
+    @property
+    def label(self) -> str:
+        """How results name it: the host, or `host/deployment`."""
+        return self.name if self.deployment is None else f"{self.name}/{self.deployment}"
 
     @property
     def connection(self) -> str:

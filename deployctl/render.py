@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deployctl.deployments import server_env
 from deployctl.errors import TemplateError, UsageError
 from deployctl.inventory import (
     MASK,
     Host,
-    check_env,
     flag_secrets,
     is_secret_name,
     mask_values,
@@ -35,6 +35,7 @@ class RenderedCommand:
     argv: list[str]
     secrets: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)  # for the server only, over the login's
+    deployment: str | None = None
 
     @property
     def command(self) -> str:
@@ -61,8 +62,10 @@ class RenderedCommand:
 
     @property
     def log_stem(self) -> str:
-        """Name what runs: template and threshold, e.g. eagle3_t5."""
+        """Name what runs: deployment, template and threshold, e.g. eagle3_t5 or r1_eagle3_t5."""
         stem = self.template if self.threshold is None else f"{self.template}_t{self.threshold}"
+        if self.deployment is not None:
+            stem = f"{self.deployment}_{stem}"
         return re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
 
 
@@ -155,6 +158,7 @@ class TemplateSet:
         context = {
             **variables,
             "inventory_hostname": host.name,
+            "deployment": host.deployment,
             "template": template,
             "threshold": threshold,
         }
@@ -191,8 +195,9 @@ class TemplateSet:
             raise TemplateError(f"template {template!r} rendered an empty command")
         if threshold is not None and not any(a.split("=", 1)[0] == THRESHOLD_FLAG for a in argv):
             argv.append(f"{THRESHOLD_FLAG}={threshold}")
-        env = check_env(variables.get("env"), f"host {host.name}")
-        return RenderedCommand(template, threshold, argv, command_secrets(variables, argv), env)
+        env = server_env(host, variables)
+        secrets = command_secrets(variables, argv)
+        return RenderedCommand(template, threshold, argv, secrets, env, host.deployment)
 
 
 def default_template(host: Host, template: str | None, threshold: int | None) -> str:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from deployctl.crash.model import CrashReport
     from deployctl.fanout import FleetResult, HostResult
+    from deployctl.inventory import Host
     from deployctl.ops.gpus import GpuReport
     from deployctl.ops.launch import LaunchReport
     from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
@@ -122,7 +123,21 @@ def hosts_document(
     results: Iterable[HostResult[T]], to_json: Callable[[T], dict[str, Any]]
 ) -> dict[str, Any]:
     """Return {"hosts": {name: {"ok", "error", "code", **fields}}} for per-host results."""
-    return {"hosts": {result.name: host_entry(result, to_json) for result in results}}
+    hosts: dict[str, Any] = {}
+    for result in results:
+        place(hosts, result.host, host_entry(result, to_json))
+    return {"hosts": hosts}
+
+
+def place(hosts: dict[str, Any], host: Host, entry: dict[str, Any]) -> None:
+    """Put a result's entry under its host, or one deployment's under
+    `<host>.deployments.<name>`; such a host is ok when all its deployments are."""
+    if host.deployment is None:
+        hosts[host.name] = entry
+        return
+    slot = hosts.setdefault(host.name, {"ok": True, "deployments": {}})
+    slot["deployments"][host.deployment] = entry
+    slot["ok"] = slot["ok"] and entry["ok"]
 
 
 def per_host(to_json: Callable[[T], dict[str, Any]]) -> Callable[[FleetResult[T]], Any]:
@@ -134,12 +149,13 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
     """Print a table of plain strings."""
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # cells are data, never rich markup
     console().print(table)
 
 
@@ -193,8 +209,10 @@ def _gpus_table(results: FleetResult[GpuReport]) -> None:
             continue
         by_gpu: dict[str, list[str]] = {}
         for proc in gpu_report.processes:
+            holder = gpu_report.holders.get(proc.pid)
             by_gpu.setdefault(proc.gpu_uuid, []).append(
                 f"{proc.pid} {proc.name} {proc.used_memory_mib or '?'} MiB"
+                + (f" [{holder}]" if holder else "")
             )
         for gpu in gpu_report.gpus:
             rows.append(
@@ -444,7 +462,7 @@ def _launch_document(result: LaunchReport) -> dict[str, Any]:
         if out is not None:
             entry.update(host_entry(out, lambda o: o.to_json()))
             entry["ok"] = out.ok
-        hosts[pre.name] = entry
+        place(hosts, pre.host, entry)
     return {"started": result.started, "dry_run": result.dry_run, "hosts": hosts}
 
 
@@ -508,6 +526,18 @@ def _stop_table(results: FleetResult[StopResult]) -> None:
         )
     print_table(None, ["host", "run", "ended pids", "needed SIGKILL", "GPUs", "note"], rows)
     print_host_errors(results)
+
+
+def print_stopping(targets: Sequence[Host]) -> None:
+    """Say which deployments a stop without -d ends on hosts that have several."""
+    by_host: dict[str, list[str]] = {}
+    for target in targets:
+        if target.deployment is not None:
+            by_host.setdefault(target.name, []).append(target.deployment)
+    for host, names in by_host.items():
+        if len(names) > 1:
+            sys.stderr.write(f"{host}: stopping every deployment: {', '.join(names)}\n")
+    sys.stderr.flush()
 
 
 STOP: View[FleetResult[StopResult]] = View(_stop_table, per_host(lambda r: r.to_json()))

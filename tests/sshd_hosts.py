@@ -161,8 +161,9 @@ Subsystem sftp internal-sftp
             os.kill(pid, signal.SIGCONT)
 
     def set_gpus(self, mode: str = "clean", count: int = 1, warn: bool = False) -> None:
-        """clean, busy, ghost (memory used, no process listed) or failing; `missing` removes
-        nvidia-smi from the host's PATH.
+        """clean, busy, ghost (memory used, no process listed), failing, or live (the GPUs
+        hold what the user's stand-in ranks hold, placed by CUDA_VISIBLE_DEVICES); `missing`
+        removes nvidia-smi from the host's PATH.
 
         `warn`: nvidia-smi prints a warning on stderr before each answer.
         """

@@ -21,7 +21,12 @@ from deployctl.ops import launch as launch_ops
 from deployctl.ops.server import run_status
 from tests.sshd_hosts import SSHLab
 
-STATUS_ARGS: StatusArgs = {"state_dir": "~/.deployctl", "run": None, "tail_bytes": 0}
+STATUS_ARGS: StatusArgs = {
+    "state_dir": "~/.deployctl",
+    "deployment": None,
+    "run": None,
+    "tail_bytes": 0,
+}
 
 
 def local_host(tmp_path: Path) -> Host:
@@ -55,7 +60,7 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
         "sglang": {"error": "not installed"},
         "records": {},
         "files": {},
-        "live_run": None,
+        "live_runs": [],
         "module_found": True,
         "port_free": True,
         "port_error": "",

@@ -50,6 +50,7 @@ def test_busy_host_is_dirty_naming_the_pid(hosts: SSHLab, cli: CLI, tmp_path: Pa
             "name": "python3",
             "used_memory_mib": 8802,
             "gpu_uuid": "GPU-0f384172-4faf-f5c3-14fd-9c3861703c69",
+            "held_by": None,  # not one of our runs
         }
     ]
     human = cli("gpus", "-i", str(inventory), "-H", "bravo")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from deployctl import agent
 from deployctl.connection import Connection
+from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, Gpu, GpuProcess, GpuState, parse_gpus_command, run_probes
+from deployctl.host_agent import RunsArgs, RunsReply
 from deployctl.inventory import Host
 
 DEFAULT_MAX_USED_MIB = 16
@@ -19,6 +23,7 @@ class GpuReport:
     gpus: list[Gpu]
     processes: list[GpuProcess]
     max_used_mib: int
+    holders: dict[int, str] = field(default_factory=dict)  # PID → our run (and deployment)
 
     @property
     def busy_gpus(self) -> list[Gpu]:
@@ -53,16 +58,48 @@ class GpuReport:
         return {
             "clean": self.clean,
             "gpus": [g.to_json() for g in self.gpus],
-            "processes": [p.to_json() for p in self.processes],
+            "processes": [
+                {**p.to_json(), "held_by": self.holders.get(p.pid)} for p in self.processes
+            ],
         }
 
 
-def gpu_report(state: GpuState, max_used_mib: int) -> GpuReport:
-    """Judge a parsed GPU state."""
-    return GpuReport(state.gpus, state.processes, max_used_mib)
+def gpu_report(state: GpuState, max_used_mib: int, only: Sequence[int] | None = None) -> GpuReport:
+    """Judge a parsed GPU state: every GPU, or `only` those indices (a deployment's)."""
+    if only is None:
+        return GpuReport(state.gpus, state.processes, max_used_mib)
+    gpus = [g for g in state.gpus if g.index in only]
+    uuids = {g.uuid for g in gpus}
+    return GpuReport(gpus, [p for p in state.processes if p.gpu_uuid in uuids], max_used_mib)
 
 
-def check_gpus(host: Host, conn: Connection, max_used_mib: int = DEFAULT_MAX_USED_MIB) -> GpuReport:
-    """Query nvidia-smi once on the host and judge its GPUs."""
+def check_gpus(
+    host: Host,
+    conn: Connection,
+    max_used_mib: int = DEFAULT_MAX_USED_MIB,
+    only: Sequence[int] | None = None,
+) -> GpuReport:
+    """Query nvidia-smi once on the host and judge its GPUs (or `only` those)."""
     probe = run_probes(conn, {"gpus": GPUS_COMMAND})["gpus"]
-    return gpu_report(parse_gpus_command(probe.exit_code, probe.output, probe.stderr), max_used_mib)
+    state = parse_gpus_command(probe.exit_code, probe.output, probe.stderr)
+    return gpu_report(state, max_used_mib, only)
+
+
+def find_holders(host: Host, conn: Connection, report: GpuReport) -> GpuReport:
+    """Name, for each GPU process that is one of our runs, that run and its deployment.
+
+    Asked only when some process holds a GPU: a clean host costs no second round trip.
+    """
+    if not report.processes:
+        return report
+    args: RunsArgs = {"state_dir": str(host.vars["state_dir"])}
+    try:
+        runs = agent.call(host, conn, "runs", args, RunsReply)["live_runs"]
+    except DeployctlError:  # the GPUs are still worth showing without their holders
+        return report
+    holders = {
+        pid: run["id"] if run["deployment"] is None else f"{run['deployment']} ({run['id']})"
+        for run in runs
+        for pid in run["members"]
+    }
+    return replace(report, holders=holders)

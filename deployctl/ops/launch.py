@@ -17,12 +17,14 @@ from typing import Any
 from deployctl import __version__, agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, CrashScanner
+from deployctl.deployments import describe_gpus, gpu_set, gpus_overlap
 from deployctl.errors import DeployctlError, PreflightError, UsageError
-from deployctl.facts import GPUS_COMMAND, ProbeOutput, parse_gpus_command
+from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, attempt
 from deployctl.host_agent import (
     ClientIdentity,
     LeaderIdentity,
+    LiveRun,
     PollArgs,
     PollReply,
     PreflightArgs,
@@ -70,7 +72,10 @@ def render_commands(
         )
     templates = TemplateSet(project.search_dirs("templates"))
     # The overrides are the host's variables from here on: its log_dir, state_dir, python…
-    hosts = [Host(host.name, merge_layers([host.vars, overrides], "--set")) for host in hosts]
+    hosts = [
+        Host(host.name, merge_layers([host.vars, overrides], "--set"), host.deployment)
+        for host in hosts
+    ]
 
     def render_one(host: Host) -> RenderedCommand:
         name = default_template(host, template, threshold)
@@ -128,6 +133,11 @@ class Plan:
         return int(value)
 
     @property
+    def gpus(self) -> list[int] | None:
+        """The GPUs the server may use (None: all of the host's)."""
+        return gpu_set(self.host)
+
+    @property
     def launch_module(self) -> str | None:
         argv = self.rendered.argv
         return argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
@@ -180,6 +190,8 @@ def preflight_args(
     host = plan.host
     return {
         "state_dir": str(host.vars["state_dir"]),
+        "deployment": host.deployment,
+        "gpus": plan.gpus,
         "paths": sorted(
             {f for s in plan.needed_sets for v in s.variants.values() for f in v.files}
         ),
@@ -256,18 +268,8 @@ def run_preflight(
         problems.append(f"GPUs cannot be checked: {exc.message}")
         state = None
     if state is not None:
-        result.gpus = gpu_report(state, max_used_mib)
-        if not result.gpus.clean:
-            problems.append(f"GPUs are not clean: {result.gpus.verdict()}")
-            hints.append(f"stop what holds them (deployctl stop -H {host.name}) or kill those PIDs")
-        if len(state.gpus) < plan.tp:
-            problems.append(
-                f"tensor parallelism {plan.tp} needs {plan.tp} GPUs; {host.name} has {len(state.gpus)}"
-            )
-    live = doc["live_run"]
-    if live is not None:
-        problems.append(f"run {live['id']} (pid {live['pid']}) is still running on {host.name}")
-        hints.append(f"stop it first (deployctl stop -H {host.name}), or launch with --replace")
+        result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints)
+    live_run_problems(plan, doc["live_runs"], problems, hints)
     if not doc["port_free"]:
         problems.append(f"port {plan.port} is in use on {host.name} ({doc['port_error']})")
     if not doc["module_found"]:
@@ -295,11 +297,77 @@ def run_preflight(
         problems.append(
             f"log folder {host.vars['log_dir']} is not writable: {doc['log_dir_error']}"
         )
+    result.hints = list(dict.fromkeys(hints))  # two runs in the way: one hint
     return result
 
 
+def gpu_problems(
+    plan: Plan, state: GpuState, max_used_mib: int, problems: list[str], hints: list[str]
+) -> GpuReport | None:
+    """Are the plan's GPUs there, enough for its tensor parallelism, and clean?"""
+    host, chosen = plan.host, plan.gpus
+    have = [g.index for g in state.gpus]
+    missing = [i for i in chosen or [] if i not in have]
+    if missing:
+        problems.append(
+            f"{describe_gpus(missing)} not on {host.name} (it has {describe_gpus(have)})"
+        )
+        return None
+    report = gpu_report(state, max_used_mib, chosen)
+    if not report.clean:
+        subject = "GPUs are"
+        if chosen is not None:
+            subject = (
+                f"{describe_gpus(chosen)} of {host.name} {'is' if len(chosen) == 1 else 'are'}"
+            )
+        problems.append(f"{subject} not clean: {report.verdict()}")
+        hints.append(f"stop what holds them (deployctl stop -H {host.name}) or kill those PIDs")
+    if len(report.gpus) < plan.tp:
+        has = f"{host.name} has {len(report.gpus)}"
+        if chosen is not None:
+            has = (
+                f"{_deployment_words(host.deployment)} has {len(chosen)} ({describe_gpus(chosen)})"
+            )
+        problems.append(f"tensor parallelism {plan.tp} needs {plan.tp} GPUs; {has}")
+    return report
+
+
+def live_run_problems(
+    plan: Plan, live: Sequence[LiveRun], problems: list[str], hints: list[str]
+) -> None:
+    """Refuse a deployment already running, or one whose GPUs or port another run holds."""
+    host = plan.host
+    select = f"-H {host.name}" + (f" -d {host.deployment}" if host.deployment else "")
+    for run in live:
+        if run["deployment"] == host.deployment:
+            problems.append(f"run {run['id']} (pid {run['pid']}) is still running on {host.name}")
+            hints.append(f"stop it first (deployctl stop {select}), or launch with --replace")
+            continue
+        other = _deployment_words(run["deployment"])
+        if gpus_overlap(plan.gpus, run["gpus"]):
+            problems.append(
+                f"{other} holds {describe_gpus(run['gpus'])} on {host.name} (run {run['id']}, "
+                f"pid {run['pid']}); {_deployment_words(host.deployment)} needs "
+                f"{describe_gpus(plan.gpus)}"
+            )
+            hints.append("give deployments on one host disjoint `gpus`, or stop the other first")
+        elif run["port"] == plan.port:
+            problems.append(
+                f"port {plan.port} on {host.name} is {other}'s (run {run['id']}, pid {run['pid']})"
+            )
+            hints.append("give each deployment on a host its own `port`")
+
+
+def _deployment_words(name: str | None) -> str:
+    return f"deployment {name}" if name else "the host's default deployment"
+
+
 def release_lock(plan: Plan, conn: Connection, token: str) -> None:
-    args: ReleaseArgs = {"state_dir": str(plan.host.vars["state_dir"]), "token": token}
+    args: ReleaseArgs = {
+        "state_dir": str(plan.host.vars["state_dir"]),
+        "deployment": plan.host.deployment,
+        "token": token,
+    }
     agent.call(plan.host, conn, "release", args, ReleaseReply)
 
 
@@ -310,6 +378,8 @@ def start_run(
     host, rendered = plan.host, plan.rendered
     run: RunInfo = {
         "env": rendered.env_shown,
+        "deployment": host.deployment,
+        "gpus": plan.gpus,
         "template": rendered.template,
         "threshold": rendered.threshold,
         "command": rendered.display,
@@ -323,6 +393,7 @@ def start_run(
     }
     args: StartArgs = {
         "state_dir": str(host.vars["state_dir"]),
+        "deployment": host.deployment,
         "log_dir": str(host.vars["log_dir"]),
         "log_stem": rendered.log_stem,
         "command": rendered.command,
@@ -413,7 +484,7 @@ def wait_ready(
         if elapsed >= timeout:
             return Outcome(run, "timeout", elapsed, [], last_line)
         if progress is not None:
-            progress(host.name, elapsed, last_line)
+            progress(host.label, elapsed, last_line)
 
 
 def poll(host: Host, conn: Connection, run: RunRecord, offset: int) -> PollReply:
@@ -461,11 +532,33 @@ def plan_launch(
         first = failed[0]
         names = ", ".join(r.name for r in failed)
         raise DeployctlError(f"{names}: {first.error}", hint=first.hint)
-    return [
+    plans = [
         Plan(r.host, r.value, sets_for_flags(r.value.argv, patch_sets))
         for r in rendered
         if r.value is not None
     ]
+    check_placement(plans)
+    return plans
+
+
+def check_placement(plans: Sequence[Plan]) -> None:
+    """Refuse deployments of one launch that would share a host's GPUs or port."""
+    for i, first in enumerate(plans):
+        for second in plans[i + 1 :]:
+            if first.host.name != second.host.name:
+                continue
+            pair = f"{first.host.label} and {second.host.label}"
+            if gpus_overlap(first.gpus, second.gpus):
+                raise PreflightError(
+                    f"{pair} would share GPUs ({describe_gpus(first.gpus)} and "
+                    f"{describe_gpus(second.gpus)})",
+                    hint="give deployments on one host disjoint `gpus`",
+                )
+            if first.port == second.port:
+                raise PreflightError(
+                    f"{pair} would share port {first.port}",
+                    hint="give each deployment on a host its own `port`",
+                )
 
 
 def launch(
@@ -481,11 +574,11 @@ def launch(
     restart_of: Mapping[str, str] | None = None,
 ) -> LaunchReport:
     """Preflight all hosts; start on all only if every one passed; then wait for ready."""
-    by_name = {p.host.name: p for p in plans}
+    by_name = {p.host.label: p for p in plans}
     preflights = fleet.run(
         # The lock is held until the wait ends: a second launch must not slip in while
         # the first server has not yet bound its port.
-        lambda host, conn: run_preflight(by_name[host.name], conn, max_used_mib, timeout + 120),
+        lambda host, conn: run_preflight(by_name[host.label], conn, max_used_mib, timeout + 120),
         [p.host for p in plans],
     )
     refused = not preflights.ok
@@ -493,22 +586,22 @@ def launch(
         held = [r.value for r in preflights if r.value is not None and r.value.lock_token]
         fleet.run(
             lambda host, conn: release_lock(
-                by_name[host.name], conn, _token(preflights, host.name)
+                by_name[host.label], conn, _token(preflights, host.label)
             ),
             [p.plan.host for p in held],
         )
         return LaunchReport(preflights, FleetResult([]), refused=refused, dry_run=dry_run)
 
     def start_and_wait(host: Host, conn: Connection) -> Outcome:
-        plan = by_name[host.name]
-        token = _token(preflights, host.name)
+        plan = by_name[host.label]
+        token = _token(preflights, host.label)
         released = False  # without waiting, a successful start releases the lock itself
         try:
-            run = start_run(plan, conn, None if wait else token, (restart_of or {}).get(host.name))
+            run = start_run(plan, conn, None if wait else token, (restart_of or {}).get(host.label))
             released = not wait
             if not wait:
                 return Outcome(run, "started", 0.0)
-            return wait_ready(host, conn, run, catalog, timeout, progress)
+            return wait_ready(plan.host, conn, run, catalog, timeout, progress)
         finally:
             if not released:
                 # Every way out of a launch gives the lock back; a host that cannot be reached

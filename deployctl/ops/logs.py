@@ -68,7 +68,12 @@ def log_path(host: Host, conn: Connection, run: str | None, path: str | None) ->
     """Return `path`, else the log of the named (or current) run recorded on the host."""
     if path is not None:
         return path
-    args: StatusArgs = {"state_dir": str(host.vars["state_dir"]), "run": run, "tail_bytes": 0}
+    args: StatusArgs = {
+        "state_dir": str(host.vars["state_dir"]),
+        "deployment": host.deployment,
+        "run": run,
+        "tail_bytes": 0,
+    }
     record = agent.call(host, conn, "status", args, StatusReply)["run"]
     if record is None:
         if run is not None:
@@ -76,7 +81,7 @@ def log_path(host: Host, conn: Connection, run: str | None, path: str | None) ->
                 f"no run {run} recorded on {host.name}",
                 hint="check the run id (`deployctl status`), or give --path",
             )
-        raise DeployctlError(f"no run recorded on {host.name}", hint="launch one, or give --path")
+        raise DeployctlError(f"no run recorded on {host.label}", hint="launch one, or give --path")
     return str(record["log"])
 
 
@@ -408,9 +413,9 @@ class _Follower:
         whole = text[:cut]
         if not self.crash_only:
             for line in whole[:-1].split("\n"):
-                self.sink.line(self.host.name, line, self.scanner.is_crash_line(line))
+                self.sink.line(self.host.label, line, self.scanner.is_crash_line(line))
         for report in self.scanner.feed(whole):
-            self.sink.crash(self.host.name, report)
+            self.sink.crash(self.host.label, report)
 
     def stopped(self) -> bool:
         if self.sink.closed:
@@ -439,7 +444,7 @@ class _Follower:
             except Exception as exc:  # a failing host must not stop the others
                 if not self.stop.is_set():  # after Ctrl-C, connections close under us
                     self.failure = exc
-                    self.sink.error(self.host.name, exc)
+                    self.sink.error(self.host.label, exc)
                 return
             if window.start != offset:  # truncated or replaced: the new content starts at 0
                 self.restart()
@@ -520,7 +525,8 @@ def _follow(
             follower.emit("".join(line + "\n" for line in result.value.lines))
             followers.append(follower)
     threads = [
-        threading.Thread(target=f.run, name=f"follow-{f.host.name}", daemon=True) for f in followers
+        threading.Thread(target=f.run, name=f"follow-{f.host.label}", daemon=True)
+        for f in followers
     ]
     for thread in threads:
         thread.start()
@@ -534,5 +540,5 @@ def _follow(
     for thread in threads:
         # A poll in flight ends quickly; daemon threads never hold the exit longer than this.
         thread.join(max(0.0, deadline - time.monotonic()))
-    stopped = {f.host.name: f.failure for f in followers if f.failure is not None}
+    stopped = {f.host.label: f.failure for f in followers if f.failure is not None}
     return LogsResult({**tails.failed, **stopped})

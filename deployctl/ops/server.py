@@ -12,6 +12,7 @@ from typing import Any
 from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, scan_text
+from deployctl.deployments import gpu_set
 from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, HostResult
@@ -77,6 +78,7 @@ class RunStatus:
             "status": run["status"] if run else None,
             "uptime_s": round(time.time() - run["started_at"]) if self.alive and run else None,
             "log": run["log"] if run else None,
+            "gpus": run.get("gpus") if run else None,
             "last_line": self.last_line,
             "crash": self.crashes[0].summary() if self.crashes and self.crashed else None,
             "warning": self.warnings[0].summary() if self.warnings else None,
@@ -92,18 +94,20 @@ def run_status(
     """Read the run, its liveness, health, log tail and GPUs in one round trip."""
     args: StatusArgs = {
         "state_dir": str(host.vars["state_dir"]),
+        "deployment": host.deployment,
         "run": run_id,
         "tail_bytes": STATUS_TAIL_BYTES,
     }
     probes = {"gpus": GPUS_COMMAND}
     outputs, doc = agent.call_beside(host, conn, probes, "status", args, StatusReply)
+    run = doc["run"]
     try:  # a host without working GPUs still has a status
         gpu_probe = outputs["gpus"]
         state = parse_gpus_command(gpu_probe.exit_code, gpu_probe.output, gpu_probe.stderr)
-        gpus: GpuReport | None = gpu_report(state, DEFAULT_MAX_USED_MIB)
+        only = run.get("gpus") if run else gpu_set(host)
+        gpus: GpuReport | None = gpu_report(state, DEFAULT_MAX_USED_MIB, only)
     except DeployctlError:
         gpus = None
-    run = doc["run"]
     if run is None and run_id is not None:
         raise DeployctlError(
             f"no run {run_id} recorded on {host.name}", hint="check the run id (deployctl status)"
@@ -149,19 +153,24 @@ class StopResult:
 
 
 def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120) -> StopResult:
-    """SIGTERM the run's process group, SIGKILL leftovers, then wait for clean GPUs."""
-    args: StopArgs = {"state_dir": str(host.vars["state_dir"]), "timeout": timeout}
+    """SIGTERM the run's process group, SIGKILL leftovers, then wait until the GPUs it was
+    given (the deployment's, or the host's) are clean."""
+    args: StopArgs = {
+        "state_dir": str(host.vars["state_dir"]),
+        "deployment": host.deployment,
+        "timeout": timeout,
+    }
     doc = agent.call(host, conn, "stop", args, StopReply)
     run = doc["run"]
     if run is None:
         return StopResult(None, [], [], None, "no run recorded")
     if doc["left"]:
-        raise DeployctlError(f"{host.name}: processes {doc['left']} survived SIGKILL")
+        raise DeployctlError(f"{host.label}: processes {doc['left']} survived SIGKILL")
     note = "" if doc["ended"] else "was not running"
     deadline = time.monotonic() + gpu_timeout
     while True:
         try:
-            gpus = check_gpus(host, conn)
+            gpus = check_gpus(host, conn, only=run.get("gpus"))
         except DeployctlError as exc:
             return StopResult(
                 run["id"], doc["ended"], doc["killed"], None, f"GPUs not checked: {exc.message}"
@@ -178,7 +187,12 @@ def stop_live_runs(
 
     def stop_if_alive(host: Host, conn: Connection) -> StopResult | None:
         # Only whether it lives: no log tail to scan, no GPU query (stop_run checks those).
-        args: StatusArgs = {"state_dir": str(host.vars["state_dir"]), "run": None, "tail_bytes": 0}
+        args: StatusArgs = {
+            "state_dir": str(host.vars["state_dir"]),
+            "deployment": host.deployment,
+            "run": None,
+            "tail_bytes": 0,
+        }
         alive = agent.call(host, conn, "status", args, StatusReply)["alive"]
         return stop_run(host, conn, timeout) if alive else None
 
@@ -189,7 +203,7 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
     """The plan to relaunch a recorded run with the same rendered command."""
     if status.run is None or not status.command:
         raise DeployctlError(
-            f"{host.name}: no recorded run to restart", hint="deployctl launch first"
+            f"{host.label}: no recorded run to restart", hint="deployctl launch first"
         )
     argv = split(status.command)
     # Secrets given with --set at launch are not in the inventory: find them where the
@@ -202,8 +216,13 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
     secrets = tuple(
         sorted({*secrets, *masked_env_values(status.run, env)}, key=lambda v: (-len(v), v))
     )
-    rendered = RenderedCommand(status.run["template"], status.run["threshold"], argv, secrets, env)
-    return Plan(host, rendered, sets_for_flags(argv, patch_sets))
+    rendered = RenderedCommand(
+        status.run["template"], status.run["threshold"], argv, secrets, env, host.deployment
+    )
+    # The run's own GPUs, which its recorded environment pins it to, whatever the inventory
+    # says now.
+    recorded = Host(host.name, {**host.vars, "gpus": status.run.get("gpus")}, host.deployment)
+    return Plan(recorded, rendered, sets_for_flags(argv, patch_sets))
 
 
 def masked_env_values(run: RunRecord, env: Mapping[str, str]) -> list[str]:
@@ -249,13 +268,13 @@ def restart(
     }
     if not chosen:
         return RestartReport(statuses, None)
-    hosts = {h.name: h for h in fleet.hosts}
+    hosts = {h.label: h for h in fleet.hosts}
     plans = [recorded_plan(hosts[name], status, patch_sets) for name, status in chosen.items()]
     # Failed stops are not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
     stops = fleet.run(
         lambda host, conn: stop_run(host, conn, stop_timeout), [p.host for p in plans]
     )
-    plans = [p for p in plans if p.host.name not in stops.failed]
+    plans = [p for p in plans if p.host.label not in stops.failed]
     restart_of = {name: status.run["id"] for name, status in chosen.items() if status.run}
     report = launch(
         fleet, plans, catalog, wait=wait, timeout=timeout, progress=progress, restart_of=restart_of

@@ -751,6 +751,11 @@ class Launcher:
             "capture_bs": capture_bs,
             "status_fd": status_w,
         }
+        # CUDA numbers only the devices CUDA_VISIBLE_DEVICES names (all when it is unset).
+        names = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible = None if names is None else [v for v in names.split(",") if v.strip()]
+        if visible is not None:
+            log(f"[standin] CUDA_VISIBLE_DEVICES={names}: {len(visible)} visible GPUs")
         for index, (dp_rank, tp_rank) in enumerate(self.rank_layout()):
             prefix = ""
             if dp_rank is not None:
@@ -758,17 +763,21 @@ class Launcher:
             if self.args.tp_size > 1:
                 prefix += f" TP{tp_rank}"
             ctl_r, ctl_w = os.pipe()
+            gpu = self.args.base_gpu_id + index
             cfg = {
                 **common,
                 "role": "rank",
                 "index": index,
                 "prefix": prefix,
                 "title": f"sglang::scheduler{prefix.replace(' ', '_')}",
-                "gpu": self.args.base_gpu_id + index,
+                "gpu": gpu,
                 "first": index == 0,
                 "ignore_sigterm": bool(self.knobs["ignore_sigterm"]),
                 "ctl_fd": ctl_r,
             }
+            if visible is not None and gpu >= len(visible):
+                # As torch.cuda.set_device fails for a rank beyond the visible devices.
+                cfg.update(crash="startup", crash_message="CUDA error: invalid device ordinal")
             proc = self._spawn(cfg, (status_w, ctl_r))
             os.close(ctl_r)
             self.ranks.append(proc)

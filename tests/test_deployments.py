@@ -1,0 +1,335 @@
+"""Deployments: several servers per host on their own GPUs, ports, logs and records.
+
+The sshd tests run the stand-in server on real test hosts whose nvidia-smi is in `live`
+mode: the GPUs show the ranks that are running, placed by their CUDA_VISIBLE_DEVICES.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deployctl.deployments import deployment_targets, gpu_set, server_env
+from deployctl.errors import InventoryError, UsageError
+from deployctl.inventory import Host
+from tests.conftest import CLI
+from tests.sshd_hosts import REPO, SSHLab, TestHost, free_port
+from tests.test_lifecycle import prepare, rank_pids
+
+# ---- the model: targets, GPU sets, the server's environment --------------------------------
+
+
+def host(**variables: Any) -> Host:
+    return Host("h1", {"env": {"A": "1"}, "port": 30000, **variables})
+
+
+def test_a_host_without_deployments_is_its_own_single_deployment() -> None:
+    plain = host()
+    assert deployment_targets([plain]) == [plain]
+    assert plain.label == "h1"
+
+
+def test_deployments_override_the_hosts_variables_and_merge_env_key_by_key() -> None:
+    table = {
+        "r1": {"gpus": [0, 1], "port": 30001, "env": {"B": "2"}},
+        "r2": {"gpus": "2,3", "env": {"A": "over"}},
+    }
+    r1, r2 = deployment_targets([host(deployments=table)])
+    assert (r1.label, r2.label) == ("h1/r1", "h1/r2")
+    assert r1.vars["port"] == 30001 and r2.vars["port"] == 30000
+    assert r1.vars["env"] == {"A": "1", "B": "2"} and r2.vars["env"] == {"A": "over"}
+    assert "deployments" not in r1.vars
+    assert gpu_set(r1) == [0, 1] and gpu_set(r2) == [2, 3]
+    assert [t.label for t in deployment_targets([host(deployments=table)], "r2")] == ["h1/r2"]
+
+
+def test_a_chosen_deployment_skips_hosts_without_it_and_fails_when_none_has_it() -> None:
+    with_table = Host("h2", {"deployments": {"r1": {"gpus": [0]}}})
+    assert [t.label for t in deployment_targets([host(), with_table], "r1")] == ["h2/r1"]
+    with pytest.raises(UsageError, match="no deployment 'r9'"):
+        deployment_targets([host(), with_table], "r9")
+    with pytest.raises(UsageError, match="not a deployment name"):
+        deployment_targets([with_table], "R1")
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"Bad_Name": {}}, "deployment name 'Bad_Name' is not allowed"),
+        ({"-r1": {}}, "deployment name '-r1' is not allowed"),
+        ({"r1": ["tp", 4]}, "its variables must be a mapping"),
+        ({"r1": {"ansible_host": "10.0.0.9"}}, "cannot set ansible_host"),
+        ({"r1": {"deployments": {}}}, "cannot set deployments"),
+        ({"r1": {"gpus": [0, 0]}}, "lists GPU 0 twice"),
+        ({"r1": {"gpus": [0, -1]}}, "is not a list of GPU indices"),
+        ({"r1": {"gpus": "0,x"}}, "is not a list of GPU indices"),
+        ({"r1": {"gpus": [True]}}, "is not a list of GPU indices"),
+        ({"r1": {"gpus": []}}, "gpus is empty"),
+        ({"r1": {"env": {"1BAD": "x"}}}, "env name '1BAD' is not a variable name"),
+        ([], "deployments must be a mapping"),
+    ],
+)
+def test_bad_deployment_tables_fail_before_any_host_is_touched(table: Any, message: str) -> None:
+    with pytest.raises(InventoryError, match=message):
+        deployment_targets([host(deployments=table)])
+
+
+def test_gpus_pin_the_server_with_pci_bus_numbering() -> None:
+    target = host(gpus=[4, 5])
+    assert server_env(target, target.vars) == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "A": "1",
+        "CUDA_VISIBLE_DEVICES": "4,5",
+    }
+    assert server_env(host(), host().vars) == {"A": "1"}  # no gpus: every GPU, no CUDA variables
+    own_order = host(gpus=[1], env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
+    assert server_env(own_order, own_order.vars)["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
+    clash = host(gpus=[1], env={"CUDA_VISIBLE_DEVICES": "0"})
+    with pytest.raises(InventoryError, match="contradicts gpus"):
+        server_env(clash, clash.vars)
+
+
+def test_render_names_each_deployment_and_its_log_stem(cli: CLI) -> None:
+    example = str(REPO / "inventories" / "example.yml")
+    result = cli("render", "-i", example, "-H", "h200-a08")
+    assert result.returncode == 0, result.stderr
+    assert "# h200-a08/qwen-a\nCUDA_DEVICE_ORDER=PCI_BUS_ID\nCUDA_VISIBLE_DEVICES=0,1,2,3\n" in (
+        result.stdout
+    )
+    assert "CUDA_VISIBLE_DEVICES=4,5,6,7\n" in result.stdout and "--port=30001" in result.stdout
+    doc = json.loads(cli("render", "-i", example, "-H", "h200", "--json").stdout)
+    assert set(doc["hosts"]) == {f"h200-a0{i}" for i in range(1, 8)}  # the replicas box is not h200
+    doc = json.loads(
+        cli("render", "-i", example, "-H", "h200-a08", "-d", "qwen-b", "--json").stdout
+    )
+    entry = doc["hosts"]["h200-a08"]
+    assert list(entry["deployments"]) == ["qwen-b"] and entry["ok"] is True
+    assert entry["deployments"]["qwen-b"]["env"]["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+
+
+# ---- over real sshd hosts --------------------------------------------------------------------
+
+
+def replicas(lab: SSHLab, tmp_path: Path, table: dict[str, dict[str, Any]], gpus: int = 2) -> Path:
+    """alpha with `gpus` live GPUs and the given deployments of the stand-in, TP1 each."""
+    alpha = lab.hosts["alpha"]
+    variables = {**prepare(alpha, tp=1), "template": "baseline", "deployments": table}
+    alpha.set_gpus("live", gpus)
+    return lab.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
+
+
+def two_replicas(lab: SSHLab, tmp_path: Path) -> tuple[Path, dict[str, int]]:
+    address = lab.hosts["alpha"].address
+    ports = {"r1": free_port(address), "r2": free_port(address)}
+    table = {name: {"gpus": [i], "port": port} for i, (name, port) in enumerate(ports.items())}
+    return replicas(lab, tmp_path, table), ports
+
+
+def run_json(cli: CLI, *args: str) -> tuple[int, dict[str, Any], str]:
+    result = cli(*args, "--json")
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout), result.stderr
+
+
+def deployments_of(doc: dict[str, Any], name: str = "alpha") -> dict[str, Any]:
+    entry: dict[str, Any] = doc["hosts"][name]["deployments"]
+    return entry
+
+
+def standin_starts(host: TestHost) -> list[dict[str, Any]]:
+    lines = (host.home / "model" / "standin-argv.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_two_deployments_on_one_host_run_side_by_side_on_their_own_gpus(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, _ = two_replicas(hosts, tmp_path)
+    alpha = hosts.hosts["alpha"]
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    launched = deployments_of(doc)
+    assert {n: e["state"] for n, e in launched.items()} == {"r1": "ready", "r2": "ready"}
+    assert launched["r1"]["log"] == str(alpha.home / "logs" / "r1_baseline_v1.log")
+    assert launched["r2"]["log"] == str(alpha.home / "logs" / "r2_baseline_v1.log")
+    # Each server saw only its own GPU, numbered as nvidia-smi numbers them.
+    seen = {
+        s["env"]["CUDA_VISIBLE_DEVICES"]: s["env"]["CUDA_DEVICE_ORDER"]
+        for s in standin_starts(alpha)
+    }
+    assert seen == {"0": "PCI_BUS_ID", "1": "PCI_BUS_ID"}
+
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    assert code == 0, err
+    status = deployments_of(doc)
+    assert status["r1"]["ready"] and status["r2"]["ready"]
+    assert (status["r1"]["gpus"], status["r2"]["gpus"]) == ([0], [1])
+    assert status["r1"]["gpu_memory_used_mib"] == 3682  # its own GPU only, not the host's 7364
+    human = cli("status", "-i", str(inv)).stdout
+    assert "alpha/r1" in human and "alpha/r2" in human
+
+    # gpus names the deployment that holds each GPU.
+    code, doc, _ = run_json(cli, "gpus", "-i", str(inv))
+    held = {p["gpu_uuid"][-2:]: p["held_by"] for p in doc["hosts"]["alpha"]["processes"]}
+    assert held["69"] == "r1 (r1_baseline_v1)" and held["01"] == "r2 (r2_baseline_v1)"
+    assert "[r1 (r1_baseline_v1)]" in cli("gpus", "-i", str(inv)).stdout
+
+    # Stop one: the other keeps its GPU and goes on serving.
+    r2_pid = status["r2"]["pid"]
+    code, doc, err = run_json(cli, "stop", "-i", str(inv), "-d", "r1")
+    assert code == 0, err
+    stopped = deployments_of(doc)
+    assert list(stopped) == ["r1"] and stopped["r1"]["gpus_clean"] is True
+    code, doc, _ = run_json(cli, "status", "-i", str(inv))
+    status = deployments_of(doc)
+    assert status["r1"]["alive"] is False and status["r2"]["ready"] is True
+    assert status["r2"]["pid"] == r2_pid and len(rank_pids(alpha)) == 1
+
+    # The log of each deployment's run.
+    logs = cli("logs", "-i", str(inv), "-d", "r2", "-n", "200")
+    assert "ready to roll" in logs.stdout and logs.returncode == 0
+    crash = cli("crash", "-i", str(inv), "-d", "r2")
+    assert f"no crash found in {alpha.home}/logs/r2_baseline_v1.log" in crash.stdout
+
+    # Stop without -d says which deployments it ends, then ends them all.
+    result = cli("stop", "-i", str(inv))
+    assert result.returncode == 0, result.stderr
+    assert "alpha: stopping every deployment: r1, r2" in result.stderr
+    assert rank_pids(alpha) == []
+
+
+def test_overlapping_gpus_and_shared_ports_are_refused_and_nothing_starts(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    inv, ports = two_replicas(hosts, tmp_path)
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "-d", "r1", "--timeout", "60")
+    assert code == 0, err
+    starts = len(standin_starts(alpha))
+
+    # A third deployment wants r1's GPU; a fourth a free GPU but r1's port.
+    document = yaml.safe_load(inv.read_text())
+    table = document["all"]["hosts"]["alpha"]["deployments"]
+    table["r3"] = {"gpus": [0, 1], "port": free_port(alpha.address)}
+    table["r4"] = {"gpus": [1], "port": ports["r1"]}
+    inv.write_text(yaml.safe_dump(document))
+    code, doc, _ = run_json(cli, "launch", "-i", str(inv), "-d", "r3", "--timeout", "60")
+    assert code == 1 and doc["started"] is False
+    problems = " ".join(deployments_of(doc)["r3"]["preflight"]["problems"])
+    assert "deployment r1 holds GPU 0 on alpha (run r1_baseline_v1" in problems
+    assert "GPUs 0,1 of alpha are not clean" in problems
+    code, doc, _ = run_json(cli, "launch", "-i", str(inv), "-d", "r4", "--timeout", "60")
+    assert code == 1 and doc["started"] is False
+    problems = " ".join(deployments_of(doc)["r4"]["preflight"]["problems"])
+    assert f"port {ports['r1']} on alpha is deployment r1's (run r1_baseline_v1" in problems
+    assert "holds GPU" not in problems  # GPU 1 is free: only the port stands in the way
+    # Within one launch, a shared GPU is refused before any host is touched.
+    result = cli("launch", "-i", str(inv), "-d", "r1", "--dry-run")  # r1 alone: already running
+    assert "run r1_baseline_v1" in result.stderr and "still running" in result.stderr
+    both = cli("launch", "-i", str(inv), "--timeout", "60")
+    assert both.returncode == 1
+    assert "error: alpha/r1 and alpha/r3 would share GPUs (GPU 0 and GPUs 0,1)" in both.stderr
+    assert len(standin_starts(alpha)) == starts and len(rank_pids(alpha)) == 1
+    assert sorted(p.name for p in (alpha.home / "logs").iterdir()) == ["r1_baseline_v1.log"]
+    assert not list((alpha.home / ".deployctl").glob("lock*"))  # every refused lock released
+
+
+def test_gpu_placement_is_checked_against_the_host(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    port = free_port(hosts.hosts["alpha"].address)
+    inv = replicas(hosts, tmp_path, {"big": {"gpus": [1, 5], "port": port, "tp": 2}})
+    code, doc, _ = run_json(cli, "launch", "-i", str(inv), "--dry-run")
+    assert code == 1
+    problems = deployments_of(doc)["big"]["preflight"]["problems"]
+    assert "GPU 5 not on alpha (it has GPUs 0,1)" in problems
+    inv = replicas(hosts, tmp_path, {"big": {"gpus": [1], "port": port, "tp": 2}})
+    code, doc, _ = run_json(cli, "launch", "-i", str(inv), "--dry-run")
+    problems = deployments_of(doc)["big"]["preflight"]["problems"]
+    assert code == 1
+    assert "tensor parallelism 2 needs 2 GPUs; deployment big has 1 (GPU 1)" in problems
+
+
+def test_disjoint_deployments_launched_at_once_from_two_terminals_both_start(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, _ = two_replicas(hosts, tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
+    env.update(HOME=str(cli.home), PYTHONPATH=str(REPO))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "deployctl", "launch", "-i", str(inv), "-d", name, "--json"],
+            cwd=cli.cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("r1", "r2")
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    states = [json.loads(out)["hosts"]["alpha"]["deployments"] for out, _ in outputs]
+    assert states[0]["r1"]["state"] == "ready" and states[1]["r2"]["state"] == "ready"
+    cli("stop", "-i", str(inv))
+
+
+def test_restart_crashed_brings_back_only_the_crashed_deployment(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    inv, _ = two_replicas(hosts, tmp_path)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    r1, r2 = (deployments_of(doc)[n]["pid"] for n in ("r1", "r2"))
+    os.killpg(r1, signal.SIGKILL)  # r1 dies without a word, as an OOM kill leaves it
+    code, doc, _ = run_json(cli, "status", "-i", str(inv))
+    assert deployments_of(doc)["r1"]["crashed"] is True and code == 1
+
+    code, doc, err = run_json(cli, "restart", "--crashed", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    restarted = deployments_of(doc)
+    assert list(restarted) == ["r1"] and restarted["r1"]["run"] == "r1_baseline_v2"
+    code, doc, _ = run_json(cli, "status", "-i", str(inv))
+    status = deployments_of(doc)
+    assert status["r1"]["ready"] and status["r1"]["run"] == "r1_baseline_v2"
+    assert status["r2"]["pid"] == r2 and status["r2"]["run"] == "r2_baseline_v1"
+    # The restarted run kept its GPU.
+    assert standin_starts(alpha)[-1]["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    cli("stop", "-i", str(inv))
+
+
+def test_deployment_env_arrives_exact_and_secrets_stay_masked(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    tricky = "a b 'q' \"d\" $HOME `x`\nline2"
+    port = free_port(alpha.address)
+    table = {"r1": {"gpus": [0], "port": port, "env": {"HF_TOKEN": "hf_secret_42", "ODD": tricky}}}
+    inv = replicas(hosts, tmp_path, table)
+    document = yaml.safe_load(inv.read_text())
+    document["all"]["hosts"]["alpha"]["env"] = {"NCCL_DEBUG": "WARN"}
+    inv.write_text(yaml.safe_dump(document))
+
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    env = standin_starts(alpha)[-1]["env"]
+    assert (
+        env["ODD"] == tricky and env["HF_TOKEN"] == "hf_secret_42" and env["NCCL_DEBUG"] == "WARN"
+    )
+    shown = deployments_of(doc)["r1"]["env"]
+    assert shown["HF_TOKEN"] == "********" and shown["ODD"] == tricky
+    runs = alpha.home / ".deployctl" / "runs"
+    assert "hf_secret_42" not in (runs / "r1_baseline_v1.json").read_text()
+    assert oct((runs / "r1_baseline_v1.env").stat().st_mode & 0o777) == "0o600"
+    assert (runs / "current-r1").read_text() == "r1_baseline_v1"
+    for command in (["status"], ["launch", "--dry-run"], ["render"]):
+        result = cli(*command, "-i", str(inv), "--json")
+        assert "hf_secret_42" not in result.stdout + result.stderr, command
+    cli("stop", "-i", str(inv))
