@@ -494,11 +494,14 @@ def stop(
 ) -> Reply:
     """End each deployment's run (its whole process group); wait until its GPUs are clean."""
     from deployctl import report
-    from deployctl.ops.server import stop_run
+    from deployctl.ops.server import stop_run, stray_runs
 
-    if session.options.deployment is None:
-        report.print_stopping(session.targets)
-    return report.STOP, session.run(lambda host, conn: stop_run(host, conn, timeout))
+    with session.fleet() as fleet:
+        targets = fleet.hosts
+        if session.options.deployment is None:
+            targets = [*targets, *stray_runs(fleet)]
+            report.print_stopping(targets)
+        return report.STOP, fleet.run(lambda host, conn: stop_run(host, conn, timeout), targets)
 
 
 @fleet_command(app, options=SERVERS)

@@ -131,13 +131,14 @@ def hosts_document(
 
 def place(hosts: dict[str, Any], host: Host, entry: dict[str, Any]) -> None:
     """Put a result's entry under its host, or one deployment's under
-    `<host>.deployments.<name>`; such a host is ok when all its deployments are."""
+    `<host>.deployments.<name>`; a host is ok when everything under it is."""
+    slot = hosts.setdefault(host.name, {})
+    ok = slot.get("ok", True) and entry["ok"]
     if host.deployment is None:
-        hosts[host.name] = entry
-        return
-    slot = hosts.setdefault(host.name, {"ok": True, "deployments": {}})
-    slot["deployments"][host.deployment] = entry
-    slot["ok"] = slot["ok"] and entry["ok"]
+        slot.update(entry)  # a host's default run, beside any deployments it has now
+    else:
+        slot.setdefault("deployments", {})[host.deployment] = entry
+    slot["ok"] = ok
 
 
 def per_host(to_json: Callable[[T], dict[str, Any]]) -> Callable[[FleetResult[T]], Any]:
@@ -532,8 +533,7 @@ def print_stopping(targets: Sequence[Host]) -> None:
     """Say which deployments a stop without -d ends on hosts that have several."""
     by_host: dict[str, list[str]] = {}
     for target in targets:
-        if target.deployment is not None:
-            by_host.setdefault(target.name, []).append(target.deployment)
+        by_host.setdefault(target.name, []).append(target.deployment or "(default)")
     for host, names in by_host.items():
         if len(names) > 1:
             sys.stderr.write(f"{host}: stopping every deployment: {', '.join(names)}\n")

@@ -302,6 +302,13 @@ def test_restart_crashed_brings_back_only_the_crashed_deployment(
     assert status["r2"]["pid"] == r2 and status["r2"]["run"] == "r2_baseline_v1"
     # The restarted run kept its GPU.
     assert standin_starts(alpha)[-1]["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    # --replace stops and relaunches one deployment, not its neighbour.
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "-d", "r2", "--replace")
+    assert code == 0 and deployments_of(doc)["r2"]["run"] == "r2_baseline_v2", err
+    code, doc, _ = run_json(cli, "status", "-i", str(inv))
+    assert (
+        deployments_of(doc)["r1"]["run"] == "r1_baseline_v2" and deployments_of(doc)["r1"]["ready"]
+    )
     cli("stop", "-i", str(inv))
 
 
@@ -332,4 +339,71 @@ def test_deployment_env_arrives_exact_and_secrets_stay_masked(
     for command in (["status"], ["launch", "--dry-run"], ["render"]):
         result = cli(*command, "-i", str(inv), "--json")
         assert "hf_secret_42" not in result.stdout + result.stderr, command
+    cli("stop", "-i", str(inv))
+
+
+def test_a_stop_of_every_deployment_also_ends_runs_the_inventory_no_longer_names(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    inv = replicas(hosts, tmp_path, {})
+    document = yaml.safe_load(inv.read_text())
+    del document["all"]["hosts"]["alpha"]["deployments"]
+    inv.write_text(yaml.safe_dump(document))
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0 and doc["hosts"]["alpha"]["run"] == "baseline_v1", err
+    # The host gets deployments while its single server still runs on every GPU.
+    port = free_port(alpha.address)
+    document["all"]["hosts"]["alpha"]["deployments"] = {"r1": {"gpus": [1], "port": port}}
+    inv.write_text(yaml.safe_dump(document))
+    refused = cli("launch", "-i", str(inv), "--timeout", "60")
+    assert refused.returncode == 1
+    assert (
+        "alpha/r1: error: the host's default deployment holds every GPU on alpha "
+        "(run baseline_v1" in refused.stderr
+    )
+    assert "(deployctl stop -H alpha)" in refused.stderr
+    result = cli("stop", "-i", str(inv), "--json")
+    assert result.returncode == 0, result.stderr
+    assert "alpha: stopping every deployment: r1, (default)" in result.stderr
+    stopped = json.loads(result.stdout)["hosts"]["alpha"]
+    assert stopped["deployments"]["r1"]["note"] == "no run recorded"
+    assert stopped["run"] == "baseline_v1" and stopped["gpus_clean"] is True
+    assert rank_pids(alpha) == []
+
+
+def test_watch_restarts_only_the_deployment_that_died(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, _ = two_replicas(hosts, tmp_path)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    r1, r2 = (deployments_of(doc)[n]["pid"] for n in ("r1", "r2"))
+    os.killpg(r2, signal.SIGKILL)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
+    env.update(HOME=str(cli.home), PYTHONPATH=str(REPO))
+    argv = ["watch", "-i", str(inv), "--interval", "0.5", "--timeout", "30"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deployctl", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cli.cwd,
+    )
+    lines: list[str] = []
+    try:
+        while proc.stdout is not None and (line := proc.stdout.readline()):
+            lines.append(line)
+            if "restarted as" in line:
+                break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    text = "".join(lines)
+    assert "alpha/r2: r2_baseline_v1 crashed (died); restarting (attempt 1)" in text, text + err
+    assert "alpha/r2: restarted as r2_baseline_v2: ready" in text
+    assert "alpha/r1" not in text
+    code, doc, _ = run_json(cli, "status", "-i", str(inv))
+    assert code == 0 and deployments_of(doc)["r1"]["pid"] == r1
     cli("stop", "-i", str(inv))

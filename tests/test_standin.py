@@ -261,6 +261,16 @@ def test_startup_crash_prints_one_traceback_per_rank_then_sigquit(launch: Launch
     assert READY not in log
 
 
+def test_ranks_beyond_the_visible_gpus_fail_like_cuda(launch: Launch) -> None:
+    server = launch(tp=2, env={"CUDA_VISIBLE_DEVICES": "3"})
+    assert server.proc.wait(timeout=8) != 0
+    log = server.text()
+    assert "[standin] CUDA_VISIBLE_DEVICES=3: 1 visible GPUs" in log
+    assert log.count("\nRuntimeError: CUDA error: invalid device ordinal\n") == 1  # rank 1 only
+    assert " TP1] Scheduler hit an exception" in log and " TP0] Scheduler hit" not in log
+    assert READY not in log
+
+
 def test_crash_after_ready_uses_the_running_phase_sigquit_line(launch: Launch) -> None:
     knobs = {"startup_s": 0.3, "crash": "after_ready", "crash_after_s": 0.2}
     server = launch(knobs=knobs)

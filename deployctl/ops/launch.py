@@ -350,7 +350,11 @@ def live_run_problems(
                 f"pid {run['pid']}); {_deployment_words(host.deployment)} needs "
                 f"{describe_gpus(plan.gpus)}"
             )
-            hints.append("give deployments on one host disjoint `gpus`, or stop the other first")
+            which = f" -d {run['deployment']}" if run["deployment"] else ""
+            hints.append(
+                "give deployments on one host disjoint `gpus`, or stop the other first "
+                f"(deployctl stop -H {host.name}{which})"
+            )
         elif run["port"] == plan.port:
             problems.append(
                 f"port {plan.port} on {host.name} is {other}'s (run {run['id']}, pid {run['pid']})"

@@ -16,7 +16,15 @@ from deployctl.deployments import gpu_set
 from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, HostResult
-from deployctl.host_agent import RunRecord, StatusArgs, StatusReply, StopArgs, StopReply
+from deployctl.host_agent import (
+    RunRecord,
+    RunsArgs,
+    RunsReply,
+    StatusArgs,
+    StatusReply,
+    StopArgs,
+    StopReply,
+)
 from deployctl.inventory import MASK, Host
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
 from deployctl.ops.launch import LaunchReport, Plan, launch
@@ -178,6 +186,26 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
         if gpus.clean or time.monotonic() > deadline:
             return StopResult(run["id"], doc["ended"], doc["killed"], gpus.clean, note)
         time.sleep(0.5)
+
+
+def stray_runs(fleet: Fleet) -> list[Host]:
+    """Runs of ours still alive on the fleet's hosts that no selected deployment names: one
+    whose deployment left the inventory, or the host's single server from before it had
+    `deployments`. A stop of every deployment ends them too. A host that cannot be asked
+    adds none (its own stop reports why)."""
+    known = {(h.name, h.deployment) for h in fleet.hosts}
+    hosts = list({h.name: h for h in fleet.hosts}.values())
+
+    def strays(host: Host, conn: Connection) -> list[Host]:
+        args: RunsArgs = {"state_dir": str(host.vars["state_dir"])}
+        runs = agent.call(host, conn, "runs", args, RunsReply)["live_runs"]
+        return [
+            Host(host.name, host.vars, run["deployment"])
+            for run in runs
+            if (host.name, run["deployment"]) not in known
+        ]
+
+    return [stray for result in fleet.run(strays, hosts) for stray in result.value or []]
 
 
 def stop_live_runs(
