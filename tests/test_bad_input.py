@@ -308,6 +308,21 @@ CASES = [
     Case("unknown-host-key", ("status", "-i", BAD), "is not known",
          {BAD: inventory_with(known_hosts_file="empty_known_hosts"), "empty_known_hosts": ""},
          form="host"),
+    # Deployments.
+    Case("deployment-bad-option", ("status", "-i", INV, "-d", "Qwen_A"), "is not a deployment name"),
+    Case("deployment-unknown", ("launch", "-i", INV, "-d", "qwen-a"), "no deployment 'qwen-a'"),
+    Case("deployment-bad-name", ("launch", "-i", BAD), "deployment name 'Qwen' is not allowed",
+         {BAD: inventory_with(deployments={"Qwen": {"port": 30001}})}),
+    Case("deployment-reach", ("stop", "-i", BAD), "cannot set ansible_port",
+         {BAD: inventory_with(deployments={"q": {"ansible_port": 2222}})}),
+    Case("gpus-repeated", ("launch", "-i", BAD), "gpus lists GPU 1 twice",
+         {BAD: inventory_with(gpus=[1, 1])}),
+    Case("gpus-word", ("render", "-i", BAD), "gpus 'all' is not a list of GPU indices",
+         {BAD: inventory_with(gpus="all")}),
+    Case("deployments-share-gpus", ("launch", "-i", BAD), "would share GPUs",
+         {BAD: inventory_with(deployments={"a": {"gpus": [0]}, "b": {"gpus": [0, 1]}})}),
+    Case("gpu-not-on-host", ("launch", "-i", INV, "--set", "gpus=5"), "GPU 5 not on",
+         form="host"),
 ]  # fmt: skip
 
 
