@@ -22,7 +22,7 @@ from deployctl.errors import InventoryError, UsageError
 from deployctl.inventory import Host
 from tests.conftest import CLI
 from tests.sshd_hosts import REPO, SSHLab, TestHost, free_port
-from tests.test_lifecycle import prepare, rank_pids
+from tests.test_lifecycle import prepare, rank_pids, watch_until
 
 # ---- the model: targets, GPU sets, the server's environment --------------------------------
 
@@ -380,27 +380,7 @@ def test_watch_restarts_only_the_deployment_that_died(
     assert code == 0, err
     r1, r2 = (deployments_of(doc)[n]["pid"] for n in ("r1", "r2"))
     os.killpg(r2, signal.SIGKILL)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
-    env.update(HOME=str(cli.home), PYTHONPATH=str(REPO))
-    argv = ["watch", "-i", str(inv), "--interval", "0.5", "--timeout", "30"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deployctl", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=cli.cwd,
-    )
-    lines: list[str] = []
-    try:
-        while proc.stdout is not None and (line := proc.stdout.readline()):
-            lines.append(line)
-            if "restarted as" in line:
-                break
-    finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    text = "".join(lines)
+    text, err = watch_until(cli, inv, "restarted as")
     assert "alpha/r2: r2_baseline_v1 crashed (died); restarting (attempt 1)" in text, text + err
     assert "alpha/r2: restarted as r2_baseline_v2: ready" in text
     assert "alpha/r1" not in text

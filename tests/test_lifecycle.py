@@ -182,13 +182,9 @@ def test_restart_crashed_brings_the_run_back(hosts: SSHLab, cli: CLI, tmp_path: 
     cli("stop", "-i", str(inv))
 
 
-def test_watch_restarts_once_then_stops_at_a_crash_loop(
-    hosts: SSHLab, cli: CLI, tmp_path: Path
-) -> None:
-    inv = inventory(hosts, tmp_path, ["alpha"], crash="after_ready", crash_after_s=0.3)
-    code, _, err = launch_json(cli, inv)
-    assert code == 0, err
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYCTL_")}
+def watch_until(cli: CLI, inv: Path, needle: str) -> tuple[str, str]:
+    """Run `watch` until a line holds `needle` (or it ends), then Ctrl-C it: (stdout, stderr)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
     env.update(HOME=str(cli.home), PYTHONPATH=str(Path(__file__).parent.parent))
     proc = subprocess.Popen(
         [sys.executable, "-m", "deployctl", "watch", "-i", str(inv), "--interval", "0.5", "--timeout", "30"],
@@ -197,17 +193,24 @@ def test_watch_restarts_once_then_stops_at_a_crash_loop(
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline() if proc.stdout else ""
-            if not line:
-                break
+        while proc.stdout is not None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
             lines.append(line)
-            if "crash loop" in line:
+            if not line or needle in line:
                 break
     finally:
         proc.send_signal(signal.SIGINT)
         _out, err = proc.communicate(timeout=30)
-    text = "".join(lines)
+    return "".join(lines), err
+
+
+def test_watch_restarts_once_then_stops_at_a_crash_loop(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"], crash="after_ready", crash_after_s=0.3)
+    code, _, err = launch_json(cli, inv)
+    assert code == 0, err
+    text, err = watch_until(cli, inv, "crash loop")
     assert "restarting (attempt 1)" in text, text + err
     assert "restarted as eagle3_v2" in text
     assert "crash loop" in text and "tensor-shape-mismatch" in text
