@@ -125,11 +125,6 @@ def server_env(host: Host, variables: Mapping[str, Any]) -> dict[str, str]:
     return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **env, "CUDA_VISIBLE_DEVICES": visible}
 
 
-def gpus_overlap(first: Sequence[int] | None, second: Sequence[int] | None) -> bool:
-    """Do two GPU sets share a GPU? None stands for every GPU of the host."""
-    return first is None or second is None or bool(set(first) & set(second))
-
-
 def describe_gpus(indices: Sequence[int] | None) -> str:
     """`GPU 3`, `GPUs 0,1,2,3` or `every GPU`."""
     if indices is None:

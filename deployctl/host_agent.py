@@ -700,6 +700,7 @@ def lock_files(state_dir: str) -> list[str]:
 
 
 def shares_gpus(first: list[int] | None, second: list[int] | None) -> bool:
+    """Do two GPU sets share a GPU? None stands for every GPU of the host."""
     return first is None or second is None or bool(set(first) & set(second))
 
 

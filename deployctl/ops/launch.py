@@ -17,7 +17,7 @@ from typing import Any
 from deployctl import __version__, agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, CrashScanner
-from deployctl.deployments import describe_gpus, gpu_set, gpus_overlap
+from deployctl.deployments import describe_gpus, gpu_set
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, attempt
@@ -35,6 +35,7 @@ from deployctl.host_agent import (
     RunRecord,
     StartArgs,
     StartReply,
+    shares_gpus,
 )
 from deployctl.inventory import Host, merge_layers
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
@@ -344,7 +345,7 @@ def live_run_problems(
             hints.append(f"stop it first (deployctl stop {select}), or launch with --replace")
             continue
         other = _deployment_words(run["deployment"])
-        if gpus_overlap(plan.gpus, run["gpus"]):
+        if shares_gpus(plan.gpus, run["gpus"]):
             problems.append(
                 f"{other} holds {describe_gpus(run['gpus'])} on {host.name} (run {run['id']}, "
                 f"pid {run['pid']}); {_deployment_words(host.deployment)} needs "
@@ -552,7 +553,7 @@ def check_placement(plans: Sequence[Plan]) -> None:
             if first.host.name != second.host.name:
                 continue
             pair = f"{first.host.label} and {second.host.label}"
-            if gpus_overlap(first.gpus, second.gpus):
+            if shares_gpus(first.gpus, second.gpus):
                 raise PreflightError(
                     f"{pair} would share GPUs ({describe_gpus(first.gpus)} and "
                     f"{describe_gpus(second.gpus)})",
