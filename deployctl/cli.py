@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the real imports are lazy, so `deployctl --help` starts fas
     from deployctl.connection import Connection
     from deployctl.crash import Catalog
     from deployctl.fanout import Fleet, FleetResult
-    from deployctl.inventory import Host
+    from deployctl.inventory import Host, Inventory
     from deployctl.patchset import PatchSet
     from deployctl.project import Project
     from deployctl.report import View
@@ -137,11 +137,14 @@ class Session:
         return find_project(Path.cwd(), self.options.project)
 
     @cached_property
-    def hosts(self) -> list[Host]:
+    def inventory(self) -> Inventory:
         from deployctl.inventory import resolve_inventory
 
-        inventory = resolve_inventory(self.options.inventory, self.project.default_inventory())
-        return inventory.select(self.options.hosts)
+        return resolve_inventory(self.options.inventory, self.project.default_inventory())
+
+    @cached_property
+    def hosts(self) -> list[Host]:
+        return self.inventory.select(self.options.hosts)
 
     @cached_property
     def targets(self) -> list[Host]:
@@ -150,7 +153,7 @@ class Session:
             return self.hosts
         from deployctl.deployments import deployment_targets
 
-        return deployment_targets(self.hosts, self.options.deployment)
+        return deployment_targets(self.hosts, self.options.deployment, self.inventory.select)
 
     @contextmanager
     def fleet(self) -> Iterator[Fleet]:

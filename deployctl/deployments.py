@@ -3,12 +3,16 @@
 A host's `deployments` variable maps a name to variables that override the host's for that
 server (template, model, tp, port, `gpus`, `env`, …). A host without it has one implicit
 deployment (`Host.deployment is None`), so a single server per host needs no new words.
+
+A deployment with `nodes: PATTERN` is one server across those hosts (multi-node): each node
+is a target of its own whose variables say where it stands (`nnodes`, `node_rank`,
+`dist_init_addr`, `node_hosts`); commands treat the nodes as one unit (see `group_of`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from deployctl.errors import InventoryError, UsageError
@@ -18,6 +22,9 @@ from deployctl.text import is_number
 NAME = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 # Variables a deployment may not change: how its host is reached, and the table itself.
 _FIXED = ("ansible_", "deployments")
+DEFAULT_DIST_PORT = 20000
+# What deployctl sets on each node of a multi-node deployment.
+_NODE_VARS = ("node_rank", "dist_init_addr", "node_hosts")
 
 
 def check_name(name: Any, where: str) -> str:
@@ -29,10 +36,16 @@ def check_name(name: Any, where: str) -> str:
     return name
 
 
-def deployment_targets(hosts: Iterable[Host], chosen: str | None = None) -> list[Host]:
-    """Every deployment of the hosts (or only `chosen`), each as a Host with its variables.
+def deployment_targets(
+    hosts: Iterable[Host],
+    chosen: str | None = None,
+    resolve: Callable[[str], list[Host]] | None = None,
+) -> list[Host]:
+    """Every deployment of the hosts (or only `chosen`), each as a Host with its variables;
+    a multi-node deployment as one target per node, all of its nodes when any is selected.
 
-    Bad tables fail here, for every host, before any host is touched.
+    `resolve` turns a `nodes` pattern into the inventory's hosts. Bad tables fail here, for
+    every host, before any host is touched.
     """
     if chosen is not None and not NAME.match(chosen):
         raise UsageError(
@@ -40,6 +53,7 @@ def deployment_targets(hosts: Iterable[Host], chosen: str | None = None) -> list
             hint="names are lower-case letters, digits and -",
         )
     targets: list[Host] = []
+    groups_seen: set[tuple[str, tuple[str, ...]]] = set()
     has_tables = False
     for host in hosts:
         table = host.vars.get("deployments")
@@ -64,10 +78,18 @@ def deployment_targets(hosts: Iterable[Host], chosen: str | None = None) -> list
                     f"{here}: a deployment cannot set {', '.join(map(str, fixed))}",
                     hint="set how a host is reached on the host itself",
                 )
+            if chosen is not None and name != chosen:
+                continue
+            if overrides and "nodes" in overrides:
+                nodes = node_targets(name, overrides, resolve, here)
+                key = (name, tuple(n.name for n in nodes))
+                if key not in groups_seen:
+                    groups_seen.add(key)
+                    targets += nodes
+                continue
             target = Host(host.name, merge_layers([base, overrides or {}], here), name)
             gpu_set(target)
-            if chosen is None or name == chosen:
-                targets.append(target)
+            targets.append(target)
     if chosen is not None and not targets:
         where = "the selected hosts" if has_tables else "the selected hosts (none has deployments)"
         raise UsageError(
@@ -75,6 +97,93 @@ def deployment_targets(hosts: Iterable[Host], chosen: str | None = None) -> list
             hint="see each host's `deployments` with deployctl hosts",
         )
     return targets
+
+
+def node_targets(
+    name: str,
+    overrides: Mapping[str, Any],
+    resolve: Callable[[str], list[Host]] | None,
+    where: str,
+) -> list[Host]:
+    """The nodes of a multi-node deployment in rank order, each with its own variables."""
+    pattern = overrides["nodes"]
+    if not isinstance(pattern, str) or resolve is None:
+        raise InventoryError(f"{where}: nodes must be a host pattern, e.g. nodes: kimi-nodes")
+    try:
+        members = resolve(pattern)
+    except (InventoryError, UsageError):
+        raise InventoryError(f"{where}: nodes {pattern!r} matches no host") from None
+    nnodes = len(members)
+    given = overrides.get("nnodes")
+    if given is not None and given != nnodes:
+        raise InventoryError(
+            f"{where}: nnodes {given!r} disagrees with nodes {pattern!r} ({nnodes} hosts)",
+            hint="leave nnodes out: it is the number of hosts `nodes` matches",
+        )
+    ordered = ranked(members, where)
+    rank0 = ordered[0]
+    layers = [{k: v for k, v in overrides.items() if k != "nodes"}]
+    merged = merge_layers([_own_vars(rank0), *layers], where)
+    tp = merged.get("tp", 1)
+    if isinstance(tp, bool) or not is_number(str(tp)) or int(tp) % nnodes:
+        raise InventoryError(
+            f"{where}: tp {tp!r} is not divisible by its {nnodes} nodes",
+            hint="tp is the total over all nodes, e.g. tp: 16 on two 8-GPU nodes",
+        )
+    port = merged.get("dist_port", DEFAULT_DIST_PORT)
+    address = merged.get("dist_init_addr") or f"{_address(rank0)}:{port}"
+    names = [n.name for n in ordered]
+    targets = []
+    for rank, node in enumerate(ordered):
+        placed = {
+            "nnodes": nnodes,
+            "node_rank": rank,
+            "dist_init_addr": address,
+            "dist_port": port,
+            "node_hosts": names,
+        }
+        variables = merge_layers([_own_vars(node), *layers, placed], f"{where}, node {node.name}")
+        target = Host(node.name, variables, name)
+        gpu_set(target)
+        targets.append(target)
+    return targets
+
+
+def ranked(members: Sequence[Host], where: str) -> list[Host]:
+    """Nodes in rank order: inventory order, except hosts that set `node_rank` take theirs."""
+    slots: list[Host | None] = [None] * len(members)
+    for node in members:
+        rank = node.vars.get("node_rank")
+        if rank is None:
+            continue
+        if isinstance(rank, bool) or not is_number(str(rank)) or int(rank) >= len(members):
+            raise InventoryError(
+                f"{where}: node_rank {rank!r} of {node.name} is not a rank of its "
+                f"{len(members)} nodes (0-{len(members) - 1})"
+            )
+        if slots[int(rank)] is not None:
+            raise InventoryError(f"{where}: two nodes have node_rank {rank}")
+        slots[int(rank)] = node
+    rest = iter(n for n in members if n.vars.get("node_rank") is None)
+    return [slot if slot is not None else next(rest) for slot in slots]
+
+
+def group_of(host: Host) -> tuple[str, tuple[str, ...]] | None:
+    """The multi-node deployment a target is a node of, as (deployment, node names)."""
+    nodes = host.vars.get("node_hosts")
+    if host.deployment is None or not isinstance(nodes, list) or len(nodes) < 2:
+        return None
+    return host.deployment, tuple(nodes)
+
+
+def _own_vars(host: Host) -> dict[str, Any]:
+    return {k: v for k, v in host.vars.items() if k != "deployments" and k not in _NODE_VARS}
+
+
+def _address(host: Host) -> str:
+    """How other nodes reach this one; an IPv6 address in brackets, as host:port needs."""
+    address = host.address
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
 def gpu_set(host: Host) -> list[int] | None:

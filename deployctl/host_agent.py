@@ -168,6 +168,7 @@ class PreflightArgs(ProbeArgs):
     deployment: str | None
     gpus: list[int] | None  # None: every GPU
     port: int
+    also_ports: list[int]  # more ports the server will listen on (a multi-node rank 0's)
     bind_host: str
     check_paths: list[str]
     module: str | None
@@ -191,10 +192,12 @@ class PreflightReply(ProbeReply):
     module_found: bool
     port_free: bool
     port_error: str
+    busy_ports: dict[str, str]  # of also_ports: port → why it cannot be bound
     paths: dict[str, bool]
     log_dir_writable: bool
     log_dir_error: str
     next_log: str
+    next_version: int
     lock: LockReply
 
 
@@ -241,6 +244,7 @@ class StartArgs(TypedDict):
     log_stem: str
     command: str  # the real command, secrets included
     env: dict[str, str]  # the real environment for the server, over the login's
+    min_version: int  # the log version to use at least (one N on every node of a group)
     run: RunInfo
     lock_token: str | None
 
@@ -794,6 +798,7 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
     probe = cmd_probe(args)
     log_dir = os.path.expanduser(args["log_dir"])
     free, port_error = port_free(args["bind_host"], args["port"])
+    busy = {str(p): why for p in args["also_ports"] for ok, why in [port_free("", p)] if not ok}
     writable, log_dir_error = writable_dir(log_dir)
     version = next_log_version(log_dir, args["log_stem"], state_path(args["state_dir"], "runs"))
     return {
@@ -802,6 +807,7 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
         "module_found": module_found(args["module"]),
         "port_free": free,
         "port_error": port_error,
+        "busy_ports": busy,
         # As the server will see them: it runs from the home folder, and no shell expands a
         # `~` inside `--flag=~/x` for it.
         "paths": {
@@ -810,6 +816,7 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
         "log_dir_writable": writable,
         "log_dir_error": log_dir_error,
         "next_log": os.path.join(log_dir, f"{args['log_stem']}_v{version}.log"),
+        "next_version": version,
         "lock": take_lock(
             args["state_dir"], args["client"], args["break_lock"], args["deployment"], args["gpus"]
         ),
@@ -862,7 +869,7 @@ def cmd_start(args: StartArgs) -> StartReply:
     state_dir, log_dir = args["state_dir"], os.path.expanduser(args["log_dir"])
     runs = state_path(state_dir, "runs")
     os.makedirs(log_dir, exist_ok=True)
-    version = next_log_version(log_dir, args["log_stem"], runs)
+    version = max(next_log_version(log_dir, args["log_stem"], runs), args["min_version"])
     while True:  # O_EXCL: a log is never reused, even by a racing start
         run_id = f"{args['log_stem']}_v{version}"
         log_path = os.path.join(log_dir, run_id + ".log")

@@ -464,7 +464,9 @@ def _launch_document(result: LaunchReport) -> dict[str, Any]:
             entry.update(host_entry(out, lambda o: o.to_json()))
             entry["ok"] = out.ok
         place(hosts, pre.host, entry)
-    return {"started": result.started, "dry_run": result.dry_run, "hosts": hosts}
+    ended = {r.name: r.value["ended"] for r in result.cleanup if r.value is not None}
+    document = {"started": result.started, "dry_run": result.dry_run, "hosts": hosts}
+    return {**document, "group_failed_ended": ended} if result.cleanup.results else document
 
 
 def _launch(result: LaunchReport) -> None:
@@ -497,6 +499,7 @@ def _launch(result: LaunchReport) -> None:
             "timeout": f"not ready after {outcome.elapsed:.0f}s; left running",
             "crashed": f"CRASHED after {outcome.elapsed:.1f}s",
             "died": f"DIED after {outcome.elapsed:.1f}s",
+            "aborted": f"stopped after {outcome.elapsed:.1f}s: {outcome.note}",
         }[outcome.state]
         out_console.print(f"{out.name}: {run['id']} pid {run['pid']} — {state}", markup=False)
         out_console.print(f"  log: {run['log']}", markup=False)
@@ -509,6 +512,16 @@ def _launch(result: LaunchReport) -> None:
             )
         if outcome.state == "died" and outcome.last_line:
             out_console.print(f"  last line: {outcome.last_line}", markup=False)
+    _cleanup_lines(result)
+
+
+def _cleanup_lines(result: LaunchReport) -> None:
+    """Say which nodes of a failed multi-node server were ended, and which could not be."""
+    for stop in result.cleanup:
+        if stop.value is not None:
+            ended = ", ".join(map(str, stop.value["ended"])) or "nothing left running"
+            sys.stderr.write(f"{stop.name}: the group failed; ended its run ({ended})\n")
+    print_host_errors(result.cleanup)
 
 
 LAUNCH: View[LaunchReport] = View(_launch, _launch_document)
@@ -544,8 +557,16 @@ STOP: View[FleetResult[StopResult]] = View(_stop_table, per_host(lambda r: r.to_
 
 
 def _status_table(results: FleetResult[RunStatus]) -> None:
+    from deployctl.ops.server import units
+
+    groups = {id(u.nodes[0]): u for u in units(results) if len(u.nodes) > 1}
     rows = []
     for r in results:
+        unit = groups.get(id(r))
+        if unit is not None:  # a multi-node server: one line for the group, then its nodes
+            first = unit.nodes[0].value
+            run = first.run["id"] if first is not None and first.run else "-"
+            rows.append([unit.name, run, "", unit.state, "", "", "", ""])
         if r.value is None:
             continue
         d = r.value.to_json()
@@ -566,7 +587,18 @@ def _status_table(results: FleetResult[RunStatus]) -> None:
     print_host_errors(results)
 
 
-STATUS: View[FleetResult[RunStatus]] = View(_status_table, per_host(lambda r: r.to_json()))
+def _status_document(results: FleetResult[RunStatus]) -> dict[str, Any]:
+    """Per host as always; multi-node servers also whole, under `deployments`."""
+    from deployctl.ops.server import units
+
+    document = hosts_document(results, lambda r: r.to_json())
+    groups = [u for u in units(results) if len(u.nodes) > 1]
+    if groups:
+        document["deployments"] = {u.nodes[0].host.deployment: u.to_json() for u in groups}
+    return document
+
+
+STATUS: View[FleetResult[RunStatus]] = View(_status_table, _status_document)
 
 
 def _restart(result: RestartReport) -> None:

@@ -8,6 +8,7 @@ import contextlib
 import getpass
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,10 +18,10 @@ from typing import Any
 from deployctl import __version__, agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, CrashScanner
-from deployctl.deployments import describe_gpus, gpu_set
+from deployctl.deployments import describe_gpus, gpu_set, group_of
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
-from deployctl.fanout import Fleet, FleetResult, attempt
+from deployctl.fanout import Fleet, FleetResult, HostResult, attempt
 from deployctl.host_agent import (
     ClientIdentity,
     LeaderIdentity,
@@ -35,6 +36,8 @@ from deployctl.host_agent import (
     RunRecord,
     StartArgs,
     StartReply,
+    StopArgs,
+    StopReply,
     shares_gpus,
 )
 from deployctl.inventory import Host, merge_layers
@@ -134,6 +137,20 @@ class Plan:
         return int(value)
 
     @property
+    def local_tp(self) -> int:
+        """The GPUs this host gives the server: its share of the tensor parallelism."""
+        return self.tp // int(self.host.vars.get("nnodes", 1))
+
+    @property
+    def group(self) -> tuple[str, tuple[str, ...]] | None:
+        """The multi-node deployment this plan is one node of."""
+        return group_of(self.host)
+
+    @property
+    def node_rank(self) -> int:
+        return int(self.host.vars.get("node_rank", 0))
+
+    @property
     def gpus(self) -> list[int] | None:
         """The GPUs the server may use (None: all of the host's)."""
         return gpu_set(self.host)
@@ -169,6 +186,7 @@ class Preflight:
     hints: list[str] = field(default_factory=list)
     gpus: GpuReport | None = None
     next_log: str = ""
+    next_version: int = 1
     lock_token: str | None = None
 
     @property
@@ -197,6 +215,8 @@ def preflight_args(
             {f for s in plan.needed_sets for v in s.variants.values() for f in v.files}
         ),
         "port": plan.port,
+        # Rank 0 of a multi-node server also listens for the other nodes.
+        "also_ports": [int(host.vars["dist_port"])] if plan.group and plan.node_rank == 0 else [],
         "bind_host": plan.bind_host,
         "check_paths": plan.check_paths(),
         "module": plan.launch_module,
@@ -254,7 +274,9 @@ def run_preflight(
         token = (lock["holder"] or {}).get("token")
         outputs, doc = _preflight_call(plan, conn, token, hold_for)
         lock = doc["lock"]
-    result = Preflight(plan, next_log=doc["next_log"], lock_token=lock["token"])
+    result = Preflight(
+        plan, next_log=doc["next_log"], next_version=doc["next_version"], lock_token=lock["token"]
+    )
     problems, hints = result.problems, result.hints
     if not lock["acquired"]:
         holder = lock["holder"] or {}
@@ -271,6 +293,10 @@ def run_preflight(
     if state is not None:
         result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints)
     live_run_problems(plan, doc["live_runs"], problems, hints)
+    for port, why in doc["busy_ports"].items():
+        problems.append(
+            f"port {port} (dist_port, where the other nodes join) is in use on {host.name} ({why})"
+        )
     if not doc["port_free"]:
         problems.append(f"port {plan.port} is in use on {host.name} ({doc['port_error']})")
     if not doc["module_found"]:
@@ -323,13 +349,16 @@ def gpu_problems(
             )
         problems.append(f"{subject} not clean: {report.verdict()}")
         hints.append(f"stop what holds them (deployctl stop -H {host.name}) or kill those PIDs")
-    if len(report.gpus) < plan.tp:
+    if len(report.gpus) < plan.local_tp:
         has = f"{host.name} has {len(report.gpus)}"
         if chosen is not None:
             has = (
                 f"{_deployment_words(host.deployment)} has {len(chosen)} ({describe_gpus(chosen)})"
             )
-        problems.append(f"tensor parallelism {plan.tp} needs {plan.tp} GPUs; {has}")
+        needs = f"{plan.local_tp} GPUs"
+        if plan.group is not None:
+            needs += f" on each of its {host.vars['nnodes']} nodes"
+        problems.append(f"tensor parallelism {plan.tp} needs {needs}; {has}")
     return report
 
 
@@ -377,7 +406,11 @@ def release_lock(plan: Plan, conn: Connection, token: str) -> None:
 
 
 def start_run(
-    plan: Plan, conn: Connection, lock_token: str | None, restart_of: str | None = None
+    plan: Plan,
+    conn: Connection,
+    lock_token: str | None,
+    restart_of: str | None = None,
+    min_version: int = 1,
 ) -> RunRecord:
     """Start the server detached with a new versioned log; record the run; release the lock."""
     host, rendered = plan.host, plan.rendered
@@ -403,6 +436,7 @@ def start_run(
         "log_stem": rendered.log_stem,
         "command": rendered.command,
         "env": rendered.env,
+        "min_version": min_version,
         "run": run,
         "lock_token": lock_token,
     }
@@ -414,11 +448,12 @@ class Outcome:
     """How a started run ended up: ready, crashed, died or still starting at the timeout."""
 
     run: RunRecord
-    state: str  # ready | crashed | died | timeout | started
+    state: str  # ready | crashed | died | timeout | started | aborted
     elapsed: float
     crashes: list[CrashReport] = field(default_factory=list)
     last_line: str = ""
     warnings: list[CrashReport] = field(default_factory=list)  # traces while healthy
+    note: str = ""  # why a node of a multi-node server was stopped (state "aborted")
 
     @property
     def ok(self) -> bool:
@@ -436,6 +471,7 @@ class Outcome:
             "warnings": [c.to_json() for c in self.warnings],
             "command": self.run["command"],
             "env": self.run.get("env", {}),
+            "note": self.note,
         }
 
 
@@ -454,6 +490,23 @@ def poll_args(run: RunRecord, offset: int, wait: float = 0) -> PollArgs:
     }
 
 
+class GroupWatch:
+    """The nodes of one multi-node server waiting together: rank 0's readiness is the
+    group's, and the first node that fails (or times out) settles it for all of them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.state: str | None = None  # ready | failed | timeout
+        self.by = ""
+
+    def settle(self, state: str, by: str) -> None:
+        """The first word stands, except that a failure overrides readiness: a node that
+        dies once rank 0 is up still fails the group."""
+        with self._lock:
+            if self.state is None or (state == "failed" and self.state == "ready"):
+                self.state, self.by = state, by
+
+
 def wait_ready(
     host: Host,
     conn: Connection,
@@ -461,8 +514,30 @@ def wait_ready(
     catalog: Catalog,
     timeout: float,
     progress: Callable[[str, float, str], None] | None = None,
+    group: GroupWatch | None = None,
 ) -> Outcome:
-    """Poll the run until /health answers 200 or the ready line appears; fail fast on a crash."""
+    """Poll the run until /health answers 200 or the ready line appears; fail fast on a crash.
+
+    A node of a multi-node server other than rank 0 serves no API (its /health is a dummy):
+    it is ready when rank 0 is and it is still alive.
+    """
+    outcome = _wait_ready(host, conn, run, catalog, timeout, progress, group)
+    if group is not None and outcome.state != "aborted":
+        verdict = outcome.state if outcome.state in ("ready", "timeout") else "failed"
+        group.settle(verdict, host.label)
+    return outcome
+
+
+def _wait_ready(
+    host: Host,
+    conn: Connection,
+    run: RunRecord,
+    catalog: Catalog,
+    timeout: float,
+    progress: Callable[[str, float, str], None] | None,
+    group: GroupWatch | None,
+) -> Outcome:
+    serves_api = group is None or int(host.vars.get("node_rank", 0)) == 0
     scanner = CrashScanner(catalog)
     # One decoder for the whole log: a character split across two polls stays whole.
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -480,12 +555,18 @@ def wait_ready(
         crashes = scanner.feed(data)
         elapsed = time.monotonic() - started
         # A trace while /health answers 200 is a failed request, not a failed server.
-        if crashes and doc["health"] != 200:
+        if crashes and (doc["health"] != 200 or not serves_api):
             return Outcome(run, "crashed", elapsed, scanner.reports, last_line)
-        if doc["health"] == 200 or any(READY_LINE in line for line in lines):
+        if serves_api and (doc["health"] == 200 or any(READY_LINE in line for line in lines)):
             return Outcome(run, "ready", elapsed, [], last_line, warnings=scanner.reports)
         if not doc["alive"]:
             return Outcome(run, "died", elapsed, scanner.finish() or scanner.reports, last_line)
+        if group is not None and group.state is not None:
+            if group.state == "ready":
+                return Outcome(run, "ready", elapsed, [], last_line, warnings=scanner.reports)
+            why = "did not get ready" if group.state == "timeout" else "failed"
+            note = f"node {group.by} {why}"
+            return Outcome(run, "aborted", elapsed, scanner.reports, last_line, note=note)
         if elapsed >= timeout:
             return Outcome(run, "timeout", elapsed, [], last_line)
         if progress is not None:
@@ -509,6 +590,8 @@ class LaunchReport:
     outcomes: FleetResult[Outcome]
     refused: bool
     dry_run: bool = False
+    # The nodes of multi-node servers that failed on some node, ended so none holds GPUs.
+    cleanup: FleetResult[StopReply] = field(default_factory=lambda: FleetResult([]))
 
     @property
     def started(self) -> bool:
@@ -597,25 +680,84 @@ def launch(
         )
         return LaunchReport(preflights, FleetResult([]), refused=refused, dry_run=dry_run)
 
-    def start_and_wait(host: Host, conn: Connection) -> Outcome:
+    # One log version on every node of a multi-node server: the highest any node needs.
+    versions: dict[Any, int] = {}
+    for result in preflights:
+        if result.value is not None and result.value.plan.group is not None:
+            key = result.value.plan.group
+            versions[key] = max(versions.get(key, 1), result.value.next_version)
+    groups = {key: GroupWatch() for key in versions}
+
+    def start(host: Host, conn: Connection) -> RunRecord:
         plan = by_name[host.label]
         token = _token(preflights, host.label)
-        released = False  # without waiting, a successful start releases the lock itself
         try:
-            run = start_run(plan, conn, None if wait else token, (restart_of or {}).get(host.label))
-            released = not wait
-            if not wait:
-                return Outcome(run, "started", 0.0)
-            return wait_ready(plan.host, conn, run, catalog, timeout, progress)
-        finally:
-            if not released:
-                # Every way out of a launch gives the lock back; a host that cannot be reached
-                # now keeps it until it expires, and the error that got us here is the one shown.
-                with contextlib.suppress(DeployctlError):
-                    release_lock(plan, conn, token)
+            # Without waiting, a successful start releases the lock itself.
+            return start_run(
+                plan,
+                conn,
+                None if wait else token,
+                (restart_of or {}).get(host.label),
+                versions.get(plan.group, 1),
+            )
+        except BaseException:
+            with contextlib.suppress(DeployctlError):
+                release_lock(plan, conn, token)
+            raise
 
-    outcomes = fleet.run(start_and_wait, [p.host for p in plans])
-    return LaunchReport(preflights, outcomes, refused=False)
+    # Every node starts before any waits: a multi-node server comes up only as a whole.
+    starts = fleet.run(start, [p.host for p in plans])
+    for started in starts:
+        watch = groups.get(group_of(started.host))
+        if started.failed and watch is not None:
+            watch.settle("failed", started.name)
+    if not wait:
+        outcomes = FleetResult(
+            HostResult(r.host, exception=r.exception)
+            if r.value is None
+            else HostResult(r.host, Outcome(r.value, "started", 0.0))
+            for r in starts
+        )
+        return LaunchReport(preflights, outcomes, refused=False)
+    runs = starts.succeeded
+
+    def wait_for(host: Host, conn: Connection) -> Outcome:
+        plan = by_name[host.label]
+        try:
+            return wait_ready(
+                host, conn, runs[host.label], catalog, timeout, progress, groups.get(plan.group)
+            )
+        finally:
+            # Every way out of a launch gives the lock back; a host that cannot be reached
+            # now keeps it until it expires, and the error that got us here is the one shown.
+            with contextlib.suppress(DeployctlError):
+                release_lock(plan, conn, _token(preflights, host.label))
+
+    # Rank 0s first: with fewer forks than nodes, a rank 0 must not queue behind the nodes
+    # that wait for it.
+    waiting = sorted((p.host for p in plans if p.host.label in runs), key=_rank)
+    waited = {r.name: r for r in fleet.run(wait_for, waiting)}
+    outcomes = FleetResult(
+        waited.get(r.name) or HostResult(r.host, exception=r.exception) for r in starts
+    )
+    # A multi-node server that failed on one node leaves no process on any other.
+    failed = {key for key, watch in groups.items() if watch.state == "failed"}
+    cleanup = fleet.run(end_run, [p.host for p in plans if p.group in failed])
+    return LaunchReport(preflights, outcomes, refused=False, cleanup=cleanup)
+
+
+def _rank(host: Host) -> int:
+    return int(host.vars.get("node_rank", 0))
+
+
+def end_run(host: Host, conn: Connection, timeout: float = 10) -> StopReply:
+    """End the deployment's current run on one host: SIGTERM its group, SIGKILL leftovers."""
+    args: StopArgs = {
+        "state_dir": str(host.vars["state_dir"]),
+        "deployment": host.deployment,
+        "timeout": timeout,
+    }
+    return agent.call(host, conn, "stop", args, StopReply)
 
 
 def _token(preflights: FleetResult[Preflight], name: str) -> str:

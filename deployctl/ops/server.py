@@ -12,7 +12,7 @@ from typing import Any
 from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, scan_text
-from deployctl.deployments import gpu_set
+from deployctl.deployments import gpu_set, group_of
 from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, HostResult
@@ -22,12 +22,10 @@ from deployctl.host_agent import (
     RunsReply,
     StatusArgs,
     StatusReply,
-    StopArgs,
-    StopReply,
 )
 from deployctl.inventory import MASK, Host
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
-from deployctl.ops.launch import LaunchReport, Plan, launch
+from deployctl.ops.launch import LaunchReport, Plan, end_run, launch
 from deployctl.patchset import PatchSet, sets_for_flags
 from deployctl.render import RenderedCommand, command_secrets
 from deployctl.shell import split
@@ -163,12 +161,7 @@ class StopResult:
 def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120) -> StopResult:
     """SIGTERM the run's process group, SIGKILL leftovers, then wait until the GPUs it was
     given (the deployment's, or the host's) are clean."""
-    args: StopArgs = {
-        "state_dir": str(host.vars["state_dir"]),
-        "deployment": host.deployment,
-        "timeout": timeout,
-    }
-    doc = agent.call(host, conn, "stop", args, StopReply)
+    doc = end_run(host, conn, timeout)
     run = doc["run"]
     if run is None:
         return StopResult(None, [], [], None, "no run recorded")
@@ -276,6 +269,74 @@ def masked_values(shown: str, argv: Sequence[str]) -> list[str]:
     return found
 
 
+@dataclass
+class Unit:
+    """What restarts as one: a single server, or every node of a multi-node server."""
+
+    name: str
+    nodes: list[HostResult[RunStatus]]  # one for a single server; rank order for a group
+
+    @property
+    def down(self) -> list[str]:
+        """The nodes that crashed or died (or could not be read) while meant to run."""
+        return [n.host.name for n in self.nodes if n.value is None or n.value.crashed]
+
+    @property
+    def crashed(self) -> bool:
+        return any(n.value is not None and n.value.crashed for n in self.nodes)
+
+    @property
+    def restartable(self) -> bool:
+        return all(n.value is not None and n.value.run for n in self.nodes)
+
+    @property
+    def state(self) -> str:
+        """ready, starting, stopped, or for a group degraded / crashed, naming the nodes down."""
+        statuses = [n.value for n in self.nodes]
+        down = self.down
+        if down:
+            # Without rank 0 there is no API: the group is down whatever the others do.
+            word = "crashed" if self.nodes[0].host.name in down else "degraded"
+            return f"{word}: {', '.join(down)} down" if len(self.nodes) > 1 else word
+        if not any(s and s.running for s in statuses):
+            return "stopped"
+        first = statuses[0]
+        ready = first is not None and first.ready and all(s and s.alive for s in statuses)
+        return "ready" if ready else "starting"
+
+    def crash_signature(self) -> str:
+        for node in self.nodes:
+            status = node.value
+            if status is not None and status.crashed and status.crashes:
+                return status.crashes[0].signature
+        return "died"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "ok": not self.down,
+            "nnodes": len(self.nodes),
+            "nodes": [
+                {"host": n.host.name, "node_rank": i, "ok": n.value is not None and not n.value.crashed,
+                 "error": n.error, **(n.value.to_json() if n.value else {})}
+                for i, n in enumerate(self.nodes)
+            ],
+        }  # fmt: skip
+
+
+def units(results: FleetResult[RunStatus]) -> list[Unit]:
+    """Group per-target statuses: a multi-node server's nodes into one unit."""
+    found: dict[Any, Unit] = {}
+    for result in results:
+        group = group_of(result.host)
+        key = group or result.name
+        if key not in found:
+            name = result.name if group is None else f"{group[0]} ({', '.join(group[1])})"
+            found[key] = Unit(name, [])
+        found[key].nodes.append(result)
+    return list(found.values())
+
+
 def restart(
     fleet: Fleet,
     catalog: Catalog,
@@ -287,12 +348,15 @@ def restart(
     wait: bool = True,
     progress: Callable[[str, float, str], None] | None = None,
 ) -> RestartReport:
-    """Stop and relaunch each host's recorded run with the next log version."""
+    """Stop and relaunch each recorded run with the next log version; a multi-node server's
+    nodes all together when any of them crashed (a lone rank never rejoins its group)."""
     statuses = fleet.run(lambda host, conn: run_status(host, conn, catalog))
     chosen = {
-        name: status
-        for name, status in statuses.succeeded.items()
-        if status.run and (status.crashed or not crashed_only)
+        node.name: node.value
+        for unit in units(statuses)
+        if unit.restartable and (unit.crashed or not crashed_only)
+        for node in unit.nodes
+        if node.value is not None
     }
     if not chosen:
         return RestartReport(statuses, None)
@@ -302,7 +366,9 @@ def restart(
     stops = fleet.run(
         lambda host, conn: stop_run(host, conn, stop_timeout), [p.host for p in plans]
     )
-    plans = [p for p in plans if p.host.label not in stops.failed]
+    # A group relaunches whole or not at all.
+    broken = {group_of(hosts[name]) for name in stops.failed}
+    plans = [p for p in plans if p.host.label not in stops.failed and p.group not in broken]
     restart_of = {name: status.run["id"] for name, status in chosen.items() if status.run}
     report = launch(
         fleet, plans, catalog, wait=wait, timeout=timeout, progress=progress, restart_of=restart_of
@@ -362,20 +428,25 @@ def watch(
     done = 0
     while rounds is None or done < rounds:
         done += 1
-        for result in fleet.run(lambda host, conn: run_status(host, conn, catalog)):
-            name, status = result.name, result.value
-            if status is None:
-                emit(WatchEvent(name, f"error: {result.error}", result.exception))
+        statuses = fleet.run(lambda host, conn: run_status(host, conn, catalog))
+        for result in statuses:
+            if result.value is None:
+                emit(WatchEvent(result.name, f"error: {result.error}", result.exception))
+        for unit in units(statuses):
+            name = unit.name
+            if name in given_up or not unit.crashed or time.monotonic() < next_try.get(name, 0):
                 continue
-            if name in given_up or not status.crashed or time.monotonic() < next_try.get(name, 0):
-                continue
-            signature = status.crashes[0].signature if status.crashes else "died"
+            if not unit.restartable:
+                continue  # a node could not be read: its error is shown above
+            signature = unit.crash_signature()
             now = time.monotonic()
             recent = [(t, s) for t, s in history.get(name, []) if now - t <= window] + [
                 (now, signature)
             ]
             history[name] = recent
-            run_id = status.run["id"] if status.run else "?"
+            runs = {n.name: n.value.run["id"] for n in unit.nodes if n.value and n.value.run}
+            run_id = runs[unit.nodes[0].name]
+            where = f" on {', '.join(unit.down)}" if len(unit.nodes) > 1 else ""
             repeated = len(recent) >= 2 and recent[-2][1] == signature and signature != "died"
             if len(recent) > max_restarts or repeated:
                 why = (
@@ -392,15 +463,17 @@ def watch(
                 continue
             emit(
                 WatchEvent(
-                    name, f"{run_id} crashed ({signature}); restarting (attempt {len(recent)})"
+                    name,
+                    f"{run_id} crashed{where} ({signature}); restarting (attempt {len(recent)})",
                 )
             )
-            plan = recorded_plan(result.host, status, patch_sets)
-            stop_result = fleet.run(lambda host, conn: stop_run(host, conn, 30), [result.host])[0]
-            if stop_result.failed:
-                emit(WatchEvent(name, f"stop failed: {stop_result.error}", stop_result.exception))
+            plans = [recorded_plan(n.host, n.value, patch_sets) for n in unit.nodes if n.value]
+            stops = fleet.run(lambda host, conn: stop_run(host, conn, 30), [p.host for p in plans])
+            if stops.failed:
+                first = next(r for r in stops if r.failed)
+                emit(WatchEvent(name, f"stop failed: {first.error}", first.exception))
                 continue
-            report = launch(fleet, [plan], catalog, timeout=timeout, restart_of={name: str(run_id)})
+            report = launch(fleet, plans, catalog, timeout=timeout, restart_of=runs)
             outcome = report.outcomes[0].value if report.outcomes else None
             state = outcome.state if outcome else "refused"
             new_run = outcome.run["id"] if outcome else "-"

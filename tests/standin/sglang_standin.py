@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import errno
 import importlib.util
 import json
 import os
@@ -54,6 +55,10 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # True: crash_after_s after ready, one request fails with a logged traceback (uvicorn's
     # "Exception in ASGI application") and the server goes on serving, healthy.
     "request_error": False,
+    # Multi-node (--nnodes > 1): how long rank 0 waits for the other nodes to join, and how
+    # long a node lives on after the connection to another one is lost (NCCL's watchdog).
+    "dist_timeout_s": 30.0,
+    "peer_loss_s": 2.0,
 }
 CRASH_MODES = (None, "startup", "after_ready")
 
@@ -539,8 +544,10 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
         def _route(self) -> None:
             launcher = self.server.launcher
             path = self.path.split("?", 1)[0]
-            if path in ("/health", "/health_generate", "/ready"):
+            if path in ("/health", "/health_generate", "/ready", "/ping"):
                 self._send(200 if launcher.healthy() else 503)
+            elif launcher.node_rank > 0:  # 0.5.23's dummy health server serves nothing else
+                self._send_json(404, {"detail": "Not Found"})
             elif path in ("/model_info", "/get_model_info"):
                 self._send_json(200, launcher.model_info())
             elif path == "/v1/models":
@@ -575,6 +582,8 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
             self._send(code, json.dumps(obj).encode(), "application/json")
 
         def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            if self.server.launcher.node_rank > 0:
+                return  # the dummy health server logs at warning level: no access lines
             status = int(code) if str(code).isdigit() else 0
             try:
                 phrase = HTTPStatus(status).phrase
@@ -632,6 +641,9 @@ class Launcher:
         self.exiting = False
         self.sigterm_at: float | None = None
         self.startup_time = time.time()
+        self.node_rank = args.node_rank if args.nnodes > 1 else 0
+        self.peers: list[socket.socket] = []  # rank 0: the other nodes; others: rank 0
+        self.peer_lost_at: float | None = None
         config = self._hf_config()
         archs = config.get("architectures") or ["LlamaForCausalLM"]
         self.arch: str = archs[0]
@@ -719,6 +731,11 @@ class Launcher:
     def rank_layout(self) -> list[tuple[int | None, int]]:
         """Return (dp rank or None, tp rank) per scheduler process."""
         tp, dp = max(1, self.args.tp_size), max(1, self.args.dp_size)
+        if self.args.nnodes > 1:  # this node's share of the TP ranks
+            per_node = tp // self.args.nnodes
+            return [
+                (None, t) for t in range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
+            ]
         if dp == 1:
             return [(None, t) for t in range(tp)]
         if self.args.enable_dp_attention:
@@ -911,17 +928,141 @@ class Launcher:
         self.kill_process_tree(include_parent=False)
         os._exit(1)
 
+    # -- multi-node: rank 0 hosts the rendezvous at --dist-init-addr, the others join it --
+
+    def dist_address(self) -> tuple[str, int]:
+        host, _, port = (self.args.dist_init_addr or "").rpartition(":")
+        if not host or not port.isdigit():
+            self.fail_dist(
+                f"ValueError: --dist-init-addr {self.args.dist_init_addr!r} is not host:port"
+            )
+        return host.strip("[]"), int(port)
+
+    def fail_dist(self, error: str) -> NoReturn:
+        """Fail the way torch.distributed's rendezvous fails in a scheduler, and exit."""
+        tb = format_traceback([], sglang_root(), error)
+        log(f"Scheduler hit an exception: {tb}", " TP0" if self.args.tp_size > 1 else "")
+        log("Received sigquit from a child process. It usually means the child failed.")
+        self.kill_process_tree(include_parent=False)
+        os._exit(1)
+
+    def open_rendezvous(self) -> socket.socket:
+        host, port = self.dist_address()
+        server = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as c10d's TCPStore does
+        try:
+            server.bind((host, port))
+        except OSError as exc:
+            self.fail_dist(
+                "torch.distributed.DistNetworkError: The server socket has failed to listen on "
+                f"any local network address. port: {port}, useIpv6: false, code: -{exc.errno}, "
+                f"name: {errno.errorcode.get(exc.errno or 0, '?')}, message: {exc.strerror}"
+            )
+        server.listen(16)
+        return server
+
+    def gather_nodes(self, server: socket.socket) -> None:
+        """Rank 0: wait until every other node has joined and brought its ranks up (NCCL's
+        init needs every rank); a node that drops out on the way fails this one too."""
+        deadline = time.time() + float(self.knobs["dist_timeout_s"])
+        server.settimeout(0.05)
+        ready: set[socket.socket] = set()
+        while len(ready) < self.args.nnodes - 1:
+            self.pump(0)
+            if time.time() > deadline:
+                self.fail_dist(
+                    f"torch.distributed.DistStoreError: Timed out after "
+                    f"{self.knobs['dist_timeout_s']:g} seconds waiting for clients. "
+                    f"{len(self.peers) + 1}/{self.args.nnodes} clients joined."
+                )
+            if len(self.peers) < self.args.nnodes - 1:
+                with contextlib.suppress(TimeoutError):
+                    self.peers.append(server.accept()[0])
+            readable, _, _ = select.select([p for p in self.peers if p not in ready], [], [], 0.05)
+            for peer in readable:
+                if peer.recv(6) != b"ready\n":  # the node's end closed: it failed
+                    self.fail_dist(
+                        "torch.distributed.DistBackendError: NCCL error in: "
+                        "../torch/csrc/distributed/c10d/NCCLUtils.cpp:77, remote process "
+                        "exited or there was a network error, NCCL version 2.27.5"
+                    )
+                ready.add(peer)
+        server.close()
+
+    def join_rank0(self) -> None:
+        """A node > 0: connect to rank 0's rendezvous, retrying as torch does."""
+        host, port = self.dist_address()
+        deadline = time.time() + float(self.knobs["dist_timeout_s"])
+        while True:
+            try:
+                self.peers.append(socket.create_connection((host, port), timeout=1.0))
+                return
+            except OSError as exc:
+                if time.time() > deadline:
+                    self.fail_dist(
+                        "torch.distributed.DistNetworkError: The client socket has timed out "
+                        f"after {self.knobs['dist_timeout_s']:g}s while trying to connect to "
+                        f"({host}, {port}). {exc.strerror or exc}"
+                    )
+                time.sleep(0.1)
+
+    def check_peers(self) -> None:
+        """Another node gone: NCCL's watchdog ends this node a little later."""
+        if self.peer_lost_at is None:
+            readable, _, _ = select.select(self.peers, [], [], 0)
+            for peer in readable:
+                if not peer.recv(1):
+                    self.peer_lost_at = time.time()
+        elif time.time() >= self.peer_lost_at + float(self.knobs["peer_loss_s"]):
+            first = self.rank_layout()[0][1]
+            log(
+                f"[PG ID 0 PG GUID 0(default_pg) Rank {first}] Process group watchdog thread "
+                "terminated with exception: NCCL error: remote process exited or there was a "
+                "network error, NCCL version 2.27.5",
+                f" TP{first}",
+            )
+            log("Received sigquit from a child process. It usually means the child failed.")
+            self.kill_process_tree(include_parent=False)
+            os._exit(1)
+
+    def on_sigterm_node(self, signum: int, frame: Any) -> None:
+        log(
+            f"SIGTERM received on node_rank {self.node_rank}; waiting for the rank-0 "
+            "ShutdownReq broadcast to stop the schedulers."
+        )
+
+    def run_node(self) -> NoReturn:
+        """A node > 0: join rank 0, bring up its ranks, then serve only a dummy /health."""
+        signal.signal(signal.SIGQUIT, self.on_sigquit)
+        signal.signal(signal.SIGTERM, self.on_sigterm_node)
+        self.join_rank0()
+        self.spawn_children(time.time())
+        self.wait_for_ranks()
+        self.peers[0].sendall(b"ready\n")
+        error = self.bind()
+        if error is not None:
+            self.exit_bind_failed(error)
+        self.ready = True
+        while True:
+            self.pump(0.05)
+            self.check_peers()
+
     def run(self) -> NoReturn:
         """Start up, report readiness, then serve until signalled."""
+        if self.node_rank > 0:
+            self.run_node()
         span = float(self.knobs["startup_s"])
         t0 = time.time()
         signal.signal(signal.SIGQUIT, self.on_sigquit)
+        rendezvous = self.open_rendezvous() if self.args.nnodes > 1 else None
         if not self.knobs["late_bind"]:
             error = self.bind()
             if error is not None:
                 self.uvicorn_startup_lines()
                 self.exit_bind_failed(error)
         self.spawn_children(t0)
+        if rendezvous is not None:
+            self.gather_nodes(rendezvous)
         self.wait_for_ranks()
         warm = time.time()
         self.uvicorn_startup_lines()
@@ -968,6 +1109,8 @@ class Launcher:
         )
         while True:
             self.pump(0.05)
+            if self.peers:
+                self.check_peers()
             now = time.time()
             if request_error_at is not None and now >= request_error_at:
                 request_error_at = None

@@ -1,0 +1,245 @@
+"""Multi-node deployments: one server across several hosts, run and restarted as one unit.
+
+Over real sshd hosts with the stand-in taught the multi-node contract: rank 0 hosts the
+rendezvous at --dist-init-addr and serves the API; the other nodes join it, serve only a
+dummy /health, and end with an NCCL error a little after a node they are joined to is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deployctl.deployments import deployment_targets, group_of
+from deployctl.errors import InventoryError
+from deployctl.inventory import Host, Inventory
+from tests.conftest import CLI
+from tests.sshd_hosts import SSHLab, free_port
+from tests.test_deployments import run_json, standin_starts
+from tests.test_lifecycle import prepare, rank_pids, watch_until
+
+# ---- the model -------------------------------------------------------------------------------
+
+
+def fleet(*hosts: Host, **groups: list[str]) -> Inventory:
+    return Inventory({h.name: h for h in hosts}, dict(groups), "test")
+
+
+def node(name: str, total_tp: int = 16, **variables: Any) -> Host:
+    kimi = {"kimi": {"nodes": "kimi", "tp": total_tp}}
+    return Host(
+        name, {"ansible_host": f"10.0.0.{name[-1]}", "tp": 8, "deployments": kimi, **variables}
+    )
+
+
+def test_nodes_follow_inventory_order_and_share_rank_0s_init_address() -> None:
+    nodes = [node("n1", 24), node("n2", 24), node("n3", 24, port=30001)]
+    inv = fleet(*nodes, kimi=["n1", "n2", "n3"])
+    targets = deployment_targets([inv.hosts["n2"]], resolve=inv.select)  # any node selects all
+    assert [t.label for t in targets] == ["n1/kimi", "n2/kimi", "n3/kimi"]
+    assert [t.vars["node_rank"] for t in targets] == [0, 1, 2]
+    assert {t.vars["dist_init_addr"] for t in targets} == {"10.0.0.1:20000"}
+    assert {t.vars["nnodes"] for t in targets} == {3} and targets[2].vars["port"] == 30001
+    assert all(group_of(t) == ("kimi", ("n1", "n2", "n3")) for t in targets)
+    # Selecting two nodes still gives the group once.
+    assert len(deployment_targets(list(inv.hosts.values()), resolve=inv.select)) == 3
+
+
+def test_a_host_that_sets_node_rank_takes_it() -> None:
+    inv = fleet(node("n1"), node("n2", node_rank=0), kimi=["n1", "n2"])
+    targets = deployment_targets([inv.hosts["n1"]], resolve=inv.select)
+    assert [(t.name, t.vars["node_rank"]) for t in targets] == [("n2", 0), ("n1", 1)]
+    assert targets[0].vars["dist_init_addr"] == "10.0.0.2:20000"
+
+
+def test_an_ipv6_rank_0_is_bracketed_and_dist_port_is_used() -> None:
+    first = node("n1", ansible_host="fd00::1", dist_port=29500)
+    inv = fleet(first, node("n2"), kimi=["n1", "n2"])
+    assert deployment_targets([first], resolve=inv.select)[1].vars["dist_init_addr"] == (
+        "[fd00::1]:29500"
+    )
+
+
+@pytest.mark.parametrize(
+    ("table", "extra", "message"),
+    [
+        ({"nodes": "nope"}, {}, "nodes 'nope' matches no host"),
+        ({"nodes": "kimi", "nnodes": 3}, {}, "nnodes 3 disagrees with nodes 'kimi' (2 hosts)"),
+        ({"nodes": "kimi", "tp": 3}, {}, "tp 3 is not divisible by its 2 nodes"),
+        ({"nodes": ["n1", "n2"]}, {}, "nodes must be a host pattern"),
+        ({"nodes": "kimi"}, {"node_rank": 5}, "node_rank 5 of n1 is not a rank of its 2 nodes"),
+    ],
+)
+def test_bad_multi_node_deployments_are_clear_errors(
+    table: dict[str, Any], extra: dict[str, Any], message: str
+) -> None:
+    first = node("n1", deployments={"kimi": table}, **extra)
+    inv = fleet(first, node("n2"), kimi=["n1", "n2"])
+    with pytest.raises(InventoryError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        deployment_targets([first], resolve=inv.select)
+
+
+def test_two_nodes_with_one_rank_each_are_refused_as_duplicates() -> None:
+    inv = fleet(node("n1", node_rank=1), node("n2", node_rank=1), kimi=["n1", "n2"])
+    with pytest.raises(InventoryError, match="two nodes have node_rank 1"):
+        deployment_targets([inv.hosts["n1"]], resolve=inv.select)
+
+
+# ---- over real sshd hosts --------------------------------------------------------------------
+
+
+def group_inventory(lab: SSHLab, tmp_path: Path, names: list[str], **knobs: Any) -> Path:
+    """The hosts as one group `kimi` running one TP-len(names) server, one rank per node."""
+    host_vars = {n: {**prepare(lab.hosts[n], tp=1, **knobs), "template": "baseline"} for n in names}
+    path = lab.inventory(tmp_path / "inv.yml", names, host_vars)
+    document = yaml.safe_load(path.read_text())
+    dist_port = free_port(lab.hosts[names[0]].address)
+    kimi = {"nodes": "kimi", "tp": len(names), "dist_port": dist_port}
+    document["all"]["children"] = {
+        "kimi": {"hosts": {n: None for n in names}, "vars": {"deployments": {"kimi": kimi}}}
+    }
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def dist_port(inv: Path) -> int:
+    document = yaml.safe_load(inv.read_text())
+    return int(document["all"]["children"]["kimi"]["vars"]["deployments"]["kimi"]["dist_port"])
+
+
+def set_knobs(lab: SSHLab, name: str, **knobs: Any) -> None:
+    (lab.hosts[name].home / "model" / "standin.json").write_text(
+        json.dumps({"startup_s": 0.3, **knobs})
+    )
+
+
+def node_entries(doc: dict[str, Any], names: list[str]) -> dict[str, dict[str, Any]]:
+    return {n: doc["hosts"][n]["deployments"]["kimi"] for n in names}
+
+
+@pytest.mark.parametrize("names", [["alpha", "bravo"], ["alpha", "bravo", "charlie"]])
+def test_a_group_launches_to_ready_with_its_ranks_and_one_init_address(
+    hosts: SSHLab, cli: CLI, tmp_path: Path, names: list[str]
+) -> None:
+    inv = group_inventory(hosts, tmp_path, names)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    entries = node_entries(doc, names)
+    assert {n: e["state"] for n, e in entries.items()} == dict.fromkeys(names, "ready")
+    assert {e["run"] for e in entries.values()} == {"kimi_baseline_v1"}
+    addresses = set()
+    for rank, name in enumerate(names):
+        argv = standin_starts(hosts.hosts[name])[-1]["argv"]
+        assert f"--node-rank={rank}" in argv and f"--nnodes={len(names)}" in argv
+        assert f"--tp={len(names)}" in argv
+        addresses |= {a for a in argv if a.startswith("--dist-init-addr=")}
+        assert len(rank_pids(hosts.hosts[name])) == 1  # one TP rank per node
+    assert addresses == {f"--dist-init-addr={hosts.hosts[names[0]].address}:{dist_port(inv)}"}
+
+    code, doc, _ = run_json(cli, "status", "-i", str(inv))
+    assert code == 0
+    group = doc["deployments"]["kimi"]
+    assert group["state"] == "ready" and group["nnodes"] == len(names)
+    assert [(n["host"], n["node_rank"], n["alive"]) for n in group["nodes"]] == [
+        (name, rank, True) for rank, name in enumerate(names)
+    ]
+    human = cli("status", "-i", str(inv)).stdout
+    assert f"kimi ({', '.join(names)})" in human and "ready" in human
+
+    result = cli("stop", "-i", str(inv), "--json")
+    assert result.returncode == 0, result.stderr
+    stopped = node_entries(json.loads(result.stdout), names)
+    assert all(e["gpus_clean"] is True for e in stopped.values())
+    assert all(rank_pids(hosts.hosts[n]) == [] for n in names)
+
+
+def test_one_node_failing_preflight_starts_nothing_anywhere(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    names = ["alpha", "bravo"]
+    inv = group_inventory(hosts, tmp_path, names)
+    hosts.hosts["bravo"].set_gpus("busy", 1)
+    code, doc, _ = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 1 and doc["started"] is False
+    entries = node_entries(doc, names)
+    assert entries["alpha"]["preflight"]["ready"] is True
+    assert "not clean" in " ".join(entries["bravo"]["preflight"]["problems"])
+    for name in names:
+        assert rank_pids(hosts.hosts[name]) == []
+        assert not (hosts.hosts[name].home / "model" / "standin-argv.jsonl").exists()
+
+
+def test_rank_0s_dist_port_in_use_is_refused(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    import socket
+
+    inv = group_inventory(hosts, tmp_path, ["alpha", "bravo"])
+    port = dist_port(inv)
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", port))
+        busy.listen()
+        result = cli("launch", "-i", str(inv), "--timeout", "60")
+    assert result.returncode == 1
+    assert f"alpha/kimi: error: port {port} (dist_port, where the other nodes join) is in use" in (
+        result.stderr
+    )
+
+
+def test_a_rank_crashing_at_start_fails_the_launch_and_leaves_no_process(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    names = ["alpha", "bravo", "charlie"]
+    inv = group_inventory(hosts, tmp_path, names)
+    set_knobs(hosts, "bravo", crash="startup", crash_message="CUDA out of memory on node 1")
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 1
+    entries = node_entries(doc, names)
+    assert entries["bravo"]["state"] in ("crashed", "died"), entries
+    assert "CUDA out of memory on node 1" in json.dumps(entries["bravo"]["crashes"])
+    assert all(rank_pids(hosts.hosts[n]) == [] for n in names), err
+    human = cli("status", "-i", str(inv)).stdout
+    assert "ready" not in human
+
+
+def test_rank_0_killed_then_restart_crashed_relaunches_every_node(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    names = ["alpha", "bravo"]
+    inv = group_inventory(hosts, tmp_path, names)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    os.killpg(node_entries(doc, names)["alpha"]["pid"], signal.SIGKILL)
+    code, doc, _ = run_json(cli, "status", "-i", str(inv))
+    assert code == 1 and doc["deployments"]["kimi"]["state"].startswith("crashed: alpha")
+
+    code, doc, err = run_json(cli, "restart", "--crashed", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    entries = node_entries(doc, names)
+    assert {e["run"] for e in entries.values()} == {"kimi_baseline_v2"}
+    assert all(e["state"] == "ready" for e in entries.values())
+    code, doc, _ = run_json(cli, "status", "-i", str(inv))
+    assert doc["deployments"]["kimi"]["state"] == "ready"
+    cli("stop", "-i", str(inv))
+    assert all(rank_pids(hosts.hosts[n]) == [] for n in names)
+
+
+def test_watch_restarts_the_whole_group_when_one_node_dies(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    names = ["alpha", "bravo"]
+    inv = group_inventory(hosts, tmp_path, names)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    os.killpg(node_entries(doc, names)["bravo"]["pid"], signal.SIGKILL)
+    text, err = watch_until(cli, inv, "restarted as")
+    assert "kimi (alpha, bravo): kimi_baseline_v1 crashed on bravo" in text, text + err
+    assert "kimi (alpha, bravo): restarted as kimi_baseline_v2: ready" in text
+    for name in names:
+        logs = sorted(p.name for p in (hosts.hosts[name].home / "logs").iterdir())
+        assert logs == ["kimi_baseline_v1.log", "kimi_baseline_v2.log"]
+    cli("stop", "-i", str(inv))
