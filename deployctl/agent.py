@@ -128,12 +128,16 @@ def call(
     args: Mapping[str, Any],
     reply_type: type[R],
     stdin: bytes | None = None,
+    timeout: float | None = None,
 ) -> R:
-    """Run one agent call on the host: one round trip once the agent is there."""
-    result = conn.run(agent_command(host, name, args), stdin=stdin)
+    """Run one agent call on the host: one round trip once the agent is there.
+
+    `timeout`: for a call that itself waits longer than the host's command timeout.
+    """
+    result = conn.run(agent_command(host, name, args), stdin=stdin, timeout=timeout)
     if _agent_missing(result.exit_code, result.stdout):
         _send_agent(host, conn)
-        result = conn.run(agent_command(host, name, args), stdin=stdin)
+        result = conn.run(agent_command(host, name, args), stdin=stdin, timeout=timeout)
     return parse_reply(host, name, result.exit_code, result.stdout, result.stderr, reply_type)
 
 

@@ -243,3 +243,29 @@ def test_watch_restarts_the_whole_group_when_one_node_dies(
         logs = sorted(p.name for p in (hosts.hosts[name].home / "logs").iterdir())
         assert logs == ["kimi_baseline_v1.log", "kimi_baseline_v2.log"]
     cli("stop", "-i", str(inv))
+
+
+def test_a_second_group_on_a_host_of_a_running_group_is_refused_naming_it(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = group_inventory(hosts, tmp_path, ["alpha", "bravo", "charlie"])
+    document = yaml.safe_load(inv.read_text())
+    children = document["all"]["children"]
+    children["kimi"]["hosts"] = {"alpha": None, "bravo": None}
+    children["kimi"]["vars"]["deployments"]["kimi"]["tp"] = 2
+    glm = {"nodes": "glm", "tp": 2, "dist_port": free_port(hosts.hosts["bravo"].address)}
+    port = free_port(hosts.hosts["bravo"].address)
+    children["glm"] = {"hosts": {"bravo": None, "charlie": None}}
+    for name in ("bravo", "charlie"):
+        table = {"kimi": children["kimi"]["vars"]["deployments"]["kimi"]} if name == "bravo" else {}
+        document["all"]["hosts"][name]["deployments"] = {**table, "glm": {**glm, "port": port}}
+    inv.write_text(yaml.safe_dump(document))
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "-d", "kimi", "--timeout", "60")
+    assert code == 0, err
+    result = cli("launch", "-i", str(inv), "-d", "glm", "--timeout", "60")
+    assert result.returncode == 1
+    assert "bravo/glm: error: deployment kimi holds every GPU on bravo (run kimi_baseline_v1" in (
+        result.stderr
+    )
+    assert rank_pids(hosts.hosts["charlie"]) == []
+    cli("stop", "-i", str(inv))

@@ -51,6 +51,9 @@ from deployctl.text import is_number
 READY_LINE = "The server is fired up and ready to roll!"
 # The agent long-polls: it returns as soon as the log grows or the run dies or is ready.
 POLL_WAIT = 1.0
+# A node of a multi-node server other than rank 0 learns that the group is ready only when
+# its own poll returns: a shorter wait keeps the group's ready lag short on any node count.
+NODE_POLL_WAIT = 0.25
 # The most log one poll brings back.
 POLL_LIMIT_BYTES = 1 << 20
 # How long a lock may be held when the holder says nothing shorter; past its expiry it is
@@ -543,7 +546,7 @@ def _wait_ready(
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset, started, last_line, buffer = 0, time.monotonic(), "", ""
     while True:
-        doc = poll(host, conn, run, offset)
+        doc = poll(host, conn, run, offset, POLL_WAIT if serves_api else NODE_POLL_WAIT)
         raw = base64.b64decode(doc["data"])
         offset += len(raw)
         data = decoder.decode(raw, final=not doc["alive"])
@@ -573,9 +576,11 @@ def _wait_ready(
             progress(host.label, elapsed, last_line)
 
 
-def poll(host: Host, conn: Connection, run: RunRecord, offset: int) -> PollReply:
+def poll(
+    host: Host, conn: Connection, run: RunRecord, offset: int, wait: float = POLL_WAIT
+) -> PollReply:
     """What the run's log gained since `offset`, and whether it is alive and healthy."""
-    return agent.call(host, conn, "poll", poll_args(run, offset, wait=POLL_WAIT), PollReply)
+    return agent.call(host, conn, "poll", poll_args(run, offset, wait), PollReply)
 
 
 @dataclass
@@ -757,7 +762,10 @@ def end_run(host: Host, conn: Connection, timeout: float = 10) -> StopReply:
         "deployment": host.deployment,
         "timeout": timeout,
     }
-    return agent.call(host, conn, "stop", args, StopReply)
+    # The agent waits `timeout` for SIGTERM, then up to 10 s after SIGKILL: the round trip
+    # must outlast both, whatever the host's command timeout.
+    limit = max(conn.command_timeout, timeout + 20)
+    return agent.call(host, conn, "stop", args, StopReply, timeout=limit)
 
 
 def _token(preflights: FleetResult[Preflight], name: str) -> str:

@@ -1043,9 +1043,17 @@ class Launcher:
         if error is not None:
             self.exit_bind_failed(error)
         self.ready = True
+        serving = f"serving {time.time()!r}\n".encode()
+        for fd in self.ctl_fds:
+            with contextlib.suppress(OSError):
+                os.write(fd, serving)
         while True:
             self.pump(0.05)
             self.check_peers()
+            if all(rank.poll() is not None for rank in self.ranks):
+                # block_until_scheduler_exits() returned: this node's schedulers are gone.
+                self.kill_process_tree(include_parent=False)
+                os._exit(0)
 
     def run(self) -> NoReturn:
         """Start up, report readiness, then serve until signalled."""
