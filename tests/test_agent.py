@@ -68,6 +68,8 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
         "log_dir_writable": True,
         "log_dir_error": "",
         "next_log": "/logs/x_v1.log",
+        "next_version": 1,
+        "busy_ports": {},
         "lock": lock,
     }
     assert reply(host, base, PreflightReply) == base

@@ -119,6 +119,16 @@ def set_knobs(lab: SSHLab, name: str, **knobs: Any) -> None:
     )
 
 
+def launched_group(
+    lab: SSHLab, cli: CLI, tmp_path: Path, names: list[str]
+) -> tuple[Path, dict[str, Any]]:
+    """A group over `names`, launched to ready: its inventory and launch document."""
+    inv = group_inventory(lab, tmp_path, names)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    return inv, doc
+
+
 def node_entries(doc: dict[str, Any], names: list[str]) -> dict[str, dict[str, Any]]:
     return {n: doc["hosts"][n]["deployments"]["kimi"] for n in names}
 
@@ -210,9 +220,7 @@ def test_rank_0_killed_then_restart_crashed_relaunches_every_node(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     names = ["alpha", "bravo"]
-    inv = group_inventory(hosts, tmp_path, names)
-    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    inv, doc = launched_group(hosts, cli, tmp_path, names)
     os.killpg(node_entries(doc, names)["alpha"]["pid"], signal.SIGKILL)
     code, doc, _ = run_json(cli, "status", "-i", str(inv))
     assert code == 1 and doc["deployments"]["kimi"]["state"].startswith("crashed: alpha")
@@ -232,9 +240,7 @@ def test_watch_restarts_the_whole_group_when_one_node_dies(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     names = ["alpha", "bravo"]
-    inv = group_inventory(hosts, tmp_path, names)
-    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    inv, doc = launched_group(hosts, cli, tmp_path, names)
     os.killpg(node_entries(doc, names)["bravo"]["pid"], signal.SIGKILL)
     text, err = watch_until(cli, inv, "restarted as")
     assert "kimi (alpha, bravo): kimi_baseline_v1 crashed on bravo" in text, text + err
