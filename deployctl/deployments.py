@@ -176,6 +176,11 @@ def group_of(host: Host) -> tuple[str, tuple[str, ...]] | None:
     return host.deployment, tuple(nodes)
 
 
+def node_rank(host: Host) -> int:
+    """The target's rank in its multi-node deployment; 0 for a single-node one."""
+    return int(host.vars.get("node_rank", 0)) if group_of(host) else 0
+
+
 def _own_vars(host: Host) -> dict[str, Any]:
     return {k: v for k, v in host.vars.items() if k != "deployments" and k not in _NODE_VARS}
 

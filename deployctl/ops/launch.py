@@ -18,7 +18,7 @@ from typing import Any
 from deployctl import __version__, agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, CrashScanner
-from deployctl.deployments import describe_gpus, gpu_set, group_of
+from deployctl.deployments import describe_gpus, gpu_set, group_of, node_rank
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, HostResult, attempt
@@ -151,7 +151,7 @@ class Plan:
 
     @property
     def node_rank(self) -> int:
-        return int(self.host.vars.get("node_rank", 0))
+        return node_rank(self.host)
 
     @property
     def gpus(self) -> list[int] | None:
@@ -540,7 +540,7 @@ def _wait_ready(
     progress: Callable[[str, float, str], None] | None,
     group: GroupWatch | None,
 ) -> Outcome:
-    serves_api = group is None or int(host.vars.get("node_rank", 0)) == 0
+    serves_api = group is None or node_rank(host) == 0
     scanner = CrashScanner(catalog)
     # One decoder for the whole log: a character split across two polls stays whole.
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -565,10 +565,9 @@ def _wait_ready(
         if not doc["alive"]:
             return Outcome(run, "died", elapsed, scanner.finish() or scanner.reports, last_line)
         if group is not None and group.state is not None:
-            if group.state == "ready":
-                return Outcome(run, "ready", elapsed, [], last_line, warnings=scanner.reports)
-            why = "did not get ready" if group.state == "timeout" else "failed"
-            note = f"node {group.by} {why}"
+            if group.state in ("ready", "timeout"):  # a timeout leaves every node running
+                return Outcome(run, group.state, elapsed, [], last_line, warnings=scanner.reports)
+            note = f"node {group.by} failed"
             return Outcome(run, "aborted", elapsed, scanner.reports, last_line, note=note)
         if elapsed >= timeout:
             return Outcome(run, "timeout", elapsed, [], last_line)
@@ -740,7 +739,7 @@ def launch(
 
     # Rank 0s first: with fewer forks than nodes, a rank 0 must not queue behind the nodes
     # that wait for it.
-    waiting = sorted((p.host for p in plans if p.host.label in runs), key=_rank)
+    waiting = sorted((p.host for p in plans if p.host.label in runs), key=node_rank)
     waited = {r.name: r for r in fleet.run(wait_for, waiting)}
     outcomes = FleetResult(
         waited.get(r.name) or HostResult(r.host, exception=r.exception) for r in starts
@@ -749,10 +748,6 @@ def launch(
     failed = {key for key, watch in groups.items() if watch.state == "failed"}
     cleanup = fleet.run(end_run, [p.host for p in plans if p.group in failed])
     return LaunchReport(preflights, outcomes, refused=False, cleanup=cleanup)
-
-
-def _rank(host: Host) -> int:
-    return int(host.vars.get("node_rank", 0))
 
 
 def end_run(host: Host, conn: Connection, timeout: float = 10) -> StopReply:
