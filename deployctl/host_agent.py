@@ -277,12 +277,19 @@ class StatusArgs(TypedDict):
     deployment: str | None
     run: str | None
     tail_bytes: int
+    metrics_bytes: int  # > 0: also GET /metrics from a live server, at most this much
+
+
+class MetricsPage(TypedDict):
+    status: int | None  # the HTTP status; None when nothing answered
+    text: str
 
 
 class StatusReply(PollReply):
     run: RunRecord | None
     command: str | None
     env: dict[str, str] | None
+    metrics: MetricsPage | None  # asked for and the server alive
 
 
 class StopArgs(TypedDict):
@@ -913,18 +920,31 @@ def cmd_start(args: StartArgs) -> StartReply:
     return {"run": record}
 
 
-def health(host: str, port: int) -> int | None:
-    """GET /health on the host itself: the status code, or None when nothing answers."""
+def http_get(
+    host: str, port: int, path: str, limit: int = 0, timeout: float = 0.5
+) -> tuple[int | None, bytes]:
+    """GET `path` from the server on this host: the status code (None when nothing answers)
+    and up to `limit` bytes of the body."""
     import socket
 
     address = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
     try:
-        with socket.create_connection((address, int(port)), timeout=0.5) as sock:
-            sock.sendall(f"GET /health HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
-            status_line = sock.makefile("rb").readline().split()
+        with socket.create_connection((address, int(port)), timeout=timeout) as sock:
+            sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
+            reply = sock.makefile("rb")
+            status_line = reply.readline().split()
+            while limit and reply.readline().strip():  # the headers
+                pass
+            body = reply.read(limit) if limit else b""
     except OSError:
-        return None
-    return int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else None
+        return None, b""
+    code = int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else None
+    return code, body
+
+
+def health(host: str, port: int) -> int | None:
+    """GET /health on the host itself: the status code, or None when nothing answers."""
+    return http_get(host, port, "/health")[0]
 
 
 def read_from(path: str, offset: int, limit: int) -> tuple[int, bytes]:
@@ -1017,7 +1037,7 @@ def cmd_status(args: StatusArgs) -> StatusReply:
     run = current_run(args["state_dir"], args["run"], args["deployment"])
     if run is None:
         nothing: PollReply = {"alive": False, "members": [], "health": None, "size": 0, "data": ""}
-        return {**nothing, "run": None, "command": None, "env": None}
+        return {**nothing, "run": None, "command": None, "env": None, "metrics": None}
     identity: LeaderIdentity = {"starttime": run["starttime"]} if "starttime" in run else {}
     poll = cmd_poll(
         {
@@ -1034,11 +1054,16 @@ def cmd_status(args: StatusArgs) -> StatusReply:
     )
     command = read_bytes(state_path(args["state_dir"], "runs", run["id"] + ".cmd"))
     env = read_json(state_path(args["state_dir"], "runs", run["id"] + ".env"))
+    metrics: MetricsPage | None = None
+    if args["metrics_bytes"] > 0 and poll["alive"]:
+        code, body = http_get(run["bind_host"], run["port"], "/metrics", args["metrics_bytes"], 2.0)
+        metrics = {"status": code, "text": body.decode("utf-8", "replace")}
     return {
         **poll,
         "run": run,
         "command": None if command is None else command.decode(),
         "env": env if isinstance(env, dict) else None,
+        "metrics": metrics,
     }
 
 

@@ -31,6 +31,7 @@ EAGLE3_H200_FLAGS = [
     "--model-path=/shared/kimi-k2.5-int4",
     "--tp=8",
     "--trust-remote-code",
+    "--enable-metrics",
     "--cuda-graph-max-bs-decode=128",
     "--disable-custom-all-reduce",
     "--attention-backend=flashinfer",

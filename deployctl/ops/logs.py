@@ -73,6 +73,7 @@ def log_path(host: Host, conn: Connection, run: str | None, path: str | None) ->
         "deployment": host.deployment,
         "run": run,
         "tail_bytes": 0,
+        "metrics_bytes": 0,
     }
     record = agent.call(host, conn, "status", args, StatusReply)["run"]
     if record is None:

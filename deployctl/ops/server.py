@@ -12,11 +12,12 @@ from typing import Any
 from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, scan_text
-from deployctl.deployments import gpu_set, group_of
+from deployctl.deployments import gpu_set, group_of, node_rank
 from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.host_agent import (
+    MetricsPage,
     RunRecord,
     RunsArgs,
     RunsReply,
@@ -24,6 +25,7 @@ from deployctl.host_agent import (
     StatusReply,
 )
 from deployctl.inventory import MASK, Host
+from deployctl.metrics import METRICS_LIMIT_BYTES, MetricsError, parse_metrics
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
 from deployctl.ops.launch import LaunchReport, Plan, end_run, launch
 from deployctl.patchset import PatchSet, sets_for_flags
@@ -45,6 +47,8 @@ class RunStatus:
     gpus: GpuReport | None = None
     command: str | None = None
     env: dict[str, str] | None = None  # the server's real environment, for restart
+    metrics: dict[str, Any] | None = None  # when asked for: see deployctl.metrics
+    metrics_note: str | None = None  # None: not asked; else why there are none, or ""
 
     @property
     def running(self) -> bool:
@@ -91,18 +95,31 @@ class RunStatus:
             "gpu_memory_used_mib": sum(g.memory_used_mib for g in self.gpus.gpus)
             if self.gpus
             else None,
+            **(
+                {}
+                if self.metrics_note is None
+                else {"metrics": self.metrics, "metrics_note": self.metrics_note}
+            ),
         }
 
 
 def run_status(
-    host: Host, conn: Connection, catalog: Catalog, run_id: str | None = None
+    host: Host,
+    conn: Connection,
+    catalog: Catalog,
+    run_id: str | None = None,
+    metrics: bool = False,
+    tail_bytes: int = STATUS_TAIL_BYTES,
 ) -> RunStatus:
-    """Read the run, its liveness, health, log tail and GPUs in one round trip."""
+    """Read the run, its liveness, health, log tail, GPUs and (asked for) its metrics in one
+    round trip. Of a multi-node server only rank 0 has metrics: the others serve none."""
+    with_metrics = metrics and node_rank(host) == 0
     args: StatusArgs = {
         "state_dir": str(host.vars["state_dir"]),
         "deployment": host.deployment,
         "run": run_id,
-        "tail_bytes": STATUS_TAIL_BYTES,
+        "tail_bytes": tail_bytes,
+        "metrics_bytes": METRICS_LIMIT_BYTES if with_metrics else 0,
     }
     probes = {"gpus": GPUS_COMMAND}
     outputs, doc = agent.call_beside(host, conn, probes, "status", args, StatusReply)
@@ -123,7 +140,7 @@ def run_status(
     tail = base64.b64decode(doc["data"]).decode("utf-8", errors="replace")
     lines = [line for line in tail.splitlines() if line.strip()]
     crashes = scan_text(tail, catalog) if run["status"] == "running" else []
-    return RunStatus(
+    status = RunStatus(
         run,
         alive=doc["alive"],
         health=doc["health"],
@@ -133,6 +150,23 @@ def run_status(
         command=doc["command"],
         env=doc["env"],
     )
+    if with_metrics:
+        status.metrics, status.metrics_note = read_metrics(doc["metrics"])
+    return status
+
+
+def read_metrics(page: MetricsPage | None) -> tuple[dict[str, Any] | None, str]:
+    """The server's metrics, or none and why."""
+    if page is None:
+        return None, "not running"
+    if page["status"] == 404:
+        return None, "metrics off"  # started without --enable-metrics
+    if page["status"] != 200:
+        return None, f"no answer from /metrics ({page['status'] or 'nothing listening'})"
+    try:
+        return parse_metrics(page["text"]), ""
+    except MetricsError as exc:
+        return None, exc.message
 
 
 @dataclass
@@ -213,6 +247,7 @@ def stop_live_runs(
             "deployment": host.deployment,
             "run": None,
             "tail_bytes": 0,
+            "metrics_bytes": 0,
         }
         alive = agent.call(host, conn, "status", args, StatusReply)["alive"]
         return stop_run(host, conn, timeout) if alive else None

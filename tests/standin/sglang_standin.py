@@ -59,7 +59,18 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # long a node lives on after the connection to another one is lost (NCCL's watchdog).
     "dist_timeout_s": 30.0,
     "peer_loss_s": 2.0,
+    # With --enable-metrics: gauge values by SGLang name without "sglang:" (others read 0;
+    # spec_accept_length is exported only with speculation), and observations in seconds
+    # for the histograms ("time_to_first_token_seconds", "inter_token_latency_seconds").
+    "metrics": {},
+    "observations": {},
 }
+# SGLang 0.5.23's buckets (srt/observability/metrics_collector.py).
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+ITL_BUCKETS = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
+    0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
+)  # fmt: skip
 CRASH_MODES = (None, "startup", "after_ready")
 
 # After a SIGQUIT the parent waits this long at most for the other crashing
@@ -548,6 +559,8 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
                 self._send(200 if launcher.healthy() else 503)
             elif launcher.node_rank > 0:  # 0.5.23's dummy health server serves nothing else
                 self._send_json(404, {"detail": "Not Found"})
+            elif path == "/metrics" and launcher.args.enable_metrics:
+                self._send(200, launcher.metrics_text().encode(), "text/plain; version=0.0.4")
             elif path in ("/model_info", "/get_model_info"):
                 self._send_json(200, launcher.model_info())
             elif path == "/v1/models":
@@ -682,6 +695,35 @@ class Launcher:
             "model_type": self.model_type,
             "architectures": [self.arch],
         }
+
+    def metrics_text(self) -> str:
+        """SGLang's Prometheus page: the scheduler's gauges and latency histograms."""
+        labels = (
+            f'engine_type="unified",model_name="{self.served_model_name}",'
+            'moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+        )
+        values = dict(self.knobs["metrics"])
+        names = ["num_running_reqs", "num_queue_reqs", "gen_throughput", "cache_hit_rate",
+                 "token_usage"]  # fmt: skip
+        if self.args.speculative_algorithm:
+            names.append("spec_accept_length")
+        lines = []
+        for name in names:
+            lines += [f"# HELP sglang:{name} {name}.", f"# TYPE sglang:{name} gauge"]
+            lines.append(f"sglang:{name}{{{labels}}} {float(values.get(name, 0))}")
+        for name, bounds, extra in (
+            ("time_to_first_token_seconds", TTFT_BUCKETS, ',is_streaming="true"'),
+            ("inter_token_latency_seconds", ITL_BUCKETS, ""),
+        ):
+            seen = [float(x) for x in self.knobs["observations"].get(name, [])]
+            lines += [f"# HELP sglang:{name} {name}.", f"# TYPE sglang:{name} histogram"]
+            for bound in (*bounds, float("inf")):
+                le = "+Inf" if bound == float("inf") else repr(float(bound))
+                count = sum(1 for x in seen if x <= bound)
+                lines.append(f'sglang:{name}_bucket{{{labels}{extra},le="{le}"}} {float(count)}')
+            lines.append(f"sglang:{name}_count{{{labels}{extra}}} {float(len(seen))}")
+            lines.append(f"sglang:{name}_sum{{{labels}{extra}}} {sum(seen)}")
+        return "\n".join(lines) + "\n"
 
     def model_card(self) -> dict[str, Any]:
         return {

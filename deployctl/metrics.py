@@ -1,0 +1,93 @@
+"""SGLang's Prometheus metrics (`--enable-metrics`, GET /metrics): a pure parser.
+
+The text is parsed with prometheus_client's own parser. Scheduler metrics come from TP rank
+0 (SGLang labels them `tp_rank`); histograms are summed over their label sets and read as
+Prometheus' `histogram_quantile` reads them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from deployctl.errors import DeployctlError
+
+PREFIX = "sglang:"
+GAUGES = (
+    "num_running_reqs",
+    "num_queue_reqs",
+    "gen_throughput",
+    "token_usage",
+    "cache_hit_rate",
+    "spec_accept_length",
+)
+HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds")
+# What the agent brings back at most: SGLang's page is tens of KiB.
+METRICS_LIMIT_BYTES = 1 << 20
+
+
+class MetricsError(DeployctlError):
+    """A /metrics page that is not Prometheus text."""
+
+    code = "parse"
+
+
+def parse_metrics(text: str) -> dict[str, Any]:
+    """The metrics deployctl shows, keyed by SGLang's names without `sglang:`.
+
+    Gauges are numbers (None when the server does not export one, e.g. no speculation);
+    histograms are {"p50": seconds, "p99": seconds, "count": n}, with None quantiles while
+    no request has been seen.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    gauges: dict[str, float] = {}
+    ranks: dict[str, str] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            name = family.name.removeprefix(PREFIX)
+            if not family.name.startswith(PREFIX):
+                continue
+            for sample in family.samples:
+                if name in GAUGES and sample.name == family.name:
+                    rank = sample.labels.get("tp_rank", "0")
+                    if name not in gauges or (rank == "0" and ranks[name] != "0"):
+                        gauges[name], ranks[name] = sample.value, rank
+                elif name in HISTOGRAMS and sample.name == family.name + "_bucket":
+                    bound = float(sample.labels["le"])
+                    counts = buckets.setdefault(name, {})
+                    counts[bound] = counts.get(bound, 0.0) + sample.value
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MetricsError(f"the server's /metrics is not Prometheus text: {exc}") from None
+    found: dict[str, Any] = {name: _finite(gauges.get(name)) for name in GAUGES}
+    for name in HISTOGRAMS:
+        counts = buckets.get(name, {})
+        total = counts.get(math.inf, 0.0)
+        found[name] = {
+            "p50": quantile(0.5, counts),
+            "p99": quantile(0.99, counts),
+            "count": int(total),
+        }
+    return found
+
+
+def quantile(q: float, counts: dict[float, float]) -> float | None:
+    """`histogram_quantile(q, …)` over cumulative bucket counts {upper bound: count}."""
+    bounds = sorted(counts)
+    if not bounds or bounds[-1] != math.inf or counts[math.inf] <= 0:
+        return None
+    rank = q * counts[math.inf]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = counts[bound]
+        if count >= rank:
+            if bound == math.inf:  # beyond the last finite bucket: its bound is the answer
+                return lower
+            return lower + (bound - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = bound, count
+    return None
+
+
+def _finite(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else value
