@@ -508,13 +508,62 @@ def stop(
 
 
 @fleet_command(app, options=SERVERS)
-def status(session: Session, run: RunOpt = None) -> Reply:
+def status(
+    session: Session,
+    run: RunOpt = None,
+    metrics: Annotated[
+        bool, typer.Option("--metrics", help="Also read each server's /metrics.")
+    ] = False,
+) -> Reply:
     """Show each host's current run: alive, ready, uptime, log, crash, GPU memory."""
     from deployctl import report
     from deployctl.ops.server import run_status
 
     catalog = session.catalog()
-    return report.STATUS, session.run(lambda host, conn: run_status(host, conn, catalog, run))
+    results = session.run(lambda host, conn: run_status(host, conn, catalog, run, metrics))
+    return report.STATUS, results
+
+
+@fleet_command(app, "metrics-targets", options=("select", "deployment", "project"))
+def metrics_targets(
+    session: Session,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write here (default: print).")
+    ] = None,
+) -> Reply:
+    """Prometheus file_sd JSON for every deployment's /metrics (labels: host, deployment,
+    group, template)."""
+    from deployctl import report
+    from deployctl.deployments import prometheus_targets
+
+    groups = {g: n for g, n in session.inventory.groups.items() if g not in ("all", "ungrouped")}
+    entries = prometheus_targets(session.targets, groups)
+    return report.TARGETS, report.TargetsFile(entries, output)
+
+
+@fleet_command(app, options=SERVERS)
+def top(
+    session: Session,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.2, help="Seconds between refreshes.")
+    ] = 2,
+    once: Annotated[bool, typer.Option("--once", help="Show one refresh and exit.")] = False,
+) -> Reply:
+    """Live metrics of every deployment: requests, tok/s, KV usage, latencies; q or Ctrl-C ends."""
+    from deployctl import report
+    from deployctl.ops.server import WatchEnded, metrics_rounds
+
+    catalog = session.catalog()
+    with session.fleet() as fleet:
+        if once:
+            return report.STATUS, next(metrics_rounds(fleet, catalog, interval, 1))
+        with report.TopScreen(session.options.json) as screen:
+            try:
+                for results in metrics_rounds(fleet, catalog, interval, sleep=screen.wait):
+                    screen.show(results)
+            except KeyboardInterrupt:  # Ctrl-C, or q
+                pass
+    return report.STREAMED, WatchEnded()
 
 
 @fleet_command(app, options=SERVERS)

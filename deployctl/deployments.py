@@ -191,6 +191,27 @@ def _address(host: Host) -> str:
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
 
 
+def prometheus_targets(
+    targets: Iterable[Host], groups: Mapping[str, Sequence[str]]
+) -> list[dict[str, Any]]:
+    """Prometheus `file_sd` entries, one per deployment that serves metrics (rank 0 of a
+    multi-node one), labelled with its host, deployment, inventory group and template."""
+    entries = []
+    for target in targets:
+        if node_rank(target) != 0 or target.vars.get("enable_metrics", True) is False:
+            continue
+        group = next((g for g, names in groups.items() if target.name in names), "")
+        labels = {
+            "host": target.name,
+            "deployment": target.deployment or "",
+            "group": group,
+            "template": str(target.vars.get("template") or "baseline"),
+        }
+        address = f"{_address(target)}:{target.vars.get('port', 30000)}"
+        entries.append({"targets": [address], "labels": labels})
+    return entries
+
+
 def gpu_set(host: Host) -> list[int] | None:
     """The host's `gpus` as indices in the order given (the server's device order), or None
     for every GPU. A list, a comma-separated string or one index."""

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from deployctl.errors import DeployctlError, explain
@@ -196,6 +197,32 @@ def _rendered(results: FleetResult[RenderedCommand]) -> None:
 RENDERED: View[FleetResult[RenderedCommand]] = View(
     _rendered, per_host(lambda r: {"command": r.display, "env": r.env_shown})
 )
+
+
+# ---- metrics-targets -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetsFile:
+    """Prometheus file_sd entries, to print or to write to `path`."""
+
+    entries: list[dict[str, Any]]
+    path: Path | None = None
+
+
+def _write_targets(result: TargetsFile) -> None:
+    text = json.dumps(result.entries, indent=2) + "\n"
+    if result.path is None:
+        sys.stdout.write(text)
+        return
+    # Prometheus rereads the file when it changes: replace it whole, never half-written.
+    tmp = result.path.with_name(f".{result.path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, result.path)
+    sys.stderr.write(f"{len(result.entries)} targets written to {result.path}\n")
+
+
+TARGETS: View[TargetsFile] = View(_write_targets, lambda r: r.entries)
 
 
 # ---- gpus ----------------------------------------------------------------------------------
@@ -584,7 +611,112 @@ def _status_table(results: FleetResult[RunStatus]) -> None:
         rows.append([*row, detail[:160]])
     columns = ["host", "run", "pid", "state", "uptime", "GPU mem", "log", "crash / last line"]
     print_table(None, columns, rows)
+    if any(r.value is not None and r.value.metrics_note is not None for r in results):
+        print_table(None, METRIC_COLUMNS, metric_rows(results))
     print_host_errors(results)
+
+
+METRIC_COLUMNS = [
+    "deployment", "running", "queued", "gen tok/s", "KV usage", "cache hit", "accept len",
+    "TTFT p50", "ITL p50", "note",
+]  # fmt: skip
+
+
+def metric_rows(results: FleetResult[RunStatus]) -> list[list[str]]:
+    """One row per deployment whose metrics were asked for (rank 0 of a multi-node one)."""
+    rows = []
+    for r in results:
+        status = r.value
+        if status is None:
+            rows.append([r.name, *["" for _ in METRIC_COLUMNS[1:-1]], one_line(r.error or "")])
+            continue
+        if status.metrics_note is None:
+            continue
+        m = status.metrics or {}
+        rows.append(
+            [
+                r.name, _num(m, "num_running_reqs", ".0f"), _num(m, "num_queue_reqs", ".0f"),
+                _num(m, "gen_throughput", ".1f"), _num(m, "token_usage", ".0%"),
+                _num(m, "cache_hit_rate", ".0%"), _num(m, "spec_accept_length", ".2f"),
+                _p50_ms(m, "time_to_first_token_seconds"),
+                _p50_ms(m, "inter_token_latency_seconds"), status.metrics_note,
+            ]
+        )  # fmt: skip
+    return rows
+
+
+def _num(metrics: dict[str, Any], name: str, fmt: str) -> str:
+    value = metrics.get(name)
+    return "-" if value is None else format(value, fmt)
+
+
+def _p50_ms(metrics: dict[str, Any], name: str) -> str:
+    value = (metrics.get(name) or {}).get("p50")
+    return "-" if value is None else f"{value * 1000:.1f} ms"
+
+
+class TopScreen:
+    """`top`'s display: a table redrawn in place (or a JSON document per refresh), and the
+    wait between refreshes, which ends the command when q is pressed."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self._live: Any = None
+        self._saved: Any = None
+
+    def __enter__(self) -> TopScreen:
+        if not self.as_json:
+            from rich.live import Live
+
+            self._live = Live(console=console(), auto_refresh=False)
+            self._live.__enter__()
+        if sys.stdin.isatty():
+            import termios
+            import tty
+
+            self._saved = termios.tcgetattr(sys.stdin)
+            tty.setcbreak(sys.stdin)  # one key at a time, no echo
+        return self
+
+    def show(self, results: FleetResult[RunStatus]) -> None:
+        if self.as_json:
+            sys.stdout.write(json.dumps(_status_document(results), default=str) + "\n")
+            sys.stdout.flush()
+            return
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(
+            title=f"deployctl top  {time.strftime('%H:%M:%S')}  (q to quit)",
+            box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
+        )  # fmt: skip
+        for column in METRIC_COLUMNS:
+            table.add_column(column, overflow="fold")
+        for row in metric_rows(results):
+            table.add_row(*(Text(cell) for cell in row))
+        self._live.update(table, refresh=True)
+
+    def wait(self, seconds: float) -> None:
+        """Sleep until the next refresh; q ends `top` as Ctrl-C does."""
+        import select
+
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._saved is None:
+                time.sleep(left)
+                return
+            ready, _, _ = select.select([sys.stdin], [], [], left)
+            if ready and sys.stdin.read(1) in ("q", "Q"):
+                raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is not None:
+            import termios
+
+            termios.tcsetattr(sys.stdin, termios.TCSADRAIN, self._saved)
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
 
 
 def _status_document(results: FleetResult[RunStatus]) -> dict[str, Any]:

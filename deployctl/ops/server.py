@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +13,7 @@ from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, scan_text
 from deployctl.deployments import gpu_set, group_of, node_rank
-from deployctl.errors import DeployctlError
+from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError
 from deployctl.facts import GPUS_COMMAND, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.host_agent import (
@@ -302,6 +302,35 @@ def masked_values(shown: str, argv: Sequence[str]) -> list[str]:
             match = re.fullmatch(pattern, real, re.DOTALL)
             found += list(match.groups()) if match else [real]
     return found
+
+
+TOP_TAIL_BYTES = 16 * 1024
+
+
+def metrics_rounds(
+    fleet: Fleet,
+    catalog: Catalog,
+    interval: float,
+    rounds: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[FleetResult[RunStatus]]:
+    """Every deployment's status with metrics, every `interval` seconds, over the fleet's
+    open connections; a host that drops its connection is reconnected on the next round."""
+    done = 0
+    while rounds is None or done < rounds:
+        started = time.monotonic()
+        results = fleet.run(
+            lambda host, conn: run_status(
+                host, conn, catalog, metrics=True, tail_bytes=TOP_TAIL_BYTES
+            )
+        )
+        for result in results:
+            if isinstance(result.exception, (ConnectError, CommandTimeoutError)):
+                fleet.forget(result.host)
+        done += 1
+        yield results
+        if rounds is None or done < rounds:
+            sleep(max(0.0, interval - (time.monotonic() - started)))
 
 
 @dataclass
