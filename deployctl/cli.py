@@ -524,6 +524,50 @@ def status(
     return report.STATUS, results
 
 
+@fleet_command(app, options=SERVERS)
+def bench(
+    session: Session,
+    concurrency: Annotated[
+        str, typer.Option("--concurrency", help="Load levels: concurrent streams, e.g. 1,4,16,64.")
+    ] = "1,4,16,64",
+    input_len: Annotated[int, typer.Option("--input-len", min=1, help="Prompt words.")] = 512,
+    output_len: Annotated[
+        int, typer.Option("--output-len", min=1, help="Output tokens (EOS ignored).")
+    ] = 128,
+    per_stream: Annotated[
+        int,
+        typer.Option("--requests-per-stream", min=1, help="Requests per level per stream."),
+    ] = 4,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds per level.")] = 900,
+    compare: Annotated[
+        list[str] | None,
+        typer.Option("--compare", help="Show kept results of these runs side by side."),
+    ] = None,
+    suggest: Annotated[
+        tuple[str, str] | None,
+        typer.Option(
+            "--suggest-threshold", help="BASELINE_RUN SPEC_RUN: the --threshold their numbers give."
+        ),
+    ] = None,
+) -> Reply:
+    """Load-test each deployment from its own host (results kept on the host), or compare
+    kept results, or suggest a --threshold from a baseline and a speculative run."""
+    from deployctl import report
+    from deployctl.ops import bench as ops
+
+    with session.fleet() as fleet:
+        if suggest is not None:
+            found = ops.find_results(fleet, list(suggest))
+            return report.SUGGESTION, ops.suggest_threshold(found, *suggest)
+        if compare:
+            runs = [r for item in compare for r in item.split(",") if r]
+            return report.COMPARISON, ops.find_results(fleet, runs)
+        levels = ops.parse_levels(concurrency)
+        plan = ops.BenchPlan(levels, input_len, output_len, per_stream, timeout)
+        with report.Progress(enabled=not session.options.json) as progress:
+            return report.BENCH, ops.bench_fleet(fleet, plan, progress.update)
+
+
 @fleet_command(app, "metrics-targets", options=("select", "deployment", "project"))
 def metrics_targets(
     session: Session,

@@ -921,7 +921,7 @@ def cmd_start(args: StartArgs) -> StartReply:
 
 
 def http_get(
-    host: str, port: int, path: str, limit: int = 0, timeout: float = 0.5
+    host: str, port: int, path: str, limit: int = 0, timeout: float = 0.5, method: str = "GET"
 ) -> tuple[int | None, bytes]:
     """GET `path` from the server on this host: the status code (None when nothing answers)
     and up to `limit` bytes of the body."""
@@ -930,7 +930,8 @@ def http_get(
     address = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
     try:
         with socket.create_connection((address, int(port)), timeout=timeout) as sock:
-            sock.sendall(f"GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n".encode())
+            request = f"{method} {path} HTTP/1.0\r\nHost: {address}\r\nContent-Length: 0\r\n\r\n"
+            sock.sendall(request.encode())
             reply = sock.makefile("rb")
             status_line = reply.readline().split()
             while limit and reply.readline().strip():  # the headers
@@ -1097,6 +1098,227 @@ def cmd_release(args: ReleaseArgs) -> ReleaseReply:
     return {"released": release_lock(args["state_dir"], args["token"], args["deployment"])}
 
 
+# ---- bench ---------------------------------------------------------------------------------
+# The load generator runs here, on the server's own host: the network and the bind address
+# then do not matter, and the metric definitions live in one place.
+
+
+class BenchArgs(TypedDict):
+    bind_host: str
+    port: int
+    concurrency: int
+    prompts: int
+    input_len: int
+    output_len: int
+    flush: bool
+    timeout: float
+
+
+class Spread(TypedDict):
+    p50: float | None
+    p99: float | None
+
+
+class BenchLevel(TypedDict):
+    concurrency: int
+    prompts: int
+    completed: int
+    failed: int
+    errors: list[str]  # the first few
+    duration_s: float
+    output_tokens: int
+    output_tokens_per_s: float
+    requests_per_s: float
+    ttft_ms: Spread
+    itl_ms: Spread  # gaps between streamed chunks, as sglang.bench_serving measures them
+    e2e_ms: Spread
+
+
+class Timing(TypedDict):
+    error: str
+    ttft: float
+    itl: list[float]
+    e2e: float
+    tokens: int
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def spread_ms(values: list[float]) -> Spread:
+    p50, p99 = percentile(values, 50), percentile(values, 99)
+    return {
+        "p50": None if p50 is None else p50 * 1000,
+        "p99": None if p99 is None else p99 * 1000,
+    }
+
+
+def bench_prompt(index: int, words: int) -> str:
+    """Random words, about one token each; `index` seeds them, so no two prompts share a
+    prefix the server's cache could reuse."""
+    import random
+
+    rng = random.Random(index)
+    return " ".join(f"w{rng.randrange(100000)}" for _ in range(words))
+
+
+def stream_completion(args: BenchArgs, prompt: str) -> Timing:
+    """One streamed /v1/completions request (EOS ignored), timed from the request."""
+    import http.client
+
+    body = json.dumps(
+        {
+            "model": "default",
+            "prompt": prompt,
+            "max_tokens": args["output_len"],
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
+    address = "127.0.0.1" if args["bind_host"] in ("", "0.0.0.0", "::") else args["bind_host"]
+    timing: Timing = {"error": "", "ttft": 0.0, "itl": [], "e2e": 0.0, "tokens": 0}
+    start = time.perf_counter()
+    last: float | None = None
+    try:
+        conn = http.client.HTTPConnection(address, args["port"], timeout=args["timeout"])
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            timing["error"] = f"HTTP {response.status} from /v1/completions"
+            return timing
+        for raw in response:
+            if not raw.startswith(b"data: {"):
+                continue
+            now = time.perf_counter()
+            chunk = json.loads(raw[6:])
+            if chunk.get("usage"):
+                timing["tokens"] = int(chunk["usage"].get("completion_tokens") or 0)
+            choices = chunk.get("choices") or []
+            if not (choices and choices[0].get("text")):
+                continue
+            if last is None:
+                timing["ttft"] = now - start
+            else:
+                timing["itl"].append(now - last)
+            last = now
+        conn.close()
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        timing["error"] = str(exc) or type(exc).__name__
+        return timing
+    timing["e2e"] = time.perf_counter() - start
+    if last is None:
+        timing["error"] = "no token streamed"
+    return timing
+
+
+def cmd_bench(args: BenchArgs) -> BenchLevel:
+    """One load level: flush the prefix cache, then keep `concurrency` streams busy until
+    `prompts` requests have finished; report the level's figures."""
+    import threading
+
+    if args["flush"]:
+        http_get(args["bind_host"], args["port"], "/flush_cache", method="POST")
+    timings: list[Timing] = []
+    lock = threading.Lock()
+    indices = iter(range(args["prompts"]))
+
+    def worker() -> None:
+        while True:
+            with lock:
+                index = next(indices, None)
+            if index is None:
+                return
+            timing = stream_completion(args, bench_prompt(index, args["input_len"]))
+            with lock:
+                timings.append(timing)
+
+    begin = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(args["concurrency"])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    duration = time.perf_counter() - begin
+    done = [t for t in timings if not t["error"]]
+    tokens = sum(t["tokens"] for t in done)
+    return {
+        "concurrency": args["concurrency"],
+        "prompts": args["prompts"],
+        "completed": len(done),
+        "failed": len(timings) - len(done),
+        "errors": sorted({t["error"] for t in timings if t["error"]})[:3],
+        "duration_s": duration,
+        "output_tokens": tokens,
+        "output_tokens_per_s": tokens / duration if duration > 0 else 0.0,
+        "requests_per_s": len(done) / duration if duration > 0 else 0.0,
+        "ttft_ms": spread_ms([t["ttft"] for t in done]),
+        "itl_ms": spread_ms([gap for t in done for gap in t["itl"]]),
+        "e2e_ms": spread_ms([t["e2e"] for t in done]),
+    }
+
+
+class BenchSaveArgs(TypedDict):
+    state_dir: str
+    run: str
+    result: dict[str, Any]
+
+
+class BenchSaveReply(TypedDict):
+    path: str
+
+
+def bench_dir(state_dir: str, run: str) -> str:
+    return state_path(state_dir, "runs", run + ".bench")
+
+
+def cmd_bench_save(args: BenchSaveArgs) -> BenchSaveReply:
+    """Keep a bench result beside its run's record as the next numbered file, never
+    overwriting one."""
+    folder = bench_dir(args["state_dir"], args["run"])
+    os.makedirs(folder, exist_ok=True)
+    number = 1 + max((int(n[:-5]) for n in os.listdir(folder) if n[:-5].isdigit()), default=0)
+    while True:
+        path = os.path.join(folder, f"{number}.json")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            break
+        except FileExistsError:
+            number += 1
+    with os.fdopen(fd, "w") as handle:
+        json.dump(args["result"], handle)
+    return {"path": path}
+
+
+class BenchResultsArgs(TypedDict):
+    state_dir: str
+    runs: list[str]
+
+
+class BenchResultsReply(TypedDict):
+    results: dict[str, list[dict[str, Any]]]  # run id → its bench results, oldest first
+
+
+def cmd_bench_results(args: BenchResultsArgs) -> BenchResultsReply:
+    found: dict[str, list[dict[str, Any]]] = {}
+    for run in args["runs"]:
+        folder = bench_dir(args["state_dir"], run)
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        numbered = sorted((int(n[:-5]), n) for n in names if n[:-5].isdigit())
+        kept = [read_json(os.path.join(folder, n)) for _, n in numbered]
+        found[run] = [r for r in kept if isinstance(r, dict)]
+    return {"results": found}
+
+
 # ---- entry point ---------------------------------------------------------------------------
 
 
@@ -1120,6 +1342,9 @@ def main() -> None:
         "stop": lambda: cmd_stop(args),
         "release": lambda: cmd_release(args),
         "runs": lambda: cmd_runs(args),
+        "bench": lambda: cmd_bench(args),
+        "bench_save": lambda: cmd_bench_save(args),
+        "bench_results": lambda: cmd_bench_results(args),
     }
     if call not in handlers:
         fail(f"unknown agent call {call!r}", "agent")

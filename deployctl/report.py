@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from deployctl.crash.model import CrashReport
     from deployctl.fanout import FleetResult, HostResult
     from deployctl.inventory import Host
+    from deployctl.ops.bench import BenchResult, Comparison, Suggestion
     from deployctl.ops.gpus import GpuReport
     from deployctl.ops.launch import LaunchReport
     from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
@@ -749,6 +750,99 @@ def _restart_document(result: RestartReport) -> dict[str, Any]:
 
 
 RESTART: View[RestartReport] = View(_restart, _restart_document)
+
+
+# ---- bench ---------------------------------------------------------------------------------
+
+
+def _level_row(level: dict[str, Any]) -> list[str]:
+    def ms(spread: dict[str, Any]) -> str:
+        p50, p99 = spread.get("p50"), spread.get("p99")
+        return "-" if p50 is None else f"{p50:.1f} / {p99:.1f}"
+
+    failed = f" ({level['failed']} failed)" if level["failed"] else ""
+    return [
+        str(level["concurrency"]),
+        f"{level['output_tokens_per_s']:.1f}",
+        f"{level['requests_per_s']:.2f}",
+        ms(level["ttft_ms"]),
+        ms(level["itl_ms"]),
+        ms(level["e2e_ms"]) + failed,
+    ]
+
+
+LEVEL_COLUMNS = ["concurrency", "out tok/s", "req/s", "TTFT p50/p99 ms", "ITL p50/p99 ms",
+                 "e2e p50/p99 ms"]  # fmt: skip
+
+
+def _bench(results: FleetResult[BenchResult | None]) -> None:
+    for r in results:
+        if r.value is None:
+            continue
+        doc = r.value.document
+        title = f"{r.name}: {doc['run']} (input {doc['params']['input_len']}, output {doc['params']['output_len']})"
+        print_table(title, LEVEL_COLUMNS, [_level_row(dict(lv)) for lv in r.value.levels])
+        sys.stderr.write(f"{r.name}: kept as {r.value.saved}\n")
+        for level in r.value.levels:
+            for error in level["errors"]:
+                print_error(f"concurrency {level['concurrency']}: {error}", host=r.name)
+    print_host_errors(results)
+
+
+def _bench_document(results: FleetResult[BenchResult | None]) -> dict[str, Any]:
+    """Per deployment; the nodes of a multi-node server other than rank 0 serve no API."""
+    benched = [r for r in results if r.value is not None or r.failed]
+    return hosts_document(benched, lambda b: b.to_json() if b is not None else {})
+
+
+BENCH: View[FleetResult[BenchResult | None]] = View(_bench, _bench_document)
+
+
+def _comparison(result: Comparison) -> None:
+    runs = list(result.runs)
+    levels = sorted({lv["concurrency"] for doc in result.runs.values() for lv in doc["levels"]})
+    columns = ["concurrency"] + [f"{run} {what}" for run in runs for what in ("tok/s", "ITL p50")]
+    rows = []
+    for c in levels:
+        row = [str(c)]
+        for run in runs:
+            level = next((lv for lv in result.runs[run]["levels"] if lv["concurrency"] == c), None)
+            itl = level["itl_ms"]["p50"] if level else None
+            row += [f"{level['output_tokens_per_s']:.1f}" if level else "-",
+                    "-" if itl is None else f"{itl:.1f} ms"]  # fmt: skip
+        rows.append(row)
+    print_table(None, columns, rows)
+    for run in result.missing:
+        print_error(f"no kept bench results for {run} on the selected hosts")
+    for name, exc in result.failed.items():
+        print_error(explain(exc)[0], host=name)
+
+
+COMPARISON: View[Comparison] = View(
+    _comparison,
+    lambda r: {
+        "runs": r.runs,
+        "missing": r.missing,
+        "errors": {n: explain(e)[0] for n, e in r.failed.items()},
+    },
+)
+
+
+def _suggestion(result: Suggestion) -> None:
+    rows = [[str(c), f"{b:.1f}", f"{s:.1f}", "yes" if s > b else "no"] for c, b, s in result.rows]
+    print_table(
+        None, ["concurrency", result.baseline, result.speculative, "speculation wins"], rows
+    )
+    if result.threshold is None:
+        sys.stdout.write("speculation never beats the baseline here: run without it\n")
+    else:
+        sys.stdout.write(
+            f"speculation wins up to concurrency {result.threshold}: "
+            f"deployctl launch --threshold {result.threshold}\n"
+        )
+
+
+SUGGESTION: View[Suggestion] = View(_suggestion, lambda r: r.to_json())
 
 
 class EventPrinter:

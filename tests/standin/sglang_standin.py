@@ -64,6 +64,15 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # for the histograms ("time_to_first_token_seconds", "inter_token_latency_seconds").
     "metrics": {},
     "observations": {},
+    # The decode model behind streamed /v1/completions: a step over a batch of b requests
+    # takes step_ms + per_req_ms * b and gives each request one token; with speculation
+    # (while b <= --speculative-disable-batch-threshold, when given) a step takes
+    # spec_step_ms + spec_per_req_ms * b and gives each request accept_len tokens.
+    "step_ms": 10.0,
+    "per_req_ms": 0.5,
+    "spec_step_ms": 14.0,
+    "spec_per_req_ms": 2.0,
+    "accept_len": 3,
 }
 # SGLang 0.5.23's buckets (srt/observability/metrics_collector.py).
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
@@ -548,9 +557,48 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
-            if length:
-                self.rfile.read(length)
-            self._route()
+            body = self.rfile.read(length) if length else b""
+            path = self.path.split("?", 1)[0]
+            launcher = self.server.launcher
+            if path == "/v1/completions" and launcher.healthy() and launcher.node_rank == 0:
+                self._stream_completion(json.loads(body or b"{}"))
+            elif path == "/flush_cache" and launcher.node_rank == 0:
+                self._send(200, b"Cache flushed.\nPlease check backend logs for more details.")
+            else:
+                self._route()
+
+        def _stream_completion(self, request: dict[str, Any]) -> None:
+            """OpenAI-style SSE chunks as the decode model produces tokens."""
+            launcher = self.server.launcher
+            wanted = int(request.get("max_tokens") or 16)
+            tokens = launcher.decoder.submit(wanted)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            created = int(time.time())
+            sent = 0
+
+            def chunk(doc: dict[str, Any]) -> None:
+                self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
+                self.wfile.flush()
+
+            while sent < wanted:
+                n = tokens.get()
+                sent += n
+                finish = "length" if sent >= wanted else None
+                choice = {"index": 0, "text": " tok" * n, "logprobs": None, "finish_reason": finish}
+                chunk({"id": "cmpl-standin", "object": "text_completion", "created": created,
+                       "model": launcher.served_model_name, "choices": [choice]})  # fmt: skip
+            if (request.get("stream_options") or {}).get("include_usage"):
+                prompt = len(str(request.get("prompt", "")).split())
+                usage = {"prompt_tokens": prompt, "completion_tokens": sent,
+                         "total_tokens": prompt + sent}  # fmt: skip
+                chunk({"id": "cmpl-standin", "object": "text_completion", "created": created,
+                       "model": launcher.served_model_name, "choices": [], "usage": usage})  # fmt: skip
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
 
         def _route(self) -> None:
             launcher = self.server.launcher
@@ -612,6 +660,7 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
 
     class _HTTPServer(ThreadingHTTPServer):
         daemon_threads = True
+        request_queue_size = 2048  # uvicorn's backlog: many streams connect at once
 
         def __init__(self, family: int, sockaddr: Any, launcher: Launcher) -> None:
             self.address_family = family
@@ -630,6 +679,62 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
 # --------------------------------------------------------------------------
 # The main process.
 # --------------------------------------------------------------------------
+
+
+class Decoder:
+    """The decode model: one scheduler loop stepping over the running requests."""
+
+    def __init__(self, knobs: dict[str, Any], speculative: bool, threshold: int | None) -> None:
+        import queue
+
+        self.queue_type = queue.Queue
+        self.knobs = knobs
+        self.speculative = speculative
+        self.threshold = threshold
+        self.running: list[list[Any]] = []  # [tokens left, queue]
+        self.cond = threading.Condition()
+        self.emitted: list[tuple[float, int]] = []  # (time, tokens) of recent steps
+        threading.Thread(target=self.loop, daemon=True).start()
+
+    def submit(self, tokens: int) -> Any:
+        out = self.queue_type()
+        with self.cond:
+            self.running.append([max(1, tokens), out])
+            self.cond.notify()
+        return out
+
+    def step(self, batch: int) -> tuple[float, int]:
+        """(seconds, tokens per request) of one step over `batch` requests."""
+        k = self.knobs
+        spec = self.speculative and (self.threshold is None or batch <= self.threshold)
+        if spec:
+            return (k["spec_step_ms"] + k["spec_per_req_ms"] * batch) / 1000, int(k["accept_len"])
+        return (k["step_ms"] + k["per_req_ms"] * batch) / 1000, 1
+
+    def loop(self) -> None:
+        while True:
+            with self.cond:
+                while not self.running:
+                    self.cond.wait()
+                batch = list(self.running)
+            seconds, per_request = self.step(len(batch))
+            time.sleep(seconds)
+            total = 0
+            with self.cond:
+                for entry in batch:
+                    n = min(per_request, entry[0])
+                    entry[0] -= n
+                    total += n
+                    entry[1].put(n)
+                    if entry[0] <= 0:
+                        self.running.remove(entry)
+                now = time.time()
+                self.emitted = [e for e in self.emitted if e[0] > now - 1.0] + [(now, total)]
+
+    def gen_throughput(self) -> float:
+        now = time.time()
+        with self.cond:
+            return float(sum(n for t, n in self.emitted if t > now - 1.0))
 
 
 class Launcher:
@@ -655,6 +760,8 @@ class Launcher:
         self.sigterm_at: float | None = None
         self.startup_time = time.time()
         self.node_rank = args.node_rank if args.nnodes > 1 else 0
+        threshold = getattr(args, THRESHOLD_FIELD, None)
+        self.decoder = Decoder(knobs, bool(args.speculative_algorithm), threshold)
         self.peers: list[socket.socket] = []  # rank 0: the other nodes; others: rank 0
         self.peer_lost_at: float | None = None
         config = self._hf_config()
@@ -702,7 +809,11 @@ class Launcher:
             f'engine_type="unified",model_name="{self.served_model_name}",'
             'moe_ep_rank="0",pp_rank="0",tp_rank="0"'
         )
-        values = dict(self.knobs["metrics"])
+        values = {
+            "num_running_reqs": len(self.decoder.running),
+            "gen_throughput": self.decoder.gen_throughput(),
+            **self.knobs["metrics"],
+        }
         names = ["num_running_reqs", "num_queue_reqs", "gen_throughput", "cache_hit_rate",
                  "token_usage"]  # fmt: skip
         if self.args.speculative_algorithm:

@@ -1,0 +1,238 @@
+"""Bench: load sweeps against a deployment from its own host, kept results, comparisons
+and the `--threshold` the numbers suggest."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployctl import __version__, agent
+from deployctl.connection import Connection
+from deployctl.deployments import node_rank
+from deployctl.errors import DeployctlError, UsageError
+from deployctl.fanout import Fleet, FleetResult
+from deployctl.host_agent import (
+    BenchArgs,
+    BenchLevel,
+    BenchResultsArgs,
+    BenchResultsReply,
+    BenchSaveArgs,
+    BenchSaveReply,
+    StatusArgs,
+    StatusReply,
+)
+from deployctl.inventory import Host
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What one sweep does at each level."""
+
+    concurrency: list[int]
+    input_len: int = 512
+    output_len: int = 128
+    per_stream: int = 4  # requests per level: this many per concurrent stream
+    level_timeout: float = 900
+
+    def prompts_for(self, concurrency: int) -> int:
+        return self.per_stream * concurrency
+
+
+def parse_levels(text: str) -> list[int]:
+    """`1,4,16,64` → [1, 4, 16, 64]; anything else is a usage error."""
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(level < 1 for level in levels):
+        raise UsageError(
+            f"--concurrency {text!r} is not a list of positive numbers", hint="e.g. 1,4,16,64"
+        )
+    return levels
+
+
+@dataclass
+class BenchResult:
+    """One deployment's sweep, as kept on its host."""
+
+    document: dict[str, Any]
+    saved: str
+
+    @property
+    def levels(self) -> list[BenchLevel]:
+        levels: list[BenchLevel] = self.document["levels"]
+        return levels
+
+    @property
+    def ok(self) -> bool:
+        return all(level["failed"] == 0 for level in self.levels)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.document
+        return {
+            "deployment": doc["deployment"],
+            "run": doc["run"],
+            "levels": self.levels,
+            "saved": self.saved,
+        }
+
+
+def run_bench(
+    host: Host,
+    conn: Connection,
+    plan: BenchPlan,
+    progress: Callable[[str, float, str], None] | None = None,
+) -> BenchResult | None:
+    """Sweep the deployment's current run; None for a node that serves no API (rank > 0)."""
+    if node_rank(host) != 0:
+        return None
+    state_dir = str(host.vars["state_dir"])
+    args: StatusArgs = {
+        "state_dir": state_dir,
+        "deployment": host.deployment,
+        "run": None,
+        "tail_bytes": 0,
+        "metrics_bytes": 0,
+    }
+    status = agent.call(host, conn, "status", args, StatusReply)
+    run = status["run"]
+    if run is None or not status["alive"] or status["health"] != 200:
+        state = "no run" if run is None else "not ready" if status["alive"] else "not running"
+        raise DeployctlError(
+            f"{host.label}: {state} to bench", hint=f"deployctl launch -H {host.name} first"
+        )
+    began = time.monotonic()
+    levels: list[BenchLevel] = []
+    for concurrency in plan.concurrency:
+        if progress is not None:
+            progress(host.label, time.monotonic() - began, f"concurrency {concurrency}…")
+        level_args: BenchArgs = {
+            "bind_host": run["bind_host"],
+            "port": run["port"],
+            "concurrency": concurrency,
+            "prompts": plan.prompts_for(concurrency),
+            "input_len": plan.input_len,
+            "output_len": plan.output_len,
+            "flush": True,
+            "timeout": plan.level_timeout,
+        }
+        limit = max(conn.command_timeout, plan.level_timeout + 30)
+        levels.append(agent.call(host, conn, "bench", level_args, BenchLevel, timeout=limit))
+    document: dict[str, Any] = {
+        "run": run["id"],
+        "deployment": host.deployment,
+        "template": run["template"],
+        "threshold": run["threshold"],
+        "patches": run["patches"],
+        "env": run.get("env", {}),
+        "command": run["command"],
+        "deployctl_version": __version__,
+        "by": f"{getpass.getuser()}@{socket.gethostname()}",
+        "at": time.time(),
+        "params": {
+            "tool": "builtin",
+            "input_len": plan.input_len,
+            "output_len": plan.output_len,
+            "concurrency": plan.concurrency,
+            "prompts": [plan.prompts_for(c) for c in plan.concurrency],
+        },
+        "levels": levels,
+    }
+    save: BenchSaveArgs = {"state_dir": state_dir, "run": run["id"], "result": document}
+    saved = agent.call(host, conn, "bench_save", save, BenchSaveReply)["path"]
+    return BenchResult(document, saved)
+
+
+@dataclass
+class Comparison:
+    """Kept sweeps of the named runs, side by side (the newest sweep of each run)."""
+
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # run id → its document
+    missing: list[str] = field(default_factory=list)
+    failed: dict[str, BaseException] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and not self.failed
+
+
+def find_results(fleet: Fleet, run_ids: Sequence[str]) -> Comparison:
+    """Look for the runs' kept sweeps on every selected deployment's host."""
+
+    def lookup(host: Host, conn: Connection) -> BenchResultsReply:
+        args: BenchResultsArgs = {"state_dir": str(host.vars["state_dir"]), "runs": list(run_ids)}
+        return agent.call(host, conn, "bench_results", args, BenchResultsReply)
+
+    found = fleet.run(lookup, list({h.name: h for h in fleet.hosts}.values()))
+    comparison = Comparison(failed=found.failed)
+    for reply in found.succeeded.values():
+        for run_id, kept in reply["results"].items():
+            if kept and run_id not in comparison.runs:
+                comparison.runs[run_id] = kept[-1]
+    comparison.missing = [r for r in run_ids if r not in comparison.runs]
+    comparison.runs = {r: comparison.runs[r] for r in run_ids if r in comparison.runs}
+    return comparison
+
+
+@dataclass
+class Suggestion:
+    """The largest concurrency at which speculation still wins, and the threshold it gives."""
+
+    baseline: str
+    speculative: str
+    rows: list[tuple[int, float, float]]  # concurrency, baseline tok/s, speculative tok/s
+    threshold: int | None  # None: speculation never wins
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "baseline": self.baseline,
+            "speculative": self.speculative,
+            "threshold": self.threshold,
+            "levels": [
+                {"concurrency": c, "baseline_tokens_per_s": b, "speculative_tokens_per_s": s}
+                for c, b, s in self.rows
+            ],
+        }
+
+
+def suggest_threshold(comparison: Comparison, baseline: str, speculative: str) -> Suggestion:
+    """Compare output throughput level by level: speculation pays up to the largest
+    concurrency where it still beats the baseline (and at every level below it)."""
+    if comparison.missing:
+        raise DeployctlError(
+            f"no kept bench results for {', '.join(comparison.missing)}",
+            hint="run deployctl bench on each run first (see deployctl status for run ids)",
+        )
+    base = _throughputs(comparison.runs[baseline])
+    spec = _throughputs(comparison.runs[speculative])
+    shared = sorted(set(base) & set(spec))
+    if not shared:
+        raise DeployctlError(
+            f"{baseline} and {speculative} share no concurrency level",
+            hint="bench both with the same --concurrency",
+        )
+    rows = [(c, base[c], spec[c]) for c in shared]
+    threshold = None
+    for concurrency, b, s in rows:
+        if s <= b:
+            break
+        threshold = concurrency
+    return Suggestion(baseline, speculative, rows, threshold)
+
+
+def _throughputs(document: Mapping[str, Any]) -> dict[int, float]:
+    return {lv["concurrency"]: lv["output_tokens_per_s"] for lv in document["levels"]}
+
+
+def bench_fleet(
+    fleet: Fleet, plan: BenchPlan, progress: Callable[[str, float, str], None] | None = None
+) -> FleetResult[BenchResult | None]:
+    return fleet.run(lambda host, conn: run_bench(host, conn, plan, progress))

@@ -1,0 +1,118 @@
+"""bench: load sweeps from the deployment's own host, kept results, comparison, threshold.
+
+The stand-in's decode model (tests/standin/README.md) gives analytic throughputs: a step
+over a batch of b requests takes step_ms + per_req_ms * b and gives each one token; with
+speculation spec_step_ms + spec_per_req_ms * b for accept_len tokens each.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployctl.errors import DeployctlError, UsageError
+from deployctl.host_agent import percentile
+from deployctl.ops.bench import Comparison, parse_levels, suggest_threshold
+from tests.conftest import CLI
+from tests.sshd_hosts import SSHLab
+from tests.test_deployments import run_json
+from tests.test_lifecycle import prepare
+
+MODEL = {"step_ms": 20.0, "per_req_ms": 1.0, "spec_step_ms": 28.0, "spec_per_req_ms": 4.0,
+         "accept_len": 3}  # fmt: skip
+LEVELS = [1, 4, 16, 64]
+
+
+def plain_tps(c: int) -> float:
+    return c * 1000 / (MODEL["step_ms"] + MODEL["per_req_ms"] * c)
+
+
+def spec_tps(c: int) -> float:
+    return c * MODEL["accept_len"] * 1000 / (MODEL["spec_step_ms"] + MODEL["spec_per_req_ms"] * c)
+
+
+def test_percentiles_interpolate_like_numpy() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
+    assert percentile([5.0], 99) == 5.0 and percentile([], 50) is None
+
+
+@pytest.mark.parametrize("text", ["", "0,4", "1,x", "-1"])
+def test_bad_concurrency_lists_are_usage_errors(text: str) -> None:
+    with pytest.raises(UsageError, match="not a list of positive numbers"):
+        parse_levels(text)
+
+
+def kept(*pairs: tuple[int, float]) -> dict[str, Any]:
+    return {"levels": [{"concurrency": c, "output_tokens_per_s": t} for c, t in pairs]}
+
+
+def test_the_threshold_is_the_largest_level_where_speculation_still_wins() -> None:
+    runs = {
+        "base": kept((1, 50), (4, 180), (16, 600), (64, 1500)),
+        "spec": kept((1, 140), (4, 400), (16, 900), (64, 1200)),
+    }
+    suggestion = suggest_threshold(Comparison(runs), "base", "spec")
+    assert suggestion.threshold == 16
+    assert suggestion.rows[-1] == (64, 1500, 1200)
+    never = Comparison({"base": runs["base"], "spec": kept((1, 40), (4, 100))})
+    assert suggest_threshold(never, "base", "spec").threshold is None
+    with pytest.raises(DeployctlError, match="no kept bench results for gone_v1"):
+        suggest_threshold(Comparison(runs, missing=["gone_v1"]), "base", "gone_v1")
+
+
+# ---- over real sshd hosts --------------------------------------------------------------------
+
+
+def bench_json(cli: CLI, inv: Path, *extra: str) -> dict[str, Any]:
+    code, doc, err = run_json(
+        cli, "bench", "-i", str(inv), "--concurrency", ",".join(map(str, LEVELS)),
+        "--input-len", "16", "--output-len", "60", "--requests-per-stream", "2", *extra,
+    )  # fmt: skip
+    assert code == 0, (err, json.dumps(doc)[:1500])
+    return doc
+
+
+def test_bench_agrees_with_the_model_and_suggests_its_crossover(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    variables = {**prepare(alpha, tp=1, **MODEL), "template": "baseline"}
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
+    runs = {}
+    for template in ("baseline", "eagle3"):
+        code, doc, err = run_json(cli, "launch", "-i", str(inv), "-t", template, "--replace")
+        assert code == 0, err
+        runs[template] = doc["hosts"]["alpha"]["run"]
+        result = bench_json(cli, inv)
+        entry = result["hosts"]["alpha"]
+        assert entry["run"] == runs[template] and entry["deployment"] is None
+        model = plain_tps if template == "baseline" else spec_tps
+        for level in entry["levels"]:
+            c = level["concurrency"]
+            assert level["failed"] == 0 and level["completed"] == level["prompts"] == 2 * c
+            assert level["output_tokens"] == 60 * 2 * c
+            assert level["output_tokens_per_s"] == pytest.approx(model(c), rel=0.10), level
+            assert level["ttft_ms"]["p50"] > 0 and level["itl_ms"]["p99"] >= level["itl_ms"]["p50"]
+        saved = Path(entry["saved"])
+        assert saved == alpha.home / ".deployctl" / "runs" / f"{runs[template]}.bench" / "1.json"
+        assert json.loads(saved.read_text())["params"]["output_len"] == 60
+
+    # Kept results, side by side, and the threshold their crossover gives (the model's is 32).
+    compare = cli("bench", "-i", str(inv), "--compare", f"{runs['baseline']},{runs['eagle3']}")
+    assert compare.returncode == 0, compare.stderr
+    assert (
+        f"{runs['baseline']} tok/s" in compare.stdout
+        and f"{runs['eagle3']} tok/s" in compare.stdout
+    )
+    code, doc, err = run_json(
+        cli, "bench", "-i", str(inv), "--suggest-threshold", runs["baseline"], runs["eagle3"]
+    )
+    assert code == 0, err
+    assert doc["threshold"] == 16
+    human = cli("bench", "-i", str(inv), "--suggest-threshold", runs["baseline"], runs["eagle3"])
+    assert "deployctl launch --threshold 16" in human.stdout
+    cli("stop", "-i", str(inv))
