@@ -22,10 +22,9 @@ from deployctl.host_agent import (
     BenchResultsReply,
     BenchSaveArgs,
     BenchSaveReply,
-    StatusArgs,
-    StatusReply,
 )
 from deployctl.inventory import Host
+from deployctl.ops.launch import recorded_run
 
 
 @dataclass(frozen=True)
@@ -91,14 +90,7 @@ def run_bench(
     if node_rank(host) != 0:
         return None
     state_dir = str(host.vars["state_dir"])
-    args: StatusArgs = {
-        "state_dir": state_dir,
-        "deployment": host.deployment,
-        "run": None,
-        "tail_bytes": 0,
-        "metrics_bytes": 0,
-    }
-    status = agent.call(host, conn, "status", args, StatusReply)
+    status = recorded_run(host, conn)
     run = status["run"]
     if run is None or not status["alive"] or status["health"] != 200:
         state = "no run" if run is None else "not ready" if status["alive"] else "not running"

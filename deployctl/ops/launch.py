@@ -36,6 +36,8 @@ from deployctl.host_agent import (
     RunRecord,
     StartArgs,
     StartReply,
+    StatusArgs,
+    StatusReply,
     StopArgs,
     StopReply,
     shares_gpus,
@@ -748,6 +750,19 @@ def launch(
     failed = {key for key, watch in groups.items() if watch.state == "failed"}
     cleanup = fleet.run(end_run, [p.host for p in plans if p.group in failed])
     return LaunchReport(preflights, outcomes, refused=False, cleanup=cleanup)
+
+
+def recorded_run(host: Host, conn: Connection, run_id: str | None = None) -> StatusReply:
+    """The deployment's current (or named) run record and whether it lives and answers
+    /health: no log tail, no GPU query, no metrics."""
+    args: StatusArgs = {
+        "state_dir": str(host.vars["state_dir"]),
+        "deployment": host.deployment,
+        "run": run_id,
+        "tail_bytes": 0,
+        "metrics_bytes": 0,
+    }
+    return agent.call(host, conn, "status", args, StatusReply)
 
 
 def end_run(host: Host, conn: Connection, timeout: float = 10) -> StopReply:

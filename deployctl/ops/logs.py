@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.crash import (
     Catalog,
@@ -24,8 +23,8 @@ from deployctl.crash import (
 )
 from deployctl.errors import DeployctlError
 from deployctl.fanout import Fleet, FleetResult
-from deployctl.host_agent import StatusArgs, StatusReply
 from deployctl.inventory import Host
+from deployctl.ops.launch import recorded_run
 from deployctl.project import Project
 from deployctl.shell import quote
 
@@ -68,14 +67,7 @@ def log_path(host: Host, conn: Connection, run: str | None, path: str | None) ->
     """Return `path`, else the log of the named (or current) run recorded on the host."""
     if path is not None:
         return path
-    args: StatusArgs = {
-        "state_dir": str(host.vars["state_dir"]),
-        "deployment": host.deployment,
-        "run": run,
-        "tail_bytes": 0,
-        "metrics_bytes": 0,
-    }
-    record = agent.call(host, conn, "status", args, StatusReply)["run"]
+    record = recorded_run(host, conn, run)["run"]
     if record is None:
         if run is not None:
             raise DeployctlError(

@@ -27,7 +27,7 @@ from deployctl.host_agent import (
 from deployctl.inventory import MASK, Host
 from deployctl.metrics import METRICS_LIMIT_BYTES, MetricsError, parse_metrics
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
-from deployctl.ops.launch import LaunchReport, Plan, end_run, launch
+from deployctl.ops.launch import LaunchReport, Plan, end_run, launch, recorded_run
 from deployctl.patchset import PatchSet, sets_for_flags
 from deployctl.render import RenderedCommand, command_secrets
 from deployctl.shell import split
@@ -242,14 +242,7 @@ def stop_live_runs(
 
     def stop_if_alive(host: Host, conn: Connection) -> StopResult | None:
         # Only whether it lives: no log tail to scan, no GPU query (stop_run checks those).
-        args: StatusArgs = {
-            "state_dir": str(host.vars["state_dir"]),
-            "deployment": host.deployment,
-            "run": None,
-            "tail_bytes": 0,
-            "metrics_bytes": 0,
-        }
-        alive = agent.call(host, conn, "status", args, StatusReply)["alive"]
+        alive = recorded_run(host, conn)["alive"]
         return stop_run(host, conn, timeout) if alive else None
 
     return fleet.run(stop_if_alive, hosts)
