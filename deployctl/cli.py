@@ -543,6 +543,10 @@ def bench(
         list[str] | None,
         typer.Option("--compare", help="Show kept results of these runs side by side."),
     ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Also draw tok/s and ITL against concurrency (.png, .svg)."),
+    ] = None,
     suggest: Annotated[
         tuple[str, str] | None,
         typer.Option(
@@ -552,20 +556,30 @@ def bench(
 ) -> Reply:
     """Load-test each deployment from its own host (results kept on the host), or compare
     kept results, or suggest a --threshold from a baseline and a speculative run."""
+    from deployctl import plot as plots
     from deployctl import report
     from deployctl.ops import bench as ops
 
+    if plot is not None:
+        plots.check_plot_path(plot)
     with session.fleet() as fleet:
         if suggest is not None:
             found = ops.find_results(fleet, list(suggest))
             return report.SUGGESTION, ops.suggest_threshold(found, *suggest)
         if compare:
             runs = [r for item in compare for r in item.split(",") if r]
-            return report.COMPARISON, ops.find_results(fleet, runs)
+            comparison = ops.find_results(fleet, runs)
+            if plot is not None and comparison.runs:
+                plots.plot_runs(comparison.runs, plot)
+            return report.COMPARISON, comparison
         levels = ops.parse_levels(concurrency)
         plan = ops.BenchPlan(levels, input_len, output_len, per_stream, timeout)
         with report.Progress(enabled=not session.options.json) as progress:
-            return report.BENCH, ops.bench_fleet(fleet, plan, progress.update)
+            results = ops.bench_fleet(fleet, plan, progress.update)
+        if plot is not None:
+            swept = {r.name: r.value.document for r in results if r.value is not None}
+            plots.plot_runs(swept, plot)
+        return report.BENCH, results
 
 
 @fleet_command(app, "metrics-targets", options=("select", "deployment", "project"))

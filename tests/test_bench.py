@@ -115,4 +115,15 @@ def test_bench_agrees_with_the_model_and_suggests_its_crossover(
     assert doc["threshold"] == 16
     human = cli("bench", "-i", str(inv), "--suggest-threshold", runs["baseline"], runs["eagle3"])
     assert "deployctl launch --threshold 16" in human.stdout
+
+    # The curves as pictures; a format matplotlib is not asked for is refused first.
+    both = f"{runs['baseline']},{runs['eagle3']}"
+    for name, magic in (("curves.png", b"\x89PNG"), ("curves.svg", b"<?xml")):
+        picture = tmp_path / name
+        drawn = cli("bench", "-i", str(inv), "--compare", both, "--plot", str(picture))
+        assert drawn.returncode == 0, drawn.stderr
+        assert picture.read_bytes().startswith(magic)
+    refused = cli("bench", "-i", str(inv), "--compare", both, "--plot", str(tmp_path / "c.pdf"))
+    assert refused.returncode != 0 and "must end in .png or .svg" in refused.stderr
+    assert not (tmp_path / "c.pdf").exists()
     cli("stop", "-i", str(inv))

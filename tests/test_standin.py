@@ -261,6 +261,37 @@ def test_startup_crash_prints_one_traceback_per_rank_then_sigquit(launch: Launch
     assert READY not in log
 
 
+def test_generate_and_completions_stream_the_decode_models_tokens(launch: Launch) -> None:
+    import http.client
+
+    knobs = {"startup_s": 0.2, "accept_len": 3}
+    server = launch(None, "--speculative-algorithm", "EAGLE3", tp=1, knobs=knobs)
+    server.wait_log(READY)
+    answers = {}
+    for path, body in (
+        ("/generate", {"text": "a b", "sampling_params": {"max_new_tokens": 10}, "stream": True}),
+        ("/v1/completions", {"prompt": "a b", "max_tokens": 10, "stream": True,
+                             "stream_options": {"include_usage": True}}),
+    ):  # fmt: skip
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        assert reply.status == 200
+        chunks = [
+            json.loads(line[6:])
+            for line in reply.read().split(b"\n")
+            if line.startswith(b"data: {")
+        ]
+        answers[path] = chunks
+    generated = answers["/generate"]
+    # Speculation: 3 tokens a step, so 3 + 3 + 3 + 1; the text is cumulative.
+    assert [c["meta_info"]["completion_tokens"] for c in generated] == [3, 6, 9, 10]
+    assert generated[-1]["text"] == " tok" * 10 and generated[-1]["meta_info"]["finish_reason"]
+    completions = answers["/v1/completions"]
+    assert "".join(c["choices"][0]["text"] for c in completions if c["choices"]) == " tok" * 10
+    assert completions[-1]["usage"]["completion_tokens"] == 10
+
+
 def test_ranks_beyond_the_visible_gpus_fail_like_cuda(launch: Launch) -> None:
     server = launch(tp=2, env={"CUDA_VISIBLE_DEVICES": "3"})
     assert server.proc.wait(timeout=8) != 0

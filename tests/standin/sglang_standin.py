@@ -562,10 +562,47 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
             launcher = self.server.launcher
             if path == "/v1/completions" and launcher.healthy() and launcher.node_rank == 0:
                 self._stream_completion(json.loads(body or b"{}"))
+            elif path == "/generate" and launcher.healthy() and launcher.node_rank == 0:
+                self._generate(json.loads(body or b"{}"))
             elif path == "/flush_cache" and launcher.node_rank == 0:
                 self._send(200, b"Cache flushed.\nPlease check backend logs for more details.")
             else:
                 self._route()
+
+        def _generate(self, request: dict[str, Any]) -> None:
+            """SGLang's native /generate: cumulative text and meta_info per chunk when
+            streaming, else one JSON answer."""
+            launcher = self.server.launcher
+            params = request.get("sampling_params") or {}
+            wanted = int(params.get("max_new_tokens") or 16)
+            tokens = launcher.decoder.submit(wanted)
+            prompt = len(str(request.get("text", "")).split())
+            sent, text = 0, ""
+
+            def answer(done: bool) -> dict[str, Any]:
+                finish = {"type": "length", "length": wanted} if done else None
+                meta = {"id": "standin", "finish_reason": finish, "prompt_tokens": prompt,
+                        "completion_tokens": sent, "cached_tokens": 0}  # fmt: skip
+                return {"text": text, "meta_info": meta, "index": 0}
+
+            if not request.get("stream"):
+                while sent < wanted:
+                    n = tokens.get()
+                    sent, text = sent + n, text + " tok" * n
+                self._send_json(200, answer(True))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            while sent < wanted:
+                n = tokens.get()
+                sent, text = sent + n, text + " tok" * n
+                self.wfile.write(b"data: " + json.dumps(answer(sent >= wanted)).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
 
         def _stream_completion(self, request: dict[str, Any]) -> None:
             """OpenAI-style SSE chunks as the decode model produces tokens."""
