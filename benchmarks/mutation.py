@@ -27,6 +27,8 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "render": (["deployctl/render.py", "deployctl/shell.py"], ["tests/test_render.py"]),
     "facts": (["deployctl/facts.py"], ["tests/test_facts.py"]),
     "crash": (["deployctl/crash/"], ["tests/test_crash_scanner.py"]),
+    "deployments": (["deployctl/deployments.py"], ["tests/test_placement.py"]),
+    "metrics": (["deployctl/metrics.py"], ["tests/test_metrics_parser.py"]),
 }
 _COUNT = re.compile(r"(\d+)/(\d+)\s+🎉 (\d+) 🫥 (\d+)\s+⏰ (\d+)\s+🤔 (\d+)\s+🙁 (\d+)")
 

@@ -14,87 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
-from deployctl.deployments import deployment_targets, gpu_set, server_env
-from deployctl.errors import InventoryError, UsageError
-from deployctl.inventory import Host
 from tests.conftest import CLI
 from tests.sshd_hosts import REPO, SSHLab, TestHost, free_port
 from tests.test_lifecycle import prepare, rank_pids, watch_until
-
-# ---- the model: targets, GPU sets, the server's environment --------------------------------
-
-
-def host(**variables: Any) -> Host:
-    return Host("h1", {"env": {"A": "1"}, "port": 30000, **variables})
-
-
-def test_a_host_without_deployments_is_its_own_single_deployment() -> None:
-    plain = host()
-    assert deployment_targets([plain]) == [plain]
-    assert plain.label == "h1"
-
-
-def test_deployments_override_the_hosts_variables_and_merge_env_key_by_key() -> None:
-    table = {
-        "r1": {"gpus": [0, 1], "port": 30001, "env": {"B": "2"}},
-        "r2": {"gpus": "2,3", "env": {"A": "over"}},
-    }
-    r1, r2 = deployment_targets([host(deployments=table)])
-    assert (r1.label, r2.label) == ("h1/r1", "h1/r2")
-    assert r1.vars["port"] == 30001 and r2.vars["port"] == 30000
-    assert r1.vars["env"] == {"A": "1", "B": "2"} and r2.vars["env"] == {"A": "over"}
-    assert "deployments" not in r1.vars
-    assert gpu_set(r1) == [0, 1] and gpu_set(r2) == [2, 3]
-    assert [t.label for t in deployment_targets([host(deployments=table)], "r2")] == ["h1/r2"]
-
-
-def test_a_chosen_deployment_skips_hosts_without_it_and_fails_when_none_has_it() -> None:
-    with_table = Host("h2", {"deployments": {"r1": {"gpus": [0]}}})
-    assert [t.label for t in deployment_targets([host(), with_table], "r1")] == ["h2/r1"]
-    with pytest.raises(UsageError, match="no deployment 'r9'"):
-        deployment_targets([host(), with_table], "r9")
-    with pytest.raises(UsageError, match="not a deployment name"):
-        deployment_targets([with_table], "R1")
-
-
-@pytest.mark.parametrize(
-    ("table", "message"),
-    [
-        ({"Bad_Name": {}}, "deployment name 'Bad_Name' is not allowed"),
-        ({"-r1": {}}, "deployment name '-r1' is not allowed"),
-        ({"r1": ["tp", 4]}, "its variables must be a mapping"),
-        ({"r1": {"ansible_host": "10.0.0.9"}}, "cannot set ansible_host"),
-        ({"r1": {"deployments": {}}}, "cannot set deployments"),
-        ({"r1": {"gpus": [0, 0]}}, "lists GPU 0 twice"),
-        ({"r1": {"gpus": [0, -1]}}, "is not a list of GPU indices"),
-        ({"r1": {"gpus": "0,x"}}, "is not a list of GPU indices"),
-        ({"r1": {"gpus": [True]}}, "is not a list of GPU indices"),
-        ({"r1": {"gpus": []}}, "gpus is empty"),
-        ({"r1": {"env": {"1BAD": "x"}}}, "env name '1BAD' is not a variable name"),
-        ([], "deployments must be a mapping"),
-    ],
-)
-def test_bad_deployment_tables_fail_before_any_host_is_touched(table: Any, message: str) -> None:
-    with pytest.raises(InventoryError, match=message):
-        deployment_targets([host(deployments=table)])
-
-
-def test_gpus_pin_the_server_with_pci_bus_numbering() -> None:
-    target = host(gpus=[4, 5])
-    assert server_env(target, target.vars) == {
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "A": "1",
-        "CUDA_VISIBLE_DEVICES": "4,5",
-    }
-    assert server_env(host(), host().vars) == {"A": "1"}  # no gpus: every GPU, no CUDA variables
-    own_order = host(gpus=[1], env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
-    assert server_env(own_order, own_order.vars)["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
-    clash = host(gpus=[1], env={"CUDA_VISIBLE_DEVICES": "0"})
-    with pytest.raises(InventoryError, match="contradicts gpus"):
-        server_env(clash, clash.vars)
 
 
 def test_render_names_each_deployment_and_its_log_stem(cli: CLI) -> None:

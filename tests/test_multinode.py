@@ -16,80 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from deployctl.deployments import deployment_targets, group_of
-from deployctl.errors import InventoryError
-from deployctl.inventory import Host, Inventory
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab, free_port
 from tests.test_deployments import run_json, standin_starts
 from tests.test_lifecycle import prepare, rank_pids, watch_until
-
-# ---- the model -------------------------------------------------------------------------------
-
-
-def fleet(*hosts: Host, **groups: list[str]) -> Inventory:
-    return Inventory({h.name: h for h in hosts}, dict(groups), "test")
-
-
-def node(name: str, total_tp: int = 16, **variables: Any) -> Host:
-    kimi = {"kimi": {"nodes": "kimi", "tp": total_tp}}
-    return Host(
-        name, {"ansible_host": f"10.0.0.{name[-1]}", "tp": 8, "deployments": kimi, **variables}
-    )
-
-
-def test_nodes_follow_inventory_order_and_share_rank_0s_init_address() -> None:
-    nodes = [node("n1", 24), node("n2", 24), node("n3", 24, port=30001)]
-    inv = fleet(*nodes, kimi=["n1", "n2", "n3"])
-    targets = deployment_targets([inv.hosts["n2"]], resolve=inv.select)  # any node selects all
-    assert [t.label for t in targets] == ["n1/kimi", "n2/kimi", "n3/kimi"]
-    assert [t.vars["node_rank"] for t in targets] == [0, 1, 2]
-    assert {t.vars["dist_init_addr"] for t in targets} == {"10.0.0.1:20000"}
-    assert {t.vars["nnodes"] for t in targets} == {3} and targets[2].vars["port"] == 30001
-    assert all(group_of(t) == ("kimi", ("n1", "n2", "n3")) for t in targets)
-    # Selecting two nodes still gives the group once.
-    assert len(deployment_targets(list(inv.hosts.values()), resolve=inv.select)) == 3
-
-
-def test_a_host_that_sets_node_rank_takes_it() -> None:
-    inv = fleet(node("n1"), node("n2", node_rank=0), kimi=["n1", "n2"])
-    targets = deployment_targets([inv.hosts["n1"]], resolve=inv.select)
-    assert [(t.name, t.vars["node_rank"]) for t in targets] == [("n2", 0), ("n1", 1)]
-    assert targets[0].vars["dist_init_addr"] == "10.0.0.2:20000"
-
-
-def test_an_ipv6_rank_0_is_bracketed_and_dist_port_is_used() -> None:
-    first = node("n1", ansible_host="fd00::1", dist_port=29500)
-    inv = fleet(first, node("n2"), kimi=["n1", "n2"])
-    assert deployment_targets([first], resolve=inv.select)[1].vars["dist_init_addr"] == (
-        "[fd00::1]:29500"
-    )
-
-
-@pytest.mark.parametrize(
-    ("table", "extra", "message"),
-    [
-        ({"nodes": "nope"}, {}, "nodes 'nope' matches no host"),
-        ({"nodes": "kimi", "nnodes": 3}, {}, "nnodes 3 disagrees with nodes 'kimi' (2 hosts)"),
-        ({"nodes": "kimi", "tp": 3}, {}, "tp 3 is not divisible by its 2 nodes"),
-        ({"nodes": ["n1", "n2"]}, {}, "nodes must be a host pattern"),
-        ({"nodes": "kimi"}, {"node_rank": 5}, "node_rank 5 of n1 is not a rank of its 2 nodes"),
-    ],
-)
-def test_bad_multi_node_deployments_are_clear_errors(
-    table: dict[str, Any], extra: dict[str, Any], message: str
-) -> None:
-    first = node("n1", deployments={"kimi": table}, **extra)
-    inv = fleet(first, node("n2"), kimi=["n1", "n2"])
-    with pytest.raises(InventoryError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        deployment_targets([first], resolve=inv.select)
-
-
-def test_two_nodes_with_one_rank_each_are_refused_as_duplicates() -> None:
-    inv = fleet(node("n1", node_rank=1), node("n2", node_rank=1), kimi=["n1", "n2"])
-    with pytest.raises(InventoryError, match="two nodes have node_rank 1"):
-        deployment_targets([inv.hosts["n1"]], resolve=inv.select)
-
 
 # ---- over real sshd hosts --------------------------------------------------------------------
 
