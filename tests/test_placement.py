@@ -149,3 +149,116 @@ def test_two_nodes_with_one_rank_each_are_refused_as_duplicates() -> None:
     inv = fleet(node("n1", node_rank=1), node("n2", node_rank=1), kimi=["n1", "n2"])
     with pytest.raises(InventoryError, match="two nodes have node_rank 1"):
         deployment_targets([inv.hosts["n1"]], resolve=inv.select)
+
+
+# ---- the exact words and edges of the rules --------------------------------------------------
+
+
+def test_a_missing_deployment_says_whether_any_host_has_deployments() -> None:
+    with pytest.raises(UsageError) as plain:
+        deployment_targets([host()], "r1")
+    assert plain.value.message == "no deployment 'r1' on the selected hosts (none has deployments)"
+    assert plain.value.hint == "see each host's `deployments` with deployctl hosts"
+    with pytest.raises(UsageError) as tabled:
+        deployment_targets([host(deployments={"r2": {}})], "r1")
+    assert tabled.value.message == "no deployment 'r1' on the selected hosts"
+
+
+@pytest.mark.parametrize("table", [{}, "r1", ["r1"]])
+def test_deployments_must_be_a_non_empty_mapping(table: Any) -> None:
+    with pytest.raises(InventoryError, match="deployments must be a mapping of name: variables"):
+        deployment_targets([host(deployments=table)])
+
+
+def test_a_deployment_that_sets_how_hosts_are_reached_is_named_with_the_fix() -> None:
+    with pytest.raises(InventoryError) as caught:
+        deployment_targets([host(deployments={"r1": {"ansible_user": "x", "ansible_port": 2}})])
+    assert caught.value.message == (
+        "host h1, deployment r1: a deployment cannot set ansible_port, ansible_user"
+    )
+    assert caught.value.hint == "set how a host is reached on the host itself"
+
+
+def test_a_bad_env_inside_a_multi_node_deployment_names_the_node() -> None:
+    table = {"kimi": {"nodes": "kimi", "tp": 16, "env": {"9X": "1"}}}
+    inv = fleet(node("n1", deployments=table), node("n2"), kimi=["n1", "n2"])
+    with pytest.raises(InventoryError, match=r"^host n1, deployment kimi: env name '9X'"):
+        deployment_targets([inv.hosts["n1"]], resolve=inv.select)
+
+
+def test_single_and_multi_node_deployments_of_one_host_are_all_kept() -> None:
+    table = {"solo": {"gpus": [7], "port": 31000}, "kimi": {"nodes": "kimi", "tp": 16}}
+    inv = fleet(node("n1", deployments=table), node("n2", deployments=table), kimi=["n1", "n2"])
+    labels = [t.label for t in deployment_targets(list(inv.hosts.values()), resolve=inv.select)]
+    assert labels == ["n1/solo", "n1/kimi", "n2/kimi", "n2/solo"]
+
+
+def test_a_node_gets_its_placement_and_not_the_nodes_pattern() -> None:
+    table = {"kimi": {"nodes": "kimi", "tp": 16, "dist_port": 29500}}
+    inv = fleet(node("n1", deployments=table), node("n2"), kimi=["n1", "n2"])
+    first, second = deployment_targets([inv.hosts["n1"]], resolve=inv.select)
+    assert "nodes" not in first.vars and "deployments" not in first.vars
+    assert (first.vars["dist_port"], second.vars["dist_init_addr"]) == (29500, "10.0.0.1:29500")
+    assert first.vars["node_hosts"] == second.vars["node_hosts"] == ["n1", "n2"]
+    given = {"kimi": {"nodes": "kimi", "tp": 16, "dist_init_addr": "ib0.n1:4000"}}
+    inv = fleet(node("n1", deployments=given), node("n2"), kimi=["n1", "n2"])
+    assert {
+        t.vars["dist_init_addr"] for t in deployment_targets([inv.hosts["n1"]], resolve=inv.select)
+    } == {"ib0.n1:4000"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"tp": True}, "tp True is not divisible by its 2 nodes"),
+        ({"tp": "sixteen"}, "tp 'sixteen' is not divisible by its 2 nodes"),
+        ({}, "tp 1 is not divisible by its 2 nodes"),  # no tp anywhere: SGLang's 1
+    ],
+)
+def test_tp_must_be_a_whole_multiple_of_the_nodes(overrides: dict[str, Any], message: str) -> None:
+    table = {"kimi": {"nodes": "kimi", **overrides}}
+    first = Host("n1", {"ansible_host": "10.0.0.1", "deployments": table})
+    inv = fleet(first, Host("n2", {}), kimi=["n1", "n2"])
+    with pytest.raises(InventoryError) as caught:
+        deployment_targets([first], resolve=inv.select)
+    assert caught.value.message == f"host n1, deployment kimi: {message}"
+    assert caught.value.hint == "tp is the total over all nodes, e.g. tp: 16 on two 8-GPU nodes"
+
+
+@pytest.mark.parametrize("rank", [2, True, "first"])
+def test_a_node_rank_outside_the_group_is_refused_with_the_range(rank: Any) -> None:
+    inv = fleet(node("n1", node_rank=rank), node("n2"), kimi=["n1", "n2"])
+    with pytest.raises(InventoryError) as caught:
+        deployment_targets([inv.hosts["n1"]], resolve=inv.select)
+    assert caught.value.message == (
+        f"host n1, deployment kimi: node_rank {rank!r} of n1 is not a rank of its 2 nodes (0-1)"
+    )
+
+
+def test_nnodes_given_by_hand_must_match_and_says_how_to_fix_it() -> None:
+    table = {"kimi": {"nodes": "kimi", "tp": 16, "nnodes": 2}}
+    inv = fleet(node("n1", deployments=table), node("n2"), kimi=["n1", "n2"])
+    assert len(deployment_targets([inv.hosts["n1"]], resolve=inv.select)) == 2  # agrees: fine
+    table["kimi"]["nnodes"] = 4
+    with pytest.raises(InventoryError) as caught:
+        deployment_targets([inv.hosts["n1"]], resolve=inv.select)
+    assert caught.value.hint == "leave nnodes out: it is the number of hosts `nodes` matches"
+
+
+def test_only_a_multi_node_target_is_a_group_node() -> None:
+    assert group_of(host()) is None
+    assert group_of(Host("h1", {"node_hosts": ["h1", "h2"]})) is None  # no deployment
+    assert group_of(Host("h1", {"node_hosts": ["h1"]}, "solo")) is None  # one node
+    assert group_of(Host("h1", {"node_hosts": "h1,h2"}, "x")) is None  # not a list
+
+
+def test_bad_deployment_names_say_what_names_may_be() -> None:
+    with pytest.raises(InventoryError) as caught:
+        deployment_targets([host(deployments={"R1": {}})])
+    assert caught.value.message == "host h1: deployment name 'R1' is not allowed"
+    assert caught.value.hint == (
+        "names are lower-case letters, digits and -, starting with a letter or digit"
+    )
+    with pytest.raises(UsageError) as option:
+        deployment_targets([host()], "R1")
+    assert option.value.hint == "names are lower-case letters, digits and -"
