@@ -70,3 +70,26 @@ def test_gauges_come_from_tp_rank_0_and_histograms_sum_their_label_sets() -> Non
 def test_a_page_that_is_not_prometheus_text_is_an_error(text: str) -> None:
     with pytest.raises(MetricsError, match="not Prometheus text"):
         parse_metrics(text)
+
+
+def test_other_families_first_nan_gauges_and_exact_quantiles() -> None:
+    page = (
+        "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 3.0\n"
+        "# TYPE sglang:token_usage gauge\n"
+        'sglang:token_usage{tp_rank="0"} NaN\n'
+        "# TYPE sglang:cache_hit_rate gauge\n"
+        'sglang:cache_hit_rate{tp_rank="0"} 0.5\n'
+        "# TYPE sglang:inter_token_latency_seconds histogram\n"
+        'sglang:inter_token_latency_seconds_bucket{tp_rank="0",le="0.1"} 1.0\n'
+        'sglang:inter_token_latency_seconds_bucket{tp_rank="0",le="+Inf"} 1.0\n'
+    )
+    metrics = parse_metrics(page)
+    assert metrics["cache_hit_rate"] == 0.5  # read after a family deployctl skips
+    assert metrics["token_usage"] is None  # NaN: nothing to show
+    # One observation, in the first bucket: from 0 up to its bound, as Prometheus reads it.
+    assert metrics["inter_token_latency_seconds"] == {"p50": 0.05, "p99": 0.099, "count": 1}
+
+
+def test_the_first_bucket_starts_at_zero() -> None:
+    assert quantile(0.5, {0.1: 4.0, INF: 4.0}) == pytest.approx(0.05)
+    assert quantile(0.25, {0.2: 4.0, 0.4: 8.0, INF: 8.0}) == pytest.approx(0.1)
