@@ -233,6 +233,12 @@ class SSHConnection(Connection):
 
     def _client_or_connect(self) -> paramiko.SSHClient:
         with self._lock:
+            transport = self._client.get_transport() if self._client is not None else None
+            if self._client is not None and (transport is None or not transport.is_active()):
+                # The host dropped us (sshd restarted, a network blip): connect afresh, its
+                # key verified again, so a long-lived fleet (top, watch) outlives the outage.
+                self._client.close()
+                self._client = None
             if self._client is None:
                 self._client = self._connect()
             return self._client

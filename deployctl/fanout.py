@@ -119,13 +119,6 @@ class Fleet:
                 self._connections[host.name] = open_connection(host, self.options)
             return self._connections[host.name]
 
-    def forget(self, host: Host) -> None:
-        """Drop the host's connection (it was lost): the next use opens a new one."""
-        with self._lock:
-            conn = self._connections.pop(host.name, None)
-        if conn is not None:
-            conn.close()
-
     def round_trips(self) -> dict[str, int]:
         """Return how many remote round trips each host has cost so far."""
         return {name: conn.round_trips for name, conn in self._connections.items()}

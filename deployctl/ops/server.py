@@ -13,7 +13,7 @@ from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, scan_text
 from deployctl.deployments import gpu_set, group_of, node_rank
-from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError
+from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.host_agent import (
@@ -308,7 +308,8 @@ def metrics_rounds(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[FleetResult[RunStatus]]:
     """Every deployment's status with metrics, every `interval` seconds, over the fleet's
-    open connections; a host that drops its connection is reconnected on the next round."""
+    open connections (a host that dropped its connection is reconnected on the next round:
+    see SSHConnection)."""
     done = 0
     while rounds is None or done < rounds:
         started = time.monotonic()
@@ -317,9 +318,6 @@ def metrics_rounds(
                 host, conn, catalog, metrics=True, tail_bytes=TOP_TAIL_BYTES
             )
         )
-        for result in results:
-            if isinstance(result.exception, (ConnectError, CommandTimeoutError)):
-                fleet.forget(result.host)
         done += 1
         yield results
         if rounds is None or done < rounds:
