@@ -23,6 +23,8 @@ NAME = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 # Variables a deployment may not change: how its host is reached, and the table itself.
 _FIXED = ("ansible_", "deployments")
 DEFAULT_DIST_PORT = 20000
+# A multi-node deployment: its name and its nodes in rank order.
+GroupKey = tuple[str, tuple[str, ...]]
 # What deployctl sets on each node of a multi-node deployment.
 _NODE_VARS = ("node_rank", "dist_init_addr", "node_hosts")
 
@@ -53,7 +55,7 @@ def deployment_targets(
             hint="names are lower-case letters, digits and -",
         )
     targets: list[Host] = []
-    groups_seen: set[tuple[str, tuple[str, ...]]] = set()
+    groups_seen: set[GroupKey] = set()
     has_tables = False
     for host in hosts:
         table = host.vars.get("deployments")
@@ -168,7 +170,7 @@ def ranked(members: Sequence[Host], where: str) -> list[Host]:
     return [slot if slot is not None else next(rest) for slot in slots]
 
 
-def group_of(host: Host) -> tuple[str, tuple[str, ...]] | None:
+def group_of(host: Host) -> GroupKey | None:
     """The multi-node deployment a target is a node of, as (deployment, node names)."""
     nodes = host.vars.get("node_hosts")
     if host.deployment is None or not isinstance(nodes, list) or len(nodes) < 2:
@@ -212,10 +214,11 @@ def prometheus_targets(
     return entries
 
 
-def gpu_set(host: Host) -> list[int] | None:
-    """The host's `gpus` as indices in the order given (the server's device order), or None
-    for every GPU. A list, a comma-separated string or one index."""
-    value = host.vars.get("gpus")
+def gpu_set(host: Host, variables: Mapping[str, Any] | None = None) -> list[int] | None:
+    """The host's `gpus` (or those of `variables`, e.g. with --set over them) as indices in
+    the order given (the server's device order), or None for every GPU. A list, a
+    comma-separated string or one index."""
+    value = (host.vars if variables is None else variables).get("gpus")
     if value is None:
         return None
     items: Sequence[Any]
@@ -247,7 +250,7 @@ def server_env(host: Host, variables: Mapping[str, Any]) -> dict[str, str]:
     """The server's own environment: `env`, and with `gpus` the CUDA variables that pin the
     server to those GPUs, numbered as nvidia-smi numbers them (PCI bus order)."""
     env = check_env(variables.get("env"), _where(host))
-    indices = gpu_set(Host(host.name, dict(variables), host.deployment))
+    indices = gpu_set(host, variables)
     if indices is None:
         return env
     visible = ",".join(map(str, indices))

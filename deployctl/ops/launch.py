@@ -6,6 +6,7 @@ import base64
 import codecs
 import contextlib
 import getpass
+import itertools
 import os
 import socket
 import threading
@@ -18,7 +19,7 @@ from typing import Any
 from deployctl import __version__, agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, CrashScanner
-from deployctl.deployments import describe_gpus, gpu_set, group_of, node_rank
+from deployctl.deployments import GroupKey, describe_gpus, gpu_set, group_of, node_rank
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, HostResult, attempt
@@ -147,7 +148,7 @@ class Plan:
         return self.tp // int(self.host.vars.get("nnodes", 1))
 
     @property
-    def group(self) -> tuple[str, tuple[str, ...]] | None:
+    def group(self) -> GroupKey | None:
         """The multi-node deployment this plan is one node of."""
         return group_of(self.host)
 
@@ -637,10 +638,11 @@ def plan_launch(
 
 def check_placement(plans: Sequence[Plan]) -> None:
     """Refuse deployments of one launch that would share a host's GPUs or port."""
-    for i, first in enumerate(plans):
-        for second in plans[i + 1 :]:
-            if first.host.name != second.host.name:
-                continue
+    by_host: dict[str, list[Plan]] = {}
+    for plan in plans:
+        by_host.setdefault(plan.host.name, []).append(plan)
+    for same_host in by_host.values():
+        for first, second in itertools.combinations(same_host, 2):
             pair = f"{first.host.label} and {second.host.label}"
             if shares_gpus(first.gpus, second.gpus):
                 raise PreflightError(
@@ -687,7 +689,7 @@ def launch(
         return LaunchReport(preflights, FleetResult([]), refused=refused, dry_run=dry_run)
 
     # One log version on every node of a multi-node server: the highest any node needs.
-    versions: dict[Any, int] = {}
+    versions: dict[GroupKey | None, int] = {}
     for result in preflights:
         if result.value is not None and result.value.plan.group is not None:
             key = result.value.plan.group

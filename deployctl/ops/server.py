@@ -12,7 +12,7 @@ from typing import Any
 from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, scan_text
-from deployctl.deployments import gpu_set, group_of, node_rank
+from deployctl.deployments import GroupKey, gpu_set, group_of, node_rank
 from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, HostResult
@@ -381,7 +381,7 @@ class Unit:
 
 def units(results: FleetResult[RunStatus]) -> list[Unit]:
     """Group per-target statuses: a multi-node server's nodes into one unit."""
-    found: dict[Any, Unit] = {}
+    found: dict[GroupKey | str, Unit] = {}
     for result in results:
         group = group_of(result.host)
         key = group or result.name
