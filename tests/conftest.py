@@ -58,17 +58,31 @@ class CLI:
         self.cwd = cwd
         self.home = home
 
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment the CLI runs in: ours without deployctl's or ssh-agent's settings,
+        with the test's HOME."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
+        env.update(HOME=str(self.home), PYTHONPATH=str(REPO), COLUMNS="200", **extra)
+        return env
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        """Start the CLI without waiting, its stdout and stderr piped as text."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "deployctl", *args],
+            cwd=self.cwd,
+            env=self.env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+
     def __call__(
         self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        full_env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))
-        }
-        full_env.update(HOME=str(self.home), PYTHONPATH=str(REPO), COLUMNS="200", **(env or {}))
         return subprocess.run(
             [sys.executable, "-m", "deployctl", *args],
             cwd=self.cwd,
-            env=full_env,
+            env=self.env(**(env or {})),
             text=True,
             capture_output=True,
             timeout=timeout,

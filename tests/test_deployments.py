@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -184,19 +182,7 @@ def test_disjoint_deployments_launched_at_once_from_two_terminals_both_start(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     inv, _ = two_replicas(hosts, tmp_path)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
-    env.update(HOME=str(cli.home), PYTHONPATH=str(REPO))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "deployctl", "launch", "-i", str(inv), "-d", name, "--json"],
-            cwd=cli.cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for name in ("r1", "r2")
-    ]
+    procs = [cli.popen("launch", "-i", str(inv), "-d", name, "--json") for name in ("r1", "r2")]
     outputs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     states = [json.loads(out)["hosts"]["alpha"]["deployments"] for out, _ in outputs]

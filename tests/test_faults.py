@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tarfile
 import tempfile
 import threading
@@ -37,7 +36,7 @@ from deployctl.patchset import PatchSet, load_patch_sets
 from deployctl.project import SHIPPED_DATA
 from tests.conftest import CLI
 from tests.sglang_wheel import SITE, install_on, site_file
-from tests.sshd_hosts import REPO, SSHLab, TestHost, sh
+from tests.sshd_hosts import SSHLab, TestHost, sh
 from tests.test_lifecycle import prepare
 
 SET = "spec-disable"
@@ -54,20 +53,6 @@ def wait_until(check: Callable[[], Any], timeout: float, interval: float = 0.01)
             return value
         time.sleep(interval)
     raise AssertionError(f"not within {timeout}s: {getattr(check, '__name__', check)}")
-
-
-def popen_cli(cli: CLI, *args: str) -> subprocess.Popen[str]:
-    """Start the CLI as `cli` would run it, without waiting."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
-    env.update(HOME=str(cli.home), PYTHONPATH=str(REPO), COLUMNS="200")
-    return subprocess.Popen(
-        [sys.executable, "-m", "deployctl", *args],
-        cwd=cli.cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
 
 
 def user_argvs(host: TestHost) -> dict[int, list[str]]:
@@ -166,7 +151,7 @@ def test_host_that_goes_silent_mid_launch_is_reported_and_others_finish(
     inv = lab.inventory(
         tmp_path / "inv.yml", ["bravo", "charlie"], host_vars, connect_timeout=2, command_timeout=3
     )
-    proc = popen_cli(cli, "launch", "-i", str(inv), "--json", "--timeout", "60")
+    proc = cli.popen("launch", "-i", str(inv), "--json", "--timeout", "60")
     try:
         wait_until(lambda: (bravo.home / "logs" / "eagle3_v1.log").exists(), 30)
         pause(bravo)  # bravo's server runs on; its sshd answers nothing more
@@ -284,7 +269,7 @@ def test_dropped_connection_during_apply_leaves_all_or_nothing(
     ctx, alpha = patch_host, patch_host["host"]
     outcomes = []
     for trigger, delay, victim in DROPS:
-        proc = popen_cli(cli, "patch", "apply", SET, "-i", str(ctx["inv"]))
+        proc = cli.popen("patch", "apply", SET, "-i", str(ctx["inv"]))
         try:
             if trigger == "session":
                 wait_until(lambda: ssh_sessions(alpha), 30, 0.002)
@@ -430,7 +415,7 @@ def test_deployctl_killed_mid_launch_leaves_a_consistent_state(
         return dict(json.loads(result.stdout)["hosts"]["alpha"])
 
     # 1. Killed while it waits for ready: the run goes on, recorded; no lock is left.
-    proc = popen_cli(cli, "launch", "-i", str(inv), "--timeout", "60")
+    proc = cli.popen("launch", "-i", str(inv), "--timeout", "60")
     wait_until(lambda: (state / "runs" / "current").exists(), 30)
     proc.kill()
     proc.communicate()
@@ -446,7 +431,7 @@ def test_deployctl_killed_mid_launch_leaves_a_consistent_state(
     assert cli("stop", "-i", str(inv)).returncode == 0
 
     # 2. Killed while it holds the host lock (between preflight and start).
-    proc = popen_cli(cli, "launch", "-i", str(inv), "--timeout", "60")
+    proc = cli.popen("launch", "-i", str(inv), "--timeout", "60")
     wait_until(lambda: (state / "lock").exists(), 30, 0.0005)
     proc.send_signal(signal.SIGSTOP)
     time.sleep(0.5)  # a start already sent would show by now
@@ -474,7 +459,7 @@ def test_two_launches_at_once_one_wins_one_is_refused(
 ) -> None:
     alpha = hosts.hosts["alpha"]
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": prepare(alpha, startup_s=1)})
-    procs = [popen_cli(cli, "launch", "-i", str(inv), "--json", "--timeout", "60") for _ in "ab"]
+    procs = [cli.popen("launch", "-i", str(inv), "--json", "--timeout", "60") for _ in "ab"]
     results = [(p.wait(120), *p.communicate()) for p in procs]
     assert sorted(code for code, _, _ in results) == [0, 1], results
     _, out, _ = next(r for r in results if r[0] == 1)

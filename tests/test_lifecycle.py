@@ -8,7 +8,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -184,12 +183,7 @@ def test_restart_crashed_brings_the_run_back(hosts: SSHLab, cli: CLI, tmp_path: 
 
 def watch_until(cli: CLI, inv: Path, needle: str) -> tuple[str, str]:
     """Run `watch` until a line holds `needle` (or it ends), then Ctrl-C it: (stdout, stderr)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
-    env.update(HOME=str(cli.home), PYTHONPATH=str(Path(__file__).parent.parent))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deployctl", "watch", "-i", str(inv), "--interval", "0.5", "--timeout", "30"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cli.cwd,
-    )  # fmt: skip
+    proc = cli.popen("watch", "-i", str(inv), "--interval", "0.5", "--timeout", "30")
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 90
@@ -221,15 +215,7 @@ def test_watch_restarts_once_then_stops_at_a_crash_loop(
 
 def test_two_launches_at_once_one_is_refused(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
     inv = inventory(hosts, tmp_path, ["alpha"], startup_s=1.0)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEPLOYCTL_")}
-    env.update(HOME=str(cli.home), PYTHONPATH=str(Path(__file__).parent.parent))
-    argv = [sys.executable, "-m", "deployctl", "launch", "-i", str(inv), "--timeout", "60"]
-    procs = [
-        subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cli.cwd
-        )
-        for _ in range(2)
-    ]
+    procs = [cli.popen("launch", "-i", str(inv), "--timeout", "60") for _ in range(2)]
     results = [(*p.communicate(timeout=120), p.returncode) for p in procs]
     codes = sorted(r[2] for r in results)
     assert codes == [0, 1], results
@@ -396,8 +382,10 @@ def test_env_reaches_the_server_byte_exact_masked_everywhere_and_kept_by_restart
         if path.suffix == ".env":
             assert json.loads(path.read_text()) == ENV_VALUES
             assert path.stat().st_mode & 0o777 == 0o600
-        else:
-            assert secret not in path.read_text() or path.suffix == ".cmd", path
+        else:  # an env secret reaches no other file, the real command (.cmd) included
+            assert secret not in path.read_text(), path
+            if path.suffix == ".cmd":
+                assert path.stat().st_mode & 0o777 == 0o600
     for text in (shown.stdout, dry.stdout, json.dumps(doc), json.dumps(restarted), status.stdout):
         assert secret not in text
 

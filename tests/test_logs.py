@@ -7,7 +7,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -58,12 +57,6 @@ def write_log(host: TestHost, data: bytes | str, name: str = "logs/server.log") 
     path.write_bytes(data.encode() if isinstance(data, str) else data)
     sh("chown", "-R", f"{host.user}:{host.user}", host.home)
     return path
-
-
-def cli_env(cli: CLI) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
-    env.update(HOME=str(cli.home), PYTHONPATH=str(REPO), COLUMNS="200")
-    return env
 
 
 def no_traceback(result: subprocess.CompletedProcess[str]) -> None:
@@ -266,14 +259,7 @@ class Follow:
     """`deployctl logs -f` as a subprocess, its stdout read line by line in a thread."""
 
     def __init__(self, cli: CLI, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "deployctl", "logs", "-f", *args],
-            cwd=cli.cwd,
-            env=cli_env(cli),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.proc = cli.popen("logs", "-f", *args)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()

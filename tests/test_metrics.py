@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -103,22 +101,18 @@ def test_a_multi_node_servers_metrics_come_from_rank_0(
     code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
     assert code == 0, err
     code, doc, _ = run_json(cli, "status", "--metrics", "-i", str(inv))
+    assert code == 0
     nodes = {n: doc["hosts"][n]["deployments"]["kimi"] for n in ("alpha", "bravo")}
     assert nodes["alpha"]["metrics"]["gen_throughput"] == 773.0
     assert "metrics" not in nodes["bravo"]  # its dummy server has none: not asked
     cli("stop", "-i", str(inv))
 
 
-def test_top_refreshes_over_kept_connections_and_survives_a_host_going_away(
+def test_top_keeps_refreshing_while_a_host_goes_away_and_comes_back(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     inv = served(hosts, cli, tmp_path)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
-    env.update(HOME=str(cli.home), PYTHONPATH=str(REPO))
-    argv = [sys.executable, "-m", "deployctl", "top", "--json", "-i", str(inv), "--interval", "0.3"]
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cli.cwd
-    )
+    proc = cli.popen("top", "--json", "-i", str(inv), "--interval", "0.3")
     bravo = hosts.hosts["bravo"]
     seen: list[dict[str, Any]] = []
     phases = {"up": False, "down": False, "back": False}

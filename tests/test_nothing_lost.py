@@ -15,7 +15,7 @@ from pathlib import Path
 from tests.conftest import CLI
 from tests.sglang_wheel import install_on
 from tests.sshd_hosts import STANDIN, SSHLab, TestHost, sh
-from tests.test_faults import popen_cli, ssh_sessions, wait_until
+from tests.test_faults import ssh_sessions, wait_until
 from tests.test_lifecycle import prepare
 
 OLD_LOGS = {
@@ -67,7 +67,7 @@ class Ledger:
 
 def interrupt_after(cli: CLI, host: TestHost, *args: str) -> tuple[int, str, str]:
     """Run a command that runs until Ctrl-C (logs -f, watch); press Ctrl-C once it works."""
-    proc = popen_cli(cli, *args)
+    proc = cli.popen(*args)
     wait_until(lambda: ssh_sessions(host), 30)  # connected: past start-up
     time.sleep(1.0)  # a few rounds of polling
     proc.send_signal(signal.SIGINT)

@@ -290,7 +290,8 @@ def test_shipped_sets_apply_audit_and_revert_on_real_sglang(
     verify_folders = set(Path("/tmp").glob("deployctl-verify-*"))
     applied = cli("patch", "apply", *SHIPPED, "-i", str(inventory), "--json")
     assert applied.returncode == 0, applied.stderr
-    # The verify scripts ran (the sets have some) and left no folder behind on the host.
+    # The shipped sets carry verify scripts (that a failing one refuses the apply is
+    # test_broken_patch_is_rolled_back_and_reported[verify]), and none leaves a folder behind.
     assert all(sets[name].variants["0.5.23"].verify for name in SHIPPED)
     assert set(Path("/tmp").glob("deployctl-verify-*")) == verify_folders
     actions = json.loads(applied.stdout)["hosts"]["alpha"]["patches"]

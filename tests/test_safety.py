@@ -16,7 +16,6 @@ from pathlib import Path
 
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab, TestHost, free_port, sh
-from tests.test_faults import popen_cli
 from tests.test_lifecycle import launch_json, prepare, rank_pids
 
 
@@ -270,7 +269,7 @@ def test_ctrl_c_ends_a_multi_host_launch_at_once_and_leaves_the_servers(
     names = ["alpha", "bravo"]
     host_vars = {n: prepare(hosts.hosts[n], tp=1, startup_s=60) for n in names}
     inv = hosts.inventory(tmp_path / "inv.yml", names, host_vars)
-    proc = popen_cli(cli, "launch", "-i", str(inv), "--template", "baseline", "--timeout", "120")
+    proc = cli.popen("launch", "-i", str(inv), "--template", "baseline", "--timeout", "120")
     try:
         wait_for(lambda: all(rank_pids(hosts.hosts[n]) for n in names), 30)
         time.sleep(0.5)
