@@ -17,28 +17,20 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from deployctl.host_agent import BenchArgs, cmd_bench  # noqa: E402
+from deployctl.host_agent import BenchArgs, cmd_bench, health  # noqa: E402
+from tests.sshd_hosts import STANDIN, free_port  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STANDIN = REPO / "tests" / "standin" / "sglang_standin.py"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cpu_seconds() -> float:
@@ -55,18 +47,17 @@ def main() -> None:
     (model / "standin.json").write_text(
         json.dumps({"startup_s": 0.2, "step_ms": 1.0, "per_req_ms": 0.0})
     )
-    port = free_port()
+    port = free_port("127.0.0.1")
     server = subprocess.Popen(
         [sys.executable, str(STANDIN), "--model-path", str(model), "--tp", "1", "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
-        for _ in range(200):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while health("127.0.0.1", port) != 200:
+            if time.monotonic() > deadline:
+                raise SystemExit("the stand-in did not get ready within 30 s")
+            time.sleep(0.05)
         samples = []
         for _ in range(args.rounds):
             level: BenchArgs = {

@@ -1,4 +1,4 @@
-"""What one `top` refresh costs per host, against a fresh `status --metrics`.
+"""What one `top` refresh of 4 hosts costs, against a fresh `status --metrics` of them.
 
 Starts 4 real sshd test hosts (tests.sshd_hosts.start_lab; needs root and openssh-server),
 launches the stand-in with metrics on each, then, side by side in one run:
@@ -6,7 +6,8 @@ launches the stand-in with metrics on each, then, side by side in one run:
   fresh    `deployctl status --metrics --json` as a new process (imports, SSH handshakes,
            one status round trip per host), wall time per call
   refresh  one round of `top` (deployctl.ops.server.metrics_rounds, what `top` runs between
-           its sleeps) over connections kept open, timed in this process
+           its sleeps) over connections kept open, timed in this process; it also reads a
+           shorter log tail than `status` (16 KiB against 256 KiB)
 
 Medians of --rounds samples (default 15). Run: python benchmarks/top_refresh.py. JSON goes
 to benchmarks/results/top_refresh.json (git-ignored). Client and hosts share this machine.
