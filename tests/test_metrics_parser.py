@@ -93,3 +93,23 @@ def test_other_families_first_nan_gauges_and_exact_quantiles() -> None:
 def test_the_first_bucket_starts_at_zero() -> None:
     assert quantile(0.5, {0.1: 4.0, INF: 4.0}) == pytest.approx(0.05)
     assert quantile(0.25, {0.2: 4.0, 0.4: 8.0, INF: 8.0}) == pytest.approx(0.1)
+
+
+def test_the_stand_ins_buckets_are_sglangs_own() -> None:
+    """The stand-in's /metrics buckets, read against the real 0.5.23 wheel's declarations."""
+    import ast
+    import zipfile
+
+    from tests.sglang_wheel import ensure_wheels
+    from tests.standin.sglang_standin import ITL_BUCKETS, TTFT_BUCKETS
+
+    with zipfile.ZipFile(ensure_wheels()[0]) as wheel:
+        source = wheel.read("sglang/srt/observability/metrics_collector.py").decode()
+    declared = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.List):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id.startswith("bucket_"):
+                    declared.setdefault(target.id, ast.literal_eval(node.value))
+    assert declared["bucket_time_to_first_token"] == list(TTFT_BUCKETS)
+    assert declared["bucket_inter_token_latency"] == list(ITL_BUCKETS)
