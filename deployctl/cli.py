@@ -53,7 +53,9 @@ app.add_typer(patch_app, name="patch")
 class SessionOptions:
     """The shared options' values; a command that does not take one gets its default."""
 
-    inventory: Path | None = None
+    inventory: tuple[Path, ...] = ()
+    vault_password_file: tuple[Path, ...] = ()
+    vault_id: tuple[str, ...] = ()
     hosts: str | None = None
     deployment: str | None = None
     project: Path | None = None
@@ -78,8 +80,17 @@ def _shared(
 SHARED_OPTIONS: dict[str, list[inspect.Parameter]] = {
     "select": [
         _shared(
-            "inventory", Path | None, None, "-i", "--inventory",
-            help="Ansible YAML inventory (default: $DEPLOYCTL_INVENTORY, the project's, or localhost).",
+            "inventory", list[Path] | None, None, "-i", "--inventory",
+            help="Ansible inventory: YAML, INI, JSON, a folder or a dynamic source; repeat to merge "
+            "(default: $DEPLOYCTL_INVENTORY, the project's, or localhost).",
+        ),
+        _shared(
+            "vault_password_file", list[Path] | None, None, "--vault-password-file",
+            help="Passed to Ansible to decrypt vaulted inventory values.",
+        ),
+        _shared(
+            "vault_id", list[str] | None, None, "--vault-id",
+            help="Passed to Ansible to decrypt vaulted inventory values (ID@SOURCE).",
         ),
         _shared(
             "hosts", str | None, None, "-H", "--hosts",
@@ -138,9 +149,12 @@ class Session:
 
     @cached_property
     def inventory(self) -> Inventory:
-        from deployctl.inventory import resolve_inventory
+        from deployctl.inventory import VaultOptions, resolve_inventory
 
-        return resolve_inventory(self.options.inventory, self.project.default_inventory())
+        vault = VaultOptions(
+            tuple(str(p) for p in self.options.vault_password_file), self.options.vault_id
+        )
+        return resolve_inventory(self.options.inventory, self.project.default_inventory(), vault)
 
     @cached_property
     def hosts(self) -> list[Host]:
@@ -187,6 +201,13 @@ class Session:
 Reply = tuple["View[Any]", Any]
 
 
+def _option_value(value: Any) -> Any:
+    """A repeatable option's values as a tuple (none given: empty), others as they are."""
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
 def fleet_command(
     group: typer.Typer, name: str | None = None, *, options: tuple[str, ...] = FLEET
 ) -> Callable[[Callable[..., Reply]], Callable[..., Reply]]:
@@ -197,7 +218,8 @@ def fleet_command(
         shared = [p for group_name in options for p in SHARED_OPTIONS[group_name]]
 
         def command(**values: Any) -> int:
-            chosen = {p.name: values.pop(p.name) for p in shared}
+            given = {p.name: _option_value(values.pop(p.name)) for p in shared}
+            chosen = {k: v for k, v in given.items() if v is not None}  # else the default
             session = Session(SessionOptions(**chosen), "deployment" in options)
             view, result = func(session, **values)
             return finish(view, result, session.options.json)
@@ -299,10 +321,18 @@ def _root(
 
 
 @fleet_command(app, options=("select", "json", "project"))
-def hosts(session: Session) -> Reply:
+def hosts(
+    session: Session,
+    graph: Annotated[
+        bool, typer.Option("--graph", help="Show the group tree (of the -H group, else all).")
+    ] = False,
+) -> Reply:
     """Show the selected hosts with their connection and merged variables."""
     from deployctl import report
 
+    if graph:
+        inventory = session.inventory
+        return report.GRAPH, (inventory, session.options.hosts or "all")
     return report.HOSTS, {h.name: h.describe() for h in session.hosts}
 
 

@@ -1,4 +1,5 @@
-"""Ansible-format YAML inventories: groups, ranges, variable precedence, host patterns."""
+"""Ansible inventories as deployctl uses them: hosts with merged variables, host patterns,
+the group tree, secret masking. Reading the sources is inventory_sources.py's job."""
 
 from __future__ import annotations
 
@@ -7,16 +8,26 @@ import ipaddress
 import math
 import os
 import re
-import string
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from deployctl.errors import InventoryError
+from deployctl.inventory_sources import (
+    Group,
+    InventoryData,
+    VarsFolder,
+    Vaulted,
+    VaultedText,
+    VaultOptions,
+    Vaults,
+    expand_host_range,
+    read_sources,
+)
 from deployctl.text import is_number
+
+__all__ = ["VaultOptions", "expand_host_range"]
 
 # deployctl's own settings, below every inventory level.
 DEFAULT_VARS: dict[str, Any] = {
@@ -49,8 +60,6 @@ _KEY_NAME = re.compile(r"(?:^|[_\-.])key\Z", re.IGNORECASE)
 # The shortest value masked: shorter ones would mask innocent parts of a command.
 _MIN_SECRET = 4
 MASK = "********"
-_RANGE = re.compile(r"\[([^\]:]*):([^\]:]*)(?::(\d+))?\]")
-_SECTION_KEYS = {"hosts", "vars", "children"}
 
 
 def is_secret_name(name: str) -> bool:
@@ -87,7 +96,7 @@ def mask_secrets(variables: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _masked(name: str, value: Any) -> Any:
-    if is_secret_name(name) and value not in (None, ""):
+    if (is_secret_name(name) and value not in (None, "")) or isinstance(value, VaultedText):
         return MASK
     if isinstance(value, Mapping):
         return mask_secrets(value)
@@ -116,8 +125,8 @@ def secret_values(variables: Mapping[str, Any]) -> tuple[str, ...]:
             found.update(flag_secrets(value))
             for item in value:
                 walk(item, secret)
-        elif (
-            secret and not isinstance(value, (bool, type(None))) and len(str(value)) >= _MIN_SECRET
+        elif (secret or isinstance(value, VaultedText)) and (
+            not isinstance(value, (bool, type(None))) and len(str(value)) >= _MIN_SECRET
         ):
             found.add(str(value))
 
@@ -177,25 +186,31 @@ class Host:
         return self.connection == "local"
 
 
-@dataclass
-class _Group:
-    name: str
-    vars: dict[str, Any] = field(default_factory=dict)
-    hosts: dict[str, None] = field(default_factory=dict)  # an ordered set
-    children: list[str] = field(default_factory=list)
-    parents: set[str] = field(default_factory=set)
+@dataclass(frozen=True)
+class GroupNode:
+    """One group of the tree: its child groups and its own hosts, in declaration order."""
+
+    children: list[str]
+    hosts: list[str]
 
 
 @dataclass
 class Inventory:
-    """Hosts in inventory order, and group membership for patterns."""
+    """Hosts, each group's members (in the order Ansible lists them) and the group tree."""
 
     hosts: dict[str, Host]
     groups: dict[str, list[str]]
     source: str
+    tree: dict[str, GroupNode] = field(default_factory=dict)
+    # A host whose templated variables do not resolve fails when selected, not before.
+    broken: dict[str, InventoryError] = field(default_factory=dict)
 
     def select(self, pattern: str | None) -> list[Host]:
-        """Return hosts matching an Ansible-style pattern; error when none match."""
+        """Return the hosts an Ansible pattern names, in pattern order; error when none match.
+
+        As in Ansible, plain terms add hosts in the order given, then `&term` intersects and
+        `!term` removes; a pattern of only exclusions starts from every host.
+        """
         pattern = "all" if pattern is None else pattern.strip()
         terms = split_pattern(pattern)
         if not terms:
@@ -205,50 +220,88 @@ class Inventory:
                 hint="name hosts or groups; select every host with -H all",
             )
         positives = [t for t in terms if not t.startswith(("!", "&"))]
-        selected = set(self.hosts) if not positives else set()
+        chosen: dict[str, None] = {} if positives else dict.fromkeys(self.groups["all"])
         for term in positives:
-            selected |= self._match_term(term, pattern)
-        for term in terms:
-            if term.startswith("!"):
-                selected -= self._match_term(term[1:], pattern)
-            elif term.startswith("&"):
-                selected &= self._match_term(term[1:], pattern)
-        chosen = [host for name, host in self.hosts.items() if name in selected]
+            chosen.update(dict.fromkeys(self._match_term(term, pattern)))
+        for term in (t for t in terms if t.startswith("&")):
+            keep = set(self._match_term(term[1:], pattern))
+            chosen = {h: None for h in chosen if h in keep}
+        for term in (t for t in terms if t.startswith("!")):
+            drop = set(self._match_term(term[1:], pattern))
+            chosen = {h: None for h in chosen if h not in drop}
         if not chosen:
             raise InventoryError(
                 f"host pattern {pattern!r} matches no host in {self.source}",
                 hint="see the hosts and groups with `deployctl hosts`",
             )
-        return chosen
+        for name in chosen:
+            if name in self.broken:
+                raise self.broken[name]
+        return [self.hosts[name] for name in chosen]
 
-    def _match_term(self, term: str, pattern: str) -> set[str]:
+    def _match_term(self, term: str, pattern: str) -> list[str]:
         if term in ("all", "*"):
-            return set(self.hosts)
+            return self.groups["all"]
         if term in self.groups:
-            return set(self.groups[term])
+            return self.groups[term]
         if term in self.hosts:
-            return {term}
-        if any(ch in term for ch in "*?["):
-            hosts = {h for h in self.hosts if fnmatch.fnmatchcase(h, term)}
+            return [term]
+        found: dict[str, None] = {}
+        if term.startswith("~"):
+            try:
+                regex = re.compile(term[1:])
+            except re.error as exc:
+                raise InventoryError(
+                    f"host pattern {pattern!r}: bad regex {term[1:]!r}: {exc}"
+                ) from None
+            for group in (g for g in self.groups if regex.match(g)):
+                found.update(dict.fromkeys(self.groups[group]))
+            found.update((h, None) for h in self.hosts if regex.match(h))
+        elif any(ch in term for ch in "*?["):
             for group in fnmatch.filter(self.groups, term):
-                hosts |= set(self.groups[group])
-            if hosts:
-                return hosts
+                found.update(dict.fromkeys(self.groups[group]))
+            found.update((h, None) for h in self.hosts if fnmatch.fnmatchcase(h, term))
+        if found:
+            return list(found)
         raise InventoryError(
             f"host pattern {pattern!r}: no host or group named {term!r} in {self.source}",
             hint="see the hosts and groups with `deployctl hosts`",
         )
 
+    def graph(self, group: str = "all") -> list[str]:
+        """The group tree as `ansible-inventory --graph` draws it."""
+        if group not in self.tree:
+            raise InventoryError(
+                f"no group named {group!r} in {self.source}",
+                hint="--graph takes a group name; see them with `deployctl hosts --graph`",
+            )
+        lines: list[str] = []
+
+        def draw(name: str, depth: int) -> None:
+            lines.append(_graph_line(f"@{name}:", depth))
+            for child in self.tree[name].children:
+                draw(child, depth + 1)
+            if name != "all":
+                lines.extend(_graph_line(host, depth + 1) for host in self.tree[name].hosts)
+
+        draw(group, 0)
+        return lines
+
+
+def _graph_line(name: str, depth: int) -> str:
+    return "  |" * depth + "--" + name if depth else name
+
 
 def split_pattern(pattern: str) -> list[str]:
-    """Split a host pattern into terms on commas and colons; an IPv6 address stays whole."""
-    terms: list[str] = []
-    for part in (p.strip() for p in pattern.split(",")):
-        if _is_ipv6(part.lstrip("!&")):
-            terms.append(part)
-        else:
-            terms += [t.strip() for t in part.split(":") if t.strip()]
-    return terms
+    """Split a host pattern into terms: on commas when it has any (Ansible then keeps colons,
+    so `a:b,c` is the terms `a:b` and `c`), else on colons; an IPv6 address stays whole."""
+    if "," in pattern:
+        terms = [t.strip() for t in pattern.split(",")]
+    elif _is_ipv6(pattern.lstrip("!&")):
+        terms = [pattern]
+    else:
+        terms = pattern.split(":")
+    return [t.strip() for t in terms if t.strip(" :")]
 
 
 def _is_ipv6(text: str) -> bool:
@@ -262,228 +315,154 @@ def _is_ipv6(text: str) -> bool:
 def builtin_inventory() -> Inventory:
     """Return the fallback inventory: this machine through the local connection."""
     host = Host(LOCALHOST, {**DEFAULT_VARS, "ansible_connection": "local"})
-    return Inventory({LOCALHOST: host}, {"all": [LOCALHOST], "ungrouped": [LOCALHOST]}, "built-in")
+    tree = {"all": GroupNode(["ungrouped"], []), "ungrouped": GroupNode([], [LOCALHOST])}
+    return Inventory(
+        {LOCALHOST: host}, {"all": [LOCALHOST], "ungrouped": [LOCALHOST]}, "built-in", tree
+    )
 
 
-def expand_host_range(name: str) -> list[str]:
-    """Expand Ansible host ranges: gpu[01:08], node[a:c], h[1:9:2]."""
-    match = _RANGE.search(name)
-    if match is None:
-        return [name]
-    start, end, stride_text = match.group(1), match.group(2), match.group(3)
-    if not end:  # Ansible refuses `gpu[01:]`; it reads `gpu[:3]` as gpu0 to gpu3
-        raise InventoryError(f"host range {name!r} has no end")
-    start = start or "0"
-    stride = int(stride_text) if stride_text else 1
-    head, tail = name[: match.start()], name[match.end() :]
-    if is_number(start) and is_number(end):
-        width = len(start) if start.startswith("0") and len(start) > 1 else 0
-        if int(end) < int(start) or stride < 1:
-            raise InventoryError(f"host range {name!r} is empty")
-        items = [str(i).zfill(width) for i in range(int(start), int(end) + 1, stride)]
-    elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
-        letters = string.ascii_letters
-        lo, hi = letters.index(start), letters.index(end)
-        if hi < lo or stride < 1:
-            raise InventoryError(f"host range {name!r} is empty")
-        items = list(letters[lo : hi + 1 : stride])
-    else:
-        raise InventoryError(f"host range {name!r} is not numeric or alphabetic")
-    return [expanded for item in items for expanded in expand_host_range(head + item + tail)]
-
-
-def _as_mapping(value: Any, where: str, source: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InventoryError(
-            f"{source}: {where} must be a mapping, not {type(value).__name__}",
-            hint="inventories use Ansible's YAML format: all: {hosts: {...}, children: {...}, vars: {...}}",
-        )
-    for key in value:
-        if not isinstance(key, str):
-            raise InventoryError(f"{source}: {where} has a non-string key {key!r}")
-    return value
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (the last would silently win,
-    dropping the first's hosts)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _load_yaml(path: Path) -> Any:
+def load_inventory(path: Path | Sequence[Path], vault: VaultOptions | None = None) -> Inventory:
+    """Read inventory sources (files, folders, scripts; several merge in order) into hosts with
+    their variables merged in Ansible's precedence and templates resolved."""
+    paths = [path] if isinstance(path, Path) else list(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InventoryError(f"{path} is not UTF-8 text") from exc
-    except OSError as exc:
-        raise InventoryError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise InventoryError(f"{path}:{where}: malformed YAML: {problem}") from exc
+        data = read_sources(paths, vault or VaultOptions())
+        if not data.host_vars:
+            raise InventoryError(f"{data.source} defines no hosts")
+        return build(data, vault or VaultOptions())
+    except RecursionError:
+        raise InventoryError(f"{paths[0]}: groups or values are nested too deeply") from None
 
 
-class _Parser:
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.groups: dict[str, _Group] = {"all": _Group("all"), "ungrouped": _Group("ungrouped")}
-        self.host_vars: dict[str, dict[str, Any]] = {}
-        self.host_order: list[str] = []
-
-    def group(self, name: str) -> _Group:
-        return self.groups.setdefault(name, _Group(name))
-
-    def parse_group(self, name: str, body: Any, where: str) -> None:
-        body = _as_mapping(body, where, self.source)
-        unknown = set(body) - _SECTION_KEYS
-        if unknown:
-            raise InventoryError(
-                f"{self.source}: {where} has unknown key(s) {', '.join(sorted(unknown))}",
-                hint="a group holds only hosts:, vars: and children:",
-            )
-        group = self.group(name)
-        group.vars.update(_as_mapping(body.get("vars"), f"{where}.vars", self.source))
-        hosts = _as_mapping(body.get("hosts"), f"{where}.hosts", self.source)
-        for pattern, host_body in hosts.items():
-            variables = _as_mapping(host_body, f"{where}.hosts.{pattern}", self.source)
-            for host in expand_host_range(pattern):
-                if host not in self.host_vars:
-                    self.host_order.append(host)
-                self.host_vars.setdefault(host, {}).update(variables)
-                group.hosts[host] = None
-        children = _as_mapping(body.get("children"), f"{where}.children", self.source)
-        for child, child_body in children.items():
-            if child == "all":
-                raise InventoryError(f"{self.source}: {where}: 'all' cannot be a child group")
-            if child not in group.children:
-                group.children.append(child)
-            self.group(child).parents.add(name)
-            self.parse_group(child, child_body, f"{where}.children.{child}")
-
-
-def _group_depths(groups: dict[str, _Group], source: str) -> dict[str, int]:
-    depths: dict[str, int] = {}
-
-    def depth(name: str, trail: tuple[str, ...]) -> int:
-        if name in trail:
-            raise InventoryError(f"{source}: group {name!r} is its own ancestor")
-        if name not in depths:
-            parents = groups[name].parents or ({"all"} if name != "all" else set())
-            depths[name] = (
-                0 if name == "all" else 1 + max(depth(p, (*trail, name)) for p in parents)
-            )
-        return depths[name]
-
-    for name in groups:
-        depth(name, ())
+def _depths(data: InventoryData) -> dict[str, int]:
+    """Each group's depth: its longest path from `all` (Ansible's Group.depth)."""
+    depths = {"all": 0}
+    level = ["all"]
+    while level:  # the tree has no cycles (add_child refuses them), so this ends
+        nxt: dict[str, None] = {}
+        for name in level:
+            for child in data.groups[name].children:
+                if depths.get(child, -1) < depths[name] + 1:
+                    depths[child] = depths[name] + 1
+                    nxt[child] = None
+        level = list(nxt)
     return depths
 
 
-def _vars_dir_files(folder: Path, name: str) -> Iterator[Path]:
-    """Yield group_vars/<name>.yml (or .yaml, or no suffix) and group_vars/<name>/*.yml."""
-    for candidate in (folder / name, folder / f"{name}.yml", folder / f"{name}.yaml"):
-        if candidate.is_file():
-            yield candidate
-        elif candidate.is_dir():
-            try:
-                found = sorted(p for p in candidate.iterdir() if p.suffix in (".yml", ".yaml"))
-            except OSError as exc:
-                raise InventoryError(f"cannot read {candidate}: {exc.strerror}") from None
-            yield from found
+def _hosts_of(data: InventoryData, name: str) -> list[str]:
+    """A group's hosts as Ansible lists them: its own, then its descendants' breadth first."""
+    found: dict[str, None] = dict(data.groups[name].hosts)
+    for group in data.descendants(name):
+        found.update(data.groups[group].hosts)
+    return list(found)
 
 
-def _vars_from_dir(folder: Path, name: str) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for path in _vars_dir_files(folder, name):
-        merged.update(_as_mapping(_load_yaml(path), "the file", str(path)))
-    return merged
-
-
-def load_inventory(path: Path) -> Inventory:
-    """Parse an Ansible YAML inventory with its group_vars/ and host_vars/ folders."""
+def _priority(group: Group, source: str) -> int:
+    value = group.vars.get("ansible_group_priority", 1)
     try:
-        return _load_inventory(path)
-    except RecursionError:
-        raise InventoryError(f"{path}: groups or values are nested too deeply") from None
+        return int(value)
+    except (TypeError, ValueError):
+        raise InventoryError(
+            f"{source}: group {group.name}: ansible_group_priority {value!r} is not a number"
+        ) from None
 
 
-def _load_inventory(path: Path) -> Inventory:
-    if path.is_dir():
-        raise InventoryError(f"inventory {path} is a folder, not a YAML file")
-    if not path.exists():
-        raise InventoryError(f"inventory {path} does not exist")
-    data = _load_yaml(path)
-    source = str(path)
-    top = _as_mapping(data, "the top level", source)
-    if not top:
-        raise InventoryError(f"{source} is empty", hint="start it with `all:` and `hosts:`")
-    parser = _Parser(source)
-    for name, body in top.items():
-        parser.parse_group(name, body, name)
-        if name != "all":
-            parser.groups[name].parents.add("all")
-    for name, group in parser.groups.items():
-        if name != "all" and not group.parents:
-            group.parents.add("all")
-    grouped = {
-        h for n, g in parser.groups.items() if n not in ("all", "ungrouped") for h in g.hosts
+def build(data: InventoryData, vault: VaultOptions) -> Inventory:
+    """Merge each host's variables in Ansible's order and resolve templates.
+
+    Ansible's order: `all`, then the host's groups by depth, priority and name, each group's
+    inline vars before any group_vars/ file (so group_vars/all.yml beats a child group's
+    inline vars), then the host's inline vars, then host_vars/; each vars folder in source order.
+    """
+    depths = _depths(data)
+    members = {name: _hosts_of(data, name) for name in data.groups}
+    groups_of: dict[str, list[str]] = {h: [] for h in data.host_vars}
+    ordered = sorted(
+        (g for g in data.groups if g != "all"),
+        key=lambda g: (depths[g], _priority(data.groups[g], data.source), g),
+    )
+    for name in ordered:
+        for host in members[name]:
+            groups_of[host].append(name)
+    vaults = Vaults(vault)
+    group_folders = [VarsFolder(d / "group_vars") for d in data.vars_dirs]
+    host_folders = [VarsFolder(d / "host_vars") for d in data.vars_dirs]
+    group_files = {
+        g: [f.load(g, vaults) for f in group_folders if g in f.files] for g in ["all", *ordered]
     }
-    for host in parser.host_order:
-        if host not in grouped:
-            parser.groups["ungrouped"].hosts[host] = None
-    parser.groups["ungrouped"].parents.add("all")
-    if not parser.host_order:
-        raise InventoryError(f"{source} defines no hosts")
-    return _resolve(parser, path.parent)
-
-
-def _members(groups: dict[str, _Group], name: str) -> dict[str, None]:
-    found = dict(groups[name].hosts)
-    for child in groups[name].children:
-        found.update(_members(groups, child))
-    return found
-
-
-def _resolve(parser: _Parser, folder: Path) -> Inventory:
-    groups = parser.groups
-    depths = _group_depths(groups, parser.source)
-    members = {name: _members(groups, name) for name in groups}
-    membership = {name: list(hosts) for name, hosts in members.items()}
-    membership["all"] = list(parser.host_order)
-    # Ansible's order: all, then groups by depth (ties by name); every group's inventory-file
-    # vars before any group_vars/ file, so group_vars/all.yml beats a child group's vars:.
-    ordered = sorted((g for g in groups if g != "all"), key=lambda g: (depths[g], g))
-    group_files = {g: _vars_from_dir(folder / "group_vars", g) for g in ["all", *ordered]}
-    hosts: dict[str, Host] = {}
-    for name in parser.host_order:
-        mine = [g for g in ordered if name in members[g]]
+    raw: dict[str, dict[str, Any]] = {}
+    for name, inline in data.host_vars.items():
+        mine = groups_of[name]
         layers = [
             DEFAULT_VARS,
-            groups["all"].vars,
-            *(groups[g].vars for g in mine),
-            group_files["all"],
-            *(group_files[g] for g in mine),
-            parser.host_vars[name],
-            _vars_from_dir(folder / "host_vars", name),
+            data.groups["all"].vars,
+            *(data.groups[g].vars for g in mine),
+            *group_files["all"],
+            *(layer for g in mine for layer in group_files[g]),
+            inline,
+            *(f.load(name, vaults) for f in host_folders if name in f.files),
         ]
-        hosts[name] = Host(name, merge_layers(layers, f"{parser.source}: host {name}"))
-        _check_host(hosts[name], parser.source)
-    return Inventory(hosts, membership, parser.source)
+        raw[name] = merge_layers(layers, f"{data.source}: host {name}")
+    _decrypt(raw, vaults)
+    hosts: dict[str, Host] = {}
+    broken: dict[str, InventoryError] = {}
+    groups = {g: members[g] for g in data.groups}
+    for name, variables in raw.items():
+        magic = {
+            "inventory_hostname": name,
+            "inventory_hostname_short": name.split(".")[0],
+            "group_names": sorted(groups_of[name]),
+            "groups": groups,
+        }
+        try:
+            resolved = _resolved(name, variables, magic)
+        except InventoryError as exc:
+            broken[name], resolved = exc, variables
+        hosts[name] = Host(name, resolved)
+        _check_host(hosts[name], data.source)
+    tree = {n: GroupNode(list(g.children), list(g.hosts)) for n, g in data.groups.items()}
+    return Inventory(hosts, groups, data.source, tree, broken)
+
+
+def _resolved(host: str, variables: dict[str, Any], magic: dict[str, Any]) -> dict[str, Any]:
+    from deployctl.inventory_vars import is_templated, resolve_templates  # jinja2: only when used
+
+    if not any(is_templated(v) for v in variables.values()):
+        return variables
+    return resolve_templates(host, variables, magic)
+
+
+def _decrypt(raw: dict[str, dict[str, Any]], vaults: Vaults) -> None:
+    """Replace vaulted values by their plain text, decrypting each distinct one once."""
+    found: dict[str, Vaulted] = {}
+
+    def collect(value: Any) -> None:
+        if isinstance(value, Vaulted):
+            found.setdefault(value.ciphertext, value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, list):
+            for item in value:
+                collect(item)
+
+    for variables in raw.values():
+        collect(variables)
+    if not found:
+        return
+    plain = dict(zip(found, vaults.decrypt_all(list(found.values())), strict=True))
+
+    def replace(value: Any) -> Any:
+        if isinstance(value, Vaulted):
+            return plain[value.ciphertext]
+        if isinstance(value, dict):
+            return {k: replace(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [replace(v) for v in value]
+        return value
+
+    for name, variables in raw.items():
+        raw[name] = replace(variables)
 
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -546,13 +525,20 @@ def _check_host(host: Host, source: str) -> None:
             )
 
 
-def resolve_inventory(explicit: Path | None, project_default: Path | None) -> Inventory:
-    """Load -i, else $DEPLOYCTL_INVENTORY, else the project's default, else built-in localhost."""
-    if explicit is not None:
-        return load_inventory(explicit)
+def resolve_inventory(
+    explicit: Sequence[Path] | Path | None,
+    project_default: Path | None,
+    vault: VaultOptions | None = None,
+) -> Inventory:
+    """Load -i (each given, merged), else $DEPLOYCTL_INVENTORY, else the project's default,
+    else built-in localhost."""
+    if isinstance(explicit, Path):
+        explicit = [explicit]
+    if explicit:
+        return load_inventory(list(explicit), vault)
     env = os.environ.get("DEPLOYCTL_INVENTORY")
     if env:
-        return load_inventory(Path(env))
+        return load_inventory([Path(p) for p in env.split(",") if p], vault)
     if project_default is not None:
-        return load_inventory(project_default)
+        return load_inventory(project_default, vault)
     return builtin_inventory()

@@ -14,7 +14,9 @@ from deployctl.errors import DeployctlError, UsageError
 
 PROJECT_PARTS = ("templates", "patches", "inventories")
 SHIPPED_DATA = Path(__file__).resolve().parent / "data"
-DEFAULT_INVENTORY_NAME = "default.yml"
+# The project's default inventory: the first of these in inventories/ (a folder named
+# `default` is read as a folder inventory).
+DEFAULT_INVENTORY_NAMES = ("default.yml", "default.yaml", "default.ini", "default.json", "default")
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,14 @@ class Project:
         return [d for d in dirs if d.is_dir()]
 
     def default_inventory(self) -> Path | None:
-        """Return the project's default inventory file, if it has one."""
+        """Return the project's default inventory, if it has one."""
         if self.root is None:
             return None
-        path = self.root / "inventories" / DEFAULT_INVENTORY_NAME
-        return path if path.is_file() else None
+        for name in DEFAULT_INVENTORY_NAMES:
+            path = self.root / "inventories" / name
+            if path.exists():
+                return path
+        return None
 
     def user_signatures(self) -> list[Path]:
         """Return the project's own crash signature catalog, if any."""

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from deployctl.crash.model import CrashReport
     from deployctl.fanout import FleetResult, HostResult
-    from deployctl.inventory import Host
+    from deployctl.inventory import Host, Inventory
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
     from deployctl.ops.gpus import GpuReport
     from deployctl.ops.launch import LaunchReport
@@ -184,6 +184,27 @@ def _hosts_table(described: dict[str, dict[str, Any]]) -> None:
 
 
 HOSTS: View[dict[str, dict[str, Any]]] = View(_hosts_table, lambda d: {"hosts": d})
+
+
+def _graph_document(chosen: tuple[Inventory, str]) -> dict[str, Any]:
+    inventory, top = chosen
+    inventory.graph(top)  # an unknown group is an error in JSON too
+    seen: dict[str, Any] = {}
+
+    def walk(name: str) -> None:
+        node = inventory.tree[name]
+        seen[name] = {"children": node.children, "hosts": node.hosts}
+        for child in node.children:
+            if child not in seen:
+                walk(child)
+
+    walk(top)
+    return {"groups": seen}
+
+
+GRAPH: View[tuple[Inventory, str]] = View(
+    lambda chosen: print("\n".join(chosen[0].graph(chosen[1]))), _graph_document
+)
 
 
 def _rendered(results: FleetResult[RenderedCommand]) -> None:

@@ -89,6 +89,10 @@ def test_hostile_values_reach_the_server_exactly_and_run_nothing(
         "state_dir": "~/state 'x' $(touch PWNED-state)",
     }
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": host_vars})
+    # Inventory values are templates, as in Ansible; `!unsafe` keeps the Jinja-looking one as is.
+    text = inv.read_text()
+    assert text.count("- --served-model-name={{") == 1
+    inv.write_text(text.replace("- --served-model-name={{", "- !unsafe --served-model-name={{"))
     tail = [
         "--speculative-algorithm=EAGLE3",
         f"--speculative-draft-model-path={DRAFT_NAME}",
