@@ -336,22 +336,35 @@ def hosts(
     return report.HOSTS, {h.name: h.describe() for h in session.hosts}
 
 
-@fleet_command(app, options=("select", "deployment", "json", "project"))
+@fleet_command(app, options=SERVERS)
 def render(
     session: Session,
     template: TemplateOpt = None,
     threshold: ThresholdOpt = None,
     set_: SetOpt = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Ask each host's SGLang whether it accepts the command (starts nothing).",
+        ),
+    ] = False,
 ) -> Reply:
     """Print, per host, the exact shell command that `launch` will run."""
     from deployctl import report
     from deployctl.ops.launch import render_commands
 
+    patch_sets = session.patch_sets()
     rendered = render_commands(
-        session.project, session.targets, template, threshold, set_ or [], session.patch_sets()
+        session.project, session.targets, template, threshold, set_ or [], patch_sets
     )
-    # A dirty GPU does not matter here: only hosts that failed to render count.
-    return report.RENDERED, rendered
+    if not check:
+        # A dirty GPU does not matter here: only hosts that failed to render count.
+        return report.RENDERED, rendered
+    from deployctl.ops.flags import check_commands
+
+    with session.fleet() as fleet:
+        return report.CHECKED, check_commands(fleet, rendered, patch_sets)
 
 
 @fleet_command(app)

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from deployctl.fanout import FleetResult, HostResult
     from deployctl.inventory import Host, Inventory
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
+    from deployctl.ops.flags import CheckedCommand
     from deployctl.ops.gpus import GpuReport
-    from deployctl.ops.launch import LaunchReport
+    from deployctl.ops.launch import LaunchReport, Preflight
     from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
     from deployctl.ops.patch import AuditReport, PatchAction
     from deployctl.ops.server import RestartReport, RunStatus, StopResult, WatchEvent
@@ -218,6 +219,43 @@ def _rendered(results: FleetResult[RenderedCommand]) -> None:
 
 RENDERED: View[FleetResult[RenderedCommand]] = View(
     _rendered, per_host(lambda r: {"command": r.display, "env": r.env_shown})
+)
+
+
+def _checked(results: FleetResult[CheckedCommand]) -> None:
+    out = console()
+    for result in results:
+        if result.value is None:
+            continue
+        flags = result.value.flags
+        out.print(f"# {result.name}", style="bold")
+        print_command(out, result.value.rendered.display_lines)
+        for problem in flags.problems:
+            print_error(problem, host=result.name)
+        for warning in flags.warnings:
+            sys.stderr.write(tagged("warning", warning, result.name))
+        for hint in flags.hints:
+            sys.stderr.write(tagged("hint", hint, result.name))
+        if flags.method in ("declarations", "parser") and not flags.problems:
+            how = "its declarations" if flags.method == "declarations" else "its own parser"
+            sys.stderr.write(
+                tagged("checked", f"every flag is one of SGLang's {flags.options} "
+                       f"(read from {how} in {flags.seconds * 1000:.0f} ms)", result.name)
+            )  # fmt: skip
+        elif flags.method not in ("declarations", "parser"):
+            sys.stderr.write(tagged("not checked", flags.note, result.name))
+    print_host_errors(results)
+
+
+CHECKED: View[FleetResult[CheckedCommand]] = View(
+    _checked,
+    per_host(
+        lambda c: {
+            "command": c.rendered.display,
+            "env": c.rendered.env_shown,
+            "flags": c.flags.to_json(),
+        }
+    ),
 )
 
 
@@ -531,11 +569,14 @@ def _launch(result: LaunchReport) -> None:
                 print_command(out_console, pre.value.plan.rendered.display_lines)
             for problem in pre.value.problems:
                 print_error(problem, host=pre.name)
+            _preflight_warnings(pre)
             for hint in pre.value.hints:
                 sys.stderr.write(tagged("hint", hint, pre.name))
         if result.refused:
             sys.stderr.write("nothing was started on any host\n")
         return
+    for pre in result.preflights:
+        _preflight_warnings(pre)
     for out in result.outcomes:
         if out.value is None:
             print_error(out.error or "", out.hint, out.name)
@@ -562,6 +603,11 @@ def _launch(result: LaunchReport) -> None:
         if outcome.state == "died" and outcome.last_line:
             out_console.print(f"  last line: {outcome.last_line}", markup=False)
     _cleanup_lines(result)
+
+
+def _preflight_warnings(pre: HostResult[Preflight]) -> None:
+    for warning in pre.value.warnings if pre.value is not None else []:
+        sys.stderr.write(tagged("warning", warning, pre.name))
 
 
 def _cleanup_lines(result: LaunchReport) -> None:

@@ -70,9 +70,20 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
         "next_log": "/logs/x_v1.log",
         "next_version": 1,
         "busy_ports": {},
+        "argv_check": {
+            "method": "declarations",
+            "note": "",
+            "options": 559,
+            "findings": [{"level": "error", "flag": "--x", "message": "m", "candidates": []}],
+            "seconds": 0.03,
+        },
         "lock": lock,
     }
     assert reply(host, base, PreflightReply) == base
+    with pytest.raises(agent.AgentError, match=r"argv_check\.findings\[0\]\.level is missing"):
+        finding = {"flag": "--x", "message": "m", "candidates": []}
+        check = {**base["argv_check"], "findings": [finding]}  # type: ignore[dict-item]
+        reply(host, {**base, "argv_check": check}, PreflightReply)
     # The preflight of a port that is in use, with the key gone: never read as "free".
     with pytest.raises(agent.AgentError, match="port_free is missing"):
         reply(host, {k: v for k, v in base.items() if k != "port_free"}, PreflightReply)

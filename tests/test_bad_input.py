@@ -239,7 +239,7 @@ CASES = [
     Case("set-space-key", ("launch", "-i", INV, "--set", "model path=/m"), "is not KEY=VALUE"),
     Case("set-connection", ("render", "-i", INV, "--set", "ansible_host=10.1.1.1"),
          "--set cannot change how hosts are reached"),
-    Case("tp-superscript", ("launch", "-i", INV, "--set", "tp=²"), "--tp '²' is not a number"),
+    Case("tp-superscript", ("launch", "-i", INV, "--set", "tp=²"), "--tp-size '²' is not a number"),
     Case("port-superscript", ("launch", "-i", INV, "--set", "port=²"), "--port '²' is not a port"),
     # -- --threshold and other options --
     Case("threshold-0", ("launch", "-i", INV, "--threshold", "0"), "--threshold", code=2),
@@ -256,7 +256,7 @@ CASES = [
     Case("port-zero", ("launch", "-i", INV, "--set", "port=0"), "--port '0'"),
     Case("port-word", ("launch", "-i", INV, "--set", "port=http"), "--port 'http'"),
     Case("port-render", ("render", "-i", INV, "--set", "port=65536"), "--port '65536'", form="host"),
-    Case("tp-word", ("launch", "-i", INV, "--set", "tp=eight"), "--tp 'eight'"),
+    Case("tp-word", ("launch", "-i", INV, "--set", "tp=eight"), "--tp-size 'eight'"),
     # -- patch sets --
     Case("unknown-set-apply", ("patch", "apply", "spec-disable2", "-i", INV),
          "unknown patch set 'spec-disable2'"),

@@ -100,7 +100,7 @@ def test_hostile_values_reach_the_server_exactly_and_run_nothing(
         "--speculative-eagle-topk=1",
         "--speculative-num-draft-tokens=4",
     ]
-    head = ["--tp=1", f"--host={alpha.address}", f"--port={base['port']}", "--enable-metrics"]
+    head = ["--tp-size=1", f"--host={alpha.address}", f"--port={base['port']}", "--enable-metrics"]
     expected = [f"--model-path={model}", *head, f"--attention-backend={attention}", *tail, *extra]
 
     # render shows a line that a shell splits back into exactly these words.

@@ -77,7 +77,7 @@ def test_a_group_launches_to_ready_with_its_ranks_and_one_init_address(
     for rank, name in enumerate(names):
         argv = standin_starts(hosts.hosts[name])[-1]["argv"]
         assert f"--node-rank={rank}" in argv and f"--nnodes={len(names)}" in argv
-        assert f"--tp={len(names)}" in argv
+        assert f"--tp-size={len(names)}" in argv
         addresses |= {a for a in argv if a.startswith("--dist-init-addr=")}
         assert len(rank_pids(hosts.hosts[name])) == 1  # one TP rank per node
     assert addresses == {f"--dist-init-addr={hosts.hosts[names[0]].address}:{dist_port(inv)}"}

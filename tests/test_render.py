@@ -29,7 +29,7 @@ EXAMPLE_INVENTORY = REPO / "inventories" / "example.yml"
 # The flags of the real Kimi K2.5 EAGLE-3 deployment on the H200 hosts.
 EAGLE3_H200_FLAGS = [
     "--model-path=/shared/kimi-k2.5-int4",
-    "--tp=8",
+    "--tp-size=8",
     "--trust-remote-code",
     "--enable-metrics",
     "--cuda-graph-max-bs-decode=128",
@@ -132,9 +132,9 @@ def test_overrides_beat_inventory_variables(templates: TemplateSet, example: Inv
     rendered = templates.render(
         example.hosts["h200-a01"], "eagle3", overrides={"tp": 4, "model_path": "/m/other"}
     )
-    assert "--tp=4" in rendered.argv
+    assert "--tp-size=4" in rendered.argv
     assert "--model-path=/m/other" in rendered.argv
-    assert "--tp=8" not in rendered.argv
+    assert "--tp-size=8" not in rendered.argv
 
 
 def test_extra_args_become_one_word_each(templates: TemplateSet, example: Inventory) -> None:

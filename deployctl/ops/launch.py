@@ -44,6 +44,7 @@ from deployctl.host_agent import (
     shares_gpus,
 )
 from deployctl.inventory import Host, merge_layers
+from deployctl.ops.flags import FlagReport, checked_argv, flag_report
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
 from deployctl.patchset import PatchSet, command_flags, flag_violations, sets_for_flags
@@ -190,6 +191,8 @@ class Preflight:
     plan: Plan
     problems: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    flags: FlagReport | None = None  # what the host's SGLang says of the command
     gpus: GpuReport | None = None
     next_log: str = ""
     next_version: int = 1
@@ -203,6 +206,8 @@ class Preflight:
         return {
             "ready": self.ok,
             "problems": self.problems,
+            "warnings": self.warnings,
+            "flags": None if self.flags is None else self.flags.to_json(),
             "command": self.plan.rendered.display,
             "env": self.plan.rendered.env_shown,
             "log": self.next_log,
@@ -230,6 +235,7 @@ def preflight_args(
         "log_stem": plan.rendered.log_stem,
         "client": client_identity("launch", hold_for),
         "break_lock": break_lock,
+        "server_argv": checked_argv(host, plan.rendered.argv),
     }
 
 
@@ -311,18 +317,25 @@ def run_preflight(
         )
         hints.append("set the host's `python` to the interpreter that has SGLang installed")
     facts = parse_patch_facts(doc)
+    unpatched: list[str] = []  # flags whose missing patch set a problem names
     if plan.needed_sets and facts.error:
         problems.append(facts.error)
     elif plan.needed_sets:
         for patch_set in plan.needed_sets:
             state_of_set = set_state(facts, patch_set)
             if not state_of_set.good:
+                unpatched += [r.flag for r in patch_set.flags]
                 flags = ", ".join(r.flag for r in patch_set.flags)
                 problems.append(
                     f"{flags} needs patch set {patch_set.name}, which is {state_of_set.state} on {host.name}"
                     + (f" ({state_of_set.detail})" if state_of_set.detail else "")
                 )
                 hints.append(f"deployctl patch apply {patch_set.name} -H {host.name}")
+    sets = {s.name: s for s in plan.needed_sets}
+    result.flags = flag_report(host, doc["argv_check"], doc["sglang"], sets, unpatched)
+    problems += result.flags.problems
+    hints += result.flags.hints
+    result.warnings += result.flags.warnings
     for path, exists in doc["paths"].items():
         if not exists:
             problems.append(f"{path} does not exist on {host.name}")

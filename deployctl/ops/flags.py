@@ -1,0 +1,117 @@
+"""Does the host's own SGLang accept the command? Its option names are read on the host (the
+agent's argv_check: the installation's declarations, else its parser); this turns the
+findings into preflight problems, warnings and hints."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from deployctl import agent
+from deployctl.connection import Connection
+from deployctl.fanout import Fleet, FleetResult, HostResult
+from deployctl.host_agent import ArgvCheck, CheckArgsArgs, CheckArgsReply, SglangInstall
+from deployctl.inventory import Host
+from deployctl.patchset import PatchSet
+from deployctl.render import RenderedCommand
+
+
+def server_argv(argv: Sequence[str]) -> list[str]:
+    """The server's own arguments: what follows `python -m MODULE`."""
+    words = list(argv)
+    if "-m" in words[:-1]:
+        return words[words.index("-m") + 2 :]
+    return words[1:]
+
+
+def checked_argv(host: Host, argv: Sequence[str]) -> list[str] | None:
+    """What the agent checks; None when the host's `check_flags` is off (a launcher of its
+    own that takes other flags)."""
+    return server_argv(argv) if host.vars.get("check_flags", True) else None
+
+
+@dataclass
+class FlagReport:
+    """The check's findings as deployctl says them: problems refuse, warnings do not."""
+
+    method: str
+    note: str = ""
+    options: int = 0
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "note": self.note,
+            "options": self.options,
+            "seconds": self.seconds,
+            "problems": self.problems,
+            "warnings": self.warnings,
+        }
+
+
+def flag_report(
+    host: Host,
+    check: ArgvCheck,
+    sglang: SglangInstall,
+    patch_sets: Mapping[str, PatchSet],
+    reported: Sequence[str] = (),
+) -> FlagReport:
+    """Say what the host's SGLang would refuse. `reported`: flags whose missing patch set a
+    problem already names (one problem per cause)."""
+    report = FlagReport(check["method"], check["note"], check["options"], check["seconds"])
+    which = f"SGLang {sglang.get('version') or '(unknown version)'} on {host.name}"
+    adds = {rule.flag: s.name for s in patch_sets.values() for rule in s.flags}
+    for finding in check["findings"]:
+        flag = finding["flag"]
+        if flag in reported:
+            continue
+        if finding["level"] == "warning":
+            report.warnings.append(f"{finding['message']} ({which})")
+            continue
+        message = f"{finding['message']} ({which})"
+        if flag in adds and not finding["candidates"]:
+            message += f"; patch set {adds[flag]} adds it"
+            report.hints.append(f"deployctl patch apply {adds[flag]} -H {host.name}")
+        report.problems.append(message)
+    return report
+
+
+@dataclass
+class CheckedCommand:
+    """`render --check`: the command and what the host's SGLang says of it."""
+
+    rendered: RenderedCommand
+    flags: FlagReport
+
+    @property
+    def ok(self) -> bool:
+        return not self.flags.problems
+
+
+def check_command(
+    host: Host, conn: Connection, rendered: RenderedCommand, patch_sets: Mapping[str, PatchSet]
+) -> CheckedCommand:
+    """Ask the host's SGLang about one rendered command (one round trip; nothing starts)."""
+    args: CheckArgsArgs = {"server_argv": checked_argv(host, rendered.argv)}
+    reply = agent.call(host, conn, "check_args", args, CheckArgsReply)
+    return CheckedCommand(rendered, flag_report(host, reply["check"], reply["sglang"], patch_sets))
+
+
+def check_commands(
+    fleet: Fleet, rendered: FleetResult[RenderedCommand], patch_sets: Mapping[str, PatchSet]
+) -> FleetResult[CheckedCommand]:
+    """Check every command that rendered; a host that failed to render keeps its error."""
+    commands = {r.host.label: r.value for r in rendered if r.value is not None}
+    checked = fleet.run(
+        lambda host, conn: check_command(host, conn, commands[host.label], patch_sets),
+        [r.host for r in rendered if r.value is not None],
+    )
+    by_label = {r.host.label: r for r in checked}
+    return FleetResult(
+        by_label.get(r.host.label) or HostResult(r.host, exception=r.exception) for r in rendered
+    )

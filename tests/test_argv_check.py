@@ -1,0 +1,263 @@
+"""Preflight asks the host's own SGLang whether it accepts the command.
+
+The option names come from the real SGLang 0.5.23 wheel's declarations, read statically by the
+agent (deployctl.host_agent.declared_options); tests/data/sglang/sglang-0.5.23-options.json is
+SGLang's own parser for the same wheel, captured on the device machine with
+scripts/capture-sglang-options, and the two must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from deployctl import host_agent
+from deployctl.host_agent import OptionSpec, check_server_argv, declared_options, sglang_options
+from deployctl.inventory import load_inventory
+from deployctl.ops.flags import server_argv
+from deployctl.project import SHIPPED_DATA
+from deployctl.render import TemplateSet
+from tests.conftest import CLI
+from tests.sglang_wheel import SGLANG_VERSION, ensure_wheels, install_on
+from tests.sshd_hosts import STANDIN, SSHLab
+from tests.test_lifecycle import prepare
+
+DATA = Path(__file__).parent / "data" / "sglang"
+PATCHES = SHIPPED_DATA / "patches"
+AMBIGUOUS = "--cuda-graph-max-bs"
+THRESHOLD = "--speculative-disable-batch-threshold"
+
+
+def extract_wheel(target: Path) -> Path:
+    """The real wheel's sglang/ package under target (a site-packages folder)."""
+    wheel = ensure_wheels()[0]
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(target, [n for n in archive.namelist() if n.startswith("sglang/")])
+    return target
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return extract_wheel(tmp_path_factory.mktemp("pristine"))
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel with the shipped spec-disable set's diff applied (fuzz 0)."""
+    site = extract_wheel(tmp_path_factory.mktemp("patched"))
+    diff = PATCHES / "spec-disable" / SGLANG_VERSION / "spec-disable.diff"
+    subprocess.run(["patch", "-p1", "-F0", "-s", "-d", str(site), "-i", str(diff)], check=True)
+    return site
+
+
+@pytest.fixture(scope="module")
+def options(pristine: Path) -> dict[str, OptionSpec]:
+    found = declared_options(str(pristine))
+    assert found is not None
+    return found
+
+
+def errors(argv: list[str], options: dict[str, OptionSpec]) -> list[str]:
+    return [f["message"] for f in check_server_argv(argv, options) if f["level"] == "error"]
+
+
+def test_declarations_agree_with_sglangs_own_parser(options: dict[str, OptionSpec]) -> None:
+    captured = json.loads((DATA / f"sglang-{SGLANG_VERSION}-options.json").read_text())
+    parser = {name: o for o in captured["options"] for name in o["names"]}
+    assert set(options) == set(parser)
+    assert len(options) > 500
+    for name, spec in options.items():
+        real = parser[name]
+        assert spec["dest"] == real["dest"], name
+        if real["nargs"] == "0":
+            assert spec["kind"] in ("flag", "any"), name
+        elif spec["kind"] != "any":
+            assert spec["kind"] != "flag", name
+            assert (spec["kind"] == "list") == (real["nargs"] in ("+", "*")), name
+        if spec["type"] is not None:
+            assert spec["type"] == real["type"], name
+        if spec["choices"] is not None:
+            assert sorted(map(str, spec["choices"])) == real["choices"], name
+
+
+def test_reading_the_declarations_takes_milliseconds(pristine: Path) -> None:
+    install: host_agent.SglangInstall = {"site": str(pristine), "version": SGLANG_VERSION}
+    check = host_agent.argv_check(["--model-path=/m"], install)
+    assert check["method"] == "declarations" and check["options"] > 500
+    assert check["findings"] == []
+    assert check["seconds"] < 2.0  # about 30 ms here; the bound only catches a runaway
+
+
+def test_every_shipped_template_passes_for_every_example_host(
+    pristine: Path, patched: Path
+) -> None:
+    inventory = load_inventory(SHIPPED_DATA / "inventories" / "example.yml")
+    templates = TemplateSet([SHIPPED_DATA / "templates"])
+    pristine_options = declared_options(str(pristine))
+    patched_options = declared_options(str(patched))
+    assert pristine_options is not None and patched_options is not None
+    checked = 0
+    for host in inventory.hosts.values():
+        for name in ("baseline", "eagle3"):
+            for threshold, options in ((None, pristine_options), (5, patched_options)):
+                rendered = templates.render(host, name, threshold if name == "eagle3" else None)
+                findings = check_server_argv(server_argv(rendered.argv), options)
+                assert findings == [], (host.name, name, findings)
+                checked += 1
+    assert checked == 4 * len(inventory.hosts)
+
+
+def test_bare_cuda_graph_max_bs_is_ambiguous_naming_both(options: dict[str, OptionSpec]) -> None:
+    [message] = errors([f"{AMBIGUOUS}=8"], options)
+    assert message == (
+        f"{AMBIGUOUS} is ambiguous: it could be {AMBIGUOUS}-decode, {AMBIGUOUS}-prefill"
+    )
+
+
+def test_threshold_flag_needs_the_patch(options: dict[str, OptionSpec], patched: Path) -> None:
+    assert errors([f"{THRESHOLD}=5"], options) == [f"{THRESHOLD} is not an option of this SGLang"]
+    applied = declared_options(str(patched))
+    assert applied is not None
+    assert errors([f"{THRESHOLD}=5"], applied) == []
+    assert errors([f"{THRESHOLD}=five"], applied) == [
+        f"{THRESHOLD}: expected an integer, got 'five'"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "level", "message"),
+    [
+        (["--tp", "8"], "warning", "--tp is an abbreviation of --tp-size; write --tp-size"),
+        (["--tp=8"], "warning", "--tp is an abbreviation of --tp-size"),
+        (["--tp-size=eight"], "error", "--tp-size: expected an integer, got 'eight'"),
+        (["--tensor-parallel-size", "x"], "error", "expected an integer, got 'x'"),
+        (["--mem-fraction-static=most"], "error", "expected a number, got 'most'"),
+        (["--dtype=fp7"], "error", "'fp7' is not one of the choices (auto, half,"),
+        (["--enable-metrics=yes"], "error", "--enable-metrics takes no value"),
+        (["--port"], "error", "--port needs a value"),
+        (["--attention-backed=fa3"], "error", "(did you mean --attention-backend, "),
+        (["--no-such-flag"], "error", "--no-such-flag is not an option of this SGLang"),
+        (["stray"], "error", "unexpected argument 'stray'"),
+    ],
+)
+def test_flag_findings(
+    options: dict[str, OptionSpec], argv: list[str], level: str, message: str
+) -> None:
+    findings = check_server_argv(argv, options)
+    assert [f["level"] for f in findings] == [level], findings
+    assert message in findings[0]["message"]
+
+
+def test_values_are_not_taken_for_flags(options: dict[str, OptionSpec]) -> None:
+    argv = ["--model-path", "/m", "--port", "30000", "--mem-fraction-static", "0.88",
+            "--trust-remote-code", "--json-model-override-args", '{"a": 1}',
+            "--random-seed", "-1", "--served-model-name=-dash-name"]  # fmt: skip
+    assert check_server_argv(argv, options) == []
+
+
+def test_another_layout_falls_back_to_sglangs_parser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A future SGLang without arg_groups/fields/: only its parser can say what it takes.
+    package = tmp_path / "sglang" / "srt"
+    package.mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "server_args.py").write_text(
+        "class ServerArgs:\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(parser):\n"
+        "        parser.add_argument('--model-path', type=str)\n"
+        "        parser.add_argument('--tp-size', type=int)\n"
+        "        parser.add_argument('--enable-metrics', action='store_true')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    options, method, note = sglang_options({"site": str(tmp_path), "version": "9.9"})
+    assert method == "parser" and options is not None and "SGLang's parser" in note
+    assert sorted(options) == ["--enable-metrics", "--model-path", "--tp-size"]
+    assert errors(["--tp-size=x"], options) == ["--tp-size: expected an integer, got 'x'"]
+
+
+def test_no_installation_is_not_checked_and_not_refused(tmp_path: Path) -> None:
+    options, method, note = sglang_options({"error": "SGLang is not installed for python3"})
+    assert (options, method) == (None, "none") and "not installed" in note
+
+
+# ---- over sshd: preflight, launch --dry-run and render --check ----------------------------
+
+
+def host_with_sglang(hosts: SSHLab, sglang_template: Path, tmp_path: Path, **extra: object) -> str:
+    """alpha with the real wheel in its python (the stand-in as launcher, no GPU needed)."""
+    alpha = hosts.hosts["alpha"]
+    host_vars = prepare(alpha, tp=1)
+    host_vars["python"] = install_on(alpha, sglang_template, standin=STANDIN)
+    host_vars.update(extra)
+    return str(hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": host_vars}))
+
+
+def test_launch_is_refused_before_anything_starts(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inv = host_with_sglang(
+        hosts, sglang_template, tmp_path, extra_args=[f"{AMBIGUOUS}=8", "--tp", "1"],
+        template="baseline",
+    )  # fmt: skip
+    for args in (("launch", "--dry-run"), ("launch",)):
+        result = cli(*args, "-i", inv, "--json")
+        assert result.returncode == 1, result.stderr
+        entry = json.loads(result.stdout)["hosts"]["alpha"]
+        assert entry["preflight"]["problems"] == [
+            f"{AMBIGUOUS} is ambiguous: it could be {AMBIGUOUS}-decode, {AMBIGUOUS}-prefill "
+            f"(SGLang {SGLANG_VERSION} on alpha)"
+        ]
+        assert entry["preflight"]["warnings"] == [
+            f"--tp is an abbreviation of --tp-size; write --tp-size (SGLang {SGLANG_VERSION} on alpha)"
+        ]
+        assert entry["preflight"]["flags"]["method"] == "declarations"
+    assert not (hosts.hosts["alpha"].home / "logs").exists() or not list(
+        (hosts.hosts["alpha"].home / "logs").iterdir()
+    )  # nothing started, no log written
+    shown = cli("render", "--check", "-i", inv)
+    assert shown.returncode == 1
+    assert f"alpha: error: {AMBIGUOUS} is ambiguous" in shown.stderr
+    assert "alpha: warning: --tp is an abbreviation of --tp-size" in shown.stderr
+
+
+def test_threshold_is_refused_unpatched_and_accepted_once_applied(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inv = host_with_sglang(hosts, sglang_template, tmp_path, speculative_eagle_topk=1)
+    refused = cli("render", "--check", "--threshold", "5", "-i", inv, "--json")
+    assert refused.returncode == 1
+    flags = json.loads(refused.stdout)["hosts"]["alpha"]["flags"]
+    assert flags["problems"] == [
+        f"{THRESHOLD} is not an option of this SGLang (SGLang {SGLANG_VERSION} on alpha); "
+        "patch set spec-disable adds it"
+    ]
+    assert (
+        "deployctl patch apply spec-disable -H alpha"
+        in cli("render", "--check", "--threshold", "5", "-i", inv).stderr
+    )
+    assert cli("patch", "apply", "spec-disable", "-i", inv).returncode == 0
+    accepted = cli("render", "--check", "--threshold", "5", "-i", inv, "--json")
+    assert accepted.returncode == 0, accepted.stderr
+    flags = json.loads(accepted.stdout)["hosts"]["alpha"]["flags"]
+    assert flags["problems"] == [] and flags["method"] == "declarations"
+    assert flags["options"] > 500
+    dry = cli("launch", "--dry-run", "--threshold", "5", "-i", inv, "--json")
+    assert dry.returncode == 0, dry.stderr
+
+
+def test_check_flags_off_skips_the_check(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inv = host_with_sglang(
+        hosts, sglang_template, tmp_path, extra_args=["--own-launcher-flag"], check_flags=False
+    )
+    result = cli("render", "--check", "-i", inv, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["hosts"]["alpha"]["flags"]["method"] == "off"
