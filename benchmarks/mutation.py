@@ -1,9 +1,12 @@
 """Mutation score of the pure modules against their fast unit tests (mutmut), per target.
 
 Slow (minutes per module on 2 cores), so not part of CI. It mutates a copy of the committed
-tree (`git archive HEAD`), never the working tree, and writes benchmarks/results/mutation.json.
+tree (`git archive HEAD`; with --worktree, of the working tree's files, uncommitted tests
+included), never the tree itself, and merges each target's result into
+benchmarks/results/mutation.json.
 
-Run: python benchmarks/mutation.py [TARGET ...]     (default: every target below)
+Run: python benchmarks/mutation.py [--worktree] [--children N] [TARGET ...]
+     (default: every target below)
 Needs: pip install mutmut==3.8.1 (in the same venv as the project's dev install).
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,18 +33,38 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "crash": (["deployctl/crash/"], ["tests/test_crash_scanner.py"]),
     "deployments": (["deployctl/deployments.py"], ["tests/test_placement.py"]),
     "metrics": (["deployctl/metrics.py"], ["tests/test_metrics_parser.py"]),
+    "patchset": (["deployctl/patchset.py"], ["tests/test_patchset.py"]),
+    "gpus": (["deployctl/ops/gpus.py"], ["tests/test_facts.py"]),
 }
 _COUNT = re.compile(r"(\d+)/(\d+)\s+🎉 (\d+) 🫥 (\d+)\s+⏰ (\d+)\s+🤔 (\d+)\s+🙁 (\d+)")
 
 
-def run_target(name: str, modules: list[str], tests: list[str]) -> dict[str, object]:
-    """Mutate `modules` in a fresh copy of HEAD and run `tests` against each mutant."""
-    with tempfile.TemporaryDirectory(prefix=f"deployctl-mutation-{name}-") as tmp:
-        work = Path(tmp)
+def copy_tree(work: Path, worktree: bool) -> None:
+    """HEAD's files into `work`; with `worktree`, the working tree's (tracked and new)."""
+    if not worktree:
         archive = subprocess.run(
             ["git", "archive", "HEAD"], cwd=REPO, check=True, capture_output=True
         )
         subprocess.run(["tar", "-x", "-C", str(work)], input=archive.stdout, check=True)
+        return
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "-c", "-o", "--exclude-standard"],
+        cwd=REPO, check=True, capture_output=True,
+    ).stdout  # fmt: skip
+    for name in filter(None, listed.decode().split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (work / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, work / name)
+
+
+def run_target(
+    name: str, modules: list[str], tests: list[str], worktree: bool = False, children: int = 2
+) -> dict[str, object]:
+    """Mutate `modules` in a fresh copy of the tree and run `tests` against each mutant."""
+    with tempfile.TemporaryDirectory(prefix=f"deployctl-mutation-{name}-") as tmp:
+        work = Path(tmp)
+        copy_tree(work, worktree)
         with (work / "pyproject.toml").open("a", encoding="utf-8") as config:
             config.write(
                 "\n[tool.mutmut]\n"
@@ -53,7 +77,10 @@ def run_target(name: str, modules: list[str], tests: list[str]) -> dict[str, obj
         mutmut = [str(Path(sys.executable).parent / "mutmut")]
         started = time.monotonic()
         run = subprocess.run(
-            [*mutmut, "run", "--max-children", "2"], cwd=work, capture_output=True, text=True
+            [*mutmut, "run", "--max-children", str(children)],
+            cwd=work,
+            capture_output=True,
+            text=True,
         )
         seconds = time.monotonic() - started
         counts = _COUNT.findall(run.stdout + run.stderr)
@@ -80,13 +107,20 @@ def run_target(name: str, modules: list[str], tests: list[str]) -> dict[str, obj
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="*", metavar="TARGET", help=", ".join(TARGETS))
-    names = parser.parse_args().targets or list(TARGETS)
+    parser.add_argument("--worktree", action="store_true", help="Mutate the working tree's copy.")
+    parser.add_argument("--children", type=int, default=2, help="mutmut's --max-children.")
+    args = parser.parse_args()
+    names = args.targets or list(TARGETS)
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
         parser.error(f"unknown target(s) {', '.join(unknown)}; known: {', '.join(TARGETS)}")
-    results = {name: run_target(name, *TARGETS[name]) for name in names}
+    results = {
+        name: run_target(name, *TARGETS[name], worktree=args.worktree, children=args.children)
+        for name in names
+    }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    kept = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.write_text(json.dumps({**kept, **results}, indent=2) + "\n")
     for name, result in results.items():
         print(
             f"{name:10} {result['killed']}/{result['mutants']} killed "
