@@ -8,7 +8,7 @@ import ipaddress
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from deployctl.inventory_sources import (
     VaultOptions,
     Vaults,
     expand_host_range,
+    is_templated,
     read_sources,
 )
 from deployctl.text import is_number
@@ -90,19 +91,27 @@ def flag_secrets(words: Sequence[Any]) -> list[str]:
     return [v for v in found if len(v) >= _MIN_SECRET]
 
 
-def mask_secrets(variables: Mapping[str, Any]) -> dict[str, Any]:
-    """Return a copy with secret-looking variables masked, in nested mappings too."""
-    return {k: _masked(str(k), v) for k, v in variables.items()}
+def mask_secrets(variables: Mapping[str, Any], values: Sequence[str] = ()) -> dict[str, Any]:
+    """Return a copy with secret-looking (and vaulted) variables masked, in nested mappings
+    too; `values` (longest first): secret texts to mask wherever else they appear, e.g. in
+    a variable a template built from a secret."""
+    return {k: _masked(str(k), v, values) for k, v in variables.items()}
 
 
-def _masked(name: str, value: Any) -> Any:
+def _masked(name: str, value: Any, values: Sequence[str]) -> Any:
     if (is_secret_name(name) and value not in (None, "")) or isinstance(value, VaultedText):
         return MASK
     if isinstance(value, Mapping):
-        return mask_secrets(value)
+        return mask_secrets(value, values)
     if isinstance(value, list):
-        hidden = sorted(set(flag_secrets(value)), key=len, reverse=True)  # ["--api-key", "sk-1"]
-        return [mask_values(v, hidden) if isinstance(v, str) else _masked(name, v) for v in value]
+        flagged = set(flag_secrets(value)) | set(values)  # ["--api-key", "sk-1"]
+        hidden = sorted(flagged, key=len, reverse=True)
+        return [
+            mask_values(v, hidden) if isinstance(v, str) else _masked(name, v, values)
+            for v in value
+        ]
+    if isinstance(value, str):
+        return mask_values(value, values)
     return value
 
 
@@ -178,7 +187,7 @@ class Host:
             "port": self.port if self.port is not None else (None if self.is_local else 22),
             "user": self.user,
             "connection": self.connection,
-            "vars": mask_secrets(self.vars),
+            "vars": mask_secrets(self.vars, secret_values(self.vars)),
         }
 
     @property
@@ -240,6 +249,19 @@ class Inventory:
         return [self.hosts[name] for name in chosen]
 
     def _match_term(self, term: str, pattern: str) -> list[str]:
+        subscript = _SUBSCRIPT.match(term) if not term.startswith("~") else None
+        if subscript is not None and term not in self.hosts:
+            base, index, start, end = subscript.groups()
+            hosts = self._match_term(base, pattern)
+            if index is not None:
+                position = int(index)
+                if not -len(hosts) <= position < len(hosts):
+                    raise InventoryError(
+                        f"host pattern {pattern!r}: {base} has {len(hosts)} hosts, no [{index}]"
+                    )
+                return [hosts[position]]
+            last = int(end) if end else len(hosts) - 1
+            return hosts[int(start) : last + 1]
         if term in ("all", "*"):
             return self.groups["all"]
         if term in self.groups:
@@ -292,16 +314,24 @@ def _graph_line(name: str, depth: int) -> str:
     return "  |" * depth + "--" + name if depth else name
 
 
+# A term of a colon-separated pattern: anything but blanks, ':' and brackets, or a whole
+# bracketed part (`web[0:2]` is one term).
+_COLON_TERM = re.compile(r"(?:[^\s:\[\]]|\[[^\]]*\])+")
+# `group[1]`, `group[-1]`, `group[0:2]` (both ends included), `group[1:]` (to the end).
+_SUBSCRIPT = re.compile(r"^(.+)\[(?:(-?\d+)|(\d+):(\d*))\]$")
+
+
 def split_pattern(pattern: str) -> list[str]:
     """Split a host pattern into terms: on commas when it has any (Ansible then keeps colons,
-    so `a:b,c` is the terms `a:b` and `c`), else on colons; an IPv6 address stays whole."""
+    so `a:b,c` is the terms `a:b` and `c`), else on colons outside brackets; an IPv6 address
+    stays whole."""
     if "," in pattern:
         terms = [t.strip() for t in pattern.split(",")]
-    elif _is_ipv6(pattern.lstrip("!&")):
-        terms = [pattern]
+    elif _is_ipv6(pattern.strip().lstrip("!&")):
+        terms = [pattern.strip()]
     else:
-        terms = pattern.split(":")
-    return [t.strip() for t in terms if t.strip(" :")]
+        terms = _COLON_TERM.findall(pattern)
+    return [t for t in terms if t.strip(" :")]
 
 
 def _is_ipv6(text: str) -> bool:
@@ -372,7 +402,8 @@ def build(data: InventoryData, vault: VaultOptions) -> Inventory:
 
     Ansible's order: `all`, then the host's groups by depth, priority and name, each group's
     inline vars before any group_vars/ file (so group_vars/all.yml beats a child group's
-    inline vars), then the host's inline vars, then host_vars/; each vars folder in source order.
+    inline vars), then the host's inline vars, then host_vars/. With several sources, each
+    source's group_vars/ (then host_vars/) in source order, every group within one source.
     """
     depths = _depths(data)
     members = {name: _hosts_of(data, name) for name in data.groups}
@@ -387,49 +418,61 @@ def build(data: InventoryData, vault: VaultOptions) -> Inventory:
     vaults = Vaults(vault)
     group_folders = [VarsFolder(d / "group_vars") for d in data.vars_dirs]
     host_folders = [VarsFolder(d / "host_vars") for d in data.vars_dirs]
-    group_files = {
-        g: [f.load(g, vaults) for f in group_folders if g in f.files] for g in ["all", *ordered]
-    }
+    group_files = [{g: f.load(g, vaults) for g in f.files} for f in group_folders]
+    inline_groups = {n: _group_vars(g) for n, g in data.groups.items()}
     raw: dict[str, dict[str, Any]] = {}
     for name, inline in data.host_vars.items():
         mine = groups_of[name]
         layers = [
             DEFAULT_VARS,
-            data.groups["all"].vars,
-            *(data.groups[g].vars for g in mine),
-            *group_files["all"],
-            *(layer for g in mine for layer in group_files[g]),
+            inline_groups["all"],
+            *(inline_groups[g] for g in mine),
+            *(files["all"] for files in group_files if "all" in files),
+            *(files[g] for files in group_files for g in mine if g in files),
             inline,
             *(f.load(name, vaults) for f in host_folders if name in f.files),
         ]
         raw[name] = merge_layers(layers, f"{data.source}: host {name}")
     _decrypt(raw, vaults)
-    hosts: dict[str, Host] = {}
-    broken: dict[str, InventoryError] = {}
     groups = {g: members[g] for g in data.groups}
-    for name, variables in raw.items():
-        magic = {
-            "inventory_hostname": name,
-            "inventory_hostname_short": name.split(".")[0],
-            "group_names": sorted(groups_of[name]),
+
+    def magic(host: str) -> dict[str, Any]:
+        """Ansible's magic variables for templates."""
+        found: dict[str, Any] = {
+            "inventory_hostname": host,
+            "inventory_hostname_short": host.split(".", maxsplit=1)[0],
+            "group_names": sorted(groups_of[host]),
             "groups": groups,
         }
-        try:
-            resolved = _resolved(name, variables, magic)
-        except InventoryError as exc:
-            broken[name], resolved = exc, variables
-        hosts[name] = Host(name, resolved)
-        _check_host(hosts[name], data.source)
+        if host in data.origin:
+            found["inventory_file"] = str(data.origin[host].absolute())
+            found["inventory_dir"] = str(data.origin[host].absolute().parent)
+        return found
+
+    resolved, broken = _resolve_templates(raw, magic)
+    hosts = {name: Host(name, variables) for name, variables in resolved.items()}
+    for each in hosts.values():
+        if each.name not in broken:  # a broken one fails when selected, with its own error
+            _check_host(each, data.source)
     tree = {n: GroupNode(list(g.children), list(g.hosts)) for n, g in data.groups.items()}
     return Inventory(hosts, groups, data.source, tree, broken)
 
 
-def _resolved(host: str, variables: dict[str, Any], magic: dict[str, Any]) -> dict[str, Any]:
-    from deployctl.inventory_vars import is_templated, resolve_templates  # jinja2: only when used
+def _group_vars(group: Group) -> dict[str, Any]:
+    """A group's variables; `ansible_group_priority` is about the group, not a variable."""
+    if "ansible_group_priority" not in group.vars:
+        return group.vars
+    return {k: v for k, v in group.vars.items() if k != "ansible_group_priority"}
 
-    if not any(is_templated(v) for v in variables.values()):
-        return variables
-    return resolve_templates(host, variables, magic)
+
+def _resolve_templates(
+    raw: dict[str, dict[str, Any]], magic: Callable[[str], dict[str, Any]]
+) -> tuple[dict[str, dict[str, Any]], dict[str, InventoryError]]:
+    if not any(is_templated(v) for variables in raw.values() for v in variables.values()):
+        return raw, {}
+    from deployctl.inventory_vars import resolve_hosts  # jinja2: only when a template is there
+
+    return resolve_hosts(raw, magic)
 
 
 def _decrypt(raw: dict[str, dict[str, Any]], vaults: Vaults) -> None:

@@ -9,6 +9,7 @@ order, each with its vars, direct hosts and child groups; hosts with their inlin
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import re
@@ -89,6 +90,8 @@ class InventoryData:
         self.add_child("all", "ungrouped")
         self.host_vars: dict[str, dict[str, Any]] = {}  # inline vars; its order is the hosts'
         self.vars_dirs: list[Path] = []  # where group_vars/ and host_vars/ are looked for
+        self.current: Path | None = None  # the file being read
+        self.origin: dict[str, Path] = {}  # the file that first named each host
 
     def add_group(self, name: str) -> Group:
         if not isinstance(name, str) or not name:
@@ -99,7 +102,7 @@ class InventoryData:
         if child == "all":
             raise InventoryError(f"{self.source}: 'all' cannot be a child group of {parent!r}")
         upper, lower = self.add_group(parent), self.add_group(child)
-        if child in upper.children:
+        if parent in lower.parents:  # a group has few parents; a parent may have thousands
             return
         if child == parent or parent in self.descendants(child):
             raise InventoryError(
@@ -119,10 +122,18 @@ class InventoryData:
             level = [c for g in fresh for c in self.groups[g].children]
         return list(found)
 
-    def add_host(self, name: str, group: str | None, variables: dict[str, Any]) -> None:
+    def add_host(
+        self, name: str, group: str | None, variables: dict[str, Any], port: int | None = None
+    ) -> None:
+        """Add a host (or more of it); a `host:port` entry's port counts only where the host
+        is first named, and the entry's own `ansible_port` wins over it, as in Ansible."""
         if not isinstance(name, str) or not name:
             raise InventoryError(f"{self.source}: invalid host name {name!r}")
-        self.host_vars.setdefault(name, {}).update(variables)
+        if name not in self.host_vars:
+            self.host_vars[name] = {} if port is None else {"ansible_port": port}
+            if self.current is not None:
+                self.origin[name] = self.current
+        self.host_vars[name].update(variables)
         if group is not None:
             self.add_group(group).hosts[name] = None
 
@@ -204,7 +215,11 @@ def expand_host_range(name: str) -> list[str]:
 # ---- YAML ------------------------------------------------------------------------------------
 
 
-class _InventoryLoader(yaml.SafeLoader):
+# libyaml's parser where PyYAML has it: ten times faster on a large inventory.
+_SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _InventoryLoader(_SafeLoader):  # type: ignore[misc]
     """SafeLoader that refuses a key given twice in one mapping (the last would silently win,
     dropping the first's hosts) and reads Ansible's `!vault` and `!unsafe` tags."""
 
@@ -212,12 +227,17 @@ class _InventoryLoader(yaml.SafeLoader):
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, (str, int, float, bool, type(None))):
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a key must be text, not {type(key).__name__}", key_node.start_mark
+                )
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r}", key_node.start_mark
                 )
             seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
 
 
 class Unsafe(str):
@@ -226,6 +246,20 @@ class Unsafe(str):
 
 class VaultedText(str):
     """A decrypted vaulted value: shown masked wherever secrets are (`hosts`, `render`)."""
+
+
+_TEMPLATE_MARKERS = ("{{", "{%", "{#")
+
+
+def is_templated(value: Any) -> bool:
+    """Tell whether a value holds a template anywhere inside it (`!unsafe` text never does)."""
+    if isinstance(value, str):
+        return not isinstance(value, Unsafe) and any(m in value for m in _TEMPLATE_MARKERS)
+    if isinstance(value, dict):
+        return any(is_templated(v) for v in value.values())
+    if isinstance(value, list):
+        return any(is_templated(v) for v in value)
+    return False
 
 
 def _vault(loader: yaml.SafeLoader, node: yaml.Node) -> Vaulted:
@@ -250,13 +284,18 @@ def read_text(path: Path) -> str:
 
 
 def parse_yaml(text: str, where: str) -> Any:
+    stream = io.StringIO(text)
+    stream.name = where  # marks, and so vaulted values, name the file
+    loader = _InventoryLoader(stream)
     try:
-        return yaml.load(text, Loader=_InventoryLoader)
+        return loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise InventoryError(f"{where}:{line}: malformed YAML: {problem}") from exc
+    finally:
+        loader.dispose()
 
 
 def as_mapping(value: Any, where: str, source: str) -> dict[str, Any]:
@@ -294,15 +333,11 @@ def _yaml_group(data: InventoryData, name: str, body: Any, where: str, source: s
         variables = as_mapping(host_body, f"{where}.hosts.{pattern}", source)
         names, port = host_pattern(pattern, source)
         for host in names:
-            data.add_host(host, name, _with_port(variables, port))
+            data.add_host(host, name, variables, port)
     children = as_mapping(body.get("children"), f"{where}.children", source)
     for child, child_body in children.items():
         data.add_child(name, child)
         _yaml_group(data, child, child_body, f"{where}.children.{child}", source)
-
-
-def _with_port(variables: dict[str, Any], port: int | None) -> dict[str, Any]:
-    return variables if port is None else {**variables, "ansible_port": port}
 
 
 # ---- INI -------------------------------------------------------------------------------------
@@ -386,7 +421,7 @@ def _ini_host_line(data: InventoryData, group: str, line: str, where: str) -> No
             raise InventoryError(f"{where}: expected key=value host variable, got {word!r}")
         variables[key] = ini_value(value)
     for host in names:
-        data.add_host(host, group, _with_port(variables, port))
+        data.add_host(host, group, variables, port)
 
 
 def ini_value(text: str) -> Any:
@@ -462,6 +497,12 @@ def read_sources(paths: Iterable[Path], vault: VaultOptions) -> InventoryData:
     sources = list(paths)
     data = InventoryData(", ".join(str(p) for p in sources))
     for path in sources:
+        if not path.exists() and "," in str(path):
+            for name in filter(None, (n.strip() for n in str(path).split(","))):
+                names, port = host_pattern(name, "host list")
+                for host in names:
+                    data.add_host(host, None, {}, port)
+            continue  # Ansible's host list, `-i 'h1,h2'`: hosts in no group, no vars folders
         if not path.exists():
             raise InventoryError(f"inventory {path} does not exist")
         data.vars_dirs.append(path if path.is_dir() else path.parent)
@@ -481,6 +522,7 @@ def _read_source(data: InventoryData, path: Path, vault: VaultOptions, top_level
         for entry in files:
             _read_source(data, entry, vault, top_level=False)
         return
+    data.current = path
     if _is_script(path):
         _read_dynamic(data, path, vault)
         return
@@ -571,10 +613,12 @@ def _run_ansible(argv: list[str], what: str, stdin: str | None = None) -> str:
 
 
 def _read_dynamic(data: InventoryData, path: Path, vault: VaultOptions) -> None:
-    """A script or plugin config, resolved by Ansible itself into script-format JSON."""
+    """A script or plugin config, resolved by Ansible itself into script-format JSON
+    (`--export` keeps group vars with their groups, so their precedence holds)."""
     tool = ansible_tool("ansible-inventory", f"dynamic inventory {path}")
     output = _run_ansible(
-        [tool, "-i", str(path), "--list", *vault.argv()], f"ansible-inventory -i {path}"
+        [tool, "-i", str(path), "--list", "--export", *vault.argv()],
+        f"ansible-inventory -i {path}",
     )
     try:
         top = json.loads(output)
@@ -607,13 +651,16 @@ class VarsFolder:
                 self.files[stem] = found
 
     def _files_of(self, name: str) -> Iterator[Path]:
-        """`name`, `name.yml`, `name.yaml`, `name.json`: files, or folders read recursively."""
+        """The first of `name`, `name.yml`, `name.yaml`, `name.json` there is, as Ansible
+        reads them: a file, or a folder read recursively."""
         for ext in VARS_EXTENSIONS:
             candidate = self.folder / f"{name}{ext}"
             if candidate.is_dir():
                 yield from _vars_folder_files(candidate)
-            elif candidate.is_file():
+                return
+            if candidate.is_file():
                 yield candidate
+                return
 
     def load(self, name: str, vault: Vaults) -> dict[str, Any]:
         merged: dict[str, Any] = {}

@@ -11,31 +11,41 @@ import os
 import posixpath
 import re
 import shlex
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jinja2
 import jinja2.nativetypes
+import jinja2.nodes
 import jinja2.runtime
-from jinja2.utils import missing
 
 from deployctl.errors import InventoryError
+from deployctl.inventory_sources import is_templated
 
 _RESOLVER = "__deployctl_resolver__"
-_MARKERS = ("{{", "{%", "{#")
 
 
 class _LazyContext(jinja2.runtime.Context):
-    """Looks a name up in the host's variables only when the template uses it."""
+    """Looks a name up in the host's variables only when the template uses it; the host's
+    own variables come before Jinja's globals (`range`, `namespace`, …), as in Ansible."""
 
     def resolve_or_missing(self, key: str) -> Any:
-        found = super().resolve_or_missing(key)
-        if found is not missing:
-            return found
+        if key in self.vars:  # names the template itself set ({% set %}, loops)
+            return self.vars[key]
         resolver: _HostResolver | None = self.parent.get(_RESOLVER)
         if resolver is not None and key in resolver.raw:
             return resolver.value(key)
-        return missing
+        return super().resolve_or_missing(key)
+
+
+class _CodeGenerator(jinja2.nativetypes.NativeCodeGenerator):
+    """Evaluates every expression when rendering: Jinja would otherwise fold a constant one
+    (`{{ 5 }}`, `{{ [1, 2] }}`) into its text at compile time, and its type would be lost."""
+
+    def _output_child_to_const(self, node: Any, frame: Any, finalize: Any) -> Any:
+        if not isinstance(node, jinja2.nodes.TemplateData):
+            raise jinja2.nodes.Impossible()
+        return super()._output_child_to_const(node, frame, finalize)
 
 
 def _bool(value: Any) -> bool:
@@ -78,8 +88,12 @@ _FILTERS: dict[str, Callable[..., Any]] = {
 
 
 def _native_concat(parts: Iterable[Any]) -> Any:
-    """One expression keeps its type (`"{{ tp * 2 }}"` is an int); anything more is text."""
+    """One expression keeps its type (`"{{ tp * 2 }}"` is an int); anything more is text.
+    (Text made with a secret is masked where it is shown: `mask_secrets`.)"""
     items = list(parts)
+    for item in items:
+        if isinstance(item, jinja2.Undefined):
+            str(item)  # raises the undefined name's error (StrictUndefined)
     if len(items) == 1:
         return items[0]
     return "".join(str(item) for item in items)
@@ -87,6 +101,7 @@ def _native_concat(parts: Iterable[Any]) -> Any:
 
 class _Environment(jinja2.nativetypes.NativeEnvironment):
     context_class = _LazyContext
+    code_generator_class = _CodeGenerator
 
 
 @functools.cache
@@ -102,22 +117,10 @@ def _template(text: str) -> jinja2.Template:
     return _environment().from_string(text)
 
 
-def is_templated(value: Any) -> bool:
-    """Tell whether a value holds a template anywhere inside it."""
-    if isinstance(value, str):
-        return any(marker in value for marker in _MARKERS) and not _is_unsafe(value)
-    if isinstance(value, dict):
-        return any(is_templated(v) for v in value.values())
-    if isinstance(value, list):
-        return any(is_templated(v) for v in value)
-    return False
-
-
-def _is_unsafe(value: str) -> bool:
-    return type(value).__name__ == "Unsafe"  # `!unsafe` in YAML: never templated
-
-
 class _HostResolver:
+    """One host's variables, each rendered once, on first use; a use while it is being
+    rendered is a reference cycle."""
+
     def __init__(self, host: str, raw: dict[str, Any], magic: dict[str, Any]) -> None:
         self.host = host
         self.raw = raw
@@ -159,15 +162,71 @@ class _HostResolver:
                 f"host {self.host}: variable {self.stack[0]}: {exc.message or exc}",
                 hint="templated variables use Jinja2: {{ name }}, {{ name | default('x') }}",
             ) from None
-        except (TypeError, ValueError, ArithmeticError) as exc:
+        except (TypeError, ValueError, ArithmeticError, LookupError, re.error) as exc:
             raise InventoryError(f"host {self.host}: variable {self.stack[0]}: {exc}") from None
 
 
-def resolve_templates(
-    host: str, variables: dict[str, Any], magic: dict[str, Any]
-) -> dict[str, Any]:
-    """Return the variables with every template rendered; unchanged when none has one."""
-    if not any(is_templated(v) for v in variables.values()):
-        return variables
-    resolver = _HostResolver(host, variables, magic)
-    return {name: resolver.value(name) for name in variables}
+class _HostView(Mapping[str, Any]):
+    """`hostvars[name]`: another host's variables, rendered on use."""
+
+    def __init__(self, resolver: _HostResolver) -> None:
+        self.resolver = resolver
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.resolver.raw:
+            raise KeyError(key)
+        return self.resolver.value(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.resolver.raw)
+
+    def __len__(self) -> int:
+        return len(self.resolver.raw)
+
+
+class _HostVars(Mapping[str, Any]):
+    """`hostvars`: every host's variables, each host's resolver made on first use."""
+
+    def __init__(
+        self, raw: dict[str, dict[str, Any]], magic: Callable[[str], dict[str, Any]]
+    ) -> None:
+        self.raw = raw
+        self.magic = magic
+        self.resolvers: dict[str, _HostResolver] = {}
+
+    def resolver(self, host: str) -> _HostResolver:
+        if host not in self.resolvers:
+            magic = {**self.magic(host), "hostvars": self}
+            self.resolvers[host] = _HostResolver(host, self.raw[host], magic)
+        return self.resolvers[host]
+
+    def __getitem__(self, host: str) -> _HostView:
+        if host not in self.raw:
+            raise KeyError(host)
+        return _HostView(self.resolver(host))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+def resolve_hosts(
+    raw: dict[str, dict[str, Any]], magic: Callable[[str], dict[str, Any]]
+) -> tuple[dict[str, dict[str, Any]], dict[str, InventoryError]]:
+    """Every host's variables with their templates rendered (`magic(host)`: Ansible's magic
+    variables for it), and the error of each host whose templates do not render."""
+    hostvars = _HostVars(raw, magic)
+    resolved: dict[str, dict[str, Any]] = {}
+    broken: dict[str, InventoryError] = {}
+    for host, variables in raw.items():
+        if not any(is_templated(v) for v in variables.values()):
+            resolved[host] = variables
+            continue
+        resolver = hostvars.resolver(host)
+        try:
+            resolved[host] = {name: resolver.value(name) for name in variables}
+        except InventoryError as exc:
+            broken[host], resolved[host] = exc, variables
+    return resolved, broken

@@ -584,3 +584,160 @@ def test_help_imports_no_ansible_and_no_inventory_reader() -> None:
     assert "deployctl.cli" in imported
     assert not {m for m in imported if m.split(".")[0] == "ansible"}
     assert "deployctl.inventory_sources" not in imported and "jinja2" not in imported
+
+
+# ---- corners, each checked against the real Ansible ----------------------------------------
+
+
+def agree(cli: CLI, root: Path, files: dict[str, str], sources: list[str], names=()) -> None:
+    """deployctl's hosts and variables (templated `names` rendered) equal Ansible's."""
+    write(root, files)
+    for rel in files:
+        if rel.endswith(".py"):
+            make_executable(root / rel)
+    paths = [root / s for s in sources]
+    theirs = ansible_inventory(paths)["_meta"]["hostvars"]
+    ours = deployctl_hosts(cli, paths)
+    assert list(ours) == ansible_hosts(paths, "all")
+    rendered = ansible_debug(paths, tuple(names)) if names else {}
+    for host in ours:
+        expected = {**DEFAULT_VARS, **theirs.get(host, {}), **rendered.get(host, {})}
+        assert ours[host]["vars"] == expected, host
+
+
+CORNERS = {
+    "group_vars of several sources, source by source": (
+        {
+            "a/inv.ini": "[parent:children]\nchild\n[child]\nh1\n",
+            "b/inv.ini": "[parent]\nh1\n",
+            "a/group_vars/child.yml": "v: a_child\n",
+            "b/group_vars/parent.yml": "v: b_parent\n",
+        },
+        ["a/inv.ini", "b/inv.ini"],
+        (),
+    ),
+    "only the first vars file of a name": (
+        {
+            "inv.ini": "[web]\nh1\n",
+            "group_vars/web/x.yml": "a: folder\n",
+            "group_vars/web.yml": "a: yml\n",
+            "group_vars/web.json": '{"a": "json", "b": 1}\n',
+            "host_vars/h1.yml": "h: yml\n",
+            "host_vars/h1.yaml": "h: yaml\n",
+        },
+        ["inv.ini"],
+        (),
+    ),
+    "a script's group vars keep their precedence": (
+        {
+            "dyn.py": f"#!{sys.executable}\nimport json\nprint(json.dumps("
+            '{"a": {"hosts": ["h1"], "vars": {"v": "a"}}}))\n',
+            "st.ini": "[z]\nh1\n[z:vars]\nv=z\n",
+        },
+        ["dyn.py", "st.ini"],
+        (),
+    ),
+    "a host entry's port yields to its own ansible_port and counts only first": (
+        {"inv.ini": "[a]\nh1:2222 ansible_port=22\nh2\n[b]\nh2:3333\n"},
+        ["inv.ini"],
+        (),
+    ),
+    "magic variables: inventory_dir, inventory_file, hostvars": (
+        {
+            "inv.ini": "[g]\nh1 flag=1\nh2 key_file='{{ inventory_dir }}/keys/id' "
+            "f='{{ inventory_file | basename }}' other=\"{{ hostvars['h1']['flag'] }}\"\n"
+        },
+        ["inv.ini"],
+        ("key_file", "f", "other"),
+    ),
+    "inventory variables before Jinja's globals": (
+        {
+            "inv.yml": "all:\n  hosts:\n    h1:\n      namespace: prod\n      range: 5\n"
+            '      ns: "{{ namespace }}-x"\n      r: "{{ range }}"\n'
+        },
+        ["inv.yml"],
+        ("ns", "r"),
+    ),
+    "constant templates keep their types": (
+        {
+            "inv.yml": "all:\n  hosts:\n    h1:\n"
+            "      i: '{{ 5 }}'\n      t: '{{ true }}'\n      n: \"{{ '5' | int }}\"\n"
+            "      l: '{{ [1, 2] }}'\n      d: \"{{ {'a': 1} }}\"\n      z: \"{{ '007' }}\"\n"
+            "      b: \"{{ 'off' | bool }}\"\n"
+        },
+        ["inv.yml"],
+        ("i", "t", "n", "l", "d", "z", "b"),
+    ),
+    "group priority is not a variable": (
+        {"inv.ini": "[a]\nh1\n[b]\nh1\n[a:vars]\nv=a\nansible_group_priority=10\n[b:vars]\nv=b\n"},
+        ["inv.ini"],
+        (),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CORNERS))
+def test_corner_agrees_with_ansible(tmp_path: Path, cli: CLI, case: str) -> None:
+    files, sources, names = CORNERS[case]
+    agree(cli, tmp_path, files, sources, names)
+
+
+def test_comma_host_list_is_an_inventory(tmp_path: Path, cli: CLI) -> None:
+    ours = deployctl_hosts(cli, [Path("h1,h2:2222")])
+    assert list(ours) == ["h1", "h2"] and ours["h2"]["port"] == 2222
+
+
+@pytest.mark.parametrize("pattern", ["h200[0]", "h200[-1]", "h200[1:]", "h200[0:1]", "gpu[2:3]"])
+def test_pattern_subscripts_select_as_ansible_does(tmp_path: Path, pattern: str) -> None:
+    sources, _ = fleet_sources(tmp_path, "ini")
+    inventory = load_inventory(sources)
+    assert [h.name for h in inventory.select(pattern)] == ansible_hosts(sources, pattern)
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ({"x": "{{ nope }}"}, "variable x: 'nope' is undefined"),
+        ({"y": {}, "x": "{{ y.z }}"}, "variable x: 'dict object' has no attribute 'z'"),
+        ({"p": "{{ nope }}", "ansible_port": "{{ p }}"}, "'nope' is undefined"),
+        ({"x": "{{ 'a' | regex_replace('(') }}"}, "variable x: missing )"),
+    ],
+)
+def test_template_errors_are_one_line_errors(
+    tmp_path: Path, cli: CLI, variables: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / "inv.yml"
+    path.write_text(json.dumps({"all": {"hosts": {"h1": variables}}}), encoding="utf-8")
+    result = cli("hosts", "-i", str(path))
+    assert result.returncode == 1, result.stderr
+    assert message in result.stderr and "internal error" not in result.stderr
+
+
+def test_unhashable_yaml_key_is_a_one_line_error(tmp_path: Path, cli: CLI) -> None:
+    path = tmp_path / "inv.yml"
+    path.write_text("all:\n  hosts:\n    ? [a, b]\n    : 1\n", encoding="utf-8")
+    result = cli("hosts", "-i", str(path))
+    assert result.returncode == 1 and "a key must be text, not list" in result.stderr
+    assert f"{path}: line 3" in result.stderr
+
+
+def test_a_secret_inside_a_templated_value_is_masked(tmp_path: Path, cli: CLI) -> None:
+    path = tmp_path / "inv.yml"
+    path.write_text(
+        "all:\n  hosts:\n    h1:\n      db_password: hunter22\n"
+        '      url: "https://u:{{ db_password }}@db"\n',
+        encoding="utf-8",
+    )
+    shown = deployctl_hosts(cli, [path])["h1"]["vars"]
+    assert shown["url"] == f"https://u:{MASK}@db"
+    assert "hunter22" not in json.dumps(shown)
+
+
+def test_vault_errors_name_the_file(tmp_path: Path, cli: CLI) -> None:
+    password = tmp_path / "pass"
+    password.write_text("pw\n", encoding="utf-8")
+    write(
+        tmp_path, {"inv.ini": "[g]\nh1\n", "group_vars/g.yml": f"x: {encrypt('s3cret', password)}"}
+    )
+    result = cli("hosts", "-i", str(tmp_path / "inv.ini"))
+    assert result.returncode == 1 and str(tmp_path / "group_vars" / "g.yml") in result.stderr
