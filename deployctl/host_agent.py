@@ -281,6 +281,7 @@ class StartArgs(TypedDict):
     min_version: int  # the log version to use at least (one N on every node of a group)
     run: RunInfo
     lock_token: str | None
+    files: dict[str, str]  # path (from the home folder, or absolute) → text, written first
 
 
 class StartReply(TypedDict):
@@ -1339,6 +1340,11 @@ def cmd_start(args: StartArgs) -> StartReply:
     state_dir, log_dir = args["state_dir"], os.path.expanduser(args["log_dir"])
     runs = state_path(state_dir, "runs")
     os.makedirs(log_dir, exist_ok=True)
+    for path, text in args["files"].items():  # what the command names, e.g. its config
+        target = os.path.join(os.path.expanduser("~"), os.path.expanduser(path))
+        if read_bytes(target) != text.encode():
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            write_atomic(target, text.encode(), mode=0o644)
     version = max(next_log_version(log_dir, args["log_stem"], runs), args["min_version"])
     while True:  # O_EXCL: a log is never reused, even by a racing start
         run_id = f"{args['log_stem']}_v{version}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,12 @@ from deployctl.shell import join, quote, split
 
 TEMPLATE_SUFFIX = ".j2"
 THRESHOLD_FLAG = "--speculative-disable-batch-threshold"
+# `threshold_mode`: how --threshold N reaches SGLang. `patch`: the spec-disable set's flag.
+# `adaptive`: stock SGLang's adaptive speculation, configured to draft S steps for batches up
+# to N and none above (one candidate per batch-size slot, so acceptance never moves it).
+THRESHOLD_MODES = ("patch", "adaptive")
+ADAPTIVE_FLAG = "--speculative-adaptive"
+ADAPTIVE_CONFIG_FLAG = "--speculative-adaptive-config"
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -36,6 +43,8 @@ class RenderedCommand:
     secrets: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)  # for the server only, over the login's
     deployment: str | None = None
+    files: dict[str, str] = field(default_factory=dict)  # written on the host before it starts
+    threshold_mode: str | None = None  # how the threshold reaches SGLang (None: no threshold)
 
     @property
     def command(self) -> str:
@@ -193,11 +202,65 @@ class TemplateSet:
             ) from None
         if not argv:
             raise TemplateError(f"template {template!r} rendered an empty command")
-        if threshold is not None and not any(a.split("=", 1)[0] == THRESHOLD_FLAG for a in argv):
-            argv.append(f"{THRESHOLD_FLAG}={threshold}")
+        mode, files = None, {}
+        if threshold is not None:
+            mode = threshold_mode(host, variables)
+            if mode == "adaptive":
+                files = adaptive_threshold(host, variables, argv, threshold)
+            elif not any(a.split("=", 1)[0] == THRESHOLD_FLAG for a in argv):
+                argv.append(f"{THRESHOLD_FLAG}={threshold}")
         env = server_env(host, variables)
         secrets = command_secrets(variables, argv)
-        return RenderedCommand(template, threshold, argv, secrets, env, host.deployment)
+        return RenderedCommand(
+            template, threshold, argv, secrets, env, host.deployment, files, mode
+        )
+
+
+def threshold_mode(host: Host, variables: Mapping[str, Any]) -> str:
+    mode = str(variables.get("threshold_mode", "patch"))
+    if mode not in THRESHOLD_MODES:
+        raise TemplateError(
+            f"host {host.label}: threshold_mode {mode!r} is not patch or adaptive",
+            hint="patch: the spec-disable set's flag; adaptive: stock SGLang's "
+            "--speculative-adaptive, no patch needed",
+        )
+    return mode
+
+
+def adaptive_config_path(state_dir: str, threshold: int, steps: int) -> str:
+    """Where the host keeps the adaptive config, beside the run records; named by what it
+    holds, so every run of one threshold shares one file that is never rewritten otherwise.
+    A `~/` path becomes relative: the server runs from the home folder, and no shell expands
+    a `~` inside `--flag=~/x`."""
+    path = f"{state_dir.rstrip('/')}/runs/adaptive-t{threshold}-s{steps}.json"
+    return path[2:] if path.startswith("~/") else path
+
+
+def adaptive_threshold(
+    host: Host, variables: Mapping[str, Any], argv: list[str], threshold: int
+) -> dict[str, str]:
+    """Add stock SGLang's adaptive flags for --threshold to argv; return the config file."""
+    from deployctl.patchset import command_flags
+
+    flags = command_flags(argv)
+    steps = str(flags.get("--speculative-num-steps") or "")
+    topk = flags.get("--speculative-eagle-topk")
+    if not steps.isdigit() or int(steps) < 1:
+        raise TemplateError(
+            f"host {host.label}: threshold_mode adaptive needs --speculative-num-steps N in "
+            "the command (the steps drafted up to the threshold)",
+            hint="use the eagle3 template, or set speculative_num_steps",
+        )
+    if topk not in (None, "1"):
+        raise TemplateError(
+            f"host {host.label}: threshold_mode adaptive needs --speculative-eagle-topk 1 "
+            f"(SGLang's adaptive speculation supports only topk 1; the command has {topk})",
+            hint="--set speculative_eagle_topk=1",
+        )
+    path = adaptive_config_path(str(variables["state_dir"]), threshold, int(steps))
+    config = {"1": {"candidate_steps": [int(steps)]}, str(threshold + 1): {"candidate_steps": [0]}}
+    argv += [ADAPTIVE_FLAG, f"{ADAPTIVE_CONFIG_FLAG}={path}"]
+    return {path: json.dumps(config, sort_keys=True) + "\n"}
 
 
 def default_template(host: Host, template: str | None, threshold: int | None) -> str:

@@ -208,18 +208,46 @@ GRAPH: View[tuple[Inventory, str]] = View(
 )
 
 
+def _threshold_line(rendered: RenderedCommand) -> str | None:
+    """Say how the command gets its --threshold (a shell comment)."""
+    if rendered.threshold_mode == "adaptive":
+        [(path, text)] = rendered.files.items()
+        return (
+            f"# --threshold {rendered.threshold}: stock SGLang's adaptive speculation, no patch "
+            f"(batches are padded to a CUDA-graph size first); launch writes {path}: "
+            f"{text.strip()}"
+        )
+    if rendered.threshold_mode == "patch":
+        return f"# --threshold {rendered.threshold}: the spec-disable patch set's flag"
+    return None
+
+
+def _print_rendered(out: Console, name: str, rendered: RenderedCommand) -> None:
+    out.print(f"# {name}", style="bold")
+    line = _threshold_line(rendered)
+    if line:
+        out.print(line, style="dim", markup=False, highlight=False)
+    print_command(out, rendered.display_lines)
+
+
+def _rendered_json(rendered: RenderedCommand) -> dict[str, Any]:
+    return {
+        "command": rendered.display,
+        "env": rendered.env_shown,
+        "threshold_mode": rendered.threshold_mode,
+        "files": rendered.files,
+    }
+
+
 def _rendered(results: FleetResult[RenderedCommand]) -> None:
     out = console()
     for result in results:
         if result.value is not None:
-            out.print(f"# {result.name}", style="bold")
-            print_command(out, result.value.display_lines)
+            _print_rendered(out, result.name, result.value)
     print_host_errors(results)
 
 
-RENDERED: View[FleetResult[RenderedCommand]] = View(
-    _rendered, per_host(lambda r: {"command": r.display, "env": r.env_shown})
-)
+RENDERED: View[FleetResult[RenderedCommand]] = View(_rendered, per_host(_rendered_json))
 
 
 def _checked(results: FleetResult[CheckedCommand]) -> None:
@@ -228,8 +256,7 @@ def _checked(results: FleetResult[CheckedCommand]) -> None:
         if result.value is None:
             continue
         flags = result.value.flags
-        out.print(f"# {result.name}", style="bold")
-        print_command(out, result.value.rendered.display_lines)
+        _print_rendered(out, result.name, result.value.rendered)
         for problem in flags.problems:
             print_error(problem, host=result.name)
         for warning in flags.warnings:
@@ -249,13 +276,7 @@ def _checked(results: FleetResult[CheckedCommand]) -> None:
 
 CHECKED: View[FleetResult[CheckedCommand]] = View(
     _checked,
-    per_host(
-        lambda c: {
-            "command": c.rendered.display,
-            "env": c.rendered.env_shown,
-            "flags": c.flags.to_json(),
-        }
-    ),
+    per_host(lambda c: {**_rendered_json(c.rendered), "flags": c.flags.to_json()}),
 )
 
 

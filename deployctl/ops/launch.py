@@ -457,6 +457,7 @@ def start_run(
         "env": rendered.env,
         "min_version": min_version,
         "run": run,
+        "files": rendered.files,
         "lock_token": lock_token,
     }
     return agent.call(host, conn, "start", args, StartReply)["run"]

@@ -248,6 +248,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--speculative-eagle-topk",), {"type": int}),
     (("--speculative-num-draft-tokens",), {"type": int}),
     (("--speculative-adaptive",), {"action": "store_true"}),
+    (("--speculative-adaptive-config",), {"type": str}),
     (("--disable-cuda-graph",), {"action": "store_true"}),
     (("--enable-dp-attention",), {"action": "store_true"}),
     (("--enable-flashinfer-allreduce-fusion",), {"action": "store_true"}),
@@ -1442,6 +1443,35 @@ def _exit_bad_model_path(path: str) -> NoReturn:
     sys.exit(1)
 
 
+def load_adaptive_config(path: str | None) -> dict[int, list[int]]:
+    """0.5.23's check of --speculative-adaptive-config (adaptive_spec_params.py): integer
+    batch-size keys, each with a non-empty list of non-negative candidate_steps; a missing
+    or bad file ends the server with SGLang's exception."""
+    if path is None:
+        return {1: [1, 3, 5, 7], 8: [0, 1, 3], 32: [0, 1], 64: [0]}  # its default
+    with open(path) as handle:
+        cfg = json.load(handle)
+    slots: dict[int, list[int]] = {}
+    for key, entry in cfg.items():
+        if not key.isdigit():
+            continue
+        steps = entry.get("candidate_steps")
+        if (
+            not isinstance(steps, list)
+            or not steps
+            or not all(isinstance(s, int) and s >= 0 for s in steps)
+        ):
+            raise ValueError(
+                f"BS {key}: candidate_steps must be a list of non-negative ints, got {steps!r}"
+            )
+        slots[int(key)] = steps
+    if not slots:
+        raise ValueError(
+            "speculative_adaptive_config must contain at least one integer-string BS key"
+        )
+    return slots
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Run the stand-in with launch_server's command line."""
     argv = sys.argv[1:] if argv is None else argv
@@ -1460,6 +1490,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
             )
     if not os.path.isdir(args.model_path):
         _exit_bad_model_path(args.model_path)
+    if args.speculative_adaptive:
+        load_adaptive_config(args.speculative_adaptive_config)
     knobs = load_knobs(args.model_path)
     launcher = Launcher(args, knobs)
     log(f"server_args={launcher.server_args!r}")
