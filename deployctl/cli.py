@@ -391,7 +391,7 @@ def patch_list(session: Session) -> Reply:
     return report.PATCH_LIST, list(session.patch_sets().values())
 
 
-@fleet_command(patch_app, "apply")
+@fleet_command(patch_app, "apply", options=SERVERS)
 def patch_apply(
     session: Session,
     names: NamesArg = None,
@@ -401,14 +401,18 @@ def patch_apply(
 ) -> Reply:
     """Apply patch sets: every hunk checked first, backups kept, compiled and verified."""
     from deployctl import report
-    from deployctl.ops.patch import apply_patches, sets_per_host
+    from deployctl.ops.patch import apply_patches, one_per_installation, sets_per_host
 
-    chosen = sets_per_host(session.hosts, session.patch_sets(), names or [])
-    results = session.run(lambda host, conn: apply_patches(host, conn, chosen[host.name], dry_run))
+    targets = one_per_installation(session.targets)
+    chosen = sets_per_host(targets, session.patch_sets(), names or [])
+    with session.fleet() as fleet:
+        results = fleet.run(
+            lambda host, conn: apply_patches(host, conn, chosen[host.label], dry_run), targets
+        )
     return report.PATCH_ACTIONS, results
 
 
-@fleet_command(patch_app, "revert")
+@fleet_command(patch_app, "revert", options=SERVERS)
 def patch_revert(
     session: Session,
     names: NamesArg = None,
@@ -418,14 +422,18 @@ def patch_revert(
 ) -> Reply:
     """Restore the original SGLang files of patch sets and check their hashes."""
     from deployctl import report
-    from deployctl.ops.patch import revert_patches, sets_per_host
+    from deployctl.ops.patch import one_per_installation, revert_patches, sets_per_host
 
-    chosen = sets_per_host(session.hosts, session.patch_sets(), names or [])
-    results = session.run(lambda host, conn: revert_patches(host, conn, chosen[host.name], force))
+    targets = one_per_installation(session.targets)
+    chosen = sets_per_host(targets, session.patch_sets(), names or [])
+    with session.fleet() as fleet:
+        results = fleet.run(
+            lambda host, conn: revert_patches(host, conn, chosen[host.label], force), targets
+        )
     return report.PATCH_ACTIONS, results
 
 
-@fleet_command(patch_app, "audit")
+@fleet_command(patch_app, "audit", options=SERVERS)
 def patch_audit(
     session: Session,
     expect: Annotated[

@@ -19,7 +19,10 @@ out here and nowhere else:
     runs/<run-id>.cmd                     the unmasked command, mode 0600, for restart
     runs/<run-id>.env                     the server's own environment (JSON), mode 0600
     runs/current                          id of the host's current run
-    patches/<set>.json                    what is applied now: version, hash, files, sha256s
+    patches/sites/<key>/<set>.json        what is applied now to one SGLang installation (key:
+                                          sha256 of its site-packages path): version, hash,
+                                          files, sha256s (patches/<set>.json: the same, as
+                                          written before records were kept per installation)
     patches/.lock                         serialises patch changes (flock, dies with us)
     patches/history/<set>-<id>-<why>.json records of reverted or replaced applies
     patches/backups/<set>/<id>/<relpath>  originals saved by one apply; never overwritten
@@ -95,7 +98,8 @@ class AppliedSet(TypedDict):
 
 
 class PatchRecord(AppliedSet):
-    """patches/<set>.json: an applied set, its backups and the sha256 of each of its files."""
+    """patches/sites/<key>/<set>.json: an applied set, its backups and the sha256 of each of
+    its files."""
 
     backup_dir: str
     files: dict[str, FileSums]
@@ -481,15 +485,33 @@ def patches_dir(state_dir: str) -> str:
     return state_path(state_dir, "patches")
 
 
-def records(state_dir: str) -> dict[str, PatchRecord]:
-    folder = patches_dir(state_dir)
+def records_dir(state_dir: str, site: str) -> str:
+    """Where the records of one SGLang installation (its site-packages) are kept."""
+    key = hashlib.sha256(site.encode()).hexdigest()[:16]
+    return os.path.join(patches_dir(state_dir), "sites", key)
+
+
+def record_path(state_dir: str, site: str, name: str) -> str:
+    """This installation's record of a set; one written before records were kept per
+    installation (patches/<set>.json) still counts, for the installation it names."""
+    legacy = os.path.join(patches_dir(state_dir), name + ".json")
+    old = read_json(legacy)
+    if isinstance(old, dict) and old.get("site") == site:
+        return legacy
+    return os.path.join(records_dir(state_dir, site), name + ".json")
+
+
+def records(state_dir: str, site: str | None) -> dict[str, PatchRecord]:
+    """The records of the installation at `site`; another installation's are not its own."""
     found: dict[str, PatchRecord] = {}
-    if os.path.isdir(folder):
-        for name in sorted(os.listdir(folder)):
-            if name.endswith(".json"):
-                record = read_json(os.path.join(folder, name))
-                if record:
-                    found[name[:-5]] = record
+    if site is None:
+        return found
+    for folder in (patches_dir(state_dir), records_dir(state_dir, site)):
+        if os.path.isdir(folder):
+            for name in sorted(os.listdir(folder)):
+                record = read_json(os.path.join(folder, name)) if name.endswith(".json") else None
+                if isinstance(record, dict) and record.get("site") == site:
+                    found[name[:-5]] = cast(PatchRecord, record)
     return found
 
 
@@ -508,7 +530,7 @@ def lock_patches(state_dir: str) -> IO[str]:
 def cmd_probe(args: ProbeArgs) -> ProbeReply:
     """SGLang version and site, patch records, and sha256 of the files of interest."""
     install = sglang_install()
-    found = records(args["state_dir"])
+    found = records(args["state_dir"], install.get("site"))
     paths = set(args["paths"])
     for record in found.values():
         paths.update(record.get("files", {}))
@@ -593,12 +615,12 @@ def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
                 for p in manifest["files"]
             },
         }
-        record_path = os.path.join(patches_dir(state_dir), name + ".json")
-        previous = read_json(record_path)
+        where = record_path(state_dir, site, name)
+        previous = read_json(where)
         if previous:
             archive(state_dir, previous, "replaced")
         # Without its record an apply cannot be audited or reverted: it is part of the change.
-        write_json(record_path, record)
+        write_json(where, record)
     except (py_compile.PyCompileError, RuntimeError, OSError, subprocess.SubprocessError) as exc:
         stuck = [p for p in reversed(replaced) if not put_back(os.path.join(site, p), before[p])]
         back = {p: sha256(os.path.join(site, p)) for p in manifest["files"]}
@@ -644,12 +666,15 @@ def cmd_revert(args: RevertArgs) -> RevertReply:
     """Restore a set's originals from its backup and check their hashes."""
     state_dir, name = args["state_dir"], args["set"]
     lock = lock_patches(state_dir)
-    record_path = os.path.join(patches_dir(state_dir), name + ".json")
-    record: PatchRecord | None = read_json(record_path)
+    install = sglang_install()
+    if "site" not in install:
+        fail(install.get("error", "SGLang is not installed"))
+    site = install["site"]
+    where = record_path(state_dir, site, name)
+    record: PatchRecord | None = read_json(where)
     if record is None:
         return {"reverted": False, "files": []}
-    site = record["site"]
-    for other_name, other in records(state_dir).items():
+    for other_name, other in records(state_dir, site).items():
         shared = set(other.get("files", {})) & set(record["files"])
         if other_name != name and shared and other["applied_at"] > record["applied_at"]:
             fail(f"{other_name} was applied later over the same file(s): revert {other_name} first")
@@ -682,7 +707,7 @@ def cmd_revert(args: RevertArgs) -> RevertReply:
     if mismatched:
         fail(f"restored files do not match their original hashes: {', '.join(mismatched)}")
     archive(state_dir, record, "reverted")
-    os.unlink(record_path)
+    os.unlink(where)
     lock.close()
     return {"reverted": True, "files": sorted(record["files"])}
 

@@ -334,7 +334,7 @@ def test_upload_cut_at_a_tar_block_boundary_changes_nothing(
         finally:
             conn.close()
         assert files_state(ctx) == "original", why
-        assert not (ctx["host"].home / ".deployctl" / "patches" / f"{SET}.json").exists()
+        assert not list((ctx["host"].home / ".deployctl" / "patches").rglob(f"{SET}.json"))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import CLI
 from tests.sglang_wheel import SITE, install_on, site_file, write_patch_set
-from tests.sshd_hosts import SSHLab
+from tests.sshd_hosts import SSHLab, sh
 
 SPEC = "sglang/srt/arg_groups/fields/spec.py"
 VERSION_PY = "sglang/version.py"
@@ -304,9 +304,9 @@ def test_shipped_sets_apply_audit_and_revert_on_real_sglang(
     assert {n: s["state"] for n, s in doc["hosts"]["alpha"]["patches"].items()} == dict.fromkeys(
         SHIPPED, "applied"
     )
-    record = json.loads(
-        (hosts.hosts["alpha"].home / ".deployctl/patches/spec-disable.json").read_text()
-    )
+    [record_file] = (hosts.hosts["alpha"].home / ".deployctl/patches").rglob("spec-disable.json")
+    assert record_file.parent.name == hashlib.sha256(str(site).encode()).hexdigest()[:16]
+    record = json.loads(record_file.read_text())
     assert record["version"] == "1.0.0" and record["sglang_version"] == "0.5.23"
     assert record["site"] == str(site) and record["applied_by"]
     assert set(record["files"]) == set(sets["spec-disable"].variants["0.5.23"].files)
@@ -345,3 +345,48 @@ def test_patch_versions_are_ordered_as_numbers_not_text(
     judged = set_state(facts, patch_set)
     assert (judged.state, judged.detail) == (state, detail)
     assert version_key("1.10.0") > version_key("1.9.2")
+
+
+def test_two_installations_on_one_host_keep_their_own_records(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    first = install_on(alpha, sglang_template)
+    second_venv = alpha.home / "venv-0.5.23-b"
+    sh("cp", "-al", sglang_template, second_venv)
+    sh("chown", "-R", f"{alpha.user}:{alpha.user}", second_venv)
+    second = str(second_venv / "bin" / "python")
+    host_vars = {"alpha": {"deployments": {"a": {"python": first}, "b": {"python": second}}}}
+    inventory = hosts.inventory(tmp_path / "inv.yml", ["alpha"], host_vars)
+    comment_set(cli.cwd, sglang_template)
+
+    applied = cli("patch", "apply", "marker", "-i", str(inventory), "-d", "a", "--json")
+    assert applied.returncode == 0, applied.stderr
+    code, doc = audit(cli, inventory, "marker")
+    states = {
+        d: s["patches"]["marker"]["state"] for d, s in doc["hosts"]["alpha"]["deployments"].items()
+    }
+    assert code == 1 and states == {"a": "applied", "b": "missing"}  # not "drifted"
+    assert "deployctl test marker" not in (second_venv / SITE / SPEC).read_text()
+
+    both = cli("patch", "apply", "marker", "-i", str(inventory), "--json")
+    assert both.returncode == 0, both.stderr
+    actions = {
+        d: s["patches"][0]["action"]
+        for d, s in json.loads(both.stdout)["hosts"]["alpha"]["deployments"].items()
+    }
+    assert actions == {"a": "unchanged", "b": "applied"}
+    records = sorted((alpha.home / ".deployctl" / "patches" / "sites").rglob("marker.json"))
+    assert len(records) == 2
+    assert {json.loads(r.read_text())["site"] for r in records} == {
+        str(alpha.home / "venv" / SITE),
+        str(second_venv / SITE),
+    }
+
+    assert cli("patch", "revert", "marker", "-i", str(inventory), "-d", "b").returncode == 0
+    code, doc = audit(cli, inventory, "marker")
+    states = {
+        d: s["patches"]["marker"]["state"] for d, s in doc["hosts"]["alpha"]["deployments"].items()
+    }
+    assert states == {"a": "applied", "b": "missing"}
+    assert "deployctl test marker" in (alpha.home / "venv" / SITE / SPEC).read_text()

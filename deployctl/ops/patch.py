@@ -329,14 +329,28 @@ def revert_patches(
 def sets_per_host(
     hosts: Sequence[Host], available: Mapping[str, PatchSet], names: Sequence[str]
 ) -> dict[str, list[PatchSet]]:
-    """Resolve the sets for each host (named, else its `patches`), all checked up front."""
+    """Resolve the sets for each host or deployment (named, else its `patches`), all checked
+    up front; keyed by label."""
     chosen = {}
     for host in hosts:
         wanted = list(names) or host_patch_names(host)
         if not wanted:
             raise PatchError(
-                f"no patch sets named, and host {host.name} has no `patches` variable",
+                f"no patch sets named, and host {host.label} has no `patches` variable",
                 hint="name the sets: deployctl patch apply spec-disable",
             )
-        chosen[host.name] = select_sets(available, wanted)
+        chosen[host.label] = select_sets(available, wanted)
     return chosen
+
+
+def one_per_installation(hosts: Sequence[Host]) -> list[Host]:
+    """The first target of each SGLang installation (a host and a `python`): deployments that
+    share one are patched once."""
+    seen: set[tuple[str, str]] = set()
+    distinct = []
+    for host in hosts:
+        key = (host.name, str(host.vars.get("python")))
+        if key not in seen:
+            seen.add(key)
+            distinct.append(host)
+    return distinct
