@@ -20,6 +20,7 @@ from deployctl.crash import (
     scan_lines,
     scan_text,
 )
+from deployctl.crash.catalog import Signature
 
 LOGS = Path(__file__).parent / "data" / "logs"
 ALL_LOGS = sorted(p.name for p in LOGS.glob("*.log"))
@@ -55,6 +56,12 @@ def scheduler_traceback(rank: str, message: str, exception: str = "RuntimeError"
 
 SHAPE = (
     "The size of tensor a ({a}) must match the size of tensor b ({b}) at non-singleton dimension 0"
+)
+
+
+SIGQUIT = (
+    "[2026-11-29 10:12:34] Received sigquit from a child process. "
+    "It usually means the child failed.\n"
 )
 
 
@@ -356,6 +363,55 @@ def test_exception_ignored_at_shutdown_is_not_a_crash() -> None:
     assert scan_text(text) == []
 
 
+def test_sigquit_after_an_exception_ignored_at_shutdown_is_reported() -> None:
+    ignored = (
+        "Exception ignored in: <function ZmqSocket.__del__ at 0x7f3c2b9e1d80>\n"
+        "Traceback (most recent call last):\n"
+        f'  File "{SP}/zmq/sugar/socket.py", line 185, in __del__\n'
+        "    self.close()\n"
+        "RuntimeError: Event loop is closed\n"
+    )
+
+    assert [(r.signature, r.log_line) for r in scan_text(ignored + SIGQUIT)] == [
+        ("child-failed", 6)
+    ]
+
+
+def test_a_consequence_printed_while_a_traceback_is_still_open_defers_to_it() -> None:
+    # TP0's traceback is half written when TP1's death is logged: the death is a consequence.
+    tb = scheduler_traceback("TP0", SHAPE.format(a=160, b=2)).splitlines(keepends=True)
+    died = "[2026-11-29 10:12:33 TP1] Rank 1 scheduler died during initialization\n"
+    text = "".join([*tb[:3], died, *tb[3:]])
+
+    assert [r.signature for r in scan_text(text)] == ["tensor-shape-mismatch"]
+    assert [r.signature for r in scan_text(died)] == ["scheduler-died-init"]
+
+
+def test_a_consequence_counts_again_once_a_chained_crash_is_taken_back() -> None:
+    # The catalog knows the inner exception only; the chained one that replaces it is
+    # unknown, so no crash stands and the parent's sigquit is the crash to report.
+    known = Signature(id="inner", title="Inner", hint="h", exception=re.compile("^KeyError$"))
+    child = Signature(
+        id="child-failed",
+        title="Child failed",
+        hint="h",
+        line=re.compile("Received sigquit from a child process"),
+        secondary=True,
+    )
+    inner = scheduler_traceback("TP0", "'x'", exception="KeyError").rstrip("\n")
+    outer = scheduler_traceback("", "boom", exception="OSError").split("\n", 1)[1]
+    chained = (
+        inner + "\n\nDuring handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n" + outer
+    )
+
+    catalog = Catalog([known, child])
+    assert scan_text(inner + "\n", catalog)[0].signature == "inner"
+    assert [(r.signature, r.log_line) for r in scan_text(chained + SIGQUIT, catalog)] == [
+        ("child-failed", line_number_of(chained + SIGQUIT, "Received sigquit"))
+    ]
+
+
 def test_soft_watchdog_timeout_is_not_a_crash() -> None:
     text = (
         "[2026-11-29 10:40:00 TP0] Scheduler watchdog timeout "
@@ -459,6 +515,35 @@ def test_scan_lines_accepts_lines_with_or_without_newlines() -> None:
 
     assert scan_lines(text.splitlines()) == scan_text(text)
     assert scan_lines(text.splitlines(keepends=True)) == scan_text(text)
+
+
+def test_scan_lines_with_mixed_line_endings_keeps_the_line_numbers() -> None:
+    lines = scheduler_traceback("TP0", SHAPE.format(a=160, b=2)).splitlines(keepends=True)
+    mixed = ["[2026-11-29 10:12:00 TP0] Decode batch\n", "second line", *lines]
+
+    (report,) = scan_lines(mixed)
+
+    assert report.log_line == 3
+    assert report.line == 402
+
+
+def test_scan_lines_uses_the_catalog_given() -> None:
+    text = read_log("tp8_spec_shape_mismatch.log")
+
+    assert scan_lines(text.splitlines(), Catalog([])) == []
+
+
+def test_crash_ranks_are_listed_in_numeric_order() -> None:
+    order = [7, 10, 0, 11, 3, 1, 9, 2, 8, 5, 4, 6]
+    text = "".join(
+        f"[rank{r}]:[E1129 10:22:41.5 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=48213) ran for 600046 milliseconds\n"
+        for r in order
+    )
+
+    (report,) = scan_text(text)
+
+    assert report.ranks == tuple(f"rank{r}" for r in range(12))
 
 
 # --- follow mode ---------------------------------------------------------------------------
@@ -568,6 +653,43 @@ def test_is_crash_line_marks_crash_lines_only() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("line", "crash"),
+    [
+        ("Traceback (most recent call last):\n", True),
+        ("During handling of the above exception, another exception occurred:", True),
+        ("The above exception was the direct cause of the following exception:", True),
+        (
+            "[2026-11-29 10:12:33 TP0] Scheduler hit an exception: Traceback (most recent call last): ",
+            True,
+        ),
+        ("  what():  std::bad_alloc", True),
+        ("ValueError: bad value", True),
+        (
+            "[rank3]:[E1129 10:22:41.5 ProcessGroupNCCL.cpp:632] Watchdog caught collective "
+            "operation timeout",
+            True,
+        ),
+        ("[rank3]:[W1129 10:22:41.5 ProcessGroupNCCL.cpp:632] Warning: nothing wrong", False),
+        ("[2026-11-29 10:12:33 TP0] Decode batch, #running-req: 10", False),
+        ("ERROR: nothing to see", False),
+    ],
+)
+def test_is_crash_line_on_each_kind_of_line(line: str, crash: bool) -> None:
+    assert CrashScanner().is_crash_line(line) is crash
+
+
+def test_is_crash_line_applies_line_rules_to_the_message_after_the_prefix(
+    tmp_path: Path,
+) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text("- id: panic\n  title: P\n  line: '^kernel panic'\n  hint: h\n")
+    scanner = CrashScanner(load_catalog([user]))
+
+    assert scanner.is_crash_line("[2026-11-29 10:00:00] kernel panic now")
+    assert not scanner.is_crash_line("[2026-11-29 10:00:00] no kernel panic")
+
+
 # --- hardening -----------------------------------------------------------------------------
 
 
@@ -606,6 +728,18 @@ def test_a_huge_line_without_newline_fed_in_chunks_does_not_grow_memory() -> Non
 
     assert [r.signature for r in scanner.reports] == ["child-failed"]
     assert scanner.reports[0].log_line == 2
+
+
+def test_a_line_arriving_in_pieces_is_scanned_as_far_as_a_whole_one() -> None:
+    died = "Rank 3 scheduler died during initialization"
+    long_line = "y" * (65536 - len(died)) + died  # the message ends at the scanned prefix's end
+    scanner = CrashScanner()
+    scanner.feed("[2026-11-29 10:12:30] Load weight begin")  # a line held, then completed
+    scanner.feed("\n" + long_line)
+    scanner.feed("\n")
+
+    assert [r.signature for r in scan_text("x\n" + long_line + "\n")] == ["scheduler-died-init"]
+    assert scanner.reports == scan_text("x\n" + long_line + "\n")
 
 
 def test_healthy_log_scans_fast() -> None:
@@ -671,6 +805,28 @@ def test_user_catalog_comes_before_the_shipped_one(tmp_path: Path) -> None:
     assert scan_text(read_log("port_in_use.log"), catalog)[0].signature == "port-in-use"
 
 
+def test_hints_can_name_the_exception_message_and_frame(tmp_path: Path) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text(
+        "- id: any\n  title: Any\n  exception: Error\n  line: 'Received sigquit'\n"
+        "  hint: '{exception}|{message}|{file}|{line}|{function}'\n",
+        encoding="utf-8",
+    )
+    catalog = load_catalog([user])
+
+    (traceback,) = scan_text(scheduler_traceback("TP0", "boom"), catalog)
+    (one_line,) = scan_text(SIGQUIT, catalog)
+
+    assert (
+        traceback.hint
+        == f"RuntimeError|boom|{SP}/sglang/srt/layers/logits_processor.py|402|forward"
+    )
+    assert (
+        one_line.hint
+        == "|Received sigquit from a child process. It usually means the child failed.|?|?|?"
+    )
+
+
 def test_user_catalog_line_rule_finds_new_one_line_crashes(tmp_path: Path) -> None:
     user = tmp_path / "signatures.yml"
     user.write_text(
@@ -724,6 +880,163 @@ def test_malformed_user_catalog_raises_one_line_error_naming_the_file(
     assert "\n" not in message
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            "signatures: [\n",
+            "invalid YAML at line 2: expected the node content, but found '<stream end>'",
+        ),
+        ("\t- x\n", "invalid YAML at line 1: found character '\\t' that cannot start any token"),
+        ("a: \x07\n", "invalid YAML: syntax error"),
+        (
+            "version: 1\nsignatures: []\nextra: 1\nalso: 2\n",
+            "unknown top-level key 'also' (expected signatures, context)",
+        ),
+        ("- just text\n", "signature #1 must be a mapping"),
+        ("signatures: {a: 1}\n", "'signatures' must be a list"),
+        ("context: [1]\n", "'context' must be a mapping of name to regex"),
+        ("context:\n  1bad: '(?P<value>x)'\n", "context name '1bad' must be an identifier"),
+        ("context:\n  n: ''\n", "context 'n' must be a non-empty regex string"),
+        ("context:\n  n: 'no value group'\n", "context 'n': the regex needs a (?P<value>…) group"),
+        (
+            "- id: 'a b'\n  title: t\n  hint: h\n  message: x\n",
+            "signature #1 needs an 'id' without spaces",
+        ),
+        (
+            "- id: '  '\n  title: t\n  hint: h\n  message: x\n",
+            "signature #1 needs an 'id' without spaces",
+        ),
+        ("- id: a\n  title: t\n  hint: h\n  message: x\n- 7\n", "signature #2 must be a mapping"),
+        (
+            "- id: a\n  title: t\n  hint: h\n  message: ''\n",
+            "signature 'a' 'message' must be a non-empty regex string",
+        ),
+        (
+            "- id: a\n  title: t\n  hint: h\n  message: 5\n",
+            "signature 'a' 'message' must be a non-empty regex string",
+        ),
+        (
+            "- id: a\n  title: t\n  hint: h\n  message: x\n  secondary: 'yes'\n",
+            "signature 'a': 'secondary' must be true or false",
+        ),
+        (
+            "- id: a\n  title: t\n  hint: h\n  explain: magic\n  message: x\n",
+            "signature 'a': unknown explain 'magic' (known: exit-code, tensor-sizes)",
+        ),
+        (
+            "- id: a\n  title: t\n  hint: 'see {{this}} and {0}'\n  message: x\n",
+            "signature 'a': hint field {0} must be a plain name",
+        ),
+        (
+            "- id: a\n  title: t\n  hint: 'see {x:{y}}'\n  message: x\n",
+            "signature 'a': hint field {x} must be a plain name",
+        ),
+    ],
+)
+def test_malformed_user_catalog_says_exactly_what_is_wrong(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text(content, encoding="utf-8")
+
+    with pytest.raises(CatalogError) as caught:
+        load_catalog([user])
+
+    assert str(caught.value) == f"{user}: {message}"
+
+
+def test_user_signature_rules_each_narrow_the_match(tmp_path: Path) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text(
+        "- id: elsewhere\n  title: Elsewhere\n  exception: RuntimeError\n"
+        "  file: 'nowhere\\.py$'\n  hint: h\n"
+        "- id: other-exception\n  title: Other\n  exception: KeyError\n  hint: h\n"
+        "- id: ours\n  title: Our logits bug\n  exception: RuntimeError\n"
+        "  file: 'logits_processor\\.py$'\n  hint: 'rank width {rank:>3}'\n",
+        encoding="utf-8",
+    )
+    catalog = load_catalog([user])
+
+    (report,) = scan_text(scheduler_traceback("TP0", "boom"), catalog)
+
+    assert (report.signature, report.title, report.hint) == (
+        "ours",
+        "Our logits bug",
+        "rank width   ?",
+    )
+
+
+def test_user_signature_explains_an_exit_code(tmp_path: Path) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text(
+        "- id: worker-died\n  title: Worker died\n"
+        "  line: 'worker exited with code (?P<code>-?\\d+)'\n"
+        "  explain: exit-code\n  hint: 'The worker died: {signal}.'\n",
+        encoding="utf-8",
+    )
+
+    (report,) = scan_text(
+        "[2026-11-29 10:12:33] worker exited with code -9\n", load_catalog([user])
+    )
+
+    assert report.hint == "The worker died: exit code -9 = killed by SIGKILL."
+
+
+@pytest.mark.parametrize(
+    ("secondary", "found"), [("true", ["our-crash"]), ("false", ["our-crash", "our-echo"])]
+)
+def test_user_secondary_signature_defers_to_a_crash_already_found(
+    tmp_path: Path, secondary: str, found: list[str]
+) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text(
+        "- id: our-crash\n  title: Crash\n  line: 'engine fell over'\n  hint: h\n"
+        f"- id: our-echo\n  title: Echo\n  line: 'watcher saw the engine go'\n  hint: h\n"
+        f"  secondary: {secondary}\n",
+        encoding="utf-8",
+    )
+    text = (
+        "[2026-11-29 10:12:33] engine fell over\n[2026-11-29 10:12:34] watcher saw the engine go\n"
+    )
+
+    assert [r.signature for r in scan_text(text, load_catalog([user]))] == found
+
+
+def test_a_user_signature_is_not_secondary_unless_it_says_so(tmp_path: Path) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text("- id: ours\n  title: Ours\n  line: 'engine fell over'\n  hint: h\n")
+
+    (signature,) = load_catalog([user]).signatures[:1]
+
+    assert signature.secondary is False
+
+
+def test_the_shipped_catalog_reads_the_draft_token_count_from_the_server_args() -> None:
+    catalog = load_catalog()  # a fresh load, not the cached default catalog
+
+    (report,) = scan_text(read_log("tp8_spec_shape_mismatch.log"), catalog)
+
+    assert "(the server args set 16 draft tokens)" in report.hint
+
+
+def test_every_shipped_line_rule_is_prefiltered_by_a_literal() -> None:
+    # Literals are searched at str.find speed; a regex trigger would scan every line slowly.
+    assert all(isinstance(trigger, str) for trigger in load_catalog().triggers)
+
+
+def test_a_line_rule_without_a_literal_finds_its_line_in_the_middle_of_a_log(
+    tmp_path: Path,
+) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text(r"- id: xi-lost" "\n  title: Xi\n  line: '^Xi\\d+ (?:lost|gone)$'\n  hint: h\n")
+    text = "[2026-11-29 10:00:00] ok\n[2026-11-29 10:00:01] Xi79 lost\n[2026-11-29 10:00:02] ok\n"
+
+    (report,) = scan_text(text, load_catalog([user]))
+
+    assert (report.signature, report.log_line) == ("xi-lost", 2)
+
+
 def test_missing_user_catalog_raises_catalog_error(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="cannot read"):
         load_catalog([tmp_path / "nope.yml"])
@@ -769,6 +1082,14 @@ def test_summary_shortens_long_messages_to_one_line() -> None:
     assert summary.endswith("…")
 
 
+def test_summary_keeps_a_160_character_message_whole() -> None:
+    (whole,) = scan_text(scheduler_traceback("TP0", "m" * 160))
+    (cut,) = scan_text(scheduler_traceback("TP0", "m" * 161))
+
+    assert whole.summary().endswith(": " + "m" * 160)
+    assert cut.summary().endswith(": " + "m" * 159 + "…")
+
+
 # --- the pre-filter ------------------------------------------------------------------------
 
 
@@ -794,7 +1115,56 @@ def test_literal_anchors_are_found_in_every_match(pattern: str, sample: str) -> 
     assert any(anchor in sample for anchor in anchors)
 
 
-@pytest.mark.parametrize("pattern", [r"(?i)nccl error", r"a|\d+", r"[abc]+x"])
+@pytest.mark.parametrize(
+    ("pattern", "anchors", "samples"),
+    [
+        (
+            r"\[Errno 98\] error while attempting to bind",
+            ["[Errno 98] error while attempting to bind"],
+            ["ERROR:    [Errno 98] error while attempting to bind on address"],
+        ),
+        (r"Errno \d+: bind failed", [": bind failed"], ["Errno 98: bind failed"]),
+        (
+            r"Scheduler ((?:TP|DP)\d+ )?died in init",
+            ["died in init"],
+            ["Scheduler died in init", "Scheduler TP3 died in init"],
+        ),
+        (r"(a)bcdef", ["bcdef"], ["abcdef"]),
+        (r"abc|defg", ["abc", "defg"], ["xabcx", "xdefgx"]),
+        (
+            r"NCCL error in:|ncclSystemError",
+            ["NCCL error in:", "ncclSystemError"],
+            ["NCCL error in: ../init.cc", "ncclSystemError: x"],
+        ),
+        (r"NVRM: Xid \(PCI:", ["NVRM: Xid (PCI:"], ["NVRM: Xid (PCI:0000:18:00): 79"]),
+        (r'{"error": "boom"}', ['{"error": "boom"}'], ['reply {"error": "boom"}']),
+        (r"colou?r failure", ["r failure"], ["color failure", "colour failure"]),
+        (r"[0-9a-f]+ Xid error", [" Xid error"], ["0a Xid error"]),
+        (r"[]x] after class", [" after class"], ["] after class", "x after class"]),
+        (r"[^]x] after class", [" after class"], ["a after class"]),
+        (r"[\]x] after class", [" after class"], ["] after class"]),
+        (r"[abc]def", ["def"], ["bdef"]),
+        (r"^Fatal: .* exit$", ["Fatal: "], ["Fatal: it did exit"]),
+        (r"x*yz+abcd", ["abcd"], ["yzzabcd"]),
+        (r"ab{2}cdefg", ["cdefg"], ["abbcdefg"]),
+        (r"ab{,3}cdefg", ["cdefg"], ["acdefg"]),
+        (r"(?s)kernel panic", ["kernel panic"], ["kernel panic"]),
+    ],
+)
+def test_literal_anchors_are_the_longest_literal_every_match_needs(
+    pattern: str, anchors: list[str], samples: list[str]
+) -> None:
+    # Exact anchors: a shorter one costs speed; a wrong one (a literal some match lacks)
+    # makes the scanner skip that crash line.
+    assert _literal_anchors(pattern) == anchors
+    for sample in samples:
+        assert re.search(pattern, sample), sample
+        assert any(anchor in sample for anchor in anchors), sample
+
+
+@pytest.mark.parametrize(
+    "pattern", [r"(?i)nccl error", r"(?x)nccl error", r"a|\d+", r"[abc]+x", r"(unclosed"]
+)
 def test_literal_anchors_give_up_when_no_literal_is_certain(pattern: str) -> None:
     assert _literal_anchors(pattern) is None
 
@@ -812,11 +1182,61 @@ def test_line_rule_without_a_literal_still_finds_its_lines(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(
+    ("fields", "sizes"),
+    [
+        ({}, "The two tensors have different sizes."),
+        ({"a": "x", "b": "2"}, "The two tensors have different sizes."),
+        (
+            {"a": "7", "b": "3"},
+            "Tensor a has size 7 where tensor b has 3. The sizes are not multiples of each other.",
+        ),
+        (
+            {"a": "128", "b": "2"},
+            "Tensor a has size 128 where tensor b has 2 (ratio a/b = 64). 128 = 2 × 64: if 2 is "
+            "the batch and 64 the number of draft tokens, speculative shapes reached a "
+            "non-speculative step.",
+        ),
+        (
+            # No batch of one read in: the size equals the draft-token count.
+            {"a": "16", "b": "2", "draft_tokens": "16"},
+            "Tensor a has size 16 where tensor b has 2 (ratio a/b = 8). 16 = 2 × 8: if 2 is the "
+            "batch and 8 the number of draft tokens, speculative shapes reached a "
+            "non-speculative step.",
+        ),
+        ({"a": "2", "b": "260"}, "Tensor b has size 260 where tensor a has 2 (ratio b/a = 130)."),
+    ],
+)
+def test_the_tensor_sizes_explanation(fields: dict[str, str], sizes: str) -> None:
+    from deployctl.crash.catalog import _explain_tensor_sizes
+
+    assert _explain_tensor_sizes(fields) == {"sizes": sizes}
+
+
+@pytest.mark.parametrize(
+    ("code", "signal"),
+    [
+        (None, "exit code unknown"),
+        ("x", "exit code unknown"),
+        ("-9", "exit code -9 = killed by SIGKILL"),
+        ("-99", "exit code -99 = killed by signal 99"),
+        ("0", "exit code 0"),
+        ("1", "exit code 1"),
+    ],
+)
+def test_the_exit_code_explanation(code: str | None, signal: str) -> None:
+    from deployctl.crash.catalog import _explain_exit_code
+
+    assert _explain_exit_code({} if code is None else {"code": code}) == {"signal": signal}
+
+
+@pytest.mark.parametrize(
     ("a", "b", "draft", "claims"),
     [
         ("160", "2", "16", "160 = 10 \u00d7 16 (batch \u00d7 draft tokens)"),
         ("161", "10", "16", None),  # 161 is no multiple of 16: no batch-times-draft claim
         ("48", "3", "16", "48 = 3 \u00d7 16 (batch \u00d7 draft tokens)"),
+        ("8", "4", "2", "8 = 4 \u00d7 2 (batch \u00d7 draft tokens)"),
+        ("160", "2", "1", None),  # one draft token is no speculation
     ],
 )
 def test_the_draft_token_hint_is_claimed_only_for_an_exact_product(

@@ -369,7 +369,7 @@ def test_parse_overrides_rejects_what_is_not_key_value(pair: str) -> None:
     with pytest.raises(UsageError, match=r"is not KEY=VALUE") as info:
         parse_overrides([pair])
     assert repr(pair) in str(info.value)
-    assert info.value.hint
+    assert info.value.hint == "e.g. --set model_path=/shared/models/x --set tp=8"
 
 
 # --- template choice and log names -----------------------------------------------------------
@@ -435,7 +435,7 @@ def test_a_missing_attribute_names_the_expression_not_a_variable(tmp_path: Path)
     (tmp_path / "attr.j2").write_text("python3 -m x --flag={{ cfg.nope }}\n")
     with pytest.raises(TemplateError, match="has no attribute 'nope'") as info:
         TemplateSet([tmp_path]).render(Host("h", {"cfg": {"yes": 1}}), "attr")
-    assert "--set" not in (info.value.hint or "")
+    assert info.value.hint == "check the template's expression against the variable's value"
 
 
 def make_project(root: Path) -> Path:
@@ -541,3 +541,105 @@ def test_env_is_shown_before_the_command_quoted_and_masked(tmp_path: Path) -> No
     assert shlex.split(rendered.display_lines.split("\n", 2)[2].rsplit("\n", 1)[0]) == [
         "ODD=a b'c$\nd"
     ]
+
+
+# --- quoting details: what the shell line looks like, and what each value becomes ------------
+
+
+@pytest.mark.parametrize(
+    ("value", "quoted"),
+    [
+        ("~", "~"),
+        ("~/", "~/"),
+        ("~/env/bin/python3", "~/env/bin/python3"),
+        ("~/a b", "~/'a b'"),
+        ("~root", "'~root'"),
+        ("x~", "'x~'"),
+        ("", "''"),
+        ("/m/it's", "'/m/it'\"'\"'s'"),
+    ],
+)
+def test_the_shell_line_quotes_only_what_needs_it(value: str, quoted: str) -> None:
+    rendered = RenderedCommand("t", None, ["serve", value])
+    assert rendered.command == f"serve {quoted}"
+    assert rendered.display == f"serve {quoted}"
+
+
+@pytest.mark.parametrize("value", ["~", "~/", "~/models/m"])
+def test_a_leading_tilde_expands_to_home_in_the_shell(
+    printf_template: TemplateSet, tmp_path: Path, value: str
+) -> None:
+    rendered = printf_template.render(Host("h", {"model_path": value}), "show")
+    home = tmp_path / "home dir"
+    result = subprocess.run(
+        ["/bin/sh", "-c", rendered.command],
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        timeout=10,
+    )
+    assert result.stdout == f"{home}{value[1:]}".encode() + b"\0"
+
+
+def test_none_renders_as_nothing_and_booleans_as_lowercase_words(tmp_path: Path) -> None:
+    ts = custom_templates(
+        tmp_path / "t", t="serve {{ unset }} --a={{ yes }} --b={{ no }} --c={{ n }}\n"
+    )
+    rendered = ts.render(Host("h", {"unset": None, "yes": True, "no": False, "n": 0}), "t")
+    assert rendered.argv == ["serve", "--a=true", "--b=false", "--c=0"]
+
+
+def test_templates_see_the_host_deployment_template_and_threshold(tmp_path: Path) -> None:
+    ts = custom_templates(
+        tmp_path / "t",
+        who="serve {{ inventory_hostname }} {{ deployment }} {{ template }} {{ threshold }}\n",
+    )
+    rendered = ts.render(Host("gpu-01", {}, deployment="r1"), "who", threshold=5)
+    assert rendered.argv == ["serve", "gpu-01", "r1", "who", "5", f"{THRESHOLD_FLAG}=5"]
+    assert rendered.deployment == "r1"
+    assert rendered.log_stem == "r1_who_t5"
+    assert ts.render(Host("gpu-01", {}), "who").argv == ["serve", "gpu-01", "who"]
+
+
+def test_a_threshold_flag_set_by_the_template_is_found_by_its_name_alone(tmp_path: Path) -> None:
+    ts = custom_templates(tmp_path / "t", own=f"serve {THRESHOLD_FLAG}={{{{ value }}}}\n")
+    rendered = ts.render(Host("h", {"value": "5=x"}), "own", threshold=7)
+    assert rendered.argv == ["serve", f"{THRESHOLD_FLAG}=5=x"]
+
+
+def test_a_secret_inside_a_longer_secret_does_not_unmask_the_rest(tmp_path: Path) -> None:
+    ts = custom_templates(tmp_path / "t", t="serve --a={{ api_key }} --b={{ hf_token }}\n")
+    host = Host("h", {"api_key": "sk-abcdef", "hf_token": "sk-abcdef-tail-zz"})
+    rendered = ts.render(host, "t")
+    assert rendered.secrets == ("sk-abcdef-tail-zz", "sk-abcdef")
+    assert rendered.display == f"serve '--a={MASK}' '--b={MASK}'"
+
+
+def test_secrets_of_one_length_are_masked_in_a_stable_order(tmp_path: Path) -> None:
+    ts = custom_templates(tmp_path / "t", t="serve {{ b_token }} {{ a_token }} {{ c_token }}\n")
+    host = Host("h", {"b_token": "bbbb", "a_token": "aaaa", "c_token": "cccccc"})
+    assert ts.render(host, "t").secrets == ("cccccc", "aaaa", "bbbb")
+
+
+def test_no_templates_at_all_says_none_are_available(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TemplateError) as info:
+        TemplateSet([tmp_path / "empty"]).render(Host("h", {}), "baseline")
+    assert info.value.hint == "available: none"
+
+
+def test_a_template_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
+    (tmp_path / "latin.j2").write_bytes(b"serve --name=caf\xe9\xe9\n")
+    with pytest.raises(TemplateError) as info:
+        TemplateSet([tmp_path]).render(Host("h", {}), "latin")
+    assert str(info.value) == (
+        "template 'latin' (or one it includes) is not UTF-8 text: byte 16 is b'\\xe9'"
+    )
+
+
+def test_an_error_without_a_line_number_names_only_the_template(tmp_path: Path) -> None:
+    (tmp_path / "inc.j2").write_text('serve {% include "missing.j2" %}\n')
+    with pytest.raises(TemplateError) as info:
+        TemplateSet([tmp_path]).render(Host("h", {}), "inc")
+    assert str(info.value) == (
+        f"template 'inc': 'missing.j2' not found in search path: '{tmp_path}'"
+    )
