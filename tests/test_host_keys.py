@@ -75,3 +75,33 @@ def test_changed_host_key_is_always_refused(hosts: SSHLab, cli: CLI, tmp_path: P
         assert "ssh-keygen -R" in doc["hosts"]["alpha"]["hint"]
         assert doc["hosts"]["bravo"]["clean"] is True
     assert known.read_text() == before
+
+
+def test_known_hosts_comes_from_the_option_then_ssh_config_then_the_home_default(
+    hosts: SSHLab, cli: CLI, tmp_path: Path, client_home: Path
+) -> None:
+    inventory = str(hosts.inventory(tmp_path / "inv.yml", ["alpha"], known_hosts_file=None))
+    chosen = tmp_path / "chosen_known_hosts"
+    chosen.write_text(hosts.hosts["alpha"].host_key_line)
+    default = client_home / ".ssh" / "known_hosts"
+
+    def error(*extra: str) -> str:
+        result = cli("gpus", "-i", inventory, "--json", *extra)
+        doc = json.loads(result.stdout)["hosts"]["alpha"]
+        return "" if doc["ok"] else doc["error"]
+
+    assert error("--known-hosts", str(chosen)) == ""
+    # Without the option: ~/.ssh/known_hosts of the user running deployctl, absent here.
+    assert "not known" in error() and str(default) in error()
+    # accept-new records into that default, making ~/.ssh private as OpenSSH would.
+    assert cli("gpus", "-i", inventory, "--accept-new-host-keys").returncode == 0
+    assert hosts.hosts["alpha"].host_key_line.split()[2] in default.read_text()
+    assert (default.parent.stat().st_mode & 0o777) == 0o700
+    assert error() == ""
+    # ~/.ssh/config's UserKnownHostsFile comes before the default ...
+    from_config = tmp_path / "from_config_known_hosts"
+    from_config.write_text("")
+    (client_home / ".ssh" / "config").write_text(f"Host *\n  UserKnownHostsFile {from_config}\n")
+    assert "not known" in error() and str(from_config) in error()
+    # ... and the option before ~/.ssh/config.
+    assert error("--known-hosts", str(chosen)) == ""
