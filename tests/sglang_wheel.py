@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -27,6 +28,22 @@ def ensure_wheels() -> list[Path]:
             check=True,
         )  # fmt: skip
     return [next(WHEELS.glob(p)) for p in wanted]
+
+
+def sglang_wheel(version: str) -> Path:
+    """The real SGLang wheel of one release, downloaded once (scripts/test does it too).
+
+    The patch-set variant tests unzip it; pip fetches one version of a package per call.
+    """
+    pattern = f"sglang-{version}-*.whl"
+    if not list(WHEELS.glob(pattern)):
+        WHEELS.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "--python-version", "3.11", "-d", str(WHEELS), f"sglang=={version}"],
+            check=True,
+        )  # fmt: skip
+    return next(WHEELS.glob(pattern))
 
 
 def build_template(base: Path) -> Path:

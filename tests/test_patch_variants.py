@@ -1,0 +1,168 @@
+"""The shipped patch sets' variants checked on the real SGLang wheels, without hosts.
+
+For each shipped set and each SGLang version it has a variant for: the diffs apply to the
+pristine wheel's files with GNU patch as deployctl runs it (fuzz 0) and at their stated line
+numbers, every patched Python file compiles, and every verify script passes on the patched
+tree and fails on the pristine one. The scripts run as the host agent runs them
+(host_agent.run_verify_scripts: a copy in a temporary folder, DEPLOYCTL_SITE=<site-packages>).
+"""
+
+from __future__ import annotations
+
+import py_compile
+import re
+import subprocess
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from deployctl.host_agent import run_verify_scripts
+from deployctl.ops.patch import PATCH_ARGS
+from deployctl.patchset import PatchSet, Variant, load_patch_sets
+from deployctl.project import SHIPPED_DATA
+from tests.sglang_wheel import sglang_wheel
+
+SHIPPED = load_patch_sets([SHIPPED_DATA / "patches"])
+SETS = ("spec-disable", "sm120-support")
+VERSIONS = ("0.5.22", "0.5.23")
+CASES = [(name, version) for name in SETS for version in VERSIONS]
+SCRIPTS = [
+    (name, version, script.name)
+    for name, version in CASES
+    for script in SHIPPED[name].variant_for(version).verify
+]
+
+Site = Callable[..., Path]
+
+
+def extract(version: str, target: Path) -> Path:
+    """The real wheel's sglang/ package under target (a site-packages folder)."""
+    with zipfile.ZipFile(sglang_wheel(version)) as archive:
+        metadata = archive.read(f"sglang-{version}.dist-info/METADATA").decode()
+        assert f"\nVersion: {version}\n" in metadata
+        archive.extractall(target, [n for n in archive.namelist() if n.startswith("sglang/")])
+    return target
+
+
+def apply(site: Path, patch_set: PatchSet, version: str) -> None:
+    """Apply a variant's diffs as deployctl does; no hunk may need an offset either."""
+    for diff in patch_set.variant_for(version).diffs:
+        done = subprocess.run(
+            [*PATCH_ARGS, "-d", str(site), "-i", str(diff)],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, f"{diff}: {done.stdout}{done.stderr}"
+        assert not re.search(r"offset|fuzz|FAILED", done.stdout), f"{diff}: {done.stdout}"
+
+
+def members(variant: Variant) -> dict[str, bytes]:
+    """The verify scripts as the apply payload carries them to the host agent."""
+    return {f"verify/{path.name}": path.read_bytes() for path in variant.verify}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Site:
+    """The pristine site-packages of an SGLang version, unzipped once per module."""
+    sites: dict[str, Path] = {}
+
+    def site(version: str) -> Path:
+        if version not in sites:
+            sites[version] = extract(version, tmp_path_factory.mktemp(f"pristine-{version}"))
+        return sites[version]
+
+    return site
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory: pytest.TempPathFactory) -> Site:
+    """A fresh unzip of an SGLang version with the named sets applied in order."""
+    sites: dict[tuple[str, tuple[str, ...]], Path] = {}
+
+    def site(version: str, *names: str) -> Path:
+        key = (version, names)
+        if key not in sites:
+            target = extract(version, tmp_path_factory.mktemp(f"patched-{version}"))
+            for name in names:
+                apply(target, SHIPPED[name], version)
+            sites[key] = target
+        return sites[key]
+
+    return site
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_each_set_has_a_variant_for_each_version(name: str) -> None:
+    patch_set = SHIPPED[name]
+    assert sorted(patch_set.variants) == list(VERSIONS)
+    newest = patch_set.variant_for(VERSIONS[-1])
+    for version in VERSIONS:
+        variant = patch_set.variant_for(version)
+        assert variant.files == newest.files
+        assert variant.verify == newest.verify
+        assert [d.relative_to(patch_set.folder).as_posix() for d in variant.diffs] == [
+            f"{version}/{name}.diff"
+        ]
+
+
+def changed_lines(diff: Path) -> dict[str, list[str]]:
+    """Each file's removed and added lines, in order, without context or line numbers."""
+    changes: dict[str, list[str]] = {}
+    current = ""
+    for line in diff.read_text().splitlines():
+        if line.startswith("+++ "):
+            current = line[4:]
+            changes[current] = []
+        elif line.startswith(("--- ", "diff --git ", "new file mode ")):
+            continue
+        elif line.startswith(("+", "-")):
+            changes[current].append(line)
+    return changes
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_older_variants_make_the_same_change(name: str) -> None:
+    """A port to an older release moves context only: it adds and removes the same lines."""
+    patch_set = SHIPPED[name]
+    [newest] = patch_set.variant_for(VERSIONS[-1]).diffs
+    for version in VERSIONS[:-1]:
+        [diff] = patch_set.variant_for(version).diffs
+        assert changed_lines(diff) == changed_lines(newest), version
+
+
+@pytest.mark.parametrize(("name", "version"), CASES)
+def test_variant_applies_compiles_and_passes_its_verify_scripts(
+    name: str, version: str, pristine: Site, patched: Site
+) -> None:
+    variant = SHIPPED[name].variant_for(version)
+    site = patched(version, name)
+    for relpath in variant.files:
+        before = pristine(version) / relpath
+        assert (site / relpath).exists()
+        assert not before.exists() or before.read_bytes() != (site / relpath).read_bytes()
+        if relpath.endswith(".py"):
+            py_compile.compile(str(site / relpath), doraise=True)
+    assert variant.verify
+    run_verify_scripts(str(site), [p.name for p in variant.verify], members(variant))
+
+
+@pytest.mark.parametrize(("name", "version", "script"), SCRIPTS)
+def test_verify_script_fails_on_the_pristine_wheel(
+    name: str, version: str, script: str, pristine: Site
+) -> None:
+    variant = SHIPPED[name].variant_for(version)
+    with pytest.raises(RuntimeError, match=rf"^verify {re.escape(script)} failed: \S"):
+        run_verify_scripts(str(pristine(version)), [script], members(variant))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_sets_apply_together(version: str, patched: Site) -> None:
+    site = patched(version, *SETS)
+    for name in SETS:
+        variant = SHIPPED[name].variant_for(version)
+        for relpath in variant.files:
+            py_compile.compile(str(site / relpath), doraise=True)
+        run_verify_scripts(str(site), [p.name for p in variant.verify], members(variant))
