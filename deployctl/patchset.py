@@ -84,12 +84,26 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", version))
 
 
+# `@@ -start[,count] +start[,count] @@`: a hunk and how many old and new lines it has.
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
 def diff_targets(text: str, source: str) -> list[str]:
     """Return the site-relative files a unified diff touches; refuse paths that escape."""
     targets: list[str] = []
     old_path: str | None = None
+    old_left = new_left = 0  # lines still to come in the current hunk
     for line in text.splitlines():
-        if line.startswith("--- "):
+        if old_left > 0 or new_left > 0:  # a hunk's body: `--- x` here is a removed line
+            tag = line[:1]
+            old_left -= tag in (" ", "-", "")
+            new_left -= tag in (" ", "+", "")
+            continue
+        hunk = _HUNK.match(line)
+        if hunk:
+            old_left = int(hunk.group(1) or 1)
+            new_left = int(hunk.group(2) or 1)
+        elif line.startswith("--- "):
             old_path = line[4:].split("\t")[0].strip()
         elif line.startswith("+++ ") and old_path is not None:
             new_path = line[4:].split("\t")[0].strip()

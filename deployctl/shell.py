@@ -26,6 +26,7 @@ def join(argv: Iterable[object]) -> str:
 # One piece of a POSIX-shell-like word at a time (the grammar of shlex.split(comments=True)).
 _PIECE = re.compile(
     r"""(?P<space>[ \t\r\n]+)
+      | (?P<continuation>\\\n)
       | (?P<comment>\#[^\n]*)
       | (?P<plain>[^ \t\r\n'"\\\#]+)
       | '(?P<single>[^']*)'
@@ -38,10 +39,12 @@ _ENDS_IN_ESCAPE = re.compile(r'"(?:[^"\\]|\\.)*\\', re.DOTALL)
 
 
 def split(text: str) -> list[str]:
-    """Split shell words as `shlex.split(text, comments=True)` does, in linear time.
+    r"""Split shell words as `shlex.split(text, comments=True)` does, in linear time.
 
     shlex builds each word one character at a time (a 1 MiB value took ~15 s); this reads
     runs of characters with one regex. A `#` ends the word it is in and the rest of its line.
+    Unlike shlex and like /bin/sh, a backslash-newline joins lines (outside single quotes), so
+    a template's `\` line continuations add no words.
     """
     words: list[str] = []
     parts: list[str] = []
@@ -52,13 +55,17 @@ def split(text: str) -> list[str]:
         if match is None:
             raise ValueError(_unclosed(text[pos:]))
         kind, pos = str(match.lastgroup), match.end()
+        if kind == "continuation":
+            continue
         if kind in ("space", "comment"):
             if in_word:
                 words.append("".join(parts))
                 parts, in_word = [], False
             continue
         value = match.group(kind)
-        parts.append(_DOUBLE_ESCAPE.sub(r"\1", value) if kind == "double" else value)
+        if kind == "double":
+            value = _DOUBLE_ESCAPE.sub(r"\1", value.replace("\\\n", ""))
+        parts.append(value)
         in_word = True
     if in_word:
         words.append("".join(parts))
