@@ -433,6 +433,31 @@ def patch_revert(
     return report.PATCH_ACTIONS, results
 
 
+@fleet_command(patch_app, "port", options=("json", "project"))
+def patch_port(
+    session: Session,
+    name: Annotated[str, typer.Argument(help="The patch set to port.")],
+    to: Annotated[str, typer.Option("--to", help="The SGLang release to port to, e.g. 0.5.22.")],
+    source: Annotated[
+        Path, typer.Option("--from", help="That release's wheel, or a site-packages folder.")
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Candidate folder (default: ./<set>-<release>-candidate)."
+        ),
+    ] = None,
+) -> Reply:
+    """Port a set to another SGLang release: a candidate variant and a per-hunk report."""
+    from deployctl import report
+    from deployctl.ops.port import port_set
+    from deployctl.patchset import select_sets
+
+    [patch_set] = select_sets(session.patch_sets(), [name])[-1:]
+    target = out if out is not None else Path.cwd() / f"{name}-{to}-candidate"
+    return report.PORT, port_set(patch_set, to, source, target)
+
+
 @fleet_command(patch_app, "audit", options=SERVERS)
 def patch_audit(
     session: Session,

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from deployctl.ops.launch import LaunchReport, Preflight
     from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
     from deployctl.ops.patch import AuditReport, PatchAction
+    from deployctl.ops.port import PortReport
     from deployctl.ops.server import RestartReport, RunStatus, StopResult, WatchEvent
     from deployctl.patchset import PatchSet
     from deployctl.render import RenderedCommand
@@ -278,6 +279,30 @@ CHECKED: View[FleetResult[CheckedCommand]] = View(
     _checked,
     per_host(lambda c: {**_rendered_json(c.rendered), "flags": c.flags.to_json()}),
 )
+
+
+def _port(result: PortReport) -> None:
+    rows = [
+        [h.diff, h.file, str(h.hunk), h.outcome, (h.detail.splitlines() or [""])[0]]
+        for h in result.hunks
+    ]
+    print_table(
+        f"{result.set}: {result.from_version} → {result.to_version}",
+        ["diff", "file", "hunk", "outcome", "detail"],
+        rows,
+    )
+    for hunk in (h for h in result.hunks if h.outcome == "failed"):
+        sys.stderr.write(f"{hunk.diff} hunk {hunk.hunk} of {hunk.file} failed; its context:\n")
+        sys.stderr.write(hunk.detail if hunk.detail.endswith("\n") else hunk.detail + "\n")
+    for script, outcome in result.verify.items():
+        print(f"verify {script}: {outcome}")
+    print(
+        f"candidate written to {result.out} (report.json beside it); not added to patch.yml: "
+        f'review it, then declare it under variants: "{result.to_version}"'
+    )
+
+
+PORT: View[PortReport] = View(_port, lambda r: r.to_json())
 
 
 # ---- metrics-targets -----------------------------------------------------------------------

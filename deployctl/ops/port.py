@@ -1,0 +1,242 @@
+"""`patch port`: a candidate variant of a patch set for another SGLang release.
+
+The nearest existing variant's diffs are applied to the target release's pristine files in a
+scratch folder — exactly if they can be, else with GNU patch's offsets and fuzz — and every
+hunk's outcome is reported. Exact diffs against the pristine files are written as the
+candidate; the verify scripts run on the patched copy when the whole release is at hand. It
+never touches a host and never adds the candidate to patch.yml: that is the reviewer's call.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deployctl.errors import PatchError
+from deployctl.host_agent import dist_version, run_verify_scripts
+from deployctl.patchset import PatchSet, Variant, diff_targets, version_key
+
+PORT_ARGS = ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "--fuzz=3"]
+_HUNK_LINE = re.compile(
+    r"Hunk #(\d+) (succeeded|FAILED) at (\d+)(?: with fuzz (\d+))?(?: \(offset (-?\d+) lines?\))?"
+)
+_PATCHING = re.compile(r"^patching file (.+)$")
+
+
+@dataclass
+class HunkOutcome:
+    diff: str
+    file: str
+    hunk: int
+    outcome: str  # exact, offset, fuzz, failed
+    detail: str = ""  # `offset 3`, `fuzz 2, offset -1`, or the rejected hunk's text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "diff": self.diff,
+            "file": self.file,
+            "hunk": self.hunk,
+            "outcome": self.outcome,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class PortReport:
+    set: str
+    from_version: str
+    to_version: str
+    source: str
+    out: str
+    hunks: list[HunkOutcome] = field(default_factory=list)
+    verify: dict[str, str] = field(default_factory=dict)  # script → passed / failed: … / not run: …
+
+    @property
+    def ok(self) -> bool:
+        """Every hunk applied and every verify script ran and passed."""
+        return all(h.outcome != "failed" for h in self.hunks) and all(
+            v == "passed" for v in self.verify.values()
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "set": self.set,
+            "from_version": self.from_version,
+            "to_version": self.to_version,
+            "source": self.source,
+            "out": self.out,
+            "ok": self.ok,
+            "hunks": [h.to_json() for h in self.hunks],
+            "verify": self.verify,
+        }
+
+
+def nearest_variant(patch_set: PatchSet, target: str) -> Variant:
+    """The variant of the closest release: the newest at or below the target, else the
+    oldest above it."""
+    if not patch_set.variants:
+        raise PatchError(f"patch set {patch_set.name} has no variant to port from")
+    ordered = sorted(patch_set.variants, key=version_key)
+    below = [v for v in ordered if version_key(v) <= version_key(target)]
+    return patch_set.variants[below[-1] if below else ordered[0]]
+
+
+def pristine_from(source: Path, scratch: Path) -> Path:
+    """A site folder holding the release's sglang/ package (and its dist-info): from a wheel
+    or a site folder."""
+    site = scratch / "site"
+    if source.is_file() and source.suffix == ".whl":
+        with zipfile.ZipFile(source) as wheel:
+            wanted = [n for n in wheel.namelist() if n.startswith("sglang")]
+            wheel.extractall(site, wanted)
+    elif (source / "sglang").is_dir():
+        shutil.copytree(source / "sglang", site / "sglang", symlinks=True)
+        for info in source.glob("sglang-*.dist-info"):
+            shutil.copytree(info, site / info.name)
+    else:
+        raise PatchError(
+            f"{source} is neither an SGLang wheel nor a folder holding sglang/",
+            hint="--from PATH: a sglang-X.Y.Z-*.whl, or a site-packages folder",
+        )
+    return site
+
+
+def release_version(site: Path) -> str | None:
+    """The installed release, as the host agent reads it (the dist-info's METADATA)."""
+    return dist_version(str(site), "sglang")
+
+
+def _hunk_count(diff_text: str) -> dict[str, int]:
+    """Hunks per target file, in the diff's order."""
+    counts: dict[str, int] = {}
+    current = None
+    for line in diff_text.splitlines():
+        if line.startswith("+++ "):
+            current = line[4:].split("\t")[0].strip()
+            current = current[2:] if current.startswith(("a/", "b/")) else current
+            counts.setdefault(current, 0)
+        elif line.startswith("@@ ") and current is not None:
+            counts[current] += 1
+    return counts
+
+
+def _rejected_hunks(reject: Path) -> list[str]:
+    if not reject.exists():
+        return []
+    text = reject.read_text(encoding="utf-8", errors="replace")
+    return ["@@" + part for part in text.split("\n@@")[1:]] or ([text] if text.strip() else [])
+
+
+def apply_for_port(diff: Path, site: Path, scratch: Path) -> list[HunkOutcome]:
+    """Apply one diff with offsets and fuzz allowed; say how each hunk went."""
+    text = diff.read_text(encoding="utf-8")
+    counts = _hunk_count(text)
+    reject = scratch / f"{diff.name}.rej"
+    done = subprocess.run(
+        [*PORT_ARGS, "-d", str(site), "-i", str(diff), "-r", str(reject)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    rejected = iter(_rejected_hunks(reject))
+    outcomes: dict[tuple[str, int], HunkOutcome] = {}
+    current = ""
+    for line in done.stdout.splitlines():
+        patching = _PATCHING.match(line.strip())
+        if patching:
+            current = patching.group(1).strip("'\"")
+            continue
+        hunk = _HUNK_LINE.search(line)
+        if hunk is None:
+            continue
+        number, status, _, fuzz, offset = hunk.groups()
+        if status == "FAILED":
+            outcome, detail = "failed", next(rejected, "")
+        elif fuzz:
+            outcome, detail = "fuzz", f"fuzz {fuzz}" + (f", offset {offset}" if offset else "")
+        else:
+            outcome, detail = "offset", f"offset {offset}"
+        outcomes[(current, int(number))] = HunkOutcome(
+            diff.name, current, int(number), outcome, detail
+        )
+    if done.returncode not in (0, 1) or ("can't find file" in done.stdout):
+        raise PatchError(
+            f"{diff.name}: GNU patch could not read it: {done.stderr.strip() or done.stdout.strip()[-300:]}"
+        )
+    report = []
+    for path, count in counts.items():
+        for number in range(1, count + 1):
+            report.append(
+                outcomes.get((path, number)) or HunkOutcome(diff.name, path, number, "exact")
+            )
+    return report
+
+
+def exact_diff(pristine: Mapping[str, bytes | None], patched: Mapping[str, bytes | None]) -> str:
+    """A unified diff (a/ b/ paths) from the pristine to the patched files: applies at fuzz 0."""
+    chunks: list[str] = []
+    for path in sorted(patched):
+        old, new = pristine.get(path), patched[path]
+        if old == new:
+            continue
+        old_lines = [] if old is None else old.decode().splitlines(keepends=True)
+        new_lines = [] if new is None else new.decode().splitlines(keepends=True)
+        chunks.append(f"diff --git a/{path} b/{path}\n")
+        if old is None:
+            chunks.append("new file mode 100644\n")
+        chunks += difflib.unified_diff(
+            old_lines,
+            new_lines,
+            "/dev/null" if old is None else f"a/{path}",
+            "/dev/null" if new is None else f"b/{path}",
+        )
+    return "".join(chunks)
+
+
+def port_set(patch_set: PatchSet, target: str, source: Path, out: Path) -> PortReport:
+    """Write a candidate variant of the set for release `target` into `out`, with a report."""
+    if out.exists() and any(out.iterdir()):
+        raise PatchError(f"{out} already exists and is not empty; nothing was written",
+                         hint="choose another --out, or remove the old candidate")  # fmt: skip
+    variant = nearest_variant(patch_set, target)
+    report = PortReport(patch_set.name, variant.sglang_version, target, str(source), str(out))
+    with tempfile.TemporaryDirectory(prefix="deployctl-port-") as tmp:
+        scratch = Path(tmp)
+        site = pristine_from(source, scratch)
+        found = release_version(site)
+        if found is not None and found != target:
+            raise PatchError(
+                f"{source} holds SGLang {found}, not {target}",
+                hint=f"port to {found} (--to {found}), or give the {target} release",
+            )
+        files = sorted({f for d in variant.diffs for f in diff_targets(d.read_text(), d.name)})
+        pristine = {f: (site / f).read_bytes() if (site / f).exists() else None for f in files}
+        for diff in variant.diffs:
+            report.hunks += apply_for_port(diff, site, scratch)
+        patched = {f: (site / f).read_bytes() if (site / f).exists() else None for f in files}
+        out.mkdir(parents=True, exist_ok=True)
+        for diff in variant.diffs:
+            mine = diff_targets(diff.read_text(), diff.name)
+            text = exact_diff({f: pristine[f] for f in mine}, {f: patched[f] for f in mine})
+            (out / diff.name).write_text(text, encoding="utf-8")
+        if any(h.outcome == "failed" for h in report.hunks):
+            report.verify = {s.name: "not run: a hunk failed" for s in variant.verify}
+        else:
+            members = {f"verify/{s.name}": s.read_bytes() for s in variant.verify}
+            for script in variant.verify:
+                try:
+                    run_verify_scripts(str(site), [script.name], members)
+                    report.verify[script.name] = "passed"
+                except RuntimeError as exc:
+                    report.verify[script.name] = f"failed: {exc}"
+    (out / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    return report

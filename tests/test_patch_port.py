@@ -1,0 +1,97 @@
+"""`patch port`: a candidate variant for another SGLang release, with a report of each hunk,
+on the real 0.5.23 and 0.5.22 wheels (no host is touched)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from deployctl.project import SHIPPED_DATA
+from tests.conftest import CLI
+from tests.sglang_wheel import sglang_wheel
+
+
+def project_without(cli: CLI, name: str, release: str) -> Path:
+    """A project folder whose copy of a shipped set lacks the variant for `release`."""
+    folder = cli.cwd / "patches" / name
+    shutil.copytree(SHIPPED_DATA / "patches" / name, folder)
+    shutil.rmtree(folder / release)
+    spec = yaml.safe_load((folder / "patch.yml").read_text())
+    del spec["variants"][release]
+    (folder / "patch.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return folder
+
+
+def port(cli: CLI, name: str, release: str, *extra: str) -> tuple[int, dict, str]:
+    result = cli(
+        "patch", "port", name, "--to", release, "--from", str(sglang_wheel(release)),
+        "--project", str(cli.cwd), "--json", *extra,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout) if result.stdout else {}, result.stderr
+
+
+def applies_exactly(diff: Path, release: str, tmp: Path) -> bool:
+    site = tmp / f"site-{release}"
+    subprocess.run(["unzip", "-q", "-o", str(sglang_wheel(release)), "sglang/*", "-d", str(site)],
+                   check=True)  # fmt: skip
+    done = subprocess.run(
+        ["patch", "-p1", "--dry-run", "--fuzz=0", "-d", str(site), "-i", str(diff)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.returncode == 0 and "offset" not in done.stdout and "fuzz" not in done.stdout
+
+
+def test_port_to_a_release_without_a_variant_reports_every_hunk(cli: CLI, tmp_path: Path) -> None:
+    folder = project_without(cli, "spec-disable", "0.5.22")
+    before = (folder / "patch.yml").read_text()
+    code, report, _ = port(cli, "spec-disable", "0.5.22")
+    assert report["from_version"] == "0.5.23" and report["to_version"] == "0.5.22"
+    outcomes = {(h["file"].rsplit("/", 1)[-1], h["hunk"]): h["outcome"] for h in report["hunks"]}
+    assert outcomes == {
+        ("field_order.py", 1): "fuzz",  # 0.5.22's field list ends elsewhere
+        ("spec.py", 1): "offset",
+        ("speculative_hook.py", 1): "offset",
+        ("eagle_worker_v2.py", 1): "offset",
+        ("eagle_worker_v2.py", 2): "offset",
+        ("eagle_worker_v2.py", 3): "offset",
+        ("spec_disable_policy.py", 1): "exact",
+    }
+    # Fuzz put the new field in the wrong place; the set's own verify script says so.
+    assert report["verify"]["flag_parses.py"].startswith("failed:")
+    assert report["verify"]["threshold_decision.py"] == "passed"
+    assert code == 1 and report["ok"] is False
+    candidate = cli.cwd / "spec-disable-0.5.22-candidate"
+    assert json.loads((candidate / "report.json").read_text()) == report
+    assert applies_exactly(candidate / "spec-disable.diff", "0.5.22", tmp_path)
+    assert (folder / "patch.yml").read_text() == before  # never declared by itself
+
+
+def test_port_with_offsets_only_verifies_and_succeeds(cli: CLI, tmp_path: Path) -> None:
+    project_without(cli, "sm120-support", "0.5.22")
+    code, report, _ = port(cli, "sm120-support", "0.5.22", "-o", str(tmp_path / "out"))
+    assert {h["outcome"] for h in report["hunks"]} == {"exact", "offset", "fuzz"}
+    assert report["verify"] == {"sm120_gates.py": "passed"} and code == 0
+    assert applies_exactly(tmp_path / "out" / "sm120-support.diff", "0.5.22", tmp_path)
+
+
+def test_port_to_the_same_release_is_all_exact(cli: CLI) -> None:
+    code, report, _ = port(cli, "spec-disable", "0.5.23")
+    assert code == 0 and {h["outcome"] for h in report["hunks"]} == {"exact"}
+    assert set(report["verify"].values()) == {"passed"}
+
+
+def test_port_refuses_the_wrong_release_and_an_existing_candidate(cli: CLI) -> None:
+    result = cli("patch", "port", "spec-disable", "--to", "0.5.21",
+                 "--from", str(sglang_wheel("0.5.22")))  # fmt: skip
+    assert result.returncode == 1
+    assert "holds SGLang 0.5.22, not 0.5.21" in result.stderr
+    (cli.cwd / "spec-disable-0.5.23-candidate").mkdir()
+    (cli.cwd / "spec-disable-0.5.23-candidate" / "mine.diff").write_text("keep me\n")
+    code, _, stderr = port(cli, "spec-disable", "0.5.23")
+    assert code == 1 and "already exists and is not empty" in stderr
+    assert (cli.cwd / "spec-disable-0.5.23-candidate" / "mine.diff").read_text() == "keep me\n"
