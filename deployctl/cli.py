@@ -433,14 +433,15 @@ def patch_revert(
     return report.PATCH_ACTIONS, results
 
 
-@fleet_command(patch_app, "port", options=("json", "project"))
+@fleet_command(patch_app, "port")
 def patch_port(
     session: Session,
     name: Annotated[str, typer.Argument(help="The patch set to port.")],
     to: Annotated[str, typer.Option("--to", help="The SGLang release to port to, e.g. 0.5.22.")],
     source: Annotated[
-        Path, typer.Option("--from", help="That release's wheel, or a site-packages folder.")
-    ],
+        Path | None,
+        typer.Option("--from", help="That release's wheel or site-packages (else -H: a host's)."),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -450,12 +451,25 @@ def patch_port(
 ) -> Reply:
     """Port a set to another SGLang release: a candidate variant and a per-hunk report."""
     from deployctl import report
-    from deployctl.ops.port import port_set
+    from deployctl.errors import UsageError
+    from deployctl.ops.port import port_from_host, port_set
     from deployctl.patchset import select_sets
 
     [patch_set] = select_sets(session.patch_sets(), [name])[-1:]
     target = out if out is not None else Path.cwd() / f"{name}-{to}-candidate"
-    return report.PORT, port_set(patch_set, to, source, target)
+    if source is not None:
+        return report.PORT, port_set(patch_set, to, source, target)
+    if session.options.hosts is None or len(session.hosts) != 1:
+        raise UsageError(
+            "patch port needs --from WHEEL|SITE, or -H naming one host that has the release",
+        )
+    [host] = session.hosts
+    with session.fleet() as fleet:
+        result = fleet.run(lambda h, conn: port_from_host(h, conn, patch_set, to, target), [host])
+    if result[0].exception is not None:
+        raise result[0].exception
+    assert result[0].value is not None
+    return report.PORT, result[0].value
 
 
 @fleet_command(patch_app, "audit", options=SERVERS)

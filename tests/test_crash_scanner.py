@@ -533,6 +533,17 @@ def test_scan_lines_uses_the_catalog_given() -> None:
     assert scan_lines(text.splitlines(), Catalog([])) == []
 
 
+def test_a_one_line_crash_without_prefix_takes_its_rank_from_the_text() -> None:
+    text = (
+        "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=48213) ran "
+        "for 600046 milliseconds before timing out.\n"
+    )
+
+    (report,) = scan_text(text)
+
+    assert (report.signature, report.ranks) == ("nccl-timeout", ("rank3",))
+
+
 def test_crash_ranks_are_listed_in_numeric_order() -> None:
     order = [7, 10, 0, 11, 3, 1, 9, 2, 8, 5, 4, 6]
     text = "".join(
@@ -1138,6 +1149,9 @@ def test_literal_anchors_are_found_in_every_match(pattern: str, sample: str) -> 
         ),
         (r"NVRM: Xid \(PCI:", ["NVRM: Xid (PCI:"], ["NVRM: Xid (PCI:0000:18:00): 79"]),
         (r'{"error": "boom"}', ['{"error": "boom"}'], ['reply {"error": "boom"}']),
+        (r'x{"error": "boom"}', ['x{"error": "boom"}'], ['x{"error": "boom"}']),
+        (r"[a]] tail", ["] tail"], ["a] tail"]),
+        (r"[]] tail", [" tail"], ["] tail"]),
         (r"colou?r failure", ["r failure"], ["color failure", "colour failure"]),
         (r"[0-9a-f]+ Xid error", [" Xid error"], ["0a Xid error"]),
         (r"[]x] after class", [" after class"], ["] after class", "x after class"]),
@@ -1163,7 +1177,8 @@ def test_literal_anchors_are_the_longest_literal_every_match_needs(
 
 
 @pytest.mark.parametrize(
-    "pattern", [r"(?i)nccl error", r"(?x)nccl error", r"a|\d+", r"[abc]+x", r"(unclosed"]
+    "pattern",
+    [r"(?i)nccl error", r"(?x)nccl error", r"a|\d+", r"[abc]+x", r"(unclosed", r"abcd|\d+"],
 )
 def test_literal_anchors_give_up_when_no_literal_is_certain(pattern: str) -> None:
     assert _literal_anchors(pattern) is None

@@ -12,7 +12,8 @@ import yaml
 
 from deployctl.project import SHIPPED_DATA
 from tests.conftest import CLI
-from tests.sglang_wheel import sglang_wheel
+from tests.sglang_wheel import SITE, install_on, sglang_wheel
+from tests.sshd_hosts import SSHLab
 
 
 def project_without(cli: CLI, name: str, release: str) -> Path:
@@ -95,3 +96,29 @@ def test_port_refuses_the_wrong_release_and_an_existing_candidate(cli: CLI) -> N
     code, _, stderr = port(cli, "spec-disable", "0.5.23")
     assert code == 1 and "already exists and is not empty" in stderr
     assert (cli.cwd / "spec-disable-0.5.23-candidate" / "mine.diff").read_text() == "keep me\n"
+
+
+def test_port_reads_the_pristine_files_from_a_host_and_changes_nothing_there(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    python = install_on(alpha, sglang_template)
+    inventory = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": {"python": python}})
+    site = alpha.home / "venv" / SITE
+    before = {p: p.read_bytes() for p in (site / "sglang" / "srt").rglob("*.py")}
+    result = cli("patch", "port", "spec-disable", "--to", "0.5.23", "-i", str(inventory),
+                 "-H", "alpha", "-o", str(tmp_path / "cand"), "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["source"] == f"alpha:{site}"
+    assert {h["outcome"] for h in report["hunks"]} == {"exact"}
+    assert set(report["verify"].values()) == {
+        "not run: only the files the diffs touch were read from the host"
+    }
+    assert {p: p.read_bytes() for p in (site / "sglang" / "srt").rglob("*.py")} == before
+    wrong = cli(
+        "patch", "port", "spec-disable", "--to", "0.5.22", "-i", str(inventory), "-H", "alpha"
+    )
+    assert wrong.returncode == 1 and "alpha has SGLang 0.5.23, not 0.5.22" in wrong.stderr
+    none = cli("patch", "port", "spec-disable", "--to", "0.5.23", "-i", str(inventory))
+    assert none.returncode == 1 and "--from WHEEL|SITE, or -H naming one host" in none.stderr

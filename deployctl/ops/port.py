@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deployctl.connection import Connection
 from deployctl.errors import PatchError
 from deployctl.host_agent import dist_version, run_verify_scripts
+from deployctl.inventory import Host
 from deployctl.patchset import PatchSet, Variant, diff_targets, version_key
 
 PORT_ARGS = ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "--fuzz=3"]
@@ -62,9 +64,9 @@ class PortReport:
 
     @property
     def ok(self) -> bool:
-        """Every hunk applied and every verify script ran and passed."""
-        return all(h.outcome != "failed" for h in self.hunks) and all(
-            v == "passed" for v in self.verify.values()
+        """Every hunk applied and no verify script that ran failed."""
+        return all(h.outcome != "failed" for h in self.hunks) and not any(
+            v.startswith("failed") for v in self.verify.values()
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -202,41 +204,92 @@ def exact_diff(pristine: Mapping[str, bytes | None], patched: Mapping[str, bytes
     return "".join(chunks)
 
 
-def port_set(patch_set: PatchSet, target: str, source: Path, out: Path) -> PortReport:
-    """Write a candidate variant of the set for release `target` into `out`, with a report."""
+def variant_files(variant: Variant) -> list[str]:
+    return sorted({f for d in variant.diffs for f in diff_targets(d.read_text(), d.name)})
+
+
+def _check_out(out: Path) -> None:
     if out.exists() and any(out.iterdir()):
         raise PatchError(f"{out} already exists and is not empty; nothing was written",
                          hint="choose another --out, or remove the old candidate")  # fmt: skip
+
+
+def port_set(patch_set: PatchSet, target: str, source: Path, out: Path) -> PortReport:
+    """Write a candidate variant of the set for release `target` into `out`, with a report,
+    from that release's wheel or site folder (the verify scripts run on the ported copy)."""
+    _check_out(out)
     variant = nearest_variant(patch_set, target)
-    report = PortReport(patch_set.name, variant.sglang_version, target, str(source), str(out))
     with tempfile.TemporaryDirectory(prefix="deployctl-port-") as tmp:
-        scratch = Path(tmp)
-        site = pristine_from(source, scratch)
+        site = pristine_from(source, Path(tmp))
         found = release_version(site)
         if found is not None and found != target:
             raise PatchError(
                 f"{source} holds SGLang {found}, not {target}",
                 hint=f"port to {found} (--to {found}), or give the {target} release",
             )
-        files = sorted({f for d in variant.diffs for f in diff_targets(d.read_text(), d.name)})
-        pristine = {f: (site / f).read_bytes() if (site / f).exists() else None for f in files}
-        for diff in variant.diffs:
-            report.hunks += apply_for_port(diff, site, scratch)
-        patched = {f: (site / f).read_bytes() if (site / f).exists() else None for f in files}
-        out.mkdir(parents=True, exist_ok=True)
-        for diff in variant.diffs:
-            mine = diff_targets(diff.read_text(), diff.name)
-            text = exact_diff({f: pristine[f] for f in mine}, {f: patched[f] for f in mine})
-            (out / diff.name).write_text(text, encoding="utf-8")
-        if any(h.outcome == "failed" for h in report.hunks):
-            report.verify = {s.name: "not run: a hunk failed" for s in variant.verify}
-        else:
-            members = {f"verify/{s.name}": s.read_bytes() for s in variant.verify}
-            for script in variant.verify:
-                try:
-                    run_verify_scripts(str(site), [script.name], members)
-                    report.verify[script.name] = "passed"
-                except RuntimeError as exc:
-                    report.verify[script.name] = f"failed: {exc}"
+        report = PortReport(patch_set.name, variant.sglang_version, target, str(source), str(out))
+        return _port(variant, site, Path(tmp), report, verify=True)
+
+
+def port_from_files(
+    patch_set: PatchSet, target: str, where: str, files: Mapping[str, bytes | None], out: Path
+) -> PortReport:
+    """The same from the files the diffs touch, as read from a host: only those are at hand,
+    so the verify scripts (which import SGLang) are not run."""
+    _check_out(out)
+    variant = nearest_variant(patch_set, target)
+    with tempfile.TemporaryDirectory(prefix="deployctl-port-") as tmp:
+        site = Path(tmp) / "site"
+        for path, data in files.items():
+            if data is not None:
+                (site / path).parent.mkdir(parents=True, exist_ok=True)
+                (site / path).write_bytes(data)
+        report = PortReport(patch_set.name, variant.sglang_version, target, where, str(out))
+        return _port(variant, site, Path(tmp), report, verify=False)
+
+
+def _port(
+    variant: Variant, site: Path, scratch: Path, report: PortReport, verify: bool
+) -> PortReport:
+    out = Path(report.out)
+    files = variant_files(variant)
+    pristine = {f: (site / f).read_bytes() if (site / f).exists() else None for f in files}
+    for diff in variant.diffs:
+        report.hunks += apply_for_port(diff, site, scratch)
+    patched = {f: (site / f).read_bytes() if (site / f).exists() else None for f in files}
+    out.mkdir(parents=True, exist_ok=True)
+    for diff in variant.diffs:
+        mine = diff_targets(diff.read_text(), diff.name)
+        text = exact_diff({f: pristine[f] for f in mine}, {f: patched[f] for f in mine})
+        (out / diff.name).write_text(text, encoding="utf-8")
+    if not verify:
+        why = "not run: only the files the diffs touch were read from the host"
+        report.verify = {s.name: why for s in variant.verify}
+    elif any(h.outcome == "failed" for h in report.hunks):
+        report.verify = {s.name: "not run: a hunk failed" for s in variant.verify}
+    else:
+        members = {f"verify/{s.name}": s.read_bytes() for s in variant.verify}
+        for script in variant.verify:
+            try:
+                run_verify_scripts(str(site), [script.name], members)
+                report.verify[script.name] = "passed"
+            except RuntimeError as exc:
+                report.verify[script.name] = f"failed: {exc}"
     (out / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
     return report
+
+
+def port_from_host(
+    host: Host, conn: Connection, patch_set: PatchSet, target: str, out: Path
+) -> PortReport:
+    """Port with the pristine files read from a host that has the release (read only)."""
+    from deployctl.ops.patch import patch_facts, read_files
+
+    version, site = patch_facts(host, conn, []).require_sglang()
+    if version != target:
+        raise PatchError(
+            f"{host.name} has SGLang {version}, not {target}",
+            hint=f"port to {version} (--to {version}), or pick a host with {target}",
+        )
+    files = read_files(host, conn, site, variant_files(nearest_variant(patch_set, target)))
+    return port_from_files(patch_set, target, f"{host.name}:{site}", files, out)
