@@ -1264,3 +1264,31 @@ def test_the_draft_token_hint_is_claimed_only_for_an_exact_product(
         assert "draft tokens" not in text and f"{a} = " not in text, text
     else:
         assert claims in text, text
+
+
+@pytest.mark.parametrize("quiet_lines", [0, 300])
+def test_a_chained_traceback_cut_off_after_its_separator_keeps_the_first_exception(
+    quiet_lines: int,
+) -> None:
+    log = (
+        scheduler_traceback("", "boom")
+        + "During handling of the above exception, another exception occurred:\n\n"
+        + "ordinary line\n" * quiet_lines
+        + "Received sigquit from a child process. It usually means the child failed.\n"
+    )
+    found = scan_text(log, load_catalog())
+    assert [(r.exception, r.message) for r in found][:1] == [("RuntimeError", "boom")]
+
+
+def test_a_chained_exception_that_arrives_still_replaces_the_first() -> None:
+    log = (
+        scheduler_traceback("", "first")
+        + "During handling of the above exception, another exception occurred:\n\n"
+        + "Traceback (most recent call last):\n"
+        + f'  File "{SP}/sglang/srt/managers/scheduler.py", line 9, in run\n'
+        + "    again()\n"
+        + "ValueError: second\n"
+    )
+    assert [(r.exception, r.message) for r in scan_text(log, load_catalog())] == [
+        ("ValueError", "second")
+    ]

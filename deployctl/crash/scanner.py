@@ -71,6 +71,9 @@ class _Traceback:
     exception: str = ""
     message: str = ""
     crash: _Crash | None = None
+    # The crash a chain separator took back; it counts again if the chained exception never
+    # arrives (the log was cut off, or the writer died mid-traceback).
+    withdrawn: _Crash | None = None
 
 
 @dataclass(eq=False)
@@ -292,10 +295,16 @@ class CrashScanner:
 
     def _settle(self, tb: _Traceback) -> None:
         """Make a traceback's part in its crash final: no chained exception can follow now."""
-        if tb.crash is not None:
+        if tb.crash is None and tb.withdrawn is not None and tb.state != _EXC:
+            crash = tb.withdrawn  # the chained exception never came: the first one stands
+            if not crash.alive:
+                self._alive += 1
+                self._new.append(crash)
+            crash.settle(tb.start, tb.rank)
+        elif tb.crash is not None:
             tb.crash.members.remove(tb)
             tb.crash.settle(tb.start, tb.rank)
-            tb.crash = None
+        tb.crash = tb.withdrawn = None
 
     # -- one line --
 
@@ -403,6 +412,7 @@ class CrashScanner:
 
     def _complete(self, tb: _Traceback, exception: str, message: str, n: int) -> None:
         tb.state, tb.last = _EXC, n
+        tb.withdrawn = None  # the chained exception came: it is the one that counts
         tb.exception, tb.message = exception, message[:STORED_LINE_CAP]
         if tb.ignored:
             return
@@ -438,7 +448,7 @@ class CrashScanner:
             tb.crash.members.remove(tb)
             if not tb.crash.alive:
                 self._alive -= 1
-            tb.crash = None
+            tb.withdrawn, tb.crash = tb.crash, None
 
     def _fatal(self, text: str, rank: str | None, n: int) -> None:
         match = self._catalog.match_line(text)
