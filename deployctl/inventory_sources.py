@@ -293,6 +293,8 @@ def parse_yaml(text: str, where: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
+        if "nesting depth" in problem:  # libyaml's limit; the Python parser's is a RecursionError
+            raise InventoryError(f"{where}: groups or values are nested too deeply") from None
         raise InventoryError(f"{where}:{line}: malformed YAML: {problem}") from exc
     finally:
         loader.dispose()
