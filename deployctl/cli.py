@@ -403,8 +403,8 @@ def patch_apply(
     from deployctl import report
     from deployctl.ops.patch import apply_patches, one_per_installation, sets_per_host
 
-    targets = one_per_installation(session.targets)
-    chosen = sets_per_host(targets, session.patch_sets(), names or [])
+    wanted = sets_per_host(session.targets, session.patch_sets(), names or [])
+    targets, chosen = one_per_installation(session.targets, wanted)
     with session.fleet() as fleet:
         results = fleet.run(
             lambda host, conn: apply_patches(host, conn, chosen[host.label], dry_run), targets
@@ -424,8 +424,8 @@ def patch_revert(
     from deployctl import report
     from deployctl.ops.patch import one_per_installation, revert_patches, sets_per_host
 
-    targets = one_per_installation(session.targets)
-    chosen = sets_per_host(targets, session.patch_sets(), names or [])
+    wanted = sets_per_host(session.targets, session.patch_sets(), names or [])
+    targets, chosen = one_per_installation(session.targets, wanted)
     with session.fleet() as fleet:
         results = fleet.run(
             lambda host, conn: revert_patches(host, conn, chosen[host.label], force), targets

@@ -481,6 +481,9 @@ def dist_version(site: str, name: str) -> str | None:
         return None
 
 
+PATCH_LOCK_WAIT = 60.0
+
+
 def patches_dir(state_dir: str) -> str:
     return state_path(state_dir, "patches")
 
@@ -520,11 +523,17 @@ def lock_patches(state_dir: str) -> IO[str]:
     folder = patches_dir(state_dir)
     os.makedirs(folder, exist_ok=True)
     handle = open(os.path.join(folder, ".lock"), "w")  # noqa: SIM115 - held until exit
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        fail("another deployctl patch operation is running on this host")
-    return handle
+    # Another installation of this host may be patched right now (deployments with their own
+    # python): wait for it a while rather than fail at once.
+    deadline = time.monotonic() + PATCH_LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except OSError:
+            if time.monotonic() > deadline:
+                fail("another deployctl patch operation is running on this host")
+            time.sleep(0.2)
 
 
 def cmd_probe(args: ProbeArgs) -> ProbeReply:
@@ -719,7 +728,7 @@ def cmd_revert(args: RevertArgs) -> RevertReply:
 FIELDS_DIR = "sglang/srt/arg_groups/fields"
 CHOICES_FILE = "sglang/srt/arg_groups/choices.py"
 SERVER_ARGS_FILE = "sglang/srt/server_args.py"
-PARSER_TIMEOUT = 120.0
+PARSER_TIMEOUT = 45.0  # well inside a preflight's command_timeout (120 s by default)
 # Asks SGLang's own parser for its options: the fallback for a layout this file does not know.
 PARSER_SCRIPT = """import argparse, json
 from sglang.srt.server_args import ServerArgs
@@ -983,8 +992,11 @@ def parser_options() -> tuple[dict[str, OptionSpec] | None, str]:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return None, f"SGLang's parser could not be built: {last}"
     options: dict[str, OptionSpec] = {}
-    for names, spec in json.loads(done.stdout):
-        options.update(dict.fromkeys(names, spec))
+    try:  # the last line: importing SGLang may print before it
+        for names, spec in json.loads((done.stdout.strip().splitlines() or ["[]"])[-1]):
+            options.update(dict.fromkeys(names, spec))
+    except (ValueError, TypeError) as exc:
+        return None, f"SGLang's parser gave no option list ({exc})"
     return options, ""
 
 
@@ -1038,14 +1050,14 @@ def _value_problem(value: str, spec: OptionSpec) -> str:
     return ""
 
 
+# argparse (3.11) takes these as values, not options: negative numbers, and words with a space.
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
 def _looks_like_flag(word: str) -> bool:
     if not word.startswith("-") or word == "-":
         return False
-    try:
-        float(word)  # argparse takes a negative number as a value
-    except ValueError:
-        return True
-    return False
+    return not (_NEGATIVE_NUMBER.match(word) or (" " in word and "=" not in word))
 
 
 def check_server_argv(argv: list[str], options: dict[str, OptionSpec]) -> list[ArgFinding]:
@@ -1118,14 +1130,18 @@ def argv_check(server_argv: list[str] | None, install: SglangInstall) -> ArgvChe
     if server_argv is None:
         return {
             "method": "off",
-            "note": "check_flags is off",
+            "note": "check_flags is off, or the launcher is not `-m <launch_module>`",
             "options": 0,
             "findings": [],
             "seconds": 0.0,
         }
     began = time.monotonic()
-    options, method, note = sglang_options(install)
-    findings = check_server_argv(server_argv, options) if options is not None else []
+    try:
+        options, method, note = sglang_options(install)
+        findings = check_server_argv(server_argv, options) if options is not None else []
+    except Exception as exc:  # a checker that fails must not stop every launch on the host
+        options, method, findings = None, "none", []
+        note = f"the flags could not be checked: {type(exc).__name__}: {exc}"
     return {
         "method": method,
         "note": note,

@@ -90,7 +90,13 @@ _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 def diff_targets(text: str, source: str) -> list[str]:
     """Return the site-relative files a unified diff touches; refuse paths that escape."""
-    targets: list[str] = []
+    return list(diff_hunks(text, source))
+
+
+def diff_hunks(text: str, source: str) -> dict[str, int]:
+    """Each file a unified diff touches (site-relative, in order) and its number of hunks."""
+    hunks: dict[str, int] = {}
+    current: str | None = None
     old_path: str | None = None
     old_left = new_left = 0  # lines still to come in the current hunk
     for line in text.splitlines():
@@ -100,19 +106,20 @@ def diff_targets(text: str, source: str) -> list[str]:
             new_left -= tag in (" ", "+", "")
             continue
         hunk = _HUNK.match(line)
-        if hunk:
+        if hunk and current is not None:
             old_left = int(hunk.group(1) or 1)
             new_left = int(hunk.group(2) or 1)
+            hunks[current] += 1
         elif line.startswith("--- "):
             old_path = line[4:].split("\t")[0].strip()
         elif line.startswith("+++ ") and old_path is not None:
             new_path = line[4:].split("\t")[0].strip()
-            path = new_path if new_path != "/dev/null" else old_path
-            targets.append(_site_relative(path, source))
+            current = _site_relative(new_path if new_path != "/dev/null" else old_path, source)
+            hunks.setdefault(current, 0)
             old_path = None
-    if not targets:
+    if not hunks:
         raise PatchError(f"{source} is not a unified diff (no ---/+++ file headers)")
-    return targets
+    return hunks
 
 
 def _site_relative(path: str, source: str) -> str:

@@ -34,7 +34,9 @@ _PIECE = re.compile(
       | \\(?P<escaped>.)""",
     re.VERBOSE | re.DOTALL,
 )
-_DOUBLE_ESCAPE = re.compile(r'\\(["\\])')
+# In double quotes a backslash escapes `"` and itself (as in shlex); before a newline it
+# joins the lines (as in /bin/sh); before anything else it stays.
+_DOUBLE_ESCAPE = re.compile(r'\\(["\\\n])')
 _ENDS_IN_ESCAPE = re.compile(r'"(?:[^"\\]|\\.)*\\', re.DOTALL)
 
 
@@ -64,12 +66,16 @@ def split(text: str) -> list[str]:
             continue
         value = match.group(kind)
         if kind == "double":
-            value = _DOUBLE_ESCAPE.sub(r"\1", value.replace("\\\n", ""))
+            value = _DOUBLE_ESCAPE.sub(_unescape, value)
         parts.append(value)
         in_word = True
     if in_word:
         words.append("".join(parts))
     return words
+
+
+def _unescape(match: re.Match[str]) -> str:
+    return "" if match.group(1) == "\n" else match.group(1)
 
 
 def _unclosed(rest: str) -> str:

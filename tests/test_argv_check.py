@@ -105,7 +105,9 @@ def test_every_shipped_template_passes_for_every_example_host(
         for name in ("baseline", "eagle3"):
             for threshold, options in ((None, pristine_options), (5, patched_options)):
                 rendered = templates.render(host, name, threshold if name == "eagle3" else None)
-                findings = check_server_argv(server_argv(rendered.argv), options)
+                argv = server_argv(rendered.argv)
+                assert argv is not None
+                findings = check_server_argv(argv, options)
                 assert findings == [], (host.name, name, findings)
                 checked += 1
     assert checked == 4 * len(inventory.hosts)
@@ -152,11 +154,24 @@ def test_flag_findings(
     assert message in findings[0]["message"]
 
 
+def test_the_server_arguments_are_found_after_its_own_launcher() -> None:
+    assert server_argv(["numactl", "-m", "0", "python3", "-m", "sglang.launch_server", "--x"]) == [
+        "--x"
+    ]
+    assert server_argv(["/opt/env/bin/sglang", "serve", "--model-path=/m"]) == ["--model-path=/m"]
+    assert server_argv(["my-wrapper", "--model-path=/m"]) is None  # not checked
+
+
 def test_values_are_not_taken_for_flags(options: dict[str, OptionSpec]) -> None:
     argv = ["--model-path", "/m", "--port", "30000", "--mem-fraction-static", "0.88",
             "--trust-remote-code", "--json-model-override-args", '{"a": 1}',
-            "--random-seed", "-1", "--served-model-name=-dash-name"]  # fmt: skip
+            "--random-seed", "-1", "--served-model-name=-dash-name",
+            "--served-model-name", "-x y", "--mem-fraction-static", "-.5"]  # fmt: skip
     assert check_server_argv(argv, options) == []
+    # argparse (3.11) reads `-1e-3` as an option, not a negative number: the value is missing.
+    assert errors(["--mem-fraction-static", "-1e-3"], options)[0] == (
+        "--mem-fraction-static needs a value"
+    )
 
 
 def test_another_layout_falls_back_to_sglangs_parser(
@@ -261,3 +276,34 @@ def test_check_flags_off_skips_the_check(
     result = cli("render", "--check", "-i", inv, "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["hosts"]["alpha"]["flags"]["method"] == "off"
+
+
+def test_a_checker_that_fails_does_not_stop_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(install: object) -> None:
+        raise RuntimeError("unexpected layout")
+
+    monkeypatch.setattr(host_agent, "sglang_options", broken)
+    check = host_agent.argv_check(["--tp-size=2"], {"site": "/x", "version": "9"})
+    assert check["method"] == "none" and check["findings"] == []
+    assert "could not be checked: RuntimeError: unexpected layout" in check["note"]
+
+
+def test_the_parser_fallback_reads_the_last_line_and_survives_garbage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "sglang" / "srt"
+    package.mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("print('banner from an import')\n")
+    (package / "__init__.py").write_text("")
+    (package / "server_args.py").write_text(
+        "class ServerArgs:\n"
+        "    @staticmethod\n"
+        "    def add_cli_args(parser):\n"
+        "        parser.add_argument('--tp-size', type=int)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    options, method, _ = sglang_options({"site": str(tmp_path), "version": "9.9"})
+    assert method == "parser" and options is not None and list(options) == ["--tp-size"]
+    (package / "server_args.py").write_text("raise SystemExit(0)\n")  # prints nothing at all
+    options, method, note = sglang_options({"site": str(tmp_path), "version": "9.9"})
+    assert (options, method) == (None, "none") and "SGLang's parser" in note

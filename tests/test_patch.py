@@ -390,3 +390,23 @@ def test_two_installations_on_one_host_keep_their_own_records(
     }
     assert states == {"a": "applied", "b": "missing"}
     assert "deployctl test marker" in (alpha.home / "venv" / SITE / SPEC).read_text()
+
+
+def test_deployments_sharing_an_installation_are_patched_once_with_every_set_they_want() -> None:
+    from deployctl.inventory import Host
+    from deployctl.ops.patch import one_per_installation, sets_per_host
+    from deployctl.patchset import load_patch_sets
+    from deployctl.project import SHIPPED_DATA
+
+    sets = load_patch_sets([SHIPPED_DATA / "patches"])
+    common = {"python": "/opt/env/bin/python", "state_dir": "~/.deployctl"}
+    hosts = [
+        Host("gpu1", {**common, "patches": ["spec-disable"]}, "a"),
+        Host("gpu1", {**common, "patches": ["sm120-support"]}, "b"),
+        Host("gpu1", {**common, "patches": ["sm120-support"], "state_dir": "/srv/d"}, "c"),
+        Host("gpu2", {**common, "patches": ["spec-disable"]}, "a"),
+    ]
+    targets, chosen = one_per_installation(hosts, sets_per_host(hosts, sets, []))
+    assert [t.label for t in targets] == ["gpu1/a", "gpu1/c", "gpu2/a"]
+    assert [s.name for s in chosen["gpu1/a"]] == ["spec-disable", "sm120-support"]
+    assert [s.name for s in chosen["gpu1/c"]] == ["sm120-support"]

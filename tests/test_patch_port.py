@@ -122,3 +122,17 @@ def test_port_reads_the_pristine_files_from_a_host_and_changes_nothing_there(
     assert wrong.returncode == 1 and "alpha has SGLang 0.5.23, not 0.5.22" in wrong.stderr
     none = cli("patch", "port", "spec-disable", "--to", "0.5.23", "-i", str(inventory))
     assert none.returncode == 1 and "--from WHEEL|SITE, or -H naming one host" in none.stderr
+
+
+def test_port_from_a_copy_that_already_has_the_change_is_not_ok(cli: CLI, tmp_path: Path) -> None:
+    site = tmp_path / "patched-site"
+    subprocess.run(["unzip", "-q", str(sglang_wheel("0.5.23")), "sglang*", "-d", str(site)],
+                   check=True)  # fmt: skip
+    diff = SHIPPED_DATA / "patches" / "spec-disable" / "0.5.23" / "spec-disable.diff"
+    subprocess.run(["patch", "-p1", "-s", "-d", str(site), "-i", str(diff)], check=True)
+    result = cli("patch", "port", "spec-disable", "--to", "0.5.23", "--from", str(site), "--json",
+                 "-o", str(tmp_path / "cand"))  # fmt: skip
+    report = json.loads(result.stdout)
+    assert result.returncode == 1 and report["ok"] is False
+    skipped = [h for h in report["hunks"] if "already has this change" in h["detail"]]
+    assert skipped and all(h["outcome"] == "failed" for h in skipped)

@@ -781,3 +781,13 @@ def test_hunk_lines_that_look_like_file_headers_are_not_files() -> None:
         "+++ new comment\n--- a/sglang/y.py\n+++ b/sglang/y.py\n@@ -0,0 +1 @@\n+z\n"
     )
     assert diff_targets(text, "s.diff") == ["sglang/x.py", "sglang/y.py"]
+
+
+def test_hunks_are_counted_per_file_past_header_like_lines() -> None:
+    from deployctl.patchset import diff_hunks
+
+    text = (
+        "--- a/sglang/x.py\n+++ b/sglang/x.py\n@@ -1,2 +1,2 @@\n a\n--- old\n+++ new\n"
+        "@@ -9 +9 @@\n-p\n+q\n--- a/sglang/y.py\n+++ b/sglang/y.py\n@@ -0,0 +1 @@\n+z\n"
+    )
+    assert diff_hunks(text, "s.diff") == {"sglang/x.py": 2, "sglang/y.py": 1}

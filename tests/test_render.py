@@ -530,6 +530,7 @@ def test_backslash_newline_joins_lines_as_bin_sh_does() -> None:
     from deployctl.shell import split
 
     assert split("serve \\\n  --tp-size=1 \\\n  --port=1") == ["serve", "--tp-size=1", "--port=1"]
+    assert split('"a\\\\\nb"') == ["a\\\nb"]  # an escaped backslash, then a real newline
     rng = random.Random(7)
     # No `#`: in the middle of a word it starts a comment for shlex (and so here), not for sh;
     # no bare newline: in this script it would end the `set` command.

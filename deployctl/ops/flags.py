@@ -17,18 +17,25 @@ from deployctl.patchset import PatchSet
 from deployctl.render import RenderedCommand
 
 
-def server_argv(argv: Sequence[str]) -> list[str]:
-    """The server's own arguments: what follows `python -m MODULE`."""
+def server_argv(argv: Sequence[str], module: str = "sglang.launch_server") -> list[str] | None:
+    """The server's own arguments: what follows `-m MODULE` (wherever a wrapper such as
+    `numactl -m 0` puts it) or SGLang's own `sglang serve`; None for another launcher."""
     words = list(argv)
-    if "-m" in words[:-1]:
-        return words[words.index("-m") + 2 :]
-    return words[1:]
+    for i in range(len(words) - 1):
+        if words[i] == "-m" and words[i + 1] == module:
+            return words[i + 2 :]
+    for i in range(len(words) - 1):
+        if words[i].rsplit("/", 1)[-1] == "sglang" and words[i + 1] == "serve":
+            return words[i + 2 :]
+    return None
 
 
 def checked_argv(host: Host, argv: Sequence[str]) -> list[str] | None:
     """What the agent checks; None when the host's `check_flags` is off (a launcher of its
-    own that takes other flags)."""
-    return server_argv(argv) if host.vars.get("check_flags", True) else None
+    own that takes other flags) or the launcher is not one deployctl recognises."""
+    if not host.vars.get("check_flags", True):
+        return None
+    return server_argv(argv, str(host.vars.get("launch_module", "sglang.launch_server")))
 
 
 @dataclass

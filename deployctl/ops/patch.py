@@ -343,14 +343,16 @@ def sets_per_host(
     return chosen
 
 
-def one_per_installation(hosts: Sequence[Host]) -> list[Host]:
-    """The first target of each SGLang installation (a host and a `python`): deployments that
-    share one are patched once."""
-    seen: set[tuple[str, str]] = set()
-    distinct = []
+def one_per_installation(
+    hosts: Sequence[Host], chosen: Mapping[str, list[PatchSet]]
+) -> tuple[list[Host], dict[str, list[PatchSet]]]:
+    """One target per SGLang installation (a host, a `python` and a `state_dir`), with every
+    set any of its deployments wants: deployments that share one are patched once."""
+    first: dict[tuple[str, str, str], Host] = {}
+    sets: dict[str, dict[str, PatchSet]] = {}
     for host in hosts:
-        key = (host.name, str(host.vars.get("python")))
-        if key not in seen:
-            seen.add(key)
-            distinct.append(host)
-    return distinct
+        key = (host.name, str(host.vars.get("python")), str(host.vars.get("state_dir")))
+        target = first.setdefault(key, host)
+        wanted = sets.setdefault(target.label, {})
+        wanted.update((s.name, s) for s in chosen[host.label])
+    return list(first.values()), {label: list(s.values()) for label, s in sets.items()}

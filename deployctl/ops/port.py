@@ -25,13 +25,14 @@ from deployctl.connection import Connection
 from deployctl.errors import PatchError
 from deployctl.host_agent import dist_version, run_verify_scripts
 from deployctl.inventory import Host
-from deployctl.patchset import PatchSet, Variant, diff_targets, version_key
+from deployctl.patchset import PatchSet, Variant, diff_hunks, diff_targets, version_key
 
 PORT_ARGS = ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "--fuzz=3"]
 _HUNK_LINE = re.compile(
     r"Hunk #(\d+) (succeeded|FAILED) at (\d+)(?: with fuzz (\d+))?(?: \(offset (-?\d+) lines?\))?"
 )
 _PATCHING = re.compile(r"^patching file (.+)$")
+_CREATING = re.compile(r"would create the file (.+),$")
 
 
 @dataclass
@@ -117,20 +118,6 @@ def release_version(site: Path) -> str | None:
     return dist_version(str(site), "sglang")
 
 
-def _hunk_count(diff_text: str) -> dict[str, int]:
-    """Hunks per target file, in the diff's order."""
-    counts: dict[str, int] = {}
-    current = None
-    for line in diff_text.splitlines():
-        if line.startswith("+++ "):
-            current = line[4:].split("\t")[0].strip()
-            current = current[2:] if current.startswith(("a/", "b/")) else current
-            counts.setdefault(current, 0)
-        elif line.startswith("@@ ") and current is not None:
-            counts[current] += 1
-    return counts
-
-
 def _rejected_hunks(reject: Path) -> list[str]:
     if not reject.exists():
         return []
@@ -140,8 +127,7 @@ def _rejected_hunks(reject: Path) -> list[str]:
 
 def apply_for_port(diff: Path, site: Path, scratch: Path) -> list[HunkOutcome]:
     """Apply one diff with offsets and fuzz allowed; say how each hunk went."""
-    text = diff.read_text(encoding="utf-8")
-    counts = _hunk_count(text)
+    counts = diff_hunks(diff.read_text(encoding="utf-8"), diff.name)
     reject = scratch / f"{diff.name}.rej"
     done = subprocess.run(
         [*PORT_ARGS, "-d", str(site), "-i", str(diff), "-r", str(reject)],
@@ -151,11 +137,19 @@ def apply_for_port(diff: Path, site: Path, scratch: Path) -> list[HunkOutcome]:
     )
     rejected = iter(_rejected_hunks(reject))
     outcomes: dict[tuple[str, int], HunkOutcome] = {}
+    already: set[str] = set()  # files GNU patch skipped whole: the change is there already
     current = ""
     for line in done.stdout.splitlines():
         patching = _PATCHING.match(line.strip())
         if patching:
             current = patching.group(1).strip("'\"")
+            continue
+        creating = _CREATING.search(line)
+        if creating:  # `The next patch would create the file X,` (no `patching file` line)
+            current = creating.group(1).strip("'\"")
+            continue
+        if "Skipping patch" in line:  # reversed, previously applied, or already created
+            already.add(current)
             continue
         hunk = _HUNK_LINE.search(line)
         if hunk is None:
@@ -177,9 +171,11 @@ def apply_for_port(diff: Path, site: Path, scratch: Path) -> list[HunkOutcome]:
     report = []
     for path, count in counts.items():
         for number in range(1, count + 1):
-            report.append(
-                outcomes.get((path, number)) or HunkOutcome(diff.name, path, number, "exact")
-            )
+            found = outcomes.get((path, number))
+            if found is None and path in already:
+                detail = "the file already has this change (a patched copy?); skipped"
+                found = HunkOutcome(diff.name, path, number, "failed", detail)
+            report.append(found or HunkOutcome(diff.name, path, number, "exact"))
     return report
 
 
