@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 
 from deployctl.crash import (
+    SHIPPED_CATALOG,
     STORED_LINE_CAP,
     Catalog,
     CatalogError,
     CrashReport,
     CrashScanner,
     _literal_anchors,
+    crash_lines,
+    format_ranks,
     load_catalog,
     scan_lines,
     scan_text,
@@ -684,6 +687,9 @@ def test_is_crash_line_marks_crash_lines_only() -> None:
         ("[rank3]:[W1129 10:22:41.5 ProcessGroupNCCL.cpp:632] Warning: nothing wrong", False),
         ("[2026-11-29 10:12:33 TP0] Decode batch, #running-req: 10", False),
         ("ERROR: nothing to see", False),
+        ("terminate called after throwing an instance of 'c10::Error'", True),
+        ("ValueErrorX", False),
+        ('  File "/x/scheduler.py", line 12, in run', True),
     ],
 )
 def test_is_crash_line_on_each_kind_of_line(line: str, crash: bool) -> None:
@@ -699,6 +705,27 @@ def test_is_crash_line_applies_line_rules_to_the_message_after_the_prefix(
 
     assert scanner.is_crash_line("[2026-11-29 10:00:00] kernel panic now")
     assert not scanner.is_crash_line("[2026-11-29 10:00:00] no kernel panic")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "kernel panic",
+        "[2026-11-29 10:00:00] kernel panic",
+        "[2026-11-29 10:00:00 TP1] kernel panic",
+        "[rank2]:kernel panic",
+        "kernel panic   ",
+        "kernel panicX",
+        "no kernel panic",
+        "[rank2]:no kernel panic",
+    ],
+)
+def test_is_crash_line_agrees_with_the_scanner_on_one_line_rules(tmp_path: Path, line: str) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text("- id: panic\n  title: P\n  line: '^kernel panic$'\n  hint: h\n")
+    catalog = load_catalog([user])
+
+    assert CrashScanner(catalog).is_crash_line(line) is bool(scan_text(line + "\n", catalog))
 
 
 # --- hardening -----------------------------------------------------------------------------
@@ -905,6 +932,12 @@ def test_malformed_user_catalog_raises_one_line_error_naming_the_file(
             "unknown top-level key 'also' (expected signatures, context)",
         ),
         ("- just text\n", "signature #1 must be a mapping"),
+        ("42\n", "expected a list of signatures or a mapping with 'signatures'"),
+        ("- title: t\n  hint: h\n  message: x\n", "signature #1 needs an 'id' without spaces"),
+        (
+            "- id: ''\n  title: t\n  hint: h\n  message: x\n",
+            "signature #1 needs an 'id' without spaces",
+        ),
         ("signatures: {a: 1}\n", "'signatures' must be a list"),
         ("context: [1]\n", "'context' must be a mapping of name to regex"),
         ("context:\n  1bad: '(?P<value>x)'\n", "context name '1bad' must be an identifier"),
@@ -1292,3 +1325,200 @@ def test_a_chained_exception_that_arrives_still_replaces_the_first() -> None:
     assert [(r.exception, r.message) for r in scan_text(log, load_catalog())] == [
         ("ValueError", "second")
     ]
+
+
+# --- the human lines of a report -------------------------------------------------------------
+
+
+def report_of(**fields: object) -> CrashReport:
+    base: dict[str, object] = {
+        "exception": "RuntimeError",
+        "message": "boom",
+        "file": "/x/scheduler.py",
+        "line": 12,
+        "function": "run",
+        "ranks": ("TP0", "TP1", "TP2"),
+        "log_line": 40,
+        "signature": "sig-id",
+        "title": "Some crash",
+        "hint": "Do\n  this.",
+    }
+    base.update(fields)
+    return CrashReport(**base)  # type: ignore[arg-type]
+
+
+def test_crash_lines_give_title_exception_frame_ranks_line_and_hint() -> None:
+    assert crash_lines(report_of()) == [
+        "crash: Some crash [sig-id]",
+        "  RuntimeError: boom",
+        "  at /x/scheduler.py:12 in run",
+        "  ranks: TP0-TP2 (3)",
+        "  log line 40",
+        "  hint: Do this.",
+    ]
+
+
+def test_crash_lines_of_a_one_line_crash_in_a_scanned_tail() -> None:
+    report = report_of(exception="", file=None, line=None, function=None, ranks=())
+
+    assert crash_lines(report, whole_log=False) == [
+        "crash: Some crash [sig-id]",
+        "  boom",
+        "  line 40 of the scanned tail",
+        "  hint: Do this.",
+    ]
+
+
+def test_crash_lines_show_a_frame_without_line_or_function() -> None:
+    (_, _, where, *_) = crash_lines(report_of(line=None, function=None))
+    (_, _, at_line, *_) = crash_lines(report_of(line=0, function=None))
+
+    assert where == "  at /x/scheduler.py"
+    assert at_line == "  at /x/scheduler.py:0"
+
+
+def test_crash_lines_put_a_long_message_on_one_capped_line() -> None:
+    kept = crash_lines(report_of(message="a\n b " + "m" * 496))[1]  # 500 characters once joined
+    cut = crash_lines(report_of(message="m" * 501))[1]
+
+    assert kept == "  RuntimeError: a b " + "m" * 496
+    assert cut == "  RuntimeError: " + "m" * 499 + "…"
+
+
+@pytest.mark.parametrize(
+    ("ranks", "shown"),
+    [
+        (("TP0",), "TP0"),
+        (("TP0", "TP1"), "TP0, TP1 (2)"),
+        (("TP0", "TP1", "TP2"), "TP0-TP2 (3)"),
+        (("TP3", "TP4", "TP5", "TP6"), "TP3-TP6 (4)"),
+        (("TP0", "TP1", "TP3"), "TP0, TP1, TP3 (3)"),
+        (("TP0", "TP2", "TP3"), "TP0, TP2, TP3 (3)"),
+        (("TP0", "TP1", "TP1"), "TP0, TP1, TP1 (3)"),
+        (("TP0", "TP1", "DP2"), "TP0, TP1, DP2 (3)"),
+        (("TP", "TP1", "TP2"), "TP, TP1, TP2 (3)"),
+        (("TP1", "TP", "TP2"), "TP1, TP, TP2 (3)"),
+        (("DP1 TP0", "DP1 TP1", "DP1 TP2"), "DP1 TP0-DP1 TP2 (3)"),
+        (("rank8", "rank9", "rank10"), "rank8-rank10 (3)"),
+    ],
+)
+def test_format_ranks_shortens_only_a_consecutive_run_of_one_kind(
+    ranks: tuple[str, ...], shown: str
+) -> None:
+    assert format_ranks(ranks) == shown
+
+
+def test_user_catalog_context_values_reach_the_hints(tmp_path: Path) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text(
+        "context:\n"
+        "  build: 'our build (?P<value>\\S+)'\n"
+        "signatures:\n"
+        "  - id: boom\n"
+        "    title: Boom\n"
+        "    message: boom\n"
+        "    hint: 'Seen on build {build}.'\n",
+        encoding="utf-8",
+    )
+    text = "[2026-11-29 10:00:00] our build 2026.11.3 starting\n" + scheduler_traceback("", "boom")
+
+    (report,) = scan_text(text, load_catalog([user]))
+
+    assert report.hint == "Seen on build 2026.11.3."
+
+
+def test_each_signature_records_the_catalog_file_it_came_from(tmp_path: Path) -> None:
+    user = tmp_path / "signatures.yml"
+    user.write_text("- id: mine\n  title: T\n  message: x\n  hint: h\n", encoding="utf-8")
+
+    catalog = load_catalog([user])
+
+    assert catalog.signatures[0].source == str(user)
+    assert {s.source for s in catalog.signatures[1:]} == {str(SHIPPED_CATALOG)}
+
+
+# --- what belongs to a traceback -----------------------------------------------------------
+
+WATCHDOG = "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5) ran for 600000 ms"
+HEAD = (
+    "[2026-11-29 10:12:33 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+    f'  File "{SP}/sglang/srt/managers/scheduler.py", line 6368, in run_scheduler_process\n'
+    "    scheduler.run_event_loop()\n"
+)
+
+
+def test_the_lines_of_a_multi_line_exception_message_are_part_of_it() -> None:
+    text = (
+        HEAD
+        + "RuntimeError: worker failed:\n"
+        + WATCHDOG
+        + "\n"
+        + "  while waiting for rank 3\n"
+        + "Hint: retry with a longer timeout\n"
+        + WATCHDOG
+        + "\n\n[2026-11-29 10:12:34] INFO: shutting down\n"
+    )
+
+    (report,) = scan_text(text)
+
+    assert (report.exception, report.message) == ("RuntimeError", "worker failed:")
+
+
+def test_a_one_line_crash_after_an_exception_message_has_ended_is_its_own() -> None:
+    (first, second) = scan_text(HEAD + "RuntimeError: worker failed\n\n" + WATCHDOG + "\n")
+
+    assert (first.exception, second.signature) == ("RuntimeError", "nccl-timeout")
+
+
+def test_a_one_line_crash_printed_inside_an_open_traceback_is_still_reported() -> None:
+    text = HEAD + WATCHDOG + "\nRuntimeError: boom\n"
+
+    assert sorted(r.signature for r in scan_text(text)) == ["nccl-timeout", "unknown-exception"]
+
+
+def test_an_exception_without_a_message_reports_an_empty_message() -> None:
+    (report,) = scan_text(HEAD + "KeyboardInterrupt\n")
+
+    assert (report.exception, report.message) == ("KeyboardInterrupt", "")
+
+
+def test_a_dotted_logger_level_line_is_not_the_exception_of_an_open_traceback() -> None:
+    (report,) = scan_text(HEAD + "deep_gemm.jit.WARNING: cache miss\nRuntimeError: boom\n")
+
+    assert (report.exception, report.message) == ("RuntimeError", "boom")
+
+
+def test_terminate_called_after_throwing_is_a_crash_line_without_any_catalog() -> None:
+    line = "terminate called after throwing an instance of 'c10::Error'"
+
+    assert CrashScanner(Catalog([])).is_crash_line(line)
+
+
+def test_a_torch_rank_line_crash_names_its_rank() -> None:
+    (report,) = scan_text(f"[rank3]:[E1129 10:22:41.5 ProcessGroupNCCL.cpp:632] {WATCHDOG}\n")
+
+    assert (report.signature, report.ranks) == ("nccl-timeout", ("rank3",))
+
+
+def test_a_scheduler_traceback_header_with_trailing_spaces_opens_a_traceback() -> None:
+    text = HEAD.replace("call last):\n", "call last):   \n", 1) + "RuntimeError: boom\n"
+
+    (report,) = scan_text(text)
+
+    assert (report.exception, report.ranks) == ("RuntimeError", ("TP0",))
+
+
+def test_a_traceback_may_pause_longer_than_a_chain_may_wait() -> None:
+    noise = "[2026-11-29 10:12:34] INFO: still here\n" * 300
+    paused = HEAD + noise + "RuntimeError: boom\n"
+    late_chain = (
+        HEAD
+        + "KeyError: 'a'\n"
+        + noise
+        + "During handling of the above exception, another exception occurred:\n"
+        + HEAD.split("\n", 1)[1].join(["Traceback (most recent call last):\n", ""])
+        + "RuntimeError: boom\n"
+    )
+
+    assert [r.exception for r in scan_text(paused)] == ["RuntimeError"]
+    assert [r.exception for r in scan_text(late_chain)] == ["KeyError", "RuntimeError"]

@@ -817,3 +817,30 @@ def test_masking_lists_of_flags_at_their_edges() -> None:
     assert shown(["--api-key", "--tp", "8"]) == ["--api-key", "--tp", "8"]  # a flag, not a value
     assert shown(["--api-key", "abcd"]) == ["--api-key", MASK]
     assert shown(["--api-key", "abc"]) == ["--api-key", "abc"]
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["--tokens", "abcdefgh"], ["--tokens", MASK]),
+        (["--tokens=abcdefgh"], [f"--tokens={MASK}"]),
+        (["-Xkey", "abcdefgh"], ["-Xkey", "abcdefgh"]),  # the name is all after the dashes
+        (["--max-tokens", "12345"], ["--max-tokens", "12345"]),
+    ],
+)
+def test_a_flag_is_judged_by_its_whole_name_after_the_dashes(
+    args: list[str], shown: list[str]
+) -> None:
+    from deployctl.inventory import mask_secrets
+
+    assert mask_secrets({"extra_args": args})["extra_args"] == shown
+
+
+def test_secret_texts_are_masked_inside_nested_mappings_too() -> None:
+    from deployctl.inventory import mask_secrets
+
+    variables = {"env": {"LAUNCH": "serve --api-key sk-abcd", "inner": {"cmd": "x sk-abcd"}}}
+
+    assert mask_secrets(variables, ["sk-abcd"]) == {
+        "env": {"LAUNCH": f"serve --api-key {MASK}", "inner": {"cmd": f"x {MASK}"}}
+    }
