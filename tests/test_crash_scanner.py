@@ -1299,18 +1299,20 @@ def test_the_draft_token_hint_is_claimed_only_for_an_exact_product(
         assert claims in text, text
 
 
-@pytest.mark.parametrize("quiet_lines", [0, 300])
+@pytest.mark.parametrize("quiet_lines", [None, 0, 300])
 def test_a_chained_traceback_cut_off_after_its_separator_keeps_the_first_exception(
-    quiet_lines: int,
+    quiet_lines: int | None,
 ) -> None:
     log = (
-        scheduler_traceback("", "boom")
+        scheduler_traceback("TP2", "boom")
         + "During handling of the above exception, another exception occurred:\n\n"
-        + "ordinary line\n" * quiet_lines
-        + "Received sigquit from a child process. It usually means the child failed.\n"
     )
+    if quiet_lines is not None:  # None: the log ends there, and only finish() can tell
+        log += "ordinary line\n" * quiet_lines
+        log += "Received sigquit from a child process. It usually means the child failed.\n"
     found = scan_text(log, load_catalog())
     assert [(r.exception, r.message) for r in found][:1] == [("RuntimeError", "boom")]
+    assert "TP2" in found[0].ranks
 
 
 def test_a_chained_exception_that_arrives_still_replaces_the_first() -> None:
