@@ -6,6 +6,7 @@ import difflib
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -44,6 +45,16 @@ def sglang_wheel(version: str) -> Path:
             check=True,
         )  # fmt: skip
     return next(WHEELS.glob(pattern))
+
+
+def extract_site(version: str, target: Path) -> Path:
+    """The real wheel's sglang/ package and dist-info under target (a site-packages folder)."""
+    wanted = ("sglang/", f"sglang-{version}.dist-info/")
+    with zipfile.ZipFile(sglang_wheel(version)) as archive:
+        metadata = archive.read(f"sglang-{version}.dist-info/METADATA").decode()
+        assert f"\nVersion: {version}\n" in metadata
+        archive.extractall(target, [n for n in archive.namelist() if n.startswith(wanted)])
+    return target
 
 
 def build_template(base: Path) -> Path:

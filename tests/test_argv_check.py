@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from deployctl.ops.flags import server_argv
 from deployctl.project import SHIPPED_DATA
 from deployctl.render import TemplateSet
 from tests.conftest import CLI
-from tests.sglang_wheel import SGLANG_VERSION, ensure_wheels, install_on
+from tests.sglang_wheel import SGLANG_VERSION, extract_site, install_on
 from tests.sshd_hosts import STANDIN, SSHLab
 from tests.test_lifecycle import prepare
 
@@ -32,23 +31,15 @@ AMBIGUOUS = "--cuda-graph-max-bs"
 THRESHOLD = "--speculative-disable-batch-threshold"
 
 
-def extract_wheel(target: Path) -> Path:
-    """The real wheel's sglang/ package under target (a site-packages folder)."""
-    wheel = ensure_wheels()[0]
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(target, [n for n in archive.namelist() if n.startswith("sglang/")])
-    return target
-
-
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return extract_wheel(tmp_path_factory.mktemp("pristine"))
+    return extract_site(SGLANG_VERSION, tmp_path_factory.mktemp("pristine"))
 
 
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel with the shipped spec-disable set's diff applied (fuzz 0)."""
-    site = extract_wheel(tmp_path_factory.mktemp("patched"))
+    site = extract_site(SGLANG_VERSION, tmp_path_factory.mktemp("patched"))
     diff = PATCHES / "spec-disable" / SGLANG_VERSION / "spec-disable.diff"
     subprocess.run(["patch", "-p1", "-F0", "-s", "-d", str(site), "-i", str(diff)], check=True)
     return site
@@ -174,30 +165,38 @@ def test_values_are_not_taken_for_flags(options: dict[str, OptionSpec]) -> None:
     )
 
 
+def other_layout(
+    site: Path, monkeypatch: pytest.MonkeyPatch, *calls: str, banner: str = ""
+) -> Path:
+    """A future SGLang without arg_groups/fields/ (only its parser can say what it takes),
+    importable by the agent's parser fallback; returns its server_args.py."""
+    package = site / "sglang" / "srt"
+    package.mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text(f"print({banner!r})\n" if banner else "")
+    (package / "__init__.py").write_text("")
+    body = "".join(f"        parser.add_argument({call})\n" for call in calls)
+    server_args = package / "server_args.py"
+    server_args.write_text(
+        "class ServerArgs:\n    @staticmethod\n    def add_cli_args(parser):\n" + body
+    )
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    return server_args
+
+
 def test_another_layout_falls_back_to_sglangs_parser(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A future SGLang without arg_groups/fields/: only its parser can say what it takes.
-    package = tmp_path / "sglang" / "srt"
-    package.mkdir(parents=True)
-    (tmp_path / "sglang" / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    (package / "server_args.py").write_text(
-        "class ServerArgs:\n"
-        "    @staticmethod\n"
-        "    def add_cli_args(parser):\n"
-        "        parser.add_argument('--model-path', type=str)\n"
-        "        parser.add_argument('--tp-size', type=int)\n"
-        "        parser.add_argument('--enable-metrics', action='store_true')\n"
-    )
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    other_layout(
+        tmp_path, monkeypatch, "'--model-path', type=str", "'--tp-size', type=int",
+        "'--enable-metrics', action='store_true'",
+    )  # fmt: skip
     options, method, note = sglang_options({"site": str(tmp_path), "version": "9.9"})
     assert method == "parser" and options is not None and "SGLang's parser" in note
     assert sorted(options) == ["--enable-metrics", "--model-path", "--tp-size"]
     assert errors(["--tp-size=x"], options) == ["--tp-size: expected an integer, got 'x'"]
 
 
-def test_no_installation_is_not_checked_and_not_refused(tmp_path: Path) -> None:
+def test_no_installation_is_not_checked_and_not_refused() -> None:
     options, method, note = sglang_options({"error": "SGLang is not installed for python3"})
     assert (options, method) == (None, "none") and "not installed" in note
 
@@ -291,19 +290,11 @@ def test_a_checker_that_fails_does_not_stop_the_launch(monkeypatch: pytest.Monke
 def test_the_parser_fallback_reads_the_last_line_and_survives_garbage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    package = tmp_path / "sglang" / "srt"
-    package.mkdir(parents=True)
-    (tmp_path / "sglang" / "__init__.py").write_text("print('banner from an import')\n")
-    (package / "__init__.py").write_text("")
-    (package / "server_args.py").write_text(
-        "class ServerArgs:\n"
-        "    @staticmethod\n"
-        "    def add_cli_args(parser):\n"
-        "        parser.add_argument('--tp-size', type=int)\n"
+    server_args = other_layout(
+        tmp_path, monkeypatch, "'--tp-size', type=int", banner="banner from an import"
     )
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     options, method, _ = sglang_options({"site": str(tmp_path), "version": "9.9"})
     assert method == "parser" and options is not None and list(options) == ["--tp-size"]
-    (package / "server_args.py").write_text("raise SystemExit(0)\n")  # prints nothing at all
+    server_args.write_text("raise SystemExit(0)\n")  # prints nothing at all
     options, method, note = sglang_options({"site": str(tmp_path), "version": "9.9"})
     assert (options, method) == (None, "none") and "SGLang's parser" in note

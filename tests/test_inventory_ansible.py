@@ -248,10 +248,13 @@ def fleet_sources(root: Path, kind: str) -> tuple[list[Path], list[Path]]:
     raise AssertionError(kind)
 
 
+def inventory_args(sources: list[Path]) -> list[str]:
+    """`-i SOURCE` for each source, in order (the same options for Ansible and deployctl)."""
+    return [word for source in sources for word in ("-i", str(source))]
+
+
 def ansible_inventory(sources: list[Path]) -> dict[str, Any]:
-    argv = [str(BIN / "ansible-inventory"), "--list"]
-    for source in sources:
-        argv += ["-i", str(source)]
+    argv = [str(BIN / "ansible-inventory"), "--list", *inventory_args(sources)]
     done = subprocess.run(argv, capture_output=True, text=True, env=ANSIBLE_ENV, check=True)
     return json.loads(done.stdout)
 
@@ -260,9 +263,16 @@ def ansible_debug(sources: list[Path], names: tuple[str, ...]) -> dict[str, dict
     """What `ansible all -m debug` prints for the named variables, per host (rendered on the
     controller; nothing connects)."""
     fields = ", ".join(f"'{n}': ({n} if {n} is defined else '{UNDEFINED}')" for n in names)
-    argv = [str(BIN / "ansible"), "all", "-o", "-m", "debug", "-a", f"msg={{{{ {{{fields}}} }}}}"]
-    for source in sources:
-        argv += ["-i", str(source)]
+    argv = [
+        str(BIN / "ansible"),
+        "all",
+        "-o",
+        "-m",
+        "debug",
+        "-a",
+        f"msg={{{{ {{{fields}}} }}}}",
+        *inventory_args(sources),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, env=ANSIBLE_ENV, check=True)
     rendered = {}
     for line in done.stdout.splitlines():  # `host | SUCCESS => {...}`, one line per host
@@ -275,18 +285,13 @@ def ansible_debug(sources: list[Path], names: tuple[str, ...]) -> dict[str, dict
 
 def ansible_hosts(sources: list[Path], pattern: str) -> list[str]:
     """What `ansible PATTERN --list-hosts` lists, in its order."""
-    argv = [str(BIN / "ansible"), pattern, "--list-hosts"]
-    for source in sources:
-        argv += ["-i", str(source)]
+    argv = [str(BIN / "ansible"), pattern, "--list-hosts", *inventory_args(sources)]
     listed = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     return [line.strip() for line in listed.splitlines()[1:]]
 
 
-def deployctl_hosts(cli: CLI, sources: list[Path]) -> dict[str, Any]:
-    args = ["hosts", "--json"]
-    for source in sources:
-        args += ["-i", str(source)]
-    result = cli(*args)
+def deployctl_hosts(cli: CLI, sources: list[Path], *extra: str) -> dict[str, Any]:
+    result = cli("hosts", "--json", *inventory_args(sources), *extra)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["hosts"]
 
@@ -336,13 +341,14 @@ def test_graph_matches_ansible_inventory_graph(tmp_path: Path, cli: CLI) -> None
         root = tmp_path / kind
         ours_sources, their_sources = fleet_sources(root, kind)
         for group in ("all", "gpu"):
-            argv = [str(BIN / "ansible-inventory"), "--graph", group]
-            for source in their_sources:
-                argv += ["-i", str(source)]
+            argv = [
+                str(BIN / "ansible-inventory"),
+                "--graph",
+                group,
+                *inventory_args(their_sources),
+            ]
             theirs = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-            args = ["hosts", "--graph", "-H", group]
-            for source in ours_sources:
-                args += ["-i", str(source)]
+            args = ["hosts", "--graph", "-H", group, *inventory_args(ours_sources)]
             ours = cli(*args)
             assert ours.returncode == 0, ours.stderr
             assert ours.stdout == theirs, (kind, group)
@@ -524,7 +530,7 @@ def test_vaulted_values_are_decrypted_with_ansibles_options(tmp_path: Path, cli:
     assert decrypted["h1"].vars["model_revision"] == "rev-42"
     assert decrypted["r1"].vars["served_name"] == "kimi"
     # Shown, a vaulted value is masked whatever its name; the rest is not.
-    ours = deployctl_hosts_with(cli, inventory, "--vault-password-file", str(password))
+    ours = deployctl_hosts(cli, [Path(inventory)], "--vault-password-file", str(password))
     assert ours["h1"]["vars"]["model_revision"] == MASK
     assert ours["r1"]["vars"]["served_name"] == MASK
     assert ours["h1"]["vars"]["plain"] == 1
@@ -541,12 +547,6 @@ def test_vaulted_values_are_decrypted_with_ansibles_options(tmp_path: Path, cli:
     failed = cli("hosts", "-i", inventory, "--vault-password-file", str(wrong))
     assert failed.returncode != 0 and "Traceback" not in failed.stderr
     assert len(failed.stderr.strip().splitlines()) <= 2, failed.stderr
-
-
-def deployctl_hosts_with(cli: CLI, inventory: str, *extra: str) -> dict[str, Any]:
-    result = cli("hosts", "--json", "-i", inventory, *extra)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)["hosts"]
 
 
 # ---- templated variables: errors ----------------------------------------------------------
@@ -682,7 +682,7 @@ def test_corner_agrees_with_ansible(tmp_path: Path, cli: CLI, case: str) -> None
     agree(cli, tmp_path, files, sources, names)
 
 
-def test_comma_host_list_is_an_inventory(tmp_path: Path, cli: CLI) -> None:
+def test_comma_host_list_is_an_inventory(cli: CLI) -> None:
     ours = deployctl_hosts(cli, [Path("h1,h2:2222")])
     assert list(ours) == ["h1", "h2"] and ours["h2"]["port"] == 2222
 

@@ -12,7 +12,7 @@ import yaml
 
 from deployctl.project import SHIPPED_DATA
 from tests.conftest import CLI
-from tests.sglang_wheel import SITE, install_on, sglang_wheel
+from tests.sglang_wheel import SITE, extract_site, install_on, sglang_wheel
 from tests.sshd_hosts import SSHLab
 
 
@@ -37,9 +37,7 @@ def port(cli: CLI, name: str, release: str, *extra: str) -> tuple[int, dict, str
 
 
 def applies_exactly(diff: Path, release: str, tmp: Path) -> bool:
-    site = tmp / f"site-{release}"
-    subprocess.run(["unzip", "-q", "-o", str(sglang_wheel(release)), "sglang/*", "-d", str(site)],
-                   check=True)  # fmt: skip
+    site = extract_site(release, tmp / f"site-{release}")
     done = subprocess.run(
         ["patch", "-p1", "--dry-run", "--fuzz=0", "-d", str(site), "-i", str(diff)],
         capture_output=True, text=True, check=False,
@@ -125,9 +123,7 @@ def test_port_reads_the_pristine_files_from_a_host_and_changes_nothing_there(
 
 
 def test_port_from_a_copy_that_already_has_the_change_is_not_ok(cli: CLI, tmp_path: Path) -> None:
-    site = tmp_path / "patched-site"
-    subprocess.run(["unzip", "-q", str(sglang_wheel("0.5.23")), "sglang*", "-d", str(site)],
-                   check=True)  # fmt: skip
+    site = extract_site("0.5.23", tmp_path / "patched-site")
     diff = SHIPPED_DATA / "patches" / "spec-disable" / "0.5.23" / "spec-disable.diff"
     subprocess.run(["patch", "-p1", "-s", "-d", str(site), "-i", str(diff)], check=True)
     result = cli("patch", "port", "spec-disable", "--to", "0.5.23", "--from", str(site), "--json",

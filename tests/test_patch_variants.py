@@ -12,7 +12,6 @@ from __future__ import annotations
 import py_compile
 import re
 import subprocess
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from deployctl.host_agent import run_verify_scripts
 from deployctl.ops.patch import PATCH_ARGS
 from deployctl.patchset import PatchSet, Variant, load_patch_sets
 from deployctl.project import SHIPPED_DATA
-from tests.sglang_wheel import sglang_wheel
+from tests.sglang_wheel import extract_site
 
 SHIPPED = load_patch_sets([SHIPPED_DATA / "patches"])
 SETS = ("spec-disable", "sm120-support")
@@ -35,15 +34,6 @@ SCRIPTS = [
 ]
 
 Site = Callable[..., Path]
-
-
-def extract(version: str, target: Path) -> Path:
-    """The real wheel's sglang/ package under target (a site-packages folder)."""
-    with zipfile.ZipFile(sglang_wheel(version)) as archive:
-        metadata = archive.read(f"sglang-{version}.dist-info/METADATA").decode()
-        assert f"\nVersion: {version}\n" in metadata
-        archive.extractall(target, [n for n in archive.namelist() if n.startswith("sglang/")])
-    return target
 
 
 def apply(site: Path, patch_set: PatchSet, version: str) -> None:
@@ -71,7 +61,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Site:
 
     def site(version: str) -> Path:
         if version not in sites:
-            sites[version] = extract(version, tmp_path_factory.mktemp(f"pristine-{version}"))
+            sites[version] = extract_site(version, tmp_path_factory.mktemp(f"pristine-{version}"))
         return sites[version]
 
     return site
@@ -85,7 +75,7 @@ def patched(tmp_path_factory: pytest.TempPathFactory) -> Site:
     def site(version: str, *names: str) -> Path:
         key = (version, names)
         if key not in sites:
-            target = extract(version, tmp_path_factory.mktemp(f"patched-{version}"))
+            target = extract_site(version, tmp_path_factory.mktemp(f"patched-{version}"))
             for name in names:
                 apply(target, SHIPPED[name], version)
             sites[key] = target
