@@ -401,15 +401,11 @@ def patch_apply(
 ) -> Reply:
     """Apply patch sets: every hunk checked first, backups kept, compiled and verified."""
     from deployctl import report
-    from deployctl.ops.patch import apply_patches, one_per_installation, sets_per_host
+    from deployctl.ops.patch import apply_patches
 
-    wanted = sets_per_host(session.targets, session.patch_sets(), names or [])
-    targets, chosen = one_per_installation(session.targets, wanted)
-    with session.fleet() as fleet:
-        results = fleet.run(
-            lambda host, conn: apply_patches(host, conn, chosen[host.label], dry_run), targets
-        )
-    return report.PATCH_ACTIONS, results
+    return report.PATCH_ACTIONS, _per_installation(
+        session, names, lambda host, conn, sets: apply_patches(host, conn, sets, dry_run)
+    )
 
 
 @fleet_command(patch_app, "revert", options=SERVERS)
@@ -422,15 +418,26 @@ def patch_revert(
 ) -> Reply:
     """Restore the original SGLang files of patch sets and check their hashes."""
     from deployctl import report
-    from deployctl.ops.patch import one_per_installation, revert_patches, sets_per_host
+    from deployctl.ops.patch import revert_patches
+
+    return report.PATCH_ACTIONS, _per_installation(
+        session, names, lambda host, conn, sets: revert_patches(host, conn, sets, force)
+    )
+
+
+def _per_installation(
+    session: Session,
+    names: list[str] | None,
+    action: Callable[[Host, Connection, list[PatchSet]], T],
+) -> FleetResult[T]:
+    """Run a patch action once per SGLang installation of the targets, with the sets named
+    (else each deployment's `patches`)."""
+    from deployctl.ops.patch import one_per_installation, sets_per_host
 
     wanted = sets_per_host(session.targets, session.patch_sets(), names or [])
     targets, chosen = one_per_installation(session.targets, wanted)
     with session.fleet() as fleet:
-        results = fleet.run(
-            lambda host, conn: revert_patches(host, conn, chosen[host.label], force), targets
-        )
-    return report.PATCH_ACTIONS, results
+        return fleet.run(lambda host, conn: action(host, conn, chosen[host.label]), targets)
 
 
 @fleet_command(patch_app, "port")
