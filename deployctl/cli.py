@@ -331,8 +331,8 @@ def hosts(
     from deployctl import report
 
     if graph:
-        inventory = session.inventory
-        return report.GRAPH, (inventory, session.options.hosts or "all")
+        top = session.options.hosts or "all"
+        return report.GRAPH, (session.inventory.graph(top), session.inventory.subtree(top))
     return report.HOSTS, {h.name: h.describe() for h in session.hosts}
 
 

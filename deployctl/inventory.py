@@ -290,13 +290,28 @@ class Inventory:
             hint="see the hosts and groups with `deployctl hosts`",
         )
 
-    def graph(self, group: str = "all") -> list[str]:
-        """The group tree as `ansible-inventory --graph` draws it."""
+    def subtree(self, group: str = "all") -> dict[str, GroupNode]:
+        """The group and every group under it, each once (the JSON form of --graph)."""
+        self._check_group(group)
+        found: dict[str, GroupNode] = {}
+        pending = [group]
+        while pending:
+            name = pending.pop()
+            if name not in found:
+                found[name] = self.tree[name]
+                pending.extend(reversed(self.tree[name].children))
+        return found
+
+    def _check_group(self, group: str) -> None:
         if group not in self.tree:
             raise InventoryError(
                 f"no group named {group!r} in {self.source}",
                 hint="--graph takes a group name; see them with `deployctl hosts --graph`",
             )
+
+    def graph(self, group: str = "all") -> list[str]:
+        """The group tree as `ansible-inventory --graph` draws it."""
+        self._check_group(group)
         lines: list[str] = []
 
         def draw(name: str, depth: int) -> None:

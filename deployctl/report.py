@@ -6,6 +6,7 @@ Each command's result has a `View`: how people see it and its JSON document.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
     from deployctl.crash.model import CrashReport
     from deployctl.fanout import FleetResult, HostResult
-    from deployctl.inventory import Host, Inventory
+    from deployctl.inventory import GroupNode, Host
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
     from deployctl.ops.flags import CheckedCommand
     from deployctl.ops.gpus import GpuReport
@@ -188,24 +189,9 @@ def _hosts_table(described: dict[str, dict[str, Any]]) -> None:
 HOSTS: View[dict[str, dict[str, Any]]] = View(_hosts_table, lambda d: {"hosts": d})
 
 
-def _graph_document(chosen: tuple[Inventory, str]) -> dict[str, Any]:
-    inventory, top = chosen
-    inventory.graph(top)  # an unknown group is an error in JSON too
-    seen: dict[str, Any] = {}
-
-    def walk(name: str) -> None:
-        node = inventory.tree[name]
-        seen[name] = {"children": node.children, "hosts": node.hosts}
-        for child in node.children:
-            if child not in seen:
-                walk(child)
-
-    walk(top)
-    return {"groups": seen}
-
-
-GRAPH: View[tuple[Inventory, str]] = View(
-    lambda chosen: print("\n".join(chosen[0].graph(chosen[1]))), _graph_document
+GRAPH: View[tuple[list[str], dict[str, GroupNode]]] = View(
+    lambda graph: print("\n".join(graph[0])),
+    lambda graph: {"groups": {n: dataclasses.asdict(g) for n, g in graph[1].items()}},
 )
 
 

@@ -741,3 +741,16 @@ def test_vault_errors_name_the_file(tmp_path: Path, cli: CLI) -> None:
     )
     result = cli("hosts", "-i", str(tmp_path / "inv.ini"))
     assert result.returncode == 1 and str(tmp_path / "group_vars" / "g.yml") in result.stderr
+
+
+def test_graph_json_is_the_subtree_each_group_once(tmp_path: Path, cli: CLI) -> None:
+    sources, _ = fleet_sources(tmp_path, "yaml")
+    result = cli("hosts", "--graph", "--json", "-H", "gpu", *inventory_args(sources))
+    groups = json.loads(result.stdout)["groups"]
+    assert list(groups) == ["gpu", "h200", "h200_canary", "rtx"]
+    assert groups["h200"] == {
+        "children": ["h200_canary"],
+        "hosts": ["h200-a01", "h200-a02", "h200-a03", "h200-b01"],
+    }
+    unknown = cli("hosts", "--graph", "--json", "-H", "nope", *inventory_args(sources))
+    assert unknown.returncode == 1 and "no group named 'nope'" in unknown.stderr
