@@ -14,8 +14,8 @@ from deployctl.patchset import load_patch_sets, sets_for_flags
 from deployctl.project import SHIPPED_DATA
 from deployctl.render import THRESHOLD_FLAG, TemplateSet
 from tests.conftest import CLI
-from tests.sglang_wheel import install_on
-from tests.sshd_hosts import STANDIN, SSHLab
+from tests.sshd_hosts import SSHLab
+from tests.test_argv_check import host_with_sglang
 from tests.test_hostile_values import recorded_argvs
 from tests.test_lifecycle import prepare
 
@@ -106,11 +106,7 @@ def test_launch_writes_the_config_and_the_server_starts_without_a_patch(
 def test_host_sglang_accepts_the_adaptive_flags_unpatched(
     hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
 ) -> None:
-    alpha = hosts.hosts["alpha"]
-    host_vars = prepare(alpha, tp=1)
-    host_vars["python"] = install_on(alpha, sglang_template, standin=STANDIN)
-    host_vars["threshold_mode"] = "adaptive"
-    inv = str(hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": host_vars}))
+    inv = host_with_sglang(hosts, sglang_template, tmp_path, threshold_mode="adaptive")
     checked = cli("render", "--check", "--threshold", "5", "-i", inv, "--json")
     assert checked.returncode == 0, checked.stderr
     entry = json.loads(checked.stdout)["hosts"]["alpha"]
