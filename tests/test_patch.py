@@ -307,7 +307,9 @@ def test_shipped_sets_apply_audit_and_revert_on_real_sglang(
     [record_file] = (hosts.hosts["alpha"].home / ".deployctl/patches").rglob("spec-disable.json")
     assert record_file.parent.name == hashlib.sha256(str(site).encode()).hexdigest()[:16]
     record = json.loads(record_file.read_text())
-    assert record["version"] == "1.1.0" and record["sglang_version"] == "0.5.23"
+    assert (
+        record["version"] == sets["spec-disable"].version and record["sglang_version"] == "0.5.23"
+    )
     assert record["site"] == str(site) and record["applied_by"]
     assert set(record["files"]) == set(sets["spec-disable"].variants["0.5.23"].files)
 

@@ -9,9 +9,12 @@ tree and fails on the pristine one. The scripts run as the host agent runs them
 
 from __future__ import annotations
 
+import json
+import os
 import py_compile
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -156,3 +159,87 @@ def test_the_sets_apply_together(version: str, patched: Site) -> None:
         for relpath in variant.files:
             py_compile.compile(str(site / relpath), doraise=True)
         run_verify_scripts(str(site), [p.name for p in variant.verify], members(variant))
+
+
+def verify_probe(site: Path, script: Path, code: str) -> dict:
+    """Run code against a verify script imported as a module, in a fresh interpreter
+    (each script stubs the `sglang` package for one site); the code prints JSON."""
+    done = subprocess.run(
+        [sys.executable, "-c", f"import json, sys\nsys.path.insert(0, {str(script.parent)!r})\n{code}"],
+        env={**os.environ, "DEPLOYCTL_SITE": str(site), "PYTHONDONTWRITEBYTECODE": "1"},
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+PREFLIGHT = """
+import sm120_gates as g
+site = __import__("os").environ["DEPLOYCTL_SITE"]
+fusion = g.Source(site, g.FUSION)
+sm120 = g.platform_for(g.Source(site, g.COMMON), (12, 0))
+ok, driver, sizes = g.preflight(fusion, sm120, {backend!r})
+print(json.dumps({{"ok": ok, "calls": driver.calls, "sizes": sizes}}))
+"""
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_sm120_trtllm_preflight_needs_no_multicast(
+    version: str, pristine: Site, patched: Site
+) -> None:
+    """On a PCIe SM120 part (no multicast), upstream's preflight queries multicast, fails
+    and turns fusion off; the patched one probes the trtllm workspace as FlashInfer
+    allocates it and proceeds. Torch-free, on the real source."""
+    script = SHIPPED["sm120-support"].folder / "verify" / "sm120_gates.py"
+    before = verify_probe(pristine(version), script, PREFLIGHT.format(backend=None))
+    assert before["ok"] is False and "cuMulticastGetGranularity" in before["calls"]
+    after = verify_probe(
+        patched(version, "sm120-support"), script, PREFLIGHT.format(backend="trtllm")
+    )
+    assert after["ok"] is True and "cuMulticastGetGranularity" not in after["calls"]
+    assert after["calls"].count("cuMemCreate") == 3 == after["calls"].count("cuMemRelease")
+    assert all(size % (2 << 20) == 0 for size in after["sizes"])
+
+
+LONG_RUN = """
+import threshold_decision as t
+site = __import__("os").environ["DEPLOYCTL_SITE"]
+t._stub_packages(site)
+from sglang.srt.speculative import spec_disable_policy as policy_mod
+print(json.dumps(t.check_long_run(site, policy_mod)))
+"""
+
+UPSTREAM_RUN = """
+import threshold_decision as t
+site = __import__("os").environ["DEPLOYCTL_SITE"]
+t._stub_packages(site)
+
+class EveryStep:
+    # A policy that switches on every batch crossing N, as 1.1.0's did.
+    candidate_steps = [0, t.STEPS]
+    def set_cuda_graph_bs(self, bs): pass
+    def cuda_graph_bs_for_step(self, step): return None
+    def get_steps_for_batch(self, bs): return t.STEPS if bs <= t.N else 0
+    def on_verify_complete(self, drafts, batch_size): return None
+
+batches = [t.N + 1 if i % 2 == 0 else t.N for i in range(t.LONG_RUN)]
+worker, trace, ctx = t.drive(site, EveryStep(), batches, t.FakeClock())
+entries = [s for s, _ in ctx.overrides_log() if s == "adaptive_spec.restore"]
+print(json.dumps({"switch_log_entries": len(entries), "log_lines": len(worker.log_lines)}))
+"""
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_spec_disable_stays_bounded_over_ten_thousand_steps(
+    version: str, pristine: Site, patched: Site
+) -> None:
+    """The real AdaptiveController, apply_runtime_state and RuntimeContext over 10,000
+    decode steps around N: upstream's switch records and log lines grow with every
+    switch; with the set, both stay bounded and the hysteresis rule holds."""
+    script = SHIPPED["spec-disable"].folder / "verify" / "threshold_decision.py"
+    upstream = verify_probe(pristine(version), script, UPSTREAM_RUN)
+    assert upstream == {"switch_log_entries": 10_000, "log_lines": 10_000}
+    figures = verify_probe(patched(version, "spec-disable"), script, LONG_RUN)
+    assert figures["steps"] == 10_000 and figures["switches"] == 2 * figures["bursts"]
+    assert figures["switch_log_entries"] == 1 and figures["log_lines"] <= 8
+    assert figures["memory_growth_bytes"] < 64 * 1024

@@ -44,7 +44,7 @@ def test_threshold_needs_the_patch_then_starts_with_the_flag(
     assert "--speculative-disable-batch-threshold=5" in argv
     assert "--speculative-eagle-topk=1" in argv
     run = json.loads((hosts.hosts["alpha"].home / ".deployctl/runs/eagle3_t5_v1.json").read_text())
-    assert run["patches"] == {"spec-disable": "1.1.0"} and run["threshold"] == 5
+    assert run["patches"] == {"spec-disable": "1.2.0"} and run["threshold"] == 5
     assert cli("stop", "-i", str(inv)).returncode == 0
 
 

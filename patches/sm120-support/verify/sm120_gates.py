@@ -6,7 +6,9 @@ gate functions themselves are lifted from the installed source with `ast` and
 executed against a stand-in platform built from a compute capability:
 `_check_cuda_device_version` and the `is_sm90/100/120_supported` probes come
 from the installed `utils/common.py`, so capability (12, 0) reaches the gates
-through SGLang's own probe logic. Stdlib only.
+through SGLang's own probe logic. The workspace preflight runs the same way,
+against a stand-in CUDA driver of a PCIe part without multicast, whose
+multicast granularity query fails as it does on such hardware. Stdlib only.
 Exit 0 on success; otherwise one line on stderr and exit 1.
 """
 
@@ -15,9 +17,11 @@ import __future__
 
 import ast
 import functools
+import logging
 import os
 import sys
 import types
+from typing import Optional
 
 FUSION = ("sglang", "srt", "layers", "flashinfer_comm_fusion.py")
 ADD_NORM = ("sglang", "srt", "layers", "layer_boundary", "residual", "add_norm.py")
@@ -120,6 +124,189 @@ def ar_fusion_applies(add_norm: Source, platform, backend, batch_size: int = 16)
     return bool(ns["flashinfer_ar_fusion_applies"](batch_size))
 
 
+class PcieDriver:
+    """Stand-in CUDA driver bindings of a GPU without multicast: allocation works,
+    cuMulticastGetGranularity fails. Records the calls the preflight makes."""
+
+    GRANULARITY = 1 << 21
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.CUresult = types.SimpleNamespace(CUDA_SUCCESS=0, CUDA_ERROR_NOT_SUPPORTED=801)
+        self.CUmemAllocationGranularity_flags = types.SimpleNamespace(
+            CU_MEM_ALLOC_GRANULARITY_RECOMMENDED=1
+        )
+        self.CUmulticastGranularity_flags = types.SimpleNamespace(
+            CU_MULTICAST_GRANULARITY_RECOMMENDED=1
+        )
+        self.CUmulticastObjectProp = types.SimpleNamespace
+
+    def cuMemGetAllocationGranularity(self, prop, flags):
+        self.calls.append("cuMemGetAllocationGranularity")
+        return self.CUresult.CUDA_SUCCESS, self.GRANULARITY
+
+    def cuMulticastGetGranularity(self, prop, flags):
+        self.calls.append("cuMulticastGetGranularity")
+        return self.CUresult.CUDA_ERROR_NOT_SUPPORTED, 0
+
+    def cuMemCreate(self, size, prop, flags):
+        self.calls.append("cuMemCreate")
+        return self.CUresult.CUDA_SUCCESS, object()
+
+    def cuMemRelease(self, handle):
+        self.calls.append("cuMemRelease")
+
+
+class FakeTorch(types.ModuleType):
+    """Just enough of torch (and torch.distributed) for the preflight's CPU vote."""
+
+    float32, bfloat16, int32 = "float32", "bfloat16", "int32"
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+        self.distributed = types.ModuleType("torch.distributed")
+        self.distributed.ReduceOp = types.SimpleNamespace(BAND="band")
+        self.distributed.all_reduce = lambda tensor, op=None, group=None: None
+        self.distributed.get_rank = lambda group=None: 0
+
+    def tensor(self, values, dtype=None):
+        return types.SimpleNamespace(item=lambda: values[0])
+
+
+def preflight(fusion: Source, platform, backend: str | None) -> tuple[bool, PcieDriver, list[int]]:
+    """Run the installed workspace preflight for a 2-rank group on a GPU without multicast.
+    backend=None calls it as upstream does, without the backend."""
+    driver = PcieDriver()
+    fake_torch = FakeTorch()
+    sizes: list[int] = []
+    group = types.SimpleNamespace(world_size=2, cpu_group="cpu")
+    ns = {
+        "torch": fake_torch,
+        "Optional": Optional,
+        "logger": logging.getLogger("sm120_gates"),
+        "get_platform": lambda: platform,
+        "get_parallel": lambda: types.SimpleNamespace(tp_group=group),
+        "get_cuda_driver_bindings": lambda: driver,
+        "_make_flashinfer_workspace_allocation_prop": lambda drv: types.SimpleNamespace(
+            requestedHandleTypes="posix_fd"
+        ),
+        "ceil_align": lambda x, y: (x + y - 1) // y * y,
+    }
+    names = [
+        "_flashinfer_trtllm_workspace_allocation_sizes",
+        "_probe_cumem_create_sequence",
+        "_preflight_check_workspace_memory",
+    ]
+    if backend is not None:
+        names.append("_workspace_uses_multicast")
+    fusion.run(names, ns)
+    real_sizes = ns["_flashinfer_trtllm_workspace_allocation_sizes"]
+
+    def recording_sizes(*args, **kwargs):
+        sizes.extend(real_sizes(*args, **kwargs))
+        return sizes
+
+    ns["_flashinfer_trtllm_workspace_allocation_sizes"] = recording_sizes
+    saved = {name: sys.modules.get(name) for name in ("torch", "torch.distributed")}
+    sys.modules["torch"], sys.modules["torch.distributed"] = fake_torch, fake_torch.distributed
+    logging.disable(logging.WARNING)  # the upstream fallback warns; only the verdict matters
+    try:
+        ok = ns["_preflight_check_workspace_memory"](
+            world_size=2,
+            max_token_num=2048,
+            hidden_dim=4096,
+            dtype=fake_torch.bfloat16,
+            **({} if backend is None else {"backend": backend}),
+        )
+    finally:
+        logging.disable(logging.NOTSET)
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+    return ok, driver, sizes
+
+
+def allreduce_path_lines(
+    fusion: Source, backend, fusion_ready: bool, tp_rank: int, tp_size: int = 2
+):
+    """Run the installed _log_allreduce_path on one rank; return (level, message) lines."""
+    records: list[tuple[int, str]] = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append((record.levelno, record.getMessage()))
+
+    log = logging.Logger("sm120_gates.path")
+    log.addHandler(Recorder())
+    group = types.SimpleNamespace(
+        world_size=tp_size,
+        rank_in_group=tp_rank,
+        pcie_ipc_comm=None,
+        ca_comm=types.SimpleNamespace(disabled=True),
+    )
+    ns = {
+        "Optional": Optional,
+        "logger": log,
+        "_allreduce_path_logged": False,
+        "get_parallel": lambda: types.SimpleNamespace(tp_group=group),
+        "resolve_flashinfer_allreduce_fusion_backend": lambda: backend,
+        "get_exec": lambda: types.SimpleNamespace(
+            comm=types.SimpleNamespace(flashinfer_allreduce_fusion_backend=backend)
+        ),
+    }
+    fusion.run(["allreduce_path_message", "_log_allreduce_path"], ns)
+    ns["_log_allreduce_path"](fusion_ready=fusion_ready)
+    ns["_log_allreduce_path"](fusion_ready=fusion_ready)  # once per process
+    return records
+
+
+def check_preflight(fusion: Source, sm120, sm90) -> None:
+    ok, driver, sizes = preflight(fusion, sm120, "trtllm")
+    expect(
+        "cuMulticastGetGranularity" not in driver.calls,
+        "the SM120 trtllm preflight still queries multicast granularity",
+    )
+    expect(ok, "the SM120 trtllm preflight fails on a GPU without multicast")
+    expect(
+        len(sizes) == 3 and all(size % PcieDriver.GRANULARITY == 0 for size in sizes),
+        f"SM120 trtllm workspace sizes {sizes} are not three allocation-granular buffers",
+    )
+    expect(
+        driver.calls.count("cuMemCreate") == 3 == driver.calls.count("cuMemRelease"),
+        f"the probe must create and release three buffers, made {driver.calls}",
+    )
+    # SM90 keeps upstream's probe: multicast is queried, so a part without it skips fusion.
+    ok, driver, _ = preflight(fusion, sm90, "trtllm")
+    expect(
+        "cuMulticastGetGranularity" in driver.calls and not ok,
+        "the SM90 preflight changed: it must still query multicast",
+    )
+
+    lines = allreduce_path_lines(fusion, "trtllm", fusion_ready=True, tp_rank=0)
+    expect(
+        len(lines) == 1 and lines[0][0] == logging.INFO and "engaged" in lines[0][1],
+        f"rank 0 with fusion engaged logged {lines}",
+    )
+    lines = allreduce_path_lines(fusion, "trtllm", fusion_ready=False, tp_rank=0)
+    expect(
+        len(lines) == 1
+        and lines[0][0] == logging.WARNING
+        and "NOT in use" in lines[0][1]
+        and "NCCL" in lines[0][1],
+        f"rank 0 with fusion fallen back logged {lines}",
+    )
+    expect(
+        not allreduce_path_lines(fusion, "trtllm", fusion_ready=True, tp_rank=1),
+        "only TP rank 0 may log the all-reduce path",
+    )
+    message = fusion.run(["allreduce_path_message"], {"Optional": Optional})[
+        "allreduce_path_message"
+    ]("trtllm", False, pcie_ipc=True, custom_ar=False)
+    expect("PCIe-IPC" in message, f"the PCIe-IPC fallback is not named: {message}")
+
+
 def check(site: str) -> None:
     common = Source(site, COMMON)
     fusion = Source(site, FUSION)
@@ -173,6 +360,8 @@ def check(site: str) -> None:
     )
     expect(ar_fusion_applies(add_norm, sm100, "mnnvl"), "SM100 must keep the fusion")
     expect(not ar_fusion_applies(add_norm, sm89, "trtllm"), "SM89 must stay excluded")
+
+    check_preflight(fusion, sm120, sm90)
 
 
 def main() -> int:
