@@ -1524,3 +1524,185 @@ def test_a_traceback_may_pause_longer_than_a_chain_may_wait() -> None:
 
     assert [r.exception for r in scan_text(paused)] == ["RuntimeError"]
     assert [r.exception for r in scan_text(late_chain)] == ["KeyError", "RuntimeError"]
+
+
+# --- gaps a mutation run found (benchmarks/mutation.py crash) --------------------------------
+
+KEYERROR = Signature(id="key", title="Key", hint="h", exception=re.compile("^KeyError$"))
+RUNTIME = Signature(id="runtime", title="Runtime", hint="h", exception=re.compile("^RuntimeError$"))
+CHILD = Signature(
+    id="child-failed",
+    title="Child failed",
+    hint="h",
+    line=re.compile("Received sigquit from a child process"),
+    secondary=True,
+)
+SEPARATOR = "\nDuring handling of the above exception, another exception occurred:\n\n"
+# A chained traceback whose exception no signature knows.
+UNKNOWN = 'Traceback (most recent call last):\n  File "/srv/x.py", line 1, in f\nOSError: boom\n'
+
+
+def filler(count: int) -> str:
+    return "".join(
+        f"[2026-11-29 10:13:00 TP0] Decode batch, #running-req: {n}\n" for n in range(count)
+    )
+
+
+def test_windows_line_endings_read_like_unix_ones() -> None:
+    text = scheduler_traceback("TP0", SHAPE.format(a=160, b=16))
+    (unix,) = scan_text(text)
+    (windows,) = scan_text(text.replace("\n", "\r\n"))
+    assert windows == unix and windows.exception == "RuntimeError"
+
+
+def test_a_line_overwritten_by_carriage_returns_reads_as_a_terminal_shows_it() -> None:
+    message = SHAPE.format(a=160, b=16)
+    text = scheduler_traceback("TP0", message).replace(
+        "RuntimeError:", "Loading 10%\rLoading 80%\rRuntimeError:"
+    )
+    (report,) = scan_text(text)
+    assert (report.exception, report.message) == ("RuntimeError", message)
+    assert CrashScanner().is_crash_line("Loading 80%\r  what():  std::bad_alloc")
+
+
+def test_a_traceback_quoted_indented_in_a_message_is_not_another_crash() -> None:
+    text = (
+        scheduler_traceback("", "remote worker failed, its traceback:").rstrip("\n") + "\n"
+        " Traceback (most recent call last):\n"
+        '   File "/srv/worker.py", line 2, in handle\n'
+        '     x = table["k"]\n'
+        "KeyError: 'k'\n"
+    )
+    reports = scan_text(text, Catalog([RUNTIME, KEYERROR]))
+    assert [r.signature for r in reports] == ["runtime"]
+
+
+def test_a_chain_cut_off_after_its_separator_is_reported_when_the_stream_ends() -> None:
+    inner = scheduler_traceback("TP0", "'x'", exception="KeyError").rstrip("\n")
+    scanner = CrashScanner(Catalog([KEYERROR]))
+    assert scanner.feed(inner + "\n" + SEPARATOR) == []  # a chained exception may follow
+    (report,) = scanner.finish()
+    assert report.signature == "key" and scanner.reports == [report]
+
+
+def test_an_unknown_exception_whose_chain_is_cut_off_is_no_crash() -> None:
+    inner = scheduler_traceback("TP0", "odd", exception="LookupError").rstrip("\n")
+    scanner = CrashScanner(Catalog([KEYERROR]))
+    assert scanner.feed(inner + "\n" + SEPARATOR) == []
+    assert scanner.finish() == [] and scanner.reports == []
+
+
+@pytest.mark.parametrize(("gap", "chained"), [(200, True), (201, False)])
+def test_a_chained_exception_continues_its_traceback_within_the_chain_window(
+    gap: int, chained: bool
+) -> None:
+    from deployctl.crash.scanner import _CHAIN_WINDOW
+
+    assert gap - _CHAIN_WINDOW in (0, 1)
+    inner = scheduler_traceback("", "'x'", exception="KeyError").rstrip("\n")
+    # The separator comes `gap` lines after the exception line; the chained one is unknown.
+    text = inner + "\n" + filler(gap - 1) + SEPARATOR.lstrip("\n") + UNKNOWN
+    found = [r.signature for r in scan_text(text, Catalog([KEYERROR]))]
+    assert found == ([] if chained else ["key"])
+
+
+def test_a_secondary_line_defers_to_every_crash_still_standing() -> None:
+    """Known crashes stay counted through chains taken back, so a later consequence
+    (a sigquit) is never reported as if it were the crash."""
+    first = scheduler_traceback("", "'a'", exception="KeyError").rstrip("\n")
+    second = scheduler_traceback("", "'b'", exception="KeyError").rstrip("\n")
+    text = (
+        first + "\n" + SEPARATOR  # first: taken back, for now
+        + filler(150)
+        + second + "\n"  # second stands
+        + filler(60)  # the first's chain never came: it stands again
+        + SEPARATOR.lstrip("\n") + UNKNOWN  # the second is replaced by an unknown one
+        + SIGQUIT  # a consequence: deferred, the first still stands
+    )  # fmt: skip
+    assert [r.message for r in scan_text(text, Catalog([KEYERROR, CHILD]))] == ["'a'"]
+
+
+def test_a_secondary_line_defers_to_a_line_crash_found_meanwhile() -> None:
+    known = scheduler_traceback("", "'a'", exception="KeyError").rstrip("\n")
+    fell = Signature(id="fell", title="Fell", hint="h", line=re.compile("engine fell over"))
+    text = (
+        known + "\n"
+        + "[2026-11-29 10:12:34] engine fell over\n"
+        + SEPARATOR.lstrip("\n") + UNKNOWN
+        + SIGQUIT
+    )  # fmt: skip
+    assert [r.signature for r in scan_text(text, Catalog([KEYERROR, fell, CHILD]))] == ["fell"]
+
+
+def test_a_line_without_newline_is_held_only_up_to_the_scan_cap() -> None:
+    import tracemalloc
+
+    from deployctl.crash.scanner import SCAN_LINE_CAP
+
+    scanner = CrashScanner(Catalog([Signature(id="x", title="X", hint="h", line=re.compile("zz"))]))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(500):  # 5 MB of one unterminated line, read in distinct pieces
+            scanner.feed("y" * 9_999 + str(n % 10))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 4 * SCAN_LINE_CAP
+    assert scanner.feed("zz\n") == []  # beyond the cap: not read
+
+
+def test_a_crash_at_the_very_end_of_a_capped_line_is_found() -> None:
+    from deployctl.crash.scanner import SCAN_LINE_CAP
+
+    catalog = Catalog(
+        [Signature(id="fell", title="Fell", hint="h", line=re.compile("engine fell over$"))]
+    )
+    tail = "engine fell over"
+    for extra, found in ((0, ["fell"]), (1, [])):
+        scanner = CrashScanner(catalog)
+        scanner.feed("x" * (SCAN_LINE_CAP - len(tail) + extra))
+        assert [r.signature for r in scanner.feed(tail + "\n")] == found
+
+
+def test_scan_lines_holds_a_batch_not_the_whole_log() -> None:
+    import tracemalloc
+
+    lines = (f"[2026-11-29 10:13:00 TP0] Decode batch, #running-req: {n}\n" for n in range(300_000))
+    tracemalloc.start()
+    try:
+        assert scan_lines(lines) == []
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8_000_000  # the 300,000 lines are 18 MB
+
+
+def test_a_rule_without_literals_is_searched_whole_and_only_in_complete_lines() -> None:
+    catalog = Catalog([Signature(id="code", title="Code", hint="h", line=re.compile(r"E\d+: \w+"))])
+    scanner = CrashScanner(catalog)
+    assert scanner.feed("ok\nE12: ba") == []  # the match is still being written
+    assert [r.message for r in scanner.feed("d\n")] == ["E12: bad"]
+
+
+def test_a_bracket_escaped_in_a_class_does_not_end_the_class_early() -> None:
+    # `[\]]x|…`: the class holds `]`; the first alternative has no literal of 3 characters.
+    assert _literal_anchors(r"[\]]x|abcd[0-9]efgh") is None
+    assert _literal_anchors(r"[\]]xyz|abcd[0-9]efgh") == ["xyz", "abcd"]
+
+
+def test_a_caret_line_belongs_to_the_traceback_whose_source_line_it_marks() -> None:
+    """Two ranks' tracebacks interleaved: the caret follows TP1's source line, while TP0's
+    frame still waits for its own source; so TP1 raised the RuntimeError, TP0 the KeyError."""
+    text = (
+        "[2026-11-29 10:12:33 TP1] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/srv/one.py", line 80, in forward\n'
+        "[2026-11-29 10:12:33 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        "    x = y[0]\n"
+        '  File "/srv/zero.py", line 55, in step\n'
+        "    ~^\n"
+        "RuntimeError: m1\n"
+        "KeyError: m0\n"
+    )
+    found = {r.ranks: r.exception for r in scan_text(text, Catalog([KEYERROR, RUNTIME]))}
+    assert found == {("TP1",): "RuntimeError", ("TP0",): "KeyError"}

@@ -91,16 +91,16 @@ class _Crash:
     members: list[_Traceback] = field(default_factory=list)
     ranks: set[str] = field(default_factory=set)
     first: int | None = None
-    settled: int = 0
+    settled: bool = False  # an occurrence that no chained exception can take back
     emitted: bool = False
 
     @property
     def alive(self) -> bool:
-        return bool(self.members) or self.settled > 0
+        return bool(self.members) or self.settled
 
     def settle(self, line: int, rank: str | None) -> None:
         """Count one occurrence for good."""
-        self.settled += 1
+        self.settled = True
         self.first = line if self.first is None else min(self.first, line)
         if rank:
             self.ranks.add(rank)
