@@ -16,7 +16,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,6 +24,7 @@ from deployctl.errors import CommandError, CommandTimeoutError, ConnectError, Ho
 from deployctl.shell import join, quote
 
 if TYPE_CHECKING:
+    import fabric
     import paramiko
 
     from deployctl.inventory import Host
@@ -76,14 +77,46 @@ def _shorten(command: str, limit: int = 120) -> str:
     return command if len(command) <= limit else command[: limit - 3] + "..."
 
 
+class SSHFiles:
+    """What is the same for every host of one invocation, read once and shared by its
+    connections: the parsed ssh_config files (in fabric's Config) and each known_hosts
+    file. Read per host, a known_hosts that lists the whole fleet made a fleet-wide
+    command quadratic in its size."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._config: fabric.Config | None = None
+        self._known: dict[Path, paramiko.HostKeys] = {}
+
+    def config(self) -> fabric.Config:
+        import fabric
+
+        with self._lock:
+            if self._config is None:
+                self._config = fabric.Config()
+            return self._config
+
+    def host_keys(self, path: Path) -> paramiko.HostKeys:
+        """The keys of one known_hosts file (empty if it does not exist)."""
+        import paramiko
+
+        with self._lock:
+            keys = self._known.get(path)
+            if keys is None:
+                keys = paramiko.HostKeys(str(path)) if path.is_file() else paramiko.HostKeys()
+                self._known[path] = keys
+            return keys
+
+
 @dataclass(frozen=True)
 class ConnectOptions:
-    """How to reach hosts: host-key policy and timeouts."""
+    """How to reach hosts: host-key policy and timeouts (and the SSH files they share)."""
 
     accept_new_host_keys: bool = False
     known_hosts: Path | None = None
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     command_timeout: float = DEFAULT_COMMAND_TIMEOUT
+    files: SSHFiles = field(default_factory=SSHFiles, compare=False, repr=False)
 
 
 class Connection(ABC):
@@ -188,16 +221,22 @@ class SSHConnection(Connection):
             host.address,
             user=host.user,
             port=host.port,
+            config=self.options.files.config(),
             connect_timeout=self.connect_timeout,
             connect_kwargs=connect_kwargs,
         )
         client: paramiko.SSHClient = conn.client
         known_hosts = self._known_hosts_path(dict(conn.ssh_config))
-        if known_hosts.is_file():
-            client.load_host_keys(str(known_hosts))
+        shared = self.options.files.host_keys(known_hosts)
+        # Only this host's entries, under the name paramiko checks ([host]:port off 22).
+        name = conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}"
+        for key_type, key in (shared.lookup(name) or {}).items():
+            client.get_host_keys().add(name, key_type, key)
         # Fabric's default policy accepts any key; ours refuses or records like `accept-new`.
         policy = (
-            _AcceptNewPolicy(known_hosts) if self.options.accept_new_host_keys else _RejectPolicy()
+            _AcceptNewPolicy(known_hosts, shared)
+            if self.options.accept_new_host_keys
+            else _RejectPolicy()
         )
         client.set_missing_host_key_policy(cast("paramiko.MissingHostKeyPolicy", policy))
         where = f"{conn.user}@{conn.host}:{conn.port}"
@@ -346,8 +385,9 @@ class _RejectPolicy:
 class _AcceptNewPolicy:
     """Record an unknown key in known_hosts, like OpenSSH's StrictHostKeyChecking=accept-new."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, shared: paramiko.HostKeys) -> None:
         self.path = path
+        self.shared = shared
 
     def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
         from paramiko.hostkeys import HostKeyEntry
@@ -355,6 +395,7 @@ class _AcceptNewPolicy:
         client.get_host_keys().add(hostname, key.get_name(), key)
         line = HostKeyEntry([hostname], key).to_line() or ""
         with _KNOWN_HOSTS_LOCK:
+            self.shared.add(hostname, key.get_name(), key)
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as handle:
                 handle.write(line)

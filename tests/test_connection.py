@@ -167,3 +167,41 @@ def test_refused_authentication_is_a_clear_error(hosts: SSHLab, tmp_path: Path) 
     conn = SSHConnection(host, ConnectOptions())
     with pytest.raises(ConnectError, match="authentication failed"):
         conn.run("true")
+
+
+def test_known_hosts_and_ssh_config_are_read_once_for_all_hosts(
+    hosts: SSHLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet command shares what is the same for every host: read per host, a
+    known_hosts listing the whole fleet made the command quadratic in its size."""
+    import fabric
+    import paramiko
+
+    reads: list[str] = []
+    configs: list[object] = []
+    real_load, real_init = paramiko.HostKeys.load, fabric.Config.__init__
+
+    def counting_load(self: paramiko.HostKeys, filename: str) -> None:
+        reads.append(filename)
+        real_load(self, filename)
+
+    def counting_init(self: fabric.Config, *args: object, **kwargs: object) -> None:
+        configs.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(paramiko.HostKeys, "load", counting_load)
+    monkeypatch.setattr(fabric.Config, "__init__", counting_init)
+    options = ConnectOptions()
+    connections = [SSHConnection(ssh_host(hosts, name), options) for name in hosts.hosts]
+    try:
+        assert [c.run("echo ok").stdout for c in connections] == ["ok\n"] * len(hosts.hosts)
+    finally:
+        for connection in connections:
+            connection.close()
+    assert reads == [str(hosts.known_hosts)] and len(configs) == 1
+    # Each host was still checked against its own key: an unknown one is refused.
+    stranger = SSHConnection(
+        ssh_host(hosts, "alpha", known_hosts_file=str(hosts.known_hosts) + ".empty"), options
+    )
+    with pytest.raises(ConnectError, match=r"host key of .* is not known"):
+        stranger.run("true")
