@@ -503,6 +503,10 @@ class LogPrinter:
     def error(self, host: str, exc: BaseException) -> None:
         print_error(*explain(exc), host=host)  # a bug's traceback is kept when `logs` ends
 
+    def notice(self, host: str, text: str) -> None:
+        with self.lock:  # on stderr, so piped log lines stay the log's own
+            print(f"{host}: {text}", file=sys.stderr, flush=True)
+
     def _write(self, text: str) -> None:
         with self.lock:
             if self.closed:

@@ -378,3 +378,31 @@ def test_crash_lines_are_coloured_only_where_colour_is_welcome(
         monkeypatch.setenv(name, value)
     monkeypatch.setattr("sys.stdout.isatty", lambda: True)
     assert LogPrinter(prefixed=False).color is color
+
+
+def test_follow_outlives_a_lost_connection_and_says_so_once(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """sshd and the session die; the follow reconnects with backoff and misses nothing."""
+    bravo = hosts.hosts["bravo"]
+    inventory = hosts.inventory(tmp_path / "inv.yml", ["bravo"])
+    log = write_log(bravo, "before\n")
+    follow = Follow(cli, "-i", str(inventory), "-H", "bravo", "--path", REMOTE_LOG)
+    try:
+        follow.until("before")
+        for pid in bravo.sshd_pids():
+            os.kill(pid, signal.SIGKILL)
+        assert bravo.proc is not None
+        bravo.proc.wait(5)
+        append(log, "while down\n")
+        time.sleep(3)  # several polls fail meanwhile
+        bravo.start()
+        append(log, "after\n")
+        follow.until("after")
+    finally:
+        if bravo.proc is None or bravo.proc.poll() is not None:
+            bravo.start()
+        code, err = follow.interrupt()
+    assert follow.seen == ["before", "while down", "after"]
+    assert err.count("bravo: connection lost") == 1 and err.count("bravo: reconnected") == 1, err
+    assert code == 0 and "Traceback" not in err

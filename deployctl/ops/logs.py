@@ -21,7 +21,7 @@ from deployctl.crash import (
     load_catalog,
     scan_text,
 )
-from deployctl.errors import DeployctlError
+from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError, HostKeyError
 from deployctl.fanout import Fleet, FleetResult
 from deployctl.inventory import Host
 from deployctl.ops.launch import recorded_run
@@ -40,6 +40,8 @@ TAIL_WINDOW_MAX = 64 << 20
 # The most one follow poll brings back; a host that wrote more is polled again at once.
 FOLLOW_LIMIT_BYTES = 1 << 20
 FOLLOW_INTERVAL = 0.25
+# A lost connection is retried after 0.25 s, then twice as long each time, up to this.
+RECONNECT_BACKOFF_MAX = 15.0
 
 # Starts the window script's answer: whatever the login printed before it is not the log.
 WINDOW_MARK = b"@@deployctl-window@@"
@@ -358,6 +360,9 @@ class LogSink(Protocol):
     def error(self, host: str, exc: BaseException) -> None:
         """A host that could not be read (once per host)."""
 
+    def notice(self, host: str, text: str) -> None:
+        """A change in how a host is followed (its connection lost, then back)."""
+
 
 @dataclass
 class LogsResult:
@@ -410,14 +415,21 @@ class _Follower:
         for report in self.scanner.feed(whole):
             self.sink.crash(self.host.label, report)
 
+    def _fail(self, exc: BaseException) -> None:
+        if not self.stop.is_set():  # after Ctrl-C, connections close under us
+            self.failure = exc
+            self.sink.error(self.host.label, exc)
+
     def stopped(self) -> bool:
         if self.sink.closed:
             self.stop.set()
         return self.stop.is_set()
 
     def run(self) -> None:
-        """Poll until stopped; a failure is reported once and ends only this host."""
+        """Poll until stopped. A lost connection is reported once and opened again with
+        backoff; any other failure is reported once and ends only this host."""
         offset, inode = self.tail.offset, self.tail.inode
+        backoff = 0.0
         while not self.stopped():
             try:
                 window = _read_window(
@@ -434,11 +446,21 @@ class _Follower:
                     self.restart()
                 self.stop.wait(FOLLOW_INTERVAL)
                 continue
+            except (ConnectError, CommandTimeoutError) as exc:
+                if isinstance(exc, HostKeyError) or self.stop.is_set():
+                    self._fail(exc)
+                    return
+                if not backoff:
+                    self.sink.notice(self.host.label, f"connection lost ({exc}); reconnecting")
+                backoff = min(RECONNECT_BACKOFF_MAX, 2 * backoff or FOLLOW_INTERVAL)
+                self.stop.wait(backoff)
+                continue
             except Exception as exc:  # a failing host must not stop the others
-                if not self.stop.is_set():  # after Ctrl-C, connections close under us
-                    self.failure = exc
-                    self.sink.error(self.host.label, exc)
+                self._fail(exc)
                 return
+            if backoff:
+                self.sink.notice(self.host.label, "reconnected")
+                backoff = 0.0
             if window.start != offset:  # truncated or replaced: the new content starts at 0
                 self.restart()
             offset, inode = window.start + len(window.data), window.inode
