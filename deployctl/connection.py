@@ -77,6 +77,11 @@ def _shorten(command: str, limit: int = 120) -> str:
     return command if len(command) <= limit else command[: limit - 3] + "..."
 
 
+def known_hosts_name(host: str, port: int) -> str:
+    """A host's name in known_hosts, as OpenSSH writes it and paramiko looks it up."""
+    return host if port == 22 else f"[{host}]:{port}"
+
+
 class SSHFiles:
     """What is the same for every host of one invocation, read once and shared by its
     connections: the parsed ssh_config files (in fabric's Config) and each known_hosts
@@ -228,9 +233,8 @@ class SSHConnection(Connection):
         client: paramiko.SSHClient = conn.client
         known_hosts = self._known_hosts_path(dict(conn.ssh_config))
         shared = self.options.files.host_keys(known_hosts)
-        # Only this host's entries, under the name paramiko checks ([host]:port off 22).
-        name = conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}"
-        for key_type, key in (shared.lookup(name) or {}).items():
+        name = known_hosts_name(conn.host, conn.port)
+        for key_type, key in (shared.lookup(name) or {}).items():  # this host's keys only
             client.get_host_keys().add(name, key_type, key)
         # Fabric's default policy accepts any key; ours refuses or records like `accept-new`.
         policy = (

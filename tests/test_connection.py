@@ -205,3 +205,27 @@ def test_known_hosts_and_ssh_config_are_read_once_for_all_hosts(
     )
     with pytest.raises(ConnectError, match=r"host key of .* is not known"):
         stranger.run("true")
+
+
+def test_known_hosts_names_a_host_off_port_22_with_its_port() -> None:
+    from deployctl.connection import known_hosts_name
+
+    assert known_hosts_name("gpu-1", 22) == "gpu-1"
+    assert known_hosts_name("10.0.0.5", 2222) == "[10.0.0.5]:2222"
+
+
+def test_accept_new_records_a_key_once_however_many_connections_ask(
+    hosts: SSHLab, tmp_path: Path
+) -> None:
+    known = tmp_path / "known_hosts"
+    options = ConnectOptions(accept_new_host_keys=True, known_hosts=known)
+    host = ssh_host(hosts, "alpha", known_hosts_file="")  # so the option names the file
+    first, second = SSHConnection(host, options), SSHConnection(host, options)
+    try:
+        assert first.run("echo one").stdout == "one\n"
+        assert second.run("echo two").stdout == "two\n"  # the key is known by now
+    finally:
+        first.close()
+        second.close()
+    [line] = known.read_text().splitlines()
+    assert line.startswith(f"[{hosts.hosts['alpha'].address}]:{hosts.hosts['alpha'].port} ")
