@@ -67,6 +67,19 @@ SIGQUIT = (
     "It usually means the child failed.\n"
 )
 
+KEYERROR = Signature(id="key", title="Key", hint="h", exception=re.compile("^KeyError$"))
+RUNTIME = Signature(id="runtime", title="Runtime", hint="h", exception=re.compile("^RuntimeError$"))
+CHILD = Signature(
+    id="child-failed",
+    title="Child failed",
+    hint="h",
+    line=re.compile("Received sigquit from a child process"),
+    secondary=True,
+)
+SEPARATOR = "\nDuring handling of the above exception, another exception occurred:\n\n"
+# A chained traceback whose exception no signature knows.
+UNKNOWN = 'Traceback (most recent call last):\n  File "/srv/x.py", line 1, in f\nOSError: boom\n'
+
 
 # --- real crash forms ----------------------------------------------------------------------
 
@@ -394,13 +407,6 @@ def test_a_consequence_counts_again_once_a_chained_crash_is_taken_back() -> None
     # The catalog knows the inner exception only; the chained one that replaces it is
     # unknown, so no crash stands and the parent's sigquit is the crash to report.
     known = Signature(id="inner", title="Inner", hint="h", exception=re.compile("^KeyError$"))
-    child = Signature(
-        id="child-failed",
-        title="Child failed",
-        hint="h",
-        line=re.compile("Received sigquit from a child process"),
-        secondary=True,
-    )
     inner = scheduler_traceback("TP0", "'x'", exception="KeyError").rstrip("\n")
     outer = scheduler_traceback("", "boom", exception="OSError").split("\n", 1)[1]
     chained = (
@@ -408,7 +414,7 @@ def test_a_consequence_counts_again_once_a_chained_crash_is_taken_back() -> None
         "Traceback (most recent call last):\n" + outer
     )
 
-    catalog = Catalog([known, child])
+    catalog = Catalog([known, CHILD])
     assert scan_text(inner + "\n", catalog)[0].signature == "inner"
     assert [(r.signature, r.log_line) for r in scan_text(chained + SIGQUIT, catalog)] == [
         ("child-failed", line_number_of(chained + SIGQUIT, "Received sigquit"))
@@ -1527,19 +1533,6 @@ def test_a_traceback_may_pause_longer_than_a_chain_may_wait() -> None:
 
 
 # --- gaps a mutation run found (benchmarks/mutation.py crash) --------------------------------
-
-KEYERROR = Signature(id="key", title="Key", hint="h", exception=re.compile("^KeyError$"))
-RUNTIME = Signature(id="runtime", title="Runtime", hint="h", exception=re.compile("^RuntimeError$"))
-CHILD = Signature(
-    id="child-failed",
-    title="Child failed",
-    hint="h",
-    line=re.compile("Received sigquit from a child process"),
-    secondary=True,
-)
-SEPARATOR = "\nDuring handling of the above exception, another exception occurred:\n\n"
-# A chained traceback whose exception no signature knows.
-UNKNOWN = 'Traceback (most recent call last):\n  File "/srv/x.py", line 1, in f\nOSError: boom\n'
 
 
 def filler(count: int) -> str:
