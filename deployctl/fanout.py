@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from deployctl import DEFAULT_FORKS
 from deployctl.connection import Connection, ConnectOptions, open_connection
-from deployctl.errors import DeployctlError, error_code, explain
+from deployctl.errors import (
+    CommandTimeoutError,
+    ConnectError,
+    DeployctlError,
+    error_code,
+    explain,
+)
 from deployctl.inventory import Host
 
 T = TypeVar("T")
+
+# A long-lived loop (top, watch) tries an unreachable host again after 1 s, then twice as
+# long each time, up to a minute, instead of paying a connect timeout every round.
+POLL_RETRY_FIRST = 1.0
+POLL_RETRY_MAX = 60.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +123,8 @@ class Fleet:
         self.forks = max(1, forks)
         self._connections: dict[str, Connection] = {}
         self._lock = threading.Lock()
+        self._retry: dict[str, tuple[float, float]] = {}  # host -> (when, last delay)
+        self._last: dict[str, HostResult[object]] = {}  # label -> result while waiting
 
     def connection(self, host: Host) -> Connection:
         """Return the host's connection, opened on first use and reused afterwards."""
@@ -144,6 +158,33 @@ class Fleet:
             # On Ctrl-C, do not wait for hosts still at work (a launch waits up to --timeout):
             # the command ends now, and what those hosts were doing goes on there.
             pool.shutdown(wait=False, cancel_futures=True)
+
+    def poll(
+        self,
+        operation: Callable[[Host, Connection], T],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> FleetResult[T]:
+        """One round of a long-lived loop: `run` on every host, except that a host whose
+        connection failed is tried again only after a backoff; until then its last failure
+        stands for it."""
+        now = clock()
+        due = [h for h in self.hosts if self._retry.get(h.name, (0.0, 0.0))[0] <= now]
+        fresh = {r.name: r for r in self.run(operation, due)}
+        results: list[HostResult[T]] = []
+        for host in self.hosts:
+            result = fresh.get(host.label)
+            if result is None:  # still waiting out its backoff
+                results.append(cast("HostResult[T]", self._last[host.label]))
+                continue
+            if isinstance(result.exception, (ConnectError, CommandTimeoutError)):
+                delay = self._retry.get(host.name, (0.0, 0.0))[1]
+                delay = min(POLL_RETRY_MAX, 2 * delay or POLL_RETRY_FIRST)
+                self._retry[host.name] = (now + delay, delay)
+                self._last[host.label] = cast("HostResult[object]", result)
+            elif host.name in self._retry:
+                del self._retry[host.name]
+            results.append(result)
+        return FleetResult(results)
 
     def close(self) -> None:
         """Close every connection opened."""

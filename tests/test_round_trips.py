@@ -14,6 +14,8 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from deployctl.agent import install_agent
 from deployctl.connection import ConnectOptions
 from deployctl.crash import load_catalog
@@ -118,3 +120,55 @@ def test_launch_preflight_costs_one_round_trip_two_to_break_a_stale_lock(
             tokens[result.name] = result.value.lock_token
         fleet.run(lambda host, conn: release_lock(plans[host.name], conn, tokens[host.name]))
     assert all(not (hosts.hosts[n].home / ".deployctl" / "lock").exists() for n in NAMES)
+
+
+def test_a_poll_tries_an_unreachable_host_again_only_after_a_backoff(
+    hosts: SSHLab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """top and watch poll every round; a host that cannot be reached is tried again after
+    1, 2, 4 … s (its last failure standing meanwhile), not at every round."""
+    import os
+    import signal
+
+    from deployctl.connection import SSHConnection
+
+    attempts: list[str] = []
+    real_connect = SSHConnection._connect
+
+    def counting_connect(self: SSHConnection) -> object:
+        attempts.append(self.name)
+        return real_connect(self)
+
+    monkeypatch.setattr(SSHConnection, "_connect", counting_connect)
+    bravo = hosts.hosts["bravo"]
+    selected = fleet_hosts(hosts, tmp_path, {"alpha": {}, "bravo": {}})
+    now = [0.0]
+    try:
+        with Fleet(selected, ConnectOptions(), forks=2) as fleet:
+            first = fleet.poll(lambda host, conn: conn.run("echo up").stdout, lambda: now[0])
+            assert [r.value for r in first] == ["up\n", "up\n"]
+            for pid in bravo.sshd_pids():  # sshd and our session with it go away
+                os.kill(pid, signal.SIGKILL)
+            assert bravo.proc is not None
+            bravo.proc.wait(5)
+            tried = []
+            for at in (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 8.0):
+                now[0] = at
+                before = attempts.count("bravo")
+                result = {
+                    r.name: r
+                    for r in fleet.poll(lambda h, c: c.run("echo up").stdout, lambda: now[0])
+                }
+                tried.append(attempts.count("bravo") > before)
+                assert result["alpha"].value == "up\n" and result["bravo"].failed
+            # down at 1.0: again at 2.0 (+1), 4.0 (+2), 8.0 (+4)
+            assert tried == [True, False, True, False, True, False, True]
+            bravo.start()
+            now[0] = 16.0
+            back = {
+                r.name: r for r in fleet.poll(lambda h, c: c.run("echo up").stdout, lambda: now[0])
+            }
+            assert back["bravo"].value == "up\n"
+    finally:
+        if bravo.proc is None or bravo.proc.poll() is not None:
+            bravo.start()

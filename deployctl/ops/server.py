@@ -308,12 +308,12 @@ def metrics_rounds(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[FleetResult[RunStatus]]:
     """Every deployment's status with metrics, every `interval` seconds, over the fleet's
-    open connections (a host that dropped its connection is reconnected on the next round:
-    see SSHConnection)."""
+    open connections (a host that dropped its connection is reconnected with backoff:
+    Fleet.poll)."""
     done = 0
     while rounds is None or done < rounds:
         started = time.monotonic()
-        results = fleet.run(
+        results = fleet.poll(
             lambda host, conn: run_status(
                 host, conn, catalog, metrics=True, tail_bytes=TOP_TAIL_BYTES
             )
@@ -483,7 +483,7 @@ def watch(
     done = 0
     while rounds is None or done < rounds:
         done += 1
-        statuses = fleet.run(lambda host, conn: run_status(host, conn, catalog))
+        statuses = fleet.poll(lambda host, conn: run_status(host, conn, catalog))
         for result in statuses:
             if result.value is None:
                 emit(WatchEvent(result.name, f"error: {result.error}", result.exception))
