@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -151,14 +152,24 @@ Subsystem sftp internal-sftp
         out += sh("pgrep", "-f", f"sshd: {self.user}", check=False).stdout
         return pids + [int(p) for p in out.split()]
 
+    def _signal_sshd(self, signum: int) -> None:
+        for pid in self.sshd_pids():
+            with contextlib.suppress(ProcessLookupError):  # a session may end meanwhile
+                os.kill(pid, signum)
+
     def pause(self) -> None:
         """Make the host go silent: stop (SIGSTOP) every sshd process serving it."""
-        for pid in self.sshd_pids():
-            os.kill(pid, signal.SIGSTOP)
+        self._signal_sshd(signal.SIGSTOP)
 
     def resume(self) -> None:
-        for pid in self.sshd_pids():
-            os.kill(pid, signal.SIGCONT)
+        self._signal_sshd(signal.SIGCONT)
+
+    def go_away(self) -> None:
+        """The host drops off: sshd and every session with it are killed (start() brings
+        it back)."""
+        self._signal_sshd(signal.SIGKILL)
+        assert self.proc is not None
+        self.proc.wait(5)
 
     def set_gpus(self, mode: str = "clean", count: int = 1, warn: bool = False) -> None:
         """clean, busy, ghost (memory used, no process listed), failing, or live (the GPUs

@@ -8,7 +8,6 @@ not started, no lock left that blocks the next command.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -93,28 +92,12 @@ def sha(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
 
 
-def signal_sshd(host: TestHost, signum: int) -> None:
-    """Send a signal to the host's sshd processes (one may end between listing and signal)."""
-    for pid in host.sshd_pids():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-
-def pause(host: TestHost) -> None:
-    """Make the host go silent: every sshd process serving it stops (SIGSTOP)."""
-    signal_sshd(host, signal.SIGSTOP)
-
-
-def resume(host: TestHost) -> None:
-    signal_sshd(host, signal.SIGCONT)
-
-
 @pytest.fixture
 def paused_guard(hosts: SSHLab) -> Iterator[SSHLab]:
     """Resume every host after the test, whatever happened."""
     yield hosts
     for host in hosts.hosts.values():
-        resume(host)
+        host.resume()
         if host.proc is None:
             host.start()
 
@@ -129,7 +112,7 @@ def test_down_and_silent_hosts_are_reported_in_bounded_time(
     names = ["alpha", "bravo", "charlie", "delta"]
     inv = lab.inventory(tmp_path / "inv.yml", names, connect_timeout=2, command_timeout=3)
     lab.hosts["alpha"].stop()  # down: nothing listens
-    pause(lab.hosts["bravo"])  # silent: connects, then never answers
+    lab.hosts["bravo"].pause()  # silent: connects, then never answers
     start = time.monotonic()
     result = cli("status", "-i", str(inv), "--json", timeout=60)
     elapsed = time.monotonic() - start
@@ -154,7 +137,7 @@ def test_host_that_goes_silent_mid_launch_is_reported_and_others_finish(
     proc = cli.popen("launch", "-i", str(inv), "--json", "--timeout", "60")
     try:
         wait_until(lambda: (bravo.home / "logs" / "eagle3_v1.log").exists(), 30)
-        pause(bravo)  # bravo's server runs on; its sshd answers nothing more
+        bravo.pause()  # bravo's server runs on; its sshd answers nothing more
         paused_at = time.monotonic()
         out, err = proc.communicate(timeout=60)
     finally:
@@ -184,7 +167,7 @@ def test_host_silent_right_after_the_channel_opens_times_out(
 
     def open_then_fall_silent(self: paramiko.Transport, *args: Any, **kwargs: Any) -> Any:
         channel = real_open(self, *args, **kwargs)
-        pause(bravo)
+        bravo.pause()
         return channel
 
     monkeypatch.setattr(paramiko.Transport, "open_session", open_then_fall_silent)
@@ -201,7 +184,7 @@ def test_host_silent_right_after_the_channel_opens_times_out(
     start = time.monotonic()
     worker.start()
     worker.join(15)
-    resume(bravo)  # unblocks a hung worker, so a failure here does not hang the suite
+    bravo.resume()  # unblocks a hung worker, so a failure here does not hang the suite
     worker.join(15)
     conn.close()
     assert time.monotonic() - start < 12, "a silent host hung the command"

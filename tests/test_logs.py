@@ -390,10 +390,7 @@ def test_follow_outlives_a_lost_connection_and_says_so_once(
     follow = Follow(cli, "-i", str(inventory), "-H", "bravo", "--path", REMOTE_LOG)
     try:
         follow.until("before")
-        for pid in bravo.sshd_pids():
-            os.kill(pid, signal.SIGKILL)
-        assert bravo.proc is not None
-        bravo.proc.wait(5)
+        bravo.go_away()
         append(log, "while down\n")
         time.sleep(3)  # several polls fail meanwhile
         bravo.start()

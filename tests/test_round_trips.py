@@ -127,8 +127,6 @@ def test_a_poll_tries_an_unreachable_host_again_only_after_a_backoff(
 ) -> None:
     """top and watch poll every round; a host that cannot be reached is tried again after
     1, 2, 4 … s (its last failure standing meanwhile), not at every round."""
-    import os
-    import signal
 
     from deployctl.connection import SSHConnection
 
@@ -147,10 +145,7 @@ def test_a_poll_tries_an_unreachable_host_again_only_after_a_backoff(
         with Fleet(selected, ConnectOptions(), forks=2) as fleet:
             first = fleet.poll(lambda host, conn: conn.run("echo up").stdout, lambda: now[0])
             assert [r.value for r in first] == ["up\n", "up\n"]
-            for pid in bravo.sshd_pids():  # sshd and our session with it go away
-                os.kill(pid, signal.SIGKILL)
-            assert bravo.proc is not None
-            bravo.proc.wait(5)
+            bravo.go_away()  # sshd and our session with it
             tried = []
             for at in (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 8.0):
                 now[0] = at
