@@ -25,6 +25,13 @@ SSHD = "/usr/sbin/sshd"
 HOST_PYTHON = "/usr/bin/python3"
 
 
+def loopback_address(index: int) -> str:
+    """The index-th lab host's address: 127.0.0.2 … 127.0.0.254, then 127.0.1.2 … (the
+    fleet benchmark runs 256 hosts)."""
+    high, low = divmod(index, 253)
+    return f"127.0.{high}.{low + 2}"
+
+
 def free_port(address: str) -> int:
     with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
         sock.bind((address, 0))
@@ -274,7 +281,7 @@ def start_lab(base: Path, names: list[str]) -> SSHLab:
     # Login users of their own per lab, so two test sessions on one machine never collide.
     prefix = "d" + base.name.rsplit("-", 1)[-1].lower().replace("_", "")[:6]
     for index, name in enumerate(names):
-        host = TestHost(name, f"127.0.0.{index + 2}", base / name, prefix)
+        host = TestHost(name, loopback_address(index), base / name, prefix)
         host.setup(authorized)
         hosts[name] = host
     known_hosts = client / "known_hosts"
