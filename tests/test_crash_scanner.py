@@ -887,6 +887,14 @@ def test_user_catalog_line_rule_finds_new_one_line_crashes(tmp_path: Path) -> No
     assert report.hint == "GPU 0000:18:00 reported Xid 79: drain the host."
 
 
+def catalog_error(user: Path, content: str) -> CatalogError:
+    """The error loading a user catalog of this content raises."""
+    user.write_text(content, encoding="utf-8")
+    with pytest.raises(CatalogError) as caught:
+        load_catalog([user])
+    return caught.value
+
+
 @pytest.mark.parametrize(
     ("content", "complaint"),
     [
@@ -912,13 +920,9 @@ def test_malformed_user_catalog_raises_one_line_error_naming_the_file(
     tmp_path: Path, content: str, complaint: str
 ) -> None:
     user = tmp_path / "signatures.yml"
-    user.write_text(content, encoding="utf-8")
-
-    with pytest.raises(CatalogError) as caught:
-        load_catalog([user])
-
-    message = str(caught.value)
-    assert isinstance(caught.value, ValueError)
+    error = catalog_error(user, content)
+    message = str(error)
+    assert isinstance(error, ValueError)
     assert message.startswith(f"{user}: ")
     assert complaint in message
     assert "\n" not in message
@@ -988,12 +992,7 @@ def test_malformed_user_catalog_says_exactly_what_is_wrong(
     tmp_path: Path, content: str, message: str
 ) -> None:
     user = tmp_path / "signatures.yml"
-    user.write_text(content, encoding="utf-8")
-
-    with pytest.raises(CatalogError) as caught:
-        load_catalog([user])
-
-    assert str(caught.value) == f"{user}: {message}"
+    assert str(catalog_error(user, content)) == f"{user}: {message}"
 
 
 def test_user_signature_rules_each_narrow_the_match(tmp_path: Path) -> None:

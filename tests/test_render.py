@@ -77,6 +77,17 @@ def custom_templates(folder: Path, **templates: str) -> TemplateSet:
 # --- the real deployment ---------------------------------------------------------------------
 
 
+def run_with_home(command: str, home: Path) -> bytes:
+    """What a rendered command prints when /bin/sh runs it with this HOME."""
+    result = subprocess.run(
+        ["/bin/sh", "-c", command],
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        timeout=10,
+    )
+    return result.stdout
+
+
 def test_shipped_templates_are_found() -> None:
     assert template_names(project.Project(None).search_dirs("templates")) == ["baseline", "eagle3"]
 
@@ -218,13 +229,7 @@ def test_tilde_python_keeps_home_expansion(
 
     home = tmp_path / "home dir"
     shown = printf_template.render(Host("h", {"model_path": "~/env/b$(x)/python3"}), "show")
-    result = subprocess.run(
-        ["/bin/sh", "-c", shown.command],
-        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        timeout=10,
-    )
-    assert result.stdout == f"{home}/env/b$(x)/python3".encode() + b"\0"
+    assert run_with_home(shown.command, home) == f"{home}/env/b$(x)/python3".encode() + b"\0"
 
 
 def test_secrets_are_masked_in_display_but_not_in_command(tmp_path: Path) -> None:
@@ -603,13 +608,7 @@ def test_a_leading_tilde_expands_to_home_in_the_shell(
 ) -> None:
     rendered = printf_template.render(Host("h", {"model_path": value}), "show")
     home = tmp_path / "home dir"
-    result = subprocess.run(
-        ["/bin/sh", "-c", rendered.command],
-        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        timeout=10,
-    )
-    assert result.stdout == f"{home}{value[1:]}".encode() + b"\0"
+    assert run_with_home(rendered.command, home) == f"{home}{value[1:]}".encode() + b"\0"
 
 
 def test_none_renders_as_nothing_and_booleans_as_lowercase_words(tmp_path: Path) -> None:
