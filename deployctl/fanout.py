@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 from deployctl import DEFAULT_FORKS
 from deployctl.connection import Connection, ConnectOptions, open_connection
@@ -26,6 +26,11 @@ T = TypeVar("T")
 # long each time, up to a minute, instead of paying a connect timeout every round.
 POLL_RETRY_FIRST = 1.0
 POLL_RETRY_MAX = 60.0
+
+
+def next_backoff(previous: float, first: float, cap: float) -> float:
+    """The wait before the next retry: `first`, then twice the previous wait, up to `cap`."""
+    return min(cap, 2 * previous or first)
 
 
 @dataclass(frozen=True)
@@ -123,8 +128,8 @@ class Fleet:
         self.forks = max(1, forks)
         self._connections: dict[str, Connection] = {}
         self._lock = threading.Lock()
-        self._retry: dict[str, tuple[float, float]] = {}  # host -> (when, last delay)
-        self._last: dict[str, HostResult[object]] = {}  # label -> result while waiting
+        # label -> (when to try again, the wait, the failure that stands meanwhile)
+        self._waiting: dict[str, tuple[float, float, HostResult[Any]]] = {}
 
     def connection(self, host: Host) -> Connection:
         """Return the host's connection, opened on first use and reused afterwards."""
@@ -168,21 +173,20 @@ class Fleet:
         connection failed is tried again only after a backoff; until then its last failure
         stands for it."""
         now = clock()
-        due = [h for h in self.hosts if self._retry.get(h.name, (0.0, 0.0))[0] <= now]
+        due = [h for h in self.hosts if self._waiting.get(h.label, (0.0,))[0] <= now]
         fresh = {r.name: r for r in self.run(operation, due)}
         results: list[HostResult[T]] = []
         for host in self.hosts:
             result = fresh.get(host.label)
             if result is None:  # still waiting out its backoff
-                results.append(cast("HostResult[T]", self._last[host.label]))
+                results.append(self._waiting[host.label][2])
                 continue
             if isinstance(result.exception, (ConnectError, CommandTimeoutError)):
-                delay = self._retry.get(host.name, (0.0, 0.0))[1]
-                delay = min(POLL_RETRY_MAX, 2 * delay or POLL_RETRY_FIRST)
-                self._retry[host.name] = (now + delay, delay)
-                self._last[host.label] = cast("HostResult[object]", result)
-            elif host.name in self._retry:
-                del self._retry[host.name]
+                _, wait, _ = self._waiting.get(host.label, (0.0, 0.0, result))
+                wait = next_backoff(wait, POLL_RETRY_FIRST, POLL_RETRY_MAX)
+                self._waiting[host.label] = (now + wait, wait, result)
+            else:
+                self._waiting.pop(host.label, None)
             results.append(result)
         return FleetResult(results)
 

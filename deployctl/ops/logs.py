@@ -22,7 +22,7 @@ from deployctl.crash import (
     scan_text,
 )
 from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError, HostKeyError
-from deployctl.fanout import Fleet, FleetResult
+from deployctl.fanout import Fleet, FleetResult, next_backoff
 from deployctl.inventory import Host
 from deployctl.ops.launch import recorded_run
 from deployctl.project import Project
@@ -452,7 +452,7 @@ class _Follower:
                     return
                 if not backoff:
                     self.sink.notice(self.host.label, f"connection lost ({exc}); reconnecting")
-                backoff = min(RECONNECT_BACKOFF_MAX, 2 * backoff or FOLLOW_INTERVAL)
+                backoff = next_backoff(backoff, FOLLOW_INTERVAL, RECONNECT_BACKOFF_MAX)
                 self.stop.wait(backoff)
                 continue
             except Exception as exc:  # a failing host must not stop the others

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +44,7 @@ class HunkOutcome:
     detail: str = ""  # `offset 3`, `fuzz 2, offset -1`, or the rejected hunk's text
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "diff": self.diff,
-            "file": self.file,
-            "hunk": self.hunk,
-            "outcome": self.outcome,
-            "detail": self.detail,
-        }
+        return asdict(self)
 
 
 @dataclass
