@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -294,6 +295,13 @@ RunOpt = Annotated[
     typer.Option("--run", help="A run id, e.g. eagle3_t5_v3 (default: the current run)."),
 ]
 PathOpt = Annotated[str | None, typer.Option("--path", help="A log file on the host.")]
+
+
+class BenchTool(StrEnum):
+    builtin = "builtin"
+    sglang = "sglang"
+
+
 TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds to wait until ready.")]
 NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once started.")]
 NamesArg = Annotated[
@@ -636,6 +644,14 @@ def bench(
         typer.Option("--requests-per-stream", min=1, help="Requests per level per stream."),
     ] = 4,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds per level.")] = 900,
+    tool: Annotated[
+        BenchTool,
+        typer.Option(
+            "--tool",
+            help="Load generator: builtin (standard library only) or sglang (the host's "
+            "sglang.bench_serving, for numbers comparable with upstream reports).",
+        ),
+    ] = BenchTool.builtin,
     compare: Annotated[
         list[str] | None,
         typer.Option("--compare", help="Show kept results of these runs side by side."),
@@ -670,7 +686,7 @@ def bench(
                 plots.plot_runs(comparison.runs, plot)
             return report.COMPARISON, comparison
         levels = ops.parse_levels(concurrency)
-        plan = ops.BenchPlan(levels, input_len, output_len, per_stream, timeout)
+        plan = ops.BenchPlan(levels, input_len, output_len, per_stream, timeout, tool.value)
         with report.Progress(enabled=not session.options.json) as progress:
             results = ops.bench_fleet(fleet, plan, progress.update)
         if plot is not None:

@@ -1622,6 +1622,7 @@ class BenchArgs(TypedDict):
     output_len: int
     flush: bool
     timeout: float
+    tool: str  # "builtin" (this agent's generator) or "sglang" (sglang.bench_serving)
 
 
 class Spread(TypedDict):
@@ -1736,6 +1737,8 @@ def cmd_bench(args: BenchArgs) -> BenchLevel:
     `prompts` requests have finished; report the level's figures."""
     import threading
 
+    if args["tool"] == "sglang":
+        return bench_serving_level(args)
     if args["flush"]:
         http_get(args["bind_host"], args["port"], "/flush_cache", method="POST")
     timings: list[Timing] = []
@@ -1774,6 +1777,81 @@ def cmd_bench(args: BenchArgs) -> BenchLevel:
         "ttft_ms": spread_ms([t["ttft"] for t in done]),
         "itl_ms": spread_ms([gap for t in done for gap in t["itl"]]),
         "e2e_ms": spread_ms([t["e2e"] for t in done]),
+    }
+
+
+def bench_serving_module(site: str) -> str | None:
+    """SGLang's serving benchmark in this installation: `sglang.benchmark.serving` since
+    0.5.23 (where `sglang.bench_serving` is a deprecated alias), `sglang.bench_serving` before."""
+    for module in ("sglang.benchmark.serving", "sglang.bench_serving"):
+        if os.path.isfile(os.path.join(site, *module.split(".")) + ".py"):
+            return module
+    return None
+
+
+def bench_serving_argv(module: str, args: BenchArgs, output_file: str) -> list[str]:
+    """SGLang's benchmark for one level, as close to the builtin's as it goes: its default
+    backend (native /generate), random token ids sent as ids (exact input lengths, no
+    dataset download), exact output lengths, EOS ignored (its default)."""
+    address = "127.0.0.1" if args["bind_host"] in ("", "0.0.0.0", "::") else args["bind_host"]
+    argv = [
+        sys.executable, "-m", module, "--backend", "sglang",
+        "--host", address, "--port", str(args["port"]),
+        "--dataset-name", "random-ids", "--tokenize-prompt", "--random-range-ratio", "1.0",
+        "--random-input-len", str(args["input_len"]), "--random-output-len", str(args["output_len"]),
+        "--num-prompts", str(args["prompts"]), "--max-concurrency", str(args["concurrency"]),
+        "--request-rate", "inf", "--disable-tqdm", "--output-details", "--output-file", output_file,
+    ]  # fmt: skip
+    return [*argv, "--flush-cache"] if args["flush"] else argv
+
+
+def bench_serving_level(args: BenchArgs) -> BenchLevel:
+    """One level run by SGLang's own serving benchmark, read back from its JSONL result."""
+    install = sglang_install()
+    if "error" in install:
+        fail(install["error"] + "; --tool builtin needs only the standard library", "host")
+    module = bench_serving_module(install["site"])
+    if module is None:
+        fail(f"SGLang {install.get('version')} for {sys.executable} has no bench_serving", "host")
+    with tempfile.TemporaryDirectory(prefix="deployctl-bench-") as folder:
+        result_file = os.path.join(folder, "result.jsonl")
+        try:
+            done = subprocess.run(
+                bench_serving_argv(module, args, result_file),
+                check=False,
+                cwd=folder,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},  # its last line is its last word
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                timeout=args["timeout"],
+            )
+        except subprocess.TimeoutExpired:
+            fail(f"{module} ran past {args['timeout']:g} s", "host")
+        lines = (read_bytes(result_file) or b"").decode(errors="replace").splitlines()
+        if done.returncode != 0 or not lines:
+            said = [ln for ln in done.stdout.decode(errors="replace").splitlines() if ln.strip()]
+            last = said[-1].strip() if said else "no output"
+            fail(f"{module} exited {done.returncode}: {last}", "host")
+    result = json.loads(lines[-1])
+
+    def spread(name: str) -> Spread:
+        return {"p50": result[f"median_{name}"], "p99": result[f"p99_{name}"]}
+
+    errors = sorted({e.strip().splitlines()[-1] for e in result.get("errors", []) if e.strip()})
+    return {
+        "concurrency": args["concurrency"],
+        "prompts": args["prompts"],
+        "completed": result["completed"],
+        "failed": args["prompts"] - result["completed"],
+        "errors": errors[:3],
+        "duration_s": result["duration"],
+        "output_tokens": result["total_output_tokens"],
+        "output_tokens_per_s": result["output_throughput"],
+        "requests_per_s": result["request_throughput"],
+        "ttft_ms": spread("ttft_ms"),
+        "itl_ms": spread("itl_ms"),
+        "e2e_ms": spread("e2e_latency_ms"),
     }
 
 

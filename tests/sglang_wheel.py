@@ -73,6 +73,54 @@ def build_template(base: Path) -> Path:
     return venv
 
 
+# sglang.bench_serving's client-side imports, pinned as 0.5.23's wheel pins them (no torch).
+BENCH_SERVING_DEPS = [
+    "aiohttp", "msgspec", "numpy", "orjson", "pillow", "psutil", "pybase64", "pyzmq>=25.1.2",
+    "requests", "tokenizers==0.23.2", "tqdm", "transformers==5.19.0",
+]  # fmt: skip
+BENCH_SHIM = Path(__file__).parent / "standin" / "bench_serving_shim.py"
+
+
+def bench_serving_venv() -> Path:
+    """Debian's python with the real SGLang wheel, bench_serving's client dependencies and
+    the import shim (tests/standin/bench_serving_shim.py); built once per checkout.
+
+    Test hosts share it read-only: its python runs the agent, the stand-in server and
+    `python -m sglang.bench_serving`.
+    """
+    venv = REPO / ".cache" / "bench-serving-venv"
+    stamp = venv / "deployctl-stamp"
+    wanted = "\n".join([*BENCH_SERVING_DEPS, BENCH_SHIM.read_text()])
+    if stamp.exists() and stamp.read_text() == wanted:
+        return venv
+    shutil.rmtree(venv, ignore_errors=True)
+    sh(HOST_PYTHON, "-m", "venv", venv)
+    pip = [venv / "bin" / "pip", "install", "-q", "--disable-pip-version-check"]
+    sh(*pip, *BENCH_SERVING_DEPS)
+    sh(*pip, "--no-deps", "--no-index", ensure_wheels()[0])
+    shutil.copy(BENCH_SHIM, venv / SITE / BENCH_SHIM.name)
+    (venv / SITE / "deployctl_bench_shim.pth").write_text(f"import {BENCH_SHIM.stem}\n")
+    stamp.write_text(wanted)
+    return venv
+
+
+TOKENIZER = """
+import sys
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+vocab = {f"w{i}": i for i in range(2000)}
+vocab["[UNK]"] = len(vocab)
+words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]").save_pretrained(sys.argv[1])
+"""
+
+
+def write_tokenizer(venv: Path, folder: Path) -> None:
+    """A small word-level Hugging Face tokenizer in a model folder, as bench_serving loads one."""
+    sh(venv / "bin" / "python", "-c", TOKENIZER, folder)
+
+
 def install_on(host: TestHost, template: Path, standin: Path | None = None) -> str:
     """Give a host its own copy of the template venv; return its python.
 

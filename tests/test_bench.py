@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from deployctl.errors import DeployctlError, UsageError
-from deployctl.host_agent import percentile
+from deployctl.host_agent import bench_serving_module, percentile
 from deployctl.ops.bench import Comparison, parse_levels, suggest_threshold
 from tests.conftest import CLI
+from tests.sglang_wheel import bench_serving_venv, write_tokenizer
 from tests.sshd_hosts import SSHLab
 from tests.test_deployments import run_json
 from tests.test_lifecycle import prepare
@@ -62,6 +63,17 @@ def test_the_threshold_is_the_largest_level_where_speculation_still_wins() -> No
     assert suggest_threshold(never, "base", "spec").threshold is None
     with pytest.raises(DeployctlError, match="no kept bench results for gone_v1"):
         suggest_threshold(Comparison(runs, missing=["gone_v1"]), "base", "gone_v1")
+
+
+def test_the_serving_benchmark_is_found_under_either_name(tmp_path: Path) -> None:
+    """0.5.23 moved it to sglang.benchmark.serving (the old name is a deprecated alias)."""
+    (tmp_path / "sglang").mkdir()
+    assert bench_serving_module(str(tmp_path)) is None
+    (tmp_path / "sglang" / "bench_serving.py").write_text("")
+    assert bench_serving_module(str(tmp_path)) == "sglang.bench_serving"
+    (tmp_path / "sglang" / "benchmark").mkdir()
+    (tmp_path / "sglang" / "benchmark" / "serving.py").write_text("")
+    assert bench_serving_module(str(tmp_path)) == "sglang.benchmark.serving"
 
 
 # ---- over real sshd hosts --------------------------------------------------------------------
@@ -126,4 +138,57 @@ def test_bench_agrees_with_the_model_and_suggests_its_crossover(
     refused = cli("bench", "-i", str(inv), "--compare", both, "--plot", str(tmp_path / "c.pdf"))
     assert refused.returncode != 0 and "must end in .png or .svg" in refused.stderr
     assert not (tmp_path / "c.pdf").exists()
+    cli("stop", "-i", str(inv))
+
+
+def test_sglang_tool_runs_the_hosts_own_serving_benchmark(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """`--tool sglang`: SGLang 0.5.23's real benchmark code (tests/standin/bench_serving_shim.py
+    says what it spares it) drives the stand-in from alpha; bravo has no SGLang and fails
+    alone, with one line."""
+    venv = bench_serving_venv()
+    alpha, bravo = hosts.hosts["alpha"], hosts.hosts["bravo"]
+    host_vars = {
+        "alpha": {**prepare(alpha, tp=1, **MODEL), "python": str(venv / "bin" / "python")},
+        "bravo": prepare(bravo, tp=1, **MODEL),
+    }
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], host_vars)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--replace")
+    assert code == 0, err
+    levels = [1, 4, 16]
+    sweep = ["bench", "-i", str(inv), "--tool", "sglang", "--concurrency", "1,4,16",
+             "--input-len", "16", "--output-len", "60", "--requests-per-stream", "2"]  # fmt: skip
+
+    # Without a tokenizer in the model folder SGLang's benchmark cannot make its prompts.
+    code, doc, err = run_json(cli, *sweep)
+    assert code != 0
+    said = doc["hosts"]["alpha"]["error"]
+    assert said.startswith("sglang.benchmark.serving exited 1: ") and "tokenizer" in said, said
+    assert not list((alpha.home / ".deployctl" / "runs").glob("*.bench"))
+
+    write_tokenizer(venv, alpha.home / "model")
+    code, doc, err = run_json(cli, *sweep)
+    assert code != 0
+    assert doc["hosts"]["bravo"]["error"] == (
+        "SGLang is not installed for /usr/bin/python3; --tool builtin needs only the "
+        "standard library"
+    )
+    assert not list((bravo.home / ".deployctl" / "runs").glob("*.bench"))
+    entry = doc["hosts"]["alpha"]
+    assert [level["concurrency"] for level in entry["levels"]] == levels
+    for level in entry["levels"]:
+        c = level["concurrency"]
+        assert level["failed"] == 0 and level["completed"] == level["prompts"] == 2 * c
+        assert level["output_tokens"] == 60 * 2 * c
+        assert level["output_tokens_per_s"] == pytest.approx(spec_tps(c), rel=0.10), level
+    # bench_serving's ITL is per token: a chunk's gap divided by the tokens it brought.
+    step_ms = MODEL["spec_step_ms"] + MODEL["spec_per_req_ms"]
+    assert entry["levels"][0]["itl_ms"]["p50"] == pytest.approx(step_ms / 3, rel=0.2)
+    kept = json.loads(Path(entry["saved"]).read_text())
+    assert kept["params"]["tool"] == "sglang"
+    # The requests really came from SGLang's client: native /generate, a flush per level.
+    log = (alpha.home / "logs" / f"{entry['run']}.log").read_text()
+    assert log.count('"POST /flush_cache?timeout=60.0 HTTP/1.1" 200') == len(levels)
+    assert '"POST /generate HTTP/1.1" 200' in log and "/v1/completions" not in log
     cli("stop", "-i", str(inv))

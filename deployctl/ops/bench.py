@@ -36,6 +36,7 @@ class BenchPlan:
     output_len: int = 128
     per_stream: int = 4  # requests per level: this many per concurrent stream
     level_timeout: float = 900
+    tool: str = "builtin"  # or "sglang": the host's sglang.bench_serving
 
     def prompts_for(self, concurrency: int) -> int:
         return self.per_stream * concurrency
@@ -111,6 +112,7 @@ def run_bench(
             "output_len": plan.output_len,
             "flush": True,
             "timeout": plan.level_timeout,
+            "tool": plan.tool,
         }
         limit = max(conn.command_timeout, plan.level_timeout + 30)
         levels.append(agent.call(host, conn, "bench", level_args, BenchLevel, timeout=limit))
@@ -126,7 +128,7 @@ def run_bench(
         "by": f"{getpass.getuser()}@{socket.gethostname()}",
         "at": time.time(),
         "params": {
-            "tool": "builtin",
+            "tool": plan.tool,
             "input_len": plan.input_len,
             "output_len": plan.output_len,
             "concurrency": plan.concurrency,

@@ -577,7 +577,10 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
             params = request.get("sampling_params") or {}
             wanted = int(params.get("max_new_tokens") or 16)
             tokens = launcher.decoder.submit(wanted)
-            prompt = len(str(request.get("text", "")).split())
+            ids = request.get("input_ids")
+            prompt = (
+                len(ids) if isinstance(ids, list) else len(str(request.get("text", "")).split())
+            )
             sent, text = 0, ""
 
             def answer(done: bool) -> dict[str, Any]:
