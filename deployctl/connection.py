@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import select
 import signal
 import socket
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
+# sshd drops connections that arrive while too many handshakes are pending (MaxStartups), as
+# a burst of a few hundred hosts at once can make it; such a drop gets one more try.
+HANDSHAKE_RETRY_DELAY = (0.5, 1.0)  # seconds, drawn at random so retries do not bunch up
 DEFAULT_COMMAND_TIMEOUT = 120.0
 _STDERR_TAIL = 400
 # accept-new appends to one known_hosts file from many threads.
@@ -271,8 +275,19 @@ class SSHConnection(Connection):
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             reason = str(exc) or type(exc).__name__
-            raise ConnectError(f"{self.name}: cannot connect to {where}: {reason}") from None
+            error = ConnectError(f"{self.name}: cannot connect to {where}: {reason}")
+            raise (_Dropped(error) if _dropped_in_handshake(exc) else error) from None
         return client
+
+    def _connect_or_retry(self) -> paramiko.SSHClient:
+        try:
+            return self._connect()
+        except _Dropped:
+            time.sleep(random.uniform(*HANDSHAKE_RETRY_DELAY))
+        try:
+            return self._connect()
+        except _Dropped as again:
+            raise again.error from None
 
     def _client_or_connect(self) -> paramiko.SSHClient:
         with self._lock:
@@ -283,7 +298,7 @@ class SSHConnection(Connection):
                 self._client.close()
                 self._client = None
             if self._client is None:
-                self._client = self._connect()
+                self._client = self._connect_or_retry()
             return self._client
 
     def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
@@ -370,6 +385,29 @@ def _drain(channel: paramiko.Channel, out: list[bytes], err: list[bytes]) -> Non
         out.append(channel.recv(1 << 16))
     while channel.recv_stderr_ready():
         err.append(channel.recv_stderr(1 << 16))
+
+
+class _Dropped(Exception):
+    """The host closed the connection during the handshake; `error` says so to the user."""
+
+    def __init__(self, error: ConnectError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _dropped_in_handshake(exc: BaseException) -> bool:
+    """Did the host accept the connection, then close it before we were in? Not a timeout,
+    a refusal or an unreachable host, which another try right away would only repeat."""
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and len(chain) < 8:  # paramiko wraps the socket's error
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    if any(isinstance(e, TimeoutError) or "timeout" in str(e).lower() for e in chain):
+        return False
+    if isinstance(exc, EOFError | ConnectionResetError | ConnectionAbortedError | BrokenPipeError):
+        return True
+    return not isinstance(exc, OSError)  # an SSHException: the banner or key exchange cut off
 
 
 class _UnknownHostKey(Exception):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from deployctl.connection import (
+    HANDSHAKE_RETRY_DELAY,
     Connection,
     ConnectOptions,
     LocalConnection,
@@ -16,7 +19,7 @@ from deployctl.connection import (
 )
 from deployctl.errors import CommandError, CommandTimeoutError, ConnectError
 from deployctl.inventory import Host
-from tests.sshd_hosts import SSHLab
+from tests.sshd_hosts import SSHLab, free_port
 
 
 def ssh_host(lab: SSHLab, name: str, **extra: object) -> Host:
@@ -118,6 +121,60 @@ def test_a_dropped_connection_is_opened_again_once_the_host_is_back(hosts: SSHLa
         if bravo.proc is None or bravo.proc.poll() is not None:
             bravo.start()
         conn.close()
+
+
+def pending_handshake(address: str, port: int) -> socket.socket:
+    """A connection sshd has taken (it sent its banner) that never authenticates."""
+    sock = socket.create_connection((address, port), timeout=5)
+    deadline = time.monotonic() + 5
+    while True:  # until a banner: sshd may still count its own start-up probe and drop this
+        if sock.recv(256).startswith(b"SSH-2.0-"):
+            return sock
+        assert time.monotonic() < deadline, "sshd sent no banner"
+        sock.close()
+        time.sleep(0.05)
+        sock = socket.create_connection((address, port), timeout=5)
+
+
+def test_a_connection_dropped_in_the_handshake_gets_one_more_try(hosts: SSHLab) -> None:
+    """sshd's MaxStartups drops a connection that arrives while too many handshakes are
+    pending, as a burst of hundreds of hosts can make it: a second try, after a pause, gets in."""
+    bravo = hosts.hosts["bravo"]
+    config = bravo.etc / "sshd_config"
+    usual = config.read_text()
+    assert "\nMaxStartups 500:30:1000\n" in usual
+    bravo.stop()
+    # One pending handshake is all it takes: drop every other connection meanwhile.
+    config.write_text(usual.replace("\nMaxStartups 500:30:1000\n", "\nMaxStartups 1:100:1\n"))
+    bravo.start()
+    try:
+        pending = pending_handshake(bravo.address, bravo.port)
+        threading.Timer(0.2, pending.close).start()  # the pending handshake gives up
+        conn = SSHConnection(ssh_host(hosts, "bravo", connect_timeout=5), ConnectOptions())
+        began = time.monotonic()
+        assert conn.run("echo in").stdout == "in\n"
+        assert HANDSHAKE_RETRY_DELAY[0] <= time.monotonic() - began < 5
+        conn.close()
+
+        # Still dropped on the second try: one line, that says what happened.
+        pending = pending_handshake(bravo.address, bravo.port)
+        conn = SSHConnection(ssh_host(hosts, "bravo", connect_timeout=5), ConnectOptions())
+        with pytest.raises(ConnectError) as caught:
+            conn.run("true")
+        assert str(caught.value).startswith("bravo: cannot connect to ")
+        assert "Error reading SSH protocol banner" in str(caught.value)
+        pending.close()
+
+        # A refusal is not a drop: no second try, no pause.
+        nobody = ssh_host(hosts, "bravo", ansible_port=free_port(bravo.address))
+        began = time.monotonic()
+        with pytest.raises(ConnectError, match="Connection refused"):
+            SSHConnection(nobody, ConnectOptions()).run("true")
+        assert time.monotonic() - began < HANDSHAKE_RETRY_DELAY[0]
+    finally:
+        config.write_text(usual)
+        bravo.stop()
+        bravo.start()
 
 
 def test_host_that_goes_silent_mid_session_times_out(hosts: SSHLab) -> None:
