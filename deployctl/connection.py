@@ -6,6 +6,7 @@ that commands which never touch a remote host start fast.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -84,6 +85,20 @@ def _shorten(command: str, limit: int = 120) -> str:
 def known_hosts_name(host: str, port: int) -> str:
     """A host's name in known_hosts, as OpenSSH writes it and paramiko looks it up."""
     return host if port == 22 else f"[{host}]:{port}"
+
+
+@functools.cache
+def _fabric_connection_class() -> type[fabric.Connection]:
+    import fabric
+
+    class SharedConfigConnection(fabric.Connection):  # type: ignore[misc]
+        # fabric sets `inline_ssh_env` per instance without declaring it on the class, so
+        # invoke takes it for a change to the Config and re-merges it, emptying it for a
+        # moment: with one Config shared by every host's thread, another thread then read
+        # no keys at all. Declared here it is a plain attribute and the Config stays as read.
+        inline_ssh_env = None
+
+    return SharedConfigConnection
 
 
 class SSHFiles:
@@ -216,7 +231,6 @@ class SSHConnection(Connection):
         return Path.home() / ".ssh" / "known_hosts"
 
     def _connect(self) -> paramiko.SSHClient:
-        import fabric
         import paramiko
 
         host = self.host
@@ -226,7 +240,7 @@ class SSHConnection(Connection):
         }
         if host.key_file:
             connect_kwargs["key_filename"] = [host.key_file]
-        conn = fabric.Connection(
+        conn = _fabric_connection_class()(
             host.address,
             user=host.user,
             port=host.port,

@@ -251,6 +251,9 @@ def test_known_hosts_and_ssh_config_are_read_once_for_all_hosts(
         for connection in connections:
             connection.close()
     assert reads == [str(hosts.known_hosts)] and len(configs) == 1
+    # Nobody wrote to the shared config: each write re-merges it, which empties it for a
+    # moment under the other hosts' threads (fabric's `inline_ssh_env` did, until declared).
+    assert options.files.config()._modifications == {}
     # Each host was still checked against its own key: an unknown one is refused.
     stranger = SSHConnection(
         ssh_host(hosts, "alpha", known_hosts_file=str(hosts.known_hosts) + ".empty"), options
