@@ -369,6 +369,8 @@ class SSHConnection(Connection):
             code = channel.recv_exit_status()
             if expired.is_set():
                 raise CommandTimeoutError(timed_out)
+            if code == -1 and not transport.is_active():  # closed under us, no exit status
+                raise ConnectError(f"{self.name}: the SSH connection was lost")
             channel.close()
         except TimeoutError:
             raise CommandTimeoutError(

@@ -26,6 +26,9 @@ T = TypeVar("T")
 # long each time, up to a minute, instead of paying a connect timeout every round.
 POLL_RETRY_FIRST = 1.0
 POLL_RETRY_MAX = 60.0
+# A follow (`logs -f`) or a launch's wait that loses its connection tries again sooner: after
+# its first wait, doubling up to this.
+RECONNECT_BACKOFF_MAX = 15.0
 
 
 def next_backoff(previous: float, first: float, cap: float) -> float:

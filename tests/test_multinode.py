@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import yaml
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab, free_port
 from tests.test_deployments import run_json, standin_starts
+from tests.test_faults import wait_until
 from tests.test_lifecycle import prepare, rank_pids, watch_until
 
 # ---- over real sshd hosts --------------------------------------------------------------------
@@ -204,4 +206,28 @@ def test_a_second_group_on_a_host_of_a_running_group_is_refused_naming_it(
         result.stderr
     )
     assert rank_pids(hosts.hosts["charlie"]) == []
+    cli("stop", "-i", str(inv))
+
+
+def test_a_node_whose_connection_drops_while_waited_for_is_reconnected(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """bravo's sshd and our session with it go away while the group starts and come back a
+    second later: the wait connects again and the group reaches ready, the loss on record."""
+    names = ["alpha", "bravo"]
+    inv = group_inventory(hosts, tmp_path, names, startup_s=4)
+    bravo = hosts.hosts["bravo"]
+    launch = cli.popen("launch", "-i", str(inv), "--json", "--timeout", "60")
+    starts = bravo.home / "model" / "standin-argv.jsonl"
+    wait_until(starts.exists, timeout=30)
+    bravo.go_away()
+    time.sleep(1)
+    bravo.start()
+    out, err = launch.communicate(timeout=90)
+    assert launch.returncode == 0, out + err
+    entries = node_entries(json.loads(out), names)
+    assert {n: e["state"] for n, e in entries.items()} == dict.fromkeys(names, "ready")
+    assert entries["alpha"]["connection_losses"] == []
+    assert len(entries["bravo"]["connection_losses"]) == 1, entries["bravo"]
+    assert entries["bravo"]["connection_losses"][0].startswith("bravo: ")
     cli("stop", "-i", str(inv))

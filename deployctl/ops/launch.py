@@ -20,9 +20,17 @@ from deployctl import __version__, agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, CrashScanner
 from deployctl.deployments import GroupKey, describe_gpus, gpu_set, group_of, node_rank
-from deployctl.errors import DeployctlError, PreflightError, UsageError
+from deployctl.errors import ConnectError, DeployctlError, HostKeyError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
-from deployctl.fanout import Fleet, FleetResult, HostResult, attempt
+from deployctl.fanout import (
+    POLL_RETRY_FIRST,
+    RECONNECT_BACKOFF_MAX,
+    Fleet,
+    FleetResult,
+    HostResult,
+    attempt,
+    next_backoff,
+)
 from deployctl.host_agent import (
     ClientIdentity,
     LeaderIdentity,
@@ -474,6 +482,7 @@ class Outcome:
     last_line: str = ""
     warnings: list[CrashReport] = field(default_factory=list)  # traces while healthy
     note: str = ""  # why a node of a multi-node server was stopped (state "aborted")
+    connection_losses: list[str] = field(default_factory=list)  # while waited for, each mended
 
     @property
     def ok(self) -> bool:
@@ -492,6 +501,7 @@ class Outcome:
             "command": self.run["command"],
             "env": self.run.get("env", {}),
             "note": self.note,
+            "connection_losses": self.connection_losses,
         }
 
 
@@ -541,7 +551,9 @@ def wait_ready(
     A node of a multi-node server other than rank 0 serves no API (its /health is a dummy):
     it is ready when rank 0 is and it is still alive.
     """
-    outcome = _wait_ready(host, conn, run, catalog, timeout, progress, group)
+    losses: list[str] = []
+    outcome = _wait_ready(host, conn, run, catalog, timeout, progress, group, losses)
+    outcome.connection_losses = losses
     if group is not None and outcome.state != "aborted":
         verdict = outcome.state if outcome.state in ("ready", "timeout") else "failed"
         group.settle(verdict, host.label)
@@ -556,14 +568,36 @@ def _wait_ready(
     timeout: float,
     progress: Callable[[str, float, str], None] | None,
     group: GroupWatch | None,
+    losses: list[str],
 ) -> Outcome:
     serves_api = group is None or node_rank(host) == 0
     scanner = CrashScanner(catalog)
     # One decoder for the whole log: a character split across two polls stays whole.
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset, started, last_line, buffer = 0, time.monotonic(), "", ""
+    backoff, lost = 0.0, False  # lost: since the last poll that came back
     while True:
-        doc = poll(host, conn, run, offset, POLL_WAIT if serves_api else NODE_POLL_WAIT)
+        try:
+            doc = poll(host, conn, run, offset, POLL_WAIT if serves_api else NODE_POLL_WAIT)
+        except HostKeyError:
+            raise
+        except ConnectError as exc:
+            # The run goes on without us: connect again (each try a fresh handshake, the
+            # host key checked again), saying so once, until the wait's own timeout.
+            elapsed = time.monotonic() - started
+            if elapsed >= timeout or (group is not None and group.state is not None):
+                raise
+            if not lost:
+                losses.append(str(exc))
+                if progress is not None:
+                    progress(host.label, elapsed, f"connection lost ({exc}); reconnecting")
+            lost = True
+            backoff = next_backoff(backoff, POLL_RETRY_FIRST, RECONNECT_BACKOFF_MAX)
+            time.sleep(min(backoff, timeout - elapsed))
+            continue
+        if lost and progress is not None:
+            progress(host.label, time.monotonic() - started, "reconnected")
+        backoff, lost = 0.0, False
         raw = base64.b64decode(doc["data"])
         offset += len(raw)
         data = decoder.decode(raw, final=not doc["alive"])

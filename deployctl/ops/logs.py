@@ -22,7 +22,7 @@ from deployctl.crash import (
     scan_text,
 )
 from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError, HostKeyError
-from deployctl.fanout import Fleet, FleetResult, next_backoff
+from deployctl.fanout import RECONNECT_BACKOFF_MAX, Fleet, FleetResult, next_backoff
 from deployctl.inventory import Host
 from deployctl.ops.launch import recorded_run
 from deployctl.project import Project
@@ -40,8 +40,6 @@ TAIL_WINDOW_MAX = 64 << 20
 # The most one follow poll brings back; a host that wrote more is polled again at once.
 FOLLOW_LIMIT_BYTES = 1 << 20
 FOLLOW_INTERVAL = 0.25
-# A lost connection is retried after 0.25 s, then twice as long each time, up to this.
-RECONNECT_BACKOFF_MAX = 15.0
 
 # Starts the window script's answer: whatever the login printed before it is not the log.
 WINDOW_MARK = b"@@deployctl-window@@"
