@@ -165,6 +165,8 @@ class Sample:
     wall_s: float
     client_cpu_s: float  # user+sys of the contender's processes on this side
     machine_cpu_s: float  # all processes on the machine: client, sshd, remote commands
+    peak_rss_mib: float  # the contender's first process (and its waited-for children)
+    peak_fds: int  # open descriptors of the first process, sampled every 10 ms
 
 
 def cpu_jiffies() -> tuple[int, int]:
@@ -174,31 +176,57 @@ def cpu_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+def count_fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:  # it has exited
+        return 0
+
+
+def run_watched(contender: Contender) -> tuple[subprocess.CompletedProcess[str], float, int]:
+    """Run to the end: its output, peak RSS (MiB, from wait4) and peak open descriptors."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            contender.argv, cwd=contender.cwd, env=contender.env, stdout=out, stderr=err, text=True
+        )
+        peak_fds = 0
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            peak_fds = max(peak_fds, count_fds(proc.pid))
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{contender.name} ran past {TIMEOUT:g} s")
+            time.sleep(0.01)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(contender.argv, proc.returncode, out.read(), err.read())
+    return done, usage.ru_maxrss / 1024, peak_fds
+
+
 def measure(contender: Contender) -> Sample:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0, _ = cpu_jiffies()
     start = time.perf_counter()
-    done = subprocess.run(
-        contender.argv,
-        cwd=contender.cwd,
-        env=contender.env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
+    done, rss, fds = run_watched(contender)
     wall = time.perf_counter() - start
     busy1, _ = cpu_jiffies()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         contender.check(done)
     except AssertionError as exc:
+        # deployctl's traceback file goes with the lab's folder: keep it in the message.
+        kept = re.search(r"the traceback is in (\S+?);", done.stderr)
+        trace = Path(kept.group(1)).read_text()[-4000:] if kept else ""
         raise RuntimeError(
             f"{contender.name} gave a wrong answer (exit {done.returncode}): {exc}\n"
-            f"stdout: {done.stdout[-1500:]}\nstderr: {done.stderr[-1500:]}"
+            f"stdout: {done.stdout[-1500:]}\nstderr: {done.stderr[-1500:]}\n{trace}"
         ) from None
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return Sample(wall, cpu, (busy1 - busy0) / os.sysconf("SC_CLK_TCK"))
+    return Sample(wall, cpu, (busy1 - busy0) / os.sysconf("SC_CLK_TCK"), rss, fds)
 
 
 def ensure_deployctl_venv(base: Path) -> Path:
@@ -355,7 +383,13 @@ def python_env() -> dict[str, str]:
 
 
 def bench_size(
-    lab: SSHLab, base: Path, pythons: dict[str, str], count: int, rounds: int, sglang: bool
+    lab: SSHLab,
+    base: Path,
+    pythons: dict[str, str],
+    count: int,
+    rounds: int,
+    sglang: bool,
+    forks: list[int],
 ) -> dict[str, Any]:
     names = host_names(count)
     work = base / f"n{count}"
@@ -389,17 +423,16 @@ def bench_size(
         contenders.append(
             Contender(f"deployctl {read}", argv, check_deployctl(names, read, sglang), work, env)
         )
-        if read == "gpus":
-            # OpenSSH's default key exchange (sntrup761x25519) costs ~125 ms of client CPU here;
-            # paramiko has no sntrup and negotiates curve25519: this floor uses the same.
-            script = work / "floor-x25519-gpus.sh"
-            script.write_text(floor_script(lab, names, commands[read], out, *X25519))
-            contenders.append(
-                Contender(
-                    "floor-x25519 gpus", ["/bin/sh", str(script)],
-                    check_floor(out, names, markers[read]), work, env,
-                )
-            )  # fmt: skip
+        # OpenSSH's default key exchange (sntrup761x25519) costs ~125 ms of client CPU here;
+        # paramiko has no sntrup and negotiates curve25519: this floor uses the same.
+        script = work / f"floor-x25519-{read}.sh"
+        script.write_text(floor_script(lab, names, commands[read], out, *X25519))
+        contenders.append(
+            Contender(
+                f"floor-x25519 {read}", ["/bin/sh", str(script)],
+                check_floor(out, names, markers[read]), work, env,
+            )
+        )  # fmt: skip
     ansible_env = dict(env)
     ansible_argv = ansible_setup(lab, work, names, ansible_env)
     contenders.append(
@@ -421,7 +454,37 @@ def bench_size(
             + ", ".join(f"{n} {s[-1].wall_s:.2f}" for n, s in samples.items())
         )
     shutil.rmtree(out, ignore_errors=True)
-    return {**summarize(count, rounds, samples), "loadavg_1m_per_round": loads}
+    result = {**summarize(count, rounds, samples), "loadavg_1m_per_round": loads}
+    if [f for f in forks if f <= count]:
+        gpus = next(c for c in contenders if c.name == "deployctl gpus")
+        result["forks"] = sweep_forks(count, rounds, [f for f in forks if f <= count], gpus)
+    return result
+
+
+def sweep_forks(count: int, rounds: int, forks: list[int], gpus: Contender) -> list[dict[str, Any]]:
+    """`deployctl gpus` at each --forks: wall time, peak RSS and descriptors, rounds interleaved."""
+    assert gpus.argv[-2] == "--forks"
+    runs = {f: Contender(gpus.name, [*gpus.argv[:-1], str(f)], gpus.check, gpus.cwd, gpus.env)
+            for f in forks}  # fmt: skip
+    samples: dict[int, list[Sample]] = {f: [] for f in forks}
+    for round_no in range(rounds):
+        shift = round_no % len(forks)
+        for f in forks[shift:] + forks[:shift]:
+            samples[f].append(measure(runs[f]))
+        log(
+            f"N={count} forks round {round_no + 1}/{rounds}: "
+            + ", ".join(f"{f}: {s[-1].wall_s:.2f} s" for f, s in samples.items())
+        )
+    return [
+        {
+            "forks": f,
+            "wall_s": round(statistics.median(x.wall_s for x in runs_), 3),
+            "client_cpu_s": round(statistics.median(x.client_cpu_s for x in runs_), 3),
+            "peak_rss_mib": round(max(x.peak_rss_mib for x in runs_), 1),
+            "peak_fds": max(x.peak_fds for x in runs_),
+        }
+        for f, runs_ in samples.items()
+    ]
 
 
 def summarize(count: int, rounds: int, samples: dict[str, list[Sample]]) -> dict[str, Any]:
@@ -430,18 +493,18 @@ def summarize(count: int, rounds: int, samples: dict[str, list[Sample]]) -> dict
             "wall_s": round(statistics.median(s.wall_s for s in runs), 3),
             "client_cpu_s": round(statistics.median(s.client_cpu_s for s in runs), 3),
             "machine_cpu_s": round(statistics.median(s.machine_cpu_s for s in runs), 3),
+            "peak_rss_mib": round(max(s.peak_rss_mib for s in runs), 1),
+            "peak_fds": max(s.peak_fds for s in runs),
             "walls_s": [round(s.wall_s, 3) for s in runs],
         }
         for name, runs in samples.items()
     }
     wall = {name: m["wall_s"] for name, m in med.items()}
     ratios = {
-        f"deployctl/floor {read}": round(wall[f"deployctl {read}"] / wall[f"floor {read}"], 2)
+        f"deployctl/{floor} {read}": round(wall[f"deployctl {read}"] / wall[f"{floor} {read}"], 2)
+        for floor in ("floor", "floor-x25519")
         for read in ("gpus", "status", "audit")
     }
-    ratios["deployctl/floor-x25519 gpus"] = round(
-        wall["deployctl gpus"] / wall["floor-x25519 gpus"], 2
-    )
     ratios["ansible/deployctl gpus"] = round(wall["ansible gpus"] / wall["deployctl gpus"], 2)
     return {"hosts": count, "rounds": rounds, "median": med, "ratios": ratios}
 
@@ -527,6 +590,23 @@ def cpu_table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def forks_table(results: list[dict[str, Any]]) -> str:
+    lines = ["deployctl (each command, peak) RSS MiB / open descriptors; gpus against --forks:"]
+    for r in results:
+        cells = [
+            f"{n.split()[1]} {m['peak_rss_mib']:.0f}/{m['peak_fds']}"
+            for n, m in r["median"].items()
+            if n.startswith("deployctl")
+        ]
+        lines.append(f"  N={r['hosts']} (--forks N): " + "; ".join(cells))
+        for f in r.get("forks", []):
+            lines.append(
+                f"  N={r['hosts']} --forks {f['forks']}: {f['wall_s']:.2f} s, client CPU "
+                f"{f['client_cpu_s']:.2f} s, {f['peak_rss_mib']:.0f} MiB, {f['peak_fds']} fds"
+            )
+    return "\n".join(lines)
+
+
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -540,6 +620,9 @@ def main() -> None:
     )
     parser.add_argument("--output", type=Path, default=RESULTS / "fleet.json")
     parser.add_argument(
+        "--forks", default="", help="also time `deployctl gpus` at these --forks (comma list)"
+    )
+    parser.add_argument(
         "--nice",
         type=int,
         default=-10,
@@ -547,6 +630,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     sizes = sorted({int(x) for x in args.hosts.split(",")})
+    forks = sorted({int(x) for x in args.forks.split(",") if x})
     if os.geteuid() != 0 or not Path("/usr/sbin/sshd").exists():
         sys.exit("the sshd test hosts need root and openssh-server")
     if max(sizes) > 500:  # each host is an sshd, a login user and a home on this machine
@@ -564,9 +648,15 @@ def main() -> None:
         ensure_deployctl_venv(base)
         lab, pythons = setup_hosts(base, max(sizes), sglang=not args.no_sglang)
         help_result = bench_help()
-        results = [
-            bench_size(lab, base, pythons, n, args.rounds, not args.no_sglang) for n in sizes
-        ]
+        results = []
+        for n in sizes:
+            results.append(
+                bench_size(lab, base, pythons, n, args.rounds, not args.no_sglang, forks)
+            )
+            # A long run that fails at its largest size still leaves the smaller ones.
+            partial = args.output.with_suffix(".partial.json")
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(results, indent=2) + "\n")
     finally:
         if lab is not None:
             stop_lab(lab)  # sshds, the users' processes, the users, the folder
@@ -592,6 +682,7 @@ def main() -> None:
     args.output.write_text(json.dumps(doc, indent=2) + "\n")
     print(table(results))
     print(cpu_table(results))
+    print(forks_table(results))
     for mode in ("venv", "dev"):
         h = help_result[mode]
         print(
