@@ -648,8 +648,8 @@ def bench(
         BenchTool,
         typer.Option(
             "--tool",
-            help="Load generator: builtin (standard library only) or sglang (the host's "
-            "sglang.bench_serving, for numbers comparable with upstream reports).",
+            help="Load generator: builtin (standard library only) or sglang (SGLang's own "
+            "serving benchmark on the host: numbers comparable with upstream reports).",
         ),
     ] = BenchTool.builtin,
     compare: Annotated[

@@ -1622,7 +1622,7 @@ class BenchArgs(TypedDict):
     output_len: int
     flush: bool
     timeout: float
-    tool: str  # "builtin" (this agent's generator) or "sglang" (sglang.bench_serving)
+    tool: str  # "builtin" (this agent's generator) or "sglang" (SGLang's serving benchmark)
 
 
 class Spread(TypedDict):

@@ -36,7 +36,7 @@ class BenchPlan:
     output_len: int = 128
     per_stream: int = 4  # requests per level: this many per concurrent stream
     level_timeout: float = 900
-    tool: str = "builtin"  # or "sglang": the host's sglang.bench_serving
+    tool: str = "builtin"  # or "sglang": SGLang's serving benchmark on the host
 
     def prompts_for(self, concurrency: int) -> int:
         return self.per_stream * concurrency
