@@ -262,14 +262,22 @@ class SSHConnection(Connection):
         )
         client.set_missing_host_key_policy(cast("paramiko.MissingHostKeyPolicy", policy))
         where = f"{conn.user}@{conn.host}:{conn.port}"
+        sock: socket.socket | None = None
         try:
-            if not conn.gateway:
-                sock = socket.create_connection(
-                    (conn.host, conn.port), timeout=self.connect_timeout
-                )
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.connect_kwargs["sock"] = sock
-            conn.open()
+            try:
+                if not conn.gateway:
+                    sock = socket.create_connection(
+                        (conn.host, conn.port), timeout=self.connect_timeout
+                    )
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    conn.connect_kwargs["sock"] = sock
+                conn.open()
+            except BaseException:
+                # paramiko leaves a failed handshake's transport thread and socket behind.
+                client.close()
+                if sock is not None:
+                    sock.close()
+                raise
         except _UnknownHostKey as exc:
             raise HostKeyError(
                 f"{self.name}: host key of {exc.hostname} is not known ({exc.key_type}) in {known_hosts}",
@@ -289,19 +297,16 @@ class SSHConnection(Connection):
             ) from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
             reason = str(exc) or type(exc).__name__
-            error = ConnectError(f"{self.name}: cannot connect to {where}: {reason}")
-            raise (_Dropped(error) if _dropped_in_handshake(exc) else error) from None
+            error = _DroppedError if _dropped_in_handshake(exc) else ConnectError
+            raise error(f"{self.name}: cannot connect to {where}: {reason}") from None
         return client
 
     def _connect_or_retry(self) -> paramiko.SSHClient:
         try:
             return self._connect()
-        except _Dropped:
+        except _DroppedError:
             time.sleep(random.uniform(*HANDSHAKE_RETRY_DELAY))
-        try:
-            return self._connect()
-        except _Dropped as again:
-            raise again.error from None
+        return self._connect()
 
     def _client_or_connect(self) -> paramiko.SSHClient:
         with self._lock:
@@ -369,8 +374,10 @@ class SSHConnection(Connection):
             code = channel.recv_exit_status()
             if expired.is_set():
                 raise CommandTimeoutError(timed_out)
-            if code == -1 and not transport.is_active():  # closed under us, no exit status
-                raise ConnectError(f"{self.name}: the SSH connection was lost")
+            if code == -1:  # no exit status: a signal ended the command, or the connection
+                transport.join(0.5)  # a dropped one closes its channels just before it ends
+                if not transport.is_active():
+                    raise ConnectError(f"{self.name}: the SSH connection was lost")
             channel.close()
         except TimeoutError:
             raise CommandTimeoutError(
@@ -403,27 +410,20 @@ def _drain(channel: paramiko.Channel, out: list[bytes], err: list[bytes]) -> Non
         err.append(channel.recv_stderr(1 << 16))
 
 
-class _Dropped(Exception):
-    """The host closed the connection during the handshake; `error` says so to the user."""
-
-    def __init__(self, error: ConnectError) -> None:
-        super().__init__(str(error))
-        self.error = error
+class _DroppedError(ConnectError):
+    """The host closed the connection during the handshake: worth one more try."""
 
 
 def _dropped_in_handshake(exc: BaseException) -> bool:
-    """Did the host accept the connection, then close it before we were in? Not a timeout,
-    a refusal or an unreachable host, which another try right away would only repeat."""
+    """Did the host accept the connection, then close it before we were in (sshd's
+    MaxStartups)? Not a timeout, a refusal or an error that another try would repeat."""
     chain: list[BaseException] = []
     link: BaseException | None = exc
     while link is not None and len(chain) < 8:  # paramiko wraps the socket's error
         chain.append(link)
         link = link.__cause__ or link.__context__
-    if any(isinstance(e, TimeoutError) or "timeout" in str(e).lower() for e in chain):
-        return False
-    if isinstance(exc, EOFError | ConnectionResetError | ConnectionAbortedError | BrokenPipeError):
-        return True
-    return not isinstance(exc, OSError)  # an SSHException: the banner or key exchange cut off
+    closed = (EOFError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+    return any(isinstance(e, closed) for e in chain)
 
 
 class _UnknownHostKey(Exception):

@@ -159,8 +159,10 @@ def test_a_connection_dropped_in_the_handshake_gets_one_more_try(hosts: SSHLab) 
         # Still dropped on the second try: one line, that says what happened.
         pending = pending_handshake(bravo.address, bravo.port)
         conn = SSHConnection(ssh_host(hosts, "bravo", connect_timeout=5), ConnectOptions())
+        began = time.monotonic()
         with pytest.raises(ConnectError) as caught:
             conn.run("true")
+        assert time.monotonic() - began >= HANDSHAKE_RETRY_DELAY[0]  # it was tried twice
         assert str(caught.value).startswith("bravo: cannot connect to ")
         assert "Error reading SSH protocol banner" in str(caught.value)
         pending.close()
@@ -217,8 +219,15 @@ def test_refused_authentication_is_a_clear_error(hosts: SSHLab, tmp_path: Path) 
     )
     host = ssh_host(hosts, "alpha", ansible_ssh_private_key_file=str(other_key))
     conn = SSHConnection(host, ConnectOptions())
+    before = set(threading.enumerate())
+    began = time.monotonic()
     with pytest.raises(ConnectError, match="authentication failed"):
         conn.run("true")
+    assert time.monotonic() - began < HANDSHAKE_RETRY_DELAY[0]  # not tried again
+    # Nothing of the failed handshake is left behind: its transport thread (and socket) end.
+    for thread in set(threading.enumerate()) - before:
+        thread.join(2)
+        assert not thread.is_alive(), thread
 
 
 def test_known_hosts_and_ssh_config_are_read_once_for_all_hosts(
