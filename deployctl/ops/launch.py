@@ -552,7 +552,12 @@ def wait_ready(
     it is ready when rank 0 is and it is still alive.
     """
     losses: list[str] = []
-    outcome = _wait_ready(host, conn, run, catalog, timeout, progress, group, losses)
+    try:
+        outcome = _wait_ready(host, conn, run, catalog, timeout, progress, group, losses)
+    except BaseException:
+        if group is not None:  # the other nodes stop waiting for this one
+            group.settle("failed", host.label)
+        raise
     outcome.connection_losses = losses
     if group is not None and outcome.state != "aborted":
         verdict = outcome.state if outcome.state in ("ready", "timeout") else "failed"
@@ -585,7 +590,7 @@ def _wait_ready(
             # The run goes on without us: connect again (each try a fresh handshake, the
             # host key checked again), saying so once, until the wait's own timeout.
             elapsed = time.monotonic() - started
-            if elapsed >= timeout or (group is not None and group.state is not None):
+            if elapsed >= timeout or (group is not None and group.state == "failed"):
                 raise
             if not lost:
                 losses.append(str(exc))
