@@ -63,7 +63,7 @@ def main() -> None:
             level: BenchArgs = {
                 "bind_host": "127.0.0.1", "port": port, "concurrency": args.concurrency,
                 "prompts": 4 * args.concurrency, "input_len": 16, "output_len": 256,
-                "flush": True, "timeout": 120, "tool": "builtin",
+                "flush": True, "timeout": 120, "tool": "builtin", "env": {},
             }  # fmt: skip
             before = cpu_seconds()
             result = cmd_bench(level)

@@ -1623,6 +1623,7 @@ class BenchArgs(TypedDict):
     flush: bool
     timeout: float
     tool: str  # "builtin" (this agent's generator) or "sglang" (SGLang's serving benchmark)
+    env: dict[str, str]  # the run's own variables (HF_HOME, …): the sglang tool runs with them
 
 
 class Spread(TypedDict):
@@ -1641,7 +1642,8 @@ class BenchLevel(TypedDict):
     output_tokens_per_s: float
     requests_per_s: float
     ttft_ms: Spread
-    itl_ms: Spread  # gaps between streamed chunks, as sglang.bench_serving measures them
+    itl_ms: Spread  # builtin: gaps between streamed chunks (bench_serving's OpenAI backends);
+    # sglang: per token, a chunk's gap divided by the tokens it brought (its native backend)
     e2e_ms: Spread
 
 
@@ -1820,7 +1822,8 @@ def bench_serving_level(args: BenchArgs) -> BenchLevel:
                 bench_serving_argv(module, args, result_file),
                 check=False,
                 cwd=folder,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},  # its last line is its last word
+                # Unbuffered, so its last line is its last word.
+                env={**os.environ, **args["env"], "PYTHONUNBUFFERED": "1"},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -1833,7 +1836,14 @@ def bench_serving_level(args: BenchArgs) -> BenchLevel:
             said = [ln for ln in done.stdout.decode(errors="replace").splitlines() if ln.strip()]
             last = said[-1].strip() if said else "no output"
             fail(f"{module} exited {done.returncode}: {last}", "host")
-    result = json.loads(lines[-1])
+    try:
+        return bench_serving_result(args, json.loads(lines[-1]))
+    except (ValueError, KeyError, TypeError) as exc:
+        fail(f"{module} wrote a result this agent cannot read ({exc!r})", "host")
+
+
+def bench_serving_result(args: BenchArgs, result: dict[str, Any]) -> BenchLevel:
+    """SGLang's benchmark result (one JSONL line with --output-details) as a level."""
 
     def spread(name: str) -> Spread:
         return {"p50": result[f"median_{name}"], "p99": result[f"p99_{name}"]}

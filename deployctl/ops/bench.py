@@ -113,6 +113,7 @@ def run_bench(
             "flush": True,
             "timeout": plan.level_timeout,
             "tool": plan.tool,
+            "env": run.get("env", {}),
         }
         limit = max(conn.command_timeout, plan.level_timeout + 30)
         levels.append(agent.call(host, conn, "bench", level_args, BenchLevel, timeout=limit))
