@@ -453,3 +453,23 @@ def test_odd_logs_are_scanned_not_refused(
             assert result.returncode == 0, result.stdout
             assert "no crash found" in result.stdout
     assert_homes_unchanged(before, lab)
+
+
+def test_the_open_files_limit_is_lifted_to_the_hard_limit() -> None:
+    """A fleet command holds two or three descriptors per host: a soft limit of 1,024 would
+    fail a few hundred hosts, so the CLI lifts it to the hard limit first."""
+    import resource
+    import sys
+
+    def low_soft_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
+
+    probe = (
+        "import resource; from deployctl.cli import raise_open_files_limit; "
+        "raise_open_files_limit(); print(*resource.getrlimit(resource.RLIMIT_NOFILE))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], preexec_fn=low_soft_limit, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["4096", "4096"]
