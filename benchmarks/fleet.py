@@ -8,7 +8,8 @@ real install). Then, for each N, it times cold, complete invocations, as a user 
 
   floor     OpenSSH's ssh to all N at once (`ssh … &` per host, then `wait`; ControlMaster off)
             running the very remote command deployctl sends for that read
-  deployctl `deployctl gpus|status|patch audit --json --forks N` (interpreter start-up included)
+  deployctl `deployctl gpus|status|patch audit --json` at its default --forks (interpreter
+            start-up included); `--forks 8,16,…` also times `gpus` at each of those
   ansible   `ansible all -m shell -a GPUS_COMMAND -f N -o`, pipelining on, ControlMaster off,
             interpreter_python set (no discovery); ansible-core from PyPI in its own venv
 
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,26 @@ def setup_hosts(base: Path, count: int, sglang: bool) -> tuple[SSHLab, dict[str,
         sh("chown", "-R", f"{host.user}:{host.user}", host.home / ".deployctl")
     log(f"{count} hosts ready in {time.monotonic() - started:.1f} s")
     return lab, pythons
+
+
+@contextlib.contextmanager
+def network_delay(ms: float) -> Iterator[None]:
+    """Delay every packet to the lab's addresses (127.0.0.2 to 127.0.1.255) by `ms`, as a
+    network between the client and its hosts would (netem on `lo`; 127.0.0.1 keeps going
+    straight). 0: no change."""
+    if not ms:
+        yield
+        return
+    tc = ["tc", "qdisc", "add", "dev", "lo"]
+    filters = ["tc", "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip"]
+    sh(*tc, "root", "handle", "1:", "prio", "bands", "3", "priomap", *["1"] * 16)
+    try:
+        sh(*tc, "parent", "1:3", "handle", "30:", "netem", "delay", f"{ms}ms", "limit", "100000")
+        sh(*filters, "prio", "1", "u32", "match", "ip", "dst", "127.0.0.1/32", "flowid", "1:2")
+        sh(*filters, "prio", "2", "u32", "match", "ip", "dst", "127.0.0.0/23", "flowid", "1:3")
+        yield
+    finally:
+        sh("tc", "qdisc", "del", "dev", "lo", "root", check=False)
 
 
 # ---- the remote commands deployctl sends ----------------------------------------------------
@@ -220,7 +241,9 @@ def measure(contender: Contender) -> Sample:
     except AssertionError as exc:
         # deployctl's traceback file goes with the lab's folder: keep it in the message.
         kept = re.search(r"the traceback is in (\S+?);", done.stderr)
-        trace = Path(kept.group(1)).read_text()[-4000:] if kept else ""
+        trace = ""
+        with contextlib.suppress(OSError):
+            trace = Path(kept.group(1)).read_text()[-4000:] if kept else ""
         raise RuntimeError(
             f"{contender.name} gave a wrong answer (exit {done.returncode}): {exc}\n"
             f"stdout: {done.stdout[-1500:]}\nstderr: {done.stderr[-1500:]}\n{trace}"
@@ -390,6 +413,7 @@ def bench_size(
     rounds: int,
     sglang: bool,
     forks: list[int],
+    sweep_only: bool,
 ) -> dict[str, Any]:
     names = host_names(count)
     work = base / f"n{count}"
@@ -419,7 +443,7 @@ def bench_size(
             )
         )  # fmt: skip
         sub = ["patch", "audit"] if read == "audit" else [read]
-        argv = [*deployctl_argv(), *sub, "--json", "-i", str(inventory), "--forks", str(count)]
+        argv = [*deployctl_argv(), *sub, "--json", "-i", str(inventory)]
         contenders.append(
             Contender(f"deployctl {read}", argv, check_deployctl(names, read, sglang), work, env)
         )
@@ -439,6 +463,11 @@ def bench_size(
         Contender("ansible gpus", ansible_argv, check_ansible(names), work, ansible_env)
     )
 
+    gpus = next(c for c in contenders if c.name == "deployctl gpus")
+    sweep = [f for f in forks if f <= count]
+    if sweep_only:
+        measure(gpus)  # warm-up
+        return {"hosts": count, "forks": sweep_forks(count, rounds, sweep, gpus)}
     samples: dict[str, list[Sample]] = {c.name: [] for c in contenders}
     log(f"N={count}: warm-up")
     for contender in contenders:
@@ -455,16 +484,14 @@ def bench_size(
         )
     shutil.rmtree(out, ignore_errors=True)
     result = {**summarize(count, rounds, samples), "loadavg_1m_per_round": loads}
-    if [f for f in forks if f <= count]:
-        gpus = next(c for c in contenders if c.name == "deployctl gpus")
-        result["forks"] = sweep_forks(count, rounds, [f for f in forks if f <= count], gpus)
+    if sweep:
+        result["forks"] = sweep_forks(count, rounds, sweep, gpus)
     return result
 
 
 def sweep_forks(count: int, rounds: int, forks: list[int], gpus: Contender) -> list[dict[str, Any]]:
     """`deployctl gpus` at each --forks: wall time, peak RSS and descriptors, rounds interleaved."""
-    assert gpus.argv[-2] == "--forks"
-    runs = {f: Contender(gpus.name, [*gpus.argv[:-1], str(f)], gpus.check, gpus.cwd, gpus.env)
+    runs = {f: Contender(gpus.name, [*gpus.argv, "--forks", str(f)], gpus.check, gpus.cwd, gpus.env)
             for f in forks}  # fmt: skip
     samples: dict[int, list[Sample]] = {f: [] for f in forks}
     for round_no in range(rounds):
@@ -595,10 +622,11 @@ def forks_table(results: list[dict[str, Any]]) -> str:
     for r in results:
         cells = [
             f"{n.split()[1]} {m['peak_rss_mib']:.0f}/{m['peak_fds']}"
-            for n, m in r["median"].items()
+            for n, m in r.get("median", {}).items()
             if n.startswith("deployctl")
         ]
-        lines.append(f"  N={r['hosts']} (--forks N): " + "; ".join(cells))
+        if cells:
+            lines.append(f"  N={r['hosts']} (default --forks): " + "; ".join(cells))
         for f in r.get("forks", []):
             lines.append(
                 f"  N={r['hosts']} --forks {f['forks']}: {f['wall_s']:.2f} s, client CPU "
@@ -621,6 +649,12 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS / "fleet.json")
     parser.add_argument(
         "--forks", default="", help="also time `deployctl gpus` at these --forks (comma list)"
+    )
+    parser.add_argument(
+        "--sweep-only", action="store_true", help="only the --forks sweep (no contenders)"
+    )
+    parser.add_argument(
+        "--delay-ms", type=float, default=0, help="one-way delay to every host (netem on lo)"
     )
     parser.add_argument(
         "--nice",
@@ -649,14 +683,17 @@ def main() -> None:
         lab, pythons = setup_hosts(base, max(sizes), sglang=not args.no_sglang)
         help_result = bench_help()
         results = []
-        for n in sizes:
-            results.append(
-                bench_size(lab, base, pythons, n, args.rounds, not args.no_sglang, forks)
-            )
-            # A long run that fails at its largest size still leaves the smaller ones.
-            partial = args.output.with_suffix(".partial.json")
-            partial.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps(results, indent=2) + "\n")
+        with network_delay(args.delay_ms):
+            for n in sizes:
+                sglang = not args.no_sglang
+                size = bench_size(
+                    lab, base, pythons, n, args.rounds, sglang, forks, args.sweep_only
+                )
+                results.append(size)
+                # A long run that fails at its largest size still leaves the smaller ones.
+                partial = args.output.with_suffix(".partial.json")
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                partial.write_text(json.dumps(results, indent=2) + "\n")
     finally:
         if lab is not None:
             stop_lab(lab)  # sshds, the users' processes, the users, the folder
@@ -675,13 +712,16 @@ def main() -> None:
         },
         "deployctl": deployctl_argv(),
         "gpus_per_host": GPUS_PER_HOST,
+        "delay_ms": args.delay_ms,
         "help": help_result,
         "results": results,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(doc, indent=2) + "\n")
-    print(table(results))
-    print(cpu_table(results))
+    compared = [r for r in results if "median" in r]
+    if compared:
+        print(table(compared))
+        print(cpu_table(compared))
     print(forks_table(results))
     for mode in ("venv", "dev"):
         h = help_result[mode]
