@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,26 +109,6 @@ def setup_hosts(base: Path, count: int, sglang: bool) -> tuple[SSHLab, dict[str,
         sh("chown", "-R", f"{host.user}:{host.user}", host.home / ".deployctl")
     log(f"{count} hosts ready in {time.monotonic() - started:.1f} s")
     return lab, pythons
-
-
-@contextlib.contextmanager
-def network_delay(ms: float) -> Iterator[None]:
-    """Delay every packet to the lab's addresses (127.0.0.2 to 127.0.1.255) by `ms`, as a
-    network between the client and its hosts would (netem on `lo`; 127.0.0.1 keeps going
-    straight). 0: no change."""
-    if not ms:
-        yield
-        return
-    tc = ["tc", "qdisc", "add", "dev", "lo"]
-    filters = ["tc", "filter", "add", "dev", "lo", "parent", "1:", "protocol", "ip"]
-    sh(*tc, "root", "handle", "1:", "prio", "bands", "3", "priomap", *["1"] * 16)
-    try:
-        sh(*tc, "parent", "1:3", "handle", "30:", "netem", "delay", f"{ms}ms", "limit", "100000")
-        sh(*filters, "prio", "1", "u32", "match", "ip", "dst", "127.0.0.1/32", "flowid", "1:2")
-        sh(*filters, "prio", "2", "u32", "match", "ip", "dst", "127.0.0.0/23", "flowid", "1:3")
-        yield
-    finally:
-        sh("tc", "qdisc", "del", "dev", "lo", "root", check=False)
 
 
 # ---- the remote commands deployctl sends ----------------------------------------------------
@@ -494,21 +474,29 @@ def sweep_forks(count: int, rounds: int, forks: list[int], gpus: Contender) -> l
     runs = {f: Contender(gpus.name, [*gpus.argv, "--forks", str(f)], gpus.check, gpus.cwd, gpus.env)
             for f in forks}  # fmt: skip
     samples: dict[int, list[Sample]] = {f: [] for f in forks}
+    failures: dict[int, list[str]] = {f: [] for f in forks}  # too many at once can fail here
     for round_no in range(rounds):
         shift = round_no % len(forks)
         for f in forks[shift:] + forks[:shift]:
-            samples[f].append(measure(runs[f]))
+            try:
+                samples[f].append(measure(runs[f]))
+            except RuntimeError as exc:
+                failures[f].append(str(exc).split("\n", 1)[0])
         log(
             f"N={count} forks round {round_no + 1}/{rounds}: "
-            + ", ".join(f"{f}: {s[-1].wall_s:.2f} s" for f, s in samples.items())
+            + ", ".join(f"{f}: {s[-1].wall_s:.2f} s" for f, s in samples.items() if s)
+            + "".join(f"; {f}: {len(e)} failed" for f, e in failures.items() if e)
         )
     return [
         {
             "forks": f,
-            "wall_s": round(statistics.median(x.wall_s for x in runs_), 3),
-            "client_cpu_s": round(statistics.median(x.client_cpu_s for x in runs_), 3),
-            "peak_rss_mib": round(max(x.peak_rss_mib for x in runs_), 1),
-            "peak_fds": max(x.peak_fds for x in runs_),
+            "wall_s": round(statistics.median(x.wall_s for x in runs_), 3) if runs_ else None,
+            "client_cpu_s": round(statistics.median(x.client_cpu_s for x in runs_), 3)
+            if runs_
+            else None,
+            "peak_rss_mib": round(max(x.peak_rss_mib for x in runs_), 1) if runs_ else None,
+            "peak_fds": max(x.peak_fds for x in runs_) if runs_ else None,
+            "failed": failures[f],
         }
         for f, runs_ in samples.items()
     ]
@@ -628,9 +616,13 @@ def forks_table(results: list[dict[str, Any]]) -> str:
         if cells:
             lines.append(f"  N={r['hosts']} (default --forks): " + "; ".join(cells))
         for f in r.get("forks", []):
+            if f["wall_s"] is None:
+                lines.append(f"  N={r['hosts']} --forks {f['forks']}: every run failed")
+                continue
             lines.append(
                 f"  N={r['hosts']} --forks {f['forks']}: {f['wall_s']:.2f} s, client CPU "
                 f"{f['client_cpu_s']:.2f} s, {f['peak_rss_mib']:.0f} MiB, {f['peak_fds']} fds"
+                + (f", {len(f['failed'])} run(s) failed" if f["failed"] else "")
             )
     return "\n".join(lines)
 
@@ -652,9 +644,6 @@ def main() -> None:
     )
     parser.add_argument(
         "--sweep-only", action="store_true", help="only the --forks sweep (no contenders)"
-    )
-    parser.add_argument(
-        "--delay-ms", type=float, default=0, help="one-way delay to every host (netem on lo)"
     )
     parser.add_argument(
         "--nice",
@@ -683,17 +672,14 @@ def main() -> None:
         lab, pythons = setup_hosts(base, max(sizes), sglang=not args.no_sglang)
         help_result = bench_help()
         results = []
-        with network_delay(args.delay_ms):
-            for n in sizes:
-                sglang = not args.no_sglang
-                size = bench_size(
-                    lab, base, pythons, n, args.rounds, sglang, forks, args.sweep_only
-                )
-                results.append(size)
-                # A long run that fails at its largest size still leaves the smaller ones.
-                partial = args.output.with_suffix(".partial.json")
-                partial.parent.mkdir(parents=True, exist_ok=True)
-                partial.write_text(json.dumps(results, indent=2) + "\n")
+        for n in sizes:
+            sglang = not args.no_sglang
+            size = bench_size(lab, base, pythons, n, args.rounds, sglang, forks, args.sweep_only)
+            results.append(size)
+            # A long run that fails at its largest size still leaves the smaller ones.
+            partial = args.output.with_suffix(".partial.json")
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(results, indent=2) + "\n")
     finally:
         if lab is not None:
             stop_lab(lab)  # sshds, the users' processes, the users, the folder
@@ -712,7 +698,6 @@ def main() -> None:
         },
         "deployctl": deployctl_argv(),
         "gpus_per_host": GPUS_PER_HOST,
-        "delay_ms": args.delay_ms,
         "help": help_result,
         "results": results,
     }
