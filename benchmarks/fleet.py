@@ -239,8 +239,7 @@ def ensure_deployctl_venv(base: Path) -> Path:
     interpreter's site-packages or their .pth start-up hooks. Dependencies stay installed
     between runs; deployctl itself is installed afresh from a copy of the tree each run.
     """
-    fresh = not (DEPLOYCTL_VENV / "bin" / "python").exists()
-    if fresh:
+    if not (DEPLOYCTL_VENV / "bin" / "python").exists():
         log(f"creating {DEPLOYCTL_VENV}")
         subprocess.run([sys.executable, "-m", "venv", str(DEPLOYCTL_VENV)], check=True)
     source = base / "deployctl-src"
@@ -251,9 +250,10 @@ def ensure_deployctl_venv(base: Path) -> Path:
         REPO / "deployctl", source / "deployctl", ignore=shutil.ignore_patterns("__pycache__")
     )
     pip = [str(DEPLOYCTL_VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
-    subprocess.run(
-        [*pip, *([] if fresh else ["--no-deps"]), "--force-reinstall", str(source)], check=True
-    )
+    # First the dependencies as this tree pins them (pip changes only what no longer fits),
+    # then deployctl itself afresh.
+    subprocess.run([*pip, str(source)], check=True)
+    subprocess.run([*pip, "--no-deps", "--force-reinstall", str(source)], check=True)
     return DEPLOYCTL_VENV
 
 
