@@ -883,7 +883,9 @@ def _bench(results: FleetResult[BenchResult | None]) -> None:
         if r.value is None:
             continue
         doc = r.value.document
-        title = f"{r.name}: {doc['run']} (input {doc['params']['input_len']}, output {doc['params']['output_len']})"
+        params = doc["params"]
+        by = ", SGLang's serving benchmark" if params["tool"] == "sglang" else ""
+        title = f"{r.name}: {doc['run']} (input {params['input_len']}, output {params['output_len']}{by})"
         print_table(title, LEVEL_COLUMNS, [_level_row(dict(lv)) for lv in r.value.levels])
         sys.stderr.write(f"{r.name}: kept as {r.value.saved}\n")
         for level in r.value.levels:
@@ -915,6 +917,13 @@ def _comparison(result: Comparison) -> None:
                     "-" if itl is None else f"{itl:.1f} ms"]  # fmt: skip
         rows.append(row)
     print_table(None, columns, rows)
+    tools = {run: doc.get("params", {}).get("tool", "builtin") for run, doc in result.runs.items()}
+    if len(set(tools.values())) > 1:
+        sys.stderr.write(
+            "note: these runs used different load generators ("
+            + ", ".join(f"{run}: {tool}" for run, tool in tools.items())
+            + "); tok/s compares, but sglang's ITL is per token and the builtin's per chunk\n"
+        )
     for run in result.missing:
         print_error(f"no kept bench results for {run} on the selected hosts")
     for name, exc in result.failed.items():

@@ -73,7 +73,7 @@ def build_template(base: Path) -> Path:
     return venv
 
 
-# sglang.bench_serving's client-side imports, pinned as 0.5.23's wheel pins them (no torch).
+# SGLang's serving benchmark's client-side imports, pinned as the 0.5.23 wheel pins them.
 BENCH_SERVING_DEPS = [
     "aiohttp", "msgspec", "numpy", "orjson", "pillow", "psutil", "pybase64", "pyzmq>=25.1.2",
     "requests", "tokenizers==0.23.2", "tqdm", "transformers==5.19.0",
@@ -86,7 +86,7 @@ def bench_serving_venv() -> Path:
     the import shim (tests/standin/bench_serving_shim.py); built once per checkout.
 
     Test hosts share it read-only: its python runs the agent, the stand-in server and
-    `python -m sglang.bench_serving`.
+    `python -m sglang.benchmark.serving`.
     """
     venv = REPO / ".cache" / "bench-serving-venv"
     stamp = venv / "deployctl-stamp"

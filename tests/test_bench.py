@@ -16,6 +16,7 @@ import pytest
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.host_agent import bench_serving_module, percentile
 from deployctl.ops.bench import Comparison, parse_levels, suggest_threshold
+from deployctl.report import COMPARISON, render_result
 from tests.conftest import CLI
 from tests.sglang_wheel import bench_serving_venv, write_tokenizer
 from tests.sshd_hosts import SSHLab
@@ -63,6 +64,22 @@ def test_the_threshold_is_the_largest_level_where_speculation_still_wins() -> No
     assert suggest_threshold(never, "base", "spec").threshold is None
     with pytest.raises(DeployctlError, match="no kept bench results for gone_v1"):
         suggest_threshold(Comparison(runs, missing=["gone_v1"]), "base", "gone_v1")
+
+
+def test_comparing_runs_of_both_tools_says_what_their_itl_means(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def swept(tool: str) -> dict[str, Any]:
+        level = {"concurrency": 4, "output_tokens_per_s": 180.0, "itl_ms": {"p50": 12.0}}
+        return {"params": {"tool": tool}, "levels": [level]}
+
+    render_result(COMPARISON, Comparison({"base_v1": swept("builtin")}), as_json=False)
+    assert "note:" not in capsys.readouterr().err
+    both = Comparison({"base_v1": swept("builtin"), "eagle3_v2": swept("sglang")})
+    render_result(COMPARISON, both, as_json=False)
+    out, err = capsys.readouterr()
+    assert "180.0" in out and "(base_v1: builtin, eagle3_v2: sglang)" in err
+    assert "sglang's ITL is per token and the builtin's per chunk" in err
 
 
 def test_the_serving_benchmark_is_found_under_either_name(tmp_path: Path) -> None:
@@ -184,7 +201,8 @@ def test_sglang_tool_runs_the_hosts_own_serving_benchmark(
         assert level["output_tokens_per_s"] == pytest.approx(spec_tps(c), rel=0.10), level
     # bench_serving's ITL is per token: a chunk's gap divided by the tokens it brought.
     step_ms = MODEL["spec_step_ms"] + MODEL["spec_per_req_ms"]
-    assert entry["levels"][0]["itl_ms"]["p50"] == pytest.approx(step_ms / 3, rel=0.2)
+    per_token = step_ms / MODEL["accept_len"]
+    assert entry["levels"][0]["itl_ms"]["p50"] == pytest.approx(per_token, rel=0.2)
     kept = json.loads(Path(entry["saved"]).read_text())
     assert kept["params"]["tool"] == "sglang"
     # The requests really came from SGLang's client: native /generate, a flush per level.
