@@ -20,7 +20,7 @@ import yaml
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab, free_port
 from tests.test_deployments import run_json, standin_starts
-from tests.test_faults import wait_until
+from tests.test_faults import agents, wait_until
 from tests.test_lifecycle import prepare, rank_pids, watch_until
 
 # ---- over real sshd hosts --------------------------------------------------------------------
@@ -218,8 +218,7 @@ def test_a_node_whose_connection_drops_while_waited_for_is_reconnected(
     inv = group_inventory(hosts, tmp_path, names, startup_s=4)
     bravo = hosts.hosts["bravo"]
     launch = cli.popen("launch", "-i", str(inv), "--json", "--timeout", "60")
-    starts = bravo.home / "model" / "standin-argv.jsonl"
-    wait_until(starts.exists, timeout=30)
+    wait_until(lambda: agents(bravo, "poll"), timeout=30)  # started: the wait is polling it
     bravo.go_away()
     time.sleep(1)
     bravo.start()
