@@ -580,7 +580,7 @@ def _wait_ready(
     # One decoder for the whole log: a character split across two polls stays whole.
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset, started, last_line, buffer = 0, time.monotonic(), "", ""
-    backoff, lost = 0.0, False  # lost: since the last poll that came back
+    backoff = 0.0  # > 0 while the connection is lost: the wait before the next try
     while True:
         try:
             doc = poll(host, conn, run, offset, POLL_WAIT if serves_api else NODE_POLL_WAIT)
@@ -592,17 +592,16 @@ def _wait_ready(
             elapsed = time.monotonic() - started
             if elapsed >= timeout or (group is not None and group.state == "failed"):
                 raise
-            if not lost:
+            if not backoff:
                 losses.append(str(exc))
                 if progress is not None:
                     progress(host.label, elapsed, f"connection lost ({exc}); reconnecting")
-            lost = True
             backoff = next_backoff(backoff, POLL_RETRY_FIRST, RECONNECT_BACKOFF_MAX)
             time.sleep(min(backoff, timeout - elapsed))
             continue
-        if lost and progress is not None:
+        if backoff and progress is not None:
             progress(host.label, time.monotonic() - started, "reconnected")
-        backoff, lost = 0.0, False
+        backoff = 0.0
         raw = base64.b64decode(doc["data"])
         offset += len(raw)
         data = decoder.decode(raw, final=not doc["alive"])
