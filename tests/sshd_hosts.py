@@ -178,6 +178,11 @@ Subsystem sftp internal-sftp
         assert self.proc is not None
         self.proc.wait(5)
 
+    def ensure_running(self) -> None:
+        """Start sshd again if a test took it away (and did not bring it back)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+
     def set_gpus(self, mode: str = "clean", count: int = 1, warn: bool = False) -> None:
         """clean, busy, ghost (memory used, no process listed), failing, or live (the GPUs
         hold what the user's stand-in ranks hold, placed by CUDA_VISIBLE_DEVICES); `missing`
@@ -212,8 +217,7 @@ Subsystem sftp internal-sftp
 
     def reset(self) -> None:
         """Put the host back to a clean, empty state between tests."""
-        if self.proc is None or self.proc.poll() is not None:
-            self.start()
+        self.ensure_running()
         self.kill_processes()
         self.set_gpus("clean", 1)
         # Renaming is instant; the old home (a venv copy, logs) is deleted in the background.

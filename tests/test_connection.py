@@ -118,8 +118,7 @@ def test_a_dropped_connection_is_opened_again_once_the_host_is_back(hosts: SSHLa
         bravo.start()
         assert conn.run("echo back").stdout == "back\n"  # the same connection object
     finally:
-        if bravo.proc is None or bravo.proc.poll() is not None:
-            bravo.start()
+        bravo.ensure_running()
         conn.close()
 
 

@@ -397,8 +397,7 @@ def test_follow_outlives_a_lost_connection_and_says_so_once(
         append(log, "after\n")
         follow.until("after")
     finally:
-        if bravo.proc is None or bravo.proc.poll() is not None:
-            bravo.start()
+        bravo.ensure_running()
         code, err = follow.interrupt()
     assert follow.seen == ["before", "while down", "after"]
     assert err.count("bravo: connection lost") == 1 and err.count("bravo: reconnected") == 1, err

@@ -133,8 +133,7 @@ def test_top_keeps_refreshing_while_a_host_goes_away_and_comes_back(
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
-        if bravo.proc is None or bravo.proc.poll() is not None:
-            bravo.start()
+        bravo.ensure_running()
     assert phases == {"up": True, "down": True, "back": True}, (seen[-1:], err)
     assert proc.returncode == 0 and "Traceback" not in err
     cli("stop", "-i", str(inv))

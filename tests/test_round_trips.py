@@ -165,5 +165,4 @@ def test_a_poll_tries_an_unreachable_host_again_only_after_a_backoff(
             }
             assert back["bravo"].value == "up\n"
     finally:
-        if bravo.proc is None or bravo.proc.poll() is not None:
-            bravo.start()
+        bravo.ensure_running()
