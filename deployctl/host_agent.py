@@ -1430,6 +1430,11 @@ def cmd_start(args: StartArgs) -> StartReply:
     return {"run": record}
 
 
+def server_address(bind_host: str) -> str:
+    """Where a client on this host reaches a server bound to `bind_host` (any address: loopback)."""
+    return "127.0.0.1" if bind_host in ("", "0.0.0.0", "::") else bind_host
+
+
 def http_get(
     host: str, port: int, path: str, limit: int = 0, timeout: float = 0.5, method: str = "GET"
 ) -> tuple[int | None, bytes]:
@@ -1437,7 +1442,7 @@ def http_get(
     and up to `limit` bytes of the body."""
     import socket
 
-    address = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    address = server_address(host)
     try:
         with socket.create_connection((address, int(port)), timeout=timeout) as sock:
             request = f"{method} {path} HTTP/1.0\r\nHost: {address}\r\nContent-Length: 0\r\n\r\n"
@@ -1698,7 +1703,7 @@ def stream_completion(args: BenchArgs, prompt: str) -> Timing:
             "stream_options": {"include_usage": True},
         }
     )
-    address = "127.0.0.1" if args["bind_host"] in ("", "0.0.0.0", "::") else args["bind_host"]
+    address = server_address(args["bind_host"])
     timing: Timing = {"error": "", "ttft": 0.0, "itl": [], "e2e": 0.0, "tokens": 0}
     start = time.perf_counter()
     last: float | None = None
@@ -1795,7 +1800,7 @@ def bench_serving_argv(module: str, args: BenchArgs, output_file: str) -> list[s
     """SGLang's benchmark for one level, as close to the builtin's as it goes: its default
     backend (native /generate), random token ids sent as ids (exact input lengths, no
     dataset download), exact output lengths, EOS ignored (its default)."""
-    address = "127.0.0.1" if args["bind_host"] in ("", "0.0.0.0", "::") else args["bind_host"]
+    address = server_address(args["bind_host"])
     argv = [
         sys.executable, "-m", module, "--backend", "sglang",
         "--host", address, "--port", str(args["port"]),
