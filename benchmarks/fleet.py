@@ -488,32 +488,25 @@ def sweep_forks(count: int, rounds: int, forks: list[int], gpus: Contender) -> l
             + "".join(f"; {f}: {len(e)} failed" for f, e in failures.items() if e)
         )
     return [
-        {
-            "forks": f,
-            "wall_s": round(statistics.median(x.wall_s for x in runs_), 3) if runs_ else None,
-            "client_cpu_s": round(statistics.median(x.client_cpu_s for x in runs_), 3)
-            if runs_
-            else None,
-            "peak_rss_mib": round(max(x.peak_rss_mib for x in runs_), 1) if runs_ else None,
-            "peak_fds": max(x.peak_fds for x in runs_) if runs_ else None,
-            "failed": failures[f],
-        }
+        {"forks": f, **(sample_stats(runs_) if runs_ else {"wall_s": None}), "failed": failures[f]}
         for f, runs_ in samples.items()
     ]
 
 
-def summarize(count: int, rounds: int, samples: dict[str, list[Sample]]) -> dict[str, Any]:
-    med = {
-        name: {
-            "wall_s": round(statistics.median(s.wall_s for s in runs), 3),
-            "client_cpu_s": round(statistics.median(s.client_cpu_s for s in runs), 3),
-            "machine_cpu_s": round(statistics.median(s.machine_cpu_s for s in runs), 3),
-            "peak_rss_mib": round(max(s.peak_rss_mib for s in runs), 1),
-            "peak_fds": max(s.peak_fds for s in runs),
-            "walls_s": [round(s.wall_s, 3) for s in runs],
-        }
-        for name, runs in samples.items()
+def sample_stats(runs: list[Sample]) -> dict[str, Any]:
+    """Medians of the times, peaks of memory and descriptors, and every wall time."""
+    return {
+        "wall_s": round(statistics.median(s.wall_s for s in runs), 3),
+        "client_cpu_s": round(statistics.median(s.client_cpu_s for s in runs), 3),
+        "machine_cpu_s": round(statistics.median(s.machine_cpu_s for s in runs), 3),
+        "peak_rss_mib": round(max(s.peak_rss_mib for s in runs), 1),
+        "peak_fds": max(s.peak_fds for s in runs),
+        "walls_s": [round(s.wall_s, 3) for s in runs],
     }
+
+
+def summarize(count: int, rounds: int, samples: dict[str, list[Sample]]) -> dict[str, Any]:
+    med = {name: sample_stats(runs) for name, runs in samples.items()}
     wall = {name: m["wall_s"] for name, m in med.items()}
     ratios = {
         f"deployctl/{floor} {read}": round(wall[f"deployctl {read}"] / wall[f"{floor} {read}"], 2)
