@@ -6,7 +6,9 @@ that commands which never touch a remote host start fast.
 
 from __future__ import annotations
 
+import errno
 import functools
+import ipaddress
 import logging
 import os
 import random
@@ -181,6 +183,9 @@ class Connection(ABC):
     def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
         """Run `command` through the host's shell; return (exit code, stdout, stderr)."""
 
+    def dial(self) -> None:  # noqa: B027 - optional hook
+        """Start connecting now and return at once; the first command finishes the connect."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the connection."""
 
@@ -219,6 +224,8 @@ class SSHConnection(Connection):
         self.options = options
         self.connect_timeout = float(host.vars.get("connect_timeout", options.connect_timeout))
         self._client: paramiko.SSHClient | None = None
+        # From dial(): the fabric connection, its socket still connecting, and its deadline.
+        self._dialed: tuple[fabric.Connection, socket.socket, float] | None = None
         self._lock = threading.Lock()
 
     def _known_hosts_path(self, ssh_config: dict[str, Any]) -> Path:
@@ -230,9 +237,8 @@ class SSHConnection(Connection):
             return Path(os.path.expanduser(str(from_config).split()[0]))
         return Path.home() / ".ssh" / "known_hosts"
 
-    def _connect(self) -> paramiko.SSHClient:
-        import paramiko
-
+    def _fabric_connection(self) -> fabric.Connection:
+        """The host as ssh_config resolves it (address, port, user, proxy); not yet open."""
         host = self.host
         connect_kwargs: dict[str, Any] = {
             "banner_timeout": self.connect_timeout,
@@ -240,7 +246,7 @@ class SSHConnection(Connection):
         }
         if host.key_file:
             connect_kwargs["key_filename"] = [host.key_file]
-        conn = _fabric_connection_class()(
+        return _fabric_connection_class()(
             host.address,
             user=host.user,
             port=host.port,
@@ -248,6 +254,51 @@ class SSHConnection(Connection):
             connect_timeout=self.connect_timeout,
             connect_kwargs=connect_kwargs,
         )
+
+    def dial(self) -> None:
+        """Start the TCP connect without waiting for it. A fleet command dials its first
+        batch of hosts at once, so every sshd is starting up while this process's threads
+        still take turns with the handshakes. Only a direct connect to an address (no proxy,
+        no name to look up here) is dialed; anything else, failures included, is left to the
+        connect proper, which reports it in the host's own thread."""
+        with self._lock:
+            if self._client is not None or self._dialed is not None:
+                return
+            try:
+                conn = self._fabric_connection()
+                if conn.gateway:
+                    return
+                address = ipaddress.ip_address(conn.host)
+            except Exception:  # the connect proper reports it, in the host's thread
+                return
+            family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            if sock.connect_ex((str(address), conn.port)) not in (0, errno.EINPROGRESS):
+                sock.close()
+                return
+            self._dialed = (conn, sock, time.monotonic() + self.connect_timeout)
+
+    def _finish_dial(self, sock: socket.socket, deadline: float) -> socket.socket:
+        """Wait for a dialed socket to connect. Fails as socket.create_connection does, so a
+        dialed host and any other read the same to the user."""
+        try:
+            if not _wait_writable(sock.fileno(), max(0.0, deadline - time.monotonic())):
+                raise TimeoutError("timed out")
+            error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                raise OSError(error, os.strerror(error))
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(self.connect_timeout)
+        return sock
+
+    def _connect(self) -> paramiko.SSHClient:
+        import paramiko
+
+        dialed, self._dialed = self._dialed, None
+        conn = dialed[0] if dialed is not None else self._fabric_connection()
         client: paramiko.SSHClient = conn.client
         known_hosts = self._known_hosts_path(dict(conn.ssh_config))
         shared = self.options.files.host_keys(known_hosts)
@@ -265,10 +316,13 @@ class SSHConnection(Connection):
         sock: socket.socket | None = None
         try:
             try:
-                if not conn.gateway:
+                if dialed is not None:
+                    sock = self._finish_dial(dialed[1], dialed[2])
+                elif not conn.gateway:
                     sock = socket.create_connection(
                         (conn.host, conn.port), timeout=self.connect_timeout
                     )
+                if sock is not None:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     conn.connect_kwargs["sock"] = sock
                 conn.open()
@@ -363,7 +417,7 @@ class SSHConnection(Connection):
                     channel.close()
                     raise CommandTimeoutError(timed_out)
                 # The channel's pipe wakes us on stdout or stderr data and on EOF.
-                select.select([channel], [], [], min(remaining, 1.0))
+                _wait_readable(channel.fileno(), min(remaining, 1.0))
             if expired.is_set():
                 raise CommandTimeoutError(timed_out)
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
@@ -398,9 +452,27 @@ class SSHConnection(Connection):
 
     def close(self) -> None:
         with self._lock:
+            if self._dialed is not None:  # dialed, never used
+                self._dialed[1].close()
+                self._dialed = None
             if self._client is not None:
                 self._client.close()
                 self._client = None
+
+
+def _wait_readable(fd: int, timeout: float) -> None:
+    """Wait until `fd` can be read or `timeout` seconds pass. poll, not select: a fleet of
+    a few hundred hosts holds more than select's 1,024 descriptors."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.poll(timeout * 1000)
+
+
+def _wait_writable(fd: int, timeout: float) -> bool:
+    """Wait until `fd` can be written (a socket's connect has finished); False on timeout."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return bool(poller.poll(timeout * 1000))
 
 
 def _drain(channel: paramiko.Channel, out: list[bytes], err: list[bytes]) -> None:

@@ -158,6 +158,8 @@ class Fleet:
 
         if len(targets) <= 1:
             return FleetResult(one(host) for host in targets)
+        for host in targets[: self.forks]:  # the first batch's sshds start meanwhile
+            self.connection(host).dial()
         pool = ThreadPoolExecutor(max_workers=min(self.forks, len(targets)))
         try:
             futures = [pool.submit(one, host) for host in targets]

@@ -292,3 +292,84 @@ def test_accept_new_records_a_key_once_however_many_connections_ask(
         second.close()
     [line] = known.read_text().splitlines()
     assert line.startswith(f"[{hosts.hosts['alpha'].address}]:{hosts.hosts['alpha'].port} ")
+
+
+def test_commands_run_with_more_descriptors_open_than_select_can_watch(hosts: SSHLab) -> None:
+    """A fleet of about a thousand hosts holds more than 1,024 descriptors; waiting on a
+    channel numbered beyond that must still work (select() raised ValueError there)."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    conn = SSHConnection(ssh_host(hosts, "alpha"), ConnectOptions())
+    try:
+        assert conn.run("echo ok; echo err >&2").stdout == "ok\n"
+        assert conn._client is not None
+        assert conn._client.get_transport().sock.fileno() > 1024  # type: ignore[union-attr]
+    finally:
+        conn.close()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_dialed_connection_is_the_one_the_session_uses(hosts: SSHLab) -> None:
+    conn = SSHConnection(ssh_host(hosts, "alpha"), ConnectOptions())
+    try:
+        conn.dial()
+        assert conn._dialed is not None
+        dialed = conn._dialed[1]
+        assert conn.run("echo ok").stdout == "ok\n"
+        assert conn._client is not None and conn._client.get_transport().sock is dialed  # type: ignore[union-attr]
+        conn.dial()  # connected already: nothing more to dial
+        assert conn._dialed is None
+    finally:
+        conn.close()
+
+
+def test_a_dialed_host_that_refuses_fails_as_one_connected_later_does(hosts: SSHLab) -> None:
+    alpha = hosts.hosts["alpha"]
+    host = ssh_host(hosts, "alpha", ansible_port=free_port(alpha.address))  # nothing listens
+    messages = []
+    for dial in (True, False):
+        conn = SSHConnection(host, ConnectOptions())
+        if dial:
+            conn.dial()
+            assert conn._dialed is not None
+        with pytest.raises(ConnectError) as caught:
+            conn.run("true")
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1]
+    assert "Connection refused" in messages[0]
+
+
+def test_closing_a_dialed_connection_that_was_never_used_closes_its_socket(
+    hosts: SSHLab,
+) -> None:
+    conn = SSHConnection(ssh_host(hosts, "alpha"), ConnectOptions())
+    conn.dial()
+    assert conn._dialed is not None
+    dialed = conn._dialed[1]
+    conn.close()
+    assert dialed.fileno() == -1 and conn._dialed is None
+
+
+def test_a_fleet_dials_its_first_batch_of_hosts_before_any_starts_work(hosts: SSHLab) -> None:
+    """With --forks 2, the first two hosts' connects are under way before either host's
+    operation starts; the third connects when a worker is free, as before."""
+    from deployctl.fanout import Fleet
+
+    selected = [ssh_host(hosts, name) for name in ("alpha", "bravo", "charlie")]
+    dialed_at_start: dict[str, bool] = {}
+
+    def operation(host: Host, conn: Connection) -> str:
+        assert isinstance(conn, SSHConnection)
+        dialed_at_start[host.name] = conn._dialed is not None
+        return conn.run("echo ok").stdout
+
+    with Fleet(selected, ConnectOptions(), forks=2) as fleet:
+        results = fleet.run(operation)
+    assert [r.value for r in results] == ["ok\n"] * 3
+    assert dialed_at_start == {"alpha": True, "bravo": True, "charlie": False}
