@@ -103,6 +103,19 @@ def _fabric_connection_class() -> type[fabric.Connection]:
     return SharedConfigConnection
 
 
+@functools.cache
+def _transport_class() -> type[paramiko.Transport]:
+    import paramiko
+
+    class QuietTransport(paramiko.Transport):
+        # paramiko's transport thread wakes every 0.1 s to see whether it was closed, so
+        # kept connections (top, watch, a fleet of hundreds) cost CPU while idle: 2.3 % of
+        # a core for 64 hosts. Once a second is enough: close() does not wait for a wake-up.
+        _active_check_timeout = 1.0
+
+    return QuietTransport
+
+
 class SSHFiles:
     """What is the same for every host of one invocation, read once and shared by its
     connections: the parsed ssh_config files (in fabric's Config) and each known_hosts
@@ -243,6 +256,7 @@ class SSHConnection(Connection):
         connect_kwargs: dict[str, Any] = {
             "banner_timeout": self.connect_timeout,
             "auth_timeout": self.connect_timeout,
+            "transport_factory": _transport_class(),
         }
         if host.key_file:
             connect_kwargs["key_filename"] = [host.key_file]

@@ -373,3 +373,28 @@ def test_a_fleet_dials_its_first_batch_of_hosts_before_any_starts_work(hosts: SS
         results = fleet.run(operation)
     assert [r.value for r in results] == ["ok\n"] * 3
     assert dialed_at_start == {"alpha": True, "bravo": True, "charlie": False}
+
+
+def test_an_idle_connection_wakes_its_thread_about_once_a_second(
+    hosts: SSHLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept connections (top, watch, hundreds of hosts) must cost next to nothing between
+    commands: paramiko's transport thread wakes on each socket timeout to check itself."""
+    from paramiko.packet import Packetizer
+
+    wakes: list[float] = []
+    real = Packetizer._check_keepalive
+
+    def counting(self: Packetizer) -> None:
+        wakes.append(time.monotonic())
+        real(self)
+
+    monkeypatch.setattr(Packetizer, "_check_keepalive", counting)
+    conn = SSHConnection(ssh_host(hosts, "alpha"), ConnectOptions())
+    try:
+        assert conn.run("echo ok").stdout == "ok\n"
+        wakes.clear()
+        time.sleep(3)
+        assert 1 <= len(wakes) <= 4, wakes  # paramiko's own 0.1 s made it about 30
+    finally:
+        conn.close()
