@@ -278,20 +278,22 @@ class SSHConnection(Connection):
         with self._lock:
             if self._client is not None or self._dialed is not None:
                 return
+            sock = None
             try:
                 conn = self._fabric_connection()
                 if conn.gateway:
                     return
                 address = ipaddress.ip_address(conn.host)
+                family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                if sock.connect_ex((str(address), conn.port)) in (0, errno.EINPROGRESS):
+                    self._dialed = (conn, sock, time.monotonic() + self.connect_timeout)
+                    return
             except Exception:  # the connect proper reports it, in the host's thread
-                return
-            family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            if sock.connect_ex((str(address), conn.port)) not in (0, errno.EINPROGRESS):
+                pass
+            if sock is not None:
                 sock.close()
-                return
-            self._dialed = (conn, sock, time.monotonic() + self.connect_timeout)
 
     def _finish_dial(self, sock: socket.socket, deadline: float) -> socket.socket:
         """Wait for a dialed socket to connect. Fails as socket.create_connection does, so a

@@ -398,3 +398,12 @@ def test_an_idle_connection_wakes_its_thread_about_once_a_second(
         assert 1 <= len(wakes) <= 4, wakes  # paramiko's own 0.1 s made it about 30
     finally:
         conn.close()
+
+
+def test_a_host_known_by_name_is_not_dialed_ahead(hosts: SSHLab) -> None:
+    """A name would be looked up in the dialing thread, one host after another: only
+    addresses are dialed ahead; a name is looked up by its own thread when it connects."""
+    conn = SSHConnection(ssh_host(hosts, "alpha", ansible_host="localhost"), ConnectOptions())
+    conn.dial()
+    assert conn._dialed is None
+    conn.close()
