@@ -299,7 +299,7 @@ class SSHConnection(Connection):
         """Wait for a dialed socket to connect. Fails as socket.create_connection does, so a
         dialed host and any other read the same to the user."""
         try:
-            if not _wait_writable(sock.fileno(), max(0.0, deadline - time.monotonic())):
+            if not _wait_for(sock.fileno(), select.POLLOUT, max(0.0, deadline - time.monotonic())):
                 raise TimeoutError("timed out")
             error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if error:
@@ -433,7 +433,7 @@ class SSHConnection(Connection):
                     channel.close()
                     raise CommandTimeoutError(timed_out)
                 # The channel's pipe wakes us on stdout or stderr data and on EOF.
-                _wait_readable(channel.fileno(), min(remaining, 1.0))
+                _wait_for(channel.fileno(), select.POLLIN, min(remaining, 1.0))
             if expired.is_set():
                 raise CommandTimeoutError(timed_out)
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
@@ -476,18 +476,11 @@ class SSHConnection(Connection):
                 self._client = None
 
 
-def _wait_readable(fd: int, timeout: float) -> None:
-    """Wait until `fd` can be read or `timeout` seconds pass. poll, not select: a fleet of
-    a few hundred hosts holds more than select's 1,024 descriptors."""
+def _wait_for(fd: int, event: int, timeout: float) -> bool:
+    """Wait until `fd` is ready for `event` (POLLIN, POLLOUT); False when `timeout` passed.
+    poll, not select: a fleet of a thousand hosts holds more than select's 1,024 descriptors."""
     poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    poller.poll(timeout * 1000)
-
-
-def _wait_writable(fd: int, timeout: float) -> bool:
-    """Wait until `fd` can be written (a socket's connect has finished); False on timeout."""
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
+    poller.register(fd, event)
     return bool(poller.poll(timeout * 1000))
 
 
