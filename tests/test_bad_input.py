@@ -456,8 +456,8 @@ def test_odd_logs_are_scanned_not_refused(
 
 
 def test_the_open_files_limit_is_lifted_to_the_hard_limit() -> None:
-    """A fleet command holds two or three descriptors per host: a soft limit of 1,024 would
-    fail a few hundred hosts, so the CLI lifts it to the hard limit first."""
+    """A fleet command holds about one descriptor per host plus a few per fork: a soft
+    limit of 1,024 would fail a thousand hosts, so the CLI lifts it to the hard limit first."""
     import resource
     import sys
 
