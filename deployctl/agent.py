@@ -20,25 +20,13 @@ from typing import Any, TypeVar, cast
 
 from deployctl import host_agent as proto
 from deployctl.connection import Connection
-from deployctl.errors import CommandError, DeployctlError, InventoryError, PatchError
+from deployctl.errors import AgentError, CommandError, HostError, InventoryError, PatchError
 from deployctl.facts import ProbeOutput, run_probes
 from deployctl.inventory import Host
 from deployctl.shell import join
 
 AGENT_FILE = Path(proto.__file__).resolve()
 R = TypeVar("R")
-
-
-class AgentError(DeployctlError):
-    """The host agent could not run, or answered something that is not its protocol."""
-
-    code = "agent"
-
-
-class HostError(DeployctlError):
-    """The host could not do what was asked: a missing home, a state folder that is a file…"""
-
-    code = "host"
 
 
 @cache

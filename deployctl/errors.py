@@ -1,4 +1,4 @@
-"""The one error type users see, with a hint that says how to fix it, and a stable code."""
+"""Every error type users see, each with a hint that says how to fix it, and a stable code."""
 
 from __future__ import annotations
 
@@ -78,6 +78,42 @@ class PreflightError(DeployctlError):
     code = "preflight"
 
 
+class AgentError(DeployctlError):
+    """The host agent could not run, or answered something that is not its protocol."""
+
+    code = "agent"
+
+
+class HostError(DeployctlError):
+    """The host could not do what was asked: a missing home, a state folder that is a file…"""
+
+    code = "host"
+
+
+class MissingLogError(DeployctlError):
+    """The log file does not exist (yet, or any more) on the host."""
+
+    code = "missing_log"
+
+
+class ParseError(DeployctlError):
+    """Probe output that does not have the expected shape, or a probe that failed."""
+
+    code = "parse"
+
+
+class MetricsError(DeployctlError):
+    """A /metrics page that is not Prometheus text."""
+
+    code = "parse"
+
+
+class UnsafeProjectError(DeployctlError):
+    """A project file that another user could have written: deployctl would run it."""
+
+    code = "unsafe_project"
+
+
 # What a host's failure is called when it is not a DeployctlError: a bug, kept with its traceback.
 INTERNAL = "internal"
 
@@ -92,3 +128,11 @@ def explain(exc: BaseException) -> tuple[str, str | None]:
 def error_code(exc: BaseException) -> str:
     """The stable `code` for an exception: its DeployctlError code, else "internal"."""
     return exc.code if isinstance(exc, DeployctlError) else INTERNAL
+
+
+def error_codes() -> list[str]:
+    """Every `code` a failure can carry in `--json`: each error type's here, then "internal"."""
+    found: list[type[DeployctlError]] = [DeployctlError]
+    for kind in found:  # grows while it is walked: subclasses of subclasses too
+        found += [sub for sub in kind.__subclasses__() if sub.__module__ == __name__]
+    return [*dict.fromkeys(kind.code for kind in found), INTERNAL]

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from deployctl.connection import Connection
-from deployctl.errors import DeployctlError
+from deployctl.errors import ParseError
 from deployctl.text import is_number
 
 # The exact queries whose real output is captured under tests/data/nvidia-smi/.
@@ -54,12 +54,6 @@ class GpuProcess:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class ParseError(DeployctlError):
-    """Probe output that does not have the expected shape, or a probe that failed."""
-
-    code = "parse"
 
 
 def _number(text: str) -> int | None:

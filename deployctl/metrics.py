@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from deployctl.errors import DeployctlError
+from deployctl.errors import MetricsError
 
 PREFIX = "sglang:"
 GAUGES = (
@@ -24,12 +24,6 @@ GAUGES = (
 HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds")
 # What the agent brings back at most: SGLang's page is tens of KiB.
 METRICS_LIMIT_BYTES = 1 << 20
-
-
-class MetricsError(DeployctlError):
-    """A /metrics page that is not Prometheus text."""
-
-    code = "parse"
 
 
 def parse_metrics(text: str) -> dict[str, Any]:

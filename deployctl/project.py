@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployctl.errors import DeployctlError, UsageError
+from deployctl.errors import UnsafeProjectError, UsageError
 
 PROJECT_PARTS = ("templates", "patches", "inventories")
 SHIPPED_DATA = Path(__file__).resolve().parent / "data"
@@ -64,12 +64,6 @@ def find_project(start: Path, explicit: Path | None = None) -> Project:
         if is_project_dir(candidate) and candidate.resolve() != SHIPPED_DATA:
             return trusted(candidate.resolve())
     return Project(None)
-
-
-class UnsafeProjectError(DeployctlError):
-    """A project file that another user could have written: deployctl would run it."""
-
-    code = "unsafe_project"
 
 
 def trusted(root: Path) -> Project:

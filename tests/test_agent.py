@@ -14,7 +14,7 @@ import pytest
 from deployctl import agent, host_agent
 from deployctl.connection import ConnectOptions, LocalConnection, open_connection
 from deployctl.crash import load_catalog
-from deployctl.errors import PatchError
+from deployctl.errors import AgentError, HostError, PatchError
 from deployctl.host_agent import PollReply, PreflightReply, ReleaseReply, StatusArgs, StatusReply
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import launch as launch_ops
@@ -49,7 +49,7 @@ def test_a_reply_missing_a_key_is_an_error_not_a_default(tmp_path: Path) -> None
     assert reply(host, good, PollReply) == good
     for key in good:
         broken = {k: v for k, v in good.items() if k != key}
-        with pytest.raises(agent.AgentError, match=rf"test\.{key} is missing"):
+        with pytest.raises(AgentError, match=rf"test\.{key} is missing"):
             reply(host, broken, PollReply)
 
 
@@ -80,18 +80,18 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
         "lock": lock,
     }
     assert reply(host, base, PreflightReply) == base
-    with pytest.raises(agent.AgentError, match=r"argv_check\.findings\[0\]\.level is missing"):
+    with pytest.raises(AgentError, match=r"argv_check\.findings\[0\]\.level is missing"):
         finding = {"flag": "--x", "message": "m", "candidates": []}
         check = {**base["argv_check"], "findings": [finding]}  # type: ignore[dict-item]
         reply(host, {**base, "argv_check": check}, PreflightReply)
     # The preflight of a port that is in use, with the key gone: never read as "free".
-    with pytest.raises(agent.AgentError, match="port_free is missing"):
+    with pytest.raises(AgentError, match="port_free is missing"):
         reply(host, {k: v for k, v in base.items() if k != "port_free"}, PreflightReply)
-    with pytest.raises(agent.AgentError, match=r"lock\.acquired is missing"):
+    with pytest.raises(AgentError, match=r"lock\.acquired is missing"):
         reply(host, {**base, "lock": {"token": "t", "holder": None}}, PreflightReply)
-    with pytest.raises(agent.AgentError, match="port_free is str, not bool"):
+    with pytest.raises(AgentError, match="port_free is str, not bool"):
         reply(host, {**base, "port_free": "yes"}, PreflightReply)
-    with pytest.raises(agent.AgentError, match=r"records\.spec-disable\.applied_at is missing"):
+    with pytest.raises(AgentError, match=r"records\.spec-disable\.applied_at is missing"):
         reply(host, {**base, "records": {"spec-disable": {"set": "spec-disable"}}}, PreflightReply)
 
 
@@ -100,15 +100,15 @@ def test_the_agents_own_refusal_and_garbage_are_errors(tmp_path: Path) -> None:
     refusal = {"error": "another deployctl patch operation is running", "code": "patch"}
     with pytest.raises(PatchError, match="another deployctl patch operation"):
         reply(host, refusal, ReleaseReply)
-    with pytest.raises(agent.HostError, match="Not a directory"):
+    with pytest.raises(HostError, match="Not a directory"):
         reply(
             host,
             {"error": "status failed on the host: Not a directory", "code": "host"},
             ReleaseReply,
         )
-    with pytest.raises(agent.AgentError, match="unknown agent call"):
+    with pytest.raises(AgentError, match="unknown agent call"):
         reply(host, {"error": "unknown agent call 'x'"}, ReleaseReply)
-    with pytest.raises(agent.AgentError, match="failed: Traceback"):
+    with pytest.raises(AgentError, match="failed: Traceback"):
         agent.parse_reply(host, "x", 1, "", "Traceback (most recent call last): ...", ReleaseReply)
 
 
@@ -190,7 +190,7 @@ def test_a_host_where_the_agent_cannot_be_kept_changes_no_other_host(tmp_path: P
     first = Host("first", {**DEFAULT_VARS, "python": sys.executable, "state_dir": str(blocked)})
     second = Host("second", dict(first.vars))  # the same state_dir text, another host
     conn = LocalConnection("first", 30)
-    with pytest.raises(agent.HostError, match="Not a directory"):
+    with pytest.raises(HostError, match="Not a directory"):
         agent.call(first, conn, "status", {**STATUS_ARGS, "state_dir": str(blocked)}, StatusReply)
     # The source rode in argv for `first`; `second` still gets the short command.
     assert "def cmd_status" in agent.agent_command(first, "status", STATUS_ARGS)

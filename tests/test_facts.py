@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from deployctl.connection import Connection
+from deployctl.errors import ParseError
 from deployctl.facts import (
     GPUS_COMMAND,
     Gpu,
     GpuProcess,
     GpuState,
-    ParseError,
     ProbeOutput,
     parse_gpu_processes,
     parse_gpus,

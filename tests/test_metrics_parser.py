@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from deployctl.metrics import MetricsError, parse_metrics, quantile
+from deployctl.errors import MetricsError
+from deployctl.metrics import parse_metrics, quantile
 
 INF = float("inf")
 

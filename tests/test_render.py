@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from deployctl import project
-from deployctl.errors import TemplateError, UsageError
+from deployctl.errors import TemplateError, UnsafeProjectError, UsageError
 from deployctl.inventory import MASK, Host, Inventory, load_inventory
 from deployctl.render import (
     THRESHOLD_FLAG,
@@ -472,7 +472,7 @@ def test_a_project_others_can_change_is_refused(
     assert project.find_project(work).root == root  # trusted as it is
     change(root / target)
     for found in (lambda: project.find_project(work), lambda: project.find_project(work, root)):
-        with pytest.raises(project.UnsafeProjectError, match=message) as info:
+        with pytest.raises(UnsafeProjectError, match=message) as info:
             found()
         assert "chmod go-w" in (info.value.hint or "")
 

@@ -21,7 +21,13 @@ from deployctl.crash import (
     load_catalog,
     scan_text,
 )
-from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError, HostKeyError
+from deployctl.errors import (
+    CommandTimeoutError,
+    ConnectError,
+    DeployctlError,
+    HostKeyError,
+    MissingLogError,
+)
 from deployctl.fanout import RECONNECT_BACKOFF_MAX, Fleet, FleetResult, next_backoff
 from deployctl.inventory import Host
 from deployctl.ops.launch import recorded_run
@@ -45,12 +51,6 @@ FOLLOW_INTERVAL = 0.25
 WINDOW_MARK = b"@@deployctl-window@@"
 # Exit codes of the window script (see _window_command).
 _NO_FILE, _IS_DIR, _NOT_REGULAR, _UNREADABLE = 65, 66, 67, 68
-
-
-class MissingLogError(DeployctlError):
-    """The log file does not exist (yet, or any more) on the host."""
-
-    code = "missing_log"
 
 
 def load_user_catalog(project: Project) -> Catalog:

@@ -13,7 +13,7 @@ from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport, scan_text
 from deployctl.deployments import GroupKey, gpu_set, group_of, node_rank
-from deployctl.errors import DeployctlError
+from deployctl.errors import DeployctlError, MetricsError
 from deployctl.facts import GPUS_COMMAND, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.host_agent import (
@@ -25,7 +25,7 @@ from deployctl.host_agent import (
     StatusReply,
 )
 from deployctl.inventory import MASK, Host
-from deployctl.metrics import METRICS_LIMIT_BYTES, MetricsError, parse_metrics
+from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
 from deployctl.ops.launch import LaunchReport, Plan, end_run, launch, recorded_run
 from deployctl.patchset import PatchSet, sets_for_flags
