@@ -163,12 +163,12 @@ events = [{"what": "main", "t": time.time()}]
 _call, _wait_ready = agent.call, launch.wait_ready
 
 
-def call(host, conn, command, args, reply_type, stdin=None):
+def call(host, conn, spec, args, stdin=None):
     t0 = time.time()
-    doc = _call(host, conn, command, args, reply_type, stdin)
+    doc = _call(host, conn, spec, args, stdin)
     t1 = time.time()
-    size = len(base64.b64decode(doc.get("data", ""))) if command == "poll" else None
-    events.append({"what": command, "t0": t0, "t1": t1, "bytes": size})
+    size = len(base64.b64decode(doc.get("data", ""))) if spec is agent.POLL else None
+    events.append({"what": spec.name, "t0": t0, "t1": t1, "bytes": size})
     return doc
 
 

@@ -14,9 +14,10 @@ import json
 import types
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from deployctl import host_agent as proto
 from deployctl.connection import Connection
@@ -26,7 +27,43 @@ from deployctl.inventory import Host
 from deployctl.shell import join
 
 AGENT_FILE = Path(proto.__file__).resolve()
+A = TypeVar("A", bound=Mapping[str, Any])
 R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Call(Generic[A, R]):
+    """One agent call: its name on the wire, the TypedDict it takes and the one it answers.
+
+    mypy infers `call`'s types from a typed value, not from a dict literal: pass a variable
+    annotated with the args type, or build it with that type, e.g. `ReadArgs(base=…, paths=…)`.
+    """
+
+    name: str
+    args: type[A]
+    reply: type[R]
+
+
+# Every call the agent answers (host_agent.main's handlers), typed by host_agent's declarations.
+PROBE = Call("probe", proto.ProbeArgs, proto.ProbeReply)
+READ = Call("read", proto.ReadArgs, proto.ReadReply)
+APPLY = Call("apply", proto.ApplyArgs, proto.ApplyReply)
+REVERT = Call("revert", proto.RevertArgs, proto.RevertReply)
+PREFLIGHT = Call("preflight", proto.PreflightArgs, proto.PreflightReply)
+CHECK_ARGS = Call("check_args", proto.CheckArgsArgs, proto.CheckArgsReply)
+START = Call("start", proto.StartArgs, proto.StartReply)
+POLL = Call("poll", proto.PollArgs, proto.PollReply)
+STATUS = Call("status", proto.StatusArgs, proto.StatusReply)
+STOP = Call("stop", proto.StopArgs, proto.StopReply)
+RELEASE = Call("release", proto.ReleaseArgs, proto.ReleaseReply)
+RUNS = Call("runs", proto.RunsArgs, proto.RunsReply)
+BENCH = Call("bench", proto.BenchArgs, proto.BenchLevel)
+BENCH_SAVE = Call("bench_save", proto.BenchSaveArgs, proto.BenchSaveReply)
+BENCH_RESULTS = Call("bench_results", proto.BenchResultsArgs, proto.BenchResultsReply)
+CALLS: tuple[Call[Any, Any], ...] = (
+    PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
+    BENCH, BENCH_SAVE, BENCH_RESULTS,
+)  # fmt: skip
 
 
 @cache
@@ -112,9 +149,8 @@ def parse_reply(
 def call(
     host: Host,
     conn: Connection,
-    name: str,
-    args: Mapping[str, Any],
-    reply_type: type[R],
+    spec: Call[A, R],
+    args: A,
     stdin: bytes | None = None,
     timeout: float | None = None,
 ) -> R:
@@ -122,28 +158,29 @@ def call(
 
     `timeout`: for a call that itself waits longer than the host's command timeout.
     """
-    result = conn.run(agent_command(host, name, args), stdin=stdin, timeout=timeout)
+    result = conn.run(agent_command(host, spec.name, args), stdin=stdin, timeout=timeout)
     if _agent_missing(result.exit_code, result.stdout):
         _send_agent(host, conn)
-        result = conn.run(agent_command(host, name, args), stdin=stdin, timeout=timeout)
-    return parse_reply(host, name, result.exit_code, result.stdout, result.stderr, reply_type)
+        result = conn.run(agent_command(host, spec.name, args), stdin=stdin, timeout=timeout)
+    return parse_reply(host, spec.name, result.exit_code, result.stdout, result.stderr, spec.reply)
 
 
 def call_beside(
     host: Host,
     conn: Connection,
     probes: Mapping[str, str],
-    name: str,
-    args: Mapping[str, Any],
-    reply_type: type[R],
+    spec: Call[A, R],
+    args: A,
 ) -> tuple[dict[str, ProbeOutput], R]:
     """Run shell probes and one agent call in one round trip (the call's output is "agent")."""
-    outputs = run_probes(conn, {**probes, "agent": agent_command(host, name, args)})
+    outputs = run_probes(conn, {**probes, "agent": agent_command(host, spec.name, args)})
     if _agent_missing(outputs["agent"].exit_code, outputs["agent"].output):
         _send_agent(host, conn)
-        outputs = run_probes(conn, {**probes, "agent": agent_command(host, name, args)})
+        outputs = run_probes(conn, {**probes, "agent": agent_command(host, spec.name, args)})
     agent = outputs.pop("agent")
-    return outputs, parse_reply(host, name, agent.exit_code, agent.output, agent.stderr, reply_type)
+    return outputs, parse_reply(
+        host, spec.name, agent.exit_code, agent.output, agent.stderr, spec.reply
+    )
 
 
 # ---- reply shapes --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from deployctl import agent, host_agent
 from deployctl.connection import ConnectOptions, LocalConnection, open_connection
 from deployctl.crash import load_catalog
 from deployctl.errors import AgentError, HostError, PatchError
-from deployctl.host_agent import PollReply, PreflightReply, ReleaseReply, StatusArgs, StatusReply
+from deployctl.host_agent import PollReply, PreflightReply, ReleaseReply, StatusArgs
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import launch as launch_ops
 from deployctl.ops.server import run_status
@@ -122,10 +122,10 @@ def test_the_agent_is_sent_once_then_run_from_its_hash_named_copy(tmp_path: Path
     # The source never rides in the command line (one argument is capped at 128 KiB).
     assert len(command) < 1000 and "def cmd_status" not in command
 
-    assert agent.call(host, conn, "status", STATUS_ARGS, StatusReply)["run"] is None
+    assert agent.call(host, conn, agent.STATUS, STATUS_ARGS)["run"] is None
     assert copy.read_bytes() == Path(host_agent.__file__).read_bytes()
     assert conn.round_trips == 3  # the miss, the copy, the call
-    agent.call(host, conn, "status", STATUS_ARGS, StatusReply)
+    agent.call(host, conn, agent.STATUS, STATUS_ARGS)
     assert conn.round_trips == 4
 
 
@@ -134,7 +134,7 @@ def test_an_altered_copy_is_replaced_not_run(tmp_path: Path) -> None:
     agent.install_agent(host, conn)
     copy = tmp_path / "state" / "agent" / f"{agent.agent_hash()}.py"
     copy.write_text('import json; print(json.dumps({"run": None}))\n')  # not what the name says
-    assert agent.call(host, conn, "status", STATUS_ARGS, StatusReply)["run"] is None
+    assert agent.call(host, conn, agent.STATUS, STATUS_ARGS)["run"] is None
     assert copy.read_bytes() == Path(host_agent.__file__).read_bytes()
 
 
@@ -191,7 +191,7 @@ def test_a_host_where_the_agent_cannot_be_kept_changes_no_other_host(tmp_path: P
     second = Host("second", dict(first.vars))  # the same state_dir text, another host
     conn = LocalConnection("first", 30)
     with pytest.raises(HostError, match="Not a directory"):
-        agent.call(first, conn, "status", {**STATUS_ARGS, "state_dir": str(blocked)}, StatusReply)
+        agent.call(first, conn, agent.STATUS, {**STATUS_ARGS, "state_dir": str(blocked)})
     # The source rode in argv for `first`; `second` still gets the short command.
     assert "def cmd_status" in agent.agent_command(first, "status", STATUS_ARGS)
     assert "def cmd_status" not in agent.agent_command(second, "status", STATUS_ARGS)

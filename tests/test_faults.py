@@ -302,12 +302,12 @@ def test_upload_cut_at_a_tar_block_boundary_changes_nothing(
     for why, member in cuts.items():
 
         def cut_upload(
-            host: Any, conn: Any, command: str, args: Any, reply: Any, stdin: Any = None
+            host: Any, conn: Any, command: agent.Call[Any, Any], args: Any, stdin: Any = None
         ) -> Any:
-            if command == "apply":
+            if command is agent.APPLY:
                 offsets = tar_offsets(stdin)
                 stdin = stdin[: offsets[member(list(offsets))]]  # noqa: B023
-            return real_call(host, conn, command, args, reply, stdin)
+            return real_call(host, conn, command, args, stdin)
 
         monkeypatch.setattr(agent, "call", cut_upload)
         conn = open_connection(host, ConnectOptions())

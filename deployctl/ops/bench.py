@@ -21,7 +21,6 @@ from deployctl.host_agent import (
     BenchResultsArgs,
     BenchResultsReply,
     BenchSaveArgs,
-    BenchSaveReply,
 )
 from deployctl.inventory import Host
 from deployctl.ops.launch import recorded_run
@@ -116,7 +115,7 @@ def run_bench(
             "env": run.get("env", {}),
         }
         limit = max(conn.command_timeout, plan.level_timeout + 30)
-        levels.append(agent.call(host, conn, "bench", level_args, BenchLevel, timeout=limit))
+        levels.append(agent.call(host, conn, agent.BENCH, level_args, timeout=limit))
     document: dict[str, Any] = {
         "run": run["id"],
         "deployment": host.deployment,
@@ -138,7 +137,7 @@ def run_bench(
         "levels": levels,
     }
     save: BenchSaveArgs = {"state_dir": state_dir, "run": run["id"], "result": document}
-    saved = agent.call(host, conn, "bench_save", save, BenchSaveReply)["path"]
+    saved = agent.call(host, conn, agent.BENCH_SAVE, save)["path"]
     return BenchResult(document, saved)
 
 
@@ -160,7 +159,7 @@ def find_results(fleet: Fleet, run_ids: Sequence[str]) -> Comparison:
 
     def lookup(host: Host, conn: Connection) -> BenchResultsReply:
         args: BenchResultsArgs = {"state_dir": str(host.vars["state_dir"]), "runs": list(run_ids)}
-        return agent.call(host, conn, "bench_results", args, BenchResultsReply)
+        return agent.call(host, conn, agent.BENCH_RESULTS, args)
 
     found = fleet.run(lookup, list({h.name: h for h in fleet.hosts}.values()))
     comparison = Comparison(failed=found.failed)

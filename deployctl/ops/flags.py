@@ -11,7 +11,7 @@ from typing import Any
 from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.fanout import Fleet, FleetResult, HostResult
-from deployctl.host_agent import ArgvCheck, CheckArgsArgs, CheckArgsReply, SglangInstall
+from deployctl.host_agent import ArgvCheck, CheckArgsArgs, SglangInstall
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet
 from deployctl.render import RenderedCommand
@@ -105,7 +105,7 @@ def check_command(
 ) -> CheckedCommand:
     """Ask the host's SGLang about one rendered command (one round trip; nothing starts)."""
     args: CheckArgsArgs = {"server_argv": checked_argv(host, rendered.argv)}
-    reply = agent.call(host, conn, "check_args", args, CheckArgsReply)
+    reply = agent.call(host, conn, agent.CHECK_ARGS, args)
     return CheckedCommand(rendered, flag_report(host, reply["check"], reply["sglang"], patch_sets))
 
 

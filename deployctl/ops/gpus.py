@@ -10,7 +10,7 @@ from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, Gpu, GpuProcess, GpuState, parse_gpus_command, run_probes
-from deployctl.host_agent import RunsArgs, RunsReply
+from deployctl.host_agent import RunsArgs
 from deployctl.inventory import Host
 
 DEFAULT_MAX_USED_MIB = 16
@@ -94,7 +94,7 @@ def find_holders(host: Host, conn: Connection, report: GpuReport) -> GpuReport:
         return report
     args: RunsArgs = {"state_dir": str(host.vars["state_dir"])}
     try:
-        runs = agent.call(host, conn, "runs", args, RunsReply)["live_runs"]
+        runs = agent.call(host, conn, agent.RUNS, args)["live_runs"]
     except DeployctlError:  # the GPUs are still worth showing without their holders
         return report
     holders = {

@@ -40,11 +40,9 @@ from deployctl.host_agent import (
     PreflightArgs,
     PreflightReply,
     ReleaseArgs,
-    ReleaseReply,
     RunInfo,
     RunRecord,
     StartArgs,
-    StartReply,
     StatusArgs,
     StatusReply,
     StopArgs,
@@ -277,9 +275,8 @@ def _preflight_call(
         plan.host,
         conn,
         {"gpus": GPUS_COMMAND},
-        "preflight",
+        agent.PREFLIGHT,
         preflight_args(plan, break_lock, hold_for),
-        PreflightReply,
     )
 
 
@@ -429,7 +426,7 @@ def release_lock(plan: Plan, conn: Connection, token: str) -> None:
         "deployment": plan.host.deployment,
         "token": token,
     }
-    agent.call(plan.host, conn, "release", args, ReleaseReply)
+    agent.call(plan.host, conn, agent.RELEASE, args)
 
 
 def start_run(
@@ -468,7 +465,7 @@ def start_run(
         "files": rendered.files,
         "lock_token": lock_token,
     }
-    return agent.call(host, conn, "start", args, StartReply)["run"]
+    return agent.call(host, conn, agent.START, args)["run"]
 
 
 @dataclass
@@ -634,7 +631,7 @@ def poll(
     host: Host, conn: Connection, run: RunRecord, offset: int, wait: float = POLL_WAIT
 ) -> PollReply:
     """What the run's log gained since `offset`, and whether it is alive and healthy."""
-    return agent.call(host, conn, "poll", poll_args(run, offset, wait), PollReply)
+    return agent.call(host, conn, agent.POLL, poll_args(run, offset, wait))
 
 
 @dataclass
@@ -816,7 +813,7 @@ def recorded_run(host: Host, conn: Connection, run_id: str | None = None) -> Sta
         "tail_bytes": 0,
         "metrics_bytes": 0,
     }
-    return agent.call(host, conn, "status", args, StatusReply)
+    return agent.call(host, conn, agent.STATUS, args)
 
 
 def end_run(host: Host, conn: Connection, timeout: float = 10) -> StopReply:
@@ -829,7 +826,7 @@ def end_run(host: Host, conn: Connection, timeout: float = 10) -> StopReply:
     # The agent waits `timeout` for SIGTERM, then up to 10 s after SIGKILL: the round trip
     # must outlast both, whatever the host's command timeout.
     limit = max(conn.command_timeout, timeout + 20)
-    return agent.call(host, conn, "stop", args, StopReply, timeout=limit)
+    return agent.call(host, conn, agent.STOP, args, timeout=limit)
 
 
 def _token(preflights: FleetResult[Preflight], name: str) -> str:

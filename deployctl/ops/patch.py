@@ -22,14 +22,12 @@ from deployctl.connection import Connection
 from deployctl.errors import PatchError
 from deployctl.host_agent import (
     ApplyArgs,
-    ApplyReply,
     Manifest,
     PatchRecord,
     ProbeArgs,
     ProbeReply,
-    ReadReply,
+    ReadArgs,
     RevertArgs,
-    RevertReply,
 )
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet, Variant, select_sets, version_key
@@ -84,7 +82,7 @@ def parse_patch_facts(reply: ProbeReply) -> PatchFacts:
 
 def patch_facts(host: Host, conn: Connection, sets: Sequence[PatchSet]) -> PatchFacts:
     """Probe SGLang and the patch records in one round trip."""
-    return parse_patch_facts(agent.call(host, conn, "probe", probe_args(host, sets), ProbeReply))
+    return parse_patch_facts(agent.call(host, conn, agent.PROBE, probe_args(host, sets)))
 
 
 # ---- audit -------------------------------------------------------------------------------
@@ -222,7 +220,7 @@ def patched_copies(
 def read_files(
     host: Host, conn: Connection, base: str, paths: Sequence[str]
 ) -> dict[str, bytes | None]:
-    reply = agent.call(host, conn, "read", {"base": base, "paths": list(paths)}, ReadReply)
+    reply = agent.call(host, conn, agent.READ, ReadArgs(base=base, paths=list(paths)))
     return {p: None if v is None else base64.b64decode(v) for p, v in reply["files"].items()}
 
 
@@ -294,7 +292,7 @@ def apply_set(
         "payload_sha256": hashlib.sha256(payload).hexdigest(),
         "payload_size": len(payload),
     }
-    new_record = agent.call(host, conn, "apply", args, ApplyReply, stdin=payload)["record"]
+    new_record = agent.call(host, conn, agent.APPLY, args, stdin=payload)["record"]
     facts.records[patch_set.name] = new_record
     facts.files.update({p: s["patched_sha256"] for p, s in new_record["files"].items()})
     action = "applied" if record is None else f"replaced {record['version']}"
@@ -320,7 +318,7 @@ def revert_patches(
             "set": patch_set.name,
             "force": force,
         }
-        reply = agent.call(host, conn, "revert", args, RevertReply)
+        reply = agent.call(host, conn, agent.REVERT, args)
         action = "reverted" if reply["reverted"] else "not applied"
         actions.append(PatchAction(patch_set.name, patch_set.version, action, reply["files"]))
     return actions

@@ -20,9 +20,7 @@ from deployctl.host_agent import (
     MetricsPage,
     RunRecord,
     RunsArgs,
-    RunsReply,
     StatusArgs,
-    StatusReply,
 )
 from deployctl.inventory import MASK, Host
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
@@ -122,7 +120,7 @@ def run_status(
         "metrics_bytes": METRICS_LIMIT_BYTES if with_metrics else 0,
     }
     probes = {"gpus": GPUS_COMMAND}
-    outputs, doc = agent.call_beside(host, conn, probes, "status", args, StatusReply)
+    outputs, doc = agent.call_beside(host, conn, probes, agent.STATUS, args)
     run = doc["run"]
     try:  # a host without working GPUs still has a status
         gpu_probe = outputs["gpus"]
@@ -225,7 +223,7 @@ def stray_runs(fleet: Fleet) -> list[Host]:
 
     def strays(host: Host, conn: Connection) -> list[Host]:
         args: RunsArgs = {"state_dir": str(host.vars["state_dir"])}
-        runs = agent.call(host, conn, "runs", args, RunsReply)["live_runs"]
+        runs = agent.call(host, conn, agent.RUNS, args)["live_runs"]
         return [
             Host(host.name, host.vars, run["deployment"])
             for run in runs
