@@ -51,7 +51,7 @@ from deployctl.host_agent import AGENT_DIR  # noqa: E402
 from deployctl.inventory import load_inventory  # noqa: E402
 from deployctl.ops.gpus import check_gpus  # noqa: E402
 from deployctl.ops.patch import audit_host  # noqa: E402
-from deployctl.ops.server import run_status  # noqa: E402
+from deployctl.ops.runs import run_status  # noqa: E402
 from deployctl.patchset import load_patch_sets  # noqa: E402
 from deployctl.project import SHIPPED_DATA  # noqa: E402
 from tests.sglang_wheel import build_template, install_on  # noqa: E402

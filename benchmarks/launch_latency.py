@@ -157,7 +157,7 @@ if __name__ == "__main__":
 TRACE_SOURCE = r"""import atexit, base64, json, os, runpy, sys, time
 
 import deployctl.agent as agent
-import deployctl.ops.launch as launch
+import deployctl.ops.runs as launch
 
 events = [{"what": "main", "t": time.time()}]
 _call, _wait_ready = agent.call, launch.wait_ready
@@ -174,7 +174,7 @@ def call(host, conn, spec, args, stdin=None):
 
 def wait_ready(*args, **kwargs):
     outcome = _wait_ready(*args, **kwargs)
-    events.append({"what": "wait_ready_return", "t": time.time(), "state": outcome.state})
+    events.append({"what": "wait_ready_return", "t": time.time(), "state": outcome.state.value})
     return outcome
 
 
@@ -506,7 +506,7 @@ def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
     from deployctl.connection import ConnectOptions, open_connection
     from deployctl.host_agent import BOOTSTRAP
     from deployctl.inventory import load_inventory
-    from deployctl.ops.launch import POLL_WAIT, poll_args
+    from deployctl.ops.runs import POLL_WAIT, poll_args
 
     model = bench.model
     for name in ("go", "written"):
@@ -657,7 +657,7 @@ def main() -> None:
     opts = parser.parse_args()
     if os.geteuid() != 0 or not Path("/usr/sbin/sshd").exists():
         raise SystemExit("needs root and openssh-server (it starts sshd and creates dct-launchlat)")
-    from deployctl.ops.launch import POLL_WAIT
+    from deployctl.ops.runs import POLL_WAIT
 
     base = Path(tempfile.mkdtemp(prefix="deployctl-bench-launch-", dir="/tmp"))
     uptime_before = uptime()

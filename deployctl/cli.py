@@ -28,11 +28,12 @@ from deployctl.errors import DeployctlError
 if TYPE_CHECKING:  # the real imports are lazy, so `deployctl --help` starts fast
     from deployctl.connection import Connection
     from deployctl.crash import Catalog
+    from deployctl.events import EventSink
     from deployctl.fanout import Fleet, FleetResult
     from deployctl.inventory import Host, Inventory
     from deployctl.patchset import PatchSet
+    from deployctl.present.views import View
     from deployctl.project import Project
-    from deployctl.report import View
 
 T = TypeVar("T")
 
@@ -202,6 +203,15 @@ class Session:
 Reply = tuple["View[Any]", Any]
 
 
+def _event_sink(session: Session) -> EventSink | None:
+    """JSON lines for a streaming command given --json; None: the command's own printer."""
+    if not session.options.json:
+        return None
+    from deployctl.present.live import JsonLines
+
+    return JsonLines()
+
+
 def _option_value(value: Any) -> Any:
     """A repeatable option's values as a tuple (none given: empty), others as they are."""
     if isinstance(value, list):
@@ -235,12 +245,13 @@ def fleet_command(
 
 def finish(view: View[Any], result: Any, as_json: bool) -> int:
     """Show the result and return the exit status; keep the tracebacks of any bug."""
-    from deployctl import report
+    from deployctl.present.terminal import print_bug
+    from deployctl.present.views import render_result
 
     bugs = list(_bugs(result))
-    report.render_result(view, result, as_json)
+    render_result(view, result, as_json)
     if bugs:
-        report.print_bug(bugs)
+        print_bug(bugs)
     return exit_status(result, bool(bugs))
 
 
@@ -303,6 +314,12 @@ class BenchTool(StrEnum):
 
 
 TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds to wait until ready.")]
+StopTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--stop-timeout", min=0, help="Seconds between SIGTERM and SIGKILL of the old run."
+    ),
+]
 NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once started.")]
 NamesArg = Annotated[
     list[str] | None, typer.Argument(help="Patch set names (default: each host's `patches`).")
@@ -336,12 +353,12 @@ def hosts(
     ] = False,
 ) -> Reply:
     """Show the selected hosts with their connection and merged variables."""
-    from deployctl import report
+    from deployctl.present import views
 
     if graph:
         top = session.options.hosts or "all"
-        return report.GRAPH, (session.inventory.graph(top), session.inventory.subtree(top))
-    return report.HOSTS, {h.name: h.describe() for h in session.hosts}
+        return views.GRAPH, (session.inventory.graph(top), session.inventory.subtree(top))
+    return views.HOSTS, {h.name: h.describe() for h in session.hosts}
 
 
 @fleet_command(app, options=SERVERS)
@@ -359,8 +376,8 @@ def render(
     ] = False,
 ) -> Reply:
     """Print, per host, the exact shell command that `launch` will run."""
-    from deployctl import report
     from deployctl.ops.launch import render_commands
+    from deployctl.present import views
 
     patch_sets = session.patch_sets()
     rendered = render_commands(
@@ -368,11 +385,11 @@ def render(
     )
     if not check:
         # A dirty GPU does not matter here: only hosts that failed to render count.
-        return report.RENDERED, rendered
+        return views.RENDERED, rendered
     from deployctl.ops.flags import check_commands
 
     with session.fleet() as fleet:
-        return report.CHECKED, check_commands(fleet, rendered, patch_sets)
+        return views.CHECKED, check_commands(fleet, rendered, patch_sets)
 
 
 @fleet_command(app)
@@ -383,10 +400,10 @@ def gpus(
     ] = 16,
 ) -> Reply:
     """Show each host's GPUs and compute processes; exit 1 unless all are clean."""
-    from deployctl import report
     from deployctl.ops.gpus import check_gpus, find_holders
+    from deployctl.present import views
 
-    return report.GPUS, session.run(
+    return views.GPUS, session.run(
         lambda host, conn: find_holders(host, conn, check_gpus(host, conn, max_used_mib))
     )
 
@@ -394,9 +411,9 @@ def gpus(
 @fleet_command(patch_app, "list", options=("json", "project"))
 def patch_list(session: Session) -> Reply:
     """List the patch sets with version, content hash and supported SGLang versions."""
-    from deployctl import report
+    from deployctl.present import views
 
-    return report.PATCH_LIST, list(session.patch_sets().values())
+    return views.PATCH_LIST, list(session.patch_sets().values())
 
 
 @fleet_command(patch_app, "apply", options=SERVERS)
@@ -408,10 +425,10 @@ def patch_apply(
     ] = False,
 ) -> Reply:
     """Apply patch sets: every hunk checked first, backups kept, compiled and verified."""
-    from deployctl import report
     from deployctl.ops.patch import apply_patches
+    from deployctl.present import views
 
-    return report.PATCH_ACTIONS, _per_installation(
+    return views.PATCH_ACTIONS, _per_installation(
         session, names, lambda host, conn, sets: apply_patches(host, conn, sets, dry_run)
     )
 
@@ -425,10 +442,10 @@ def patch_revert(
     ] = False,
 ) -> Reply:
     """Restore the original SGLang files of patch sets and check their hashes."""
-    from deployctl import report
     from deployctl.ops.patch import revert_patches
+    from deployctl.present import views
 
-    return report.PATCH_ACTIONS, _per_installation(
+    return views.PATCH_ACTIONS, _per_installation(
         session, names, lambda host, conn, sets: revert_patches(host, conn, sets, force)
     )
 
@@ -465,15 +482,15 @@ def patch_port(
     ] = None,
 ) -> Reply:
     """Port a set to another SGLang release: a candidate variant and a per-hunk report."""
-    from deployctl import report
     from deployctl.errors import UsageError
     from deployctl.ops.port import port_from_host, port_set
     from deployctl.patchset import select_sets
+    from deployctl.present import views
 
     [patch_set] = select_sets(session.patch_sets(), [name])[-1:]
     target = out if out is not None else Path.cwd() / f"{name}-{to}-candidate"
     if source is not None:
-        return report.PORT, port_set(patch_set, to, source, target)
+        return views.PORT, port_set(patch_set, to, source, target)
     if session.options.hosts is None or len(session.hosts) != 1:
         raise UsageError(
             "patch port needs --from WHEEL|SITE, or -H naming one host that has the release",
@@ -484,7 +501,7 @@ def patch_port(
     if result[0].exception is not None:
         raise result[0].exception
     assert result[0].value is not None
-    return report.PORT, result[0].value
+    return views.PORT, result[0].value
 
 
 @fleet_command(patch_app, "audit", options=SERVERS)
@@ -495,14 +512,14 @@ def patch_audit(
     ] = None,
 ) -> Reply:
     """Show which patch set versions each host has; exit 1 unless all expected are applied."""
-    from deployctl import report
     from deployctl.ops.patch import audit_host
     from deployctl.patchset import select_sets
+    from deployctl.present import views
 
     available = session.patch_sets()
     select_sets(available, expect or [])  # unknown names fail before any host is contacted
     results = session.run(lambda host, conn: audit_host(host, conn, available, expect or []))
-    return report.AUDIT, results
+    return views.AUDIT, results
 
 
 @fleet_command(app, options=SERVERS)
@@ -516,19 +533,19 @@ def crash(
     ] = False,
 ) -> Reply:
     """Find crash traces in a run's log, a log on a host, or a local file; exit 1 if any."""
-    from deployctl import report
     from deployctl.ops.logs import CrashSearch, LocalCrashes, scan_local_file, scan_log
+    from deployctl.present import views
 
     if sum(x is not None for x in (run, path, file)) > 1:
         raise typer.BadParameter("give only one of --run, --path and --file")
     catalog = session.catalog()
     if file is not None:
-        return report.LOCAL_CRASHES, LocalCrashes(scan_local_file(file, catalog, scan_all))
+        return views.LOCAL_CRASHES, LocalCrashes(scan_local_file(file, catalog, scan_all))
     scans = session.run(lambda host, conn: scan_log(host, conn, catalog, run, path, scan_all))
-    return report.CRASHES, CrashSearch(scans)
+    return views.CRASHES, CrashSearch(scans)
 
 
-@fleet_command(app, options=("select", "deployment", "connect", "project"))
+@fleet_command(app, options=SERVERS)
 def logs(
     session: Session,
     run: RunOpt = None,
@@ -539,17 +556,18 @@ def logs(
     ] = False,
     crash_only: Annotated[bool, typer.Option("--crash", help="Print only crash reports.")] = False,
 ) -> Reply:
-    """Print the tail of each host's log; --follow streams it and marks crash lines."""
-    from deployctl import report
+    """Print the tail of each host's log; --follow streams it and marks crash lines
+    (--json: one JSON object per line and event)."""
     from deployctl.ops.logs import show_logs
+    from deployctl.present import live, views
 
     if run is not None and path is not None:
         raise typer.BadParameter("give only one of --run and --path")
     catalog = session.catalog()
-    printer = report.LogPrinter(prefixed=len(session.targets) > 1)
+    sink = _event_sink(session) or live.LogPrinter(prefixed=len(session.targets) > 1)
     with session.fleet() as fleet:
-        result = show_logs(fleet, catalog, run, path, lines, follow, crash_only, printer)
-    return report.LOGS, result
+        result = show_logs(fleet, catalog, run, path, lines, follow, crash_only, sink)
+    return views.LOGS, result
 
 
 @fleet_command(app, options=SERVERS)
@@ -569,28 +587,29 @@ def launch(
     ] = False,
 ) -> Reply:
     """Preflight every host, start the server detached with a versioned log, wait until ready."""
-    from deployctl import report
     from deployctl.ops import launch as ops
-    from deployctl.ops.server import stop_live_runs
+    from deployctl.ops.runs import launch as launch_runs
+    from deployctl.ops.runs import stop_live_runs
+    from deployctl.present import live, views
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
     plans = ops.plan_launch(
         session.project, session.targets, template, threshold, set_ or [], patch_sets
     )
-    with session.fleet() as fleet, report.Progress(enabled=not session.options.json) as progress:
+    with session.fleet() as fleet, live.Progress(enabled=not session.options.json) as progress:
         if replace and not dry_run:
             # A stop that fails leaves its run alive, and the preflight then refuses that host.
             stop_live_runs(fleet, [p.host for p in plans])
-        result = ops.launch(
+        result = launch_runs(
             fleet,
             plans,
             catalog,
             wait=not no_wait,
             timeout=timeout,
             dry_run=dry_run,
-            progress=progress.update,
+            events=progress,
         )
-    return report.LAUNCH, result
+    return views.LAUNCH, result
 
 
 @fleet_command(app, options=SERVERS)
@@ -601,15 +620,16 @@ def stop(
     ] = 30,
 ) -> Reply:
     """End each deployment's run (its whole process group); wait until its GPUs are clean."""
-    from deployctl import report
-    from deployctl.ops.server import stop_run, stray_runs
+    from deployctl.ops.runs import stop_run
+    from deployctl.ops.server import stray_runs
+    from deployctl.present import views
 
     with session.fleet() as fleet:
         targets = fleet.hosts
         if session.options.deployment is None:
             targets = [*targets, *stray_runs(fleet)]
-            report.print_stopping(targets)
-        return report.STOP, fleet.run(lambda host, conn: stop_run(host, conn, timeout), targets)
+            views.print_stopping(targets)
+        return views.STOP, fleet.run(lambda host, conn: stop_run(host, conn, timeout), targets)
 
 
 @fleet_command(app, options=SERVERS)
@@ -621,12 +641,12 @@ def status(
     ] = False,
 ) -> Reply:
     """Show each host's current run: alive, ready, uptime, log, crash, GPU memory."""
-    from deployctl import report
-    from deployctl.ops.server import run_status
+    from deployctl.ops.runs import run_status
+    from deployctl.present import views
 
     catalog = session.catalog()
     results = session.run(lambda host, conn: run_status(host, conn, catalog, run, metrics))
-    return report.STATUS, results
+    return views.STATUS, results
 
 
 @fleet_command(app, options=SERVERS)
@@ -670,29 +690,29 @@ def bench(
     """Load-test each deployment from its own host (results kept on the host), or compare
     kept results, or suggest a --threshold from a baseline and a speculative run."""
     from deployctl import plot as plots
-    from deployctl import report
     from deployctl.ops import bench as ops
+    from deployctl.present import live, views
 
     if plot is not None:
         plots.check_plot_path(plot)
     with session.fleet() as fleet:
         if suggest is not None:
             found = ops.find_results(fleet, list(suggest))
-            return report.SUGGESTION, ops.suggest_threshold(found, *suggest)
+            return views.SUGGESTION, ops.suggest_threshold(found, *suggest)
         if compare:
             runs = [r for item in compare for r in item.split(",") if r]
             comparison = ops.find_results(fleet, runs)
             if plot is not None and comparison.runs:
                 plots.plot_runs(comparison.runs, plot)
-            return report.COMPARISON, comparison
+            return views.COMPARISON, comparison
         levels = ops.parse_levels(concurrency)
         plan = ops.BenchPlan(levels, input_len, output_len, per_stream, timeout, tool.value)
-        with report.Progress(enabled=not session.options.json) as progress:
-            results = ops.bench_fleet(fleet, plan, progress.update)
+        with live.Progress(enabled=not session.options.json) as progress:
+            results = ops.bench_fleet(fleet, plan, progress)
         if plot is not None:
             swept = {r.name: r.value.document for r in results if r.value is not None}
             plots.plot_runs(swept, plot)
-        return report.BENCH, results
+        return views.BENCH, results
 
 
 @fleet_command(app, "metrics-targets", options=("select", "deployment", "project"))
@@ -704,12 +724,12 @@ def metrics_targets(
 ) -> Reply:
     """Prometheus file_sd JSON for every deployment's /metrics (labels: host, deployment,
     group, template)."""
-    from deployctl import report
     from deployctl.deployments import prometheus_targets
+    from deployctl.present import views
 
     groups = {g: n for g, n in session.inventory.groups.items() if g not in ("all", "ungrouped")}
     entries = prometheus_targets(session.targets, groups)
-    return report.TARGETS, report.TargetsFile(entries, output)
+    return views.TARGETS, views.TargetsFile(entries, output)
 
 
 @fleet_command(app, options=SERVERS)
@@ -721,20 +741,20 @@ def top(
     once: Annotated[bool, typer.Option("--once", help="Show one refresh and exit.")] = False,
 ) -> Reply:
     """Live metrics of every deployment: requests, tok/s, KV usage, latencies; q or Ctrl-C ends."""
-    from deployctl import report
     from deployctl.ops.server import WatchEnded, metrics_rounds
+    from deployctl.present import live, views
 
     catalog = session.catalog()
     with session.fleet() as fleet:
         if once:
-            return report.STATUS, next(metrics_rounds(fleet, catalog, interval, 1))
-        with report.TopScreen(session.options.json) as screen:
+            return views.STATUS, next(metrics_rounds(fleet, catalog, interval, 1))
+        with live.TopScreen(session.options.json) as screen:
             try:
                 for results in metrics_rounds(fleet, catalog, interval, sleep=screen.wait):
                     screen.show(results)
             except KeyboardInterrupt:  # Ctrl-C, or q
                 pass
-    return report.STREAMED, WatchEnded()
+    return views.STREAMED, WatchEnded()
 
 
 @fleet_command(app, options=SERVERS)
@@ -745,26 +765,28 @@ def restart(
     ] = False,
     no_wait: NoWaitOpt = False,
     timeout: TimeoutOpt = 900,
+    stop_timeout: StopTimeoutOpt = 30,
 ) -> Reply:
     """Stop and relaunch each host's recorded run (same command, next log version)."""
-    from deployctl import report
     from deployctl.ops.server import restart as restart_runs
+    from deployctl.present import live, views
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
-    with session.fleet() as fleet, report.Progress(enabled=not session.options.json) as progress:
+    with session.fleet() as fleet, live.Progress(enabled=not session.options.json) as progress:
         result = restart_runs(
             fleet,
             catalog,
             patch_sets,
             crashed_only=crashed,
             timeout=timeout,
+            stop_timeout=stop_timeout,
             wait=not no_wait,
-            progress=progress.update,
+            events=progress,
         )
-    return report.RESTART, result
+    return views.RESTART, result
 
 
-@fleet_command(app, options=("select", "deployment", "connect", "project"))
+@fleet_command(app, options=SERVERS)
 def watch(
     session: Session,
     interval: Annotated[
@@ -777,22 +799,26 @@ def watch(
         float, typer.Option("--window", min=1, help="Crash-loop window in seconds.")
     ] = 600,
     timeout: TimeoutOpt = 900,
+    stop_timeout: StopTimeoutOpt = 30,
 ) -> Reply:
-    """Supervise runs: restart crashed ones with backoff, stop at a crash loop; Ctrl-C ends."""
-    from deployctl import report
+    """Supervise runs: restart crashed ones with backoff, stop at a crash loop; Ctrl-C ends
+    (--json: one JSON object per line and event)."""
+    from deployctl.events import WatchStopped
     from deployctl.ops.server import WatchEnded
     from deployctl.ops.server import watch as watch_runs
+    from deployctl.present import live, views
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
+    sink = _event_sink(session) or live.WatchPrinter()
     with session.fleet() as fleet:
         try:
             watch_runs(
                 fleet, catalog, patch_sets, interval=interval, max_restarts=max_restarts,
-                window=window, timeout=timeout, emit=report.EventPrinter(),
+                window=window, timeout=timeout, stop_timeout=stop_timeout, events=sink,
             )  # fmt: skip
         except KeyboardInterrupt:
-            report.print_event_text("watch ended; servers left running")
-    return report.STREAMED, WatchEnded()
+            sink.emit(WatchStopped(target=""))
+    return views.STREAMED, WatchEnded()
 
 
 # ---- entry point ---------------------------------------------------------------------------
@@ -830,7 +856,7 @@ def main() -> None:
         code = 1
     except Exception as exc:  # a bug: one line for the user, the traceback kept in a file
         from deployctl.errors import explain
-        from deployctl.report import print_bug
+        from deployctl.present.terminal import print_bug
 
         print_bug([(None, exc)], explain(exc)[0])
         code = 2
@@ -849,6 +875,6 @@ def _interrupted() -> int:
 
 
 def _print_error(message: str, hint: str | None = None) -> None:
-    from deployctl.report import print_error  # loaded only when there is an error to print
+    from deployctl.present.terminal import print_error  # loaded only when an error is printed
 
     print_error(message, hint)

@@ -17,8 +17,8 @@ from deployctl.crash import load_catalog
 from deployctl.errors import AgentError, HostError, PatchError
 from deployctl.host_agent import PollReply, PreflightReply, ReleaseReply, StatusArgs
 from deployctl.inventory import DEFAULT_VARS, Host
-from deployctl.ops import launch as launch_ops
-from deployctl.ops.server import run_status
+from deployctl.ops import runs as launch_ops
+from deployctl.ops.runs import run_status
 from tests.sshd_hosts import SSHLab
 
 STATUS_ARGS: StatusArgs = {

@@ -84,7 +84,7 @@ def test_a_bug_in_the_command_itself_is_one_line_and_a_file(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"])
-    result = run_planted(cli, "*", "deployctl.report:render_result", "gpus", "-i", str(inv))
+    result = run_planted(cli, "*", "deployctl.present.views:render_result", "gpus", "-i", str(inv))
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert lines[0] == "error: internal error: RuntimeError: planted bug", lines

@@ -42,9 +42,9 @@ def import_graph() -> dict[str, set[str]]:
 def test_the_graph_sees_the_known_imports() -> None:
     graph = import_graph()
     assert "deployctl.ops.launch" in graph["deployctl.cli"]
-    assert "deployctl.report" in graph["deployctl.cli"]
-    assert "deployctl.agent" in graph["deployctl.ops.launch"]
-    assert "deployctl.crash.model" in graph["deployctl.report"]
+    assert "deployctl.present.views" in graph["deployctl.cli"]
+    assert "deployctl.agent" in graph["deployctl.ops.runs"]
+    assert "deployctl.crash.model" in graph["deployctl.present.terminal"]
 
 
 def test_there_is_no_import_cycle() -> None:
@@ -69,17 +69,42 @@ def test_there_is_no_import_cycle() -> None:
             visit(name)
 
 
+PRESENTATION = "deployctl.present"
+FRONT_ENDS = {"deployctl.cli", "deployctl.__main__"}
+
+
+def is_presentation(name: str) -> bool:
+    return name == PRESENTATION or name.startswith(PRESENTATION + ".")
+
+
 def test_ops_never_import_presentation_or_the_cli() -> None:
     for name, deps in import_graph().items():
         if name.startswith("deployctl.ops"):
-            assert not deps & {"deployctl.report", "deployctl.cli"}, (name, deps)
+            assert not {d for d in deps if is_presentation(d)}, (name, deps)
+            assert "deployctl.cli" not in deps, (name, deps)
 
 
-def test_only_the_cli_imports_report_and_nothing_imports_the_cli() -> None:
+def test_presentation_is_imported_only_by_front_ends_and_never_imports_them() -> None:
+    graph = import_graph()
+    assert any(is_presentation(name) for name in graph), "no presentation package found"
+    for name, deps in graph.items():
+        if is_presentation(name):
+            assert not deps & FRONT_ENDS, (name, deps & FRONT_ENDS)
+        elif name not in FRONT_ENDS:
+            assert not {d for d in deps if is_presentation(d)}, name
+
+
+def test_nothing_but_the_entry_point_imports_the_cli() -> None:
     for name, deps in import_graph().items():
         assert "deployctl.cli" not in deps or name == "deployctl.__main__", name
-        if name not in {"deployctl.cli", "deployctl.report"}:
-            assert "deployctl.report" not in deps, name
+
+
+def test_operations_never_print() -> None:
+    # They return results and emit events; a sink decides what reaches a terminal.
+    for path in [*(PACKAGE / "ops").glob("*.py"), PACKAGE / "events.py"]:
+        source = path.read_text(encoding="utf-8")
+        for word in ("print(", "sys.stdout", "sys.stderr"):
+            assert word not in source, (path.name, word)
 
 
 def test_the_host_agent_imports_only_the_standard_library() -> None:
@@ -116,4 +141,4 @@ def test_every_fleet_command_takes_the_shared_options() -> None:
     for name in fleet:
         flags = {opt for param in commands[name].params for opt in param.opts}
         assert set(SHARED_FLAGS) <= flags, (name, set(SHARED_FLAGS) - flags)
-        assert ("--json" in flags) == (name not in {"logs", "watch"}), name
+        assert "--json" in flags, name

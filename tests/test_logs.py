@@ -370,7 +370,7 @@ def test_crash_file_refuses_what_is_not_a_regular_file(cli: CLI, tmp_path: Path,
 def test_crash_lines_are_coloured_only_where_colour_is_welcome(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], color: bool
 ) -> None:
-    from deployctl.report import LogPrinter
+    from deployctl.present.live import LogPrinter
 
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setenv("TERM", "xterm-256color")

@@ -6,14 +6,16 @@ from __future__ import annotations
 import getpass
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from deployctl import __version__, agent
+from deployctl import events as ev
 from deployctl.connection import Connection
 from deployctl.deployments import node_rank
 from deployctl.errors import DeployctlError, UsageError
+from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult
 from deployctl.host_agent import (
     BenchArgs,
@@ -23,7 +25,7 @@ from deployctl.host_agent import (
     BenchSaveArgs,
 )
 from deployctl.inventory import Host
-from deployctl.ops.launch import recorded_run
+from deployctl.ops.runs import recorded_run
 
 
 @dataclass(frozen=True)
@@ -70,21 +72,12 @@ class BenchResult:
     def ok(self) -> bool:
         return all(level["failed"] == 0 for level in self.levels)
 
-    def to_json(self) -> dict[str, Any]:
-        doc = self.document
-        return {
-            "deployment": doc["deployment"],
-            "run": doc["run"],
-            "levels": self.levels,
-            "saved": self.saved,
-        }
-
 
 def run_bench(
     host: Host,
     conn: Connection,
     plan: BenchPlan,
-    progress: Callable[[str, float, str], None] | None = None,
+    events: EventSink = DISCARD,
 ) -> BenchResult | None:
     """Sweep the deployment's current run; None for a node that serves no API (rank > 0)."""
     if node_rank(host) != 0:
@@ -100,8 +93,10 @@ def run_bench(
     began = time.monotonic()
     levels: list[BenchLevel] = []
     for concurrency in plan.concurrency:
-        if progress is not None:
-            progress(host.label, time.monotonic() - began, f"concurrency {concurrency}…")
+        elapsed = time.monotonic() - began
+        events.emit(
+            ev.BenchLevelStarted(target=host.label, elapsed=elapsed, concurrency=concurrency)
+        )
         level_args: BenchArgs = {
             "bind_host": run["bind_host"],
             "port": run["port"],
@@ -115,7 +110,17 @@ def run_bench(
             "env": run.get("env", {}),
         }
         limit = max(conn.command_timeout, plan.level_timeout + 30)
-        levels.append(agent.call(host, conn, agent.BENCH, level_args, timeout=limit))
+        level = agent.call(host, conn, agent.BENCH, level_args, timeout=limit)
+        levels.append(level)
+        events.emit(
+            ev.BenchLevelDone(
+                target=host.label,
+                elapsed=time.monotonic() - began,
+                concurrency=concurrency,
+                output_tokens_per_s=level["output_tokens_per_s"],
+                failed=level["failed"],
+            )
+        )
     document: dict[str, Any] = {
         "run": run["id"],
         "deployment": host.deployment,
@@ -185,17 +190,6 @@ class Suggestion:
     def ok(self) -> bool:
         return True
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "baseline": self.baseline,
-            "speculative": self.speculative,
-            "threshold": self.threshold,
-            "levels": [
-                {"concurrency": c, "baseline_tokens_per_s": b, "speculative_tokens_per_s": s}
-                for c, b, s in self.rows
-            ],
-        }
-
 
 def suggest_threshold(comparison: Comparison, baseline: str, speculative: str) -> Suggestion:
     """Compare output throughput level by level: speculation pays up to the largest
@@ -227,6 +221,6 @@ def _throughputs(document: Mapping[str, Any]) -> dict[int, float]:
 
 
 def bench_fleet(
-    fleet: Fleet, plan: BenchPlan, progress: Callable[[str, float, str], None] | None = None
+    fleet: Fleet, plan: BenchPlan, events: EventSink = DISCARD
 ) -> FleetResult[BenchResult | None]:
-    return fleet.run(lambda host, conn: run_bench(host, conn, plan, progress))
+    return fleet.run(lambda host, conn: run_bench(host, conn, plan, events))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from deployctl import agent
 from deployctl.connection import Connection
@@ -49,16 +48,6 @@ class FlagReport:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "method": self.method,
-            "note": self.note,
-            "options": self.options,
-            "seconds": self.seconds,
-            "problems": self.problems,
-            "warnings": self.warnings,
-        }
 
 
 def flag_report(

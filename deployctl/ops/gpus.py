@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from deployctl import agent
 from deployctl.connection import Connection
@@ -53,15 +52,6 @@ class GpuReport:
             used = ", ".join(f"GPU{g.index} {g.memory_used_mib} MiB" for g in busy)
             parts.append(f"memory in use with no process listed: {used}")
         return "dirty: " + "; ".join(parts)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "clean": self.clean,
-            "gpus": [g.to_json() for g in self.gpus],
-            "processes": [
-                {**p.to_json(), "held_by": self.holders.get(p.pid)} for p in self.processes
-            ],
-        }
 
 
 def gpu_report(state: GpuState, max_used_mib: int, only: Sequence[int] | None = None) -> GpuReport:

@@ -1,71 +1,45 @@
-"""Launch: render per host, preflight every host, start detached, wait until ready."""
+"""What would start where: render each target's command, plan it, and preflight it (GPUs,
+port, patches, flags, the launch lock) before anything starts. Starting and waiting are a
+run's life cycle: ops/runs.py."""
 
 from __future__ import annotations
 
-import base64
-import codecs
-import contextlib
 import getpass
 import itertools
 import os
 import socket
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from deployctl import __version__, agent
+from deployctl import agent
 from deployctl.connection import Connection
-from deployctl.crash import Catalog, CrashReport, CrashScanner
 from deployctl.deployments import GroupKey, describe_gpus, gpu_set, group_of, node_rank
-from deployctl.errors import ConnectError, DeployctlError, HostKeyError, PreflightError, UsageError
+from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import (
-    POLL_RETRY_FIRST,
-    RECONNECT_BACKOFF_MAX,
-    Fleet,
     FleetResult,
-    HostResult,
     attempt,
-    next_backoff,
 )
 from deployctl.host_agent import (
     ClientIdentity,
-    LeaderIdentity,
     LiveRun,
-    PollArgs,
-    PollReply,
     PreflightArgs,
     PreflightReply,
     ReleaseArgs,
-    RunInfo,
-    RunRecord,
-    StartArgs,
-    StatusArgs,
-    StatusReply,
-    StopArgs,
-    StopReply,
     shares_gpus,
 )
 from deployctl.inventory import Host, merge_layers
 from deployctl.ops.flags import FlagReport, checked_argv, flag_report
-from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
+from deployctl.ops.gpus import GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
 from deployctl.patchset import PatchSet, command_flags, flag_violations, sets_for_flags
 from deployctl.project import Project
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
 from deployctl.text import is_number
 
-READY_LINE = "The server is fired up and ready to roll!"
-# The agent long-polls: it returns as soon as the log grows or the run dies or is ready.
-POLL_WAIT = 1.0
-# A node of a multi-node server other than rank 0 learns that the group is ready only when
-# its own poll returns: a shorter wait keeps the group's ready lag short on any node count.
-NODE_POLL_WAIT = 0.25
-# The most log one poll brings back.
-POLL_LIMIT_BYTES = 1 << 20
 # How long a lock may be held when the holder says nothing shorter; past its expiry it is
 # stale even when its owner cannot be checked (another machine).
 LOCK_STALE_AFTER = 6 * 3600
@@ -207,17 +181,6 @@ class Preflight:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ready": self.ok,
-            "problems": self.problems,
-            "warnings": self.warnings,
-            "flags": None if self.flags is None else self.flags.to_json(),
-            "command": self.plan.rendered.display,
-            "env": self.plan.rendered.env_shown,
-            "log": self.next_log,
-        }
 
 
 def preflight_args(
@@ -429,235 +392,6 @@ def release_lock(plan: Plan, conn: Connection, token: str) -> None:
     agent.call(plan.host, conn, agent.RELEASE, args)
 
 
-def start_run(
-    plan: Plan,
-    conn: Connection,
-    lock_token: str | None,
-    restart_of: str | None = None,
-    min_version: int = 1,
-) -> RunRecord:
-    """Start the server detached with a new versioned log; record the run; release the lock."""
-    host, rendered = plan.host, plan.rendered
-    run: RunInfo = {
-        "env": rendered.env_shown,
-        "deployment": host.deployment,
-        "gpus": plan.gpus,
-        "template": rendered.template,
-        "threshold": rendered.threshold,
-        "command": rendered.display,
-        "port": plan.port,
-        "bind_host": plan.bind_host,
-        "tp": plan.tp,
-        "patches": {s.name: s.version for s in plan.needed_sets},
-        "deployctl_version": __version__,
-        "started_by": f"{getpass.getuser()}@{socket.gethostname()}",
-        "restart_of": restart_of,
-    }
-    args: StartArgs = {
-        "state_dir": str(host.vars["state_dir"]),
-        "deployment": host.deployment,
-        "log_dir": str(host.vars["log_dir"]),
-        "log_stem": rendered.log_stem,
-        "command": rendered.command,
-        "env": rendered.env,
-        "min_version": min_version,
-        "run": run,
-        "files": rendered.files,
-        "lock_token": lock_token,
-    }
-    return agent.call(host, conn, agent.START, args)["run"]
-
-
-@dataclass
-class Outcome:
-    """How a started run ended up: ready, crashed, died or still starting at the timeout."""
-
-    run: RunRecord
-    state: str  # ready | crashed | died | timeout | started | aborted
-    elapsed: float
-    crashes: list[CrashReport] = field(default_factory=list)
-    last_line: str = ""
-    warnings: list[CrashReport] = field(default_factory=list)  # traces while healthy
-    note: str = ""  # why a node of a multi-node server was stopped (state "aborted")
-    connection_losses: list[str] = field(default_factory=list)  # while waited for, each mended
-
-    @property
-    def ok(self) -> bool:
-        return self.state in ("ready", "started")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run": self.run["id"],
-            "log": self.run["log"],
-            "pid": self.run["pid"],
-            "state": self.state,
-            "ready": self.state == "ready",
-            "elapsed_s": round(self.elapsed, 2),
-            "crashes": [c.to_json() for c in self.crashes],
-            "warnings": [c.to_json() for c in self.warnings],
-            "command": self.run["command"],
-            "env": self.run.get("env", {}),
-            "note": self.note,
-            "connection_losses": self.connection_losses,
-        }
-
-
-def poll_args(run: RunRecord, offset: int, wait: float = 0) -> PollArgs:
-    identity: LeaderIdentity = {"starttime": run["starttime"]} if "starttime" in run else {}
-    return {
-        **identity,
-        "pgid": run["pgid"],
-        "sid": run["sid"],
-        "log": run["log"],
-        "port": run["port"],
-        "bind_host": run["bind_host"],
-        "offset": offset,
-        "limit": POLL_LIMIT_BYTES,
-        "wait": wait,
-    }
-
-
-class GroupWatch:
-    """The nodes of one multi-node server waiting together: rank 0's readiness is the
-    group's, and the first node that fails (or times out) settles it for all of them."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.state: str | None = None  # ready | failed | timeout
-        self.by = ""
-
-    def settle(self, state: str, by: str) -> None:
-        """The first word stands, except that a failure overrides readiness: a node that
-        dies once rank 0 is up still fails the group."""
-        with self._lock:
-            if self.state is None or (state == "failed" and self.state == "ready"):
-                self.state, self.by = state, by
-
-
-def wait_ready(
-    host: Host,
-    conn: Connection,
-    run: RunRecord,
-    catalog: Catalog,
-    timeout: float,
-    progress: Callable[[str, float, str], None] | None = None,
-    group: GroupWatch | None = None,
-) -> Outcome:
-    """Poll the run until /health answers 200 or the ready line appears; fail fast on a crash.
-
-    A node of a multi-node server other than rank 0 serves no API (its /health is a dummy):
-    it is ready when rank 0 is and it is still alive.
-    """
-    losses: list[str] = []
-    try:
-        outcome = _wait_ready(host, conn, run, catalog, timeout, progress, group, losses)
-    except BaseException:
-        if group is not None:  # the other nodes stop waiting for this one
-            group.settle("failed", host.label)
-        raise
-    outcome.connection_losses = losses
-    if group is not None and outcome.state != "aborted":
-        verdict = outcome.state if outcome.state in ("ready", "timeout") else "failed"
-        group.settle(verdict, host.label)
-    return outcome
-
-
-def _wait_ready(
-    host: Host,
-    conn: Connection,
-    run: RunRecord,
-    catalog: Catalog,
-    timeout: float,
-    progress: Callable[[str, float, str], None] | None,
-    group: GroupWatch | None,
-    losses: list[str],
-) -> Outcome:
-    serves_api = group is None or node_rank(host) == 0
-    scanner = CrashScanner(catalog)
-    # One decoder for the whole log: a character split across two polls stays whole.
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    offset, started, last_line, buffer = 0, time.monotonic(), "", ""
-    backoff = 0.0  # > 0 while the connection is lost: the wait before the next try
-    while True:
-        try:
-            doc = poll(host, conn, run, offset, POLL_WAIT if serves_api else NODE_POLL_WAIT)
-        except HostKeyError:
-            raise
-        except ConnectError as exc:
-            # The run goes on without us: connect again (each try a fresh handshake, the
-            # host key checked again), saying so once, until the wait's own timeout.
-            elapsed = time.monotonic() - started
-            if elapsed >= timeout or (group is not None and group.state == "failed"):
-                raise
-            if not backoff:
-                losses.append(str(exc))
-                if progress is not None:
-                    progress(host.label, elapsed, f"connection lost ({exc}); reconnecting")
-            backoff = next_backoff(backoff, POLL_RETRY_FIRST, RECONNECT_BACKOFF_MAX)
-            time.sleep(min(backoff, timeout - elapsed))
-            continue
-        if backoff and progress is not None:
-            progress(host.label, time.monotonic() - started, "reconnected")
-        backoff = 0.0
-        raw = base64.b64decode(doc["data"])
-        offset += len(raw)
-        data = decoder.decode(raw, final=not doc["alive"])
-        buffer += data
-        lines = buffer.split("\n")
-        buffer = lines.pop()
-        if any(line.strip() for line in lines):
-            last_line = next(line for line in reversed(lines) if line.strip())
-        crashes = scanner.feed(data)
-        elapsed = time.monotonic() - started
-        # A trace while /health answers 200 is a failed request, not a failed server.
-        if crashes and (doc["health"] != 200 or not serves_api):
-            return Outcome(run, "crashed", elapsed, scanner.reports, last_line)
-        if serves_api and (doc["health"] == 200 or any(READY_LINE in line for line in lines)):
-            return Outcome(run, "ready", elapsed, [], last_line, warnings=scanner.reports)
-        if not doc["alive"]:
-            return Outcome(run, "died", elapsed, scanner.finish() or scanner.reports, last_line)
-        if group is not None and group.state is not None:
-            if group.state in ("ready", "timeout"):  # a timeout leaves every node running
-                return Outcome(run, group.state, elapsed, [], last_line, warnings=scanner.reports)
-            note = f"node {group.by} failed"
-            return Outcome(run, "aborted", elapsed, scanner.reports, last_line, note=note)
-        if elapsed >= timeout:
-            return Outcome(run, "timeout", elapsed, [], last_line)
-        if progress is not None:
-            progress(host.label, elapsed, last_line)
-
-
-def poll(
-    host: Host, conn: Connection, run: RunRecord, offset: int, wait: float = POLL_WAIT
-) -> PollReply:
-    """What the run's log gained since `offset`, and whether it is alive and healthy."""
-    return agent.call(host, conn, agent.POLL, poll_args(run, offset, wait))
-
-
-@dataclass
-class LaunchReport:
-    """The result of a launch over all selected hosts.
-
-    `refused`: some host failed its preflight, so nothing was started anywhere. A dry run
-    starts nothing either way, and is refused when a real launch would have been.
-    """
-
-    preflights: FleetResult[Preflight]
-    outcomes: FleetResult[Outcome]
-    refused: bool
-    dry_run: bool = False
-    # The nodes of multi-node servers that failed on some node, ended so none holds GPUs.
-    cleanup: FleetResult[StopReply] = field(default_factory=lambda: FleetResult([]))
-
-    @property
-    def started(self) -> bool:
-        return bool(self.outcomes.results)
-
-    @property
-    def ok(self) -> bool:
-        return not self.refused and self.outcomes.ok
-
-
 def plan_launch(
     project: Project,
     hosts: Sequence[Host],
@@ -704,133 +438,3 @@ def check_placement(plans: Sequence[Plan]) -> None:
                     f"{pair} would share port {first.port}",
                     hint="give each deployment on a host its own `port`",
                 )
-
-
-def launch(
-    fleet: Fleet,
-    plans: Sequence[Plan],
-    catalog: Catalog,
-    *,
-    wait: bool = True,
-    timeout: float = 900,
-    dry_run: bool = False,
-    max_used_mib: int = DEFAULT_MAX_USED_MIB,
-    progress: Callable[[str, float, str], None] | None = None,
-    restart_of: Mapping[str, str] | None = None,
-) -> LaunchReport:
-    """Preflight all hosts; start on all only if every one passed; then wait for ready."""
-    by_name = {p.host.label: p for p in plans}
-    preflights = fleet.run(
-        # The lock is held until the wait ends: a second launch must not slip in while
-        # the first server has not yet bound its port.
-        lambda host, conn: run_preflight(by_name[host.label], conn, max_used_mib, timeout + 120),
-        [p.host for p in plans],
-    )
-    refused = not preflights.ok
-    if refused or dry_run:
-        held = [r.value for r in preflights if r.value is not None and r.value.lock_token]
-        fleet.run(
-            lambda host, conn: release_lock(
-                by_name[host.label], conn, _token(preflights, host.label)
-            ),
-            [p.plan.host for p in held],
-        )
-        return LaunchReport(preflights, FleetResult([]), refused=refused, dry_run=dry_run)
-
-    # One log version on every node of a multi-node server: the highest any node needs.
-    versions: dict[GroupKey | None, int] = {}
-    for result in preflights:
-        if result.value is not None and result.value.plan.group is not None:
-            key = result.value.plan.group
-            versions[key] = max(versions.get(key, 1), result.value.next_version)
-    groups = {key: GroupWatch() for key in versions}
-
-    def start(host: Host, conn: Connection) -> RunRecord:
-        plan = by_name[host.label]
-        token = _token(preflights, host.label)
-        try:
-            # Without waiting, a successful start releases the lock itself.
-            return start_run(
-                plan,
-                conn,
-                None if wait else token,
-                (restart_of or {}).get(host.label),
-                versions.get(plan.group, 1),
-            )
-        except BaseException:
-            with contextlib.suppress(DeployctlError):
-                release_lock(plan, conn, token)
-            raise
-
-    # Every node starts before any waits: a multi-node server comes up only as a whole.
-    starts = fleet.run(start, [p.host for p in plans])
-    for started in starts:
-        watch = groups.get(group_of(started.host))
-        if started.failed and watch is not None:
-            watch.settle("failed", started.name)
-    if not wait:
-        outcomes = FleetResult(
-            HostResult(r.host, exception=r.exception)
-            if r.value is None
-            else HostResult(r.host, Outcome(r.value, "started", 0.0))
-            for r in starts
-        )
-        return LaunchReport(preflights, outcomes, refused=False)
-    runs = starts.succeeded
-
-    def wait_for(host: Host, conn: Connection) -> Outcome:
-        plan = by_name[host.label]
-        try:
-            return wait_ready(
-                host, conn, runs[host.label], catalog, timeout, progress, groups.get(plan.group)
-            )
-        finally:
-            # Every way out of a launch gives the lock back; a host that cannot be reached
-            # now keeps it until it expires, and the error that got us here is the one shown.
-            with contextlib.suppress(DeployctlError):
-                release_lock(plan, conn, _token(preflights, host.label))
-
-    # Rank 0s first: with fewer forks than nodes, a rank 0 must not queue behind the nodes
-    # that wait for it.
-    waiting = sorted((p.host for p in plans if p.host.label in runs), key=node_rank)
-    waited = {r.name: r for r in fleet.run(wait_for, waiting)}
-    outcomes = FleetResult(
-        waited.get(r.name) or HostResult(r.host, exception=r.exception) for r in starts
-    )
-    # A multi-node server that failed on one node leaves no process on any other.
-    failed = {key for key, watch in groups.items() if watch.state == "failed"}
-    cleanup = fleet.run(end_run, [p.host for p in plans if p.group in failed])
-    return LaunchReport(preflights, outcomes, refused=False, cleanup=cleanup)
-
-
-def recorded_run(host: Host, conn: Connection, run_id: str | None = None) -> StatusReply:
-    """The deployment's current (or named) run record and whether it lives and answers
-    /health: no log tail, no GPU query, no metrics."""
-    args: StatusArgs = {
-        "state_dir": str(host.vars["state_dir"]),
-        "deployment": host.deployment,
-        "run": run_id,
-        "tail_bytes": 0,
-        "metrics_bytes": 0,
-    }
-    return agent.call(host, conn, agent.STATUS, args)
-
-
-def end_run(host: Host, conn: Connection, timeout: float = 10) -> StopReply:
-    """End the deployment's current run on one host: SIGTERM its group, SIGKILL leftovers."""
-    args: StopArgs = {
-        "state_dir": str(host.vars["state_dir"]),
-        "deployment": host.deployment,
-        "timeout": timeout,
-    }
-    # The agent waits `timeout` for SIGTERM, then up to 10 s after SIGKILL: the round trip
-    # must outlast both, whatever the host's command timeout.
-    limit = max(conn.command_timeout, timeout + 20)
-    return agent.call(host, conn, agent.STOP, args, timeout=limit)
-
-
-def _token(preflights: FleetResult[Preflight], name: str) -> str:
-    for result in preflights:
-        if result.name == name and result.value is not None and result.value.lock_token:
-            return result.value.lock_token
-    raise DeployctlError(f"{name}: no lock held")

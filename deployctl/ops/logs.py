@@ -10,8 +10,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO
 
+from deployctl import events as ev
 from deployctl.connection import Connection
 from deployctl.crash import (
     Catalog,
@@ -28,9 +29,10 @@ from deployctl.errors import (
     HostKeyError,
     MissingLogError,
 )
+from deployctl.events import EventSink
 from deployctl.fanout import RECONNECT_BACKOFF_MAX, Fleet, FleetResult, next_backoff
 from deployctl.inventory import Host
-from deployctl.ops.launch import recorded_run
+from deployctl.ops.runs import recorded_run
 from deployctl.project import Project
 from deployctl.shell import quote
 
@@ -86,15 +88,6 @@ class LogScan:
     size: int
     scanned_bytes: int
     crashes: list[CrashReport]
-
-    def to_json(self) -> dict[str, object]:
-        """Return the scan as a JSON-ready dict."""
-        return {
-            "log": self.path,
-            "size": self.size,
-            "scanned_bytes": self.scanned_bytes,
-            "crashes": [c.to_json() for c in self.crashes],
-        }
 
 
 @dataclass
@@ -341,27 +334,6 @@ def _read_tail(
     return _Tail(path, picked, end, window.inode)
 
 
-class LogSink(Protocol):
-    """Where `show_logs` sends what it reads, as it reads it (called from many threads)."""
-
-    @property
-    def closed(self) -> bool:
-        """The reader has gone (a closed pipe): following stops."""
-        ...
-
-    def line(self, host: str, text: str, crash: bool = False) -> None:
-        """One whole log line; `crash` marks a line that belongs to a crash trace."""
-
-    def crash(self, host: str, report: CrashReport) -> None:
-        """A crash completed by the lines just sent."""
-
-    def error(self, host: str, exc: BaseException) -> None:
-        """A host that could not be read (once per host)."""
-
-    def notice(self, host: str, text: str) -> None:
-        """A change in how a host is followed (its connection lost, then back)."""
-
-
 @dataclass
 class LogsResult:
     """What `logs` did: the hosts that failed (and why), and `--crash` scans without follow."""
@@ -383,7 +355,7 @@ class _Follower:
         conn: Connection,
         tail: _Tail,
         catalog: Catalog,
-        sink: LogSink,
+        sink: EventSink,
         stop: threading.Event,
         crash_only: bool,
     ) -> None:
@@ -409,14 +381,15 @@ class _Follower:
         whole = text[:cut]
         if not self.crash_only:
             for line in whole[:-1].split("\n"):
-                self.sink.line(self.host.label, line, self.scanner.is_crash_line(line))
+                crash = self.scanner.is_crash_line(line)
+                self.sink.emit(ev.LogLine(target=self.host.label, line=line, crash=crash))
         for report in self.scanner.feed(whole):
-            self.sink.crash(self.host.label, report)
+            self.sink.emit(ev.LogCrash(target=self.host.label, report=report))
 
     def _fail(self, exc: BaseException) -> None:
         if not self.stop.is_set():  # after Ctrl-C, connections close under us
             self.failure = exc
-            self.sink.error(self.host.label, exc)
+            self.sink.emit(ev.HostFailed(target=self.host.label, exception=exc))
 
     def stopped(self) -> bool:
         if self.sink.closed:
@@ -427,7 +400,7 @@ class _Follower:
         """Poll until stopped. A lost connection is reported once and opened again with
         backoff; any other failure is reported once and ends only this host."""
         offset, inode = self.tail.offset, self.tail.inode
-        backoff = 0.0
+        backoff, began = 0.0, time.monotonic()
         while not self.stopped():
             try:
                 window = _read_window(
@@ -449,7 +422,11 @@ class _Follower:
                     self._fail(exc)
                     return
                 if not backoff:
-                    self.sink.notice(self.host.label, f"connection lost ({exc}); reconnecting")
+                    elapsed = time.monotonic() - began
+                    lost = ev.ConnectionLost(
+                        target=self.host.label, elapsed=elapsed, error=str(exc)
+                    )
+                    self.sink.emit(lost)
                 backoff = next_backoff(backoff, FOLLOW_INTERVAL, RECONNECT_BACKOFF_MAX)
                 self.stop.wait(backoff)
                 continue
@@ -457,7 +434,8 @@ class _Follower:
                 self._fail(exc)
                 return
             if backoff:
-                self.sink.notice(self.host.label, "reconnected")
+                elapsed = time.monotonic() - began
+                self.sink.emit(ev.Reconnected(target=self.host.label, elapsed=elapsed))
                 backoff = 0.0
             if window.start != offset:  # truncated or replaced: the new content starts at 0
                 self.restart()
@@ -475,9 +453,10 @@ def show_logs(
     lines: int,
     follow: bool,
     crash_only: bool,
-    sink: LogSink,
+    sink: EventSink,
 ) -> LogsResult:
-    """Send each host's log tail (or its crashes) to `sink`; with `follow`, until Ctrl-C."""
+    """Send each host's log tail (or its crashes) to `sink` as events; with `follow`, until
+    Ctrl-C (or until the sink's reader goes)."""
     if crash_only and not follow:
         scans = fleet.run(lambda host, conn: scan_log(host, conn, catalog, run, path, False))
         return LogsResult(scans.failed, scans)
@@ -487,7 +466,7 @@ def show_logs(
         )
         for result in tails:
             for line in result.value.lines if result.value is not None else []:
-                sink.line(result.name, line)
+                sink.emit(ev.LogLine(target=result.name, line=line))
         _report_failed(tails, sink)
         return LogsResult(tails.failed)
     stop = threading.Event()
@@ -498,9 +477,9 @@ def show_logs(
         return LogsResult()
 
 
-def _report_failed(results: FleetResult[_Tail], sink: LogSink) -> None:
+def _report_failed(results: FleetResult[_Tail], sink: EventSink) -> None:
     for name, exc in results.failed.items():
-        sink.error(name, exc)
+        sink.emit(ev.HostFailed(target=name, exception=exc))
 
 
 def _follow(
@@ -510,7 +489,7 @@ def _follow(
     path: str | None,
     lines: int,
     crash_only: bool,
-    sink: LogSink,
+    sink: EventSink,
     stop: threading.Event,
 ) -> LogsResult:
     """Send each log's tail, then poll every host in a thread of its own until Ctrl-C."""

@@ -14,8 +14,8 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
 
 from deployctl import agent
 from deployctl.connection import Connection
@@ -88,24 +88,26 @@ def patch_facts(host: Host, conn: Connection, sets: Sequence[PatchSet]) -> Patch
 # ---- audit -------------------------------------------------------------------------------
 
 
+class PatchState(StrEnum):
+    """Where a patch set stands on one SGLang installation."""
+
+    APPLIED = "applied"
+    MISSING = "missing"
+    OUTDATED = "outdated"  # an older version, or content changed without a version bump
+    DRIFTED = "drifted"  # patched files changed since apply, or SGLang was reinstalled
+    UNSUPPORTED = "unsupported"  # no variant for that SGLang version
+
+
 @dataclass(frozen=True)
 class SetState:
-    state: str  # applied | missing | outdated | drifted | unsupported
+    state: PatchState
     version: str | None
     expected_version: str
     detail: str = ""
 
     @property
     def good(self) -> bool:
-        return self.state == "applied"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "version": self.version,
-            "expected_version": self.expected_version,
-            "detail": self.detail,
-        }
+        return self.state is PatchState.APPLIED
 
 
 def set_state(facts: PatchFacts, patch_set: PatchSet) -> SetState:
@@ -115,22 +117,28 @@ def set_state(facts: PatchFacts, patch_set: PatchSet) -> SetState:
     applied = record["version"] if record else None
     if facts.sglang_version not in patch_set.variants and record is None:
         return SetState(
-            "unsupported", None, expected, f"no variant for SGLang {facts.sglang_version}"
+            PatchState.UNSUPPORTED, None, expected, f"no variant for SGLang {facts.sglang_version}"
         )
     if record is None:
-        return SetState("missing", None, expected)
+        return SetState(PatchState.MISSING, None, expected)
     drifted = facts.drifted_files(patch_set.name)
     if record.get("site") != facts.site or record.get("sglang_version") != facts.sglang_version:
-        return SetState("drifted", applied, expected, "SGLang was reinstalled since apply")
+        reinstalled = "SGLang was reinstalled since apply"
+        return SetState(PatchState.DRIFTED, applied, expected, reinstalled)
     if drifted:
-        return SetState("drifted", applied, expected, "changed since apply: " + ", ".join(drifted))
+        changed = "changed since apply: " + ", ".join(drifted)
+        return SetState(PatchState.DRIFTED, applied, expected, changed)
     if version_key(record["version"]) < version_key(expected):
         return SetState(
-            "outdated", applied, expected, f"{record['version']} applied, {expected} available"
+            PatchState.OUTDATED,
+            applied,
+            expected,
+            f"{record['version']} applied, {expected} available",
         )
     if record["hash"] != patch_set.content_hash:
-        return SetState("outdated", applied, expected, "set content changed without a version bump")
-    return SetState("applied", applied, expected)
+        unbumped = "set content changed without a version bump"
+        return SetState(PatchState.OUTDATED, applied, expected, unbumped)
+    return SetState(PatchState.APPLIED, applied, expected)
 
 
 @dataclass(frozen=True)
@@ -143,12 +151,6 @@ class AuditReport:
     def ok(self) -> bool:
         """Every expected set is applied."""
         return all(self.states[name].good for name in self.expected)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "sglang_version": self.sglang_version,
-            "patches": {name: state.to_json() for name, state in self.states.items()},
-        }
 
 
 def audit_host(
@@ -172,20 +174,24 @@ def host_patch_names(host: Host) -> list[str]:
 # ---- apply -------------------------------------------------------------------------------
 
 
+class ActionKind(StrEnum):
+    """What apply or revert did with one set."""
+
+    APPLIED = "applied"
+    REPLACED = "replaced"  # an older version, replaced in one step
+    UNCHANGED = "unchanged"
+    WOULD_APPLY = "would apply"
+    REVERTED = "reverted"
+    NOT_APPLIED = "not applied"
+
+
 @dataclass
 class PatchAction:
     set: str
     version: str
-    action: str  # applied | replaced | unchanged | would apply | reverted | not applied
+    action: ActionKind
     files: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "set": self.set,
-            "version": self.version,
-            "action": self.action,
-            "files": self.files,
-        }
+    replaced: str | None = None  # the version a REPLACED action replaced
 
 
 def patched_copies(
@@ -250,7 +256,7 @@ def apply_set(
             )
         if record["version"] == patch_set.version and record["hash"] == patch_set.content_hash:
             return PatchAction(
-                patch_set.name, patch_set.version, "unchanged", sorted(record["files"])
+                patch_set.name, patch_set.version, ActionKind.UNCHANGED, sorted(record["files"])
             )
     files = sorted(set(variant.files) | set(record["files"] if record else []))
     if record is not None:
@@ -267,7 +273,7 @@ def apply_set(
         originals = read_files(host, conn, site, files)
     patched = patched_copies(variant, originals, files)
     if dry_run:
-        return PatchAction(patch_set.name, patch_set.version, "would apply", files)
+        return PatchAction(patch_set.name, patch_set.version, ActionKind.WOULD_APPLY, files)
     manifest: Manifest = {
         "set": patch_set.name,
         "version": patch_set.version,
@@ -295,8 +301,11 @@ def apply_set(
     new_record = agent.call(host, conn, agent.APPLY, args, stdin=payload)["record"]
     facts.records[patch_set.name] = new_record
     facts.files.update({p: s["patched_sha256"] for p, s in new_record["files"].items()})
-    action = "applied" if record is None else f"replaced {record['version']}"
-    return PatchAction(patch_set.name, patch_set.version, action, files)
+    if record is None:
+        return PatchAction(patch_set.name, patch_set.version, ActionKind.APPLIED, files)
+    return PatchAction(
+        patch_set.name, patch_set.version, ActionKind.REPLACED, files, record["version"]
+    )
 
 
 def apply_patches(
@@ -319,7 +328,7 @@ def revert_patches(
             "force": force,
         }
         reply = agent.call(host, conn, agent.REVERT, args)
-        action = "reverted" if reply["reverted"] else "not applied"
+        action = ActionKind.REVERTED if reply["reverted"] else ActionKind.NOT_APPLIED
         actions.append(PatchAction(patch_set.name, patch_set.version, action, reply["files"]))
     return actions
 

@@ -1,46 +1,52 @@
-"""All presentation: human tables, streamed lines and --json documents for command results.
+"""How people see each command's result, paired with its JSON document.
 
-Each command's result has a `View`: how people see it and its JSON document.
-`render_result` picks one of the two; nothing here decides an exit status.
+Each kind of result has a `View`: a human form (tables and lines) and its document from
+`documents`. `render_result` picks one of the two; nothing here decides an exit status.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from deployctl.errors import DeployctlError, explain
+from deployctl.errors import explain
+from deployctl.present import documents as docs
+from deployctl.present.terminal import (
+    console,
+    crash_lines,
+    print_command,
+    print_error,
+    print_host_errors,
+    print_json,
+    print_table,
+    size_text,
+    tagged,
+)
 from deployctl.text import one_line
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from deployctl.crash.model import CrashReport
     from deployctl.fanout import FleetResult, HostResult
     from deployctl.inventory import GroupNode, Host
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
     from deployctl.ops.flags import CheckedCommand
     from deployctl.ops.gpus import GpuReport
-    from deployctl.ops.launch import LaunchReport, Preflight
+    from deployctl.ops.launch import Preflight
     from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
     from deployctl.ops.patch import AuditReport, PatchAction
     from deployctl.ops.port import PortReport
-    from deployctl.ops.server import RestartReport, RunStatus, StopResult, WatchEvent
+    from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult
+    from deployctl.ops.server import RestartReport
     from deployctl.patchset import PatchSet
     from deployctl.render import RenderedCommand
 
 R = TypeVar("R")
-T = TypeVar("T")
-CRASH_MARK = "!! "
-_RED, _RESET = "\033[31m", "\033[0m"
 
 
 @dataclass(frozen=True)
@@ -54,121 +60,11 @@ class View(Generic[R]):
 def render_result(view: View[R], result: R, as_json: bool) -> None:
     """Show a command's result as JSON or for people."""
     if as_json:
-        print_json(view.document(result))
+        document = view.document(result)
+        if document is not None:  # None: it streamed its JSON lines as it went
+            print_json(document)
     else:
         view.human(result)
-
-
-# ---- building blocks -----------------------------------------------------------------------
-
-
-def console(stderr: bool = False) -> Console:
-    """Return a rich console; wide when not a terminal so lines are not wrapped."""
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 200
-    return Console(file=stream, width=width, highlight=False, soft_wrap=not stream.isatty())
-
-
-def print_json(document: Any) -> None:
-    """Print one JSON document on stdout."""
-    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
-
-
-def error_text(message: str, hint: str | None = None, host: str | None = None) -> str:
-    """`[host: ]error: …` and `[host: ]hint: …`, one line each: the one error format."""
-    return tagged("error", message, host) + (tagged("hint", hint, host) if hint else "")
-
-
-def tagged(tag: str, text: str, host: str | None = None) -> str:
-    """One `[host: ]tag: text` line."""
-    prefix = f"{host}: " if host else ""
-    return f"{prefix}{tag}: {one_line(text)}\n"
-
-
-def print_error(message: str, hint: str | None = None, host: str | None = None) -> None:
-    """Print an error (and its hint) on stderr."""
-    sys.stderr.write(error_text(message, hint, host))
-    sys.stderr.flush()
-
-
-def print_bug(failures: Sequence[tuple[str | None, BaseException]], message: str = "") -> None:
-    """Keep the tracebacks of bugs (per host, or None for the command) in a new debug file,
-    and name it in one error line."""
-    from deployctl.debug import write_debug_file
-
-    path = write_debug_file(failures)
-    hosts = [host for host, _ in failures if host]
-    where = f" on {', '.join(hosts)}" if hosts else ""
-    print_error(
-        message or f"internal error{where}",
-        f"a bug in deployctl; the traceback is in {path}; please report it",
-    )
-
-
-def print_host_errors(results: Iterable[HostResult[Any]]) -> None:
-    """Print each failed host's error (and hint) on stderr."""
-    for result in results:
-        if result.failed:
-            print_error(result.error or "", result.hint, result.name)
-
-
-def host_entry(result: HostResult[T], to_json: Callable[[T], dict[str, Any]]) -> dict[str, Any]:
-    """One host in a JSON document: ok, error, its stable code and hint, and its fields."""
-    entry: dict[str, Any] = {"ok": not result.failed, "error": result.error, "code": result.code}
-    if result.hint:
-        entry["hint"] = result.hint
-    if result.value is not None:
-        entry.update(to_json(result.value))
-    return entry
-
-
-def hosts_document(
-    results: Iterable[HostResult[T]], to_json: Callable[[T], dict[str, Any]]
-) -> dict[str, Any]:
-    """Return {"hosts": {name: {"ok", "error", "code", **fields}}} for per-host results."""
-    hosts: dict[str, Any] = {}
-    for result in results:
-        place(hosts, result.host, host_entry(result, to_json))
-    return {"hosts": hosts}
-
-
-def place(hosts: dict[str, Any], host: Host, entry: dict[str, Any]) -> None:
-    """Put a result's entry under its host, or one deployment's under
-    `<host>.deployments.<name>`; a host is ok when everything under it is."""
-    slot = hosts.setdefault(host.name, {})
-    ok = slot.get("ok", True) and entry["ok"]
-    if host.deployment is None:
-        slot.update(entry)  # a host's default run, beside any deployments it has now
-    else:
-        slot.setdefault("deployments", {})[host.deployment] = entry
-    slot["ok"] = ok
-
-
-def per_host(to_json: Callable[[T], dict[str, Any]]) -> Callable[[FleetResult[T]], Any]:
-    """The JSON document of a fleet result whose values turn into dicts with `to_json`."""
-    return lambda results: hosts_document(results, to_json)
-
-
-def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> None:
-    """Print a table of plain strings."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*(Text(cell) for cell in row))  # cells are data, never rich markup
-    console().print(table)
-
-
-def print_command(out: Console, command: str) -> None:
-    """Print a shell command byte for byte: rich would expand tabs and turn :name: into emoji."""
-    out.file.write(command + "\n")
-    out.file.flush()
 
 
 # ---- hosts and render ----------------------------------------------------------------------
@@ -186,12 +82,11 @@ def _hosts_table(described: dict[str, dict[str, Any]]) -> None:
     print_table(None, ["host", "connection", "address", "user", "vars"], rows)
 
 
-HOSTS: View[dict[str, dict[str, Any]]] = View(_hosts_table, lambda d: {"hosts": d})
+HOSTS: View[dict[str, dict[str, Any]]] = View(_hosts_table, docs.hosts_listing)
 
 
 GRAPH: View[tuple[list[str], dict[str, GroupNode]]] = View(
-    lambda graph: print("\n".join(graph[0])),
-    lambda graph: {"groups": {n: dataclasses.asdict(g) for n, g in graph[1].items()}},
+    lambda graph: print("\n".join(graph[0])), docs.graph_document
 )
 
 
@@ -217,15 +112,6 @@ def _print_rendered(out: Console, name: str, rendered: RenderedCommand) -> None:
     print_command(out, rendered.display_lines)
 
 
-def _rendered_json(rendered: RenderedCommand) -> dict[str, Any]:
-    return {
-        "command": rendered.display,
-        "env": rendered.env_shown,
-        "threshold_mode": rendered.threshold_mode,
-        "files": rendered.files,
-    }
-
-
 def _rendered(results: FleetResult[RenderedCommand]) -> None:
     out = console()
     for result in results:
@@ -234,7 +120,7 @@ def _rendered(results: FleetResult[RenderedCommand]) -> None:
     print_host_errors(results)
 
 
-RENDERED: View[FleetResult[RenderedCommand]] = View(_rendered, per_host(_rendered_json))
+RENDERED: View[FleetResult[RenderedCommand]] = View(_rendered, docs.per_host(docs.rendered_json))
 
 
 def _checked(results: FleetResult[CheckedCommand]) -> None:
@@ -261,10 +147,7 @@ def _checked(results: FleetResult[CheckedCommand]) -> None:
     print_host_errors(results)
 
 
-CHECKED: View[FleetResult[CheckedCommand]] = View(
-    _checked,
-    per_host(lambda c: {**_rendered_json(c.rendered), "flags": c.flags.to_json()}),
-)
+CHECKED: View[FleetResult[CheckedCommand]] = View(_checked, docs.per_host(docs.checked_json))
 
 
 def _port(result: PortReport) -> None:
@@ -288,6 +171,7 @@ def _port(result: PortReport) -> None:
     )
 
 
+# The port's report.json beside its candidate is the same document.
 PORT: View[PortReport] = View(_port, lambda r: r.to_json())
 
 
@@ -349,7 +233,7 @@ def _gpus_table(results: FleetResult[GpuReport]) -> None:
     print_table(None, ["host", "gpu", "name", "memory", "util", "processes / verdict"], rows)
 
 
-GPUS: View[FleetResult[GpuReport]] = View(_gpus_table, per_host(lambda r: r.to_json()))
+GPUS: View[FleetResult[GpuReport]] = View(_gpus_table, docs.per_host(docs.gpus_json))
 
 
 # ---- patches -------------------------------------------------------------------------------
@@ -363,14 +247,12 @@ def _patch_list(sets: Sequence[PatchSet]) -> None:
     print_table(None, ["set", "version", "hash", "SGLang", "description"], rows)
 
 
-PATCH_LIST: View[Sequence[PatchSet]] = View(
-    _patch_list, lambda sets: {"patches": [s.to_json() for s in sets]}
-)
+PATCH_LIST: View[Sequence[PatchSet]] = View(_patch_list, docs.patch_list_document)
 
 
 def _patch_actions(results: FleetResult[list[PatchAction]]) -> None:
     rows = [
-        [r.name, a.set, a.version, a.action, str(len(a.files))]
+        [r.name, a.set, a.version, docs.action_text(a), str(len(a.files))]
         for r in results
         for a in r.value or []
     ]
@@ -379,7 +261,7 @@ def _patch_actions(results: FleetResult[list[PatchAction]]) -> None:
 
 
 PATCH_ACTIONS: View[FleetResult[list[PatchAction]]] = View(
-    _patch_actions, per_host(lambda acts: {"patches": [a.to_json() for a in acts]})
+    _patch_actions, docs.per_host(docs.patch_actions_json)
 )
 
 
@@ -411,7 +293,7 @@ def _audit_table(results: FleetResult[AuditReport]) -> None:
     print_host_errors(results)
 
 
-AUDIT: View[FleetResult[AuditReport]] = View(_audit_table, per_host(lambda r: r.to_json()))
+AUDIT: View[FleetResult[AuditReport]] = View(_audit_table, docs.per_host(docs.audit_json))
 
 
 # ---- crash and logs ------------------------------------------------------------------------
@@ -421,12 +303,10 @@ def _local_crashes(result: LocalCrashes) -> None:
     if not result.crashes:
         sys.stdout.write("no crash found\n")
     for crash in result.crashes:
-        sys.stdout.write("\n".join(_crash_lines(crash)) + "\n")
+        sys.stdout.write("\n".join(crash_lines(crash)) + "\n")
 
 
-LOCAL_CRASHES: View[LocalCrashes] = View(
-    _local_crashes, lambda r: {"crashes": [c.to_json() for c in r.crashes]}
-)
+LOCAL_CRASHES: View[LocalCrashes] = View(_local_crashes, docs.local_crashes_document)
 
 
 def _crash_scans(results: FleetResult[LogScan]) -> None:
@@ -436,7 +316,7 @@ def _crash_scans(results: FleetResult[LogScan]) -> None:
         if scan is None:
             continue
         label = f"{result.name}: " if len(results) > 1 else ""
-        scanned = f"scanned {_size(scan.scanned_bytes)} of {_size(scan.size)}"
+        scanned = f"scanned {size_text(scan.scanned_bytes)} of {size_text(scan.size)}"
         if not scan.crashes:
             sys.stdout.write(f"{label}no crash found in {scan.path} ({scanned})\n")
             continue
@@ -446,22 +326,13 @@ def _crash_scans(results: FleetResult[LogScan]) -> None:
         )
         whole = scan.scanned_bytes >= scan.size
         for crash in scan.crashes:
-            sys.stdout.write("".join(f"  {line}\n" for line in _crash_lines(crash, whole)))
+            sys.stdout.write("".join(f"  {line}\n" for line in crash_lines(crash, whole)))
     sys.stdout.flush()
     print_host_errors(results)
 
 
-def _crash_scans_document(results: FleetResult[LogScan]) -> dict[str, Any]:
-    document = hosts_document(results, lambda scan: scan.to_json())
-    for entry in document["hosts"].values():
-        # A failed host keeps the shape, so readers need not test for the keys.
-        entry.setdefault("log", None)
-        entry.setdefault("crashes", [])
-    return document
-
-
 CRASHES: View[CrashSearch] = View(
-    lambda r: _crash_scans(r.scans), lambda r: _crash_scans_document(r.scans)
+    lambda r: _crash_scans(r.scans), lambda r: docs.crash_scans_document(r.scans)
 )
 
 
@@ -471,125 +342,29 @@ def _logs(result: LogsResult) -> None:
         _crash_scans(result.scans)
 
 
-LOGS: View[LogsResult] = View(_logs, lambda _: {})  # `logs` has no --json
+def _logs_document(result: LogsResult) -> Any:
+    # Streamed events were their own JSON lines; `--crash` without -f is one document.
+    return None if result.scans is None else docs.crash_scans_document(result.scans)
 
 
-class LogPrinter:
-    """Write whole log lines to stdout from many threads, flushed, crash lines marked."""
-
-    def __init__(self, prefixed: bool) -> None:
-        self.prefixed = prefixed
-        self.color = sys.stdout.isatty() and use_color()
-        self.lock = threading.Lock()
-        self.closed = False
-
-    def line(self, host: str, text: str, crash: bool = False) -> None:
-        prefix = f"{host} | " if self.prefixed else ""
-        if crash:
-            # The mark stays in piped output too, so scripts (and grep) can find crash lines.
-            text = f"{_RED}{CRASH_MARK}{text}{_RESET}" if self.color else CRASH_MARK + text
-        self._write(prefix + text + "\n")
-
-    def crash(self, host: str, report: CrashReport) -> None:
-        prefix = f"{host} | " if self.prefixed else ""
-        where = f" at {report.file}:{report.line}" if report.file else ""
-        from deployctl.crash.model import format_ranks
-
-        ranks = f" (ranks {format_ranks(report.ranks)})" if report.ranks else ""
-        text = f"{prefix}{CRASH_MARK}CRASH: {report.summary()}{where}{ranks}\n"
-        text += f"{prefix}{CRASH_MARK}hint: {report.hint}\n"
-        self._write(f"{_RED}{text}{_RESET}" if self.color else text)
-
-    def error(self, host: str, exc: BaseException) -> None:
-        print_error(*explain(exc), host=host)  # a bug's traceback is kept when `logs` ends
-
-    def notice(self, host: str, text: str) -> None:
-        with self.lock:  # on stderr, so piped log lines stay the log's own
-            print(f"{host}: {text}", file=sys.stderr, flush=True)
-
-    def _write(self, text: str) -> None:
-        with self.lock:
-            if self.closed:
-                return
-            try:
-                sys.stdout.write(text)
-                sys.stdout.flush()  # the output may be piped: each line must leave at once
-            except BrokenPipeError:
-                # The reader left (`| head`): stop following, and keep exit from complaining.
-                self.closed = True
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
+LOGS: View[LogsResult] = View(_logs, _logs_document)
 
 
-def _crash_lines(crash: CrashReport, whole_log: bool = True) -> list[str]:
-    # Loaded when a crash is shown: the crash package (and yaml) cost ~30 ms to import.
-    from deployctl.crash.model import crash_lines
-
-    return crash_lines(crash, whole_log)
+# ---- launch, stop, status, restart --------------------------------------------------------
 
 
-def use_color() -> bool:
-    """Colour unless the user or the terminal says no (NO_COLOR, TERM=dumb)."""
-    return "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
-
-
-def _size(n: int) -> str:
-    """Return a byte count for people: 512 B, 21.0 KiB, 64.0 MiB, 1.0 GiB."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
-# ---- launch, stop, status, restart, watch --------------------------------------------------
-
-
-class Progress:
-    """A live line per host on stderr while waiting (only on a terminal)."""
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.lines: dict[str, str] = {}
-        self._live: Any = None
-
-    def __enter__(self) -> Progress:
-        if self.enabled:
-            from rich.live import Live
-
-            self._live = Live(console=console(stderr=True), refresh_per_second=4, transient=True)
-            self._live.__enter__()
-        return self
-
-    def update(self, host: str, elapsed: float, last_line: str) -> None:
-        """Show a host's elapsed wait and the latest log line."""
-        if self._live is None:
-            return
-        from rich.text import Text
-
-        self.lines[host] = f"{host}  {elapsed:6.1f}s  {last_line[-120:]}"
-        self._live.update(Text("\n".join(self.lines.values())))
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.__exit__(None, None, None)
-
-
-def _launch_document(result: LaunchReport) -> dict[str, Any]:
-    outcomes = {r.name: r for r in result.outcomes}
-    hosts: dict[str, Any] = {}
-    for pre in result.preflights:
-        entry = host_entry(pre, lambda p: {"preflight": p.to_json()})
-        entry["ok"] = pre.ok
-        out = outcomes.get(pre.name)
-        if out is not None:
-            entry.update(host_entry(out, lambda o: o.to_json()))
-            entry["ok"] = out.ok
-        place(hosts, pre.host, entry)
-    ended = {r.name: r.value["ended"] for r in result.cleanup if r.value is not None}
-    document = {"started": result.started, "dry_run": result.dry_run, "hosts": hosts}
-    return {**document, "group_failed_ended": ended} if result.cleanup.results else document
+def outcome_text(outcome: Outcome) -> str:
+    """How a run's wait ended, in a few words; a state without words of its own is named."""
+    elapsed = outcome.elapsed
+    special = {
+        "ready": f"ready in {elapsed:.1f}s",
+        "started": "started (not waiting)",
+        "timeout": f"not ready after {elapsed:.0f}s; left running",
+        "crashed": f"CRASHED after {elapsed:.1f}s",
+        "died": f"DIED after {elapsed:.1f}s",
+        "aborted": f"stopped after {elapsed:.1f}s: {outcome.note}",
+    }
+    return special.get(outcome.state.value, f"{outcome.state.value} after {elapsed:.1f}s")
 
 
 def _launch(result: LaunchReport) -> None:
@@ -619,18 +394,12 @@ def _launch(result: LaunchReport) -> None:
             continue
         outcome = out.value
         run = outcome.run
-        state = {
-            "ready": f"ready in {outcome.elapsed:.1f}s",
-            "started": "started (not waiting)",
-            "timeout": f"not ready after {outcome.elapsed:.0f}s; left running",
-            "crashed": f"CRASHED after {outcome.elapsed:.1f}s",
-            "died": f"DIED after {outcome.elapsed:.1f}s",
-            "aborted": f"stopped after {outcome.elapsed:.1f}s: {outcome.note}",
-        }[outcome.state]
-        out_console.print(f"{out.name}: {run['id']} pid {run['pid']} — {state}", markup=False)
+        out_console.print(
+            f"{out.name}: {run['id']} pid {run['pid']} — {outcome_text(outcome)}", markup=False
+        )
         out_console.print(f"  log: {run['log']}", markup=False)
         for crash in outcome.crashes:
-            for line in _crash_lines(crash):
+            for line in crash_lines(crash):
                 out_console.print("  " + line, markup=False)
         for trace in outcome.warnings:
             out_console.print(
@@ -655,7 +424,7 @@ def _cleanup_lines(result: LaunchReport) -> None:
     print_host_errors(result.cleanup)
 
 
-LAUNCH: View[LaunchReport] = View(_launch, _launch_document)
+LAUNCH: View[LaunchReport] = View(_launch, docs.launch_document)
 
 
 def _stop_table(results: FleetResult[StopResult]) -> None:
@@ -684,11 +453,16 @@ def print_stopping(targets: Sequence[Host]) -> None:
     sys.stderr.flush()
 
 
-STOP: View[FleetResult[StopResult]] = View(_stop_table, per_host(lambda r: r.to_json()))
+STOP: View[FleetResult[StopResult]] = View(_stop_table, docs.per_host(docs.stop_json))
+
+
+def unit_text(unit_state: str, down: Sequence[str], nnodes: int) -> str:
+    """A multi-node server's state, naming the nodes down."""
+    return f"{unit_state}: {', '.join(down)} down" if down and nnodes > 1 else unit_state
 
 
 def _status_table(results: FleetResult[RunStatus]) -> None:
-    from deployctl.ops.server import units
+    from deployctl.ops.runs import units
 
     groups = {id(u.nodes[0]): u for u in units(results) if len(u.nodes) > 1}
     rows = []
@@ -697,22 +471,17 @@ def _status_table(results: FleetResult[RunStatus]) -> None:
         if unit is not None:  # a multi-node server: one line for the group, then its nodes
             first = unit.nodes[0].value
             run = first.run["id"] if first is not None and first.run else "-"
-            rows.append([unit.name, run, "", unit.state, "", "", "", ""])
+            state = unit_text(unit.state.value, unit.down, len(unit.nodes))
+            rows.append([unit.name, run, "", state, "", "", "", ""])
         if r.value is None:
             continue
-        d = r.value.to_json()
-        if d["crashed"]:
-            state = "crashed"
-        elif d["ready"]:
-            state = "ready"
-        else:
-            state = "alive" if d["alive"] else d["status"] or "-"
+        d = docs.run_status_json(r.value)
         uptime = f"{d['uptime_s']}s" if d["uptime_s"] is not None else "-"
         mem = f"{d['gpu_memory_used_mib']} MiB" if d["gpu_memory_used_mib"] is not None else "-"
         warning = f"warning: {d['warning']}" if d["warning"] else ""
         detail = d["crash"] or warning or d["last_line"] or ""
-        row = [r.name, d["run"] or "-", str(d["pid"] or "-"), state, uptime, mem, d["log"] or "-"]
-        rows.append([*row, detail[:160]])
+        row = [r.name, d["run"] or "-", str(d["pid"] or "-"), d["state"] or "-", uptime, mem]
+        rows.append([*row, d["log"] or "-", detail[:160]])
     columns = ["host", "run", "pid", "state", "uptime", "GPU mem", "log", "crash / last line"]
     print_table(None, columns, rows)
     if any(r.value is not None and r.value.metrics_note is not None for r in results):
@@ -759,82 +528,7 @@ def _p50_ms(metrics: dict[str, Any], name: str) -> str:
     return "-" if value is None else f"{value * 1000:.1f} ms"
 
 
-class TopScreen:
-    """`top`'s display: a table redrawn in place (or a JSON document per refresh), and the
-    wait between refreshes, which ends the command when q is pressed."""
-
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
-        self._live: Any = None
-        self._saved: Any = None
-
-    def __enter__(self) -> TopScreen:
-        if not self.as_json:
-            from rich.live import Live
-
-            self._live = Live(console=console(), auto_refresh=False)
-            self._live.__enter__()
-        if sys.stdin.isatty():
-            import termios
-            import tty
-
-            self._saved = termios.tcgetattr(sys.stdin)
-            tty.setcbreak(sys.stdin)  # one key at a time, no echo
-        return self
-
-    def show(self, results: FleetResult[RunStatus]) -> None:
-        if self.as_json:
-            sys.stdout.write(json.dumps(_status_document(results), default=str) + "\n")
-            sys.stdout.flush()
-            return
-        from rich import box
-        from rich.table import Table
-        from rich.text import Text
-
-        table = Table(
-            title=f"deployctl top  {time.strftime('%H:%M:%S')}  (q to quit)",
-            box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
-        )  # fmt: skip
-        for column in METRIC_COLUMNS:
-            table.add_column(column, overflow="fold")
-        for row in metric_rows(results):
-            table.add_row(*(Text(cell) for cell in row))
-        self._live.update(table, refresh=True)
-
-    def wait(self, seconds: float) -> None:
-        """Sleep until the next refresh; q ends `top` as Ctrl-C does."""
-        import select
-
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            if self._saved is None:
-                time.sleep(left)
-                return
-            ready, _, _ = select.select([sys.stdin], [], [], left)
-            if ready and sys.stdin.read(1) in ("q", "Q"):
-                raise KeyboardInterrupt
-
-    def __exit__(self, *exc: object) -> None:
-        if self._saved is not None:
-            import termios
-
-            termios.tcsetattr(sys.stdin, termios.TCSADRAIN, self._saved)
-        if self._live is not None:
-            self._live.__exit__(None, None, None)
-
-
-def _status_document(results: FleetResult[RunStatus]) -> dict[str, Any]:
-    """Per host as always; multi-node servers also whole, under `deployments`."""
-    from deployctl.ops.server import units
-
-    document = hosts_document(results, lambda r: r.to_json())
-    groups = [u for u in units(results) if len(u.nodes) > 1]
-    if groups:
-        document["deployments"] = {u.nodes[0].host.deployment: u.to_json() for u in groups}
-    return document
-
-
-STATUS: View[FleetResult[RunStatus]] = View(_status_table, _status_document)
+STATUS: View[FleetResult[RunStatus]] = View(_status_table, docs.status_document)
 
 
 def _restart(result: RestartReport) -> None:
@@ -845,14 +539,7 @@ def _restart(result: RestartReport) -> None:
     print_host_errors(result.statuses)
 
 
-def _restart_document(result: RestartReport) -> dict[str, Any]:
-    if result.launch is None:
-        statuses = hosts_document(result.statuses, lambda r: r.to_json())["hosts"]
-        return {"restarted": [], "hosts": statuses}
-    return _launch_document(result.launch)
-
-
-RESTART: View[RestartReport] = View(_restart, _restart_document)
+RESTART: View[RestartReport] = View(_restart, docs.restart_document)
 
 
 # ---- bench ---------------------------------------------------------------------------------
@@ -894,13 +581,7 @@ def _bench(results: FleetResult[BenchResult | None]) -> None:
     print_host_errors(results)
 
 
-def _bench_document(results: FleetResult[BenchResult | None]) -> dict[str, Any]:
-    """Per deployment; the nodes of a multi-node server other than rank 0 serve no API."""
-    benched = [r for r in results if r.value is not None or r.failed]
-    return hosts_document(benched, lambda b: b.to_json() if b is not None else {})
-
-
-BENCH: View[FleetResult[BenchResult | None]] = View(_bench, _bench_document)
+BENCH: View[FleetResult[BenchResult | None]] = View(_bench, docs.bench_document)
 
 
 def _comparison(result: Comparison) -> None:
@@ -930,14 +611,7 @@ def _comparison(result: Comparison) -> None:
         print_error(explain(exc)[0], host=name)
 
 
-COMPARISON: View[Comparison] = View(
-    _comparison,
-    lambda r: {
-        "runs": r.runs,
-        "missing": r.missing,
-        "errors": {n: explain(e)[0] for n, e in r.failed.items()},
-    },
-)
+COMPARISON: View[Comparison] = View(_comparison, docs.comparison_document)
 
 
 def _suggestion(result: Suggestion) -> None:
@@ -954,28 +628,8 @@ def _suggestion(result: Suggestion) -> None:
         )
 
 
-SUGGESTION: View[Suggestion] = View(_suggestion, lambda r: r.to_json())
+SUGGESTION: View[Suggestion] = View(_suggestion, docs.suggestion_document)
 
 
-class EventPrinter:
-    """`watch` events as timestamped lines; a bug's traceback is kept once per host and kind."""
-
-    def __init__(self) -> None:
-        self.kept: set[tuple[str, type[BaseException]]] = set()
-
-    def __call__(self, event: WatchEvent) -> None:
-        print_event_text(f"{event.host}: {event.message}")
-        exc = event.exception
-        if exc is None or isinstance(exc, DeployctlError) or (event.host, type(exc)) in self.kept:
-            return
-        self.kept.add((event.host, type(exc)))
-        print_bug([(event.host, exc)])
-
-
-def print_event_text(text: str) -> None:
-    sys.stdout.write(f"{time.strftime('%H:%M:%S')} {text}\n")
-    sys.stdout.flush()
-
-
-# `watch`: its events were shown as they happened; it has no --json.
-STREAMED: View[Any] = View(lambda _: None, lambda _: {})
+# A command whose output streamed as it happened (`top`, `watch`, `logs -f`): nothing is left.
+STREAMED: View[Any] = View(lambda _: None, lambda _: None)

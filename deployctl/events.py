@@ -1,0 +1,205 @@
+"""What operations report while they work: typed events, and the sink they go to.
+
+An operation never prints and builds no sentences: it emits events (a wait's progress, a
+crash, a restart, a log line, a finished bench level) to the sink its caller gave it. Every
+output is just a sink: the terminal's progress line, the log printer, `watch`'s event lines,
+JSON lines, and next the dashboard. Each event is plain data; a sink decides how it looks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from deployctl.crash.model import CrashReport
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Something that happened to one target (a host, a deployment or a multi-node server)."""
+
+    kind: ClassVar[str] = "event"
+    target: str
+    at: float = field(default_factory=time.time)
+
+
+# ---- waiting for a run -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Waiting(Event):
+    """A started run is not ready yet; `last_line` is the newest line of its log."""
+
+    kind: ClassVar[str] = "waiting"
+    elapsed: float
+    last_line: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectionLost(Event):
+    """The connection to a host dropped while it was waited for or followed; retrying."""
+
+    kind: ClassVar[str] = "connection_lost"
+    elapsed: float
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reconnected(Event):
+    """A lost connection is back."""
+
+    kind: ClassVar[str] = "reconnected"
+    elapsed: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaitEnded(Event):
+    """A wait for a run settled: `state` is a RunState value (ready, crashed, timeout…)."""
+
+    kind: ClassVar[str] = "wait_ended"
+    run: str
+    state: str
+    elapsed: float
+
+
+# ---- supervising runs (watch) ------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostFailed(Event):
+    """A host could not be read or followed; `exception` keeps a bug's traceback."""
+
+    kind: ClassVar[str] = "host_failed"
+    exception: BaseException
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restarting(Event):
+    """A run crashed (on `down`, for a multi-node server) and is being replaced."""
+
+    kind: ClassVar[str] = "restarting"
+    run: str
+    signature: str
+    attempt: int
+    down: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrashLoop(Event):
+    """A run crashed too often (or the same way twice): it is left down."""
+
+    kind: ClassVar[str] = "crash_loop"
+    run: str
+    signature: str
+    repeated: bool  # the same crash twice in a row, else too many within the window
+    crashes: int
+    window_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopFailed(Event):
+    """A run to be replaced could not be stopped; it is not relaunched."""
+
+    kind: ClassVar[str] = "stop_failed"
+    exception: BaseException
+
+
+@dataclass(frozen=True, kw_only=True)
+class Replaced(Event):
+    """A run was replaced by `new_run` (None: its launch was refused), now in `state`."""
+
+    kind: ClassVar[str] = "replaced"
+    old_run: str
+    new_run: str | None
+    state: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchStopped(Event):
+    """Supervision ended (Ctrl-C); the servers keep running."""
+
+    kind: ClassVar[str] = "watch_stopped"
+
+
+# ---- logs ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogLine(Event):
+    """One whole line of a log; `crash`: it belongs to a crash trace."""
+
+    kind: ClassVar[str] = "log_line"
+    line: str
+    crash: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogCrash(Event):
+    """A crash completed by the log lines just sent."""
+
+    kind: ClassVar[str] = "crash"
+    report: CrashReport
+
+
+# ---- bench ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchLevelStarted(Event):
+    """A load level of a sweep began."""
+
+    kind: ClassVar[str] = "bench_level_started"
+    elapsed: float
+    concurrency: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchLevelDone(Event):
+    """A load level of a sweep finished."""
+
+    kind: ClassVar[str] = "bench_level_done"
+    elapsed: float
+    concurrency: int
+    output_tokens_per_s: float
+    failed: int
+
+
+# ---- sinks ---------------------------------------------------------------------------------
+
+
+class EventSink(Protocol):
+    """Where an operation sends its events (possibly from many threads at once)."""
+
+    @property
+    def closed(self) -> bool:
+        """The reader has gone (a closed pipe): a stream of events may stop."""
+        ...
+
+    def emit(self, event: Event) -> None:
+        """Take one event."""
+
+
+class Discard:
+    """A sink for callers that want only the result."""
+
+    closed = False
+
+    def emit(self, event: Event) -> None:
+        pass
+
+
+class Collect:
+    """A sink that keeps every event, in order (tests, and callers that summarise)."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+
+DISCARD = Discard()

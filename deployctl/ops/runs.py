@@ -1,0 +1,749 @@
+"""A run's life cycle, in one place: its states, starting it, waiting for it, reading it,
+stopping it and replacing it.
+
+A *deployment* is one server; a *run* is one start of it (its record, its versioned log);
+a *unit* is what starts and stops as one: a single server, or every node of a multi-node
+server. Everything a command does to a server is a step here: `launch` starts runs and
+waits for them, `run_status` reads one, `stop_run` ends one, and `replace` (stop, preflight,
+start, wait) is the one step `restart` and `watch` use, as rollouts and tuning will.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import contextlib
+import getpass
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from deployctl import __version__, agent
+from deployctl import events as ev
+from deployctl.connection import Connection
+from deployctl.crash import Catalog, CrashReport, CrashScanner, scan_text
+from deployctl.deployments import GroupKey, gpu_set, group_of, node_rank
+from deployctl.errors import ConnectError, DeployctlError, HostKeyError, MetricsError
+from deployctl.events import DISCARD, EventSink
+from deployctl.facts import GPUS_COMMAND, parse_gpus_command
+from deployctl.fanout import (
+    POLL_RETRY_FIRST,
+    RECONNECT_BACKOFF_MAX,
+    Fleet,
+    FleetResult,
+    HostResult,
+    next_backoff,
+)
+from deployctl.host_agent import (
+    LeaderIdentity,
+    MetricsPage,
+    PollArgs,
+    PollReply,
+    RunInfo,
+    RunRecord,
+    StartArgs,
+    StatusArgs,
+    StatusReply,
+    StopArgs,
+    StopReply,
+)
+from deployctl.inventory import Host
+from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
+from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
+from deployctl.ops.launch import Plan, Preflight, release_lock, run_preflight
+
+# Seconds a replaced run gets between SIGTERM and SIGKILL unless the caller says otherwise.
+DEFAULT_STOP_TIMEOUT = 30.0
+
+
+class RunState(StrEnum):
+    """Where a run is in its life cycle, as one look at it (or one wait for it) saw it."""
+
+    STARTED = "started"  # started; nobody waited for it
+    STARTING = "starting"  # alive, not (yet) answering /health with 200
+    READY = "ready"
+    TIMEOUT = "timeout"  # still not ready when the wait gave up; left running
+    CRASHED = "crashed"  # a fatal trace in its log, or dead while meant to run
+    DIED = "died"  # exited during the wait without a trace that explains it
+    ABORTED = "aborted"  # ended because another node of its server failed
+    STOPPED = "stopped"  # ended by deployctl
+
+    @property
+    def is_terminal(self) -> bool:
+        """The run is over: nothing of it runs any more."""
+        return self in _TERMINAL_RUN_STATES
+
+
+_TERMINAL_RUN_STATES = frozenset(
+    {RunState.CRASHED, RunState.DIED, RunState.ABORTED, RunState.STOPPED}
+)
+
+
+class UnitState(StrEnum):
+    """A unit's state: a single server's, or a multi-node server's as a whole."""
+
+    READY = "ready"
+    STARTING = "starting"
+    DEGRADED = "degraded"  # some node other than rank 0 is down: the API still answers
+    CRASHED = "crashed"  # rank 0 (a single server's only node) is down
+    STOPPED = "stopped"
+
+    @property
+    def is_terminal(self) -> bool:
+        """Nothing of the unit serves: it must be started again."""
+        return self in (UnitState.CRASHED, UnitState.STOPPED)
+
+
+class Verdict(StrEnum):
+    """How the wait of one node settles its multi-node server's wait."""
+
+    READY = "ready"
+    TIMEOUT = "timeout"
+    FAILED = "failed"
+
+    @classmethod
+    def of(cls, state: RunState) -> Verdict:
+        if state is RunState.READY:
+            return cls.READY
+        return cls.TIMEOUT if state is RunState.TIMEOUT else cls.FAILED
+
+
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+# The agent long-polls: it returns as soon as the log grows or the run dies or is ready.
+POLL_WAIT = 1.0
+
+
+# A node of a multi-node server other than rank 0 learns that the group is ready only when
+# its own poll returns: a shorter wait keeps the group's ready lag short on any node count.
+NODE_POLL_WAIT = 0.25
+
+
+# The most log one poll brings back.
+POLL_LIMIT_BYTES = 1 << 20
+
+
+def start_run(
+    plan: Plan,
+    conn: Connection,
+    lock_token: str | None,
+    restart_of: str | None = None,
+    min_version: int = 1,
+) -> RunRecord:
+    """Start the server detached with a new versioned log; record the run; release the lock."""
+    host, rendered = plan.host, plan.rendered
+    run: RunInfo = {
+        "env": rendered.env_shown,
+        "deployment": host.deployment,
+        "gpus": plan.gpus,
+        "template": rendered.template,
+        "threshold": rendered.threshold,
+        "command": rendered.display,
+        "port": plan.port,
+        "bind_host": plan.bind_host,
+        "tp": plan.tp,
+        "patches": {s.name: s.version for s in plan.needed_sets},
+        "deployctl_version": __version__,
+        "started_by": f"{getpass.getuser()}@{socket.gethostname()}",
+        "restart_of": restart_of,
+    }
+    args: StartArgs = {
+        "state_dir": str(host.vars["state_dir"]),
+        "deployment": host.deployment,
+        "log_dir": str(host.vars["log_dir"]),
+        "log_stem": rendered.log_stem,
+        "command": rendered.command,
+        "env": rendered.env,
+        "min_version": min_version,
+        "run": run,
+        "files": rendered.files,
+        "lock_token": lock_token,
+    }
+    return agent.call(host, conn, agent.START, args)["run"]
+
+
+@dataclass
+class Outcome:
+    """How a started run ended up: ready, crashed, died or still starting at the timeout."""
+
+    run: RunRecord
+    state: RunState
+    elapsed: float
+    crashes: list[CrashReport] = field(default_factory=list)
+    last_line: str = ""
+    warnings: list[CrashReport] = field(default_factory=list)  # traces while healthy
+    note: str = ""  # why a node of a multi-node server was stopped (state "aborted")
+    connection_losses: list[str] = field(default_factory=list)  # while waited for, each mended
+
+    @property
+    def ok(self) -> bool:
+        return self.state in (RunState.READY, RunState.STARTED)
+
+
+def poll_args(run: RunRecord, offset: int, wait: float = 0) -> PollArgs:
+    identity: LeaderIdentity = {"starttime": run["starttime"]} if "starttime" in run else {}
+    return {
+        **identity,
+        "pgid": run["pgid"],
+        "sid": run["sid"],
+        "log": run["log"],
+        "port": run["port"],
+        "bind_host": run["bind_host"],
+        "offset": offset,
+        "limit": POLL_LIMIT_BYTES,
+        "wait": wait,
+    }
+
+
+class GroupWatch:
+    """The nodes of one multi-node server waiting together: rank 0's readiness is the
+    group's, and the first node that fails (or times out) settles it for all of them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.state: Verdict | None = None
+        self.by = ""
+
+    def settle(self, state: Verdict, by: str) -> None:
+        """The first word stands, except that a failure overrides readiness: a node that
+        dies once rank 0 is up still fails the group."""
+        with self._lock:
+            failure_after_ready = state is Verdict.FAILED and self.state is Verdict.READY
+            if self.state is None or failure_after_ready:
+                self.state, self.by = state, by
+
+
+def wait_ready(
+    host: Host,
+    conn: Connection,
+    run: RunRecord,
+    catalog: Catalog,
+    timeout: float,
+    events: EventSink = DISCARD,
+    group: GroupWatch | None = None,
+) -> Outcome:
+    """Poll the run until /health answers 200 or the ready line appears; fail fast on a crash.
+
+    A node of a multi-node server other than rank 0 serves no API (its /health is a dummy):
+    it is ready when rank 0 is and it is still alive.
+    """
+    losses: list[str] = []
+    try:
+        outcome = _wait_ready(host, conn, run, catalog, timeout, events, group, losses)
+    except BaseException:
+        if group is not None:  # the other nodes stop waiting for this one
+            group.settle(Verdict.FAILED, host.label)
+        raise
+    outcome.connection_losses = losses
+    if group is not None and outcome.state is not RunState.ABORTED:
+        group.settle(Verdict.of(outcome.state), host.label)
+    events.emit(
+        ev.WaitEnded(
+            target=host.label, run=run["id"], state=outcome.state.value, elapsed=outcome.elapsed
+        )
+    )
+    return outcome
+
+
+def _wait_ready(
+    host: Host,
+    conn: Connection,
+    run: RunRecord,
+    catalog: Catalog,
+    timeout: float,
+    events: EventSink,
+    group: GroupWatch | None,
+    losses: list[str],
+) -> Outcome:
+    serves_api = group is None or node_rank(host) == 0
+    scanner = CrashScanner(catalog)
+    # One decoder for the whole log: a character split across two polls stays whole.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offset, started, last_line, buffer = 0, time.monotonic(), "", ""
+    backoff = 0.0  # > 0 while the connection is lost: the wait before the next try
+    while True:
+        try:
+            doc = poll(host, conn, run, offset, POLL_WAIT if serves_api else NODE_POLL_WAIT)
+        except HostKeyError:
+            raise
+        except ConnectError as exc:
+            # The run goes on without us: connect again (each try a fresh handshake, the
+            # host key checked again), saying so once, until the wait's own timeout.
+            elapsed = time.monotonic() - started
+            if elapsed >= timeout or (group is not None and group.state is Verdict.FAILED):
+                raise
+            if not backoff:
+                losses.append(str(exc))
+                events.emit(ev.ConnectionLost(target=host.label, elapsed=elapsed, error=str(exc)))
+            backoff = next_backoff(backoff, POLL_RETRY_FIRST, RECONNECT_BACKOFF_MAX)
+            time.sleep(min(backoff, timeout - elapsed))
+            continue
+        if backoff:
+            events.emit(ev.Reconnected(target=host.label, elapsed=time.monotonic() - started))
+        backoff = 0.0
+        raw = base64.b64decode(doc["data"])
+        offset += len(raw)
+        data = decoder.decode(raw, final=not doc["alive"])
+        buffer += data
+        lines = buffer.split("\n")
+        buffer = lines.pop()
+        if any(line.strip() for line in lines):
+            last_line = next(line for line in reversed(lines) if line.strip())
+        crashes = scanner.feed(data)
+        elapsed = time.monotonic() - started
+        # A trace while /health answers 200 is a failed request, not a failed server.
+        if crashes and (doc["health"] != 200 or not serves_api):
+            return Outcome(run, RunState.CRASHED, elapsed, scanner.reports, last_line)
+        if serves_api and (doc["health"] == 200 or any(READY_LINE in line for line in lines)):
+            return Outcome(run, RunState.READY, elapsed, [], last_line, warnings=scanner.reports)
+        if not doc["alive"]:
+            crashes = scanner.finish() or scanner.reports
+            return Outcome(run, RunState.DIED, elapsed, crashes, last_line)
+        if group is not None and group.state is not None:
+            if group.state is not Verdict.FAILED:  # a timeout leaves every node running
+                state = RunState(group.state.value)
+                return Outcome(run, state, elapsed, [], last_line, warnings=scanner.reports)
+            note = f"node {group.by} failed"
+            return Outcome(run, RunState.ABORTED, elapsed, scanner.reports, last_line, note=note)
+        if elapsed >= timeout:
+            return Outcome(run, RunState.TIMEOUT, elapsed, [], last_line)
+        events.emit(ev.Waiting(target=host.label, elapsed=elapsed, last_line=last_line))
+
+
+def poll(
+    host: Host, conn: Connection, run: RunRecord, offset: int, wait: float = POLL_WAIT
+) -> PollReply:
+    """What the run's log gained since `offset`, and whether it is alive and healthy."""
+    return agent.call(host, conn, agent.POLL, poll_args(run, offset, wait))
+
+
+@dataclass
+class LaunchReport:
+    """The result of a launch over all selected hosts.
+
+    `refused`: some host failed its preflight, so nothing was started anywhere. A dry run
+    starts nothing either way, and is refused when a real launch would have been.
+    """
+
+    preflights: FleetResult[Preflight]
+    outcomes: FleetResult[Outcome]
+    refused: bool
+    dry_run: bool = False
+    # The nodes of multi-node servers that failed on some node, ended so none holds GPUs.
+    cleanup: FleetResult[StopReply] = field(default_factory=lambda: FleetResult([]))
+
+    @property
+    def started(self) -> bool:
+        return bool(self.outcomes.results)
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused and self.outcomes.ok
+
+
+def launch(
+    fleet: Fleet,
+    plans: Sequence[Plan],
+    catalog: Catalog,
+    *,
+    wait: bool = True,
+    timeout: float = 900,
+    dry_run: bool = False,
+    max_used_mib: int = DEFAULT_MAX_USED_MIB,
+    events: EventSink = DISCARD,
+    restart_of: Mapping[str, str] | None = None,
+) -> LaunchReport:
+    """Preflight all hosts; start on all only if every one passed; then wait for ready."""
+    by_name = {p.host.label: p for p in plans}
+    preflights = fleet.run(
+        # The lock is held until the wait ends: a second launch must not slip in while
+        # the first server has not yet bound its port.
+        lambda host, conn: run_preflight(by_name[host.label], conn, max_used_mib, timeout + 120),
+        [p.host for p in plans],
+    )
+    refused = not preflights.ok
+    if refused or dry_run:
+        held = [r.value for r in preflights if r.value is not None and r.value.lock_token]
+        fleet.run(
+            lambda host, conn: release_lock(
+                by_name[host.label], conn, _token(preflights, host.label)
+            ),
+            [p.plan.host for p in held],
+        )
+        return LaunchReport(preflights, FleetResult([]), refused=refused, dry_run=dry_run)
+
+    # One log version on every node of a multi-node server: the highest any node needs.
+    versions: dict[GroupKey | None, int] = {}
+    for result in preflights:
+        if result.value is not None and result.value.plan.group is not None:
+            key = result.value.plan.group
+            versions[key] = max(versions.get(key, 1), result.value.next_version)
+    groups = {key: GroupWatch() for key in versions}
+
+    def start(host: Host, conn: Connection) -> RunRecord:
+        plan = by_name[host.label]
+        token = _token(preflights, host.label)
+        try:
+            # Without waiting, a successful start releases the lock itself.
+            return start_run(
+                plan,
+                conn,
+                None if wait else token,
+                (restart_of or {}).get(host.label),
+                versions.get(plan.group, 1),
+            )
+        except BaseException:
+            with contextlib.suppress(DeployctlError):
+                release_lock(plan, conn, token)
+            raise
+
+    # Every node starts before any waits: a multi-node server comes up only as a whole.
+    starts = fleet.run(start, [p.host for p in plans])
+    for started in starts:
+        watch = groups.get(group_of(started.host))
+        if started.failed and watch is not None:
+            watch.settle(Verdict.FAILED, started.name)
+    if not wait:
+        outcomes = FleetResult(
+            HostResult(r.host, exception=r.exception)
+            if r.value is None
+            else HostResult(r.host, Outcome(r.value, RunState.STARTED, 0.0))
+            for r in starts
+        )
+        return LaunchReport(preflights, outcomes, refused=False)
+    runs = starts.succeeded
+
+    def wait_for(host: Host, conn: Connection) -> Outcome:
+        plan = by_name[host.label]
+        try:
+            return wait_ready(
+                host, conn, runs[host.label], catalog, timeout, events, groups.get(plan.group)
+            )
+        finally:
+            # Every way out of a launch gives the lock back; a host that cannot be reached
+            # now keeps it until it expires, and the error that got us here is the one shown.
+            with contextlib.suppress(DeployctlError):
+                release_lock(plan, conn, _token(preflights, host.label))
+
+    # Rank 0s first: with fewer forks than nodes, a rank 0 must not queue behind the nodes
+    # that wait for it.
+    waiting = sorted((p.host for p in plans if p.host.label in runs), key=node_rank)
+    waited = {r.name: r for r in fleet.run(wait_for, waiting)}
+    outcomes = FleetResult(
+        waited.get(r.name) or HostResult(r.host, exception=r.exception) for r in starts
+    )
+    # A multi-node server that failed on one node leaves no process on any other.
+    failed = {key for key, watch in groups.items() if watch.state is Verdict.FAILED}
+    cleanup = fleet.run(end_run, [p.host for p in plans if p.group in failed])
+    return LaunchReport(preflights, outcomes, refused=False, cleanup=cleanup)
+
+
+def recorded_run(host: Host, conn: Connection, run_id: str | None = None) -> StatusReply:
+    """The deployment's current (or named) run record and whether it lives and answers
+    /health: no log tail, no GPU query, no metrics."""
+    args: StatusArgs = {
+        "state_dir": str(host.vars["state_dir"]),
+        "deployment": host.deployment,
+        "run": run_id,
+        "tail_bytes": 0,
+        "metrics_bytes": 0,
+    }
+    return agent.call(host, conn, agent.STATUS, args)
+
+
+def end_run(host: Host, conn: Connection, timeout: float = 10) -> StopReply:
+    """End the deployment's current run on one host: SIGTERM its group, SIGKILL leftovers."""
+    args: StopArgs = {
+        "state_dir": str(host.vars["state_dir"]),
+        "deployment": host.deployment,
+        "timeout": timeout,
+    }
+    # The agent waits `timeout` for SIGTERM, then up to 10 s after SIGKILL: the round trip
+    # must outlast both, whatever the host's command timeout.
+    limit = max(conn.command_timeout, timeout + 20)
+    return agent.call(host, conn, agent.STOP, args, timeout=limit)
+
+
+def _token(preflights: FleetResult[Preflight], name: str) -> str:
+    for result in preflights:
+        if result.name == name and result.value is not None and result.value.lock_token:
+            return result.value.lock_token
+    raise DeployctlError(f"{name}: no lock held")
+
+
+STATUS_TAIL_BYTES = 256 * 1024
+
+
+@dataclass
+class RunStatus:
+    """The current run on a host as one status probe sees it."""
+
+    run: RunRecord | None
+    alive: bool = False
+    health: int | None = None
+    last_line: str = ""
+    crashes: list[CrashReport] = field(default_factory=list)
+    gpus: GpuReport | None = None
+    command: str | None = None
+    env: dict[str, str] | None = None  # the server's real environment, for restart
+    metrics: dict[str, Any] | None = None  # when asked for: see deployctl.metrics
+    metrics_note: str | None = None  # None: not asked; else why there are none, or ""
+
+    @property
+    def running(self) -> bool:
+        """Deployctl started it and has not stopped it."""
+        return self.run is not None and self.run.get("status") == "running"
+
+    @property
+    def crashed(self) -> bool:
+        """Dead, or failing its health check with a fatal trace in its log.
+
+        SGLang logs a traceback for a failed request and goes on serving: a trace in a live,
+        healthy server is a warning, never a reason to restart it.
+        """
+        return self.running and (not self.alive or (bool(self.crashes) and not self.ready))
+
+    @property
+    def warnings(self) -> list[CrashReport]:
+        """Traces in the log of a server that is alive and healthy."""
+        return [] if self.crashed else self.crashes
+
+    @property
+    def ready(self) -> bool:
+        return self.alive and self.health == 200
+
+    @property
+    def ok(self) -> bool:
+        return not self.crashed
+
+    @property
+    def state(self) -> RunState | None:
+        """The run's state as this look saw it; None when no run is recorded."""
+        if self.run is None:
+            return None
+        if self.crashed:
+            return RunState.CRASHED
+        if self.ready:
+            return RunState.READY
+        if self.alive:
+            return RunState.STARTING
+        return RunState.STOPPED
+
+
+def run_status(
+    host: Host,
+    conn: Connection,
+    catalog: Catalog,
+    run_id: str | None = None,
+    metrics: bool = False,
+    tail_bytes: int = STATUS_TAIL_BYTES,
+) -> RunStatus:
+    """Read the run, its liveness, health, log tail, GPUs and (asked for) its metrics in one
+    round trip. Of a multi-node server only rank 0 has metrics: the others serve none."""
+    with_metrics = metrics and node_rank(host) == 0
+    args: StatusArgs = {
+        "state_dir": str(host.vars["state_dir"]),
+        "deployment": host.deployment,
+        "run": run_id,
+        "tail_bytes": tail_bytes,
+        "metrics_bytes": METRICS_LIMIT_BYTES if with_metrics else 0,
+    }
+    probes = {"gpus": GPUS_COMMAND}
+    outputs, doc = agent.call_beside(host, conn, probes, agent.STATUS, args)
+    run = doc["run"]
+    try:  # a host without working GPUs still has a status
+        gpu_probe = outputs["gpus"]
+        state = parse_gpus_command(gpu_probe.exit_code, gpu_probe.output, gpu_probe.stderr)
+        only = run.get("gpus") if run else gpu_set(host)
+        gpus: GpuReport | None = gpu_report(state, DEFAULT_MAX_USED_MIB, only)
+    except DeployctlError:
+        gpus = None
+    if run is None and run_id is not None:
+        raise DeployctlError(
+            f"no run {run_id} recorded on {host.name}", hint="check the run id (deployctl status)"
+        )
+    if run is None:
+        return RunStatus(None, gpus=gpus)
+    tail = base64.b64decode(doc["data"]).decode("utf-8", errors="replace")
+    lines = [line for line in tail.splitlines() if line.strip()]
+    crashes = scan_text(tail, catalog) if run["status"] == "running" else []
+    status = RunStatus(
+        run,
+        alive=doc["alive"],
+        health=doc["health"],
+        last_line=lines[-1] if lines else "",
+        crashes=crashes,
+        gpus=gpus,
+        command=doc["command"],
+        env=doc["env"],
+    )
+    if with_metrics:
+        status.metrics, status.metrics_note = read_metrics(doc["metrics"])
+    return status
+
+
+def read_metrics(page: MetricsPage | None) -> tuple[dict[str, Any] | None, str]:
+    """The server's metrics, or none and why."""
+    if page is None:
+        return None, "not running"
+    if page["status"] == 404:
+        return None, "metrics off"  # started without --enable-metrics
+    if page["status"] != 200:
+        return None, f"no answer from /metrics ({page['status'] or 'nothing listening'})"
+    try:
+        return parse_metrics(page["text"]), ""
+    except MetricsError as exc:
+        return None, exc.message
+
+
+@dataclass
+class StopResult:
+    run: str | None
+    ended: list[int]
+    killed: list[int]
+    gpus_clean: bool | None
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """False only when the GPUs were checked and are still not clean."""
+        return self.gpus_clean is not False
+
+
+def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120) -> StopResult:
+    """SIGTERM the run's process group, SIGKILL leftovers, then wait until the GPUs it was
+    given (the deployment's, or the host's) are clean."""
+    doc = end_run(host, conn, timeout)
+    run = doc["run"]
+    if run is None:
+        return StopResult(None, [], [], None, "no run recorded")
+    if doc["left"]:
+        raise DeployctlError(f"{host.label}: processes {doc['left']} survived SIGKILL")
+    note = "" if doc["ended"] else "was not running"
+    deadline = time.monotonic() + gpu_timeout
+    while True:
+        try:
+            gpus = check_gpus(host, conn, only=run.get("gpus"))
+        except DeployctlError as exc:
+            return StopResult(
+                run["id"], doc["ended"], doc["killed"], None, f"GPUs not checked: {exc.message}"
+            )
+        if gpus.clean or time.monotonic() > deadline:
+            return StopResult(run["id"], doc["ended"], doc["killed"], gpus.clean, note)
+        time.sleep(0.5)
+
+
+def stop_live_runs(
+    fleet: Fleet, hosts: Sequence[Host], timeout: float = 30
+) -> FleetResult[StopResult | None]:
+    """Stop the runs still alive on `hosts` (launch --replace); None where none was."""
+
+    def stop_if_alive(host: Host, conn: Connection) -> StopResult | None:
+        # Only whether it lives: no log tail to scan, no GPU query (stop_run checks those).
+        alive = recorded_run(host, conn)["alive"]
+        return stop_run(host, conn, timeout) if alive else None
+
+    return fleet.run(stop_if_alive, hosts)
+
+
+@dataclass
+class Unit:
+    """What restarts as one: a single server, or every node of a multi-node server."""
+
+    name: str
+    nodes: list[HostResult[RunStatus]]  # one for a single server; rank order for a group
+
+    @property
+    def down(self) -> list[str]:
+        """The nodes that crashed or died (or could not be read) while meant to run."""
+        return [n.host.name for n in self.nodes if n.value is None or n.value.crashed]
+
+    @property
+    def crashed(self) -> bool:
+        return any(n.value is not None and n.value.crashed for n in self.nodes)
+
+    @property
+    def restartable(self) -> bool:
+        return all(n.value is not None and n.value.run for n in self.nodes)
+
+    @property
+    def state(self) -> UnitState:
+        """Ready, starting or stopped; a group with nodes `down` is degraded, or crashed
+        when rank 0 is among them."""
+        statuses = [n.value for n in self.nodes]
+        if self.down:
+            # Without rank 0 there is no API: the group is down whatever the others do.
+            rank0_down = self.nodes[0].host.name in self.down
+            return UnitState.CRASHED if rank0_down else UnitState.DEGRADED
+        if not any(s and s.running for s in statuses):
+            return UnitState.STOPPED
+        first = statuses[0]
+        ready = first is not None and first.ready and all(s and s.alive for s in statuses)
+        return UnitState.READY if ready else UnitState.STARTING
+
+    def crash_signature(self) -> str:
+        for node in self.nodes:
+            status = node.value
+            if status is not None and status.crashed and status.crashes:
+                return status.crashes[0].signature
+        return "died"
+
+
+def units(results: FleetResult[RunStatus]) -> list[Unit]:
+    """Group per-target statuses: a multi-node server's nodes into one unit."""
+    found: dict[GroupKey | str, Unit] = {}
+    for result in results:
+        group = group_of(result.host)
+        key = group or result.name
+        if key not in found:
+            name = result.name if group is None else f"{group[0]} ({', '.join(group[1])})"
+            found[key] = Unit(name, [])
+        found[key].nodes.append(result)
+    return list(found.values())
+
+
+# ---- replacing runs: restart, watch (and next rollout, tune) --------------------------
+
+
+@dataclass
+class Replacement:
+    """What `replace` did: the stops (each host's), and the launch of the plans whose stops
+    held (None: none was left to launch)."""
+
+    stops: FleetResult[StopResult]
+    launch: LaunchReport | None
+
+
+def replace(
+    fleet: Fleet,
+    plans: Sequence[Plan],
+    catalog: Catalog,
+    *,
+    restart_of: Mapping[str, str],
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+    wait: bool = True,
+    timeout: float = 900,
+    events: EventSink = DISCARD,
+) -> Replacement:
+    """Stop each plan's current run, then launch the plan (preflight, start, wait).
+
+    A stop that fails keeps its plan out; a multi-node server relaunches whole or not at
+    all (a lone rank never rejoins its group). `restart_of` names each target's old run.
+    """
+    # A failed stop is not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
+    stops = fleet.run(
+        lambda host, conn: stop_run(host, conn, stop_timeout), [p.host for p in plans]
+    )
+    broken = {p.group for p in plans if p.host.label in stops.failed and p.group is not None}
+    kept = [p for p in plans if p.host.label not in stops.failed and p.group not in broken]
+    if not kept:
+        return Replacement(stops, None)
+    report = launch(
+        fleet, kept, catalog, wait=wait, timeout=timeout, events=events, restart_of=restart_of
+    )
+    return Replacement(stops, report)

@@ -1,0 +1,366 @@
+"""Every `--json` document, built from the typed results operations return.
+
+A front end (the CLI now, the dashboard next) gets the same document for the same result:
+`status_document(results)` is what `status --json` prints. Per-host results share one
+shape: `{"hosts": {name: {"ok", "error", "code", "hint"?, **fields}}}`, one deployment's
+under `hosts.<name>.deployments.<deployment>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from enum import Enum
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from deployctl.errors import error_code, explain
+
+if TYPE_CHECKING:
+    from deployctl.events import Event
+    from deployctl.fanout import FleetResult, HostResult
+    from deployctl.inventory import GroupNode, Host
+    from deployctl.ops.bench import BenchResult, Comparison, Suggestion
+    from deployctl.ops.flags import CheckedCommand, FlagReport
+    from deployctl.ops.gpus import GpuReport
+    from deployctl.ops.launch import Preflight
+    from deployctl.ops.logs import LocalCrashes, LogScan
+    from deployctl.ops.patch import AuditReport, PatchAction, SetState
+    from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit
+    from deployctl.ops.server import RestartReport
+    from deployctl.patchset import PatchSet
+    from deployctl.render import RenderedCommand
+
+T = TypeVar("T")
+
+
+# ---- the per-host shape ------------------------------------------------------------------
+
+
+def host_entry(result: HostResult[T], to_json: Callable[[T], dict[str, Any]]) -> dict[str, Any]:
+    """One host in a JSON document: ok, error, its stable code and hint, and its fields."""
+    entry: dict[str, Any] = {"ok": not result.failed, "error": result.error, "code": result.code}
+    if result.hint:
+        entry["hint"] = result.hint
+    if result.value is not None:
+        entry.update(to_json(result.value))
+    return entry
+
+
+def hosts_document(
+    results: Iterable[HostResult[T]], to_json: Callable[[T], dict[str, Any]]
+) -> dict[str, Any]:
+    """Return {"hosts": {name: {"ok", "error", "code", **fields}}} for per-host results."""
+    hosts: dict[str, Any] = {}
+    for result in results:
+        place(hosts, result.host, host_entry(result, to_json))
+    return {"hosts": hosts}
+
+
+def place(hosts: dict[str, Any], host: Host, entry: dict[str, Any]) -> None:
+    """Put a result's entry under its host, or one deployment's under
+    `<host>.deployments.<name>`; a host is ok when everything under it is."""
+    slot = hosts.setdefault(host.name, {})
+    ok = slot.get("ok", True) and entry["ok"]
+    if host.deployment is None:
+        slot.update(entry)  # a host's default run, beside any deployments it has now
+    else:
+        slot.setdefault("deployments", {})[host.deployment] = entry
+    slot["ok"] = ok
+
+
+def per_host(to_json: Callable[[T], dict[str, Any]]) -> Callable[[FleetResult[T]], Any]:
+    """The JSON document of a fleet result whose values turn into dicts with `to_json`."""
+    return lambda results: hosts_document(results, to_json)
+
+
+# ---- hosts, render, flags ----------------------------------------------------------------
+
+
+def hosts_listing(described: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"hosts": described}
+
+
+def graph_document(graph: tuple[list[str], dict[str, GroupNode]]) -> dict[str, Any]:
+    return {"groups": {n: dataclasses.asdict(g) for n, g in graph[1].items()}}
+
+
+def rendered_json(rendered: RenderedCommand) -> dict[str, Any]:
+    return {
+        "command": rendered.display,
+        "env": rendered.env_shown,
+        "threshold_mode": rendered.threshold_mode,
+        "files": rendered.files,
+    }
+
+
+def flags_json(flags: FlagReport) -> dict[str, Any]:
+    return {
+        "method": flags.method,
+        "note": flags.note,
+        "options": flags.options,
+        "seconds": flags.seconds,
+        "problems": flags.problems,
+        "warnings": flags.warnings,
+    }
+
+
+def checked_json(checked: CheckedCommand) -> dict[str, Any]:
+    return {**rendered_json(checked.rendered), "flags": flags_json(checked.flags)}
+
+
+# ---- gpus and patches ----------------------------------------------------------------------
+
+
+def gpus_json(report: GpuReport) -> dict[str, Any]:
+    return {
+        "clean": report.clean,
+        "gpus": [g.to_json() for g in report.gpus],
+        "processes": [
+            {**p.to_json(), "held_by": report.holders.get(p.pid)} for p in report.processes
+        ],
+    }
+
+
+def patch_list_document(sets: Iterable[PatchSet]) -> dict[str, Any]:
+    return {"patches": [s.to_json() for s in sets]}
+
+
+def action_text(action: PatchAction) -> str:
+    """What was done, as `--json` has always said it: `replaced 1.0.0` names the old version."""
+    return f"{action.action} {action.replaced}" if action.replaced else action.action.value
+
+
+def patch_action_json(action: PatchAction) -> dict[str, Any]:
+    return {
+        "set": action.set,
+        "version": action.version,
+        "action": action_text(action),
+        "files": action.files,
+    }
+
+
+def patch_actions_json(actions: list[PatchAction]) -> dict[str, Any]:
+    return {"patches": [patch_action_json(a) for a in actions]}
+
+
+def set_state_json(state: SetState) -> dict[str, Any]:
+    return {
+        "state": state.state.value,
+        "version": state.version,
+        "expected_version": state.expected_version,
+        "detail": state.detail,
+    }
+
+
+def audit_json(report: AuditReport) -> dict[str, Any]:
+    return {
+        "sglang_version": report.sglang_version,
+        "patches": {name: set_state_json(state) for name, state in report.states.items()},
+    }
+
+
+# ---- crash and logs ------------------------------------------------------------------------
+
+
+def local_crashes_document(result: LocalCrashes) -> dict[str, Any]:
+    return {"crashes": [c.to_json() for c in result.crashes]}
+
+
+def log_scan_json(scan: LogScan) -> dict[str, Any]:
+    return {
+        "log": scan.path,
+        "size": scan.size,
+        "scanned_bytes": scan.scanned_bytes,
+        "crashes": [c.to_json() for c in scan.crashes],
+    }
+
+
+def crash_scans_document(results: FleetResult[LogScan]) -> dict[str, Any]:
+    document = hosts_document(results, log_scan_json)
+    for entry in document["hosts"].values():
+        # A failed host keeps the shape, so readers need not test for the keys.
+        entry.setdefault("log", None)
+        entry.setdefault("crashes", [])
+    return document
+
+
+# ---- runs: launch, stop, status, restart --------------------------------------------------
+
+
+def preflight_json(preflight: Preflight) -> dict[str, Any]:
+    return {
+        "ready": preflight.ok,
+        "problems": preflight.problems,
+        "warnings": preflight.warnings,
+        "flags": None if preflight.flags is None else flags_json(preflight.flags),
+        "command": preflight.plan.rendered.display,
+        "env": preflight.plan.rendered.env_shown,
+        "log": preflight.next_log,
+    }
+
+
+def outcome_json(outcome: Outcome) -> dict[str, Any]:
+    run = outcome.run
+    return {
+        "run": run["id"],
+        "log": run["log"],
+        "pid": run["pid"],
+        "state": outcome.state.value,
+        "ready": outcome.state == "ready",
+        "elapsed_s": round(outcome.elapsed, 2),
+        "crashes": [c.to_json() for c in outcome.crashes],
+        "warnings": [c.to_json() for c in outcome.warnings],
+        "command": run["command"],
+        "env": run.get("env", {}),
+        "note": outcome.note,
+        "connection_losses": outcome.connection_losses,
+    }
+
+
+def launch_document(result: LaunchReport) -> dict[str, Any]:
+    outcomes = {r.name: r for r in result.outcomes}
+    hosts: dict[str, Any] = {}
+    for pre in result.preflights:
+        entry = host_entry(pre, lambda p: {"preflight": preflight_json(p)})
+        entry["ok"] = pre.ok
+        out = outcomes.get(pre.name)
+        if out is not None:
+            entry.update(host_entry(out, outcome_json))
+            entry["ok"] = out.ok
+        place(hosts, pre.host, entry)
+    ended = {r.name: r.value["ended"] for r in result.cleanup if r.value is not None}
+    document = {"started": result.started, "dry_run": result.dry_run, "hosts": hosts}
+    return {**document, "group_failed_ended": ended} if result.cleanup.results else document
+
+
+def stop_json(stop: StopResult) -> dict[str, Any]:
+    return {
+        "run": stop.run,
+        "ended": stop.ended,
+        "killed": stop.killed,
+        "gpus_clean": stop.gpus_clean,
+        "note": stop.note,
+    }
+
+
+def run_status_json(status: RunStatus) -> dict[str, Any]:
+    run = status.run
+    state = status.state
+    return {
+        "run": run["id"] if run else None,
+        "pid": run["pid"] if run else None,
+        "state": state.value if state is not None else None,
+        "alive": status.alive,
+        "ready": status.ready,
+        "crashed": status.crashed,
+        "status": run["status"] if run else None,
+        "uptime_s": round(time.time() - run["started_at"]) if status.alive and run else None,
+        "log": run["log"] if run else None,
+        "gpus": run.get("gpus") if run else None,
+        "last_line": status.last_line,
+        "crash": status.crashes[0].summary() if status.crashes and status.crashed else None,
+        "warning": status.warnings[0].summary() if status.warnings else None,
+        "gpu_memory_used_mib": sum(g.memory_used_mib for g in status.gpus.gpus)
+        if status.gpus
+        else None,
+        **(
+            {}
+            if status.metrics_note is None
+            else {"metrics": status.metrics, "metrics_note": status.metrics_note}
+        ),
+    }
+
+
+def unit_json(unit: Unit) -> dict[str, Any]:
+    return {
+        "state": unit.state.value,
+        "down": unit.down,
+        "ok": not unit.down,
+        "nnodes": len(unit.nodes),
+        "nodes": [
+            {"host": n.host.name, "node_rank": i, "ok": n.value is not None and not n.value.crashed,
+             "error": n.error, **(run_status_json(n.value) if n.value else {})}
+            for i, n in enumerate(unit.nodes)
+        ],
+    }  # fmt: skip
+
+
+def status_document(results: FleetResult[RunStatus]) -> dict[str, Any]:
+    """Per host as always; multi-node servers also whole, under `deployments`."""
+    from deployctl.ops.runs import units
+
+    document = hosts_document(results, run_status_json)
+    groups = [u for u in units(results) if len(u.nodes) > 1]
+    if groups:
+        document["deployments"] = {u.nodes[0].host.deployment: unit_json(u) for u in groups}
+    return document
+
+
+def restart_document(result: RestartReport) -> dict[str, Any]:
+    if result.launch is None:
+        statuses = hosts_document(result.statuses, run_status_json)["hosts"]
+        return {"restarted": [], "hosts": statuses}
+    return launch_document(result.launch)
+
+
+# ---- bench ---------------------------------------------------------------------------------
+
+
+def bench_json(result: BenchResult | None) -> dict[str, Any]:
+    if result is None:
+        return {}
+    doc = result.document
+    return {
+        "deployment": doc["deployment"],
+        "run": doc["run"],
+        "levels": result.levels,
+        "saved": result.saved,
+    }
+
+
+def bench_document(results: FleetResult[BenchResult | None]) -> dict[str, Any]:
+    """Per deployment; the nodes of a multi-node server other than rank 0 serve no API."""
+    benched = [r for r in results if r.value is not None or r.failed]
+    return hosts_document(benched, bench_json)
+
+
+def comparison_document(result: Comparison) -> dict[str, Any]:
+    return {
+        "runs": result.runs,
+        "missing": result.missing,
+        "errors": {n: explain(e)[0] for n, e in result.failed.items()},
+    }
+
+
+def suggestion_document(result: Suggestion) -> dict[str, Any]:
+    return {
+        "baseline": result.baseline,
+        "speculative": result.speculative,
+        "threshold": result.threshold,
+        "levels": [
+            {"concurrency": c, "baseline_tokens_per_s": b, "speculative_tokens_per_s": s}
+            for c, b, s in result.rows
+        ],
+    }
+
+
+# ---- events --------------------------------------------------------------------------------
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """One event as a JSON object: its kind, then its fields; an exception becomes its
+    message, stable code and hint, a crash report its usual document."""
+    document: dict[str, Any] = {"event": event.kind}
+    for item in dataclasses.fields(event):
+        value = getattr(event, item.name)
+        if isinstance(value, BaseException):
+            message, hint = explain(value)
+            document.update(error=message, code=error_code(value), hint=hint)
+        elif isinstance(value, Enum):
+            document[item.name] = value.value
+        elif hasattr(value, "to_json"):
+            document[item.name] = value.to_json()
+        else:
+            document[item.name] = value
+    return document

@@ -1,0 +1,280 @@
+"""Live output: sinks for the events operations emit, and `top`'s screen.
+
+Each sink takes every event and shows the ones it knows: the progress line shows waits,
+the log printer shows log lines and crashes, `watch`'s printer shows supervision, and
+`JsonLines` writes every event as one JSON object per line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from deployctl import events as ev
+from deployctl.errors import DeployctlError, explain
+from deployctl.present.documents import event_json, status_document
+from deployctl.present.terminal import (
+    CRASH_MARK,
+    RED,
+    RESET,
+    console,
+    print_bug,
+    print_error,
+    print_event_text,
+    use_color,
+)
+from deployctl.present.views import METRIC_COLUMNS, metric_rows
+
+if TYPE_CHECKING:
+    from deployctl.crash.model import CrashReport
+    from deployctl.fanout import FleetResult
+    from deployctl.ops.runs import RunStatus
+
+
+class _Stdout:
+    """Whole writes to stdout from many threads, flushed; a reader that left ends them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()  # the output may be piped: each line must leave at once
+            except BrokenPipeError:
+                # The reader left (`| head`): stop, and keep exit from complaining.
+                self.closed = True
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+
+
+class Progress:
+    """A live line per target on stderr while waiting (only on a terminal)."""
+
+    closed = False
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.lines: dict[str, str] = {}
+        self._live: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            from rich.live import Live
+
+            self._live = Live(console=console(stderr=True), refresh_per_second=4, transient=True)
+            self._live.__enter__()
+        return self
+
+    def emit(self, event: ev.Event) -> None:
+        """Show a target's elapsed wait and what it is doing."""
+        if self._live is None:
+            return
+        if isinstance(event, ev.Waiting):
+            self._show(event.target, event.elapsed, event.last_line)
+        elif isinstance(event, ev.ConnectionLost):
+            self._show(
+                event.target, event.elapsed, f"connection lost ({event.error}); reconnecting"
+            )
+        elif isinstance(event, ev.Reconnected):
+            self._show(event.target, event.elapsed, "reconnected")
+        elif isinstance(event, ev.BenchLevelStarted):
+            self._show(event.target, event.elapsed, f"concurrency {event.concurrency}…")
+
+    def _show(self, target: str, elapsed: float, text: str) -> None:
+        from rich.text import Text
+
+        self.lines[target] = f"{target}  {elapsed:6.1f}s  {text[-120:]}"
+        self._live.update(Text("\n".join(self.lines.values())))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
+
+
+class LogPrinter:
+    """Log lines on stdout from many threads, crash lines marked; notices on stderr."""
+
+    def __init__(self, prefixed: bool) -> None:
+        self.prefixed = prefixed
+        self.color = sys.stdout.isatty() and use_color()
+        self._out = _Stdout()
+
+    @property
+    def closed(self) -> bool:
+        return self._out.closed
+
+    def emit(self, event: ev.Event) -> None:
+        if isinstance(event, ev.LogLine):
+            self.line(event.target, event.line, event.crash)
+        elif isinstance(event, ev.LogCrash):
+            self.crash(event.target, event.report)
+        elif isinstance(event, ev.HostFailed):
+            # A bug's traceback is kept when `logs` ends.
+            print_error(*explain(event.exception), host=event.target)
+        elif isinstance(event, ev.ConnectionLost):
+            self.notice(event.target, f"connection lost ({event.error}); reconnecting")
+        elif isinstance(event, ev.Reconnected):
+            self.notice(event.target, "reconnected")
+
+    def line(self, host: str, text: str, crash: bool = False) -> None:
+        prefix = f"{host} | " if self.prefixed else ""
+        if crash:
+            # The mark stays in piped output too, so scripts (and grep) can find crash lines.
+            text = f"{RED}{CRASH_MARK}{text}{RESET}" if self.color else CRASH_MARK + text
+        self._out.write(prefix + text + "\n")
+
+    def crash(self, host: str, report: CrashReport) -> None:
+        prefix = f"{host} | " if self.prefixed else ""
+        where = f" at {report.file}:{report.line}" if report.file else ""
+        from deployctl.crash.model import format_ranks
+
+        ranks = f" (ranks {format_ranks(report.ranks)})" if report.ranks else ""
+        text = f"{prefix}{CRASH_MARK}CRASH: {report.summary()}{where}{ranks}\n"
+        text += f"{prefix}{CRASH_MARK}hint: {report.hint}\n"
+        self._out.write(f"{RED}{text}{RESET}" if self.color else text)
+
+    def notice(self, host: str, text: str) -> None:
+        with self._out.lock:  # on stderr, so piped log lines stay the log's own
+            print(f"{host}: {text}", file=sys.stderr, flush=True)
+
+
+class JsonLines:
+    """Every event as one JSON object per line on stdout (`watch --json`, `logs -f --json`)."""
+
+    def __init__(self) -> None:
+        self._out = _Stdout()
+
+    @property
+    def closed(self) -> bool:
+        return self._out.closed
+
+    def emit(self, event: ev.Event) -> None:
+        self._out.write(json.dumps(event_json(event), default=str) + "\n")
+
+
+class BugKeeper:
+    """Keeps the traceback of a bug an event carries, once per target and kind of bug."""
+
+    def __init__(self) -> None:
+        self.kept: set[tuple[str, type[BaseException]]] = set()
+
+    def keep(self, target: str, exc: BaseException | None) -> None:
+        if exc is None or isinstance(exc, DeployctlError) or (target, type(exc)) in self.kept:
+            return
+        self.kept.add((target, type(exc)))
+        print_bug([(target, exc)])
+
+
+class WatchPrinter:
+    """`watch`'s events as timestamped lines."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.bugs = BugKeeper()
+
+    def emit(self, event: ev.Event) -> None:
+        text = watch_text(event)
+        if text is None:
+            return
+        print_event_text(f"{event.target}: {text}" if event.target else text)
+        if isinstance(event, ev.HostFailed | ev.StopFailed):
+            self.bugs.keep(event.target, event.exception)
+
+
+def watch_text(event: ev.Event) -> str | None:
+    """What `watch` says of an event; None for the ones it does not show."""
+    if isinstance(event, ev.HostFailed):
+        return f"error: {explain(event.exception)[0]}"
+    if isinstance(event, ev.Restarting):
+        where = f" on {', '.join(event.down)}" if event.down else ""
+        return (
+            f"{event.run} crashed{where} ({event.signature}); restarting (attempt {event.attempt})"
+        )
+    if isinstance(event, ev.CrashLoop):
+        why = (
+            f"same crash twice ({event.signature})"
+            if event.repeated
+            else f"{event.crashes} crashes within {event.window_s:g}s"
+        )
+        return f"crash loop: {why}; not restarting {event.run}; last crash: {event.signature}"
+    if isinstance(event, ev.StopFailed):
+        return f"stop failed: {explain(event.exception)[0]}"
+    if isinstance(event, ev.Replaced):
+        return f"restarted as {event.new_run or '-'}: {event.state}"
+    if isinstance(event, ev.WatchStopped):
+        return "watch ended; servers left running"
+    return None
+
+
+class TopScreen:
+    """`top`'s display: a table redrawn in place (or a JSON document per refresh), and the
+    wait between refreshes, which ends the command when q is pressed."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self._live: Any = None
+        self._saved: Any = None
+
+    def __enter__(self) -> TopScreen:
+        if not self.as_json:
+            from rich.live import Live
+
+            self._live = Live(console=console(), auto_refresh=False)
+            self._live.__enter__()
+        if sys.stdin.isatty():
+            import termios
+            import tty
+
+            self._saved = termios.tcgetattr(sys.stdin)
+            tty.setcbreak(sys.stdin)  # one key at a time, no echo
+        return self
+
+    def show(self, results: FleetResult[RunStatus]) -> None:
+        if self.as_json:
+            sys.stdout.write(json.dumps(status_document(results), default=str) + "\n")
+            sys.stdout.flush()
+            return
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(
+            title=f"deployctl top  {time.strftime('%H:%M:%S')}  (q to quit)",
+            box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False,
+        )  # fmt: skip
+        for column in METRIC_COLUMNS:
+            table.add_column(column, overflow="fold")
+        for row in metric_rows(results):
+            table.add_row(*(Text(cell) for cell in row))
+        self._live.update(table, refresh=True)
+
+    def wait(self, seconds: float) -> None:
+        """Sleep until the next refresh; q ends `top` as Ctrl-C does."""
+        import select
+
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._saved is None:
+                time.sleep(left)
+                return
+            ready, _, _ = select.select([sys.stdin], [], [], left)
+            if ready and sys.stdin.read(1) in ("q", "Q"):
+                raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saved is not None:
+            import termios
+
+            termios.tcsetattr(sys.stdin, termios.TCSADRAIN, self._saved)
+        if self._live is not None:
+            self._live.__exit__(None, None, None)
