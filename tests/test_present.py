@@ -1,0 +1,137 @@
+"""Presentation shows every state a run or unit can be in from the state itself: a state
+added to an enum reaches tables and JSON with no other edit."""
+
+from __future__ import annotations
+
+import json
+import time
+from enum import StrEnum
+from typing import Any
+
+import pytest
+
+from deployctl.events import WaitEnded
+from deployctl.fanout import FleetResult, HostResult
+from deployctl.host_agent import RunRecord
+from deployctl.inventory import DEFAULT_VARS, Host
+from deployctl.ops import runs
+from deployctl.ops.launch import Plan, Preflight
+from deployctl.ops.runs import LaunchReport, Outcome, RunState, RunStatus, UnitState
+from deployctl.present import documents, views
+from deployctl.present.live import watch_text
+from deployctl.render import RenderedCommand
+
+HOST = Host("alpha", dict(DEFAULT_VARS))
+RUN: RunRecord = {
+    "template": "baseline", "threshold": None, "command": "python3 -m sglang.launch_server",
+    "port": 30000, "bind_host": "127.0.0.1", "tp": 1, "patches": {}, "deployctl_version": "t",
+    "started_by": "t", "restart_of": None, "id": "baseline_v1", "log": "/l/baseline_v1.log",
+    "pid": 4242, "pgid": 4242, "sid": 4242, "started_at": time.time() - 5, "status": "running",
+}  # fmt: skip
+# RunState with one more member, as a later change would add it.
+Extended = StrEnum("Extended", {**{m.name: m.value for m in RunState}, "PAUSED": "paused"})  # type: ignore[misc]
+
+
+def launched(state: Any) -> LaunchReport:
+    rendered = RenderedCommand("baseline", None, ["python3", "-m", "sglang.launch_server"])
+    preflight = Preflight(Plan(HOST, rendered, []), next_log="/l/baseline_v1.log")
+    outcome = Outcome(RUN, state, 1.5)
+    return LaunchReport(
+        FleetResult([HostResult(HOST, preflight)]),
+        FleetResult([HostResult(HOST, outcome)]),
+        refused=False,
+    )
+
+
+@pytest.mark.parametrize("state", [*RunState, Extended.PAUSED], ids=str)
+def test_every_launch_outcome_state_shows_in_the_table_and_json(
+    state: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = launched(state)
+    document = views.LAUNCH.document(report)
+    assert document["hosts"]["alpha"]["state"] == state.value
+    views.render_result(views.LAUNCH, report, as_json=False)
+    line = capsys.readouterr().out.splitlines()[0]
+    head, said = line.split(" — ")
+    assert head == "alpha: baseline_v1 pid 4242" and said, line
+    if state is Extended.PAUSED:  # a state with no words of its own is named
+        assert said == "paused after 1.5s", line
+
+
+class Seen(RunStatus):
+    """A status whose state is fixed, whatever its fields say."""
+
+    def __init__(self, state: Any) -> None:
+        super().__init__(RUN, alive=True, health=200)
+        self._state = state
+
+    @property
+    def state(self) -> Any:
+        return self._state
+
+
+@pytest.mark.parametrize("state", [*RunState, Extended.PAUSED], ids=str)
+def test_every_run_status_state_shows_in_the_status_table_and_json(
+    state: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = FleetResult([HostResult(HOST, Seen(state))])
+    assert documents.status_document(results)["hosts"]["alpha"]["state"] == state.value
+    views.render_result(views.STATUS, results, as_json=False)
+    row = next(line for line in capsys.readouterr().out.splitlines() if "baseline_v1" in line)
+    assert f" {state.value} " in row, row
+
+
+def test_the_status_state_follows_what_the_probe_saw() -> None:
+    stopped: RunRecord = {**RUN, "status": "stopped"}
+    assert RunStatus(RUN, alive=True, health=200).state is RunState.READY
+    assert RunStatus(RUN, alive=True, health=503).state is RunState.STARTING
+    assert RunStatus(RUN, alive=False).state is RunState.CRASHED  # dead while meant to run
+    assert RunStatus(stopped, alive=False).state is RunState.STOPPED
+    assert RunStatus(None).state is None
+
+
+def test_terminal_states_are_the_ones_where_nothing_of_the_run_is_left() -> None:
+    over = {s for s in RunState if s.is_terminal}
+    assert over == {RunState.CRASHED, RunState.DIED, RunState.ABORTED, RunState.STOPPED}
+    assert {s for s in UnitState if s.is_terminal} == {UnitState.CRASHED, UnitState.STOPPED}
+
+
+def node(name: str, alive: bool) -> HostResult[RunStatus]:
+    host = Host(name, dict(DEFAULT_VARS), "kimi")
+    return HostResult(host, RunStatus(RUN, alive=alive, health=200 if alive else None))
+
+
+@pytest.mark.parametrize(
+    ("alive", "state", "shown"),
+    [
+        ((True, True), UnitState.READY, "ready"),
+        ((True, False), UnitState.DEGRADED, "degraded: bravo down"),
+        ((False, True), UnitState.CRASHED, "crashed: alpha down"),
+    ],
+)
+def test_a_units_state_is_a_word_and_the_nodes_down_a_list(
+    alive: tuple[bool, bool], state: UnitState, shown: str
+) -> None:
+    unit = runs.Unit("kimi", [node("alpha", alive[0]), node("bravo", alive[1])])
+    assert unit.state is state
+    document = documents.unit_json(unit)
+    assert document["state"] == state.value
+    assert document["down"] == [
+        n for n, up in zip(("alpha", "bravo"), alive, strict=True) if not up
+    ]
+    assert views.unit_text(unit.state.value, unit.down, len(unit.nodes)) == shown
+
+
+def test_event_documents_are_their_kind_and_fields() -> None:
+    event = WaitEnded(target="alpha", run="baseline_v1", state=RunState.READY.value, elapsed=2.5)
+    document = documents.event_json(event)
+    assert document == {
+        "event": "wait_ended",
+        "target": "alpha",
+        "at": event.at,
+        "run": "baseline_v1",
+        "state": "ready",
+        "elapsed": 2.5,
+    }
+    assert json.loads(json.dumps(document)) == document
+    assert watch_text(event) is None  # watch shows supervision, not every wait

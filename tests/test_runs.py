@@ -1,0 +1,75 @@
+"""A run's life cycle through the library (ops/runs.py) over real sshd hosts: the one replace
+step that restart and watch share."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from deployctl.connection import ConnectOptions
+from deployctl.crash import load_catalog
+from deployctl.events import Collect, WaitEnded
+from deployctl.fanout import Fleet
+from deployctl.inventory import Host, load_inventory
+from deployctl.ops.runs import RunState, replace, run_status
+from deployctl.ops.server import recorded_plan
+from deployctl.patchset import load_patch_sets
+from deployctl.project import SHIPPED_DATA
+from tests.conftest import CLI
+from tests.sshd_hosts import SSHLab
+from tests.test_layers import PACKAGE
+from tests.test_lifecycle import inventory, launch_json
+
+
+def test_a_stop_that_fails_on_one_host_keeps_only_that_host_from_relaunching(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha", "bravo"])
+    code, _, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    catalog, patch_sets = load_catalog(), load_patch_sets([SHIPPED_DATA / "patches"])
+    selected = load_inventory(inv).select(None)
+    with Fleet(selected, ConnectOptions()) as fleet:
+        statuses = {r.name: r.value for r in fleet.run(lambda h, c: run_status(h, c, catalog))}
+    assert all(s is not None and s.ready for s in statuses.values()), statuses
+    # bravo's agent cannot start any more, so its stop fails; alpha's must not suffer for it.
+    broken = [
+        h if h.name == "alpha" else Host(h.name, {**h.vars, "python": "/nonexistent/python3"})
+        for h in selected
+    ]
+    plans = []
+    for host in broken:
+        status = statuses[host.name]
+        assert status is not None
+        plans.append(recorded_plan(host, status, patch_sets))
+    old = {name: s.run["id"] for name, s in statuses.items() if s is not None and s.run}
+    seen = Collect()
+    with Fleet(broken, ConnectOptions()) as fleet:
+        replaced = replace(
+            fleet, plans, catalog, restart_of=old, stop_timeout=5, timeout=60, events=seen
+        )
+    assert list(replaced.stops.failed) == ["bravo"]
+    assert replaced.launch is not None
+    [outcome] = replaced.launch.outcomes
+    assert outcome.name == "alpha" and outcome.value is not None
+    assert outcome.value.state is RunState.READY and outcome.value.run["id"] == "baseline_v2"
+    assert outcome.value.run["restart_of"] == "baseline_v1"
+    ended = [e for e in seen.events if isinstance(e, WaitEnded)]
+    assert [(e.target, e.run, e.state) for e in ended] == [("alpha", "baseline_v2", "ready")]
+    cli("stop", "-i", str(inv))
+
+
+def test_restart_and_watch_replace_runs_only_through_replace() -> None:
+    tree = ast.parse((PACKAGE / "ops" / "server.py").read_text(encoding="utf-8"))
+    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+
+    def called(name: str) -> set[str]:
+        return {
+            n.func.id
+            for n in ast.walk(functions[name])
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+        }
+
+    for user in ("restart", "watch"):
+        assert "replace" in called(user), user
+        assert not called(user) & {"stop_run", "launch", "end_run"}, user
