@@ -266,6 +266,8 @@ class LeaderIdentity(TypedDict, total=False):
 
 
 class RunRecord(RunInfo, LeaderIdentity):
+    # A stop also writes `stop_requested_at` before it signals the run (a launch waiting for
+    # it then knows why it died) and `stopped_at` once it has ended.
     id: str
     log: str
     pid: int
@@ -1591,6 +1593,10 @@ def cmd_stop(args: StopArgs) -> StopReply:
         return {"run": None, "ended": [], "killed": [], "left": []}
     members = run_members(run)
     killed: list[int] = []
+    record = state_path(state_dir, "runs", run["id"] + ".json")
+    if members and run["status"] == "running":
+        run = cast(RunRecord, dict(run, stop_requested_at=time.time()))
+        write_json(record, run)
     if members:
         os.killpg(run["pgid"], signal.SIGTERM)
         deadline = time.monotonic() + float(args["timeout"])
@@ -1602,9 +1608,8 @@ def cmd_stop(args: StopArgs) -> StopReply:
             while run_members(run) and time.monotonic() < deadline + 10:
                 time.sleep(0.05)
     if run["status"] == "running":
-        stopped = dict(run, status="stopped", stopped_at=time.time())
-        write_json(state_path(state_dir, "runs", run["id"] + ".json"), stopped)
-        run = cast(RunRecord, stopped)
+        run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
+        write_json(record, run)
     left = run_members(run)
     return {"run": run, "ended": members, "killed": killed, "left": left}
 

@@ -4,6 +4,8 @@ step that restart and watch share."""
 from __future__ import annotations
 
 import ast
+import json
+import time
 from pathlib import Path
 
 from deployctl.connection import ConnectOptions
@@ -73,3 +75,21 @@ def test_restart_and_watch_replace_runs_only_through_replace() -> None:
     for user in ("restart", "watch"):
         assert "replace" in called(user), user
         assert not called(user) & {"stop_run", "launch", "end_run"}, user
+
+
+def test_a_launch_whose_server_is_stopped_meanwhile_says_stopped_not_died(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"], startup_s=30)
+    launch = cli.popen("launch", "-i", str(inv), "--json", "--timeout", "60")
+    log_dir = hosts.hosts["alpha"].home / "logs"
+    deadline = time.monotonic() + 30
+    while not (log_dir.exists() and any(log_dir.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)  # the wait is polling
+    stopped = cli("stop", "-i", str(inv))
+    out, err = launch.communicate(timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    entry = json.loads(out)["hosts"]["alpha"]
+    assert entry["state"] == "stopped" and entry["ok"] is False, (entry, err)
+    assert launch.returncode == 1

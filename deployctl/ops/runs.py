@@ -303,7 +303,8 @@ def _wait_ready(
             return Outcome(run, RunState.READY, elapsed, [], last_line, warnings=scanner.reports)
         if not doc["alive"]:
             crashes = scanner.finish() or scanner.reports
-            return Outcome(run, RunState.DIED, elapsed, crashes, last_line)
+            state = RunState.STOPPED if was_stopped(host, conn, run) else RunState.DIED
+            return Outcome(run, state, elapsed, crashes, last_line)
         if group is not None and group.state is not None:
             if group.state is not Verdict.FAILED:  # a timeout leaves every node running
                 state = RunState(group.state.value)
@@ -313,6 +314,15 @@ def _wait_ready(
         if elapsed >= timeout:
             return Outcome(run, RunState.TIMEOUT, elapsed, [], last_line)
         events.emit(ev.Waiting(target=host.label, elapsed=elapsed, last_line=last_line))
+
+
+def was_stopped(host: Host, conn: Connection, run: RunRecord) -> bool:
+    """Whether a run that ended was ended by a stop (`deployctl stop` from elsewhere)."""
+    try:
+        record = recorded_run(host, conn, run["id"])["run"]
+    except DeployctlError:
+        return False  # it died either way; the wait says so
+    return record is not None and "stop_requested_at" in record
 
 
 def poll(

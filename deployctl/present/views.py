@@ -362,6 +362,7 @@ def outcome_text(outcome: Outcome) -> str:
         "timeout": f"not ready after {elapsed:.0f}s; left running",
         "crashed": f"CRASHED after {elapsed:.1f}s",
         "died": f"DIED after {elapsed:.1f}s",
+        "stopped": f"stopped after {elapsed:.1f}s (by deployctl stop)",
         "aborted": f"stopped after {elapsed:.1f}s: {outcome.note}",
     }
     return special.get(outcome.state.value, f"{outcome.state.value} after {elapsed:.1f}s")
