@@ -812,13 +812,14 @@ def watch(
     sink = _event_sink(session) or live.WatchPrinter()
     with session.fleet() as fleet:
         try:
-            watch_runs(
+            ended = watch_runs(
                 fleet, catalog, patch_sets, interval=interval, max_restarts=max_restarts,
                 window=window, timeout=timeout, stop_timeout=stop_timeout, events=sink,
             )  # fmt: skip
         except KeyboardInterrupt:
             sink.emit(WatchStopped(target=""))
-    return views.STREAMED, WatchEnded()
+            ended = WatchEnded()
+    return views.STREAMED, ended
 
 
 # ---- entry point ---------------------------------------------------------------------------

@@ -118,9 +118,11 @@ class Replaced(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class WatchStopped(Event):
-    """Supervision ended (Ctrl-C); the servers keep running."""
+    """Supervision ended: told to (Ctrl-C; the servers keep running), or because it gave up
+    on every deployment it watches."""
 
     kind: ClassVar[str] = "watch_stopped"
+    gave_up: bool = False
 
 
 # ---- logs ----------------------------------------------------------------------------------

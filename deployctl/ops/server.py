@@ -182,7 +182,8 @@ class RestartReport:
 
 @dataclass
 class WatchEnded:
-    """Watch ends only when told to; its events were shown as they happened."""
+    """How a streaming command (`watch`, `top`) ended; its events were shown as they came.
+    Not ok when watch gave up on every deployment it watched."""
 
     ok: bool = True
 
@@ -200,8 +201,9 @@ def watch(
     stop_timeout: float = DEFAULT_STOP_TIMEOUT,
     rounds: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
-) -> None:
-    """Replace crashed runs with exponential backoff; give up on a crash loop."""
+) -> WatchEnded:
+    """Replace crashed runs with exponential backoff; give up on a crash loop. Ends (not ok)
+    once it has given up on every unit, or after `rounds` checks."""
     history: dict[str, list[tuple[float, str]]] = {}
     next_try: dict[str, float] = {}
     given_up: set[str] = set()
@@ -263,5 +265,10 @@ def watch(
                 )
             )
             next_try[name] = time.monotonic() + min(300.0, interval * 2 ** (len(recent) - 1))
+        watched = {unit.name for unit in units(statuses)}
+        if watched and watched <= given_up:
+            events.emit(ev.WatchStopped(target="", gave_up=True))
+            return WatchEnded(ok=False)
         if rounds is None or done < rounds:
             sleep(interval)
+    return WatchEnded()

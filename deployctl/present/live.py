@@ -211,6 +211,8 @@ def watch_text(event: ev.Event) -> str | None:
         return f"stop failed: {explain(event.exception)[0]}"
     if isinstance(event, ev.Replaced):
         return f"restarted as {event.new_run or '-'}: {event.state}"
+    if isinstance(event, ev.WatchStopped) and event.gave_up:
+        return "watch ends: every deployment it watches is in a crash loop"
     if isinstance(event, ev.WatchStopped):
         return "watch ended; servers left running"
     return None
