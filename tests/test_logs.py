@@ -402,3 +402,29 @@ def test_follow_outlives_a_lost_connection_and_says_so_once(
     assert follow.seen == ["before", "while down", "after"]
     assert err.count("bravo: connection lost") == 1 and err.count("bravo: reconnected") == 1, err
     assert code == 0 and "Traceback" not in err
+
+
+def test_crash_calls_a_trace_in_a_healthy_servers_log_a_warning_as_status_does(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    from tests.test_lifecycle import launch_json
+    from tests.test_safety import one_host, wait_for
+
+    _, inv = one_host(hosts, tmp_path, request_error=True, crash_after_s=0.1)
+    code, doc, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    log = Path(doc["hosts"]["alpha"]["log"])
+    wait_for(lambda: "Exception in ASGI application" in log.read_text())
+
+    scanned = cli("crash", "-i", str(inv), "--json")
+    entry = json.loads(scanned.stdout)["hosts"]["alpha"]
+    assert scanned.returncode == 0, scanned.stdout + scanned.stderr
+    assert entry["healthy"] is True and entry["crashes"] == []
+    assert "ValueError" in json.dumps(entry["warnings"])
+    human = cli("crash", "-i", str(inv))
+    assert human.returncode == 0 and "the server is alive and healthy" in human.stdout
+    assert "warning: " in human.stdout, human.stdout
+    # The same log read as a file is no run's: its trace is reported as found.
+    by_path = cli("crash", "-i", str(inv), "--path", str(log), "--json")
+    assert by_path.returncode == 1 and json.loads(by_path.stdout)["hosts"]["alpha"]["crashes"]
+    cli("stop", "-i", str(inv))

@@ -67,9 +67,16 @@ def load_user_catalog(project: Project) -> Catalog:
 
 def log_path(host: Host, conn: Connection, run: str | None, path: str | None) -> str:
     """Return `path`, else the log of the named (or current) run recorded on the host."""
+    return _log_of(host, conn, run, path)[0]
+
+
+def _log_of(host: Host, conn: Connection, run: str | None, path: str | None) -> tuple[str, bool]:
+    """The log to read, and whether the run writing it is alive and answers /health (then a
+    trace in it is a failed request, as `status` says, not a crash). A --path is no run's."""
     if path is not None:
-        return path
-    record = recorded_run(host, conn, run)["run"]
+        return path, False
+    status = recorded_run(host, conn, run)
+    record = status["run"]
     if record is None:
         if run is not None:
             raise DeployctlError(
@@ -77,7 +84,7 @@ def log_path(host: Host, conn: Connection, run: str | None, path: str | None) ->
                 hint="check the run id (`deployctl status`), or give --path",
             )
         raise DeployctlError(f"no run recorded on {host.label}", hint="launch one, or give --path")
-    return str(record["log"])
+    return str(record["log"]), status["alive"] and status["health"] == 200
 
 
 @dataclass
@@ -87,7 +94,18 @@ class LogScan:
     path: str
     size: int
     scanned_bytes: int
-    crashes: list[CrashReport]
+    reports: list[CrashReport]  # every trace found, oldest first
+    healthy: bool = False  # the run writing the log is alive and answers /health
+
+    @property
+    def crashes(self) -> list[CrashReport]:
+        """The traces that are crashes: none while the server is healthy."""
+        return [] if self.healthy else self.reports
+
+    @property
+    def warnings(self) -> list[CrashReport]:
+        """Traces in the log of a healthy server: failed requests, not a failed server."""
+        return self.reports if self.healthy else []
 
 
 @dataclass
@@ -191,7 +209,7 @@ def scan_log(
     scan_all: bool,
 ) -> LogScan:
     """Scan a host's log for crashes: its last 64 MiB in one round trip, or all of it."""
-    log = log_path(host, conn, run, path)
+    log, healthy = _log_of(host, conn, run, path)
     if not scan_all:
         sizes: list[int] = []
 
@@ -201,7 +219,7 @@ def scan_log(
             return window.data, window.start
 
         crashes, scanned = _scan_from_end(read_back, catalog)
-        return LogScan(log, sizes[-1], scanned, crashes)
+        return LogScan(log, sizes[-1], scanned, crashes, healthy)
     scanner = CrashScanner(catalog)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset, inode, size = 0, 0, 0
@@ -219,7 +237,7 @@ def scan_log(
             break
     scanner.feed(decoder.decode(b"", final=True))
     scanner.finish()
-    return LogScan(log, size, offset, scanner.reports)
+    return LogScan(log, size, offset, scanner.reports, healthy)
 
 
 @dataclass

@@ -173,6 +173,8 @@ def log_scan_json(scan: LogScan) -> dict[str, Any]:
         "size": scan.size,
         "scanned_bytes": scan.scanned_bytes,
         "crashes": [c.to_json() for c in scan.crashes],
+        "healthy": scan.healthy,
+        "warnings": [c.to_json() for c in scan.warnings],
     }
 
 

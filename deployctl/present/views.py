@@ -317,6 +317,16 @@ def _crash_scans(results: FleetResult[LogScan]) -> None:
             continue
         label = f"{result.name}: " if len(results) > 1 else ""
         scanned = f"scanned {size_text(scan.scanned_bytes)} of {size_text(scan.size)}"
+        if scan.warnings:
+            count = len(scan.warnings)
+            sys.stdout.write(
+                f"{label}no crash: the server is alive and healthy; {count} "
+                f"trace{'s' if count > 1 else ''} in {scan.path} ({scanned}) "
+                f"{'are' if count > 1 else 'is'} a warning (a failed request)\n"
+            )
+            for trace in scan.warnings:
+                sys.stdout.write(f"  warning: {trace.summary()}\n")
+            continue
         if not scan.crashes:
             sys.stdout.write(f"{label}no crash found in {scan.path} ({scanned})\n")
             continue
