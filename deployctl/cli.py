@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from deployctl import DEFAULT_FORKS, __version__
-from deployctl.errors import DeployctlError
+from deployctl.errors import DeployctlError, UsageError
 
 if TYPE_CHECKING:  # the real imports are lazy, so `deployctl --help` starts fast
     from deployctl.connection import Connection
@@ -232,7 +232,12 @@ def fleet_command(
             given = {p.name: _option_value(values.pop(p.name)) for p in shared}
             chosen = {k: v for k, v in given.items() if v is not None}  # else the default
             session = Session(SessionOptions(**chosen), "deployment" in options)
-            view, result = func(session, **values)
+            try:
+                view, result = func(session, **values)
+            except Exception as exc:
+                if session.options.json:  # a script still reads one document; main says why
+                    _print_failure_document(exc)
+                raise
             return finish(view, result, session.options.json)
 
         command.__signature__ = inspect.Signature(own + shared)  # type: ignore[attr-defined]
@@ -241,6 +246,15 @@ def fleet_command(
         return func
 
     return decorate
+
+
+def _print_failure_document(exc: Exception) -> None:
+    from deployctl.present.documents import failure_document
+    from deployctl.present.terminal import print_json
+
+    if isinstance(exc, typer.TyperException):
+        exc = UsageError(exc.format_message())
+    print_json(failure_document(exc))
 
 
 def finish(view: View[Any], result: Any, as_json: bool) -> int:
@@ -482,7 +496,6 @@ def patch_port(
     ] = None,
 ) -> Reply:
     """Port a set to another SGLang release: a candidate variant and a per-hunk report."""
-    from deployctl.errors import UsageError
     from deployctl.ops.port import port_from_host, port_set
     from deployctl.patchset import select_sets
     from deployctl.present import views

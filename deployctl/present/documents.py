@@ -37,6 +37,13 @@ T = TypeVar("T")
 # ---- the per-host shape ------------------------------------------------------------------
 
 
+def failure_document(exc: BaseException) -> dict[str, Any]:
+    """The document of a command that failed as a whole (a bad inventory, an unknown -d):
+    what a failed host carries, for the command."""
+    message, hint = explain(exc)
+    return {"ok": False, "error": message, "code": error_code(exc), "hint": hint}
+
+
 def host_entry(result: HostResult[T], to_json: Callable[[T], dict[str, Any]]) -> dict[str, Any]:
     """One host in a JSON document: ok, error, its stable code and hint, and its fields."""
     entry: dict[str, Any] = {"ok": not result.failed, "error": result.error, "code": result.code}
