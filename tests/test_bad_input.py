@@ -11,6 +11,7 @@ The table below is the battery. Each case runs the real CLI from an empty workin
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -26,6 +27,7 @@ import pytest
 import yaml
 
 from deployctl.host_agent import AGENT_DIR
+from deployctl.text import one_line
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab
 from tests.test_lifecycle import prepare
@@ -321,6 +323,9 @@ CASES = [
          {BAD: inventory_with(gpus="all")}),
     Case("deployments-share-gpus", ("launch", "-i", BAD), "would share GPUs",
          {BAD: inventory_with(deployments={"a": {"gpus": [0]}, "b": {"gpus": [0, 1]}})}),
+    Case("deployments-share-port", ("launch", "-i", BAD), "would share port 30001",
+         {BAD: inventory_with(deployments={"a": {"gpus": [0], "port": 30001},
+                                           "b": {"gpus": [1], "port": 30001}})}),
     Case("gpu-not-on-host", ("launch", "-i", INV, "--set", "gpus=5"), "GPU 5 not on",
          form="host"),
 ]  # fmt: skip
@@ -354,7 +359,10 @@ def run_case(case: Case, cli: CLI, inventory: Path, base: dict[str, Any]) -> lis
         first = check_error_form(result, case.form, BATTERY_HOSTS)
         assert case.expect in first, first
         if "--json" in args and case.form == "error":
-            assert result.stdout == "", result.stdout  # no half document before the error
+            # No half document before the error: exactly one, saying the command failed.
+            document = json.loads(result.stdout)
+            assert document["ok"] is False and document["code"], result.stdout
+            assert one_line(document["error"]) in first, (document, first)
     except AssertionError as exc:
         return [f"{case.id}: {' '.join(str(exc).split())[:600]}"]
     return []
