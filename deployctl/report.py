@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from deployctl.errors import DeployctlError, explain
+from deployctl.schema import versioned
 from deployctl.text import one_line
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class View(Generic[R]):
 def render_result(view: View[R], result: R, as_json: bool) -> None:
     """Show a command's result as JSON or for people."""
     if as_json:
-        print_json(view.document(result))
+        print_json(versioned(view.document(result)))
     else:
         view.human(result)
 
@@ -314,6 +315,7 @@ def _write_targets(result: TargetsFile) -> None:
     sys.stderr.write(f"{len(result.entries)} targets written to {result.path}\n")
 
 
+# No --json: file_sd is JSON already, and Prometheus reads a bare list (no `schema` key).
 TARGETS: View[TargetsFile] = View(_write_targets, lambda r: r.entries)
 
 
@@ -784,7 +786,7 @@ class TopScreen:
 
     def show(self, results: FleetResult[RunStatus]) -> None:
         if self.as_json:
-            sys.stdout.write(json.dumps(_status_document(results), default=str) + "\n")
+            sys.stdout.write(json.dumps(versioned(_status_document(results)), default=str) + "\n")
             sys.stdout.flush()
             return
         from rich import box
