@@ -251,10 +251,11 @@ def fleet_command(
 def _print_failure_document(exc: Exception) -> None:
     from deployctl.present.documents import failure_document
     from deployctl.present.terminal import print_json
+    from deployctl.schema import versioned
 
     if isinstance(exc, typer.TyperException):
         exc = UsageError(exc.format_message())
-    print_json(failure_document(exc))
+    print_json(versioned(failure_document(exc)))
 
 
 def finish(view: View[Any], result: Any, as_json: bool) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.json_contract import CheckedPopen, check_output
 from tests.sshd_hosts import REPO, SSHLab, start_lab, stop_lab
 
 HOST_NAMES = ["alpha", "bravo", "charlie", "delta"]
@@ -67,7 +68,7 @@ class CLI:
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
         """Start the CLI without waiting, its stdout and stderr piped as text."""
-        return subprocess.Popen(
+        return CheckedPopen(
             [sys.executable, "-m", "deployctl", *args],
             cwd=self.cwd,
             env=self.env(),
@@ -79,7 +80,7 @@ class CLI:
     def __call__(
         self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        result = subprocess.run(
             [sys.executable, "-m", "deployctl", *args],
             cwd=self.cwd,
             env=self.env(**(env or {})),
@@ -87,6 +88,8 @@ class CLI:
             capture_output=True,
             timeout=timeout,
         )
+        check_output(args, result.returncode, result.stdout)  # the --json contract
+        return result
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from deployctl.errors import PatchError
 from deployctl.host_agent import dist_version, run_verify_scripts
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet, Variant, diff_hunks, diff_targets, version_key
+from deployctl.schema import versioned
 
 PORT_ARGS = ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "--fuzz=3"]
 _HUNK_LINE = re.compile(
@@ -265,7 +266,8 @@ def _port(
                 report.verify[script.name] = "passed"
             except RuntimeError as exc:
                 report.verify[script.name] = f"failed: {exc}"
-    (out / "report.json").write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    # The --json document, kept beside the candidate.
+    (out / "report.json").write_text(json.dumps(versioned(report.to_json()), indent=2) + "\n")
     return report
 
 

@@ -28,6 +28,7 @@ from deployctl.present.terminal import (
     use_color,
 )
 from deployctl.present.views import METRIC_COLUMNS, metric_rows
+from deployctl.schema import versioned
 
 if TYPE_CHECKING:
     from deployctl.crash.model import CrashReport
@@ -158,7 +159,7 @@ class JsonLines:
         return self._out.closed
 
     def emit(self, event: ev.Event) -> None:
-        self._out.write(json.dumps(event_json(event), default=str) + "\n")
+        self._out.write(json.dumps(versioned(event_json(event)), default=str) + "\n")
 
 
 class BugKeeper:
@@ -243,7 +244,7 @@ class TopScreen:
 
     def show(self, results: FleetResult[RunStatus]) -> None:
         if self.as_json:
-            sys.stdout.write(json.dumps(status_document(results), default=str) + "\n")
+            sys.stdout.write(json.dumps(versioned(status_document(results)), default=str) + "\n")
             sys.stdout.flush()
             return
         from rich import box

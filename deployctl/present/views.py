@@ -27,6 +27,7 @@ from deployctl.present.terminal import (
     size_text,
     tagged,
 )
+from deployctl.schema import versioned
 from deployctl.text import one_line
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def render_result(view: View[R], result: R, as_json: bool) -> None:
     if as_json:
         document = view.document(result)
         if document is not None:  # None: it streamed its JSON lines as it went
-            print_json(document)
+            print_json(versioned(document))
     else:
         view.human(result)
 
@@ -198,6 +199,7 @@ def _write_targets(result: TargetsFile) -> None:
     sys.stderr.write(f"{len(result.entries)} targets written to {result.path}\n")
 
 
+# No --json: file_sd is JSON already, and Prometheus reads a bare list (no `schema` key).
 TARGETS: View[TargetsFile] = View(_write_targets, lambda r: r.entries)
 
 

@@ -1,0 +1,16 @@
+"""The version of the `--json` contract: every document carries it as its `schema` key.
+
+The shape of each command's document is shipped as a JSON Schema in data/schemas/.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Raise it when a document loses, renames or retypes a key; a key added is no break.
+SCHEMA_VERSION = 1
+
+
+def versioned(document: dict[str, Any]) -> dict[str, Any]:
+    """Return the document with the contract's version as its first key."""
+    return {"schema": SCHEMA_VERSION, **document}
