@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import IO, Any
@@ -26,10 +26,12 @@ VARIANTS: dict[str, dict[str, str]] = {
     "crash": {"--file": "local", "": "fleet"},
     "bench": {"--compare": "comparison", "--suggest-threshold": "suggestion", "": "sweep"},
 }
-# Commands that print one document per line (JSON lines), each checked on its own; watch and
-# logs --follow join them when they take --json.
+# Commands that print one document per line (JSON lines), each checked on its own.
 JSON_LINES: dict[str, Callable[[Sequence[str]], bool]] = {
     "top": lambda args: "--once" not in args,
+    "watch": lambda args: True,
+    # `logs --crash` without --follow prints one crash-scan document.
+    "logs": lambda args: "--crash" not in args or bool({"-f", "--follow"} & set(args)),
 }
 
 
@@ -59,7 +61,8 @@ def validator(args: Sequence[str]) -> Draft202012Validator:
     variants = VARIANTS.get(command)
     if variants is not None:
         flag = next((f for f in variants if f and f in args), "")
-        schema = {**schema, "anyOf": [{"$ref": f"#/$defs/{variants[flag]}"}]}
+        chosen = {"$ref": f"#/$defs/{variants[flag]}"}
+        schema = {**schema, "anyOf": [chosen, {"$ref": "#/$defs/failure"}]}
     return Draft202012Validator(schema)
 
 
@@ -119,6 +122,10 @@ class _ReadLines:
         if line.endswith("\n"):
             check_line(self._args, line)
         return line
+
+    def __iter__(self) -> Iterator[str]:
+        while line := self.readline():
+            yield line
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

@@ -201,3 +201,23 @@ def test_json_lines_are_checked_line_by_line() -> None:
         check_output(["top", "--json"], 0, f"{good}\n{json.dumps({'hosts': {}})}\n")
     # `top --once` prints one (indented) document.
     check_output(["top", "--once", "--json"], 0, json.dumps({"schema": 1, "hosts": {}}, indent=2))
+
+
+@pytest.mark.parametrize("name", sorted(set(shipped()) - ALWAYS_JSON))
+def test_a_command_that_failed_as_a_whole_has_a_valid_document(name: str) -> None:
+    failed = {"schema": 1, "ok": False, "error": "no such inventory", "code": "inventory"}
+    check_document([name, "--json"], {**failed, "hint": None})
+    with pytest.raises(AssertionError):
+        check_document([name, "--json"], {**failed, "ok": True, "hint": None})
+
+
+def test_event_lines_are_checked_against_their_kind() -> None:
+    restarting = {"schema": 1, "event": "restarting", "target": "alpha", "at": 1.5,
+                  "run": "eagle3_v1", "signature": "died", "attempt": 1, "down": []}  # fmt: skip
+    check_output(["watch", "--json"], 0, json.dumps(restarting) + "\n")
+    with pytest.raises(AssertionError, match=r"watch\.json"):
+        check_output(["watch", "--json"], 0, json.dumps(without(restarting, "attempt")) + "\n")
+    line = {"schema": 1, "event": "log_line", "target": "a", "at": 2.0, "line": "x", "crash": False}
+    check_output(["logs", "-f", "--json"], 0, json.dumps(line) + "\n")
+    with pytest.raises(AssertionError, match=r"logs\.json"):
+        check_output(["logs", "-f", "--json"], 0, json.dumps({**line, "crash": "no"}) + "\n")
