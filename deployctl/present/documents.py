@@ -109,6 +109,7 @@ def flags_json(flags: FlagReport) -> dict[str, Any]:
         "seconds": flags.seconds,
         "problems": flags.problems,
         "warnings": flags.warnings,
+        "hints": flags.hints,
     }
 
 
@@ -201,6 +202,7 @@ def preflight_json(preflight: Preflight) -> dict[str, Any]:
     return {
         "ready": preflight.ok,
         "problems": preflight.problems,
+        "hints": preflight.hints,
         "warnings": preflight.warnings,
         "flags": None if preflight.flags is None else flags_json(preflight.flags),
         "command": preflight.plan.rendered.display,
