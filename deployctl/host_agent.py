@@ -1062,6 +1062,14 @@ def _looks_like_flag(word: str) -> bool:
     return not (_NEGATIVE_NUMBER.match(word) or (" " in word and "=" not in word))
 
 
+# Options whose values deployctl itself reads from the command (the GPUs a launch needs, the
+# port and address it probes, the paths it checks): given twice, it and SGLang could disagree.
+READ_BY_DEPLOYCTL = frozenset(
+    {"tp_size", "port", "host", "model_path", "speculative_draft_model_path", "nnodes",
+     "node_rank", "dist_init_addr"}
+)  # fmt: skip
+
+
 def check_server_argv(argv: list[str], options: dict[str, OptionSpec]) -> list[ArgFinding]:
     """What SGLang's argparse would say about the command, before anything starts: unknown and
     ambiguous flags, abbreviations, flags given values they cannot take, bad values."""
@@ -1074,6 +1082,7 @@ def check_server_argv(argv: list[str], options: dict[str, OptionSpec]) -> list[A
             {"level": level, "flag": flag, "message": message, "candidates": candidates or []}
         )
 
+    first_given: dict[str, str] = {}  # dest → the flag as first given
     index = 0
     while index < len(argv):
         word = argv[index]
@@ -1103,6 +1112,15 @@ def check_server_argv(argv: list[str], options: dict[str, OptionSpec]) -> list[A
                 index += 1  # its values, if any, go with it
             continue
         spec = options[option]
+        earlier = first_given.setdefault(spec["dest"], given)
+        if earlier is not given and spec["dest"] in READ_BY_DEPLOYCTL:
+            # argparse keeps the last; deployctl's checks (GPUs for --tp-size…) may read another.
+            say(
+                "error",
+                option,
+                f"{option} is given twice ({earlier}, then {given}): SGLang would take the "
+                "last, so the checks and the server would disagree; give it once",
+            )
         values: list[str] = [explicit] if eq else []
         if spec["kind"] == "flag":
             if eq:

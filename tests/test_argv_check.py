@@ -145,6 +145,21 @@ def test_flag_findings(
     assert message in findings[0]["message"]
 
 
+def test_an_option_given_twice_is_refused_naming_both_spellings(
+    options: dict[str, OptionSpec],
+) -> None:
+    # argparse keeps the last --tp: the GPU check would read 8 and the server run 1.
+    findings = check_server_argv(["--tp-size=8", "--tp", "1"], options)
+    errors = [f["message"] for f in findings if f["level"] == "error"]
+    assert errors == [
+        "--tp-size is given twice (--tp-size, then --tp): SGLang would take the last, so the "
+        "checks and the server would disagree; give it once"
+    ]
+    # Only what deployctl reads itself can disagree: the port, the model path…
+    port = check_server_argv(["--port=1", "--port", "2"], options)
+    assert [f["flag"] for f in port if f["level"] == "error"] == ["--port"]
+
+
 def test_the_server_arguments_are_found_after_its_own_launcher() -> None:
     assert server_argv(["numactl", "-m", "0", "python3", "-m", "sglang.launch_server", "--x"]) == [
         "--x"
@@ -226,7 +241,11 @@ def test_launch_is_refused_before_anything_starts(
         entry = json.loads(result.stdout)["hosts"]["alpha"]
         assert entry["preflight"]["problems"] == [
             f"{AMBIGUOUS} is ambiguous: it could be {AMBIGUOUS}-decode, {AMBIGUOUS}-prefill "
-            f"(SGLang {SGLANG_VERSION} on alpha)"
+            f"(SGLang {SGLANG_VERSION} on alpha)",
+            # The template's --tp-size=8, then extra_args' --tp 1.
+            "--tp-size is given twice (--tp-size, then --tp): SGLang would take the last, so "
+            f"the checks and the server would disagree; give it once (SGLang {SGLANG_VERSION} "
+            "on alpha)",
         ]
         assert entry["preflight"]["warnings"] == [
             f"--tp is an abbreviation of --tp-size; write --tp-size (SGLang {SGLANG_VERSION} on alpha)"
