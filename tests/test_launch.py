@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from deployctl.deployments import deployment_targets
+from deployctl.errors import PreflightError
+from deployctl.inventory import DEFAULT_VARS, Host, Inventory
+from deployctl.ops.launch import Plan, plan_launch
+from deployctl.project import Project
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab
 from tests.test_lifecycle import inventory
@@ -29,3 +37,36 @@ def test_each_preflight_problem_is_listed_once_with_one_hint_each(
     errors = [ln for ln in lines if ln.startswith("alpha: error: ")]
     hints = [ln for ln in lines if ln.startswith("alpha: hint: ")]
     assert len(errors) == 2 and len(hints) == 1, human.stderr
+
+
+# ---- placement, checked before any host is touched ---------------------------------------
+
+
+def group_plans(variables: dict[str, dict[str, Any]]) -> list[Plan]:
+    """Plan a two-node group (n1, n2) with each node's own variables over the defaults."""
+    hosts = [
+        Host(name, {**DEFAULT_VARS, "tp": 1, "gpus": [0], "model_path": "/m",
+                    "deployments": {"kimi": {"nodes": "kimi", "tp": 2}}, **own})
+        for name, own in variables.items()
+    ]  # fmt: skip
+    inv = Inventory({h.name: h for h in hosts}, {"kimi": list(variables)}, "test")
+    targets = deployment_targets(hosts, resolve=inv.select)
+    return plan_launch(Project(None), targets, "baseline", None, [], {})
+
+
+def test_two_nodes_of_a_group_on_one_machine_may_not_share_gpus_or_port() -> None:
+    same_box = {"ansible_host": "127.0.0.2"}
+    with pytest.raises(PreflightError, match=r"n1/kimi and n2/kimi would share GPUs \(GPU 0"):
+        group_plans({"n1": same_box, "n2": same_box})
+    with pytest.raises(PreflightError, match="n1/kimi and n2/kimi would share port 30000"):
+        group_plans({"n1": same_box, "n2": {**same_box, "gpus": [1]}})
+    # One box, its own GPU and port for each node: a group on a two-GPU machine.
+    assert len(group_plans({"n1": same_box, "n2": {**same_box, "gpus": [1], "port": 30001}})) == 2
+    # Two machines: the same GPU index and port on each is what a group usually has.
+    assert len(group_plans({"n1": same_box, "n2": {"ansible_host": "127.0.0.3"}})) == 2
+
+
+def test_rank_0s_dist_port_may_not_be_a_server_port_on_its_machine() -> None:
+    with pytest.raises(PreflightError, match="n1/kimi's dist_port 30000, where the other nodes"):
+        group_plans({"n1": {"ansible_host": "127.0.0.2", "dist_port": 30000},
+                     "n2": {"ansible_host": "127.0.0.3"}})  # fmt: skip

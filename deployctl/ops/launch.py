@@ -420,12 +420,24 @@ def plan_launch(
 
 
 def check_placement(plans: Sequence[Plan]) -> None:
-    """Refuse deployments of one launch that would share a host's GPUs or port."""
-    by_host: dict[str, list[Plan]] = {}
+    """Refuse deployments of one launch that would share a machine's GPUs or ports: two
+    deployments of a host, or two inventory hosts that are one machine (the nodes of a
+    multi-node server placed on one box), and rank 0's `dist_port` as anyone's server port."""
+    by_machine: dict[tuple[str, str, int], list[Plan]] = {}
     for plan in plans:
-        by_host.setdefault(plan.host.name, []).append(plan)
-    for same_host in by_host.values():
-        for first, second in itertools.combinations(same_host, 2):
+        by_machine.setdefault(machine(plan.host), []).append(plan)
+    for same_machine in by_machine.values():
+        for plan in same_machine:
+            if plan.group is not None and plan.node_rank == 0:
+                dist_port = int(plan.host.vars["dist_port"])
+                taken = next((p for p in same_machine if p.port == dist_port), None)
+                if taken is not None:
+                    raise PreflightError(
+                        f"{plan.host.label}'s dist_port {dist_port}, where the other nodes "
+                        f"join, is {taken.host.label}'s server port",
+                        hint="give the group a dist_port no server on that host uses",
+                    )
+        for first, second in itertools.combinations(same_machine, 2):
             pair = f"{first.host.label} and {second.host.label}"
             if shares_gpus(first.gpus, second.gpus):
                 raise PreflightError(
@@ -438,3 +450,10 @@ def check_placement(plans: Sequence[Plan]) -> None:
                     f"{pair} would share port {first.port}",
                     hint="give each deployment on a host its own `port`",
                 )
+
+
+def machine(host: Host) -> tuple[str, str, int]:
+    """What makes two inventory hosts one machine: how and where they are reached."""
+    if host.is_local:
+        return ("local", "", 0)
+    return (host.connection, host.address, host.port or 22)
