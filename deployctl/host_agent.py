@@ -1980,6 +1980,8 @@ def main() -> None:
     except OSError as exc:  # a missing home, a state_dir that is a file, a read-only disk
         where = f": {exc.filename}" if exc.filename else ""
         fail(f"{call} failed on the host: {exc.strerror or exc}{where}", "host")
+    except Exception as exc:  # one line for the client, never a traceback on its screen
+        fail(f"{call} failed on the host: {type(exc).__name__}: {exc}", "agent")
     try:
         sys.stdout.write(REPLY_MARK + json.dumps(result) + "\n")
         sys.stdout.flush()

@@ -552,6 +552,9 @@ def check_env(value: Any, where: str) -> dict[str, str]:
             )
         if isinstance(item, Mapping | list) or item is None:
             raise InventoryError(f"{where}: env {name} must be a single value, not {item!r}")
+        if "\0" in str(item):
+            # No process environment can hold one: the server's start would fail on the host.
+            raise InventoryError(f"{where}: env {name} holds a NUL byte")
         env[name] = ("true" if item else "false") if isinstance(item, bool) else str(item)
     return env
 

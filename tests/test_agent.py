@@ -195,3 +195,17 @@ def test_a_host_where_the_agent_cannot_be_kept_changes_no_other_host(tmp_path: P
     # The source rode in argv for `first`; `second` still gets the short command.
     assert "def cmd_status" in agent.agent_command(first, "status", STATUS_ARGS)
     assert "def cmd_status" not in agent.agent_command(second, "status", STATUS_ARGS)
+
+
+def test_an_agent_call_that_breaks_on_the_host_is_one_line_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    # A run id that is not text breaks a path join on the host: a TypeError, no OSError.
+    host, conn = local_host(tmp_path), LocalConnection("here", 30)
+    state = str(tmp_path / "state")
+    assert agent.call(host, conn, agent.BENCH_RESULTS, {"state_dir": state, "runs": ["r"]})
+    with pytest.raises(AgentError) as failed:
+        agent.call(host, conn, agent.BENCH_RESULTS, {"state_dir": state, "runs": [7]})  # type: ignore[list-item]
+    message = str(failed.value)
+    assert message.startswith("bench_results failed on the host: TypeError: "), message
+    assert "Traceback" not in message and "\n" not in message

@@ -760,6 +760,7 @@ all:
         ("[A, B]", "env must be a mapping"),
         ("{A: {B: 1}}", "env A must be a single value"),
         ("{A: null}", "env A must be a single value"),
+        ('{A: "x\\0y"}', "env A holds a NUL byte"),
     ],
 )
 def test_bad_env_is_an_inventory_error_before_any_host(
