@@ -160,7 +160,7 @@ class Session:
             self.options.inventory, self.project.default_inventory(), vault
         )
         if inventory.warnings:  # stderr, so --json on stdout stays one document
-            from deployctl.report import tagged
+            from deployctl.present.terminal import tagged
 
             sys.stderr.writelines(tagged("warning", w.text, w.host) for w in inventory.warnings)
         return inventory

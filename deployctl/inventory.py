@@ -26,7 +26,13 @@ from deployctl.inventory_sources import (
     is_templated,
     read_sources,
 )
-from deployctl.settings import DEFAULT_VARS, Misspelling, Settings, host_misspellings
+from deployctl.settings import (
+    DEFAULT_VARS,
+    SETTINGS,
+    Misspelling,
+    Settings,
+    host_misspellings,
+)
 from deployctl.text import is_number
 
 __all__ = ["DEFAULT_VARS", "VaultOptions", "expand_host_range"]
@@ -573,7 +579,7 @@ def _check_host(host: Host, source: str) -> None:
         raise InventoryError(
             f"{source}: host {host.name}: ansible_port {port!r} is not a port number"
         )
-    for name in ("connect_timeout", "command_timeout"):
+    for name in (n for n, setting in SETTINGS.items() if setting.type is float):  # seconds
         value = host.vars.get(name)
         if value is None:
             continue

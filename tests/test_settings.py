@@ -81,6 +81,17 @@ def test_default_vars_are_the_layered_settings_and_still_importable_from_invento
     assert DEFAULT_VARS["port"] == 30000 and DEFAULT_VARS["tp"] == 8
 
 
+def test_the_declared_timeouts_are_the_connections_defaults() -> None:
+    from deployctl import connection
+
+    assert SETTINGS["connect_timeout"].default == connection.DEFAULT_CONNECT_TIMEOUT
+    assert SETTINGS["command_timeout"].default == connection.DEFAULT_COMMAND_TIMEOUT
+    assert [n for n, s in SETTINGS.items() if s.type is float] == [
+        "connect_timeout",
+        "command_timeout",
+    ]
+
+
 def test_every_setting_has_a_type_and_one_line_of_help() -> None:
     for setting in SETTINGS.values():
         assert setting.type in (str, int, float, bool, list, dict), setting.name
@@ -136,6 +147,19 @@ def test_a_value_of_the_wrong_type_names_host_deployment_and_variable() -> None:
         _ = Host("gpu01", {"dist_port": "x"}, "qwen").settings.dist_port
     with pytest.raises(InventoryError, match=r"^host gpu01: command_timeout 'soon' is not a"):
         _ = Host("gpu01", {"command_timeout": "soon"}).settings.command_timeout
+
+
+def test_a_deployment_reads_its_own_values_over_its_hosts(tmp_path: Path) -> None:
+    from deployctl.deployments import deployment_targets
+
+    path = tmp_path / "inv.yml"
+    path.write_text(
+        "all:\n  hosts:\n    h1:\n      tp: 4\n"
+        "      deployments: {a: {port: 30001}, b: {port: 30002, template: eagle3}}\n"
+    )
+    a, b = deployment_targets(load_inventory(path).hosts.values())
+    assert (a.settings.server_port, a.settings.tp, a.settings.template) == (30001, 4, None)
+    assert (b.settings.server_port, b.settings.template) == (30002, "eagle3")
 
 
 def test_loaded_hosts_read_their_inventory_values(tmp_path: Path) -> None:
