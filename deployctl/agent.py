@@ -82,7 +82,7 @@ _NOT_KEPT: set[tuple[str, str]] = set()
 
 def agent_path(host: Host) -> str:
     """Where the host keeps this version of the agent."""
-    state_dir = str(host.vars["state_dir"])
+    state_dir = host.settings.state_dir
     if not state_dir.strip():
         raise InventoryError(
             f"{host.name}: state_dir is empty", hint="set it to a folder, e.g. ~/.deployctl"
@@ -92,7 +92,7 @@ def agent_path(host: Host) -> str:
 
 def agent_command(host: Host, call: str, args: Mapping[str, Any]) -> str:
     """The shell line that runs one agent call with the host's python."""
-    python, path = str(host.vars["python"]), agent_path(host)
+    python, path = host.settings.python, agent_path(host)
     if (host.name, path) in _NOT_KEPT:  # the source rides in argv where nothing can be written
         return join([python, "-c", agent_source().decode(), call, json.dumps(args)])
     return join([python, "-c", proto.BOOTSTRAP, path, call, json.dumps(args)])
@@ -133,7 +133,7 @@ def parse_reply(
         doc = None
     if not isinstance(doc, dict):
         detail = (stderr.strip() or stdout.strip())[-300:] or f"exit {exit_code}"
-        raise AgentError(f"{host.vars['python']} on {host.name} failed: {detail}")
+        raise AgentError(f"{host.settings.python} on {host.name} failed: {detail}")
     if "error" in doc:
         error_type = {"patch": PatchError, "host": HostError}.get(str(doc.get("code")), AgentError)
         raise error_type(str(doc["error"]))

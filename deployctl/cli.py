@@ -156,7 +156,14 @@ class Session:
         vault = VaultOptions(
             tuple(str(p) for p in self.options.vault_password_file), self.options.vault_id
         )
-        return resolve_inventory(self.options.inventory, self.project.default_inventory(), vault)
+        inventory = resolve_inventory(
+            self.options.inventory, self.project.default_inventory(), vault
+        )
+        if inventory.warnings:  # stderr, so --json on stdout stays one document
+            from deployctl.present.terminal import tagged
+
+            sys.stderr.writelines(tagged("warning", w.text, w.host) for w in inventory.warnings)
+        return inventory
 
     @cached_property
     def hosts(self) -> list[Host]:

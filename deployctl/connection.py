@@ -230,19 +230,18 @@ class SSHConnection(Connection):
     """A host over SSH (fabric/paramiko) with verified host keys; connects on first use."""
 
     def __init__(self, host: Host, options: ConnectOptions) -> None:
-        super().__init__(
-            host.name, float(host.vars.get("command_timeout", options.command_timeout))
-        )
+        own = host.settings
+        super().__init__(host.name, _either(own.command_timeout, options.command_timeout))
         self.host = host
         self.options = options
-        self.connect_timeout = float(host.vars.get("connect_timeout", options.connect_timeout))
+        self.connect_timeout = _either(own.connect_timeout, options.connect_timeout)
         self._client: paramiko.SSHClient | None = None
         # From dial(): the fabric connection, its socket still connecting, and its deadline.
         self._dialed: tuple[fabric.Connection, socket.socket, float] | None = None
         self._lock = threading.Lock()
 
     def _known_hosts_path(self, ssh_config: dict[str, Any]) -> Path:
-        configured = self.host.vars.get("known_hosts_file") or self.options.known_hosts
+        configured = self.host.settings.known_hosts_file or self.options.known_hosts
         if configured:
             return Path(os.path.expanduser(str(configured)))
         from_config = ssh_config.get("userknownhostsfile")
@@ -543,6 +542,12 @@ class _AcceptNewPolicy:
 def open_connection(host: Host, options: ConnectOptions) -> Connection:
     """Return the connection for a host: local or SSH, by its ansible_connection."""
     if host.is_local:
-        timeout = float(host.vars.get("command_timeout", options.command_timeout))
-        return LocalConnection(host.name, timeout)
+        return LocalConnection(
+            host.name, _either(host.settings.command_timeout, options.command_timeout)
+        )
     return SSHConnection(host, options)
+
+
+def _either(configured: float | None, default: float) -> float:
+    """The host's own timeout, else the connect options' (0 is a value, not 'unset')."""
+    return default if configured is None else configured

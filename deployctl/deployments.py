@@ -17,12 +17,13 @@ from typing import Any
 
 from deployctl.errors import InventoryError, UsageError
 from deployctl.inventory import Host, check_env, merge_layers
+from deployctl.settings import SETTINGS
 from deployctl.text import is_number
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 # Variables a deployment may not change: how its host is reached, and the table itself.
 _FIXED = ("ansible_", "deployments")
-DEFAULT_DIST_PORT = 20000
+DEFAULT_DIST_PORT: int = SETTINGS["dist_port"].default
 # A multi-node deployment: its name and its nodes in rank order.
 GroupKey = tuple[str, tuple[str, ...]]
 # What deployctl sets on each node of a multi-node deployment.
@@ -207,9 +208,9 @@ def prometheus_targets(
             "host": target.name,
             "deployment": target.deployment or "",
             "group": group,
-            "template": str(target.vars.get("template") or "baseline"),
+            "template": target.settings.template or "baseline",
         }
-        address = f"{_address(target)}:{target.vars.get('port', 30000)}"
+        address = f"{_address(target)}:{target.settings.value('port')}"
         entries.append({"targets": [address], "labels": labels})
     return entries
 

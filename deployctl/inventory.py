@@ -26,20 +26,17 @@ from deployctl.inventory_sources import (
     is_templated,
     read_sources,
 )
+from deployctl.settings import (
+    DEFAULT_VARS,
+    SETTINGS,
+    Misspelling,
+    Settings,
+    host_misspellings,
+)
 from deployctl.text import is_number
 
-__all__ = ["VaultOptions", "expand_host_range"]
+__all__ = ["DEFAULT_VARS", "VaultOptions", "expand_host_range"]
 
-# deployctl's own settings, below every inventory level.
-DEFAULT_VARS: dict[str, Any] = {
-    "python": "python3",
-    "launch_module": "sglang.launch_server",
-    "log_dir": "~/deployctl/logs",
-    "state_dir": "~/.deployctl",
-    "port": 30000,
-    "bind_host": "127.0.0.1",
-    "tp": 8,
-}
 CONNECTION_TYPES = ("ssh", "local")
 LOCALHOST = "localhost"
 _SECRET_WORDS = {
@@ -167,8 +164,18 @@ class Host:
 
     @property
     def port(self) -> int | None:
+        """The SSH port (`ansible_port`); the server's port is `settings.server_port`."""
         port = self.vars.get("ansible_port")
         return None if port is None else int(port)
+
+    @property
+    def settings(self) -> Settings:
+        """deployctl's own variables of this host, typed: `state_dir`, `server_port`, …"""
+        where = f"host {self.name}"
+        return Settings(
+            self.vars,
+            where if self.deployment is None else f"{where}, deployment {self.deployment}",
+        )
 
     @property
     def user(self) -> str | None:
@@ -213,6 +220,8 @@ class Inventory:
     tree: dict[str, GroupNode] = field(default_factory=dict)
     # A host whose templated variables do not resolve fails when selected, not before.
     broken: dict[str, InventoryError] = field(default_factory=dict)
+    # Variables that look like a mistyped deployctl setting; the front end shows them.
+    warnings: list[Misspelling] = field(default_factory=list)
 
     def select(self, pattern: str | None) -> list[Host]:
         """Return the hosts an Ansible pattern names, in pattern order; error when none match.
@@ -470,7 +479,8 @@ def build(data: InventoryData, vault: VaultOptions) -> Inventory:
         if each.name not in broken:  # a broken one fails when selected, with its own error
             _check_host(each, data.source)
     tree = {n: GroupNode(list(g.children), list(g.hosts)) for n, g in data.groups.items()}
-    return Inventory(hosts, groups, data.source, tree, broken)
+    warnings = [w for each in hosts.values() for w in host_misspellings(each.name, each.vars)]
+    return Inventory(hosts, groups, data.source, tree, broken, warnings)
 
 
 def _group_vars(group: Group) -> dict[str, Any]:
@@ -572,7 +582,7 @@ def _check_host(host: Host, source: str) -> None:
         raise InventoryError(
             f"{source}: host {host.name}: ansible_port {port!r} is not a port number"
         )
-    for name in ("connect_timeout", "command_timeout"):
+    for name in (n for n, setting in SETTINGS.items() if setting.type is float):  # seconds
         value = host.vars.get(name)
         if value is None:
             continue

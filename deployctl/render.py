@@ -267,6 +267,6 @@ def default_template(host: Host, template: str | None, threshold: int | None) ->
     """Pick the template: the option, else the host's `template` variable, else by threshold."""
     if template:
         return template
-    if host.vars.get("template"):
-        return str(host.vars["template"])
+    if host.settings.template:
+        return host.settings.template
     return "eagle3" if threshold is not None else "baseline"

@@ -82,7 +82,7 @@ def run_bench(
     """Sweep the deployment's current run; None for a node that serves no API (rank > 0)."""
     if node_rank(host) != 0:
         return None
-    state_dir = str(host.vars["state_dir"])
+    state_dir = host.settings.state_dir
     status = recorded_run(host, conn)
     run = status["run"]
     if run is None or not status["alive"] or status["health"] != 200:
@@ -163,7 +163,7 @@ def find_results(fleet: Fleet, run_ids: Sequence[str]) -> Comparison:
     """Look for the runs' kept sweeps on every selected deployment's host."""
 
     def lookup(host: Host, conn: Connection) -> BenchResultsReply:
-        args: BenchResultsArgs = {"state_dir": str(host.vars["state_dir"]), "runs": list(run_ids)}
+        args: BenchResultsArgs = {"state_dir": host.settings.state_dir, "runs": list(run_ids)}
         return agent.call(host, conn, agent.BENCH_RESULTS, args)
 
     found = fleet.run(lookup, list({h.name: h for h in fleet.hosts}.values()))

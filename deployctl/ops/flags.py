@@ -32,9 +32,9 @@ def server_argv(argv: Sequence[str], module: str = "sglang.launch_server") -> li
 def checked_argv(host: Host, argv: Sequence[str]) -> list[str] | None:
     """What the agent checks; None when the host's `check_flags` is off (a launcher of its
     own that takes other flags) or the launcher is not one deployctl recognises."""
-    if not host.vars.get("check_flags", True):
+    if not host.settings.check_flags:
         return None
-    return server_argv(argv, str(host.vars.get("launch_module", "sglang.launch_server")))
+    return server_argv(argv, host.settings.launch_module)
 
 
 @dataclass

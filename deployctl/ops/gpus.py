@@ -82,7 +82,7 @@ def find_holders(host: Host, conn: Connection, report: GpuReport) -> GpuReport:
     """
     if not report.processes:
         return report
-    args: RunsArgs = {"state_dir": str(host.vars["state_dir"])}
+    args: RunsArgs = {"state_dir": host.settings.state_dir}
     try:
         runs = agent.call(host, conn, agent.RUNS, args)["live_runs"]
     except DeployctlError:  # the GPUs are still worth showing without their holders

@@ -89,7 +89,7 @@ def render_commands(
 def number_problems(host: Host, argv: Sequence[str]) -> list[str]:
     """Say which of the command's port and tensor parallelism is not a usable number."""
     flags = command_flags(argv)
-    port = str(flags.get("--port") or host.vars.get("port", 30000))
+    port = str(flags.get("--port") or host.settings.value("port"))
     problems = []
     if not (is_number(port) and 1 <= int(port) <= 65535):
         problems.append(f"--port {port!r} is not a port number (1-65535)")
@@ -110,8 +110,9 @@ class Plan:
 
     @property
     def port(self) -> int:
+        """The server's HTTP port (the SSH port is `Host.port`)."""
         flags = command_flags(self.rendered.argv)
-        return int(flags.get("--port") or self.host.vars.get("port", 30000))
+        return int(flags.get("--port") or self.host.settings.server_port)
 
     @property
     def bind_host(self) -> str:
@@ -126,7 +127,7 @@ class Plan:
     @property
     def local_tp(self) -> int:
         """The GPUs this host gives the server: its share of the tensor parallelism."""
-        return self.tp // int(self.host.vars.get("nnodes", 1))
+        return self.tp // self.host.settings.nnodes
 
     @property
     def group(self) -> GroupKey | None:
@@ -188,7 +189,7 @@ def preflight_args(
 ) -> PreflightArgs:
     host = plan.host
     return {
-        "state_dir": str(host.vars["state_dir"]),
+        "state_dir": host.settings.state_dir,
         "deployment": host.deployment,
         "gpus": plan.gpus,
         "paths": sorted(
@@ -196,11 +197,11 @@ def preflight_args(
         ),
         "port": plan.port,
         # Rank 0 of a multi-node server also listens for the other nodes.
-        "also_ports": [int(host.vars["dist_port"])] if plan.group and plan.node_rank == 0 else [],
+        "also_ports": [host.settings.dist_port] if plan.group and plan.node_rank == 0 else [],
         "bind_host": plan.bind_host,
         "check_paths": plan.check_paths(),
         "module": plan.launch_module,
-        "log_dir": str(host.vars["log_dir"]),
+        "log_dir": host.settings.log_dir,
         "log_stem": plan.rendered.log_stem,
         "client": client_identity("launch", hold_for),
         "break_lock": break_lock,
@@ -281,7 +282,7 @@ def run_preflight(
         problems.append(f"port {plan.port} is in use on {host.name} ({doc['port_error']})")
     if not doc["module_found"]:
         problems.append(
-            f"{host.vars['python']} on {host.name} cannot find module {plan.launch_module}"
+            f"{host.settings.python} on {host.name} cannot find module {plan.launch_module}"
         )
         hints.append("set the host's `python` to the interpreter that has SGLang installed")
     facts = parse_patch_facts(doc)
@@ -309,7 +310,7 @@ def run_preflight(
             problems.append(f"{path} does not exist on {host.name}")
     if not doc["log_dir_writable"]:
         problems.append(
-            f"log folder {host.vars['log_dir']} is not writable: {doc['log_dir_error']}"
+            f"log folder {host.settings.log_dir} is not writable: {doc['log_dir_error']}"
         )
     result.hints = list(dict.fromkeys(hints))  # two runs in the way: one hint
     return result
@@ -344,7 +345,7 @@ def gpu_problems(
             )
         needs = f"{plan.local_tp} GPUs"
         if plan.group is not None:
-            needs += f" on each of its {host.vars['nnodes']} nodes"
+            needs += f" on each of its {host.settings.nnodes} nodes"
         problems.append(f"tensor parallelism {plan.tp} needs {needs}; {has}")
     return report
 
@@ -385,7 +386,7 @@ def _deployment_words(name: str | None) -> str:
 
 def release_lock(plan: Plan, conn: Connection, token: str) -> None:
     args: ReleaseArgs = {
-        "state_dir": str(plan.host.vars["state_dir"]),
+        "state_dir": plan.host.settings.state_dir,
         "deployment": plan.host.deployment,
         "token": token,
     }

@@ -65,7 +65,7 @@ class PatchFacts:
 
 def probe_args(host: Host, sets: Sequence[PatchSet]) -> ProbeArgs:
     paths = sorted({f for s in sets for v in s.variants.values() for f in v.files})
-    return {"state_dir": str(host.vars["state_dir"]), "paths": paths}
+    return {"state_dir": host.settings.state_dir, "paths": paths}
 
 
 def parse_patch_facts(reply: ProbeReply) -> PatchFacts:
@@ -294,7 +294,7 @@ def apply_set(
     members.update({f"verify/{v.name}": v.read_bytes() for v in variant.verify})
     payload = _tar(members)
     args: ApplyArgs = {
-        "state_dir": str(host.vars["state_dir"]),
+        "state_dir": host.settings.state_dir,
         "payload_sha256": hashlib.sha256(payload).hexdigest(),
         "payload_size": len(payload),
     }
@@ -323,7 +323,7 @@ def revert_patches(
     actions = []
     for patch_set in reversed(sets):
         args: RevertArgs = {
-            "state_dir": str(host.vars["state_dir"]),
+            "state_dir": host.settings.state_dir,
             "set": patch_set.name,
             "force": force,
         }
@@ -358,7 +358,7 @@ def one_per_installation(
     first: dict[tuple[str, str, str], Host] = {}
     sets: dict[str, dict[str, PatchSet]] = {}
     for host in hosts:
-        key = (host.name, str(host.vars.get("python")), str(host.vars.get("state_dir")))
+        key = (host.name, host.settings.python, host.settings.state_dir)
         target = first.setdefault(key, host)
         wanted = sets.setdefault(target.label, {})
         wanted.update((s.name, s) for s in chosen[host.label])

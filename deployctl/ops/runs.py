@@ -153,9 +153,9 @@ def start_run(
         "restart_of": restart_of,
     }
     args: StartArgs = {
-        "state_dir": str(host.vars["state_dir"]),
+        "state_dir": host.settings.state_dir,
         "deployment": host.deployment,
-        "log_dir": str(host.vars["log_dir"]),
+        "log_dir": host.settings.log_dir,
         "log_stem": rendered.log_stem,
         "command": rendered.command,
         "env": rendered.env,
@@ -457,7 +457,7 @@ def recorded_run(host: Host, conn: Connection, run_id: str | None = None) -> Sta
     """The deployment's current (or named) run record and whether it lives and answers
     /health: no log tail, no GPU query, no metrics."""
     args: StatusArgs = {
-        "state_dir": str(host.vars["state_dir"]),
+        "state_dir": host.settings.state_dir,
         "deployment": host.deployment,
         "run": run_id,
         "tail_bytes": 0,
@@ -469,7 +469,7 @@ def recorded_run(host: Host, conn: Connection, run_id: str | None = None) -> Sta
 def end_run(host: Host, conn: Connection, timeout: float = 10) -> StopReply:
     """End the deployment's current run on one host: SIGTERM its group, SIGKILL leftovers."""
     args: StopArgs = {
-        "state_dir": str(host.vars["state_dir"]),
+        "state_dir": host.settings.state_dir,
         "deployment": host.deployment,
         "timeout": timeout,
     }
@@ -557,7 +557,7 @@ def run_status(
     round trip. Of a multi-node server only rank 0 has metrics: the others serve none."""
     with_metrics = metrics and node_rank(host) == 0
     args: StatusArgs = {
-        "state_dir": str(host.vars["state_dir"]),
+        "state_dir": host.settings.state_dir,
         "deployment": host.deployment,
         "run": run_id,
         "tail_bytes": tail_bytes,

@@ -42,7 +42,7 @@ def stray_runs(fleet: Fleet) -> list[Host]:
     hosts = list({h.name: h for h in fleet.hosts}.values())
 
     def strays(host: Host, conn: Connection) -> list[Host]:
-        args: RunsArgs = {"state_dir": str(host.vars["state_dir"])}
+        args: RunsArgs = {"state_dir": host.settings.state_dir}
         runs = agent.call(host, conn, agent.RUNS, args)["live_runs"]
         return [
             Host(host.name, host.vars, run["deployment"])

@@ -1,0 +1,377 @@
+"""deployctl's own variables: one declaration, the README's table, typed access, typo warnings."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from deployctl import inventory, settings
+from deployctl.errors import InventoryError
+from deployctl.inventory import Host, load_inventory
+from deployctl.settings import (
+    DEFAULT_VARS,
+    SETTINGS,
+    TEMPLATE_VARIABLES,
+    Misspelling,
+    misspelling,
+)
+from tests.conftest import CLI
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE_DATA = REPO / "deployctl" / "data"
+# What render adds to every template's context besides the host's variables.
+RENDER_CONTEXT = {"inventory_hostname", "deployment", "template", "threshold"}
+
+
+def readme_table(text: str | None = None) -> dict[str, str]:
+    """The README's table of deployctl's own variables: name → default cell."""
+    if text is None:
+        text = (REPO / "README.md").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    start = lines.index("deployctl's own settings are ordinary variables:") + 2
+    assert lines[start].startswith("| variable | default |"), lines[start]
+    found: dict[str, str] = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        names_cell, default_cell, _meaning = line.strip("|").split(" | ", 2)
+        names = re.findall(r"`([^`]+)`", names_cell)
+        assert names_cell.strip() == ", ".join(f"`{n}`" for n in names), line
+        if len(names) == 1:
+            defaults = [default_cell.strip()]
+        elif default_cell.strip() == "—":
+            defaults = ["—"] * len(names)
+        else:
+            defaults = default_cell.strip().split(", ")
+        assert len(defaults) == len(names), line
+        for name, default in zip(names, defaults, strict=True):
+            assert name not in found, f"{name} is in the table twice"
+            found[name] = default
+    return found
+
+
+# --- the declaration and the README ----------------------------------------------------------
+
+
+def test_the_readme_table_lists_exactly_the_declared_settings_with_their_defaults() -> None:
+    table = readme_table()
+    assert sorted(table) == sorted(SETTINGS)
+    assert {n: table[n] for n in SETTINGS} == {n: s.default_text for n, s in SETTINGS.items()}
+
+
+def test_the_table_is_read_cell_by_cell_so_a_drifted_default_shows() -> None:
+    table = readme_table()
+    assert table["port"] == "`30000`" and table["gpus"] == "every GPU"
+    assert table["connect_timeout"] == "`10`" and table["nnodes"] == "`1`"
+    assert table["node_hosts"] == "—"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    drifted = readme.replace("`8`, `30000`, `127.0.0.1`", "`8`, `30001`, `127.0.0.1`")
+    assert readme_table(drifted)["port"] != SETTINGS["port"].default_text
+
+
+def test_default_vars_are_the_layered_settings_and_still_importable_from_inventory() -> None:
+    assert inventory.DEFAULT_VARS is DEFAULT_VARS
+    assert {n: s.default for n, s in SETTINGS.items() if s.layered} == DEFAULT_VARS
+    assert set(DEFAULT_VARS) == {
+        "python", "launch_module", "log_dir", "state_dir", "port", "bind_host", "tp"
+    }  # fmt: skip
+    assert DEFAULT_VARS["port"] == 30000 and DEFAULT_VARS["tp"] == 8
+
+
+def test_the_declared_timeouts_are_the_connections_defaults() -> None:
+    from deployctl import connection
+
+    assert SETTINGS["connect_timeout"].default == connection.DEFAULT_CONNECT_TIMEOUT
+    assert SETTINGS["command_timeout"].default == connection.DEFAULT_COMMAND_TIMEOUT
+    assert [n for n, s in SETTINGS.items() if s.type is float] == [
+        "connect_timeout",
+        "command_timeout",
+    ]
+
+
+def test_every_setting_has_a_type_and_one_line_of_help() -> None:
+    for setting in SETTINGS.values():
+        assert setting.type in (str, int, float, bool, list, dict), setting.name
+        assert setting.help and "\n" not in setting.help, setting.name
+        if setting.default is not None:
+            # float accepts an int default (`10` seconds)
+            assert isinstance(setting.default, setting.type) or setting.type is float
+
+
+def template_variables() -> set[str]:
+    """Every variable the shipped templates read."""
+    import jinja2
+    import jinja2.meta
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(PACKAGE_DATA / "templates")))
+    found: set[str] = set()
+    for path in (PACKAGE_DATA / "templates").glob("*.j2"):
+        ast = env.parse(path.read_text(encoding="utf-8"))
+        found |= jinja2.meta.find_undeclared_variables(ast)
+    return found
+
+
+def test_the_template_variables_are_what_the_shipped_templates_read() -> None:
+    read = template_variables()
+    assert "speculative_num_steps" in read and "mem_fraction_static" in read
+    assert read <= set(SETTINGS) | TEMPLATE_VARIABLES | RENDER_CONTEXT, read - set(SETTINGS)
+    assert read >= TEMPLATE_VARIABLES, TEMPLATE_VARIABLES - read
+
+
+# --- typed access ----------------------------------------------------------------------------
+
+
+def test_typed_access_reads_the_hosts_values_and_falls_back_to_the_declared_defaults() -> None:
+    bare = Host("gpu01", {"ansible_port": 2222})
+    assert bare.port == 2222  # the SSH port
+    assert bare.settings.server_port == 30000  # the server's
+    assert (bare.settings.state_dir, bare.settings.log_dir) == ("~/.deployctl", "~/deployctl/logs")
+    assert (bare.settings.python, bare.settings.tp, bare.settings.nnodes) == ("python3", 8, 1)
+    assert bare.settings.dist_port == 20000
+    assert bare.settings.template is None and bare.settings.check_flags is True
+    assert bare.settings.command_timeout is None and bare.settings.known_hosts_file is None
+
+    set_ = Host("gpu01", {"port": "30001", "tp": 4, "state_dir": Path("/s"), "template": "x"})
+    assert set_.settings.server_port == 30001 and set_.settings.tp == 4
+    assert set_.settings.state_dir == "/s" and set_.settings.template == "x"
+    timed = Host("gpu01", {"command_timeout": 3, "connect_timeout": "2.5", "check_flags": False})
+    assert timed.settings.command_timeout == 3.0 and timed.settings.connect_timeout == 2.5
+    assert timed.settings.check_flags is False
+
+
+def test_a_value_of_the_wrong_type_names_host_deployment_and_variable() -> None:
+    with pytest.raises(InventoryError, match=r"^host gpu01, deployment qwen: dist_port 'x' is"):
+        _ = Host("gpu01", {"dist_port": "x"}, "qwen").settings.dist_port
+    with pytest.raises(InventoryError, match=r"^host gpu01: command_timeout 'soon' is not a"):
+        _ = Host("gpu01", {"command_timeout": "soon"}).settings.command_timeout
+
+
+def test_a_deployment_reads_its_own_values_over_its_hosts(tmp_path: Path) -> None:
+    from deployctl.deployments import deployment_targets
+
+    path = tmp_path / "inv.yml"
+    path.write_text(
+        "all:\n  hosts:\n    h1:\n      tp: 4\n"
+        "      deployments: {a: {port: 30001}, b: {port: 30002, template: eagle3}}\n"
+    )
+    a, b = deployment_targets(load_inventory(path).hosts.values())
+    assert (a.settings.server_port, a.settings.tp, a.settings.template) == (30001, 4, None)
+    assert (b.settings.server_port, b.settings.template) == (30002, "eagle3")
+
+
+def test_loaded_hosts_read_their_inventory_values(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yml"
+    path.write_text("all:\n  vars: {port: 31000}\n  hosts:\n    h1: {ansible_port: 2200}\n")
+    host = load_inventory(path).hosts["h1"]
+    assert (host.port, host.settings.server_port) == (2200, 31000)
+
+
+# --- what looks like a typo ------------------------------------------------------------------
+
+TYPOS = {
+    "log-dir": "log_dir",
+    "logdir": "log_dir",
+    "Log_Dir": "log_dir",
+    "LOG_DIR": "log_dir",
+    "log_dri": "log_dir",
+    "state_dirs": "state_dir",
+    "stat_dir": "state_dir",
+    "statedir": "state_dir",
+    "tp_size": "tp",
+    "tensor_parallel_size": "tp",
+    "TP": "tp",
+    "pyton": "python",
+    "launch-module": "launch_module",
+    "launch_modul": "launch_module",
+    "bind-host": "bind_host",
+    "ports": "port",
+    "known_host_file": "known_hosts_file",
+    "connection_timeout": "connect_timeout",
+    "command_timeouts": "command_timeout",
+    "treshold_mode": "threshold_mode",
+    "draft_model_pth": "draft_model_path",
+    "modelpath": "model_path",
+    "templates": "template",
+    "dist-port": "dist_port",
+    "n_nodes": "nnodes",
+}
+
+
+@pytest.mark.parametrize(("name", "meant"), TYPOS.items())
+def test_a_mistyped_setting_names_the_setting(name: str, meant: str) -> None:
+    assert misspelling(name) == meant
+
+
+def sglang_option_names() -> list[str]:
+    """Every option of the real SGLang 0.5.23 server, as the variable a template would use."""
+    options = REPO / "tests" / "data" / "sglang" / "sglang-0.5.23-options.json"
+    return [o["dest"] for o in json.loads(options.read_text(encoding="utf-8"))["options"]]
+
+
+def test_no_sglang_option_name_is_taken_for_a_typo_but_the_aliases() -> None:
+    names = sglang_option_names()
+    assert len(names) > 500 and "speculative_num_steps" in names
+    flagged = {n: misspelling(n) for n in names if misspelling(n) is not None}
+    # SGLang's name for tensor parallelism is the one alias among its options.
+    assert flagged == {"tp_size": "tp"}
+
+
+OWN_VARIABLES = [
+    *sorted(TEMPLATE_VARIABLES),
+    *SETTINGS,
+    "gpu",  # the shipped example's label: `gpu: H200`
+    "GPU",
+    "deployment",  # `deployment: staging`, a setting's singular
+    "node",
+    "patch",
+    "check_flag",
+    "tps",
+    "envs",
+    "python3",
+    "python_version",
+    "grpc_port",
+    "my_port",
+    "http_port",
+    "server_port",
+    "enable_mfu_metrics",
+    "log_level",
+    "logs",
+    "state",
+    "model",
+    "draft_model",
+    "models_root",
+    "template_dir",
+    "region",
+    "rack",
+    "owner",
+    "env_name",
+    "environment",
+    "conda_env",
+    "work_dir",
+    "data_dir",
+    "hf_token",
+    "api_key",
+    "timeout",
+    "ansible_python_interpreter",
+    "ansible_become",
+    "ansible_ssh_common_args",
+    "inventory_hostname",
+]
+
+
+@pytest.mark.parametrize("name", OWN_VARIABLES)
+def test_settings_template_ansible_and_own_variables_are_no_typo(name: str) -> None:
+    assert misspelling(name) is None
+
+
+# --- warnings collected on the inventory -----------------------------------------------------
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "inv.yml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+TYPO_INVENTORY = """\
+all:
+  vars:
+    logdir: /data/logs
+  hosts:
+    h200-a01:
+      log-dir: /tmp/logs
+      tp_size: 8
+      mem_fraction_static: 0.8
+      speculative_num_steps: 3
+      draft_model_path: /d
+      ansible_python_interpreter: /usr/bin/python3
+      gpu: H200
+      owner: ml-infra
+      deployments:
+        qwen: {Log_Dir: /q, port: 30001, tp: 4}
+    h200-a02:
+      state_dirs: /state
+"""
+
+
+def test_the_inventory_collects_one_warning_per_variable_and_host(tmp_path: Path) -> None:
+    inv = load_inventory(write(tmp_path, TYPO_INVENTORY))
+    assert inv.warnings == [
+        Misspelling("h200-a01", "logdir", "log_dir"),
+        Misspelling("h200-a01", "log-dir", "log_dir"),
+        Misspelling("h200-a01", "tp_size", "tp"),
+        Misspelling("h200-a01/qwen", "Log_Dir", "log_dir"),
+        Misspelling("h200-a02", "logdir", "log_dir"),
+        Misspelling("h200-a02", "state_dirs", "state_dir"),
+    ]
+    assert inv.warnings[2].text == (
+        "variable 'tp_size' is not a deployctl setting; did you mean 'tp'?"
+    )
+
+
+def test_a_variable_set_at_several_levels_warns_once_per_host(tmp_path: Path) -> None:
+    text = "all:\n  vars: {logdir: /a}\n  children:\n    g:\n      vars: {logdir: /b}\n"
+    text += "      hosts:\n        h1: {logdir: /c}\n"
+    inv = load_inventory(write(tmp_path, text))
+    assert inv.warnings == [Misspelling("h1", "logdir", "log_dir")]
+
+
+def test_the_shipped_inventories_give_no_warning() -> None:
+    for path in (PACKAGE_DATA / "inventories").glob("*.yml"):
+        assert load_inventory(path).warnings == [], path
+    assert inventory.builtin_inventory().warnings == []
+
+
+def test_the_inventory_layer_prints_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    load_inventory(write(tmp_path, TYPO_INVENTORY))
+    assert capsys.readouterr() == ("", "")
+
+
+# --- through the CLI -------------------------------------------------------------------------
+
+EXPECTED_LINES = [
+    "h200-a01: warning: variable 'logdir' is not a deployctl setting; did you mean 'log_dir'?",
+    "h200-a01: warning: variable 'log-dir' is not a deployctl setting; did you mean 'log_dir'?",
+    "h200-a01: warning: variable 'tp_size' is not a deployctl setting; did you mean 'tp'?",
+    "h200-a01/qwen: warning: variable 'Log_Dir' is not a deployctl setting; "
+    "did you mean 'log_dir'?",
+    "h200-a02: warning: variable 'logdir' is not a deployctl setting; did you mean 'log_dir'?",
+    "h200-a02: warning: variable 'state_dirs' is not a deployctl setting; "
+    "did you mean 'state_dir'?",
+]
+
+
+def test_the_cli_prints_each_warning_once_on_stderr(cli: CLI) -> None:
+    write(cli.cwd, TYPO_INVENTORY)
+    result = cli("hosts", "-i", "inv.yml")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == EXPECTED_LINES
+    assert "warning" not in result.stdout and "h200-a01" in result.stdout
+
+
+def test_with_json_the_warnings_stay_on_stderr(cli: CLI) -> None:
+    write(cli.cwd, TYPO_INVENTORY)
+    result = cli("hosts", "-i", "inv.yml", "-H", "h200-a02", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert list(doc["hosts"]) == ["h200-a02"]
+    assert doc["hosts"]["h200-a02"]["vars"]["state_dirs"] == "/state"
+    assert result.stderr.splitlines() == EXPECTED_LINES
+
+
+def test_a_clean_inventory_prints_no_warning(cli: CLI) -> None:
+    write(cli.cwd, "all:\n  hosts:\n    h1: {gpu: H200, log_dir: /l, mem_fraction_static: 0.9}\n")
+    result = cli("hosts", "-i", "inv.yml")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_settings_module_sits_in_the_inventory_layer() -> None:
+    from tests.test_layers import import_graph
+
+    assert import_graph()["deployctl.settings"] <= {"deployctl.errors", "deployctl.text"}
+    assert settings.__doc__
