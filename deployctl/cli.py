@@ -188,7 +188,7 @@ class Session:
             accept_new_host_keys=self.options.accept_new_host_keys,
             known_hosts=self.options.known_hosts,
         )
-        with Fleet(self.targets, options, self.options.forks) as fleet:
+        with Fleet(self.targets, options, self.options.forks, self.inventory.origin) as fleet:
             yield fleet
 
     def run(self, operation: Callable[[Host, Connection], T]) -> FleetResult[T]:
@@ -639,8 +639,19 @@ def stop(
     timeout: Annotated[
         float, typer.Option("--timeout", min=0, help="Seconds between SIGTERM and SIGKILL.")
     ] = 30,
+    orphans: Annotated[
+        bool,
+        typer.Option(
+            "--orphans",
+            help="Also end runs on these hosts that the inventory does not name, whoever "
+            "launched them (listed first).",
+        ),
+    ] = False,
 ) -> Reply:
-    """End each deployment's run (its whole process group); wait until its GPUs are clean."""
+    """End each deployment's run (its whole process group); wait until its GPUs are clean.
+
+    Without -d it also ends this inventory's own leftovers (a run it launched that it no
+    longer names); runs another inventory launched are listed and left alone (--orphans)."""
     from deployctl.ops.runs import stop_run
     from deployctl.ops.server import stray_runs
     from deployctl.present import views
@@ -648,7 +659,9 @@ def stop(
     with session.fleet() as fleet:
         targets = fleet.hosts
         if session.options.deployment is None:
-            targets = [*targets, *stray_runs(fleet)]
+            strays = stray_runs(fleet)
+            views.print_strays(strays, ending_others=orphans)
+            targets = [*targets, *(s.host for s in strays if s.ours or orphans)]
             views.print_stopping(targets)
         return views.STOP, fleet.run(lambda host, conn: stop_run(host, conn, timeout), targets)
 

@@ -124,11 +124,17 @@ class Fleet:
     """The selected hosts and one reusable connection per host for this invocation."""
 
     def __init__(
-        self, hosts: Iterable[Host], options: ConnectOptions, forks: int = DEFAULT_FORKS
+        self,
+        hosts: Iterable[Host],
+        options: ConnectOptions,
+        forks: int = DEFAULT_FORKS,
+        origin: str = "",
     ) -> None:
         self.hosts = list(hosts)
         self.options = options
         self.forks = max(1, forks)
+        # The inventory the hosts come from (Inventory.origin): runs started here record it.
+        self.origin = origin
         self._connections: dict[str, Connection] = {}
         self._lock = threading.Lock()
         # label -> (when to try again, the wait, the failure that stands meanwhile)

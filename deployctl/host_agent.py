@@ -190,6 +190,7 @@ class LiveRun(TypedDict):
     gpus: list[int] | None
     port: int
     members: list[int]
+    origin: str | None  # the inventory that launched it; None: not recorded
 
 
 class OptionSpec(TypedDict):
@@ -244,6 +245,7 @@ class RunShown(TypedDict, total=False):
     env: dict[str, str]  # the server's environment, secrets masked
     deployment: str | None
     gpus: list[int] | None
+    origin: str  # the inventory that launched it (its sources' paths); older records lack it
 
 
 class RunInfo(RunShown):
@@ -1559,6 +1561,7 @@ def live_runs(state_dir: str) -> list[LiveRun]:
                     "gpus": run.get("gpus"),
                     "port": run["port"],
                     "members": members,
+                    "origin": run.get("origin"),
                 }
             )
     return found

@@ -222,6 +222,8 @@ class Inventory:
     broken: dict[str, InventoryError] = field(default_factory=dict)
     # Variables that look like a mistyped deployctl setting; the front end shows them.
     warnings: list[Misspelling] = field(default_factory=list)
+    # Which inventory this is, as run records keep it: the sources' absolute paths.
+    origin: str = ""
 
     def select(self, pattern: str | None) -> list[Host]:
         """Return the hosts an Ansible pattern names, in pattern order; error when none match.
@@ -371,7 +373,11 @@ def builtin_inventory() -> Inventory:
     host = Host(LOCALHOST, {**DEFAULT_VARS, "ansible_connection": "local"})
     tree = {"all": GroupNode(["ungrouped"], []), "ungrouped": GroupNode([], [LOCALHOST])}
     return Inventory(
-        {LOCALHOST: host}, {"all": [LOCALHOST], "ungrouped": [LOCALHOST]}, "built-in", tree
+        {LOCALHOST: host},
+        {"all": [LOCALHOST], "ungrouped": [LOCALHOST]},
+        "built-in",
+        tree,
+        origin="built-in",
     )
 
 
@@ -383,9 +389,11 @@ def load_inventory(path: Path | Sequence[Path], vault: VaultOptions | None = Non
         data = read_sources(paths, vault or VaultOptions())
         if not data.host_vars:
             raise InventoryError(f"{data.source} defines no hosts")
-        return build(data, vault or VaultOptions())
+        inventory = build(data, vault or VaultOptions())
     except RecursionError:
         raise InventoryError(f"{paths[0]}: groups or values are nested too deeply") from None
+    inventory.origin = ", ".join(str(p.resolve()) if p.exists() else str(p) for p in paths)
+    return inventory
 
 
 def _depths(data: InventoryData) -> dict[str, int]:

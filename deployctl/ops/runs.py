@@ -134,8 +134,10 @@ def start_run(
     lock_token: str | None,
     restart_of: str | None = None,
     min_version: int = 1,
+    origin: str = "",
 ) -> RunRecord:
-    """Start the server detached with a new versioned log; record the run; release the lock."""
+    """Start the server detached with a new versioned log; record the run (and `origin`, the
+    inventory that started it); release the lock."""
     host, rendered = plan.host, plan.rendered
     run: RunInfo = {
         "env": rendered.env_shown,
@@ -151,6 +153,7 @@ def start_run(
         "deployctl_version": __version__,
         "started_by": f"{getpass.getuser()}@{socket.gethostname()}",
         "restart_of": restart_of,
+        "origin": origin,
     }
     args: StartArgs = {
         "state_dir": host.settings.state_dir,
@@ -406,6 +409,7 @@ def launch(
                 None if wait else token,
                 (restart_of or {}).get(host.label),
                 versions.get(plan.group, 1),
+                fleet.origin,
             )
         except BaseException:
             with contextlib.suppress(DeployctlError):

@@ -33,19 +33,35 @@ from deployctl.render import RenderedCommand, command_secrets
 from deployctl.shell import split
 
 
-def stray_runs(fleet: Fleet) -> list[Host]:
-    """Runs of ours still alive on the fleet's hosts that no selected deployment names: one
-    whose deployment left the inventory, or the host's single server from before it had
-    `deployments`. A stop of every deployment ends them too. A host that cannot be asked
-    adds none (its own stop reports why)."""
+@dataclass(frozen=True)
+class Stray:
+    """A run alive on a selected host that no selected deployment names."""
+
+    host: Host  # the host, with the run's deployment
+    run: str
+    origin: str | None  # the inventory that launched it (None: not recorded)
+    ours: bool  # launched from this very inventory: its leftover, provably
+
+
+def stray_runs(fleet: Fleet) -> list[Stray]:
+    """Runs alive on the fleet's hosts that no selected deployment names: the host's single
+    server from before it had `deployments`, a deployment that left the inventory, or a run
+    another inventory (another project or checkout sharing the host) launched. Only the
+    ones this inventory launched are its own. A host that cannot be asked adds none (its own
+    stop reports why)."""
     known = {(h.name, h.deployment) for h in fleet.hosts}
     hosts = list({h.name: h for h in fleet.hosts}.values())
 
-    def strays(host: Host, conn: Connection) -> list[Host]:
+    def strays(host: Host, conn: Connection) -> list[Stray]:
         args: RunsArgs = {"state_dir": host.settings.state_dir}
         runs = agent.call(host, conn, agent.RUNS, args)["live_runs"]
         return [
-            Host(host.name, host.vars, run["deployment"])
+            Stray(
+                Host(host.name, host.vars, run["deployment"]),
+                run["id"],
+                run["origin"],
+                bool(fleet.origin) and run["origin"] == fleet.origin,
+            )
             for run in runs
             if (host.name, run["deployment"]) not in known
         ]

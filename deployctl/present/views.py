@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from deployctl.ops.patch import AuditReport, PatchAction
     from deployctl.ops.port import PortReport
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult
-    from deployctl.ops.server import RestartReport
+    from deployctl.ops.server import RestartReport, Stray
     from deployctl.patchset import PatchSet
     from deployctl.render import RenderedCommand
 
@@ -463,6 +463,24 @@ def print_stopping(targets: Sequence[Host]) -> None:
     for host, names in by_host.items():
         if len(names) > 1:
             sys.stderr.write(f"{host}: stopping every deployment: {', '.join(names)}\n")
+    sys.stderr.flush()
+
+
+def print_strays(strays: Sequence[Stray], ending_others: bool) -> None:
+    """Say which runs the inventory does not name another inventory launched: left running,
+    or (--orphans) ended too."""
+    for stray in strays:
+        if stray.ours:
+            continue
+        what = f"run {stray.run}" + (f" ({stray.host.deployment})" if stray.host.deployment else "")
+        origin = f"launched from {stray.origin}" if stray.origin else "its inventory not recorded"
+        if ending_others:
+            sys.stderr.write(f"{stray.host.name}: also stopping {what}, {origin} (--orphans)\n")
+        else:
+            sys.stderr.write(
+                f"{stray.host.name}: leaving {what} running: this inventory does not name it "
+                f"({origin}); stop it from there, or with --orphans\n"
+            )
     sys.stderr.flush()
 
 
