@@ -20,7 +20,7 @@ from deployctl.project import SHIPPED_DATA
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab
 from tests.test_layers import PACKAGE
-from tests.test_lifecycle import inventory, launch_json
+from tests.test_lifecycle import inventory, launch_json, rank_pids
 
 
 def test_a_stop_that_fails_on_one_host_keeps_only_that_host_from_relaunching(
@@ -93,3 +93,19 @@ def test_a_launch_whose_server_is_stopped_meanwhile_says_stopped_not_died(
     entry = json.loads(out)["hosts"]["alpha"]
     assert entry["state"] == "stopped" and entry["ok"] is False, (entry, err)
     assert launch.returncode == 1
+
+
+def test_stop_returns_only_once_a_group_killed_with_sigkill_is_gone(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    # Ranks that ignore SIGTERM and hold host memory: after SIGKILL they take a while to die.
+    inv = inventory(hosts, tmp_path, ["alpha"], ignore_sigterm=True, host_mib=768, drain_s=0.2)
+    code, _, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    ranks = rank_pids(hosts.hosts["alpha"])
+    assert len(ranks) == 2
+    stopped = cli("stop", "-i", str(inv), "--timeout", "0.5", "--json")
+    assert rank_pids(hosts.hosts["alpha"]) == []  # gone when stop returns, not a moment later
+    entry = json.loads(stopped.stdout)["hosts"]["alpha"]
+    assert stopped.returncode == 0, stopped.stderr
+    assert set(ranks) <= set(entry["killed"]), entry

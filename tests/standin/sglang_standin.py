@@ -47,6 +47,9 @@ KNOB_DEFAULTS: dict[str, Any] = {
         "at non-singleton dimension 0"
     ),
     "gpu_mib": 0,
+    # Host memory each rank holds, every page touched (as a real rank's pinned buffers): a
+    # process holding much takes a while to die even after SIGKILL.
+    "host_mib": 0,
     "ignore_sigterm": False,
     # Where 0.5.23 is gentler than the worst case, the default is the worst case:
     "late_bind": False,  # True: listen only once ranks are up, as 0.5.23 does
@@ -486,6 +489,8 @@ def _rank_main(cfg: dict[str, Any]) -> NoReturn:
         log(f"[standin] holding {cfg['gpu_mib']} MiB on cuda:{device}", prefix)
     else:
         after = before - 15.52
+    held = bytearray(int(cfg["host_mib"]) << 20)
+    held[::4096] = b"\x01" * len(range(0, len(held), 4096))
     at(0.35)
     log(
         f"Load weight end. elapsed={time.time() - tic:.2f} s, type={cfg['arch']}, "
@@ -953,6 +958,7 @@ class Launcher:
             "crash_after_s": float(self.knobs["crash_after_s"]),
             "crash_message": str(self.knobs["crash_message"]),
             "gpu_mib": int(self.knobs["gpu_mib"]),
+            "host_mib": int(self.knobs["host_mib"]),
             "pdeathsig": bool(self.knobs["pdeathsig"]),
             "sglang_root": sglang_root(),
             "arch": self.arch,
