@@ -16,6 +16,8 @@ from tests.json_contract import CheckedPopen, check_output
 from tests.sshd_hosts import REPO, SSHLab, start_lab, stop_lab
 
 HOST_NAMES = ["alpha", "bravo", "charlie", "delta"]
+# Fixtures that start or use the sshd test hosts; a test needing any of them is a `lab` test.
+LAB_FIXTURES = frozenset({"lab", "hosts", "sglang_template"})
 
 # A harness that starts the suite in the background can hand it SIGINT ignored, and ignored
 # signals stay ignored in children: tests that end `logs -f` and `watch` with Ctrl-C need it.
@@ -23,11 +25,21 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `lab` every test that reaches the sshd test hosts through any chain of fixtures."""
+    for item in items:
+        if LAB_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.lab)
+
+
 @pytest.fixture(scope="session")
 def lab() -> Iterator[SSHLab]:
     """Start one real sshd per test host for the whole session."""
     if os.geteuid() != 0 or not Path("/usr/sbin/sshd").exists():
-        pytest.fail("the sshd test hosts need root and openssh-server: run ./scripts/test")
+        pytest.fail(
+            "the sshd test hosts need root and openssh-server: run ./scripts/test"
+            " (or skip them: pytest -m 'not lab')"
+        )
     base = Path(tempfile.mkdtemp(prefix="deployctl-hosts-", dir="/tmp"))
     lab = start_lab(base, HOST_NAMES)
     try:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from deployctl.inventory import DEFAULT_VARS, MASK, VaultOptions, load_inventory
+from tests.ansible_tools import run_tool
 from tests.conftest import CLI
 
 BIN = Path(sys.executable).parent
@@ -255,7 +256,7 @@ def inventory_args(sources: list[Path]) -> list[str]:
 
 def ansible_inventory(sources: list[Path]) -> dict[str, Any]:
     argv = [str(BIN / "ansible-inventory"), "--list", *inventory_args(sources)]
-    done = subprocess.run(argv, capture_output=True, text=True, env=ANSIBLE_ENV, check=True)
+    done = run_tool(argv, env=ANSIBLE_ENV, check=True)
     return json.loads(done.stdout)
 
 
@@ -273,7 +274,7 @@ def ansible_debug(sources: list[Path], names: tuple[str, ...]) -> dict[str, dict
         f"msg={{{{ {{{fields}}} }}}}",
         *inventory_args(sources),
     ]
-    done = subprocess.run(argv, capture_output=True, text=True, env=ANSIBLE_ENV, check=True)
+    done = run_tool(argv, env=ANSIBLE_ENV, check=True)
     rendered = {}
     for line in done.stdout.splitlines():  # `host | SUCCESS => {...}`, one line per host
         host, _, rest = line.partition(" | SUCCESS => ")
@@ -286,7 +287,7 @@ def ansible_debug(sources: list[Path], names: tuple[str, ...]) -> dict[str, dict
 def ansible_hosts(sources: list[Path], pattern: str) -> list[str]:
     """What `ansible PATTERN --list-hosts` lists, in its order."""
     argv = [str(BIN / "ansible"), pattern, "--list-hosts", *inventory_args(sources)]
-    listed = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    listed = run_tool(argv, check=True).stdout
     return [line.strip() for line in listed.splitlines()[1:]]
 
 
@@ -347,7 +348,7 @@ def test_graph_matches_ansible_inventory_graph(tmp_path: Path, cli: CLI) -> None
                 group,
                 *inventory_args(their_sources),
             ]
-            theirs = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+            theirs = run_tool(argv, check=True).stdout
             args = ["hosts", "--graph", "-H", group, *inventory_args(ours_sources)]
             ours = cli(*args)
             assert ours.returncode == 0, ours.stderr
@@ -410,10 +411,9 @@ def test_malformed_inventory_is_one_line_error_where_ansible_also_refuses(
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
     assert "gpu[01:]" not in result.stdout  # never a host literally named so
     strict = {**ANSIBLE_ENV, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"}
-    theirs = subprocess.run(
-        [str(BIN / "ansible-inventory"), "--list", "-i", str(path)],
-        capture_output=True, text=True, env=strict, check=False,
-    )  # fmt: skip
+    theirs = run_tool(
+        [str(BIN / "ansible-inventory"), "--list", "-i", str(path)], env=strict, check=False
+    )
     assert theirs.returncode != 0, theirs.stdout
 
 
@@ -497,10 +497,10 @@ def test_dynamic_source_without_ansible_names_the_extra(
 
 
 def encrypt(value: str, password_file: Path) -> str:
-    done = subprocess.run(
+    done = run_tool(
         [str(BIN / "ansible-vault"), "encrypt_string", "--vault-password-file",
          str(password_file), value, "--name", "x"],
-        capture_output=True, text=True, check=True,
+        check=True,
     )  # fmt: skip
     return done.stdout.split("x: ", 1)[1]
 
@@ -518,10 +518,10 @@ def test_vaulted_values_are_decrypted_with_ansibles_options(tmp_path: Path, cli:
             "group_vars/rtx.yml": "served_name: kimi\n",
         },
     )
-    subprocess.run(
+    run_tool(
         [str(BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(password),
          str(encrypted_file)],
-        check=True, capture_output=True,
+        check=True,
     )  # fmt: skip
     assert encrypted_file.read_text().startswith("$ANSIBLE_VAULT")
     inventory = str(tmp_path / "fleet.ini")
