@@ -12,7 +12,7 @@ import dataclasses
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -874,8 +874,18 @@ def raise_open_files_limit() -> None:
 def main() -> None:
     """Run the CLI: one-line errors for user mistakes, a debug file for bugs, never a traceback."""
     raise_open_files_limit()
+    code = run()
+    # Skip the interpreter's final garbage collection of everything paramiko and friends
+    # allocated (~250 ms on a small machine): output is flushed and connections are closed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run one command line (default: this process's) and return its exit status."""
     try:
-        result = app(standalone_mode=False)
+        result = app(args=None if argv is None else list(argv), standalone_mode=False)
         code = result if isinstance(result, int) else 0
         if code == 130:  # typer's answer when Ctrl-C ended the command
             _interrupted()
@@ -895,11 +905,7 @@ def main() -> None:
 
         print_bug([(None, exc)], explain(exc)[0])
         code = 2
-    # Skip the interpreter's final garbage collection of everything paramiko and friends
-    # allocated (~250 ms on a small machine): output is flushed and connections are closed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return code
 
 
 def _interrupted() -> int:
