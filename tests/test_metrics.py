@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import CLI
+from tests.conftest import CLI, FullDisk
 from tests.sshd_hosts import REPO, SSHLab
 from tests.test_deployments import run_json
 from tests.test_lifecycle import prepare
@@ -41,6 +42,39 @@ def test_metrics_targets_list_every_deployment_that_serves_metrics(
                        "template": "eagle3"},
         },
     ]  # fmt: skip
+
+
+def one_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The `error:` line of a user mistake: exit 1, an error and a hint, never a bug."""
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1, result.stderr
+    assert [line.split(":")[0] for line in lines] == ["error", "hint"], lines
+    assert "bug" not in result.stderr
+    return lines[0]
+
+
+def test_metrics_targets_into_a_missing_folder_or_onto_a_folder_is_one_line(
+    cli: CLI, tmp_path: Path
+) -> None:
+    example = str(REPO / "inventories" / "example.yml")
+    missing = tmp_path / "nowhere" / "targets.json"
+    assert "does not exist" in one_error(cli("metrics-targets", "-i", example, "-o", str(missing)))
+    assert not missing.parent.exists()
+    assert "is a folder" in one_error(cli("metrics-targets", "-i", example, "-o", str(tmp_path)))
+    assert {p.name for p in tmp_path.iterdir()} == {"work", "client-home"}
+
+
+def test_metrics_targets_on_a_full_disk_keeps_the_old_file_and_leaves_nothing(
+    cli: CLI, full_disk: FullDisk
+) -> None:
+    example = str(REPO / "inventories" / "example.yml")
+    out = full_disk.path / "targets.json"
+    out.write_text("[]\n")
+    full_disk.fill()
+    error = one_error(cli("metrics-targets", "-i", example, "-o", str(out)))
+    assert error == f"error: cannot write {out}: No space left on device"
+    assert out.read_text() == "[]\n"
+    assert full_disk.names() == {"targets.json"}
 
 
 # ---- over real sshd hosts --------------------------------------------------------------------

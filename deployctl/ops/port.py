@@ -25,6 +25,7 @@ from deployctl.connection import Connection
 from deployctl.errors import PatchError
 from deployctl.host_agent import dist_version, run_verify_scripts
 from deployctl.inventory import Host
+from deployctl.localfiles import check_folder, write_folder
 from deployctl.patchset import PatchSet, Variant, diff_hunks, diff_targets, version_key
 from deployctl.schema import versioned
 
@@ -200,6 +201,10 @@ def variant_files(variant: Variant) -> list[str]:
 
 
 def _check_out(out: Path) -> None:
+    check_folder(out)
+    if out.exists() and not out.is_dir():
+        raise PatchError(f"{out} is a file, not a folder; nothing was written",
+                         hint="--out names the candidate's folder")  # fmt: skip
     if out.exists() and any(out.iterdir()):
         raise PatchError(f"{out} already exists and is not empty; nothing was written",
                          hint="choose another --out, or remove the old candidate")  # fmt: skip
@@ -248,11 +253,11 @@ def _port(
     for diff in variant.diffs:
         report.hunks += apply_for_port(diff, site, scratch)
     patched = {f: (site / f).read_bytes() if (site / f).exists() else None for f in files}
-    out.mkdir(parents=True, exist_ok=True)
+    candidate: dict[str, bytes] = {}
     for diff in variant.diffs:
         mine = diff_targets(diff.read_text(), diff.name)
         text = exact_diff({f: pristine[f] for f in mine}, {f: patched[f] for f in mine})
-        (out / diff.name).write_text(text, encoding="utf-8")
+        candidate[diff.name] = text.encode()
     if not verify:
         why = "not run: only the files the diffs touch were read from the host"
         report.verify = {s.name: why for s in variant.verify}
@@ -266,8 +271,9 @@ def _port(
                 report.verify[script.name] = "passed"
             except RuntimeError as exc:
                 report.verify[script.name] = f"failed: {exc}"
-    # The --json document, kept beside the candidate.
-    (out / "report.json").write_text(json.dumps(versioned(report.to_json()), indent=2) + "\n")
+    # The --json document, kept beside the candidate; the folder appears whole or not at all.
+    candidate["report.json"] = (json.dumps(versioned(report.to_json()), indent=2) + "\n").encode()
+    write_folder(out, candidate)
     return report
 
 

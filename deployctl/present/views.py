@@ -7,7 +7,6 @@ Each kind of result has a `View`: a human form (tables and lines) and its docume
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from deployctl.errors import explain
+from deployctl.localfiles import write_file
 from deployctl.present import documents as docs
 from deployctl.present.terminal import (
     console,
@@ -193,9 +193,7 @@ def _write_targets(result: TargetsFile) -> None:
         sys.stdout.write(text)
         return
     # Prometheus rereads the file when it changes: replace it whole, never half-written.
-    tmp = result.path.with_name(f".{result.path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, result.path)
+    write_file(result.path, text.encode())
     sys.stderr.write(f"{len(result.entries)} targets written to {result.path}\n")
 
 
