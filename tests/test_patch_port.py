@@ -151,3 +151,20 @@ def test_port_into_a_missing_folder_onto_a_file_or_a_full_disk_is_one_line_and_n
     out = full_disk.path / "cand"
     assert refused(out) == f"cannot write {out}: No space left on device"
     assert full_disk.names() == set()  # no half-written candidate, no scratch folder
+
+
+def test_port_from_a_truncated_or_non_zip_wheel_is_one_line_naming_it(
+    cli: CLI, tmp_path: Path
+) -> None:
+    real = sglang_wheel("0.5.23").read_bytes()
+    for name, data in (("cut", real[: len(real) // 2]), ("text", b"not a zip\n")):
+        wheel = tmp_path / name / "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
+        wheel.parent.mkdir()
+        wheel.write_bytes(data)
+        result = cli("patch", "port", "spec-disable", "--to", "0.5.23", "--from", str(wheel),
+                     "--project", str(cli.cwd), "-o", str(tmp_path / name / "cand"))  # fmt: skip
+        lines = result.stderr.splitlines()
+        assert result.returncode == 1, result.stderr
+        assert lines[0].startswith(f"error: {wheel} is not a readable wheel: "), lines
+        assert len(lines) == 2 and "bug" not in result.stderr
+        assert not (tmp_path / name / "cand").exists()

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -94,9 +95,15 @@ def pristine_from(source: Path, scratch: Path) -> Path:
     or a site folder."""
     site = scratch / "site"
     if source.is_file() and source.suffix == ".whl":
-        with zipfile.ZipFile(source) as wheel:
-            wanted = [n for n in wheel.namelist() if n.startswith("sglang")]
-            wheel.extractall(site, wanted)
+        try:
+            with zipfile.ZipFile(source) as wheel:
+                wanted = [n for n in wheel.namelist() if n.startswith("sglang")]
+                wheel.extractall(site, wanted)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:  # cut short, not a zip
+            raise PatchError(
+                f"{source} is not a readable wheel: {exc}",
+                hint="download the wheel again (pip download --no-deps sglang==X.Y.Z)",
+            ) from None
     elif (source / "sglang").is_dir():
         shutil.copytree(source / "sglang", site / "sglang", symlinks=True)
         for info in source.glob("sglang-*.dist-info"):
