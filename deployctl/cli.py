@@ -472,12 +472,11 @@ def _per_installation(
 ) -> FleetResult[T]:
     """Run a patch action once per SGLang installation of the targets, with the sets named
     (else each deployment's `patches`)."""
-    from deployctl.ops.patch import one_per_installation, sets_per_host
+    from deployctl.ops.patch import per_installation, sets_per_host
 
     wanted = sets_per_host(session.targets, session.patch_sets(), names or [])
-    targets, chosen = one_per_installation(session.targets, wanted)
     with session.fleet() as fleet:
-        return fleet.run(lambda host, conn: action(host, conn, chosen[host.label]), targets)
+        return per_installation(fleet, session.targets, wanted, action)
 
 
 @fleet_command(patch_app, "port")
