@@ -708,12 +708,17 @@ def bench(
 
     if plot is not None:
         plots.check_plot_path(plot)
+    runs = [r.strip() for item in compare or [] for r in item.split(",") if r.strip()]
+    if compare is not None and not runs:
+        raise UsageError(
+            f"--compare {','.join(compare)!r} names no run",
+            hint="give run ids, e.g. --compare RUN1,RUN2 (deployctl status shows them)",
+        )
     with session.fleet() as fleet:
         if suggest is not None:
             found = ops.find_results(fleet, list(suggest))
             return views.SUGGESTION, ops.suggest_threshold(found, *suggest)
-        if compare:
-            runs = [r for item in compare for r in item.split(",") if r]
+        if runs:
             comparison = ops.find_results(fleet, runs)
             if plot is not None and comparison.runs:
                 plots.plot_runs(comparison.runs, plot)

@@ -596,6 +596,11 @@ BENCH: View[FleetResult[BenchResult | None]] = View(_bench, docs.bench_document)
 
 
 def _comparison(result: Comparison) -> None:
+    for name, paths in result.unreadable.items():
+        for path in paths:
+            sys.stderr.write(
+                tagged("warning", f"{path} is not a readable bench result; skipped", name)
+            )
     runs = list(result.runs)
     levels = sorted({lv["concurrency"] for doc in result.runs.values() for lv in doc["levels"]})
     columns = ["concurrency"] + [f"{run} {what}" for run in runs for what in ("tok/s", "ITL p50")]
