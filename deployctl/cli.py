@@ -742,12 +742,13 @@ def metrics_targets(
 ) -> Reply:
     """Prometheus file_sd JSON for every deployment's /metrics (labels: host, deployment,
     group, template)."""
-    from deployctl.deployments import prometheus_targets
+    from deployctl.deployments import loopback_bound, prometheus_targets
     from deployctl.present import views
 
     groups = {g: n for g, n in session.inventory.groups.items() if g not in ("all", "ungrouped")}
     entries = prometheus_targets(session.targets, groups)
-    return views.TARGETS, views.TargetsFile(entries, output)
+    loopback = tuple(loopback_bound(session.targets))
+    return views.TARGETS, views.TargetsFile(entries, output, loopback)
 
 
 @fleet_command(app, options=SERVERS)

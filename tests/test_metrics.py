@@ -77,6 +77,36 @@ def test_metrics_targets_on_a_full_disk_keeps_the_old_file_and_leaves_nothing(
     assert full_disk.names() == {"targets.json"}
 
 
+def test_metrics_targets_warn_on_stderr_of_servers_bound_to_loopback(
+    cli: CLI, tmp_path: Path
+) -> None:
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n"
+        "    local1: {}\n"  # bind_host's default, 127.0.0.1
+        "    open1: {bind_host: 0.0.0.0}\n"
+        "    two1:\n      bind_host: 0.0.0.0\n      deployments:\n"
+        "        a: {port: 30001, bind_host: '::1'}\n"
+        "        b: {port: 30002, bind_host: localhost}\n"
+        "        c: {port: 30003}\n"
+        "        d: {port: 30004, bind_host: 127.0.0.1, enable_metrics: false}\n"
+    )
+    warning = (
+        "warning: local1, two1/a, two1/b: bound to a loopback address (bind_host), so "
+        "Prometheus on another machine cannot scrape them; set bind_host: 0.0.0.0 (or the "
+        "host's address) for those"
+    )
+    printed = cli("metrics-targets", "-i", str(inventory))
+    assert printed.returncode == 0 and printed.stderr.splitlines() == [warning]
+    assert len(json.loads(printed.stdout)) == 5  # the file is Prometheus' list, nothing else
+    out = tmp_path / "targets.json"
+    written = cli("metrics-targets", "-i", str(inventory), "-o", str(out))
+    assert written.stderr.splitlines() == [warning, f"5 targets written to {out}"]
+    assert json.loads(out.read_text()) == json.loads(printed.stdout)
+    quiet = cli("metrics-targets", "-i", str(inventory), "-H", "open1")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
 # ---- over real sshd hosts --------------------------------------------------------------------
 
 KNOBS: dict[str, Any] = {

@@ -185,10 +185,20 @@ class TargetsFile:
 
     entries: list[dict[str, Any]]
     path: Path | None = None
+    loopback: tuple[str, ...] = ()  # targets whose server binds to a loopback address
 
 
 def _write_targets(result: TargetsFile) -> None:
     text = json.dumps(result.entries, indent=2) + "\n"
+    if result.loopback:  # on stderr: the file stays what Prometheus reads
+        sys.stderr.write(
+            tagged(
+                "warning",
+                f"{', '.join(result.loopback)}: bound to a loopback address (bind_host), so "
+                "Prometheus on another machine cannot scrape them; set bind_host: 0.0.0.0 "
+                "(or the host's address) for those",
+            )
+        )
     if result.path is None:
         sys.stdout.write(text)
         return
