@@ -479,12 +479,11 @@ def _per_installation(
 ) -> FleetResult[T]:
     """Run a patch action once per SGLang installation of the targets, with the sets named
     (else each deployment's `patches`)."""
-    from deployctl.ops.patch import one_per_installation, sets_per_host
+    from deployctl.ops.patch import per_installation, sets_per_host
 
     wanted = sets_per_host(session.targets, session.patch_sets(), names or [])
-    targets, chosen = one_per_installation(session.targets, wanted)
     with session.fleet() as fleet:
-        return fleet.run(lambda host, conn: action(host, conn, chosen[host.label]), targets)
+        return per_installation(fleet, session.targets, wanted, action)
 
 
 @fleet_command(patch_app, "port")
@@ -729,12 +728,17 @@ def bench(
 
     if plot is not None:
         plots.check_plot_path(plot)
+    runs = [r.strip() for item in compare or [] for r in item.split(",") if r.strip()]
+    if compare is not None and not runs:
+        raise UsageError(
+            f"--compare {','.join(compare)!r} names no run",
+            hint="give run ids, e.g. --compare RUN1,RUN2 (deployctl status shows them)",
+        )
     with session.fleet() as fleet:
         if suggest is not None:
             found = ops.find_results(fleet, list(suggest))
             return views.SUGGESTION, ops.suggest_threshold(found, *suggest)
-        if compare:
-            runs = [r for item in compare for r in item.split(",") if r]
+        if runs:
             comparison = ops.find_results(fleet, runs)
             if plot is not None and comparison.runs:
                 plots.plot_runs(comparison.runs, plot)
@@ -758,12 +762,13 @@ def metrics_targets(
 ) -> Reply:
     """Prometheus file_sd JSON for every deployment's /metrics (labels: host, deployment,
     group, template)."""
-    from deployctl.deployments import prometheus_targets
+    from deployctl.deployments import loopback_bound, prometheus_targets
     from deployctl.present import views
 
     groups = {g: n for g, n in session.inventory.groups.items() if g not in ("all", "ungrouped")}
     entries = prometheus_targets(session.targets, groups)
-    return views.TARGETS, views.TargetsFile(entries, output)
+    loopback = tuple(loopback_bound(session.targets))
+    return views.TARGETS, views.TargetsFile(entries, output, loopback)
 
 
 @fleet_command(app, options=SERVERS)

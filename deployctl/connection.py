@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from deployctl.errors import CommandError, CommandTimeoutError, ConnectError, HostKeyError
+from deployctl.localfiles import append_file
 from deployctl.shell import join, quote
 
 if TYPE_CHECKING:
@@ -533,10 +534,9 @@ class _AcceptNewPolicy:
         client.get_host_keys().add(hostname, key.get_name(), key)
         line = HostKeyEntry([hostname], key).to_line() or ""
         with _KNOWN_HOSTS_LOCK:
+            # A full disk must not leave half a line behind: all of it or nothing.
+            append_file(self.path, line.encode())
             self.shared.add(hostname, key.get_name(), key)
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as handle:
-                handle.write(line)
 
 
 def open_connection(host: Host, options: ConnectOptions) -> Connection:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 import time
 import traceback
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from deployctl import __version__
+from deployctl.errors import LocalFileError
+from deployctl.localfiles import write_file
 
 
 def debug_dir() -> Path:
@@ -29,15 +32,18 @@ def write_debug_file(failures: Sequence[tuple[str | None, BaseException]]) -> Pa
         text = "".join(traceback.format_exception(exc))
         parts.append(f"---- {where}\n{text}")
     data = ("\n".join(parts) + "\n").encode()
-    name = f"debug-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    name = f"debug-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{secrets.token_hex(3)}.log"
+    failed: LocalFileError | None = None
     for folder in (debug_dir(), Path(tempfile.gettempdir())):
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            # Exclusive and private: never overwrite an earlier file; tracebacks may hold values.
-            fd, path = tempfile.mkstemp(prefix=name + "-", suffix=".log", dir=folder)
         except OSError:
             continue
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        return Path(path)
-    raise OSError("no folder to write the debug file to")
+        try:
+            # Private (tracebacks may hold values), a new name, and whole or not there at all.
+            write_file(folder / name, data, mode=0o600)
+        except LocalFileError as exc:  # a full disk: try the next folder
+            failed = exc
+            continue
+        return folder / name
+    raise failed or LocalFileError("no folder to write the debug file to")

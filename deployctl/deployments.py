@@ -11,6 +11,7 @@ is a target of its own whose variables say where it stands (`nnodes`, `node_rank
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -213,6 +214,30 @@ def prometheus_targets(
         address = f"{_address(target)}:{target.settings.value('port')}"
         entries.append({"targets": [address], "labels": labels})
     return entries
+
+
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1 (bracketed or not) or a name for them: only this machine reaches it."""
+    bare = address.strip().strip("[]")
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return bare.lower() in _LOOPBACK_NAMES or bare.lower().endswith(".localhost")
+
+
+def loopback_bound(targets: Iterable[Host]) -> list[str]:
+    """The deployments serving metrics whose server binds to a loopback address: Prometheus
+    on another machine cannot scrape them."""
+    return [
+        t.label
+        for t in targets
+        if node_rank(t) == 0
+        and t.vars.get("enable_metrics", True) is not False
+        and is_loopback(str(t.vars.get("bind_host", "")))
+    ]
 
 
 def gpu_set(host: Host, variables: Mapping[str, Any] | None = None) -> list[int] | None:

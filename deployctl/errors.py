@@ -108,6 +108,12 @@ class MetricsError(DeployctlError):
     code = "parse"
 
 
+class LocalFileError(DeployctlError):
+    """A file or folder on the control machine could not be written: no such folder, a full disk…"""
+
+    code = "local_file"
+
+
 class UnsafeProjectError(DeployctlError):
     """A project file that another user could have written: deployctl would run it."""
 

@@ -1935,17 +1935,57 @@ class BenchResultsArgs(TypedDict):
 
 class BenchResultsReply(TypedDict):
     results: dict[str, list[dict[str, Any]]]  # run id → its bench results, oldest first
+    unreadable: list[str]  # kept files that are not JSON or not a sweep: skipped
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_QUANTILES = ("p50", "p99")
+
+
+def _level_shape(level: Any) -> bool:
+    """A level as BenchLevel declares it: what `--compare`, `--plot` and `--json` read."""
+    if not isinstance(level, dict) or not isinstance(level.get("errors"), list):
+        return False
+    counts = ("concurrency", "prompts", "completed", "failed", "output_tokens")
+    rates = ("duration_s", "output_tokens_per_s", "requests_per_s")
+    spreads = [level.get(key) for key in ("ttft_ms", "itl_ms", "e2e_ms")]
+    return (
+        all(_number(level.get(key)) and isinstance(level[key], int) for key in counts)
+        and all(_number(level.get(key)) for key in rates)
+        and all(
+            isinstance(s, dict)
+            and all(q in s and (s[q] is None or _number(s[q])) for q in _QUANTILES)
+            for s in spreads
+        )
+    )
+
+
+def is_sweep(document: Any) -> bool:
+    """A kept bench result: a mapping whose `levels` are each shaped as BenchLevel."""
+    if not isinstance(document, dict) or not isinstance(document.get("levels"), list):
+        return False
+    return all(_level_shape(level) for level in document["levels"])
 
 
 def cmd_bench_results(args: BenchResultsArgs) -> BenchResultsReply:
     found: dict[str, list[dict[str, Any]]] = {}
+    unreadable: list[str] = []
     for run in args["runs"]:
         folder = bench_dir(args["state_dir"], run)
         names = os.listdir(folder) if os.path.isdir(folder) else []
         numbered = sorted((int(n[:-5]), n) for n in names if n[:-5].isdigit())
-        kept = [read_json(os.path.join(folder, n)) for _, n in numbered]
-        found[run] = [r for r in kept if isinstance(r, dict)]
-    return {"results": found}
+        found[run] = []
+        for _, name in numbered:
+            path = os.path.join(folder, name)
+            document = read_json(path)
+            if is_sweep(document):
+                found[run].append(document)
+            else:  # said, not skipped silently, nor left for the client to trip over
+                unreadable.append(path)
+    return {"results": found, "unreadable": unreadable}
 
 
 # ---- entry point ---------------------------------------------------------------------------

@@ -3,11 +3,13 @@ one line per run. Needs matplotlib (the `plot` extra)."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from deployctl.errors import DeployctlError, UsageError
+from deployctl.localfiles import write_file
 
 FORMATS = (".png", ".svg")
 
@@ -18,6 +20,8 @@ def check_plot_path(path: Path) -> None:
         raise UsageError(f"--plot {str(path)!r} must end in .png or .svg")
     if not path.parent.is_dir():
         raise UsageError(f"--plot: folder {str(path.parent)!r} does not exist")
+    if path.is_dir():
+        raise UsageError(f"--plot {str(path)!r} is a folder; give a file name")
 
 
 def plot_runs(runs: Mapping[str, Mapping[str, Any]], path: Path) -> None:
@@ -45,7 +49,7 @@ def plot_runs(runs: Mapping[str, Mapping[str, Any]], path: Path) -> None:
         axes.grid(True, alpha=0.3)
         axes.legend()
     figure.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    figure.savefig(tmp)
+    picture = io.BytesIO()
+    figure.savefig(picture, format=path.suffix.lower()[1:])
     plt.close(figure)
-    tmp.replace(path)
+    write_file(path, picture.getvalue())

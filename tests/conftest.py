@@ -117,3 +117,36 @@ def sglang_template(lab: SSHLab) -> Path:
     from tests.sglang_wheel import build_template
 
     return build_template(lab.base)
+
+
+class FullDisk:
+    """A tiny tmpfs of our own: `fill()` takes every free byte, so the next write fails."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def fill(self) -> None:
+        fd = os.open(self.path / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:  # ENOSPC: full
+            pass
+        finally:
+            os.close(fd)
+
+    def names(self) -> set[str]:
+        """What is in it, the filler aside: a failed write must leave nothing there."""
+        return {p.name for p in self.path.iterdir()} - {"filler"}
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[FullDisk]:
+    """A 64 KiB tmpfs mounted for this test (we are root), unmounted afterwards."""
+    folder = tmp_path / "small-disk"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], check=True)
+    try:
+        yield FullDisk(folder)
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)

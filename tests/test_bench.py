@@ -19,7 +19,7 @@ from deployctl.ops.bench import Comparison, parse_levels, suggest_threshold
 from deployctl.present.views import COMPARISON, render_result
 from tests.conftest import CLI
 from tests.sglang_wheel import bench_serving_venv, write_tokenizer
-from tests.sshd_hosts import SSHLab
+from tests.sshd_hosts import SSHLab, sh
 from tests.test_deployments import run_json
 from tests.test_lifecycle import prepare
 
@@ -210,3 +210,53 @@ def test_sglang_tool_runs_the_hosts_own_serving_benchmark(
     assert log.count('"POST /flush_cache?timeout=60.0 HTTP/1.1" 200') == len(levels)
     assert '"POST /generate HTTP/1.1" 200' in log and "/v1/completions" not in log
     cli("stop", "-i", str(inv))
+
+
+@pytest.mark.parametrize("given", ["", ",", " , "])
+def test_compare_naming_no_run_is_refused_before_any_host_is_asked(cli: CLI, given: str) -> None:
+    example = str(Path(__file__).resolve().parent.parent / "inventories" / "example.yml")
+    result = cli("bench", "-i", example, "--compare", given)  # its hosts do not exist
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and result.stdout == ""
+    assert lines[0] == f"error: --compare {given!r} names no run" and len(lines) == 2, lines
+
+
+def sweep(tokens_per_s: float) -> dict[str, Any]:
+    spread = {"p50": 9.0, "p99": 9.5}
+    level = {"concurrency": 4, "prompts": 8, "completed": 8, "failed": 0, "errors": [],
+             "duration_s": 1.0, "output_tokens": 480, "output_tokens_per_s": tokens_per_s,
+             "requests_per_s": 8.0, "ttft_ms": spread, "itl_ms": spread, "e2e_ms": spread}  # fmt: skip
+    return {"run": "r", "levels": [level]}
+
+
+def test_a_corrupt_kept_bench_file_is_named_and_the_others_are_shown(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    runs = alpha.home / ".deployctl" / "runs"
+    files = {
+        "base_v1.bench/1.json": json.dumps(sweep(111.0)),
+        "base_v1.bench/2.json": '{"levels": [',  # cut short: not JSON
+        "spec_v2.bench/1.json": json.dumps(sweep(222.0)),
+        "spec_v2.bench/2.json": json.dumps({"levels": [{"concurrency": "4"}]}),  # not a sweep
+        "spec_v2.bench/3.json": json.dumps(["not", "a", "sweep"]),
+        "spec_v2.bench/4.json": json.dumps(
+            {"levels": [{**sweep(1.0)["levels"][0], "itl_ms": None}]}
+        ),
+    }
+    for name, text in files.items():
+        (runs / name).parent.mkdir(parents=True, exist_ok=True)
+        (runs / name).write_text(text)
+    sh("chown", "-R", f"{alpha.user}:{alpha.user}", str(alpha.home / ".deployctl"))
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"])
+    bad = [str(runs / n) for n in files if not n.endswith("/1.json")]
+
+    result = cli("bench", "-i", str(inv), "--compare", "base_v1,spec_v2")
+    assert result.returncode == 0, result.stderr
+    assert "111.0" in result.stdout and "222.0" in result.stdout  # the newest readable ones
+    assert result.stderr.splitlines() == [
+        f"alpha: warning: {path} is not a readable bench result; skipped" for path in bad
+    ]
+    code, doc, _ = run_json(cli, "bench", "-i", str(inv), "--compare", "base_v1,spec_v2")
+    assert code == 0 and doc["unreadable"] == {"alpha": bad}
+    assert doc["runs"]["spec_v2"]["levels"][0]["output_tokens_per_s"] == 222.0

@@ -10,9 +10,12 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from tests.conftest import CLI
+import pytest
+
+from tests.conftest import CLI, FullDisk
 from tests.sshd_hosts import REPO, SSHLab, sh
 
 # Runs the real CLI after replacing MODULE:FUNCTION with one that raises for one host (its
@@ -34,13 +37,16 @@ main()
 """
 
 
-def run_planted(cli: CLI, on_host: str, where: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run_planted(
+    cli: CLI, on_host: str, where: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run deployctl with a bug planted in `where` (MODULE:FUNCTION) for host `on_host`."""
     env = {
         "HOME": str(cli.home),
         "PYTHONPATH": str(REPO),
         "COLUMNS": "200",
         "PATH": "/usr/bin:/bin",
+        **(env or {}),
     }
     return subprocess.run(
         [sys.executable, "-c", PLANT, on_host, where, *args],
@@ -114,3 +120,35 @@ def test_a_user_mistake_is_not_called_a_bug(cli: CLI, tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("error: ") and "bug" not in result.stderr
     assert not (cli.home / ".local" / "state" / "deployctl").exists()
+
+
+def test_a_bug_on_a_full_disk_keeps_its_traceback_elsewhere_and_no_half_file(
+    hosts: SSHLab, cli: CLI, tmp_path: Path, full_disk: FullDisk
+) -> None:
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"])
+    full_disk.fill()
+    result = run_planted(cli, "*", "deployctl.present.views:render_result", "gpus", "-i", str(inv),
+                         env={"DEPLOYCTL_DEBUG_DIR": str(full_disk.path)})  # fmt: skip
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 2, result.stderr
+    kept = debug_file(result.stderr)
+    assert kept.parent == Path(tempfile.gettempdir()) and "planted bug" in kept.read_text()
+    kept.unlink()
+    assert full_disk.names() == set()
+
+
+def test_a_bug_with_nowhere_to_keep_its_traceback_is_still_one_line(
+    full_disk: FullDisk, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from deployctl.present.terminal import print_bug
+
+    full_disk.fill()
+    monkeypatch.setenv("DEPLOYCTL_DEBUG_DIR", str(full_disk.path))
+    monkeypatch.setattr(tempfile, "tempdir", str(full_disk.path))  # the fallback is full too
+    print_bug([(None, RuntimeError("planted bug"))], "error: internal error")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    kept = re.fullmatch(r"hint: a bug in deployctl; its traceback could not be kept "
+                        r"\(cannot write (\S+): No space left on device\); please report it",
+                        lines[1])  # fmt: skip
+    assert kept and Path(kept.group(1)).parent == full_disk.path, lines
+    assert full_disk.names() == set()

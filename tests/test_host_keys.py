@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests.conftest import CLI
+from tests.conftest import CLI, FullDisk
 from tests.sshd_hosts import SSHLab
 
 
@@ -105,3 +105,27 @@ def test_known_hosts_comes_from_the_option_then_ssh_config_then_the_home_default
     assert "not known" in error() and str(from_config) in error()
     # ... and the option before ~/.ssh/config.
     assert error("--known-hosts", str(chosen)) == ""
+
+
+def test_accept_new_on_a_full_disk_is_one_line_per_host_and_keeps_known_hosts_whole(
+    hosts: SSHLab, cli: CLI, tmp_path: Path, full_disk: FullDisk
+) -> None:
+    known = full_disk.path / "known_hosts"
+    old = ("# " + "x" * 60 + "\n") * 64  # exactly 4 KiB: a full page, so an append needs more
+    known.write_text(old)
+    full_disk.fill()
+    inventory = inventory_with_known_hosts(hosts, tmp_path, known)
+    result = cli("gpus", "-i", str(inventory), "--accept-new-host-keys", "--json")
+    assert result.returncode == 1, result.stderr
+    for name in ("alpha", "bravo"):
+        doc = json.loads(result.stdout)["hosts"][name]
+        assert (doc["code"], doc["error"]) == (
+            "local_file",
+            f"cannot write {known}: No space left on device",
+        )
+    assert known.read_text() == old  # no half line
+    assert full_disk.names() == {"known_hosts"}
+    known.unlink()  # and a known_hosts it would have created is not left empty
+    full_disk.fill()
+    result = cli("gpus", "-i", str(inventory), "--accept-new-host-keys", "--json")
+    assert result.returncode == 1 and full_disk.names() == set()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import CLI
+from tests.conftest import CLI, FullDisk
 from tests.sshd_hosts import REPO, SSHLab
 from tests.test_deployments import run_json
 from tests.test_lifecycle import prepare
@@ -41,6 +42,69 @@ def test_metrics_targets_list_every_deployment_that_serves_metrics(
                        "template": "eagle3"},
         },
     ]  # fmt: skip
+
+
+def one_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The `error:` line of a user mistake: exit 1, an error and a hint, never a bug."""
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1, result.stderr
+    assert [line.split(":")[0] for line in lines] == ["error", "hint"], lines
+    assert "bug" not in result.stderr
+    return lines[0]
+
+
+def test_metrics_targets_into_a_missing_folder_or_onto_a_folder_is_one_line(
+    cli: CLI, tmp_path: Path
+) -> None:
+    example = str(REPO / "inventories" / "example.yml")
+    missing = tmp_path / "nowhere" / "targets.json"
+    assert "does not exist" in one_error(cli("metrics-targets", "-i", example, "-o", str(missing)))
+    assert not missing.parent.exists()
+    assert "is a folder" in one_error(cli("metrics-targets", "-i", example, "-o", str(tmp_path)))
+    assert {p.name for p in tmp_path.iterdir()} == {"work", "client-home"}
+
+
+def test_metrics_targets_on_a_full_disk_keeps_the_old_file_and_leaves_nothing(
+    cli: CLI, full_disk: FullDisk
+) -> None:
+    example = str(REPO / "inventories" / "example.yml")
+    out = full_disk.path / "targets.json"
+    out.write_text("[]\n")
+    full_disk.fill()
+    error = one_error(cli("metrics-targets", "-i", example, "-o", str(out)))
+    assert error == f"error: cannot write {out}: No space left on device"
+    assert out.read_text() == "[]\n"
+    assert full_disk.names() == {"targets.json"}
+
+
+def test_metrics_targets_warn_on_stderr_of_servers_bound_to_loopback(
+    cli: CLI, tmp_path: Path
+) -> None:
+    inventory = tmp_path / "inv.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n"
+        "    local1: {}\n"  # bind_host's default, 127.0.0.1
+        "    open1: {bind_host: 0.0.0.0}\n"
+        "    two1:\n      bind_host: 0.0.0.0\n      deployments:\n"
+        "        a: {port: 30001, bind_host: '::1'}\n"
+        "        b: {port: 30002, bind_host: localhost}\n"
+        "        c: {port: 30003}\n"
+        "        d: {port: 30004, bind_host: 127.0.0.1, enable_metrics: false}\n"
+    )
+    warning = (
+        "warning: local1, two1/a, two1/b: bound to a loopback address (bind_host), so "
+        "Prometheus on another machine cannot scrape them; set bind_host: 0.0.0.0 (or the "
+        "host's address) for those"
+    )
+    printed = cli("metrics-targets", "-i", str(inventory))
+    assert printed.returncode == 0 and printed.stderr.splitlines() == [warning]
+    assert len(json.loads(printed.stdout)) == 5  # the file is Prometheus' list, nothing else
+    out = tmp_path / "targets.json"
+    written = cli("metrics-targets", "-i", str(inventory), "-o", str(out))
+    assert written.stderr.splitlines() == [warning, f"5 targets written to {out}"]
+    assert json.loads(out.read_text()) == json.loads(printed.stdout)
+    quiet = cli("metrics-targets", "-i", str(inventory), "-H", "open1")
+    assert quiet.returncode == 0 and quiet.stderr == ""
 
 
 # ---- over real sshd hosts --------------------------------------------------------------------

@@ -412,3 +412,27 @@ def test_deployments_sharing_an_installation_are_patched_once_with_every_set_the
     assert [t.label for t in targets] == ["gpu1/a", "gpu1/c", "gpu2/a"]
     assert [s.name for s in chosen["gpu1/a"]] == ["spec-disable", "sm120-support"]
     assert [s.name for s in chosen["gpu1/c"]] == ["sm120-support"]
+
+
+def test_two_pythons_of_one_installation_are_patched_once_and_both_audited_applied(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    python = install_on(alpha, sglang_template)
+    alias = str(alpha.home / "venv" / "bin" / "python3")  # another path, the same venv
+    deployments = {"a": {"python": python}, "b": {"python": alias}}
+    inventory = hosts.inventory(
+        tmp_path / "inv.yml", ["alpha"], {"alpha": {"deployments": deployments}}
+    )
+    comment_set(cli.cwd, sglang_template)
+
+    applied = cli("patch", "apply", "marker", "-i", str(inventory), "--json")
+    assert applied.returncode == 0, applied.stderr
+    done = json.loads(applied.stdout)["hosts"]["alpha"]["deployments"]
+    assert [s["patches"][0]["action"] for s in done.values()] == ["applied"]  # once
+    assert (host_site(hosts, "alpha") / SPEC).read_text().count("deployctl test marker") == 1
+    code, doc = audit(cli, inventory, "marker")
+    states = {
+        d: s["patches"]["marker"]["state"] for d, s in doc["hosts"]["alpha"]["deployments"].items()
+    }
+    assert code == 0 and states == {"a": "applied", "b": "applied"}

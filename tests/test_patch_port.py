@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from deployctl.project import SHIPPED_DATA
-from tests.conftest import CLI
+from tests.conftest import CLI, FullDisk
 from tests.sglang_wheel import SITE, extract_site, install_on, sglang_wheel
 from tests.sshd_hosts import SSHLab
 
@@ -132,3 +132,39 @@ def test_port_from_a_copy_that_already_has_the_change_is_not_ok(cli: CLI, tmp_pa
     assert result.returncode == 1 and report["ok"] is False
     skipped = [h for h in report["hunks"] if "already has this change" in h["detail"]]
     assert skipped and all(h["outcome"] == "failed" for h in skipped)
+
+
+def test_port_into_a_missing_folder_onto_a_file_or_a_full_disk_is_one_line_and_no_litter(
+    cli: CLI, tmp_path: Path, full_disk: FullDisk
+) -> None:
+    def refused(out: Path) -> str:
+        code, report, stderr = port(cli, "sm120-support", "0.5.23", "-o", str(out))
+        assert code == 1 and report["ok"] is False and "bug" not in stderr, stderr
+        return report["error"]
+
+    assert "does not exist" in refused(tmp_path / "nowhere" / "cand")
+    assert not (tmp_path / "nowhere").exists()
+    (tmp_path / "a-file").write_text("mine\n")
+    assert "is a file, not a folder" in refused(tmp_path / "a-file")
+    assert (tmp_path / "a-file").read_text() == "mine\n"
+    full_disk.fill()
+    out = full_disk.path / "cand"
+    assert refused(out) == f"cannot write {out}: No space left on device"
+    assert full_disk.names() == set()  # no half-written candidate, no scratch folder
+
+
+def test_port_from_a_truncated_or_non_zip_wheel_is_one_line_naming_it(
+    cli: CLI, tmp_path: Path
+) -> None:
+    real = sglang_wheel("0.5.23").read_bytes()
+    for name, data in (("cut", real[: len(real) // 2]), ("text", b"not a zip\n")):
+        wheel = tmp_path / name / "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
+        wheel.parent.mkdir()
+        wheel.write_bytes(data)
+        result = cli("patch", "port", "spec-disable", "--to", "0.5.23", "--from", str(wheel),
+                     "--project", str(cli.cwd), "-o", str(tmp_path / name / "cand"))  # fmt: skip
+        lines = result.stderr.splitlines()
+        assert result.returncode == 1, result.stderr
+        assert lines[0].startswith(f"error: {wheel} is not a readable wheel: "), lines
+        assert len(lines) == 2 and "bug" not in result.stderr
+        assert not (tmp_path / name / "cand").exists()

@@ -153,6 +153,7 @@ class Comparison:
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # run id → its document
     missing: list[str] = field(default_factory=list)
     failed: dict[str, BaseException] = field(default_factory=dict)
+    unreadable: dict[str, list[str]] = field(default_factory=dict)  # host → kept files skipped
 
     @property
     def ok(self) -> bool:
@@ -168,6 +169,9 @@ def find_results(fleet: Fleet, run_ids: Sequence[str]) -> Comparison:
 
     found = fleet.run(lookup, list({h.name: h for h in fleet.hosts}.values()))
     comparison = Comparison(failed=found.failed)
+    comparison.unreadable = {
+        n: r["unreadable"] for n, r in found.succeeded.items() if r["unreadable"]
+    }
     for reply in found.succeeded.values():
         for run_id, kept in reply["results"].items():
             if kept and run_id not in comparison.runs:

@@ -12,14 +12,16 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any, TypeVar
 
 from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.errors import PatchError
+from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.host_agent import (
     ApplyArgs,
     Manifest,
@@ -31,6 +33,8 @@ from deployctl.host_agent import (
 )
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet, Variant, select_sets, version_key
+
+T = TypeVar("T")
 
 # GNU patch, strict: no fuzz, so a hunk never lands in the wrong place.
 PATCH_ARGS = ["patch", "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch"]
@@ -351,15 +355,52 @@ def sets_per_host(
 
 
 def one_per_installation(
-    hosts: Sequence[Host], chosen: Mapping[str, list[PatchSet]]
+    hosts: Sequence[Host],
+    chosen: Mapping[str, list[PatchSet]],
+    sites: Mapping[str, str] | None = None,
 ) -> tuple[list[Host], dict[str, list[PatchSet]]]:
-    """One target per SGLang installation (a host, a `python` and a `state_dir`), with every
-    set any of its deployments wants: deployments that share one are patched once."""
+    """One target per SGLang installation (a host, its site-packages — else its `python` —
+    and a `state_dir`), with every set any of its deployments wants: deployments that share
+    one are patched once. `sites` holds the probed site-packages by label."""
     first: dict[tuple[str, str, str], Host] = {}
     sets: dict[str, dict[str, PatchSet]] = {}
     for host in hosts:
-        key = (host.name, host.settings.python, host.settings.state_dir)
+        site = (sites or {}).get(host.label)
+        where = f"site {site}" if site else f"python {host.settings.python}"
+        key = (host.name, where, host.settings.state_dir)
         target = first.setdefault(key, host)
         wanted = sets.setdefault(target.label, {})
         wanted.update((s.name, s) for s in chosen[host.label])
     return list(first.values()), {label: list(s.values()) for label, s in sets.items()}
+
+
+def installation_sites(
+    fleet: Fleet, targets: Sequence[Host]
+) -> tuple[dict[str, str], dict[str, HostResult[Any]]]:
+    """The site-packages of each target that may share an installation with another (one
+    host and `state_dir`, another `python` path: a symlink, a venv's `python3`), by label;
+    and the failed probes. Others are not asked: their `python` tells them apart."""
+    pythons: dict[tuple[str, str], set[str]] = {}
+    for host in targets:
+        place = (host.name, host.settings.state_dir)
+        pythons.setdefault(place, set()).add(host.settings.python)
+    ask = [h for h in targets if len(pythons[(h.name, str(h.vars.get("state_dir")))]) > 1]
+    probed = fleet.run(lambda host, conn: patch_facts(host, conn, []).site, ask)
+    sites = {r.name: r.value for r in probed if r.value}
+    return sites, {r.name: r for r in probed if r.failed}
+
+
+def per_installation(
+    fleet: Fleet,
+    targets: Sequence[Host],
+    chosen: Mapping[str, list[PatchSet]],
+    action: Callable[[Host, Connection, list[PatchSet]], T],
+) -> FleetResult[T]:
+    """Run a patch action once per SGLang installation of the targets: two deployments
+    that reach one installation by different `python` paths would race on its files."""
+    sites, failed = installation_sites(fleet, targets)
+    left = [t for t in targets if t.label not in failed]
+    grouped, sets = one_per_installation(left, chosen, sites)
+    done = {r.name: r for r in fleet.run(lambda h, conn: action(h, conn, sets[h.label]), grouped)}
+    done.update(failed)  # a host that could not be asked says why, once
+    return FleetResult(done[t.label] for t in targets if t.label in done)

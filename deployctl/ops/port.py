@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from deployctl.connection import Connection
 from deployctl.errors import PatchError
 from deployctl.host_agent import dist_version, run_verify_scripts
 from deployctl.inventory import Host
+from deployctl.localfiles import check_folder, write_folder
 from deployctl.patchset import PatchSet, Variant, diff_hunks, diff_targets, version_key
 from deployctl.schema import versioned
 
@@ -93,9 +95,15 @@ def pristine_from(source: Path, scratch: Path) -> Path:
     or a site folder."""
     site = scratch / "site"
     if source.is_file() and source.suffix == ".whl":
-        with zipfile.ZipFile(source) as wheel:
-            wanted = [n for n in wheel.namelist() if n.startswith("sglang")]
-            wheel.extractall(site, wanted)
+        try:
+            with zipfile.ZipFile(source) as wheel:
+                wanted = [n for n in wheel.namelist() if n.startswith("sglang")]
+                wheel.extractall(site, wanted)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:  # cut short, not a zip
+            raise PatchError(
+                f"{source} is not a readable wheel: {exc}",
+                hint="download the wheel again (pip download --no-deps sglang==X.Y.Z)",
+            ) from None
     elif (source / "sglang").is_dir():
         shutil.copytree(source / "sglang", site / "sglang", symlinks=True)
         for info in source.glob("sglang-*.dist-info"):
@@ -200,6 +208,10 @@ def variant_files(variant: Variant) -> list[str]:
 
 
 def _check_out(out: Path) -> None:
+    check_folder(out)
+    if out.exists() and not out.is_dir():
+        raise PatchError(f"{out} is a file, not a folder; nothing was written",
+                         hint="--out names the candidate's folder")  # fmt: skip
     if out.exists() and any(out.iterdir()):
         raise PatchError(f"{out} already exists and is not empty; nothing was written",
                          hint="choose another --out, or remove the old candidate")  # fmt: skip
@@ -248,11 +260,11 @@ def _port(
     for diff in variant.diffs:
         report.hunks += apply_for_port(diff, site, scratch)
     patched = {f: (site / f).read_bytes() if (site / f).exists() else None for f in files}
-    out.mkdir(parents=True, exist_ok=True)
+    candidate: dict[str, bytes] = {}
     for diff in variant.diffs:
         mine = diff_targets(diff.read_text(), diff.name)
         text = exact_diff({f: pristine[f] for f in mine}, {f: patched[f] for f in mine})
-        (out / diff.name).write_text(text, encoding="utf-8")
+        candidate[diff.name] = text.encode()
     if not verify:
         why = "not run: only the files the diffs touch were read from the host"
         report.verify = {s.name: why for s in variant.verify}
@@ -266,8 +278,9 @@ def _port(
                 report.verify[script.name] = "passed"
             except RuntimeError as exc:
                 report.verify[script.name] = f"failed: {exc}"
-    # The --json document, kept beside the candidate.
-    (out / "report.json").write_text(json.dumps(versioned(report.to_json()), indent=2) + "\n")
+    # The --json document, kept beside the candidate; the folder appears whole or not at all.
+    candidate["report.json"] = (json.dumps(versioned(report.to_json()), indent=2) + "\n").encode()
+    write_folder(out, candidate)
     return report
 
 

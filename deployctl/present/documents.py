@@ -341,6 +341,7 @@ def comparison_document(result: Comparison) -> dict[str, Any]:
         "runs": result.runs,
         "missing": result.missing,
         "errors": {n: explain(e)[0] for n, e in result.failed.items()},
+        "unreadable": result.unreadable,
     }
 
 

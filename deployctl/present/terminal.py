@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from deployctl.errors import DeployctlError
 from deployctl.text import one_line
 
 if TYPE_CHECKING:
@@ -56,12 +57,14 @@ def print_bug(failures: Sequence[tuple[str | None, BaseException]], message: str
     and name it in one error line."""
     from deployctl.debug import write_debug_file
 
-    path = write_debug_file(failures)
+    try:
+        kept = f"the traceback is in {write_debug_file(failures)}"
+    except DeployctlError as exc:  # a full disk must not turn one line into a traceback
+        kept = f"its traceback could not be kept ({exc})"
     hosts = [host for host, _ in failures if host]
     where = f" on {', '.join(hosts)}" if hosts else ""
     print_error(
-        message or f"internal error{where}",
-        f"a bug in deployctl; the traceback is in {path}; please report it",
+        message or f"internal error{where}", f"a bug in deployctl; {kept}; please report it"
     )
 
 

@@ -7,7 +7,6 @@ Each kind of result has a `View`: a human form (tables and lines) and its docume
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from deployctl.errors import explain
+from deployctl.localfiles import write_file
 from deployctl.present import documents as docs
 from deployctl.present.terminal import (
     console,
@@ -185,17 +185,25 @@ class TargetsFile:
 
     entries: list[dict[str, Any]]
     path: Path | None = None
+    loopback: tuple[str, ...] = ()  # targets whose server binds to a loopback address
 
 
 def _write_targets(result: TargetsFile) -> None:
     text = json.dumps(result.entries, indent=2) + "\n"
+    if result.loopback:  # on stderr: the file stays what Prometheus reads
+        sys.stderr.write(
+            tagged(
+                "warning",
+                f"{', '.join(result.loopback)}: bound to a loopback address (bind_host), so "
+                "Prometheus on another machine cannot scrape them; set bind_host: 0.0.0.0 "
+                "(or the host's address) for those",
+            )
+        )
     if result.path is None:
         sys.stdout.write(text)
         return
     # Prometheus rereads the file when it changes: replace it whole, never half-written.
-    tmp = result.path.with_name(f".{result.path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, result.path)
+    write_file(result.path, text.encode())
     sys.stderr.write(f"{len(result.entries)} targets written to {result.path}\n")
 
 
@@ -616,6 +624,11 @@ BENCH: View[FleetResult[BenchResult | None]] = View(_bench, docs.bench_document)
 
 
 def _comparison(result: Comparison) -> None:
+    for name, paths in result.unreadable.items():
+        for path in paths:
+            sys.stderr.write(
+                tagged("warning", f"{path} is not a readable bench result; skipped", name)
+            )
     runs = list(result.runs)
     levels = sorted({lv["concurrency"] for doc in result.runs.values() for lv in doc["levels"]})
     columns = ["concurrency"] + [f"{run} {what}" for run in runs for what in ("tok/s", "ITL p50")]
