@@ -143,7 +143,13 @@ class SSHFiles:
         with self._lock:
             keys = self._known.get(path)
             if keys is None:
-                keys = paramiko.HostKeys(str(path)) if path.is_file() else paramiko.HostKeys()
+                try:
+                    keys = paramiko.HostKeys(str(path)) if path.is_file() else paramiko.HostKeys()
+                except OSError as exc:  # a name too long, a file that cannot be read
+                    raise HostKeyError(
+                        f"cannot read known_hosts file {str(path)[:200]}: {exc.strerror or exc}",
+                        hint="set known_hosts_file (or --known-hosts) to a readable file",
+                    ) from None
                 self._known[path] = keys
             return keys
 
