@@ -383,21 +383,23 @@ class _HostResolver:
 
 
 class _HostView(Mapping[str, Any]):
-    """`hostvars[name]`: another host's variables, rendered on use."""
+    """`hostvars[name]`: another host's variables, rendered on use, and its magic variables
+    (`inventory_hostname`, `group_names`, …) as in Ansible."""
 
     def __init__(self, resolver: _HostResolver) -> None:
         self.resolver = resolver
+        self.magic = {k: v for k, v in resolver.magic.items() if k != "hostvars"}
 
     def __getitem__(self, key: str) -> Any:
-        if key not in self.resolver.raw:
-            raise KeyError(key)
-        return self.resolver.value(key)
+        if key in self.resolver.raw:
+            return self.resolver.value(key)
+        return self.magic[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.resolver.raw)
+        return iter({**dict.fromkeys(self.resolver.raw), **dict.fromkeys(self.magic)})
 
     def __len__(self) -> int:
-        return len(self.resolver.raw)
+        return len(self.resolver.raw.keys() | self.magic.keys())
 
 
 class _HostVars(Mapping[str, Any]):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI
+from tests.test_inventory_ansible import agree
 
 # Each escape, were it not sandboxed, creates the file named MARK.
 ESCAPES = [
@@ -135,3 +136,13 @@ def test_values_under_the_caps_render(tmp_path: Path, cli: CLI) -> None:
     assert len(shown["text"]) == 1000000 and shown["items"][-1] == 99999
     assert shown["joined"].startswith("0,1,2") and shown["padded"] == "00042"
     assert shown["power"] == 2**64
+
+
+def test_hostvars_of_another_host_hold_its_magic_variables(tmp_path: Path, cli: CLI) -> None:
+    files = {
+        "inv.ini": "[g]\nh1\nh2.example.com\n[g:vars]\n"
+        "peer=\"{{ hostvars['h2.example.com'].inventory_hostname }}\"\n"
+        "peer_short=\"{{ hostvars['h2.example.com']['inventory_hostname_short'] }}\"\n"
+        "peer_groups=\"{{ hostvars['h1'].group_names }}\"\n"
+    }
+    agree(cli, tmp_path, files, ["inv.ini"], ("peer", "peer_short", "peer_groups"))
