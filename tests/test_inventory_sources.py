@@ -1,0 +1,97 @@
+"""Reading inventory sources: malformed host lines and ranges refused where they are (file and
+line), dynamic sources' own errors and time limit, and what a folder inventory skips; the real
+`ansible-inventory` is the oracle where it has an answer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI
+from tests.test_inventory_ansible import ANSIBLE_ENV, BIN
+
+
+def ansible_refuses(path: Path) -> str:
+    """What ansible-inventory says refusing a source (it must refuse it)."""
+    strict = {**ANSIBLE_ENV, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"}
+    theirs = subprocess.run(
+        [str(BIN / "ansible-inventory"), "--list", "-i", str(path)],
+        capture_output=True, text=True, env=strict, check=False,
+    )  # fmt: skip
+    assert theirs.returncode != 0, theirs.stdout
+    return theirs.stderr
+
+
+# `[` with no `]` after it: Ansible refuses it (its range split finds no end); it is no host.
+UNCLOSED = [
+    ("[g\nh1\n", "fleet.ini", 1, "[g"),
+    ("weird[x\n", "fleet.ini", 1, "weird[x"),
+    ("[g]\nh1\n\nweird[x ansible_port=22\n", "fleet.ini", 4, "weird[x"),
+    ("[g]\nh1\nh[1:2\n", "fleet.ini", 3, "h[1:2"),
+    ("[g]\na]b[1:2]\n", "fleet.ini", 2, "a]b[1:2]"),
+    ("all:\n  hosts:\n    weird[x:\n", "fleet.yml", None, "weird[x"),
+]
+
+
+@pytest.mark.parametrize(("text", "name", "line", "pattern"), UNCLOSED)
+def test_a_malformed_host_pattern_is_refused_naming_file_and_line(
+    tmp_path: Path, cli: CLI, text: str, name: str, line: int | None, pattern: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    result = cli("hosts", "--json", "-i", str(path))
+    assert result.returncode == 1, result.stdout
+    where = f"{path}:{line}:" if line else f"{path}:"
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(f"error: {where}") and repr(pattern) in first, first
+    assert "Traceback" not in result.stderr
+    ansible_refuses(path)
+
+
+def test_a_bracket_ansible_takes_as_part_of_a_name_is_a_name(tmp_path: Path, cli: CLI) -> None:
+    path = tmp_path / "fleet.ini"
+    path.write_text("[g]\nh1]\n", encoding="utf-8")  # no `[`: Ansible reads a host `h1]`
+    result = cli("hosts", "--json", "-i", str(path))
+    assert result.returncode == 0, result.stderr
+    assert list(json.loads(result.stdout)["hosts"]) == ["h1]"]
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "where", "pattern"),
+    [
+        ("[g]\nh[0:99999999]\n", "fleet.ini", ":2:", "h[0:99999999]"),
+        (
+            "h[0:99999999999999999999999999]\n",
+            "fleet.ini",
+            ":1:",
+            "h[0:99999999999999999999999999]",
+        ),
+        ("[g]\nr[1:1000]-n[1:1000]\n", "fleet.ini", ":2:", "r[1:1000]-n[1:1000]"),
+        ("all:\n  hosts:\n    h[0:99999999]:\n", "fleet.yml", ":", "h[0:99999999]"),
+    ],
+)
+def test_a_huge_host_range_is_refused_before_it_is_expanded(
+    tmp_path: Path, cli: CLI, text: str, name: str, where: str, pattern: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    started = time.monotonic()
+    result = cli("hosts", "-i", str(path), timeout=30)
+    assert time.monotonic() - started < 10
+    assert result.returncode == 1
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(f"error: {path}{where}") and repr(pattern) in first, first
+    assert "more than 100000" in first, first
+
+
+def test_a_host_range_under_the_cap_expands(tmp_path: Path, cli: CLI) -> None:
+    path = tmp_path / "fleet.ini"
+    path.write_text("[g]\nr[1:20]-n[01:50]\n", encoding="utf-8")
+    result = cli("hosts", "--json", "-i", str(path))
+    assert result.returncode == 0, result.stderr
+    hosts = list(json.loads(result.stdout)["hosts"])
+    assert len(hosts) == 1000 and hosts[:2] == ["r1-n01", "r1-n02"] and hosts[-1] == "r20-n50"
