@@ -12,6 +12,7 @@ import ast
 import io
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -564,7 +565,7 @@ def _read_source(data: InventoryData, path: Path, vault: VaultOptions, top_level
         return
     data.current = path
     if _is_script(path):
-        _read_dynamic(data, path, vault)
+        _read_dynamic(data, path, vault, "script")
         return
     text = read_text(path)
     source = str(path)
@@ -575,7 +576,7 @@ def _read_source(data: InventoryData, path: Path, vault: VaultOptions, top_level
     if _only_comments(text):
         raise InventoryError(f"{source} is empty", hint="start it with `all:` and `hosts:`")
     if isinstance(parsed, dict) and "plugin" in parsed and path.suffix in (".yml", ".yaml"):
-        _read_dynamic(data, path, vault)
+        _read_dynamic(data, path, vault, "auto")
     elif isinstance(parsed, dict):
         top = as_mapping(from_json_vault(parsed, source), "the top level", source)
         # Script-format JSON: what inventory scripts and `ansible-inventory --list` print.
@@ -638,27 +639,60 @@ def ansible_tool(name: str, purpose: str) -> str:
     return found
 
 
-def _run_ansible(argv: list[str], what: str, stdin: str | None = None) -> str:
+def dynamic_timeout() -> float:
+    """Seconds an Ansible tool may take: $DEPLOYCTL_INVENTORY_TIMEOUT, else DYNAMIC_TIMEOUT."""
+    text = os.environ.get("DEPLOYCTL_INVENTORY_TIMEOUT")
+    if text is None:
+        return DYNAMIC_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InventoryError(
+            f"$DEPLOYCTL_INVENTORY_TIMEOUT is {text!r}, not a number of seconds above 0",
+            hint=f"e.g. DEPLOYCTL_INVENTORY_TIMEOUT=600, or unset it ({DYNAMIC_TIMEOUT:.0f} s)",
+        )
+    return seconds
+
+
+def _run_ansible(
+    argv: list[str], what: str, stdin: str | None = None, plugin: str | None = None
+) -> str:
+    """Run an Ansible tool; its failure is one line: `plugin`'s own message where it gave one."""
+    timeout = dynamic_timeout()
+    # A source no plugin parses fails (Ansible would warn and go on with no hosts at all).
+    env = {**os.environ, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"}
     try:
         done = subprocess.run(
-            argv, input=stdin, capture_output=True, text=True, timeout=DYNAMIC_TIMEOUT, check=False
-        )
+            argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env,
+            check=False,
+        )  # fmt: skip
     except subprocess.TimeoutExpired:
-        raise InventoryError(f"{what}: no answer in {DYNAMIC_TIMEOUT:.0f}s") from None
+        raise InventoryError(
+            f"{what}: no answer in {timeout:g}s",
+            hint="set $DEPLOYCTL_INVENTORY_TIMEOUT (seconds) to wait longer",
+        ) from None
     if done.returncode != 0:
         lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "ERROR" in ln] or lines or [f"exit {done.returncode}"]
+        marker = f"Failed to parse inventory with '{plugin}' plugin: "
+        own = [ln.split(marker, 1)[1] for ln in lines if plugin and marker in ln]
+        errors = (
+            own or [ln for ln in lines if "ERROR" in ln] or lines or [f"exit {done.returncode}"]
+        )
         raise InventoryError(f"{what} failed: {errors[0]}")
     return done.stdout
 
 
-def _read_dynamic(data: InventoryData, path: Path, vault: VaultOptions) -> None:
+def _read_dynamic(data: InventoryData, path: Path, vault: VaultOptions, plugin: str) -> None:
     """A script or plugin config, resolved by Ansible itself into script-format JSON
-    (`--export` keeps group vars with their groups, so their precedence holds)."""
+    (`--export` keeps group vars with their groups, so their precedence holds); `plugin`:
+    Ansible's plugin for it, whose error is the one to show."""
     tool = ansible_tool("ansible-inventory", f"dynamic inventory {path}")
     output = _run_ansible(
         [tool, "-i", str(path), "--list", "--export", *vault.argv()],
         f"ansible-inventory -i {path}",
+        plugin=plugin,
     )
     try:
         top = json.loads(output)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import CLI
-from tests.test_inventory_ansible import ANSIBLE_ENV, BIN
+from tests.test_inventory_ansible import ANSIBLE_ENV, BIN, make_executable
 
 
 def ansible_refuses(path: Path) -> str:
@@ -95,3 +96,57 @@ def test_a_host_range_under_the_cap_expands(tmp_path: Path, cli: CLI) -> None:
     assert result.returncode == 0, result.stderr
     hosts = list(json.loads(result.stdout)["hosts"])
     assert len(hosts) == 1000 and hosts[:2] == ["r1-n01", "r1-n02"] and hosts[-1] == "r20-n50"
+
+
+SCRIPTS = {
+    "not JSON": ('echo "this is not json"', "Value could not be parsed as JSON"),
+    "a wrong shape": ('echo \'{"g": {"hosts": 5}}\'', "'g.hosts' which is 'int' instead of 'list'"),
+    "a failure": ("echo broken >&2; exit 3", "non-zero exit code 3"),
+}
+
+
+@pytest.mark.parametrize("case", list(SCRIPTS))
+def test_a_dynamic_script_that_fails_shows_ansibles_message(
+    tmp_path: Path, cli: CLI, case: str
+) -> None:
+    body, message = SCRIPTS[case]
+    script = tmp_path / "fleet.sh"
+    script.write_text(f"#!/bin/sh\n{body}\n", encoding="utf-8")
+    make_executable(script)
+    assert message in ansible_refuses(script)
+    result = cli("hosts", "-i", str(script))
+    assert result.returncode == 1, result.stdout
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"error: ansible-inventory -i {script} failed: "), lines
+    assert message in lines[0] and "defines no hosts" not in result.stderr, lines
+    assert len(lines) <= 2, lines
+
+
+def test_a_plugin_config_that_fails_shows_ansibles_message(tmp_path: Path, cli: CLI) -> None:
+    config = tmp_path / "fleet.yml"
+    config.write_text("plugin: nosuch_plugin\n", encoding="utf-8")
+    result = cli("hosts", "-i", str(config))
+    assert result.returncode == 1
+    assert "specifies unknown plugin 'nosuch_plugin'" in result.stderr.splitlines()[0]
+
+
+def test_a_hanging_script_stops_after_the_timeout_users_set(tmp_path: Path, cli: CLI) -> None:
+    script = tmp_path / "fleet.py"
+    script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n", encoding="utf-8")
+    make_executable(script)
+    started = time.monotonic()
+    result = cli("hosts", "-i", str(script), env={"DEPLOYCTL_INVENTORY_TIMEOUT": "2"})
+    assert time.monotonic() - started < 20
+    assert result.returncode == 1
+    assert f"ansible-inventory -i {script}: no answer in 2s" in result.stderr, result.stderr
+    assert "DEPLOYCTL_INVENTORY_TIMEOUT" in result.stderr  # the hint says how to wait longer
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan", "inf", ""])
+def test_a_bad_inventory_timeout_is_a_one_line_error(tmp_path: Path, cli: CLI, value: str) -> None:
+    script = tmp_path / "fleet.sh"
+    script.write_text("#!/bin/sh\necho '{}'\n", encoding="utf-8")
+    make_executable(script)
+    result = cli("hosts", "-i", str(script), env={"DEPLOYCTL_INVENTORY_TIMEOUT": value})
+    assert result.returncode == 1, result.stderr
+    assert "DEPLOYCTL_INVENTORY_TIMEOUT" in result.stderr.splitlines()[0]
