@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI
-from tests.test_inventory_ansible import ANSIBLE_ENV, BIN, make_executable
+from tests.test_inventory_ansible import ANSIBLE_ENV, BIN, ansible_hosts, make_executable
 
 
 def ansible_refuses(path: Path) -> str:
@@ -150,3 +150,15 @@ def test_a_bad_inventory_timeout_is_a_one_line_error(tmp_path: Path, cli: CLI, v
     result = cli("hosts", "-i", str(script), env={"DEPLOYCTL_INVENTORY_TIMEOUT": value})
     assert result.returncode == 1, result.stderr
     assert "DEPLOYCTL_INVENTORY_TIMEOUT" in result.stderr.splitlines()[0]
+
+
+def test_an_editor_backup_in_a_folder_inventory_is_skipped(tmp_path: Path, cli: CLI) -> None:
+    folder = tmp_path / "inventory"
+    folder.mkdir()
+    (folder / "fleet.ini").write_text("[g]\nh1\n", encoding="utf-8")
+    (folder / "fleet.ini~").write_text("[g]\nghost\n", encoding="utf-8")
+    (folder / "more.yml~").write_text("all:\n  hosts:\n    ghost2:\n", encoding="utf-8")
+    assert ansible_hosts([folder], "all") == ["h1"]
+    result = cli("hosts", "--json", "-i", str(folder))
+    assert result.returncode == 0, result.stderr
+    assert list(json.loads(result.stdout)["hosts"]) == ["h1"]
