@@ -5,7 +5,6 @@ line), dynamic sources' own errors and time limit, and what a folder inventory s
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,19 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CLI
-from tests.test_inventory_ansible import ANSIBLE_ENV, BIN, ansible_hosts, make_executable
-
-
-def ansible_refuses(path: Path) -> str:
-    """What ansible-inventory says refusing a source (it must refuse it)."""
-    strict = {**ANSIBLE_ENV, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"}
-    theirs = subprocess.run(
-        [str(BIN / "ansible-inventory"), "--list", "-i", str(path)],
-        capture_output=True, text=True, env=strict, check=False,
-    )  # fmt: skip
-    assert theirs.returncode != 0, theirs.stdout
-    return theirs.stderr
-
+from tests.test_inventory_ansible import ansible_hosts, ansible_refuses, make_executable
 
 # `[` with no `]` after it: Ansible refuses it (its range split finds no end); it is no host.
 UNCLOSED = [
