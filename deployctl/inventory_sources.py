@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import ast
 import io
+import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -39,13 +41,13 @@ IGNORED_NAMES = {"host_vars", "group_vars", "vars_plugins"}
 VARS_EXTENSIONS = ("", ".yml", ".yaml", ".json")
 YAML_EXTENSIONS = (".yml", ".yaml", ".json")
 _SECTION_KEYS = {"hosts", "vars", "children"}
-_RANGE = re.compile(r"\[([^\]]*)\]")
 # `host:22`, `gpu[01:04]:22`, `[::1]:22`; an unbracketed IPv6 address has no port.
 _HOST_PORT = re.compile(r"^((?:[^:\[\]]|\[[^\]]*\])+):(\d+)\Z")
 _BRACKETED_PORT = re.compile(r"^\[([^\]]+)\]:(\d+)\Z")
 _INI_SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?$")
 _INI_GROUP_NAME = re.compile(r"^([^:\]\s]+)\s*(?:#.*)?$")
-DYNAMIC_TIMEOUT = 300.0
+DYNAMIC_TIMEOUT = 300.0  # seconds; $DEPLOYCTL_INVENTORY_TIMEOUT sets it
+MAX_HOST_RANGE = 100_000  # names one host pattern may expand to
 
 
 @dataclass
@@ -170,18 +172,60 @@ def host_pattern(pattern: str, source: str) -> tuple[list[str], int | None]:
             f"{source}: invalid host pattern {pattern!r}: ending in ':' is not allowed, "
             "this character is reserved to provide a port"
         )
-    names = expand_host_range(text)
+    try:
+        names = expand_host_range(text)
+    except InventoryError as exc:
+        raise InventoryError(f"{source}: {exc.message}", hint=exc.hint) from None
     if "---" in names:
         raise InventoryError(f"{source}: invalid host pattern {pattern!r}: is this a YAML file?")
     return names, port
 
 
 def expand_host_range(name: str) -> list[str]:
-    """Expand Ansible host ranges: gpu[01:08], node[a:c], h[1:9:2]."""
-    match = _RANGE.search(name)
-    if match is None:
-        return [name]
-    bounds = match.group(1).split(":")
+    """Expand Ansible host ranges: gpu[01:08], node[a:c], h[1:9:2]; at most MAX_HOST_RANGE
+    names, counted before any is made (`h[0:99999999]` is a typo, not a fleet)."""
+    parts: list[str] = []  # text, then each range's items, in turn
+    choices: list[list[str] | range] = []
+    widths: list[int] = []
+    rest = name
+    while "[" in rest:  # Ansible takes the first `[` and the first `]`, wherever that is
+        opening, closing = rest.index("["), rest.find("]")
+        if closing < opening:
+            what = "with no ']' after it" if closing == -1 else "after a ']'"
+            raise InventoryError(
+                f"host pattern {name!r} has a '[' {what}",
+                hint="a host range is [begin:end] (gpu[01:08]); an INI section is [group]",
+            )
+        items, width = _range_items(name, rest[opening + 1 : closing])
+        parts.append(rest[:opening])
+        choices.append(items)
+        widths.append(width)
+        rest = rest[closing + 1 :]
+    count = 1
+    for items in choices:  # len() of a range past sys.maxsize overflows; this does not
+        count *= (
+            (items.stop - items.start - 1) // items.step + 1
+            if isinstance(items, range)
+            else len(items)
+        )
+    if count > MAX_HOST_RANGE:
+        raise InventoryError(
+            f"host range {name!r} names {count} hosts, more than {MAX_HOST_RANGE}",
+            hint="check the range's bounds; split a larger fleet over several patterns",
+        )
+    texts = [
+        [str(i).zfill(w) for i in items] if isinstance(items, range) else items
+        for items, w in zip(choices, widths, strict=True)
+    ]
+    return [
+        "".join(p + item for p, item in zip(parts, picked, strict=True)) + rest
+        for picked in itertools.product(*texts)
+    ]
+
+
+def _range_items(name: str, inside: str) -> tuple[list[str] | range, int]:
+    """One range's items (numbers as a `range`, not yet made) and their zero-padded width."""
+    bounds = inside.split(":")
     if len(bounds) not in (2, 3):
         raise InventoryError(f"host range {name!r} must be begin:end or begin:end:step")
     start, end = bounds[0] or "0", bounds[1]
@@ -191,25 +235,20 @@ def expand_host_range(name: str) -> list[str]:
     if not is_number(stride_text) or int(stride_text) < 1:
         raise InventoryError(f"host range {name!r} has a step that is not a positive number")
     stride = int(stride_text)
-    head, tail = name[: match.start()], name[match.end() :]
     if is_number(start) and is_number(end):
         width = len(start) if start.startswith("0") and len(start) > 1 else 0
         if width and len(end) != width:
             raise InventoryError(f"host range {name!r} must give begin and end the same width")
         if int(end) < int(start):
             raise InventoryError(f"host range {name!r} is reversed (begin > end)")
-        items = [str(i).zfill(width) for i in range(int(start), int(end) + 1, stride)]
-    elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
+        return range(int(start), int(end) + 1, stride), width
+    if len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
         letters = string.ascii_letters
         lo, hi = letters.index(start), letters.index(end)
         if hi < lo:
             raise InventoryError(f"host range {name!r} is reversed (begin > end)")
-        items = list(letters[lo : hi + 1 : stride])
-    else:
-        raise InventoryError(
-            f"host range {name!r} mixes letters and numbers or is not a single letter"
-        )
-    return [expanded for item in items for expanded in expand_host_range(head + item + tail)]
+        return list(letters[lo : hi + 1 : stride]), 0
+    raise InventoryError(f"host range {name!r} mixes letters and numbers or is not a single letter")
 
 
 # ---- YAML ------------------------------------------------------------------------------------
@@ -526,7 +565,7 @@ def _read_source(data: InventoryData, path: Path, vault: VaultOptions, top_level
         return
     data.current = path
     if _is_script(path):
-        _read_dynamic(data, path, vault)
+        _read_dynamic(data, path, vault, "script")
         return
     text = read_text(path)
     source = str(path)
@@ -537,7 +576,7 @@ def _read_source(data: InventoryData, path: Path, vault: VaultOptions, top_level
     if _only_comments(text):
         raise InventoryError(f"{source} is empty", hint="start it with `all:` and `hosts:`")
     if isinstance(parsed, dict) and "plugin" in parsed and path.suffix in (".yml", ".yaml"):
-        _read_dynamic(data, path, vault)
+        _read_dynamic(data, path, vault, "auto")
     elif isinstance(parsed, dict):
         top = as_mapping(from_json_vault(parsed, source), "the top level", source)
         # Script-format JSON: what inventory scripts and `ansible-inventory --list` print.
@@ -600,27 +639,60 @@ def ansible_tool(name: str, purpose: str) -> str:
     return found
 
 
-def _run_ansible(argv: list[str], what: str, stdin: str | None = None) -> str:
+def dynamic_timeout() -> float:
+    """Seconds an Ansible tool may take: $DEPLOYCTL_INVENTORY_TIMEOUT, else DYNAMIC_TIMEOUT."""
+    text = os.environ.get("DEPLOYCTL_INVENTORY_TIMEOUT")
+    if text is None:
+        return DYNAMIC_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InventoryError(
+            f"$DEPLOYCTL_INVENTORY_TIMEOUT is {text!r}, not a number of seconds above 0",
+            hint=f"e.g. DEPLOYCTL_INVENTORY_TIMEOUT=600, or unset it ({DYNAMIC_TIMEOUT:.0f} s)",
+        )
+    return seconds
+
+
+def _run_ansible(
+    argv: list[str], what: str, stdin: str | None = None, plugin: str | None = None
+) -> str:
+    """Run an Ansible tool; its failure is one line: `plugin`'s own message where it gave one."""
+    timeout = dynamic_timeout()
+    # A source no plugin parses fails (Ansible would warn and go on with no hosts at all).
+    env = {**os.environ, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"}
     try:
         done = subprocess.run(
-            argv, input=stdin, capture_output=True, text=True, timeout=DYNAMIC_TIMEOUT, check=False
-        )
+            argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env,
+            check=False,
+        )  # fmt: skip
     except subprocess.TimeoutExpired:
-        raise InventoryError(f"{what}: no answer in {DYNAMIC_TIMEOUT:.0f}s") from None
+        raise InventoryError(
+            f"{what}: no answer in {timeout:g}s",
+            hint="set $DEPLOYCTL_INVENTORY_TIMEOUT (seconds) to wait longer",
+        ) from None
     if done.returncode != 0:
         lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "ERROR" in ln] or lines or [f"exit {done.returncode}"]
+        marker = f"Failed to parse inventory with '{plugin}' plugin: "
+        own = [ln.split(marker, 1)[1] for ln in lines if plugin and marker in ln]
+        errors = (
+            own or [ln for ln in lines if "ERROR" in ln] or lines or [f"exit {done.returncode}"]
+        )
         raise InventoryError(f"{what} failed: {errors[0]}")
     return done.stdout
 
 
-def _read_dynamic(data: InventoryData, path: Path, vault: VaultOptions) -> None:
+def _read_dynamic(data: InventoryData, path: Path, vault: VaultOptions, plugin: str) -> None:
     """A script or plugin config, resolved by Ansible itself into script-format JSON
-    (`--export` keeps group vars with their groups, so their precedence holds)."""
+    (`--export` keeps group vars with their groups, so their precedence holds); `plugin`:
+    Ansible's plugin for it, whose error is the one to show."""
     tool = ansible_tool("ansible-inventory", f"dynamic inventory {path}")
     output = _run_ansible(
         [tool, "-i", str(path), "--list", "--export", *vault.argv()],
         f"ansible-inventory -i {path}",
+        plugin=plugin,
     )
     try:
         top = json.loads(output)

@@ -291,6 +291,16 @@ def ansible_hosts(sources: list[Path], pattern: str) -> list[str]:
     return [line.strip() for line in listed.splitlines()[1:]]
 
 
+def ansible_refuses(path: Path) -> str:
+    """What ansible-inventory says refusing a source (it must refuse it)."""
+    strict = {**ANSIBLE_ENV, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"}
+    theirs = run_tool(
+        [str(BIN / "ansible-inventory"), "--list", "-i", str(path)], env=strict, check=False
+    )
+    assert theirs.returncode != 0, theirs.stdout
+    return theirs.stderr
+
+
 def deployctl_hosts(cli: CLI, sources: list[Path], *extra: str) -> dict[str, Any]:
     result = cli("hosts", "--json", *inventory_args(sources), *extra)
     assert result.returncode == 0, result.stderr
@@ -410,11 +420,7 @@ def test_malformed_inventory_is_one_line_error_where_ansible_also_refuses(
     assert message in result.stderr
     assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
     assert "gpu[01:]" not in result.stdout  # never a host literally named so
-    strict = {**ANSIBLE_ENV, "ANSIBLE_INVENTORY_UNPARSED_FAILED": "True"}
-    theirs = run_tool(
-        [str(BIN / "ansible-inventory"), "--list", "-i", str(path)], env=strict, check=False
-    )
-    assert theirs.returncode != 0, theirs.stdout
+    ansible_refuses(path)
 
 
 # Where Ansible is silent, deployctl still refuses: a reversed numeric range gives Ansible no

@@ -1,0 +1,148 @@
+"""Templated inventory variables: rendered in Jinja2's sandbox and bounded, so an inventory
+(inline, group_vars/, `$DEPLOYCTL_INVENTORY`) can neither run code on the control machine nor
+exhaust its memory or time; `hostvars` as Ansible has it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI
+from tests.test_inventory_ansible import agree
+
+# Each escape, were it not sandboxed, creates the file named MARK.
+ESCAPES = [
+    "{{ cycler.__init__.__globals__.os.system('touch MARK') }}",
+    "{{ joiner.__init__.__globals__.os.system('touch MARK') }}",
+    "{{ namespace.__init__.__globals__.os.system('touch MARK') }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ lookup.__globals__.os.system('touch MARK') }}",
+    "{{ hostvars.__class__.__init__.__globals__.os.system('touch MARK') }}",
+]
+
+
+def write_json(path: Path, data: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("where", ["inline", "group_vars", "env"])
+@pytest.mark.parametrize("escape", ESCAPES)
+def test_an_inventory_template_cannot_run_code(
+    tmp_path: Path, cli: CLI, where: str, escape: str
+) -> None:
+    mark = tmp_path / "MARK"
+    value = escape.replace("MARK", str(mark))
+    inline = {"x": value} if where != "group_vars" else {}
+    inventory = write_json(tmp_path / "inv" / "fleet.yml", {"all": {"hosts": {"h1": inline}}})
+    if where == "group_vars":
+        write_json(tmp_path / "inv" / "group_vars" / "all.yml", {"x": value})
+    args = ["hosts"] if where == "env" else ["hosts", "-i", str(inventory)]
+    for command in (args, ["gpus", *args[1:], "-H", "h1"]):
+        result = cli(*command, env={"DEPLOYCTL_INVENTORY": str(inventory)})
+        assert result.returncode == 1, result.stderr
+        lines = result.stderr.splitlines()
+        assert lines[0].startswith("error: ") and "host h1: variable x:" in lines[0], lines
+        assert "unsafe" in lines[0], lines
+        assert not [ln for ln in lines if not ln.startswith(("error: ", "hint: "))], lines
+        assert not mark.exists()
+
+
+def run_measured(
+    cli: CLI, tmp_path: Path, *args: str
+) -> tuple[subprocess.CompletedProcess[str], float, int]:
+    """Run the CLI; return its result, its wall time and its peak memory in MiB."""
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    started = time.monotonic()
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deployctl", *args],
+            cwd=cli.cwd, env=cli.env(), stdout=stdout, stderr=stderr,
+        )  # fmt: skip
+    while True:  # wait4, not wait: it gives the child's own peak memory
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() - started > 60:
+            proc.kill()
+        time.sleep(0.05)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
+    return done, time.monotonic() - started, usage.ru_maxrss // 1024
+
+
+HUGE = [
+    "{{ range(10 ** 9) | list }}",
+    "{{ 'x' * 500000000 }}",
+    "{{ [0] * 100000000 }}",
+    "{{ ('x' * 900000) ~ ('y' * 900000) }}",
+    "{{ 'x' * 900000 + 'y' * 900000 }}",
+    "{% set ns = namespace(s='xy') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+    "{% endfor %}{{ ns.s | length }}",
+    "{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}"
+    "{% endfor %}{{ ns.l | length }}",
+    "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+    "{{ ('x' * 100000) | replace('x', 'y' * 100000) }}",
+    "{{ ('x' * 100000).replace('x', 'y' * 100000) }}",
+    "{{ ('x' * 100000) | regex_replace('x', 'y' * 100000) }}",
+    "{{ 'x'.ljust(10 ** 9) }}",
+    "{{ 'x' | center(10 ** 9) }}",
+    "{{ 'x' | indent(10 ** 9, true) }}",
+    "{{ [1] | batch(10 ** 9, 0) | list }}",
+    "{{ '%0999999999d' % 1 }}",
+    "{{ '%0999999999d' | format(1) }}",
+    "{{ '{:>999999999}'.format(1) }}",
+    "{{ 10 ** 100000000 }}",
+    "{{ range(100000) | join('x' * 100000) }}",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+]
+
+
+@pytest.mark.parametrize("template", HUGE)
+def test_a_huge_value_fails_fast_naming_host_and_variable(
+    tmp_path: Path, cli: CLI, template: str
+) -> None:
+    inventory = write_json(
+        tmp_path / "fleet.yml", {"all": {"hosts": {"h1": {"big": template}, "h2": {}}}}
+    )
+    result, seconds, mib = run_measured(cli, tmp_path, "hosts", "-i", str(inventory), "-H", "h1")
+    assert result.returncode == 1, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("error: host h1: variable big:"), lines
+    assert "internal error" not in result.stderr and len(lines) <= 2, lines
+    assert seconds < 20 and mib < 400, (seconds, mib)
+    assert cli("hosts", "-i", str(inventory), "-H", "h2").returncode == 0  # only h1 is broken
+
+
+def test_values_under_the_caps_render(tmp_path: Path, cli: CLI) -> None:
+    variables = {
+        "text": "{{ 'x' * 1000000 }}",
+        "items": "{{ range(100000) | list }}",
+        "joined": "{{ range(1000) | join(',') }}",
+        "padded": "{{ '%05d' % 42 }}",
+        "power": "{{ 2 ** 64 }}",
+    }
+    inventory = write_json(tmp_path / "fleet.yml", {"all": {"hosts": {"h1": variables}}})
+    result = cli("hosts", "--json", "-i", str(inventory))
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)["hosts"]["h1"]["vars"]
+    assert len(shown["text"]) == 1000000 and shown["items"][-1] == 99999
+    assert shown["joined"].startswith("0,1,2") and shown["padded"] == "00042"
+    assert shown["power"] == 2**64
+
+
+def test_hostvars_of_another_host_hold_its_magic_variables(tmp_path: Path, cli: CLI) -> None:
+    files = {
+        "inv.ini": "[g]\nh1\nh2.example.com\n[g:vars]\n"
+        "peer=\"{{ hostvars['h2.example.com'].inventory_hostname }}\"\n"
+        "peer_short=\"{{ hostvars['h2.example.com']['inventory_hostname_short'] }}\"\n"
+        "peer_groups=\"{{ hostvars['h1'].group_names }}\"\n"
+    }
+    agree(cli, tmp_path, files, ["inv.ini"], ("peer", "peer_short", "peer_groups"))
