@@ -17,18 +17,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from deployctl.errors import InventoryError, UsageError
-from deployctl.inventory import Host, check_env, merge_layers
-from deployctl.settings import SETTINGS
+from deployctl.inventory import Host
+from deployctl.settings import PREFIX, Settings, check_layer, check_settings, overlay, own_layer
 from deployctl.text import is_number
 
 NAME = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 # Variables a deployment may not change: how its host is reached, and the table itself.
-_FIXED = ("ansible_", "deployments")
-DEFAULT_DIST_PORT: int = SETTINGS["dist_port"].default
+_FIXED = ("ansible_", "deployments", PREFIX + "deployments")
 # A multi-node deployment: its name and its nodes in rank order.
 GroupKey = tuple[str, tuple[str, ...]]
 # What deployctl sets on each node of a multi-node deployment.
 _NODE_VARS = ("node_rank", "dist_init_addr", "node_hosts")
+# What a deployment's target does not take from its host, in either spelling.
+_NOT_INHERITED = {"deployments", PREFIX + "deployments"}
+_NOT_NODES = _NOT_INHERITED | set(_NODE_VARS) | {PREFIX + n for n in _NODE_VARS}
 
 
 def check_name(name: Any, where: str) -> str:
@@ -60,17 +62,17 @@ def deployment_targets(
     groups_seen: set[GroupKey] = set()
     has_tables = False
     for host in hosts:
-        table = host.vars.get("deployments")
+        where = f"host {host.name}"
+        # A loaded inventory is checked already (with its deployments); this host may not be.
+        check_settings(host.vars, where, deployments=False)
+        table = host.settings.given("deployments")
         if table is None:
             gpu_set(host)
             if chosen is None:
                 targets.append(host)
             continue
         has_tables = True
-        where = f"host {host.name}"
-        if not isinstance(table, Mapping) or not table:
-            raise InventoryError(f"{where}: deployments must be a mapping of name: variables")
-        base = {k: v for k, v in host.vars.items() if k != "deployments"}
+        base = {k: v for k, v in host.vars.items() if k not in _NOT_INHERITED}
         for name, overrides in table.items():
             check_name(name, where)
             here = f"{where}, deployment {name}"
@@ -84,14 +86,16 @@ def deployment_targets(
                 )
             if chosen is not None and name != chosen:
                 continue
-            if overrides and "nodes" in overrides:
-                nodes = node_targets(name, overrides, resolve, here)
+            layer = own_layer(overrides or {})
+            if "nodes" in layer:
+                nodes = node_targets(name, layer, resolve, here)
                 key = (name, tuple(n.name for n in nodes))
                 if key not in groups_seen:
                     groups_seen.add(key)
                     targets += nodes
                 continue
-            target = Host(host.name, merge_layers([base, overrides or {}], here), name)
+            check_layer(layer, here)
+            target = Host(host.name, overlay(base, layer, here), name)
             gpu_set(target)
             targets.append(target)
     if chosen is not None and not targets:
@@ -109,7 +113,8 @@ def node_targets(
     resolve: Callable[[str], list[Host]] | None,
     where: str,
 ) -> list[Host]:
-    """The nodes of a multi-node deployment in rank order, each with its own variables."""
+    """The nodes of a multi-node deployment in rank order, each with its own variables
+    (`overrides`: the deployment's, each setting under its bare name)."""
     pattern = overrides["nodes"]
     if not isinstance(pattern, str) or resolve is None:
         raise InventoryError(f"{where}: nodes must be a host pattern, e.g. nodes: kimi-nodes")
@@ -126,16 +131,17 @@ def node_targets(
         )
     ordered = ranked(members, where)
     rank0 = ordered[0]
-    layers = [{k: v for k, v in overrides.items() if k != "nodes"}]
-    merged = merge_layers([_own_vars(rank0), *layers], where)
-    tp = merged.get("tp", 1)
+    layer = {k: v for k, v in overrides.items() if k != "nodes"}
+    tp = layer.get("tp", rank0.settings.given("tp") or 1)  # SGLang's 1 where none is set
     if isinstance(tp, bool) or not is_number(str(tp)) or int(tp) % nnodes:
         raise InventoryError(
             f"{where}: tp {tp!r} is not divisible by its {nnodes} nodes",
             hint="tp is the total over all nodes, e.g. tp: 16 on two 8-GPU nodes",
         )
-    port = merged.get("dist_port", DEFAULT_DIST_PORT)
-    address = merged.get("dist_init_addr") or f"{_address(rank0)}:{port}"
+    check_layer(layer, where)
+    merged = Settings(overlay(_own_vars(rank0), layer, where), where)
+    port = merged.dist_port
+    address = merged.given("dist_init_addr") or f"{_address(rank0)}:{port}"
     names = [n.name for n in ordered]
     targets = []
     for rank, node in enumerate(ordered):
@@ -146,7 +152,8 @@ def node_targets(
             "dist_port": port,
             "node_hosts": names,
         }
-        variables = merge_layers([_own_vars(node), *layers, placed], f"{where}, node {node.name}")
+        here = f"{where}, node {node.name}"
+        variables = overlay(overlay(_own_vars(node), layer, here), placed, here)
         target = Host(node.name, variables, name)
         gpu_set(target)
         targets.append(target)
@@ -157,7 +164,7 @@ def ranked(members: Sequence[Host], where: str) -> list[Host]:
     """Nodes in rank order: inventory order, except hosts that set `node_rank` take theirs."""
     slots: list[Host | None] = [None] * len(members)
     for node in members:
-        rank = node.vars.get("node_rank")
+        rank = node.settings.given("node_rank")
         if rank is None:
             continue
         if isinstance(rank, bool) or not is_number(str(rank)) or int(rank) >= len(members):
@@ -168,13 +175,13 @@ def ranked(members: Sequence[Host], where: str) -> list[Host]:
         if slots[int(rank)] is not None:
             raise InventoryError(f"{where}: two nodes have node_rank {rank}")
         slots[int(rank)] = node
-    rest = iter(n for n in members if n.vars.get("node_rank") is None)
+    rest = iter(n for n in members if n.settings.given("node_rank") is None)
     return [slot if slot is not None else next(rest) for slot in slots]
 
 
 def group_of(host: Host) -> GroupKey | None:
     """The multi-node deployment a target is a node of, as (deployment, node names)."""
-    nodes = host.vars.get("node_hosts")
+    nodes = host.settings.given("node_hosts")
     if host.deployment is None or not isinstance(nodes, list) or len(nodes) < 2:
         return None
     return host.deployment, tuple(nodes)
@@ -182,11 +189,11 @@ def group_of(host: Host) -> GroupKey | None:
 
 def node_rank(host: Host) -> int:
     """The target's rank in its multi-node deployment; 0 for a single-node one."""
-    return int(host.vars.get("node_rank", 0)) if group_of(host) else 0
+    return int(host.settings.given("node_rank") or 0) if group_of(host) else 0
 
 
 def _own_vars(host: Host) -> dict[str, Any]:
-    return {k: v for k, v in host.vars.items() if k != "deployments" and k not in _NODE_VARS}
+    return {k: v for k, v in host.vars.items() if k not in _NOT_NODES}
 
 
 def _address(host: Host) -> str:
@@ -202,7 +209,7 @@ def prometheus_targets(
     multi-node one), labelled with its host, deployment, inventory group and template."""
     entries = []
     for target in targets:
-        if node_rank(target) != 0 or target.vars.get("enable_metrics", True) is False:
+        if node_rank(target) != 0 or not target.settings.enable_metrics:
             continue
         group = next((g for g, names in groups.items() if target.name in names), "")
         labels = {
@@ -211,7 +218,7 @@ def prometheus_targets(
             "group": group,
             "template": target.settings.template or "baseline",
         }
-        address = f"{_address(target)}:{target.settings.value('port')}"
+        address = f"{_address(target)}:{target.settings.server_port}"
         entries.append({"targets": [address], "labels": labels})
     return entries
 
@@ -244,38 +251,13 @@ def gpu_set(host: Host, variables: Mapping[str, Any] | None = None) -> list[int]
     """The host's `gpus` (or those of `variables`, e.g. with --set over them) as indices in
     the order given (the server's device order), or None for every GPU. A list, a
     comma-separated string or one index."""
-    value = (host.vars if variables is None else variables).get("gpus")
-    if value is None:
-        return None
-    items: Sequence[Any]
-    if isinstance(value, str):
-        items = [part.strip() for part in value.split(",")]
-    elif isinstance(value, int) and not isinstance(value, bool):
-        items = [value]
-    elif isinstance(value, list):
-        items = value
-    else:
-        items = [value]
-    indices = []
-    for item in items:
-        if isinstance(item, bool) or not is_number(str(item)):
-            raise InventoryError(
-                f"{_where(host)}: gpus {value!r} is not a list of GPU indices",
-                hint="e.g. gpus: [0, 1, 2, 3]",
-            )
-        indices.append(int(item))
-    if not indices:
-        raise InventoryError(f"{_where(host)}: gpus is empty", hint="e.g. gpus: [0, 1, 2, 3]")
-    repeated = sorted({i for i in indices if indices.count(i) > 1})
-    if repeated:
-        raise InventoryError(f"{_where(host)}: gpus lists GPU {repeated[0]} twice")
-    return indices
+    return (host.settings if variables is None else Settings(variables, _where(host))).gpus
 
 
 def server_env(host: Host, variables: Mapping[str, Any]) -> dict[str, str]:
     """The server's own environment: `env`, and with `gpus` the CUDA variables that pin the
     server to those GPUs, numbered as nvidia-smi numbers them (PCI bus order)."""
-    env = check_env(variables.get("env"), _where(host))
+    env = Settings(variables, _where(host)).env
     indices = gpu_set(host, variables)
     if indices is None:
         return env

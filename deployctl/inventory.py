@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
-import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -28,14 +27,17 @@ from deployctl.inventory_sources import (
 )
 from deployctl.settings import (
     DEFAULT_VARS,
-    SETTINGS,
+    PREFIX,
+    ForeignValue,
     Misspelling,
     Settings,
-    host_misspellings,
+    check_env,
+    check_settings,
+    host_warnings,
 )
 from deployctl.text import is_number
 
-__all__ = ["DEFAULT_VARS", "VaultOptions", "expand_host_range"]
+__all__ = ["DEFAULT_VARS", "VaultOptions", "check_env", "expand_host_range"]
 
 CONNECTION_TYPES = ("ssh", "local")
 LOCALHOST = "localhost"
@@ -220,8 +222,9 @@ class Inventory:
     tree: dict[str, GroupNode] = field(default_factory=dict)
     # A host whose templated variables do not resolve fails when selected, not before.
     broken: dict[str, InventoryError] = field(default_factory=dict)
-    # Variables that look like a mistyped deployctl setting; the front end shows them.
-    warnings: list[Misspelling] = field(default_factory=list)
+    # Variables that look like a mistyped deployctl setting, and settings' bare names that
+    # hold the user's own variables; the front end shows them.
+    warnings: list[Misspelling | ForeignValue] = field(default_factory=list)
     # Which inventory this is, as run records keep it: the sources' absolute paths.
     origin: str = ""
 
@@ -487,7 +490,7 @@ def build(data: InventoryData, vault: VaultOptions) -> Inventory:
         if each.name not in broken:  # a broken one fails when selected, with its own error
             _check_host(each, data.source)
     tree = {n: GroupNode(list(g.children), list(g.hosts)) for n, g in data.groups.items()}
-    warnings = [w for each in hosts.values() for w in host_misspellings(each.name, each.vars)]
+    warnings = [w for each in hosts.values() for w in host_warnings(each.name, each.vars)]
     return Inventory(hosts, groups, data.source, tree, broken, warnings)
 
 
@@ -541,40 +544,26 @@ def _decrypt(raw: dict[str, dict[str, Any]], vaults: Vaults) -> None:
         raw[name] = replace(variables)
 
 
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# The settings whose mappings merge key by key across levels, in either spelling.
+_MERGED = ("env", PREFIX + "env")
 
 
 def merge_layers(layers: Sequence[Mapping[str, Any]], where: str) -> dict[str, Any]:
-    """Merge variable layers, later ones winning, as Ansible does; `env` merges key by key
-    (a host's `env` adds to its group's instead of replacing it)."""
+    """Merge variable layers, later ones winning, as Ansible does; `env` (and
+    `deployctl_env`) merges key by key: a host's adds to its group's instead of replacing it.
+    A value that is no mapping (`env: prod`, the user's own variable) replaces, as in Ansible."""
     merged: dict[str, Any] = {}
     for layer in layers:
         for key, value in layer.items():
-            is_env = key == "env"
-            merged[key] = {**merged.get("env", {}), **check_env(value, where)} if is_env else value
+            below = merged.get(key)
+            if key in _MERGED and isinstance(value, Mapping):
+                merged[key] = {
+                    **(below if isinstance(below, Mapping) else {}),
+                    **check_env(value, where),
+                }
+            else:
+                merged[key] = value
     return merged
-
-
-def check_env(value: Any, where: str) -> dict[str, str]:
-    """An `env` mapping as the server will get it: valid names, values as text."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InventoryError(f"{where}: env must be a mapping of NAME: value")
-    env: dict[str, str] = {}
-    for name, item in value.items():
-        if not isinstance(name, str) or not ENV_NAME.match(name):
-            raise InventoryError(
-                f"{where}: env name {name!r} is not a variable name",
-                hint="names are letters, digits and _, not starting with a digit",
-            )
-        if isinstance(item, Mapping | list) or item is None:
-            raise InventoryError(f"{where}: env {name} must be a single value, not {item!r}")
-        if "\0" in str(item):
-            # No process environment can hold one: the server's start would fail on the host.
-            raise InventoryError(f"{where}: env {name} holds a NUL byte")
-        env[name] = ("true" if item else "false") if isinstance(item, bool) else str(item)
-    return env
 
 
 def _check_host(host: Host, source: str) -> None:
@@ -590,18 +579,7 @@ def _check_host(host: Host, source: str) -> None:
         raise InventoryError(
             f"{source}: host {host.name}: ansible_port {port!r} is not a port number"
         )
-    for name in (n for n, setting in SETTINGS.items() if setting.type is float):  # seconds
-        value = host.vars.get(name)
-        if value is None:
-            continue
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            seconds = 0.0
-        if isinstance(value, bool) or not 0 < seconds < math.inf:
-            raise InventoryError(
-                f"{source}: host {host.name}: {name} {value!r} is not a number of seconds"
-            )
+    check_settings(host.vars, f"{source}: host {host.name}")
 
 
 def resolve_inventory(

@@ -20,6 +20,7 @@ from deployctl.inventory import (
     mask_values,
     secret_values,
 )
+from deployctl.settings import PREFIX, Settings, overlay
 from deployctl.shell import join, quote, split
 
 TEMPLATE_SUFFIX = ".j2"
@@ -159,11 +160,15 @@ class TemplateSet:
 
         names = template_names(self.search_dirs)
         if template not in names:
-            raise TemplateError(
-                f"unknown template {template!r}",
-                hint="available: " + (", ".join(names) or "none"),
-            )
-        variables = {**host.vars, **(overrides or {})}
+            hint = "available: " + (", ".join(names) or "none")
+            own = host.settings.spelling("template") == "template"
+            if own and host.settings.given("template") == template:  # the bare name: whose?
+                hint += (
+                    f"; if `template` is your own variable, set {PREFIX}template for deployctl's"
+                )
+            raise TemplateError(f"unknown template {template!r}", hint=hint)
+        where = f"host {host.label}"
+        variables = Settings(overlay(host.vars, overrides or {}, where), where).context()
         context = {
             **variables,
             "inventory_hostname": host.name,
@@ -217,7 +222,7 @@ class TemplateSet:
 
 
 def threshold_mode(host: Host, variables: Mapping[str, Any]) -> str:
-    mode = str(variables.get("threshold_mode", "patch"))
+    mode = str(Settings(variables, f"host {host.label}").value("threshold_mode"))
     if mode not in THRESHOLD_MODES:
         raise TemplateError(
             f"host {host.label}: threshold_mode {mode!r} is not patch or adaptive",
@@ -257,7 +262,8 @@ def adaptive_threshold(
             f"(SGLang's adaptive speculation supports only topk 1; the command has {topk})",
             hint="--set speculative_eagle_topk=1",
         )
-    path = adaptive_config_path(str(variables["state_dir"]), threshold, int(steps))
+    state_dir = Settings(variables, f"host {host.label}").state_dir
+    path = adaptive_config_path(state_dir, threshold, int(steps))
     config = {"1": {"candidate_steps": [int(steps)]}, str(threshold + 1): {"candidate_steps": [0]}}
     argv += [ADAPTIVE_FLAG, f"{ADAPTIVE_CONFIG_FLAG}={path}"]
     return {path: json.dumps(config, sort_keys=True) + "\n"}

@@ -1,19 +1,30 @@
 """deployctl's own host variables, each declared once: its type, default and meaning.
 
 The inventory merges the `layered` defaults (`DEFAULT_VARS`) below every level, so `hosts`
-and templates see them; the rest apply where they are read. `Settings` reads a host's
-variables with their types, and `misspelling` says which setting a stray variable looks like
-a typo of. The README's table of variables is checked against `SETTINGS` by a test.
+and templates see them; the rest apply where they are read. Every setting is also spelt
+`deployctl_NAME`, which wins; a bare name whose value does not fit the setting's type is the
+user's own variable. `Settings` reads a host's variables with their types (call sites never
+see the spellings), `check_settings` refuses what deployctl cannot use, and `misspelling`
+says which setting a stray variable looks like a typo of. The README's table of variables is
+checked against `SETTINGS` by a test.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+import math
+import os
+import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from deployctl.errors import InventoryError
+from deployctl.text import is_number
+
+# Every setting's own spelling: `deployctl_env` is deployctl's even where `env` is someone
+# else's (Ansible's convention for a tool's variables). It wins over the bare name.
+PREFIX = "deployctl_"
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,17 @@ class Setting:
     shown_default: str = ""
     # The default is the bottom layer of every host's variables (shown by `hosts`).
     layered: bool = False
+    # A number's bounds (both included; `above`: the least it must exceed).
+    least: float | None = None
+    most: float | None = None
+    above: float | None = None
+    # What a right value is, as messages say it; by default from the type.
+    wanted: str = ""
+
+    @property
+    def what(self) -> str:
+        """What a right value is: `a port number (1-65535)`."""
+        return self.wanted or _WANTED[self.type]
 
     @property
     def default_text(self) -> str:
@@ -41,6 +63,16 @@ class Setting:
         return f"`{self.default}`"
 
 
+_WANTED = {
+    str: "text",
+    int: "a whole number",
+    float: "a number of seconds",
+    bool: "a boolean (true or false)",
+    list: "a list",
+    dict: "a mapping",
+}
+_PORT: dict[str, Any] = {"least": 1, "most": 65535, "wanted": "a port number (1-65535)"}
+
 _DECLARED = [
     Setting("python", str, "interpreter with SGLang on the host", "python3", layered=True),
     Setting(
@@ -52,9 +84,17 @@ _DECLARED = [
     ),
     Setting("model_path", str, "the model the templates serve"),
     Setting("draft_model_path", str, "the EAGLE-3 draft model of the eagle3 template"),
-    Setting("tp", int, "tensor parallelism (over all nodes of a multi-node one)", 8, layered=True),
+    Setting(
+        "tp",
+        int,
+        "tensor parallelism (over all nodes of a multi-node one)",
+        8,
+        layered=True,
+        least=1,
+        wanted="a number of GPUs",
+    ),
     # The server's HTTP port; the SSH port is Ansible's `ansible_port` (Host.port).
-    Setting("port", int, "the server's HTTP port", 30000, layered=True),
+    Setting("port", int, "the server's HTTP port", 30000, layered=True, **_PORT),
     Setting("bind_host", str, "the server's HTTP address", "127.0.0.1", layered=True),
     Setting("log_dir", str, "where `<stem>_v<N>.log` files go", "~/deployctl/logs", layered=True),
     Setting(
@@ -64,30 +104,54 @@ _DECLARED = [
         "~/.deployctl",
         layered=True,
     ),
-    Setting("patches", list, "patch sets this host should have"),
+    Setting(
+        "patches", list, "patch sets this host should have", wanted="a list of patch set names"
+    ),
     Setting(
         "template",
         str,
         "launch template",
         shown_default="`eagle3` with `--threshold`, else `baseline`",
     ),
-    Setting("env", dict, "environment variables for the server process only"),
+    Setting(
+        "env",
+        dict,
+        "environment variables for the server process only",
+        wanted="a mapping of NAME: value",
+    ),
     Setting("enable_metrics", bool, "render `--enable-metrics`", True),
     Setting(
         "threshold_mode", str, "how `--threshold N` reaches SGLang: patch or adaptive", "patch"
     ),
     Setting("check_flags", bool, "check the command's flags against the host's SGLang", True),
-    Setting("deployments", dict, "name → variables: one server per entry"),
-    Setting("gpus", list, "GPU indices the server may use", shown_default="every GPU"),
+    Setting(
+        "deployments",
+        dict,
+        "name → variables: one server per entry",
+        wanted="a mapping of name: variables",
+    ),
+    Setting(
+        "gpus",
+        list,
+        "GPU indices the server may use",
+        shown_default="every GPU",
+        wanted="a list of GPU indices",
+    ),
     Setting("nodes", str, "in a deployment: the host pattern of its nodes (multi-node)"),
     Setting(
         "node_rank",
         int,
         "a node's rank in its multi-node deployment",
         shown_default="inventory order",
+        least=0,
+        wanted="a rank (0 or more)",
     ),
     Setting(
-        "dist_port", int, "rank 0's port for the other nodes of a multi-node deployment", 20000
+        "dist_port",
+        int,
+        "rank 0's port for the other nodes of a multi-node deployment",
+        20000,
+        **_PORT,
     ),
     Setting(
         "dist_init_addr",
@@ -95,7 +159,14 @@ _DECLARED = [
         "where the nodes of a multi-node deployment meet",
         shown_default="rank 0's `ansible_host`:`dist_port`",
     ),
-    Setting("nnodes", int, "set by deployctl: the number of hosts `nodes` matches", 1),
+    Setting(
+        "nnodes",
+        int,
+        "set by deployctl: the number of hosts `nodes` matches",
+        1,
+        least=1,
+        wanted="a number of nodes",
+    ),
     Setting("node_hosts", list, "set by deployctl: the nodes' names in rank order"),
     Setting(
         "known_hosts_file",
@@ -103,8 +174,8 @@ _DECLARED = [
         "SSH host keys to verify against",
         shown_default="`~/.ssh/known_hosts`",
     ),
-    Setting("connect_timeout", float, "seconds to connect", 10),
-    Setting("command_timeout", float, "seconds a command may take", 120),
+    Setting("connect_timeout", float, "seconds to connect", 10, above=0),
+    Setting("command_timeout", float, "seconds a command may take", 120, above=0),
 ]
 SETTINGS: dict[str, Setting] = {s.name: s for s in _DECLARED}
 
@@ -160,6 +231,9 @@ def misspelling(name: str) -> str | None:
     """
     if name in SETTINGS or name in TEMPLATE_VARIABLES or name.startswith("ansible_"):
         return None
+    if name.startswith(PREFIX):  # `deployctl_log-dir`: a typo of deployctl's own spelling
+        meant = None if name[len(PREFIX) :] in SETTINGS else misspelling(name[len(PREFIX) :])
+        return None if meant is None else PREFIX + meant
     squashed = _squashed(name)
     if squashed in _BY_SQUASHED:
         return _BY_SQUASHED[squashed]
@@ -209,7 +283,7 @@ class Misspelling:
 def host_misspellings(host: str, variables: Mapping[str, Any]) -> list[Misspelling]:
     """The mistyped-looking settings of a host and of each of its `deployments`."""
     found = [Misspelling(host, k, v) for k, v in misspellings(variables).items()]
-    table = variables.get("deployments")
+    table = Settings(variables, host).given("deployments")
     if isinstance(table, Mapping):
         for name, overrides in table.items():
             if isinstance(overrides, Mapping):
@@ -218,36 +292,289 @@ def host_misspellings(host: str, variables: Mapping[str, Any]) -> list[Misspelli
     return found
 
 
+@dataclass(frozen=True)
+class ForeignValue:
+    """A setting's bare name holding a value of another type: the user's own variable."""
+
+    host: str
+    variable: str
+    wanted: str  # what deployctl's setting would be: `a mapping of NAME: value`
+
+    @property
+    def text(self) -> str:
+        own = PREFIX + self.variable
+        return (
+            f"variable {self.variable!r} is not {self.wanted}, so it is yours, not deployctl's: "
+            f"deployctl uses its default, and render and launch refuse the host until {own} "
+            "is set"
+        )
+
+
+def host_warnings(host: str, variables: Mapping[str, Any]) -> list[Misspelling | ForeignValue]:
+    """What `hosts` and every command say about a host's variables: typos, then settings'
+    names that hold someone else's values."""
+    foreign = Settings(variables, host).foreign()
+    found: list[Misspelling | ForeignValue] = [*host_misspellings(host, variables)]
+    return found + [ForeignValue(host, name, SETTINGS[name].what) for name in foreign]
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_WHOLE = re.compile(r"\s*-?[0-9]+\s*\Z")
+_HINTS = {"gpus": "e.g. gpus: [0, 1, 2, 3]"}
+
+
+def check_env(value: Any, where: str) -> dict[str, str]:
+    """An `env` mapping as the server will get it: valid names, values as text."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InventoryError(f"{where}: env must be a mapping of NAME: value")
+    env: dict[str, str] = {}
+    for name, item in value.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise InventoryError(
+                f"{where}: env name {name!r} is not a variable name",
+                hint="names are letters, digits and _, not starting with a digit",
+            )
+        if isinstance(item, Mapping | list) or item is None:
+            raise InventoryError(f"{where}: env {name} must be a single value, not {item!r}")
+        if "\0" in str(item):
+            # No process environment can hold one: the server's start would fail on the host.
+            raise InventoryError(f"{where}: env {name} holds a NUL byte")
+        env[name] = ("true" if item else "false") if isinstance(item, bool) else str(item)
+    return env
+
+
+def gpu_indices(value: Any) -> list[int] | None:
+    """`gpus` as GPU indices in the order given: a list, a comma-separated string or one
+    index; None when it is none of those."""
+    items: list[Any]
+    if isinstance(value, str):
+        items = [part.strip() for part in value.split(",")]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        items = [value]
+    elif isinstance(value, list):
+        items = value
+    else:
+        return None
+    if any(isinstance(i, bool) or not is_number(str(i)) for i in items):
+        return None
+    return [int(i) for i in items]
+
+
+def fits(setting: Setting, value: Any) -> bool:
+    """Whether a value has the setting's type; under the bare name, one that does not is
+    the user's own variable (`env: prod`), not deployctl's."""
+    if setting.name == "gpus":
+        return gpu_indices(value) is not None
+    if setting.name == "patches":
+        return isinstance(value, str) or (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        )
+    if setting.type is str:
+        return isinstance(value, str | os.PathLike)
+    if setting.type is bool or isinstance(value, bool):
+        return setting.type is bool and isinstance(value, bool)
+    if setting.type is int:
+        return isinstance(value, int) or (isinstance(value, str) and bool(_WHOLE.match(value)))
+    if setting.type is float:
+        return isinstance(value, int | float) or (isinstance(value, str) and _is_float(value))
+    return isinstance(value, setting.type if setting.type is list else Mapping)
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def check_value(setting: Setting, value: Any, where: str, spelling: str) -> None:
+    """Refuse a value deployctl cannot use as the setting, in one line naming where it is
+    (host, deployment) and the variable as it is spelt."""
+    hint = _HINTS.get(setting.name)
+    if not fits(setting, value):
+        if setting.type is dict:
+            raise InventoryError(f"{where}: {spelling} must be {setting.what}")
+        raise InventoryError(f"{where}: {spelling} {value!r} is not {setting.what}", hint=hint)
+    if setting.type in (int, float):
+        number = float(value)
+        if not (
+            (setting.least is None or number >= setting.least)
+            and (setting.most is None or number <= setting.most)
+            and (setting.above is None or setting.above < number < math.inf)
+        ):
+            raise InventoryError(f"{where}: {spelling} {value!r} is not {setting.what}")
+    elif setting.type is str and "\0" in str(value):
+        raise InventoryError(f"{where}: {spelling} holds a NUL byte")
+    elif setting.name == "env":
+        check_env(value, where)
+    elif setting.name == "deployments" and not value:
+        raise InventoryError(f"{where}: {spelling} must be {setting.what}")
+    elif setting.name == "gpus":
+        indices = gpu_indices(value) or []
+        if not indices:
+            raise InventoryError(f"{where}: {spelling} is empty", hint=hint)
+        repeated = sorted({i for i in indices if indices.count(i) > 1})
+        if repeated:
+            raise InventoryError(f"{where}: {spelling} lists GPU {repeated[0]} twice")
+
+
+def check_settings(variables: Mapping[str, Any], where: str, deployments: bool = True) -> None:
+    """Refuse a host's deployctl settings, and its deployments', that deployctl cannot use:
+    every spelling `deployctl_NAME`, every bare name whose value has the setting's type (a
+    port out of range, a negative rank), every setting a deployment sets."""
+    settings = Settings(variables, where)
+    for name in SETTINGS:
+        settings.checked(name)
+    table = settings.given("deployments")
+    if deployments and isinstance(table, Mapping):
+        for name, layer in table.items():
+            if isinstance(layer, Mapping):  # deployment_targets refuses the other shapes
+                check_layer(layer, f"{where}, deployment {name}")
+
+
+def check_layer(layer: Mapping[str, Any], where: str) -> None:
+    """Refuse a layer of deployctl's own values (a deployment's, `--set`'s), where every
+    setting, spelt either way, is deployctl's."""
+    for name, value in own_layer(layer).items():
+        if name in SETTINGS and name != "deployments" and value is not None:
+            check_value(SETTINGS[name], value, where, name)
+
+
+def _bare(key: Any) -> str | None:
+    """The setting `deployctl_NAME` spells, or None."""
+    text = str(key)
+    name = text[len(PREFIX) :]
+    return name if text.startswith(PREFIX) and name in SETTINGS else None
+
+
+def own_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
+    """A layer whose settings are all deployctl's, each under its bare name; where both
+    spellings are set, `deployctl_NAME` wins."""
+    found = {str(k): v for k, v in layer.items() if _bare(k) is None}
+    found.update({_bare(k) or "": v for k, v in layer.items() if _bare(k) is not None})
+    return found
+
+
+def overlay(variables: Mapping[str, Any], layer: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The variables with a layer of deployctl's own values over them (a deployment's,
+    `--set`'s): each setting the layer sets replaces the host's, both spellings, under its
+    bare name; `env` adds to the host's key by key."""
+    merged = dict(variables)
+    below = Settings(variables, where)
+    for key, value in own_layer(layer).items():
+        if key in SETTINGS:
+            merged.pop(PREFIX + key, None)
+        merged[key] = value
+        if key == "env" and isinstance(value, Mapping):
+            merged[key] = {**check_env(below.given("env"), where), **check_env(value, where)}
+    return merged
+
+
 class Settings:
     """A host's variables read as deployctl's settings: typed, with the declared defaults.
 
-    `where` names the host (and deployment) in the error for a value of the wrong type.
+    `deployctl_NAME` wins over `NAME`; a bare `NAME` whose value does not have the setting's
+    type is the user's own variable, and deployctl takes the default. `where` names the host
+    (and deployment) in the error for a value deployctl cannot use.
     """
 
     def __init__(self, variables: Mapping[str, Any], where: str) -> None:
         self.variables = variables
         self.where = where
 
+    def spelling(self, name: str) -> str | None:
+        """Which variable holds deployctl's value of the setting: `deployctl_NAME` when set,
+        else `NAME` when its value fits; None when neither does (the default applies)."""
+        if PREFIX + name in self.variables:
+            return PREFIX + name
+        value = self.variables.get(name)
+        return name if value is not None and fits(SETTINGS[name], value) else None
+
+    def given(self, name: str) -> Any:
+        """deployctl's value of the setting as set; None when unset, null or not deployctl's."""
+        spelt = self.spelling(name)
+        return None if spelt is None else self.variables[spelt]
+
     def value(self, name: str) -> Any:
-        """The variable as it is, or the setting's default when the host does not set it."""
-        return self.variables.get(name, SETTINGS[name].default)
+        """deployctl's value of the setting, or its default when the host does not set one."""
+        given = self.given(name)
+        return SETTINGS[name].default if given is None else given
+
+    def checked(self, name: str) -> Any:
+        """The value, refused (naming host and variable) when deployctl cannot use it."""
+        spelt = self.spelling(name)
+        if spelt is not None and self.variables[spelt] is not None:
+            check_value(SETTINGS[name], self.variables[spelt], self.where, spelt)
+        return self.value(name)
+
+    def foreign(self) -> list[str]:
+        """The settings whose bare name holds the user's own variable (a value of another
+        type, no `deployctl_NAME` beside it)."""
+        return [
+            name
+            for name in SETTINGS
+            if self.variables.get(name) is not None
+            and PREFIX + name not in self.variables
+            and not fits(SETTINGS[name], self.variables[name])
+        ]
+
+    def require_own(self, skip: Collection[str] = ()) -> None:
+        """Refuse a bare setting that is the user's own variable: render and launch build the
+        server from the settings and never take a default in its place (`skip`: names set
+        for deployctl elsewhere, e.g. by --set)."""
+        for name in (n for n in self.foreign() if n not in skip):
+            raise InventoryError(
+                f"{self.where}: {name} {self.variables[name]!r} is not {SETTINGS[name].what}, "
+                f"so it is not deployctl's {name}",
+                hint=f"if {name} is your own variable, set {PREFIX}{name} for deployctl's "
+                f"({PREFIX}{name}: null for its default)",
+            )
+
+    def context(self) -> dict[str, Any]:
+        """The variables as templates see them: each `deployctl_NAME` also as `NAME`."""
+        found = dict(self.variables)
+        for name in (n for n in SETTINGS if PREFIX + n in self.variables):
+            value = self.value(name)
+            if value is None:
+                found.pop(name, None)
+            else:
+                found[name] = value
+        return found
 
     def _text(self, name: str) -> str:
-        return str(self.value(name))
+        return str(self.checked(name))
 
     def _int(self, name: str) -> int:
-        value = self.value(name)
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise InventoryError(f"{self.where}: {name} {value!r} is not a whole number") from None
+        return int(self.checked(name))
 
     def _seconds(self, name: str) -> float | None:
-        value = self.variables.get(name)
-        try:
-            return None if value is None else float(value)
-        except (TypeError, ValueError):
-            raise InventoryError(f"{self.where}: {name} {value!r} is not a number") from None
+        self.checked(name)
+        value = self.given(name)
+        return None if value is None else float(value)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The server's own environment variables (`env`), as text."""
+        return check_env(self.checked("env"), self.where)
+
+    @property
+    def gpus(self) -> list[int] | None:
+        """The GPU indices the server may use, in device order; None for every GPU."""
+        value = self.checked("gpus")
+        return None if value is None else gpu_indices(value)
+
+    @property
+    def patches(self) -> list[str]:
+        """The patch sets this host should have."""
+        value = self.checked("patches") or []
+        return [value] if isinstance(value, str) else [str(v) for v in value]
+
+    @property
+    def enable_metrics(self) -> bool:
+        return bool(self.checked("enable_metrics"))
 
     @property
     def python(self) -> str:
@@ -289,16 +616,16 @@ class Settings:
     @property
     def template(self) -> str | None:
         """The host's `template`; None (or empty) leaves the choice to the threshold."""
-        value = self.value("template")
+        value = self.checked("template")
         return str(value) if value else None
 
     @property
     def check_flags(self) -> bool:
-        return bool(self.value("check_flags"))
+        return bool(self.checked("check_flags"))
 
     @property
     def known_hosts_file(self) -> str | None:
-        value = self.value("known_hosts_file")
+        value = self.checked("known_hosts_file")
         return str(value) if value else None
 
     @property

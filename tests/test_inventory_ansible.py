@@ -760,3 +760,62 @@ def test_graph_json_is_the_subtree_each_group_once(tmp_path: Path, cli: CLI) -> 
     }
     unknown = cli("hosts", "--graph", "--json", "-H", "nope", *inventory_args(sources))
     assert unknown.returncode == 1 and "no group named 'nope'" in unknown.stderr
+
+
+FOREIGN = """\
+all:
+  vars:
+    env: prod
+  hosts:
+    shared1:
+      port: web
+      template: nginx.conf.j2
+      model_path: /m
+    shared2:
+      port: web
+      model_path: /m
+    gpu1:
+      model_path: /m
+      deployctl_env: {NCCL_DEBUG: INFO}
+      deployctl_port: 31000
+"""
+
+
+def test_an_inventory_with_its_own_env_port_and_template_loads_as_ansible_reads_it(
+    tmp_path: Path, cli: CLI
+) -> None:
+    (cli.cwd / "inv.yml").write_text(FOREIGN, encoding="utf-8")
+    theirs = ansible_inventory([cli.cwd / "inv.yml"])["_meta"]["hostvars"]
+    result = cli("hosts", "--json", "-i", "inv.yml")
+    assert result.returncode == 0, result.stderr
+    ours = json.loads(result.stdout)["hosts"]
+    assert list(ours) == ["shared1", "shared2", "gpu1"]
+    for host in ours:
+        assert ours[host]["vars"] == {**DEFAULT_VARS, **theirs[host]}, host
+    assert theirs["shared1"]["env"] == "prod" and theirs["shared1"]["port"] == "web"
+    # One warning per host and variable, naming deployctl's own spelling; gpu1 sets it.
+    warned = [line.split(": warning: ")[0:2] for line in result.stderr.splitlines()]
+    assert [(h, text.split("'")[1]) for h, text in warned] == [
+        ("shared1", "port"), ("shared1", "env"), ("shared2", "port"), ("shared2", "env")
+    ]  # fmt: skip
+    assert all(f"until deployctl_{text.split(chr(39))[1]} is set" in text for _, text in warned)
+
+    # A template name is a string, so deployctl's: render says it is unknown, and how to
+    # keep it for yourself.
+    template = cli("render", "-i", "inv.yml", "-H", "shared1")
+    assert template.returncode == 1
+    assert "shared1: error: unknown template 'nginx.conf.j2'" in template.stderr
+    hint = next(line for line in template.stderr.splitlines() if ": hint: " in line)
+    assert "set deployctl_template for deployctl's" in hint
+    # A port that is no number is the user's: render will not put the default in its place.
+    port = cli("render", "-i", "inv.yml", "-H", "shared2")
+    assert port.returncode == 1
+    assert (
+        "shared2: error: host shared2: port 'web' is not a port number (1-65535), so it is "
+        "not deployctl's port"
+    ) in port.stderr
+    assert "set deployctl_port for deployctl's" in port.stderr
+    # deployctl's own spelling is what it serves from.
+    served = cli("render", "-i", "inv.yml", "-H", "gpu1")
+    assert served.returncode == 0, served.stderr
+    assert "--port=31000" in served.stdout and "\nNCCL_DEBUG=INFO\n" in served.stdout

@@ -61,7 +61,7 @@ def test_a_chosen_deployment_skips_hosts_without_it_and_fails_when_none_has_it()
         ({"r1": {"gpus": [True]}}, "is not a list of GPU indices"),
         ({"r1": {"gpus": []}}, "gpus is empty"),
         ({"r1": {"env": {"1BAD": "x"}}}, "env name '1BAD' is not a variable name"),
-        ([], "deployments must be a mapping"),
+        ({}, "deployments must be a mapping"),
     ],
 )
 def test_bad_deployment_tables_fail_before_any_host_is_touched(table: Any, message: str) -> None:
@@ -164,10 +164,19 @@ def test_a_missing_deployment_says_whether_any_host_has_deployments() -> None:
     assert tabled.value.message == "no deployment 'r1' on the selected hosts"
 
 
-@pytest.mark.parametrize("table", [{}, "r1", ["r1"]])
+@pytest.mark.parametrize("table", ["r1", ["r1"], {}])
 def test_deployments_must_be_a_non_empty_mapping(table: Any) -> None:
-    with pytest.raises(InventoryError, match="deployments must be a mapping of name: variables"):
-        deployment_targets([host(deployments=table)])
+    with pytest.raises(
+        InventoryError,
+        match=r"^host h1: deployctl_deployments must be a mapping of name: variables",
+    ):
+        deployment_targets([host(deployctl_deployments=table)])
+
+
+@pytest.mark.parametrize("table", ["r1", ["r1"]])
+def test_a_bare_deployments_that_is_no_mapping_is_the_users_own(table: Any) -> None:
+    plain = host(deployments=table)
+    assert deployment_targets([plain]) == [plain]  # one implicit deployment
 
 
 def test_a_deployment_that_sets_how_hosts_are_reached_is_named_with_the_fix() -> None:
@@ -225,7 +234,7 @@ def test_tp_must_be_a_whole_multiple_of_the_nodes(overrides: dict[str, Any], mes
     assert caught.value.hint == "tp is the total over all nodes, e.g. tp: 16 on two 8-GPU nodes"
 
 
-@pytest.mark.parametrize("rank", [2, True, "first"])
+@pytest.mark.parametrize("rank", [2, "2"])
 def test_a_node_rank_outside_the_group_is_refused_with_the_range(rank: Any) -> None:
     inv = fleet(node("n1", node_rank=rank), node("n2"), kimi=["n1", "n2"])
     with pytest.raises(InventoryError) as caught:
@@ -233,6 +242,23 @@ def test_a_node_rank_outside_the_group_is_refused_with_the_range(rank: Any) -> N
     assert caught.value.message == (
         f"host n1, deployment kimi: node_rank {rank!r} of n1 is not a rank of its 2 nodes (0-1)"
     )
+
+
+@pytest.mark.parametrize("rank", [True, "first", -1])
+def test_a_node_rank_that_is_no_rank_is_refused_in_deployctls_spelling(rank: Any) -> None:
+    inv = fleet(node("n1", deployctl_node_rank=rank), node("n2"), kimi=["n1", "n2"])
+    with pytest.raises(InventoryError) as caught:
+        deployment_targets([inv.hosts["n1"]], resolve=inv.select)
+    assert caught.value.message == (
+        f"host n1: deployctl_node_rank {rank!r} is not a rank (0 or more)"
+    )
+
+
+@pytest.mark.parametrize("rank", [True, "first"])
+def test_a_bare_node_rank_that_is_no_number_is_the_users_own(rank: Any) -> None:
+    inv = fleet(node("n1", node_rank=rank), node("n2", node_rank=0), kimi=["n1", "n2"])
+    targets = deployment_targets([inv.hosts["n1"]], resolve=inv.select)
+    assert [(t.name, t.settings.given("node_rank")) for t in targets] == [("n2", 0), ("n1", 1)]
 
 
 def test_nnodes_given_by_hand_must_match_and_says_how_to_fix_it() -> None:

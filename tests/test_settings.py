@@ -16,6 +16,7 @@ from deployctl.settings import (
     SETTINGS,
     TEMPLATE_VARIABLES,
     Misspelling,
+    Settings,
     misspelling,
 )
 from tests.conftest import CLI
@@ -143,10 +144,17 @@ def test_typed_access_reads_the_hosts_values_and_falls_back_to_the_declared_defa
 
 
 def test_a_value_of_the_wrong_type_names_host_deployment_and_variable() -> None:
-    with pytest.raises(InventoryError, match=r"^host gpu01, deployment qwen: dist_port 'x' is"):
-        _ = Host("gpu01", {"dist_port": "x"}, "qwen").settings.dist_port
-    with pytest.raises(InventoryError, match=r"^host gpu01: command_timeout 'soon' is not a"):
-        _ = Host("gpu01", {"command_timeout": "soon"}).settings.command_timeout
+    with pytest.raises(
+        InventoryError,
+        match=r"^host gpu01, deployment qwen: deployctl_dist_port 'x' is not a port number",
+    ):
+        _ = Host("gpu01", {"deployctl_dist_port": "x"}, "qwen").settings.dist_port
+    with pytest.raises(
+        InventoryError, match=r"^host gpu01: deployctl_command_timeout 'soon' is not a number"
+    ):
+        _ = Host("gpu01", {"deployctl_command_timeout": "soon"}).settings.command_timeout
+    with pytest.raises(InventoryError, match=r"^host gpu01: port 99999 is not a port number"):
+        _ = Host("gpu01", {"port": 99999}).settings.server_port  # a number: deployctl's
 
 
 def test_a_deployment_reads_its_own_values_over_its_hosts(tmp_path: Path) -> None:
@@ -375,3 +383,187 @@ def test_settings_module_sits_in_the_inventory_layer() -> None:
 
     assert import_graph()["deployctl.settings"] <= {"deployctl.errors", "deployctl.text"}
     assert settings.__doc__
+
+
+# --- every value checked once, where the settings are declared --------------------------------
+
+BAD_VALUES = [
+    # (variables of host h1, the error after `inv.yml: `)
+    ({"port": 0}, "host h1: port 0 is not a port number (1-65535)"),
+    ({"port": 65536}, "host h1: port 65536 is not a port number (1-65535)"),
+    ({"dist_port": 99999}, "host h1: dist_port 99999 is not a port number (1-65535)"),
+    (
+        {"deployments": {"d": {"dist_port": "abc"}}},
+        "host h1, deployment d: dist_port 'abc' is not a port number (1-65535)",
+    ),
+    (
+        {"deployctl_dist_port": "abc"},
+        "host h1: deployctl_dist_port 'abc' is not a port number (1-65535)",
+    ),
+    ({"tp": 0}, "host h1: tp 0 is not a number of GPUs"),
+    ({"deployments": {"d": {"tp": "eight"}}}, "host h1, deployment d: tp 'eight' is not a number of GPUs"),
+    ({"node_rank": -1}, "host h1: node_rank -1 is not a rank (0 or more)"),
+    ({"nnodes": 0}, "host h1: nnodes 0 is not a number of nodes"),
+    ({"connect_timeout": 0}, "host h1: connect_timeout 0 is not a number of seconds"),
+    ({"command_timeout": -1.5}, "host h1: command_timeout -1.5 is not a number of seconds"),
+    ({"deployctl_command_timeout": "soon"}, "host h1: deployctl_command_timeout 'soon' is not a number of seconds"),
+    ({"gpus": [1, 1]}, "host h1: gpus lists GPU 1 twice"),
+    ({"deployments": {"d": {"gpus": "0,x"}}}, "host h1, deployment d: gpus '0,x' is not a list of GPU indices"),
+    ({"deployctl_gpus": []}, "host h1: deployctl_gpus is empty"),
+    ({"deployctl_patches": [{"a": 1}]}, "host h1: deployctl_patches [{'a': 1}] is not a list of patch set names"),
+    ({"deployctl_deployments": ["d"]}, "host h1: deployctl_deployments must be a mapping of name: variables"),
+    ({"deployctl_env": "prod"}, "host h1: deployctl_env must be a mapping of NAME: value"),
+    ({"deployments": {"d": {"env": "prod"}}}, "host h1, deployment d: env must be a mapping of NAME: value"),
+    ({"deployctl_check_flags": "no"}, "host h1: deployctl_check_flags 'no' is not a boolean (true or false)"),
+    ({"deployments": {"d": {"enable_metrics": 1}}}, "host h1, deployment d: enable_metrics 1 is not a boolean (true or false)"),
+    ({"state_dir": "/a\0b"}, "host h1: state_dir holds a NUL byte"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("variables", "message"), BAD_VALUES)
+def test_a_value_deployctl_cannot_use_is_one_error_naming_host_deployment_and_variable(
+    tmp_path: Path, variables: dict[str, object], message: str
+) -> None:
+    path = write(tmp_path, json.dumps({"all": {"hosts": {"h1": variables, "h2": {}}}}))
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    assert caught.value.message == f"{path}: {message}"
+
+
+def test_every_number_has_its_bounds_where_it_is_declared() -> None:
+    bounds = {n: (s.least, s.most, s.above) for n, s in SETTINGS.items() if s.type in (int, float)}
+    assert bounds == {
+        "tp": (1, None, None),
+        "port": (1, 65535, None),
+        "node_rank": (0, None, None),
+        "dist_port": (1, 65535, None),
+        "nnodes": (1, None, None),
+        "connect_timeout": (None, None, 0),
+        "command_timeout": (None, None, 0),
+    }
+
+
+def test_a_multi_node_dist_port_that_is_no_port_is_refused_before_any_host(cli: CLI) -> None:
+    # Port 1 on loopback: nothing listens, so reaching for a host would fail otherwise.
+    text = (
+        "all:\n  children:\n    kimi:\n      hosts:\n"
+        "        n1: {ansible_host: 127.0.0.1, ansible_port: 1, model_path: /m}\n"
+        "        n2: {ansible_host: 127.0.0.1, ansible_port: 1, model_path: /m}\n"
+        "  vars:\n    deployments: {k: {nodes: kimi, tp: 2, dist_port: VALUE}}\n"
+    )
+    for value, shown in (("abc", "'abc'"), ("99999", "99999")):
+        write(cli.cwd, text.replace("VALUE", value))
+        result = cli("launch", "-i", "inv.yml")
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.splitlines() == [
+            f"error: inv.yml: host n1, deployment k: dist_port {shown} is not a port number "
+            "(1-65535)"
+        ]
+
+
+# --- `deployctl_NAME`: deployctl's own spelling of every setting ------------------------------
+
+
+def test_the_prefixed_spelling_wins_over_the_bare_name_whatever_the_bare_holds() -> None:
+    host = Host(
+        "h1",
+        {"port": 30001, "deployctl_port": 31000, "env": "prod", "deployctl_env": {"A": 1}},
+    )
+    assert host.settings.server_port == 31000 and host.settings.env == {"A": "1"}
+    assert host.settings.spelling("port") == "deployctl_port"
+    assert Settings(host.vars, "h1").foreign() == []  # `env` is plainly the user's
+    # null in deployctl's spelling: deployctl takes the default, the bare name is left alone
+    nulled = Host("h1", {"port": "web", "deployctl_port": None})
+    assert nulled.settings.server_port == 30000 and Settings(nulled.vars, "h1").foreign() == []
+
+
+def test_a_bare_name_that_does_not_fit_is_the_users_and_deployctl_takes_the_default() -> None:
+    host = Host(
+        "h1",
+        {"env": "prod", "port": "web", "tp": "auto", "gpus": "all", "python": 3.11,
+         "patches": {"x": 1}, "deployments": "blue", "check_flags": "no", "template": "t.j2"},
+    )  # fmt: skip
+    settings = host.settings
+    assert (settings.env, settings.server_port, settings.tp, settings.gpus) == ({}, 30000, 8, None)
+    assert (settings.python, settings.patches, settings.check_flags) == ("python3", [], True)
+    assert settings.given("deployments") is None
+    assert settings.template == "t.j2"  # a string: a template name, deployctl's
+    assert Settings(host.vars, "h1").foreign() == [
+        "python", "tp", "port", "patches", "env", "check_flags", "deployments", "gpus"
+    ]  # fmt: skip
+    with pytest.raises(InventoryError) as caught:
+        settings.require_own()
+    assert caught.value.message == (
+        "host h1: python 3.11 is not text, so it is not deployctl's python"
+    )
+    assert caught.value.hint == (
+        "if python is your own variable, set deployctl_python for deployctl's "
+        "(deployctl_python: null for its default)"
+    )
+    settings.require_own(skip=Settings(host.vars, "h1").foreign())
+
+
+def test_a_bare_name_that_fits_but_is_out_of_range_is_still_an_error(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match="port 99999 is not a port number"):
+        load_inventory(write(tmp_path, "all:\n  hosts:\n    h1: {port: 99999}\n"))
+
+
+def test_the_prefixed_env_merges_key_by_key_across_levels_and_not_with_the_bare_one(
+    tmp_path: Path,
+) -> None:
+    text = (
+        "all:\n  vars:\n    env: {FROM_ALL: '1'}\n    deployctl_env: {A: 1, B: 1}\n"
+        "  children:\n    g:\n      vars: {deployctl_env: {B: 2}}\n"
+        "      hosts:\n        h1: {deployctl_env: {C: true}}\n        h2: {env: prod}\n"
+    )
+    inv = load_inventory(write(tmp_path, text))
+    h1, h2 = inv.hosts["h1"], inv.hosts["h2"]
+    assert h1.settings.env == {"A": "1", "B": "2", "C": "true"}  # FROM_ALL: the other spelling
+    assert h1.vars["env"] == {"FROM_ALL": "1"}
+    assert h2.vars["env"] == "prod" and h2.settings.env == {"A": "1", "B": "2"}
+    assert inv.warnings == []  # h2's `env` is shadowed by deployctl_env: plainly the user's
+
+
+def test_a_deployments_values_are_deployctls_and_win_over_both_spellings_of_the_host() -> None:
+    from deployctl.deployments import deployment_targets, server_env
+
+    table = {"a": {"port": 30001, "env": {"B": "2"}}, "b": {"deployctl_tp": 4, "tp": 2}}
+    host = Host(
+        "h1",
+        {"deployctl_port": 31000, "port": "web", "deployctl_env": {"A": "1"}, "env": "prod",
+         "deployctl_deployments": table, "deployments": "blue"},
+    )  # fmt: skip
+    a, b = deployment_targets([host])
+    assert (a.label, a.settings.server_port, b.settings.server_port) == ("h1/a", 30001, 31000)
+    assert server_env(a, a.vars) == {"A": "1", "B": "2"} and b.settings.env == {"A": "1"}
+    assert b.settings.tp == 4  # the deployment's own `deployctl_tp` beats its bare `tp`
+    assert "deployctl_port" not in a.vars and "deployctl_deployments" not in a.vars
+
+
+def test_prefixed_spellings_are_no_typos_but_their_typos_are() -> None:
+    assert all(misspelling(f"deployctl_{name}") is None for name in SETTINGS)
+    assert misspelling("deployctl_logdir") == "deployctl_log_dir"
+    assert misspelling("deployctl_tp_size") == "deployctl_tp"
+    assert misspelling("deployctl_release") is None
+
+
+def test_the_inventory_warns_once_per_host_and_foreign_variable(tmp_path: Path) -> None:
+    from tests.test_inventory_ansible import FOREIGN  # run against ansible-inventory there
+
+    inv = load_inventory(write(tmp_path, FOREIGN))
+    assert [(w.host, w.variable) for w in inv.warnings] == [
+        ("shared1", "port"), ("shared1", "env"), ("shared2", "port"), ("shared2", "env")
+    ]  # fmt: skip
+    assert inv.warnings[1].text == (
+        "variable 'env' is not a mapping of NAME: value, so it is yours, not deployctl's: "
+        "deployctl uses its default, and render and launch refuse the host until deployctl_env "
+        "is set"
+    )
+    assert inv.hosts["shared1"].vars["env"] == "prod" and inv.hosts["shared1"].settings.env == {}
+
+
+def test_a_template_context_sees_deployctls_values_under_the_bare_names() -> None:
+    context = Settings(
+        {"port": "web", "deployctl_port": 31000, "deployctl_env": None}, "h"
+    ).context()
+    assert context["port"] == 31000 and "env" not in context

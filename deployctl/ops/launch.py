@@ -31,13 +31,14 @@ from deployctl.host_agent import (
     ReleaseArgs,
     shares_gpus,
 )
-from deployctl.inventory import Host, merge_layers
+from deployctl.inventory import Host
 from deployctl.ops.flags import FlagReport, checked_argv, flag_report
 from deployctl.ops.gpus import GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
 from deployctl.patchset import PatchSet, command_flags, flag_violations, sets_for_flags
 from deployctl.project import Project
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
+from deployctl.settings import check_layer, overlay, own_layer
 from deployctl.text import is_number
 
 # How long a lock may be held when the holder says nothing shorter; past its expiry it is
@@ -64,16 +65,20 @@ def render_commands(
     templates = TemplateSet(project.search_dirs("templates"))
     # The overrides are the host's variables from here on: its log_dir, state_dir, python…
     hosts = [
-        Host(host.name, merge_layers([host.vars, overrides], "--set"), host.deployment)
+        Host(host.name, overlay(host.vars, overrides, f"host {host.label}"), host.deployment)
         for host in hosts
     ]
 
     def render_one(host: Host) -> RenderedCommand:
         name = default_template(host, template, threshold)
         rendered = templates.render(host, name, threshold, overrides)
+        # A server is never built from a default put in place of a variable that is not ours.
+        host.settings.require_own(skip=own_layer(overrides))
+        # What the command says, whoever wrote it (a template, extra_args, --set).
         problems = number_problems(host, rendered.argv)
         if problems:
             raise PreflightError(problems[0], hint="fix the value in the inventory or --set")
+        check_layer(overrides, "--set")  # what number_problems does not see
         if patch_sets is not None:
             problems = flag_violations(rendered.argv, sets_for_flags(rendered.argv, patch_sets))
             if problems:
@@ -430,7 +435,7 @@ def check_placement(plans: Sequence[Plan]) -> None:
     for same_machine in by_machine.values():
         for plan in same_machine:
             if plan.group is not None and plan.node_rank == 0:
-                dist_port = int(plan.host.vars["dist_port"])
+                dist_port = plan.host.settings.dist_port
                 taken = next((p for p in same_machine if p.port == dist_port), None)
                 if taken is not None:
                     raise PreflightError(

@@ -171,8 +171,7 @@ def audit_host(
 
 def host_patch_names(host: Host) -> list[str]:
     """The host's `patches` variable as a list of names."""
-    value = host.vars.get("patches") or []
-    return [value] if isinstance(value, str) else [str(v) for v in value]
+    return host.settings.patches
 
 
 # ---- apply -------------------------------------------------------------------------------
