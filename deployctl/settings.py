@@ -71,6 +71,7 @@ _WANTED = {
     list: "a list",
     dict: "a mapping",
 }
+_WEEK = 7 * 24 * 3600
 _PORT: dict[str, Any] = {"least": 1, "most": 65535, "wanted": "a port number (1-65535)"}
 
 _DECLARED = [
@@ -174,8 +175,9 @@ _DECLARED = [
         "SSH host keys to verify against",
         shown_default="`~/.ssh/known_hosts`",
     ),
-    Setting("connect_timeout", float, "seconds to connect", 10, above=0),
-    Setting("command_timeout", float, "seconds a command may take", 120, above=0),
+    # At most a week: past what the system's timers take, a timeout is no timeout.
+    Setting("connect_timeout", float, "seconds to connect", 10, above=0, most=_WEEK),
+    Setting("command_timeout", float, "seconds a command may take", 120, above=0, most=_WEEK),
 ]
 SETTINGS: dict[str, Setting] = {s.name: s for s in _DECLARED}
 
