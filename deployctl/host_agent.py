@@ -183,14 +183,17 @@ class PreflightArgs(ProbeArgs):
     server_argv: list[str] | None  # checked against the installation's options; None: not
 
 
-class LiveRun(TypedDict):
+class LiveRunOrigin(TypedDict, total=False):
+    origin: str | None  # the inventory that launched it; None (or absent): not recorded
+
+
+class LiveRun(LiveRunOrigin):
     id: str
     pid: int
     deployment: str | None
     gpus: list[int] | None
     port: int
     members: list[int]
-    origin: str | None  # the inventory that launched it; None: not recorded
 
 
 class OptionSpec(TypedDict):

@@ -148,6 +148,18 @@ class TemplateSet:
             keep_trailing_newline=True,
         )
 
+    def check(self, host: Host, template: str) -> None:
+        """Refuse a template name that names no template, saying which there are."""
+        names = template_names(self.search_dirs)
+        if template not in names:
+            hint = "available: " + (", ".join(names) or "none")
+            own = host.settings.spelling("template") == "template"
+            if own and host.settings.given("template") == template:  # the bare name: whose?
+                hint += (
+                    f"; if `template` is your own variable, set {PREFIX}template for deployctl's"
+                )
+            raise TemplateError(f"unknown template {template!r}", hint=hint)
+
     def render(
         self,
         host: Host,
@@ -158,15 +170,7 @@ class TemplateSet:
         """Render the template for a host; a missing variable is an error naming it."""
         import jinja2
 
-        names = template_names(self.search_dirs)
-        if template not in names:
-            hint = "available: " + (", ".join(names) or "none")
-            own = host.settings.spelling("template") == "template"
-            if own and host.settings.given("template") == template:  # the bare name: whose?
-                hint += (
-                    f"; if `template` is your own variable, set {PREFIX}template for deployctl's"
-                )
-            raise TemplateError(f"unknown template {template!r}", hint=hint)
+        self.check(host, template)
         where = f"host {host.label}"
         variables = Settings(overlay(host.vars, overrides or {}, where), where).context()
         context = {

@@ -34,6 +34,7 @@ from deployctl.ops.gpus import (
     find_holders,
     gpu_report,
 )
+from deployctl.present.documents import gpus_json
 
 CAPTURES = Path(__file__).resolve().parent / "data" / "nvidia-smi" / "h200-1gpu"
 UUID_A = "GPU-0f384172-4faf-f5c3-14fd-9c3861703c69"  # the machine of idle/busy captures
@@ -454,7 +455,7 @@ def test_gpu_report_verdict(
     report = GpuReport(gpus, processes, max_used_mib=max_used)
     assert report.clean is clean
     assert report.verdict() == verdict
-    assert report.to_json()["clean"] is clean
+    assert gpus_json(report)["clean"] is clean
 
 
 def test_gpu_report_on_eight_gpus_names_each_busy_one() -> None:
@@ -483,7 +484,7 @@ def test_gpu_report_lists_each_pid_once_in_order() -> None:
     report = GpuReport(parse_gpus(capture("busy-query-gpu.csv")), processes, DEFAULT_MAX_USED_MIB)
     assert report.pids == [418, 419]
     assert report.verdict() == "dirty: PIDs 418, 419 hold GPU memory"
-    doc = report.to_json()
+    doc = gpus_json(report)
     assert [p["pid"] for p in doc["processes"]] == [419, 418, 419]
     assert doc["gpus"][0]["memory_used_mib"] == 8811
 
@@ -588,7 +589,7 @@ def test_a_deployments_gpus_are_clean_while_another_gpu_is_busy() -> None:
 def test_gpu_report_json_names_the_run_holding_each_process() -> None:
     state = two_gpu_state("busy-standin")
     report = GpuReport(state.gpus, state.processes, DEFAULT_MAX_USED_MIB, {698: "main (srv_v1)"})
-    assert [(p["pid"], p["held_by"]) for p in report.to_json()["processes"]] == [
+    assert [(p["pid"], p["held_by"]) for p in gpus_json(report)["processes"]] == [
         (698, "main (srv_v1)"),
         (699, None),
     ]
@@ -737,7 +738,7 @@ def test_find_holders_names_our_run_and_its_deployment(tmp_path: Path) -> None:
     host = gpu_host(tmp_path)
     report = find_holders(host, conn, busy_two_gpu_report())
     assert report.holders == {698: "main (srv_v3)", 699: "main (srv_v3)", 1234: "solo_v1"}
-    assert [p["held_by"] for p in report.to_json()["processes"]] == ["main (srv_v3)"] * 2
+    assert [p["held_by"] for p in gpus_json(report)["processes"]] == ["main (srv_v3)"] * 2
     (command,) = conn.commands
     assert " runs " in command
     assert json.dumps({"state_dir": str(tmp_path / "state")}) in command
@@ -746,7 +747,7 @@ def test_find_holders_names_our_run_and_its_deployment(tmp_path: Path) -> None:
 def test_find_holders_leaves_processes_that_are_not_ours_unnamed(tmp_path: Path) -> None:
     conn = ScriptedConnection(answer=runs_reply(live_run("solo_v1", None, [699])))
     report = find_holders(gpu_host(tmp_path), conn, busy_two_gpu_report())
-    assert [p["held_by"] for p in report.to_json()["processes"]] == [None, "solo_v1"]
+    assert [p["held_by"] for p in gpus_json(report)["processes"]] == [None, "solo_v1"]
     assert report.verdict() == "dirty: PIDs 698, 699 hold GPU memory"
 
 

@@ -70,10 +70,11 @@ def render_commands(
     ]
 
     def render_one(host: Host) -> RenderedCommand:
+        name = default_template(host, template, threshold)
+        templates.check(host, name)
         # A server is never built from a default put in place of a variable that is not
         # ours, and a template never sees one.
         host.settings.require_own(skip=own_layer(overrides))
-        name = default_template(host, template, threshold)
         rendered = templates.render(host, name, threshold, overrides)
         # What the command says, whoever wrote it (a template, extra_args, --set).
         problems = number_problems(host, rendered.argv)

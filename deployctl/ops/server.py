@@ -59,8 +59,8 @@ def stray_runs(fleet: Fleet) -> list[Stray]:
             Stray(
                 Host(host.name, host.vars, run["deployment"]),
                 run["id"],
-                run["origin"],
-                bool(fleet.origin) and run["origin"] == fleet.origin,
+                run.get("origin"),
+                bool(fleet.origin) and run.get("origin") == fleet.origin,
             )
             for run in runs
             if (host.name, run["deployment"]) not in known
