@@ -64,10 +64,11 @@ def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     work = tmp_path / "work"
     home.mkdir()
     work.mkdir()
+    # As the `cli` fixture's environment: none of deployctl's or ssh-agent's settings.
+    for name in [n for n in os.environ if n.startswith(("DEPLOYCTL_", "SSH_AUTH"))]:
+        monkeypatch.delenv(name)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("DEPLOYCTL_DEBUG_DIR", str(tmp_path / "debug"))
-    for name in [n for n in os.environ if n.startswith(("DEPLOYCTL_INVENTORY", "SSH_AUTH"))]:
-        monkeypatch.delenv(name)
     monkeypatch.chdir(work)
     return work
 
