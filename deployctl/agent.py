@@ -60,9 +60,11 @@ RUNS = Call("runs", proto.RunsArgs, proto.RunsReply)
 BENCH = Call("bench", proto.BenchArgs, proto.BenchLevel)
 BENCH_SAVE = Call("bench_save", proto.BenchSaveArgs, proto.BenchSaveReply)
 BENCH_RESULTS = Call("bench_results", proto.BenchResultsArgs, proto.BenchResultsReply)
+TUNE_SAVE = Call("tune_save", proto.TuneSaveArgs, proto.TuneSaveReply)
+TUNE_RECORDS = Call("tune_records", proto.TuneRecordsArgs, proto.TuneRecordsReply)
 CALLS: tuple[Call[Any, Any], ...] = (
     PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
-    BENCH, BENCH_SAVE, BENCH_RESULTS,
+    BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS,
 )  # fmt: skip
 
 

@@ -753,6 +753,184 @@ def bench(
         return views.BENCH, results
 
 
+class ThresholdMode(StrEnum):
+    patch = "patch"
+    adaptive = "adaptive"
+
+
+class KeepChoice(StrEnum):
+    tuned = "tuned"
+    baseline = "baseline"
+    none = "none"
+
+
+@fleet_command(app, options=SERVERS)
+def tune(
+    session: Session,
+    concurrency: Annotated[
+        str, typer.Option("--concurrency", help="Levels every phase measures, e.g. 1,4,16,64.")
+    ] = "1,4,16,64",
+    input_len: Annotated[int, typer.Option("--input-len", min=1, help="Prompt words.")] = 512,
+    output_len: Annotated[
+        int, typer.Option("--output-len", min=2, help="Output tokens (EOS ignored).")
+    ] = 128,
+    per_stream: Annotated[
+        int,
+        typer.Option("--requests-per-stream", min=1, help="Requests per level per stream."),
+    ] = 4,
+    threshold_mode: Annotated[
+        ThresholdMode | None,
+        typer.Option("--threshold-mode", help="How T reaches SGLang (default: the host's)."),
+    ] = None,
+    objective: Annotated[
+        str,
+        typer.Option("--objective", help="throughput: the higher output tok/s is better."),
+    ] = "throughput",
+    max_itl_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--max-itl-ms", min=0.001, help="Better: within this per-token latency (p50)."
+        ),
+    ] = None,
+    max_ttft_ms: Annotated[
+        float | None,
+        typer.Option("--max-ttft-ms", min=0.001, help="Better: within this TTFT (p50)."),
+    ] = None,
+    keep: Annotated[
+        KeepChoice,
+        typer.Option(
+            "--keep", help="What serves afterwards: tuned, baseline, or none (as found)."
+        ),
+    ] = KeepChoice.tuned,
+    min_ratio: Annotated[
+        float,
+        typer.Option(
+            "--min-ratio", min=0.0, max=1.0,
+            help="The tuned run must reach this share of the better curve at every level.",
+        ),
+    ] = 0.95,
+    noise: Annotated[
+        float,
+        typer.Option(
+            "--noise", min=0.0, max=1.0,
+            help="Throughputs closer than this fraction are measured again (--repeats).",
+        ),
+    ] = 0.03,
+    repeats: Annotated[
+        int, typer.Option("--repeats", min=1, max=9, help="Samples of a level inside the noise.")
+    ] = 3,
+    template: Annotated[
+        str | None,
+        typer.Option(
+            "--template", "-t",
+            help="Speculative template (default: the deployment's when it speculates, else eagle3).",
+        ),
+    ] = None,
+    baseline_template: Annotated[
+        str, typer.Option("--baseline-template", help="Template without speculation.")
+    ] = "baseline",
+    timeout: TimeoutOpt = 900,
+    level_timeout: Annotated[
+        float, typer.Option("--level-timeout", min=1, help="Seconds per level.")
+    ] = 900,
+    stop_timeout: StopTimeoutOpt = 30,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show the plan and an estimate; start nothing.")
+    ] = False,
+    report: Annotated[
+        str | None,
+        typer.Option(
+            "--report", is_flag=False, flag_value="latest", metavar="[N]",
+            help="Show kept tune N (default: the newest) instead of tuning.",
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Also draw the curves, T and the crossover (.png, .svg)."),
+    ] = None,
+    html: Annotated[
+        Path | None, typer.Option("--html", help="Also write a self-contained HTML report.")
+    ] = None,
+) -> Reply:
+    """Find where speculation stops paying, relaunch with that --threshold, check it holds
+    at every level, and leave it serving (baseline, speculative, tuned; kept on the host)."""
+    from deployctl.ops import bench as bench_ops
+    from deployctl.ops import tune as ops
+    from deployctl.present import live, views
+
+    drawing = _drawing(session, plot, html)
+    if report is not None:
+        number = _report_number(report)
+        with session.fleet() as fleet:
+            found = ops.find_tunes(fleet, number)
+        drawing(next((r.value.record for r in found if r.value and r.value.record), None))
+        return views.KEPT_TUNES, found
+    if objective != "throughput":
+        raise UsageError(
+            f"--objective {objective!r} is not known",
+            hint="throughput, or give --max-itl-ms / --max-ttft-ms",
+        )
+    if max_itl_ms is not None and max_ttft_ms is not None:
+        raise UsageError("give one of --max-itl-ms and --max-ttft-ms")
+    goal = ops.Objective()
+    if max_itl_ms is not None:
+        goal = ops.Objective("max_itl_ms", max_itl_ms)
+    elif max_ttft_ms is not None:
+        goal = ops.Objective("max_ttft_ms", max_ttft_ms)
+    options = ops.TuneOptions(
+        levels=bench_ops.parse_levels(concurrency), input_len=input_len, output_len=output_len,
+        per_stream=per_stream, level_timeout=level_timeout, objective=goal,
+        keep=ops.Keep(keep.value), min_ratio=min_ratio, noise=noise, repeats=repeats,
+        threshold_mode=threshold_mode.value if threshold_mode else None,
+        baseline_template=baseline_template, speculative_template=template,
+        timeout=timeout, stop_timeout=stop_timeout,
+    )  # fmt: skip
+    plans = ops.plan_tune(session.project, session.targets, session.patch_sets(), options)
+    if dry_run:
+        return views.TUNE_PLAN, plans
+    with session.fleet() as fleet, live.Progress(enabled=not session.options.json) as progress:
+        results = ops.tune_fleet(fleet, plans, session.catalog(), progress)
+    drawing(next((ops.tune_record(r.value) for r in results if r.value), None))
+    return views.TUNE, results
+
+
+def _report_number(text: str) -> int | None:
+    if text == "latest":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"--report {text!r} is not a tune number", hint="e.g. --report 3")
+    return int(text)
+
+
+def _drawing(
+    session: Session, plot: Path | None, html: Path | None
+) -> Callable[[dict[str, Any] | None], None]:
+    """Check --plot and --html before any host is touched; return what draws a record."""
+    from deployctl import plot as plots
+
+    if plot is not None:
+        plots.check_plot_path(plot)
+    if html is not None and (html.is_dir() or not html.parent.is_dir()):
+        raise UsageError(f"--html {str(html)!r} must be a file in a folder that exists")
+    if (plot or html) and len(session.targets) != 1:
+        raise UsageError(
+            "--plot and --html draw one tune", hint="select one deployment with -H (and -d)"
+        )
+
+    def draw(record: dict[str, Any] | None) -> None:
+        if record is None:
+            return
+        if plot is not None:
+            plots.plot_tune(record, plot)
+        if html is not None:
+            from deployctl.localfiles import write_file
+            from deployctl.present.tune_report import tune_html
+
+            write_file(html, tune_html(record).encode())
+
+    return draw
+
+
 @fleet_command(app, "metrics-targets", options=("select", "deployment", "project"))
 def metrics_targets(
     session: Session,

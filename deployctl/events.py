@@ -168,6 +168,22 @@ class BenchLevelDone(Event):
     failed: int
 
 
+# ---- tune ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneStep(Event):
+    """Tune moved on: `step` is launching, measuring, restoring or keeping a phase's server
+    (baseline, speculative, tuned); `eta` is the seconds it expects to have left."""
+
+    kind: ClassVar[str] = "tune_step"
+    phase: str
+    step: str
+    elapsed: float
+    levels: list[int] = field(default_factory=list)
+    eta: float | None = None
+
+
 # ---- sinks ---------------------------------------------------------------------------------
 
 

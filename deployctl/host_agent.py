@@ -1913,10 +1913,9 @@ def bench_dir(state_dir: str, run: str) -> str:
     return state_path(state_dir, "runs", run + ".bench")
 
 
-def cmd_bench_save(args: BenchSaveArgs) -> BenchSaveReply:
-    """Keep a bench result beside its run's record as the next numbered file, never
-    overwriting one."""
-    folder = bench_dir(args["state_dir"], args["run"])
+def keep_numbered(folder: str, document: Callable[[int], Any]) -> tuple[int, str]:
+    """Write `document(number)` as the folder's next numbered JSON file, never overwriting
+    one."""
     os.makedirs(folder, exist_ok=True)
     number = 1 + max((int(n[:-5]) for n in os.listdir(folder) if n[:-5].isdigit()), default=0)
     while True:
@@ -1927,7 +1926,19 @@ def cmd_bench_save(args: BenchSaveArgs) -> BenchSaveReply:
         except FileExistsError:
             number += 1
     with os.fdopen(fd, "w") as handle:
-        json.dump(args["result"], handle)
+        json.dump(document(number), handle)
+    return number, path
+
+
+def numbered_files(folder: str) -> list[tuple[int, str]]:
+    """The folder's numbered JSON files, oldest first."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return sorted((int(n[:-5]), os.path.join(folder, n)) for n in names if n[:-5].isdigit())
+
+
+def cmd_bench_save(args: BenchSaveArgs) -> BenchSaveReply:
+    """Keep a bench result beside its run's record as the next numbered file."""
+    _, path = keep_numbered(bench_dir(args["state_dir"], args["run"]), lambda _: args["result"])
     return {"path": path}
 
 
@@ -1977,18 +1988,64 @@ def cmd_bench_results(args: BenchResultsArgs) -> BenchResultsReply:
     found: dict[str, list[dict[str, Any]]] = {}
     unreadable: list[str] = []
     for run in args["runs"]:
-        folder = bench_dir(args["state_dir"], run)
-        names = os.listdir(folder) if os.path.isdir(folder) else []
-        numbered = sorted((int(n[:-5]), n) for n in names if n[:-5].isdigit())
         found[run] = []
-        for _, name in numbered:
-            path = os.path.join(folder, name)
+        for _, path in numbered_files(bench_dir(args["state_dir"], run)):
             document = read_json(path)
             if is_sweep(document):
                 found[run].append(document)
             else:  # said, not skipped silently, nor left for the client to trip over
                 unreadable.append(path)
     return {"results": found, "unreadable": unreadable}
+
+
+class TuneSaveArgs(TypedDict):
+    state_dir: str
+    record: dict[str, Any]
+
+
+class TuneSaveReply(TypedDict):
+    number: int
+    path: str
+
+
+def tune_dir(state_dir: str) -> str:
+    return state_path(state_dir, "tunes")
+
+
+def cmd_tune_save(args: TuneSaveArgs) -> TuneSaveReply:
+    """Keep a tune record as the next numbered file, with its number in it."""
+    record = args["record"]
+    number, path = keep_numbered(tune_dir(args["state_dir"]), lambda n: {**record, "tune": n})
+    return {"number": number, "path": path}
+
+
+class TuneRecordsArgs(TypedDict):
+    state_dir: str
+    number: int | None  # None: the newest
+    deployment: str | None
+
+
+class TuneRecordsReply(TypedDict):
+    record: dict[str, Any] | None
+    numbers: list[int]  # every kept tune of the deployment, oldest first
+    unreadable: list[str]
+
+
+def cmd_tune_records(args: TuneRecordsArgs) -> TuneRecordsReply:
+    kept: dict[int, dict[str, Any]] = {}
+    unreadable: list[str] = []
+    for number, path in numbered_files(tune_dir(args["state_dir"])):
+        document = read_json(path)
+        if not isinstance(document, dict) or not isinstance(document.get("phases"), dict):
+            unreadable.append(path)
+        elif document.get("deployment") == args["deployment"]:
+            kept[number] = document
+    wanted = args["number"] if args["number"] is not None else max(kept, default=None)
+    return {
+        "record": kept.get(wanted) if wanted is not None else None,
+        "numbers": sorted(kept),
+        "unreadable": unreadable,
+    }
 
 
 # ---- entry point ---------------------------------------------------------------------------
@@ -2018,6 +2075,8 @@ def main() -> None:
         "bench": lambda: cmd_bench(args),
         "bench_save": lambda: cmd_bench_save(args),
         "bench_results": lambda: cmd_bench_results(args),
+        "tune_save": lambda: cmd_tune_save(args),
+        "tune_records": lambda: cmd_tune_records(args),
     }
     if call not in handlers:
         fail(f"unknown agent call {call!r}", "agent")

@@ -122,6 +122,13 @@ _DECLARED = [
     ),
     Setting("enable_metrics", bool, "render `--enable-metrics`", True),
     Setting(
+        "threshold",
+        int,
+        "the `--threshold` launch uses when none is given (`tune` prints the line to add)",
+        least=1,
+        wanted="a batch size (1 or more)",
+    ),
+    Setting(
         "threshold_mode", str, "how `--threshold N` reaches SGLang: patch or adaptive", "patch"
     ),
     Setting("check_flags", bool, "check the command's flags against the host's SGLang", True),
@@ -620,6 +627,12 @@ class Settings:
         """The host's `template`; None (or empty) leaves the choice to the threshold."""
         value = self.checked("template")
         return str(value) if value else None
+
+    @property
+    def threshold(self) -> int | None:
+        """The inventory's `threshold`: what launch uses when `--threshold` is not given."""
+        value = self.checked("threshold")
+        return None if value is None else int(value)
 
     @property
     def check_flags(self) -> bool:

@@ -53,8 +53,12 @@ def render_commands(
     threshold: int | None,
     set_pairs: Sequence[str],
     patch_sets: Mapping[str, PatchSet] | None = None,
+    inventory_threshold: bool = True,
 ) -> FleetResult[RenderedCommand]:
-    """Render the launch command for each host locally; check patch-set flag constraints."""
+    """Render the launch command for each host locally; check patch-set flag constraints.
+
+    Without `threshold`, a host's `threshold` variable is used (unless `inventory_threshold`
+    is off: tune's unthrottled phases)."""
     overrides = parse_overrides(set_pairs)
     reached = sorted(k for k in overrides if k.startswith("ansible_"))
     if reached:
@@ -70,12 +74,15 @@ def render_commands(
     ]
 
     def render_one(host: Host) -> RenderedCommand:
-        name = default_template(host, template, threshold)
+        from_inventory = threshold is None and inventory_threshold
+        given = host.settings.given("threshold") if from_inventory else threshold
+        name = default_template(host, template, given)
         templates.check(host, name)
         # A server is never built from a default put in place of a variable that is not
         # ours, and a template never sees one.
         host.settings.require_own(skip=own_layer(overrides))
-        rendered = templates.render(host, name, threshold, overrides)
+        wanted = host.settings.threshold if from_inventory else threshold
+        rendered = templates.render(host, name, wanted, overrides)
         # What the command says, whoever wrote it (a template, extra_args, --set).
         problems = number_problems(host, rendered.argv)
         if problems:
@@ -407,9 +414,12 @@ def plan_launch(
     threshold: int | None,
     set_pairs: Sequence[str],
     patch_sets: Mapping[str, PatchSet],
+    inventory_threshold: bool = True,
 ) -> list[Plan]:
     """Render and check every host's command locally; refuse before any host is touched."""
-    rendered = render_commands(project, hosts, template, threshold, set_pairs, patch_sets)
+    rendered = render_commands(
+        project, hosts, template, threshold, set_pairs, patch_sets, inventory_threshold
+    )
     failed = [r for r in rendered if r.failed]
     for result in failed:
         if result.is_bug and result.exception is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from deployctl.ops.patch import AuditReport, PatchAction, SetState
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit
     from deployctl.ops.server import RestartReport
+    from deployctl.ops.tune import KeptTune, TunePlan, TuneResult
     from deployctl.patchset import PatchSet
     from deployctl.render import RenderedCommand
 
@@ -355,6 +356,41 @@ def suggestion_document(result: Suggestion) -> dict[str, Any]:
             for c, b, s in result.rows
         ],
     }
+
+
+# ---- tune ----------------------------------------------------------------------------------
+
+
+def tune_document(results: FleetResult[TuneResult]) -> dict[str, Any]:
+    """Per deployment: its tune record (as kept on the host)."""
+    from deployctl.ops.tune import tune_record
+
+    return hosts_document(results, tune_record)
+
+
+def tune_plan_json(plan: TunePlan) -> dict[str, Any]:
+    return {
+        "deployment": plan.host.deployment,
+        "phases": {
+            str(phase): {
+                "template": p.rendered.template,
+                "command": p.rendered.display,
+            }
+            for phase, p in plan.plans.items()
+        },
+        "params": plan.options.describe(),
+        **plan.estimate(),
+    }
+
+
+def tune_plan_document(plans: Sequence[TunePlan]) -> dict[str, Any]:
+    from deployctl.fanout import HostResult
+
+    return hosts_document((HostResult(p.host, p) for p in plans), tune_plan_json)
+
+
+def kept_tune_json(kept: KeptTune) -> dict[str, Any]:
+    return {"record": kept.record, "numbers": kept.numbers, "unreadable": kept.unreadable}
 
 
 # ---- events --------------------------------------------------------------------------------

@@ -1,0 +1,1073 @@
+"""Tune: measure a deployment as baseline and as unthrottled speculative, find the largest
+concurrency at which speculation still pays, relaunch it with that `--threshold`, check that
+the tuned server holds the better of both curves at every level, and leave it serving.
+
+The search is pure (`Search`, `judge`): it decides which levels each phase's server must
+measure next. `Tuner` drives one deployment through its phases with the shared steps (the
+replace step to launch, `run_bench` to measure, the patch step for the threshold's set) and
+keeps one tune record on the host. Each deployment is tuned in its own thread; Ctrl-C or a
+failure puts back the run that was serving before.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from deployctl import agent
+from deployctl import events as ev
+from deployctl.errors import DeployctlError, UsageError
+from deployctl.events import DISCARD, EventSink
+from deployctl.fanout import Fleet, FleetResult, HostResult
+from deployctl.host_agent import TuneRecordsArgs, TuneSaveArgs
+from deployctl.ops.bench import BenchPlan, run_bench
+from deployctl.ops.launch import Plan, plan_launch
+from deployctl.ops.patch import apply_patches
+from deployctl.ops.runs import (
+    DEFAULT_STOP_TIMEOUT,
+    LaunchReport,
+    RunState,
+    StopResult,
+    replace,
+    run_status,
+    stop_run,
+)
+from deployctl.ops.runs import Outcome as RunOutcome
+from deployctl.ops.server import recorded_plan
+from deployctl.patchset import command_flags
+
+if TYPE_CHECKING:
+    from deployctl.connection import Connection
+    from deployctl.crash import Catalog
+    from deployctl.crash.model import CrashReport
+    from deployctl.host_agent import BenchLevel
+    from deployctl.inventory import Host
+    from deployctl.patchset import PatchSet
+    from deployctl.project import Project
+
+
+class Phase(StrEnum):
+    BASELINE = "baseline"
+    SPECULATIVE = "speculative"
+    TUNED = "tuned"
+
+
+class LevelVerdict(StrEnum):
+    """Speculation against the baseline at one level; a tie is not a win."""
+
+    WIN = "win"
+    LOSS = "loss"
+    TIE = "tie"
+
+
+class Outcome(StrEnum):
+    TUNED = "tuned"  # the tuned server ran every level (`held` says whether it kept up)
+    CRASHED = "crashed"  # a phase's server crashed: the best stable one was relaunched
+    FAILED = "failed"  # a step failed (a host, a launch, requests): the previous run put back
+    INTERRUPTED = "interrupted"  # Ctrl-C: the previous run put back
+
+
+class Keep(StrEnum):
+    TUNED = "tuned"
+    BASELINE = "baseline"
+    NONE = "none"  # leave the deployment as tune found it (its previous run, or nothing)
+
+
+# ---- what is compared ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What "better" means: output throughput, or throughput within a latency bound."""
+
+    kind: str = "throughput"  # or max_itl_ms, max_ttft_ms
+    bound: float | None = None
+
+    def latency(self, level: BenchLevel) -> float | None:
+        """The level's latency this objective bounds, in ms.
+
+        ITL is per output token, from end-to-end and first-token times: the builtin load
+        generator times streamed chunks, and a speculative server sends several tokens in one.
+        """
+        if self.kind == "max_ttft_ms":
+            return level["ttft_ms"]["p50"]
+        e2e, ttft = level["e2e_ms"]["p50"], level["ttft_ms"]["p50"]
+        per_request = level["output_tokens"] / max(1, level["completed"])
+        if e2e is None or ttft is None or per_request <= 1:
+            return None
+        return (e2e - ttft) / (per_request - 1)
+
+    def meets(self, samples: Sequence[BenchLevel]) -> bool:
+        """Whether the level's median latency is within the bound (always, for throughput)."""
+        if self.bound is None:
+            return True
+        seen = [v for v in (self.latency(s) for s in samples) if v is not None]
+        return bool(seen) and statistics.median(seen) <= self.bound
+
+    def near_bound(self, samples: Sequence[BenchLevel], noise: float) -> bool:
+        if self.bound is None:
+            return False
+        seen = [v for v in (self.latency(s) for s in samples) if v is not None]
+        return not seen or abs(statistics.median(seen) - self.bound) < noise * self.bound
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "bound": self.bound}
+
+
+def tps(level: BenchLevel) -> float:
+    return float(level["output_tokens_per_s"])
+
+
+def median_tps(samples: Sequence[BenchLevel]) -> float:
+    return statistics.median(tps(s) for s in samples)
+
+
+def median_sample(samples: Sequence[BenchLevel]) -> BenchLevel:
+    """The measured level whose throughput is the median (the lower one of an even count)."""
+    ordered = sorted(samples, key=tps)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def spread(samples: Sequence[BenchLevel]) -> float:
+    """The samples' range as a fraction of their median (0 for one sample)."""
+    values = [tps(s) for s in samples]
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Speculation against the baseline at one concurrency."""
+
+    concurrency: int
+    verdict: LevelVerdict
+    baseline: float  # median output tok/s
+    speculative: float
+    settled: bool  # False: inside the noise and not yet measured `repeats` times each
+    spread: dict[str, float]
+    samples: dict[str, int]
+
+
+def judge(
+    concurrency: int,
+    base: Sequence[BenchLevel],
+    spec: Sequence[BenchLevel],
+    objective: Objective,
+    noise: float,
+    repeats: int,
+) -> Judged:
+    """Compare the two at one level.
+
+    Throughputs further apart than `noise` (a fraction) decide at once. Closer ones are
+    measured `repeats` times each; then speculation wins or loses only when every sample of
+    one beats every sample of the other, else it is a tie. Under a latency bound, the one
+    that meets it wins; when neither does, neither is better (a tie).
+    """
+    enough = len(base) >= repeats and len(spec) >= repeats
+    mb, ms = median_tps(base), median_tps(spec)
+    verdict, settled = _by_throughput(base, spec, noise, enough)
+    if objective.bound is not None:
+        near = objective.near_bound(base, noise) or objective.near_bound(spec, noise)
+        meets_b, meets_s = objective.meets(base), objective.meets(spec)
+        if meets_b != meets_s or not meets_b:
+            verdict = (
+                LevelVerdict.WIN
+                if meets_s and not meets_b
+                else LevelVerdict.LOSS
+                if meets_b
+                else LevelVerdict.TIE
+            )
+            settled = enough or not near
+        else:
+            settled = settled and (enough or not near)
+    return Judged(
+        concurrency,
+        verdict,
+        mb,
+        ms,
+        settled,
+        {Phase.BASELINE: spread(base), Phase.SPECULATIVE: spread(spec)},
+        {Phase.BASELINE: len(base), Phase.SPECULATIVE: len(spec)},
+    )
+
+
+def _by_throughput(
+    base: Sequence[BenchLevel], spec: Sequence[BenchLevel], noise: float, enough: bool
+) -> tuple[LevelVerdict, bool]:
+    mb, ms = median_tps(base), median_tps(spec)
+    by_sign = LevelVerdict.WIN if ms > mb else LevelVerdict.LOSS
+    if mb <= 0 or abs(ms - mb) / mb >= noise:
+        return (by_sign if ms != mb else LevelVerdict.TIE), True
+    if not enough:
+        return LevelVerdict.TIE, False
+    apart = min(map(tps, spec)) > max(map(tps, base)) or min(map(tps, base)) > max(map(tps, spec))
+    return (by_sign if apart else LevelVerdict.TIE), True
+
+
+# ---- which levels are worth measuring -----------------------------------------------------
+
+
+def speculative_graph_sizes(max_bs: int) -> list[int]:
+    """The decode batch sizes SGLang 0.5.23 captures CUDA graphs for on a speculative server
+    (`generate_decode_cuda_graph_batch_sizes`); it pads a batch up to the next one."""
+    sizes = [
+        *range(1, 9),
+        *range(10, 33, 2),
+        *range(40, 65, 4),
+        *range(72, 257, 8),
+        *range(272, max_bs + 1, 16),
+    ]
+    sizes = [s for s in sizes if s <= max_bs]
+    return sizes if max_bs in sizes else [*sizes, max_bs]
+
+
+@dataclass(frozen=True)
+class Levels:
+    """Where a threshold can switch: any batch size (patch mode), or in adaptive mode only at
+    CUDA-graph sizes, since SGLang pads a batch before it picks the draft steps."""
+
+    graph_sizes: tuple[int, ...] = ()  # empty: every integer
+
+    def between(self, low: int, high: int) -> list[int]:
+        if not self.graph_sizes:
+            return list(range(low + 1, high))
+        inside = [s for s in self.graph_sizes if low < s < high]
+        # Past the largest graph there is no padding: every batch size is its own.
+        top = self.graph_sizes[-1]
+        return inside + list(range(max(low, top) + 1, high))
+
+    def snap(self, level: int) -> int:
+        """The largest switch point at or below `level`."""
+        if not self.graph_sizes or level > self.graph_sizes[-1]:
+            return level
+        return self.graph_sizes[max(0, bisect.bisect_right(self.graph_sizes, level) - 1)]
+
+
+def spaced(candidates: Sequence[int], points: int) -> list[int]:
+    """`points` candidates that split the range into equal parts (all when there are few)."""
+    if len(candidates) <= points:
+        return list(candidates)
+    picked = [
+        candidates[(i * (len(candidates) + 1)) // (points + 1) - 1] for i in range(1, points + 1)
+    ]
+    return sorted(set(picked))
+
+
+@dataclass
+class Search:
+    """Where speculation stops winning, narrowed down between the two servers' visits.
+
+    Each visit of a server measures what it owes: the levels the other server measured and
+    it has not, levels whose comparison is inside the noise (up to `repeats` samples each),
+    and a level where speculation wins again after a loss, with the loss before it (so
+    neither is averaged away). Once nothing is owed, `points` new levels split the bracket
+    between the last win and the first non-win; they are measured on the server that is up
+    and then on the other. The search ends when the bracket's ends are adjacent.
+    """
+
+    coarse: list[int]
+    levels: Levels = field(default_factory=Levels)
+    objective: Objective = field(default_factory=Objective)
+    noise: float = 0.03
+    repeats: int = 3
+    points: int = 3
+    samples: dict[Phase, dict[int, list[BenchLevel]]] = field(
+        default_factory=lambda: {Phase.BASELINE: {}, Phase.SPECULATIVE: {}}
+    )
+    planned: list[int] = field(default_factory=list)
+    refined: list[int] = field(default_factory=list)
+    suspects: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.planned = sorted(set(self.coarse))
+
+    def add(self, phase: Phase, measured: Sequence[BenchLevel]) -> None:
+        for level in measured:
+            self.samples[phase].setdefault(level["concurrency"], []).append(level)
+
+    def judged(self) -> dict[int, Judged]:
+        """Every level both servers measured."""
+        base, spec = self.samples[Phase.BASELINE], self.samples[Phase.SPECULATIVE]
+        return {
+            c: judge(c, base[c], spec[c], self.objective, self.noise, self.repeats)
+            for c in self.planned
+            if c in base and c in spec
+        }
+
+    def owed(self, phase: Phase) -> list[int]:
+        """The levels `phase`'s server should measure now (empty: nothing more from it)."""
+        self._advance()
+        return [c for c in self.planned if self._short(phase, c)]
+
+    @property
+    def done(self) -> bool:
+        return not self.owed(Phase.BASELINE) and not self.owed(Phase.SPECULATIVE)
+
+    def bracket(self) -> tuple[int, int | None]:
+        """The last level where speculation wins before its first non-win (0: none), and
+        that first non-win (None: it wins at every level measured)."""
+        judged = self.judged()
+        last_win = 0
+        for c in sorted(judged):
+            if judged[c].verdict is not LevelVerdict.WIN:
+                return last_win, c
+            last_win = c
+        return last_win, None
+
+    def wins_again(self) -> list[int]:
+        """Levels above the first non-win where speculation wins again: the threshold cannot
+        use them (it only turns speculation off above T)."""
+        _, first_loss = self.bracket()
+        judged = self.judged()
+        return [
+            c
+            for c in sorted(judged)
+            if first_loss is not None and c > first_loss and judged[c].verdict is LevelVerdict.WIN
+        ]
+
+    @property
+    def threshold(self) -> int | None:
+        """T: speculation on while the batch is at most T; None when it never wins or wins at
+        every level measured (see `speculation`)."""
+        last_win, first_loss = self.bracket()
+        if first_loss is None or last_win == 0:
+            return None
+        return self.levels.snap(last_win)
+
+    @property
+    def speculation(self) -> str:
+        """never, always (at every level measured) or up_to (T)."""
+        if self.bracket()[1] is None:
+            return "always"
+        return "never" if self.threshold is None else "up_to"
+
+    def _needed(self, level: int) -> int:
+        return self.repeats if level in self.suspects else 1
+
+    def _short(self, phase: Phase, level: int) -> bool:
+        return len(self.samples[phase].get(level, [])) < self._needed(level)
+
+    def _advance(self) -> None:
+        judged = self.judged()
+        self.suspects.update(c for c, j in judged.items() if not j.settled)
+        _, first_loss = self.bracket()
+        again = self.wins_again()
+        if again and first_loss is not None:
+            self.suspects.update([first_loss, *again])
+        if any(
+            self._short(p, c) for p in (Phase.BASELINE, Phase.SPECULATIVE) for c in self.planned
+        ):
+            return  # finish what is started before narrowing further
+        last_win, first_loss = self.bracket()
+        if first_loss is None:
+            return
+        new = [c for c in spaced(self.levels.between(last_win, first_loss), self.points)]
+        new = [c for c in new if c not in self.planned]
+        self.planned = sorted({*self.planned, *new})
+        self.refined = sorted({*self.refined, *new})
+
+    def launches_left(self) -> int:
+        """A guess at the visits still to come: one per bracket split, at least one more."""
+        last_win, first_loss = self.bracket()
+        if first_loss is None:
+            return 0
+        width = len(self.levels.between(last_win, first_loss))
+        return math.ceil(math.log(width + 1, self.points + 1)) if width else 0
+
+
+# ---- driving one deployment --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """What one tune measures and how it decides."""
+
+    levels: list[int]
+    input_len: int = 512
+    output_len: int = 128
+    per_stream: int = 4
+    level_timeout: float = 900
+    objective: Objective = field(default_factory=Objective)
+    keep: Keep = Keep.TUNED
+    min_ratio: float = 0.95
+    noise: float = 0.03
+    repeats: int = 3
+    points: int = 3
+    threshold_mode: str | None = None  # None: each host's `threshold_mode`
+    baseline_template: str = "baseline"
+    speculative_template: str | None = None  # None: the deployment's, when it speculates
+    timeout: float = 900  # seconds for each launch to get ready
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    max_visits: int = 12  # launches of the two servers, at most, while searching
+
+    def bench_plan(self, levels: Sequence[int]) -> BenchPlan:
+        return BenchPlan(
+            list(levels), self.input_len, self.output_len, self.per_stream, self.level_timeout
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.levels,
+            "input_len": self.input_len,
+            "output_len": self.output_len,
+            "requests_per_stream": self.per_stream,
+            "objective": self.objective.describe(),
+            "keep": str(self.keep),
+            "min_ratio": self.min_ratio,
+            "noise": self.noise,
+            "repeats": self.repeats,
+        }
+
+
+@dataclass
+class PhaseRun:
+    """One phase's server: its run and every level measured on it, in order."""
+
+    phase: Phase
+    template: str
+    threshold: int | None
+    run: str | None = None
+    state: str = "not started"  # a RunState value once launched
+    measured: list[BenchLevel] = field(default_factory=list)
+    sweeps: list[str] = field(default_factory=list)  # kept bench files on the host
+
+    def levels(self) -> list[BenchLevel]:
+        """One level per concurrency: the median of its samples (as `bench --json` has it)."""
+        by_level: dict[int, list[BenchLevel]] = {}
+        for level in self.measured:
+            by_level.setdefault(level["concurrency"], []).append(level)
+        return [median_sample(by_level[c]) for c in sorted(by_level)]
+
+    def samples(self) -> dict[int, list[float]]:
+        found: dict[int, list[float]] = {}
+        for level in self.measured:
+            found.setdefault(level["concurrency"], []).append(tps(level))
+        return dict(sorted(found.items()))
+
+
+@dataclass
+class TuneResult:
+    """One deployment's tune: what each phase measured, T, and what is serving now."""
+
+    host: str
+    deployment: str | None
+    threshold_mode: str
+    options: TuneOptions
+    phases: dict[Phase, PhaseRun] = field(default_factory=dict)
+    search: Search | None = None
+    threshold: int | None = None
+    speculation: str = ""
+    outcome: Outcome = Outcome.FAILED
+    note: str = ""
+    envelope_ratio: dict[int, float] = field(default_factory=dict)
+    capacity: int | None = None  # with a latency bound: the highest tuned level meeting it
+    serving: str | None = None
+    previous: str | None = None
+    crash: CrashReport | None = None
+    patches: list[str] = field(default_factory=list)  # sets tune applied for T
+    started_at: float = field(default_factory=time.time)
+    wall_s: float = 0.0
+    launches: int = 0
+    record: int | None = None  # the tune record's number on the host
+    saved: str | None = None
+
+    @property
+    def held(self) -> bool:
+        """The tuned server kept up with the better of both curves at every level."""
+        ratios = self.envelope_ratio.values()
+        return bool(ratios) and min(ratios) >= self.options.min_ratio
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.TUNED and self.held
+
+    @property
+    def levels_measured(self) -> int:
+        return sum(len(p.measured) for p in self.phases.values())
+
+
+class Interrupted(Exception):
+    """Ctrl-C reached the tune of this deployment at a safe point."""
+
+
+class PhaseFailed(DeployctlError):
+    """A phase's server crashed, died or failed requests."""
+
+    def __init__(self, message: str, crash: CrashReport | None = None) -> None:
+        super().__init__(message)
+        self.crash = crash
+
+
+class Tuner:
+    """Tune one deployment (a single-node server) through its phases."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        host: Host,
+        plans: Mapping[Phase, Plan],
+        tuned_plan: Callable[[int | None, bool], Plan],
+        catalog: Catalog,
+        patch_sets: Mapping[str, PatchSet],
+        options: TuneOptions,
+        events: EventSink,
+        cancel: threading.Event,
+    ) -> None:
+        self.fleet, self.host, self.plans = fleet, host, plans
+        self.tuned_plan, self.patch_sets = tuned_plan, patch_sets
+        self.catalog, self.options, self.events, self.cancel = catalog, options, events, cancel
+        self.began = time.monotonic()
+        self.level_seconds: list[float] = []
+        self.launch_seconds: list[float] = []
+        self.current: str | None = None  # the run tune last started
+        self.search: Search | None = None
+
+    @property
+    def conn(self) -> Connection:
+        return self.fleet.connection(self.host)
+
+    def run(self) -> TuneResult:
+        mode = self.options.threshold_mode or str(self.host.settings.value("threshold_mode"))
+        result = TuneResult(self.host.name, self.host.deployment, mode, self.options)
+        previous = self._previous()
+        result.previous = previous[1] if previous else None
+        try:
+            self._search(result)
+            self._tune(result)
+            self._keep(result, previous)
+        except PhaseFailed as exc:
+            result.crash = exc.crash
+            result.outcome = Outcome.CRASHED if exc.crash is not None else Outcome.FAILED
+            result.note = exc.message
+            self._fall_back(result, previous)
+        except (Interrupted, KeyboardInterrupt):
+            result.outcome, result.note = Outcome.INTERRUPTED, "interrupted"
+            self._put_back(result, previous)
+        except DeployctlError as exc:
+            result.outcome, result.note = Outcome.FAILED, exc.message
+            self._put_back(result, previous)
+        result.wall_s = time.monotonic() - self.began
+        self._save(result)
+        return result
+
+    def _previous(self) -> tuple[Plan, str] | None:
+        """The run serving before tune started, as the plan that puts it back."""
+        status = run_status(self.host, self.conn, self.catalog)
+        if status.run is None or status.state is not RunState.READY:
+            return None
+        return recorded_plan(self.host, status, self.patch_sets), status.run["id"]
+
+    # -- the phases ----------------------------------------------------------------------------
+
+    def _search(self, result: TuneResult) -> None:
+        options = self.options
+        levels = Levels()
+        if result.threshold_mode == "adaptive":
+            max_bs = self.host.vars.get("cuda_graph_max_bs")
+            levels = Levels(tuple(speculative_graph_sizes(int(max_bs) if max_bs else 256)))
+        search = Search(
+            list(options.levels), levels, options.objective, options.noise, options.repeats,
+            options.points,
+        )  # fmt: skip
+        result.search = self.search = search
+        order = [Phase.BASELINE, Phase.SPECULATIVE]
+        visits = 0
+        up: Phase | None = None
+        while True:
+            nxt = next((p for p in ([up] if up else []) + order if p and search.owed(p)), None)
+            if nxt is None:
+                break
+            if nxt is not up:
+                if visits >= options.max_visits:
+                    result.note = f"search stopped after {visits} launches"
+                    break
+                self._launch(result, nxt, self.plans[nxt])
+                visits += 1
+                up = nxt
+            while wanted := search.owed(nxt):
+                search.add(nxt, self._measure(result, nxt, wanted))
+            order = [p for p in order if p is not nxt] + [nxt]  # the other one next
+        result.threshold = search.threshold
+        result.speculation = search.speculation
+
+    def _tune(self, result: TuneResult) -> None:
+        """Relaunch with T (or the one that wins everywhere), measure every level searched,
+        and compare each with the better of both."""
+        search = result.search
+        assert search is not None
+        plan = self.tuned_plan(result.threshold, result.speculation != "never")
+        if plan.needed_sets:
+            self._step(Phase.TUNED, "patching")
+            actions = apply_patches(self.host, self.conn, plan.needed_sets)
+            result.patches = [f"{a.set} {a.version} ({a.action})" for a in actions]
+        self._launch(result, Phase.TUNED, plan)
+        levels = list(search.planned)
+        tuned = result.phases[Phase.TUNED]
+        self._measure(result, Phase.TUNED, levels)
+        for _ in range(self.options.repeats - 1):
+            low = [c for c, r in self._ratios(result).items() if r < self.options.min_ratio]
+            if not low:
+                break
+            self._measure(result, Phase.TUNED, low)  # a single slow sample is not the verdict
+        result.envelope_ratio = self._ratios(result)
+        if self.options.objective.bound is not None:
+            result.capacity = self._capacity(result)
+        result.outcome = Outcome.TUNED
+        result.serving = tuned.run
+
+    def _ratios(self, result: TuneResult) -> dict[int, float]:
+        search = result.search
+        assert search is not None
+        tuned = result.phases[Phase.TUNED]
+        by_level: dict[int, list[BenchLevel]] = {}
+        for level in tuned.measured:
+            by_level.setdefault(level["concurrency"], []).append(level)
+        ratios = {}
+        for c, judged in search.judged().items():
+            best = max(judged.baseline, judged.speculative)
+            if c in by_level and best > 0:
+                ratios[c] = median_tps(by_level[c]) / best
+        return ratios
+
+    def _capacity(self, result: TuneResult) -> int | None:
+        """The highest concurrency at which the tuned server meets the latency bound,
+        narrowed down on it between the levels measured."""
+        objective = self.options.objective
+        tuned = result.phases[Phase.TUNED]
+
+        def meets(level: int) -> bool:
+            return objective.meets([s for s in tuned.measured if s["concurrency"] == level])
+
+        measured = sorted({s["concurrency"] for s in tuned.measured})
+        good = [c for c in measured if meets(c)]
+        if not good:
+            return None
+        low = max(good)
+        high = next((c for c in measured if c > low), None)
+        while high is not None and high - low > 1:
+            middle = (low + high) // 2
+            self._measure(result, Phase.TUNED, [middle])
+            low, high = (middle, high) if meets(middle) else (low, middle)
+        return low
+
+    def _keep(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
+        keep = self.options.keep
+        if keep is Keep.BASELINE:
+            self._step(Phase.BASELINE, "keeping")
+            result.serving = self._start(result, Phase.BASELINE, self.plans[Phase.BASELINE])
+        elif keep is Keep.NONE:
+            self._put_back(result, previous)
+
+    # -- when it goes wrong ----------------------------------------------------------------
+
+    def _fall_back(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
+        """After a crash: relaunch the best configuration that did not crash (no threshold),
+        else put back what was serving before."""
+        best = self._best_stable(result)
+        if best is None:
+            self._put_back(result, previous)
+            return
+        try:
+            self._step(best, "restoring")
+            result.serving = self._start(result, best, self.plans[best])
+        except (DeployctlError, PhaseFailed) as exc:
+            result.note += f"; relaunching {best} failed: {exc}"
+
+    def _best_stable(self, result: TuneResult) -> Phase | None:
+        """Of the unthrottled phases that ran without crashing, the one with the higher
+        throughput at the highest level both measured (saturation is where a fleet lives)."""
+        stable = [
+            p
+            for p in (Phase.BASELINE, Phase.SPECULATIVE)
+            if p in result.phases and result.phases[p].state == RunState.READY
+        ]
+        if len(stable) < 2 or result.search is None:
+            return stable[0] if stable else None
+        judged = result.search.judged()
+        if not judged:
+            return Phase.BASELINE
+        top = judged[max(judged)]
+        return Phase.SPECULATIVE if top.speculative > top.baseline else Phase.BASELINE
+
+    def _put_back(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
+        """Relaunch the run that was serving before tune (or stop tune's own run)."""
+        try:
+            if previous is None:
+                if self.current is not None:
+                    stop_run(self.host, self.conn, self.options.stop_timeout)
+                result.serving = None
+                return
+            plan, run_id = previous
+            self._step(Phase.BASELINE, "restoring")
+            replaced = replace(
+                self.fleet, [plan], self.catalog, restart_of={self.host.label: run_id},
+                stop_timeout=self.options.stop_timeout, timeout=self.options.timeout,
+                events=self.events,
+            )  # fmt: skip
+            outcome = _outcome(replaced.launch)
+            result.launches += 1
+            result.serving = outcome.run["id"] if outcome is not None and outcome.ok else None
+            if result.serving is None:
+                result.note += f"; putting back {run_id} failed"
+        except DeployctlError as exc:
+            result.note += f"; putting back failed: {exc.message}"
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def _launch(self, result: TuneResult, phase: Phase, plan: Plan) -> None:
+        result.phases[phase] = PhaseRun(phase, plan.rendered.template, plan.rendered.threshold)
+        self._start(result, phase, plan)
+
+    def _start(self, result: TuneResult, phase: Phase, plan: Plan) -> str:
+        """Replace the current run with the plan's; wait until ready; return the run id."""
+        self._check_cancel()
+        self._step(phase, "launching")
+        began = time.monotonic()
+        replaced = replace(
+            self.fleet, [plan], self.catalog, restart_of={},
+            stop_timeout=self.options.stop_timeout, timeout=self.options.timeout,
+            events=self.events,
+        )  # fmt: skip
+        result.launches += 1
+        self.launch_seconds.append(time.monotonic() - began)
+        outcome = _outcome(replaced.launch)
+        phase_run = result.phases.get(phase)
+        if outcome is None:
+            raise _failure(self.host, replaced.launch, replaced.stops)
+        self.current = outcome.run["id"]
+        if phase_run is not None and phase_run.run is None:
+            phase_run.run, phase_run.state = outcome.run["id"], str(outcome.state)
+        if not outcome.ok:
+            crash = outcome.crashes[0] if outcome.crashes else None
+            raise PhaseFailed(
+                f"{phase} server {outcome.run['id']} {outcome.state} while starting", crash
+            )
+        return str(outcome.run["id"])
+
+    def _measure(self, result: TuneResult, phase: Phase, levels: Sequence[int]) -> list[BenchLevel]:
+        self._check_cancel()
+        phase_run = result.phases[phase]
+        self._step(phase, "measuring", list(levels))
+        began = time.monotonic()
+        try:
+            swept = run_bench(self.host, self.conn, self.options.bench_plan(levels), self.events)
+        except DeployctlError as exc:
+            self._check_crash(phase_run, exc.message)
+            raise
+        assert swept is not None  # single-node only: rank 0 serves the API
+        self.level_seconds.append((time.monotonic() - began) / max(1, len(levels)))
+        phase_run.measured += swept.levels
+        phase_run.sweeps.append(swept.saved)
+        failed = [lv for lv in swept.levels if lv["failed"]]
+        if failed:
+            first = failed[0]
+            detail = f": {first['errors'][0]}" if first["errors"] else ""
+            self._check_crash(
+                phase_run,
+                f"{first['failed']} of {first['prompts']} requests failed at concurrency "
+                f"{first['concurrency']}{detail}",
+            )
+        return swept.levels
+
+    def _check_crash(self, phase_run: PhaseRun, what: str) -> None:
+        """Raise PhaseFailed, with the crash report when the server crashed."""
+        status = run_status(self.host, self.conn, self.catalog)
+        if status.crashed or not status.alive:
+            phase_run.state = str(RunState.CRASHED)
+            crash = status.crashes[0] if status.crashes else None
+            raise PhaseFailed(f"{phase_run.phase} server {phase_run.run} crashed: {what}", crash)
+        raise PhaseFailed(f"{phase_run.phase} server {phase_run.run}: {what}")
+
+    def _check_cancel(self) -> None:
+        if self.cancel.is_set():
+            raise Interrupted
+
+    def _step(self, phase: Phase, step: str, levels: Sequence[int] = ()) -> None:
+        self.events.emit(
+            ev.TuneStep(
+                target=self.host.label, phase=str(phase), step=step, levels=list(levels),
+                elapsed=time.monotonic() - self.began, eta=self._eta(),
+            )
+        )  # fmt: skip
+
+    def _eta(self) -> float | None:
+        """Seconds left, from the launches and levels timed so far (None before any)."""
+        if not self.level_seconds or not self.launch_seconds:
+            return None
+        search = self.search
+        launches = 1 + (search.launches_left() if search else 1)
+        levels = len(search.planned) * 2 if search else len(self.options.levels) * 2
+        return launches * statistics.mean(self.launch_seconds) + levels * statistics.mean(
+            self.level_seconds
+        )
+
+    def _save(self, result: TuneResult) -> None:
+        args = TuneSaveArgs(state_dir=self.host.settings.state_dir, record=tune_record(result))
+        try:
+            reply = agent.call(self.host, self.conn, agent.TUNE_SAVE, args)
+        except DeployctlError as exc:
+            result.note += f"; the tune record could not be kept: {exc.message}"
+            return
+        result.record, result.saved = reply["number"], reply["path"]
+
+
+def _outcome(report: LaunchReport | None) -> RunOutcome | None:
+    """The one target's outcome of a launch that started it (None: it did not start)."""
+    if report is None or not report.outcomes.results:
+        return None
+    return report.outcomes.results[0].value
+
+
+def _failure(
+    host: Host, report: LaunchReport | None, stops: FleetResult[StopResult]
+) -> DeployctlError:
+    """Why a launch did not start: the stop or the preflight that failed."""
+    preflights = list(report.preflights) if report else []
+    outcomes = list(report.outcomes) if report else []
+    for result in [*stops, *preflights, *outcomes]:
+        error = result.exception
+        if error is not None:
+            return error if isinstance(error, DeployctlError) else DeployctlError(str(error))
+    for preflight in preflights:
+        if preflight.value is not None and preflight.value.problems:
+            hint = preflight.value.hints[0] if preflight.value.hints else None
+            return DeployctlError(f"{host.label}: {preflight.value.problems[0]}", hint=hint)
+    return DeployctlError(f"{host.label}: the launch did not start")
+
+
+# ---- the record kept on the host (and printed by --json) ----------------------------------
+
+
+def tune_record(result: TuneResult) -> dict[str, Any]:
+    """The tune as one document: what `tune --json` prints for the deployment and what is
+    kept on its host for `tune --report`."""
+    search = result.search
+    judged = search.judged() if search else {}
+    phases = {
+        str(phase): {
+            "run": run.run,
+            "template": run.template,
+            "threshold": run.threshold,
+            "state": run.state,
+            "levels": run.levels(),
+            "samples": {str(c): v for c, v in run.samples().items()},
+            "sweeps": run.sweeps,
+        }
+        for phase, run in result.phases.items()
+    }
+    last_win, first_loss = search.bracket() if search else (0, None)
+    return {
+        "host": result.host,
+        "deployment": result.deployment,
+        "tune": result.record,
+        "outcome": str(result.outcome),
+        "outcome_note": result.note,
+        "threshold": result.threshold,
+        "threshold_mode": result.threshold_mode,
+        "speculation": result.speculation,
+        "crossover": {"last_win": last_win or None, "first_loss": first_loss} if search else None,
+        "phases": phases,
+        "refined_levels": search.refined if search else [],
+        "wins_again": search.wins_again() if search else [],
+        "verdicts": {
+            str(c): {
+                "verdict": str(j.verdict),
+                "baseline": j.baseline,
+                "speculative": j.speculative,
+                "spread": j.spread,
+                "samples": j.samples,
+            }
+            for c, j in judged.items()
+        },
+        "envelope_ratio": {str(c): r for c, r in sorted(result.envelope_ratio.items())},
+        "min_ratio": result.options.min_ratio,
+        "held": result.held,
+        "capacity": result.capacity,
+        "serving": result.serving,
+        "previous": result.previous,
+        "crash": result.crash.to_json() if result.crash else None,
+        "patches": result.patches,
+        "params": result.options.describe(),
+        "started_at": result.started_at,
+        "wall_s": round(result.wall_s, 3),
+        "launches": result.launches,
+        "levels_measured": result.levels_measured,
+    }
+
+
+# ---- the fleet ------------------------------------------------------------------------------
+
+
+@dataclass
+class TunePlan:
+    """What a tune of one deployment will launch and measure (also its dry run)."""
+
+    host: Host
+    plans: dict[Phase, Plan]
+    tuned: Callable[[int | None, bool], Plan]
+    options: TuneOptions
+    patch_sets: Mapping[str, PatchSet]
+
+    def estimate(self) -> dict[str, Any]:
+        """Launches, sweeps and a duration guess before anything is measured."""
+        coarse = sorted(set(self.options.levels))
+        gaps = [b - a - 1 for a, b in zip([0, *coarse], coarse, strict=False)]
+        rounds = math.ceil(math.log(max(gaps) + 1, self.options.points + 1)) if max(gaps) else 0
+        launches = 3 + rounds
+        measured = len(coarse) * 3 + rounds * self.options.points * 3
+        per_level = self.options.per_stream * self.options.output_len * ASSUMED_TOKEN_S
+        return {
+            "launches": launches,
+            "levels": measured,
+            "estimated_s": launches * ASSUMED_LAUNCH_S + measured * per_level,
+            "assumed": {"launch_s": ASSUMED_LAUNCH_S, "token_s": ASSUMED_TOKEN_S},
+        }
+
+
+# A dry run's duration guess: a large model's load, and a busy server's time per token.
+ASSUMED_LAUNCH_S = 300.0
+ASSUMED_TOKEN_S = 0.02
+
+
+def plan_tune(
+    project: Project,
+    targets: Sequence[Host],
+    patch_sets: Mapping[str, PatchSet],
+    options: TuneOptions,
+) -> list[TunePlan]:
+    """Render every phase's command for every deployment; refuse before any host is touched."""
+    pairs = [f"threshold_mode={options.threshold_mode}"] if options.threshold_mode else []
+    found = []
+    for host in targets:
+        if host.settings.nnodes > 1:
+            raise UsageError(
+                f"{host.label} is a multi-node server: tune works on single-node deployments"
+            )
+
+        def plan(template: str, threshold: int | None, host: Host = host) -> Plan:
+            [made] = plan_launch(
+                project, [host], template, threshold, pairs, patch_sets, inventory_threshold=False
+            )
+            return made
+
+        speculative = options.speculative_template or _speculative_template(host, plan)
+        plans = {
+            Phase.BASELINE: plan(options.baseline_template, None),
+            Phase.SPECULATIVE: plan(speculative, None),
+        }
+        if _speculates(plans[Phase.BASELINE]):
+            raise UsageError(
+                f"{host.label}: baseline template {options.baseline_template!r} speculates",
+                hint="name a plain template with --baseline-template",
+            )
+        if not _speculates(plans[Phase.SPECULATIVE]):
+            raise UsageError(
+                f"{host.label}: template {speculative!r} does not speculate",
+                hint="name a speculative template with --template, e.g. eagle3",
+            )
+        plan(speculative, 1)  # what a threshold needs (topk 1, draft steps) is checked now
+
+        def tuned(
+            threshold: int | None,
+            speculate: bool,
+            speculative: str = speculative,
+            plan: Callable[[str, int | None], Plan] = plan,
+        ) -> Plan:
+            if not speculate:
+                return plan(options.baseline_template, None)
+            return plan(speculative, threshold)
+
+        found.append(TunePlan(host, plans, tuned, options, patch_sets))
+    return found
+
+
+def _speculates(plan: Plan) -> bool:
+    return "--speculative-algorithm" in command_flags(plan.rendered.argv)
+
+
+def _speculative_template(host: Host, plan: Callable[[str, int | None], Plan]) -> str:
+    """The deployment's own template when it speculates, else the shipped eagle3."""
+    own = host.settings.template
+    if own and _speculates(plan(own, None)):
+        return own
+    return "eagle3"
+
+
+def tune_fleet(
+    fleet: Fleet,
+    tune_plans: Sequence[TunePlan],
+    catalog: Catalog,
+    events: EventSink = DISCARD,
+) -> FleetResult[TuneResult]:
+    """Tune every planned deployment, each in its own thread.
+
+    Ctrl-C asks each to stop at its next safe point (between levels and launches) and put
+    back the run that was serving before; a second Ctrl-C leaves at once.
+    """
+    cancel = threading.Event()
+
+    def one(tune_plan: TunePlan) -> TuneResult:
+        tuner = Tuner(
+            fleet, tune_plan.host, tune_plan.plans, tune_plan.tuned, catalog,
+            tune_plan.patch_sets, tune_plan.options, events, cancel,
+        )  # fmt: skip
+        return tuner.run()
+
+    pool = ThreadPoolExecutor(max_workers=max(1, min(fleet.forks, len(tune_plans))))
+    futures = [pool.submit(one, p) for p in tune_plans]
+    try:
+        while wait(futures, timeout=0.5, return_when=FIRST_EXCEPTION).not_done:
+            pass
+    except KeyboardInterrupt:
+        cancel.set()
+        events.emit(ev.TuneStep(target="", phase="", step="interrupting", elapsed=0.0))
+        wait(futures)  # a second Ctrl-C ends here, leaving the hosts as they are
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    results = []
+    for tune_plan, future in zip(tune_plans, futures, strict=True):
+        error = future.exception()
+        results.append(
+            HostResult(tune_plan.host, exception=error)
+            if error is not None
+            else HostResult(tune_plan.host, future.result())
+        )
+    return FleetResult(results)
+
+
+# ---- kept tunes -----------------------------------------------------------------------------
+
+
+@dataclass
+class KeptTune:
+    """A deployment's tune record as kept on its host (None: no such tune)."""
+
+    record: dict[str, Any] | None
+    numbers: list[int]
+    unreadable: list[str]
+    wanted: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.record is not None
+
+
+def find_tunes(fleet: Fleet, number: int | None) -> FleetResult[KeptTune]:
+    """Each selected deployment's tune record `number` (None: its newest)."""
+
+    def lookup(host: Host, conn: Connection) -> KeptTune:
+        args = TuneRecordsArgs(
+            state_dir=host.settings.state_dir, number=number, deployment=host.deployment
+        )
+        reply = agent.call(host, conn, agent.TUNE_RECORDS, args)
+        return KeptTune(reply["record"], reply["numbers"], reply["unreadable"], number)
+
+    return fleet.run(lookup)
