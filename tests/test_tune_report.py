@@ -1,0 +1,223 @@
+"""`tune --report`'s drawing: the figure (PNG, SVG) and the one-file HTML page of a tune
+record, from records built on the stand-in's batched decode model."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployctl.plot import plot_tune, tune_svg
+from deployctl.present.tune_report import gain_rows, tune_html, write_tune_html
+
+# Plain decode: a step of 10 ms + 1 ms per request; speculative: 20 ms + 3 ms per request for
+# 2.4 tokens. Speculation wins while b < 6.67: last win 6, first loss 7.
+STEP_MS, PER_REQ_MS = 10.0, 1.0
+SPEC_STEP_MS, SPEC_PER_REQ_MS, ACCEPT_LEN = 20.0, 3.0, 2.4
+LEVELS = [1, 2, 4, 8, 16, 32]
+REFINED = [5, 6, 7]
+T = 6
+SHORT_LEVEL = 32  # where the tuned sweep falls short of the envelope
+
+
+def stream_tokens_per_s(b: int, speculative: bool) -> float:
+    if speculative:
+        return ACCEPT_LEN * 1000 / (SPEC_STEP_MS + SPEC_PER_REQ_MS * b)
+    return 1000 / (STEP_MS + PER_REQ_MS * b)
+
+
+def level(b: int, per_stream: float) -> dict[str, Any]:
+    itl = 1000 / per_stream
+    return {
+        "concurrency": b, "prompts": 4 * b, "completed": 4 * b, "failed": 0, "errors": [],
+        "duration_s": 10.0, "output_tokens": int(per_stream * b * 10),
+        "output_tokens_per_s": per_stream * b, "requests_per_s": b / 10,
+        "ttft_ms": {"p50": 2 * itl, "p99": 3 * itl}, "itl_ms": {"p50": itl, "p99": 1.5 * itl},
+        "e2e_ms": {"p50": 100 * itl, "p99": 120 * itl},
+    }  # fmt: skip
+
+
+def phase(run: str, template: str, threshold: int | None, levels: list[dict[str, Any]]) -> Any:
+    return {"run": run, "template": template, "threshold": threshold, "state": "ready",
+            "levels": levels}  # fmt: skip
+
+
+def tuned_record(deployment: str | None = "chat") -> dict[str, Any]:
+    measured = sorted({*LEVELS, *REFINED})
+    baseline = [level(b, stream_tokens_per_s(b, False)) for b in measured]
+    speculative = [level(b, stream_tokens_per_s(b, True)) for b in measured]
+    tuned = []
+    for b in LEVELS:  # the tuned phase sweeps the requested levels: plain above T
+        factor = 0.9 if b == SHORT_LEVEL else 0.99
+        tuned.append(level(b, factor * stream_tokens_per_s(b, b <= T)))
+    envelope = {
+        str(t["concurrency"]): t["output_tokens_per_s"]
+        / max(lv["output_tokens_per_s"] for lv in (*baseline, *speculative)
+              if lv["concurrency"] == t["concurrency"])
+        for t in tuned
+    }  # fmt: skip
+    return {
+        "tune": 3, "deployment": deployment, "host": "alpha",
+        "objective": {"kind": "throughput"}, "threshold_mode": "patch", "threshold": T,
+        "crossover": {"last_win": 6, "first_loss": 7},
+        "phases": {
+            "baseline": phase("baseline_v3", "baseline", None, baseline),
+            "speculative": phase("eagle3_v3", "eagle3", None, speculative),
+            "tuned": phase("eagle3_t6_v4", "eagle3", T, tuned),
+        },
+        "refined_levels": REFINED, "envelope_ratio": envelope, "min_ratio": 0.95,
+        "outcome": "tuned", "outcome_note": "speculation wins up to concurrency 6",
+        "serving": "eagle3_t6_v4", "crash": None,
+        "started_at": 1764590000.0, "wall_s": 312.4, "launches": 3, "levels_measured": 24,
+    }  # fmt: skip
+
+
+CRASH = {
+    "exception": "RuntimeError",
+    "message": "The size of tensor a (160) must match the size of tensor b (2)",
+    "hint": "the speculative server crashed on a batch <over> the threshold",
+    "title": "speculative batch mismatch", "signature": "spec-batch-mismatch",
+    "ranks": ["TP0", "TP1"], "log_line": 812,
+}  # fmt: skip
+
+
+def crashed_record() -> dict[str, Any]:
+    """A tune whose speculative server crashed before it measured a level."""
+    record = tuned_record()
+    record["phases"] = {
+        "baseline": record["phases"]["baseline"],
+        "speculative": {**record["phases"]["speculative"], "state": "crashed", "levels": []},
+    }
+    record.update(
+        threshold=None, crossover=None, refined_levels=[], envelope_ratio={}, outcome="crashed",
+        outcome_note="speculative crashed; baseline_v4 serving", serving="baseline_v4",
+        crash=CRASH,
+    )  # fmt: skip
+    return record
+
+
+class Tables(HTMLParser):
+    """Every table of a page as rows of cell texts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self.cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self.cell is not None:
+            self.tables[-1][-1].append("".join(self.cell).strip())
+            self.cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def gain_table(page: str) -> list[list[str]]:
+    parser = Tables()
+    parser.feed(page)
+    (table,) = [t for t in parser.tables if t[0][0] == "concurrency"]
+    return table[1:]
+
+
+def test_the_rows_carry_each_phase_and_the_tuned_ratios() -> None:
+    rows = gain_rows(tuned_record())
+    assert [r.concurrency for r in rows] == sorted({*LEVELS, *REFINED})
+    by_level = {r.concurrency: r for r in rows}
+    eight = by_level[8]
+    assert eight.baseline == pytest.approx(8000 / 18)
+    assert eight.tuned == pytest.approx(0.99 * 8000 / 18)
+    assert eight.tuned_vs_baseline == pytest.approx(0.99)
+    assert eight.tuned_vs_speculative == pytest.approx((0.99 * 8000 / 18) / (2400 * 8 / 44))
+    assert eight.envelope_ratio == pytest.approx(0.99)
+    one = by_level[1]
+    assert one.tuned_vs_speculative == pytest.approx(0.99)
+    assert one.tuned_vs_baseline == pytest.approx(0.99 * (2400 / 23) / (1000 / 11))
+    assert [r.concurrency for r in rows if r.below_min] == [SHORT_LEVEL]
+    assert by_level[SHORT_LEVEL].envelope_ratio == pytest.approx(0.9)
+    assert [r.concurrency for r in rows if r.refined] == REFINED
+    # The refined levels were not swept by the tuned phase: nothing to compare there.
+    assert all(by_level[b].tuned is None and by_level[b].envelope_ratio is None for b in REFINED)
+
+
+@pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG\r\n\x1a\n"), (".svg", b"<?xml")])
+def test_the_tune_figure_is_written_as_its_format(
+    tmp_path: Path, suffix: str, magic: bytes
+) -> None:
+    picture = tmp_path / f"tune{suffix}"
+    picture.write_bytes(b"old")
+    plot_tune(tuned_record(), picture)
+    assert picture.read_bytes().startswith(magic)
+    assert [p.name for p in tmp_path.iterdir()] == [picture.name]
+
+
+def test_the_svg_marks_t_and_the_crossover() -> None:
+    svg = tune_svg(tuned_record())
+    assert "<svg" in svg
+    # matplotlib draws text as paths and keeps each string beside them in a comment.
+    for text in ("T = 6", "crossover 6–7", "baseline", "speculative", "tuned", "tune 3"):
+        assert f"<!-- {text}" in svg, text
+
+
+def test_the_page_is_one_file_that_fetches_nothing() -> None:
+    page = tune_html(tuned_record())
+    assert "<svg" in page
+    for outside in ("http://", "https://", "src=", "<link", "@import", "<script"):
+        assert outside not in page.lower(), outside
+    # The figure's references point into itself (its defs and clip paths) only.
+    references = re.findall(r'href="(.)', page) + re.findall(r"url\((.)", page)
+    assert references and set(references) == {"#"}
+
+
+def test_the_page_shows_t_its_inventory_line_and_a_row_per_level() -> None:
+    page = tune_html(tuned_record())
+    assert "T = 6" in page
+    assert "<code>threshold: 6</code>" in page
+    assert "2025-12-01 11:53:20 UTC" in page and "5 min 12 s" in page
+    rows = gain_table(page)
+    assert [int(r[0].removesuffix("refined")) for r in rows] == sorted({*LEVELS, *REFINED})
+    by_level = {int(r[0].removesuffix("refined")): r for r in rows}
+    assert by_level[8][1:] == ["444.4", "436.4", "440.0", "0.990", "1.008", "0.990"]
+    assert by_level[5][0] == "5refined" and by_level[5][3] == "—"
+    assert by_level[SHORT_LEVEL][6] == "0.900 below 0.95"
+    assert '<td class="below">0.900 below 0.95</td>' in page
+    assert [r[6] for r in rows].count("0.900 below 0.95") == 1
+
+
+def test_every_string_from_the_record_is_escaped() -> None:
+    page = tune_html(tuned_record(deployment="<script>alert(1)</script>"))
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script" not in page.lower()
+
+
+def test_a_tune_that_crashed_after_its_baseline_still_renders_with_the_crash() -> None:
+    record = crashed_record()
+    page = tune_html(record)
+    assert "<svg" in page and "No threshold" in page and "threshold:" not in page
+    assert "RuntimeError: The size of tensor a (160) must match the size of tensor b (2)" in page
+    assert "hint: the speculative server crashed on a batch &lt;over&gt; the threshold" in page
+    assert "TP0, TP1" in page
+    rows = gain_table(page)
+    assert len(rows) == len({*LEVELS, *REFINED})
+    assert all(r[1] != "—" and r[2:] == ["—"] * 5 for r in rows)
+    assert "speculative (crashed)" in tune_svg(record)
+
+
+def test_the_page_is_written_whole_in_place_of_the_old(tmp_path: Path) -> None:
+    page = tmp_path / "tune.html"
+    page.write_text("old")
+    write_tune_html(tuned_record(), page)
+    assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert [p.name for p in tmp_path.iterdir()] == ["tune.html"]
