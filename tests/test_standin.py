@@ -6,6 +6,7 @@ ephemeral port, and kills the whole process group afterwards.
 
 from __future__ import annotations
 
+import ast
 import http.client
 import json
 import os
@@ -15,11 +16,23 @@ import socket
 import subprocess
 import sys
 import time
+import types
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from deployctl.host_agent import BenchLevel, cmd_bench
+from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
+from tests.standin.sglang_standin import (
+    adaptive_steps,
+    cuda_graph_batch_sizes,
+    load_adaptive_config,
+)
+from tests.test_bench import MODEL, plain_tps, spec_tps  # its decode figures tell spec from plain
 
 STANDIN_DIR = Path(__file__).parent / "standin"
 STANDIN = STANDIN_DIR / "sglang_standin.py"
@@ -409,3 +422,150 @@ def test_a_model_path_that_is_not_a_folder_fails_like_sglang(tmp_path: Path) -> 
     )
     assert proc.returncode == 1
     assert f"OSError: Incorrect path_or_model_id: '{missing}'." in proc.stderr
+
+
+TENSOR_MISMATCH = (
+    "RuntimeError: The size of tensor a (160) must match the size of tensor b (2) "
+    "at non-singleton dimension 0"
+)
+
+
+def real_sglang(module: str, stubs: dict[str, object]) -> dict[str, Any]:
+    """Run one module of the real 0.5.23 wheel, its imports of other sglang modules (which
+    need torch) left out and ``stubs`` given instead; return its namespace."""
+    with zipfile.ZipFile(sglang_wheel(SGLANG_VERSION)) as wheel:
+        tree = ast.parse(wheel.read(f"sglang/srt/{module}"))
+    tree.body = [
+        node
+        for node in tree.body
+        if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sglang"))
+    ]
+    namespace: dict[str, Any] = {"__name__": f"real_{Path(module).stem}", **stubs}
+    exec(compile(tree, module, "exec"), namespace)
+    return namespace
+
+
+def adaptive_config(path: Path, threshold: int, steps: int = 3) -> Path:
+    """Write the config deployctl renders for threshold_mode adaptive (render.py)."""
+    config = {"1": {"candidate_steps": [steps]}, str(threshold + 1): {"candidate_steps": [0]}}
+    path.write_text(json.dumps(config))
+    return path
+
+
+def bench_level(server: Server, concurrency: int, output_len: int) -> BenchLevel:
+    """One level of deployctl's own load generator against the stand-in."""
+    return cmd_bench(
+        {"bind_host": "127.0.0.1", "port": server.port, "concurrency": concurrency,
+         "prompts": concurrency, "input_len": 8, "output_len": output_len, "flush": False,
+         "timeout": 10.0, "tool": "builtin", "env": {}}
+    )  # fmt: skip
+
+
+def test_adaptive_routing_pads_to_cuda_graph_sizes_like_sglang(tmp_path: Path) -> None:
+    t6 = load_adaptive_config(str(adaptive_config(tmp_path / "t6.json", 6)))
+    graphs = cuda_graph_batch_sizes(256)
+    assert [adaptive_steps(b, t6, 3, graphs) for b in range(1, 10)] == [3] * 6 + [0] * 3
+    # Above 8 the sizes go in twos: 11 pads to 12, past a threshold of 11; without CUDA
+    # graphs nothing pads.
+    t11 = load_adaptive_config(str(adaptive_config(tmp_path / "t11.json", 11)))
+    assert [adaptive_steps(b, t11, 3, graphs) for b in (10, 11, 12)] == [3, 0, 0]
+    assert [adaptive_steps(b, t11, 3, None) for b in (10, 11, 12)] == [3, 3, 0]
+    assert graphs[-3:] == [240, 248, 256] and cuda_graph_batch_sizes(300)[-3:] == [272, 288, 300]
+
+    # What 0.5.23 itself routed on the device machine (tests/test_threshold_adaptive.py).
+    captured = Path(__file__).parent / "data" / "sglang" / "adaptive-threshold-0.5.23.json"
+    for result in json.loads(captured.read_text())["results"]:
+        slots = {int(k): v["candidate_steps"] for k, v in result["config"].items()}
+        routed = {
+            int(b): adaptive_steps(int(b), slots, result["steps"], result["cuda_graph_bs"])
+            for b in result["steps_by_batch"]
+        }
+        assert routed == {int(b): s for b, s in result["steps_by_batch"].items()}, result
+
+    # The same answers as 0.5.23's own code, for every batch size and several configs.
+    hook = real_sglang("arg_groups/cuda_graph_hook.py", {"resolving_view": lambda args: args})
+    spec_args = types.SimpleNamespace(
+        disable_cuda_graph_padding=False, speculative_algorithm="EAGLE3"
+    )
+    for max_bs in (1, 7, 20, 64, 256, 300, 512):
+        real_sizes = hook["generate_decode_cuda_graph_batch_sizes"](spec_args, max_bs)
+        assert cuda_graph_batch_sizes(max_bs) == real_sizes, max_bs
+    params = real_sglang(
+        "speculative/adaptive_spec_params.py", {"log_info_on_rank0": lambda logger, message: None}
+    )
+    late_start = tmp_path / "late.json"  # no slot for batch 1, several candidates a slot
+    late_start.write_text(
+        json.dumps({"4": {"candidate_steps": [1, 3, 5]}, "20": {"candidate_steps": [0, 2]}})
+    )
+    batches = range(1, 300)
+    for config in (tmp_path / "t6.json", tmp_path / "t11.json", late_start, None):
+        path = None if config is None else str(config)  # None: SGLang's default config
+        slots = load_adaptive_config(path)
+        for num_steps in (3, 2, None):
+            for graph_bs in (graphs, cuda_graph_batch_sizes(20), None):
+                real = params["AdaptiveSpeculativeParams"](num_steps, path)
+                real.set_cuda_graph_bs(graph_bs)
+                ours = [adaptive_steps(b, slots, num_steps, graph_bs) for b in batches]
+                assert ours == [real.get_steps_for_batch(b) for b in batches], (path, num_steps)
+
+
+def test_adaptive_speculation_drafts_up_to_the_threshold_then_steps_plain(
+    launch: Launch, tmp_path: Path
+) -> None:
+    config = adaptive_config(tmp_path / "adaptive.json", 4)
+    server = launch(
+        None, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+        "--speculative-adaptive", "--speculative-adaptive-config", config,
+        tp=1, knobs={"startup_s": 0.2, **MODEL},
+    )  # fmt: skip
+    server.wait_log(READY)
+    for concurrency, model in ((2, spec_tps), (8, plain_tps)):
+        level = bench_level(server, concurrency, 90)
+        assert level["failed"] == 0 and level["output_tokens"] == 90 * concurrency, level
+        assert level["output_tokens_per_s"] == pytest.approx(model(concurrency), rel=0.15), level
+
+
+@pytest.mark.parametrize("mode", ["patch", "adaptive"])
+def test_above_threshold_crash_comes_with_the_first_batch_past_it(
+    launch: Launch, tmp_path: Path, mode: str
+) -> None:
+    threshold = (
+        ["--speculative-disable-batch-threshold", "4"]
+        if mode == "patch"
+        else ["--speculative-adaptive", "--speculative-adaptive-config",
+              str(adaptive_config(tmp_path / "adaptive.json", 4))]
+    )  # fmt: skip
+    knobs = {"startup_s": 0.2, "crash": "above_threshold"}
+    server = launch(None, "--speculative-algorithm", "EAGLE3", *threshold, knobs=knobs)
+    server.wait_log(READY)
+    level = bench_level(server, 2, 30)
+    assert level["failed"] == 0 and level["output_tokens"] == 60, level
+    assert server.status() == 200 and "Scheduler hit" not in server.text()
+
+    level = bench_level(server, 8, 30)
+    assert level["output_tokens"] < 8 * 30, level  # the streams in flight are cut off
+    assert server.proc.wait(timeout=5) != 0
+    wait_for(lambda: not group_members(server.pid), 5, "the group to end")
+    log = server.text()
+    heads = re.findall(STAMP + r" TP(\d)\] Scheduler hit an exception: Traceback", log)
+    assert sorted(heads) == ["0", "1"]
+    assert log.count(f"\n{TENSOR_MISMATCH}\n") == 2
+    assert log.count("in event_loop_overlap") == 2
+    assert log.index(READY) < log.index("Scheduler hit") < log.index(RUNNING_SIGQUIT)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--speculative-algorithm", "EAGLE3"], ["--speculative-disable-batch-threshold", "4"]],
+    ids=["no-threshold", "no-speculation"],
+)
+def test_above_threshold_crash_needs_speculation_and_a_threshold(
+    launch: Launch, flags: list[str]
+) -> None:
+    server = launch(None, *flags, knobs={"startup_s": 0.2, "crash": "above_threshold"})
+    server.wait_log(READY)
+    level = bench_level(server, 8, 30)
+    assert level["failed"] == 0 and level["output_tokens"] == 8 * 30, level
+    time.sleep(0.3)  # a crash would have come by now
+    assert server.status() == 200 and server.proc.poll() is None
+    assert "Scheduler hit" not in server.text()

@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import ctypes
 import errno
+import functools
 import importlib.util
 import json
 import os
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     import subprocess
+    from collections.abc import Callable
     from http.server import ThreadingHTTPServer
 
 SGLANG_VERSION = "0.5.23"
@@ -40,7 +42,9 @@ THRESHOLD_FIELD = "speculative_disable_batch_threshold"
 
 KNOB_DEFAULTS: dict[str, Any] = {
     "startup_s": 0.5,
-    "crash": None,  # None | "startup" | "after_ready"
+    # None | "startup" | "after_ready" | "above_threshold" (the first decode step that
+    # speculation's threshold turns plain crashes every rank)
+    "crash": None,
     "crash_after_s": 0.5,
     "crash_message": (
         "The size of tensor a (160) must match the size of tensor b (2) "
@@ -69,7 +73,8 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "observations": {},
     # The decode model behind streamed /v1/completions: a step over a batch of b requests
     # takes step_ms + per_req_ms * b and gives each request one token; with speculation
-    # (while b <= --speculative-disable-batch-threshold, when given) a step takes
+    # (while b <= --speculative-disable-batch-threshold, when given, and, with
+    # --speculative-adaptive, while b's slot drafts steps > 0) a step takes
     # spec_step_ms + spec_per_req_ms * b and gives each request accept_len tokens.
     "step_ms": 10.0,
     "per_req_ms": 0.5,
@@ -83,7 +88,10 @@ ITL_BUCKETS = (
     0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
     0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
 )  # fmt: skip
-CRASH_MODES = (None, "startup", "after_ready")
+CRASH_MODES = (None, "startup", "after_ready", "above_threshold")
+# The decode CUDA-graph max bs when --cuda-graph-max-bs-decode is not given (the capture_bs
+# the stand-in logs, and what adaptive speculation pads batches to, end there).
+DEFAULT_CUDA_GRAPH_MAX_BS = 256
 
 # After a SIGQUIT the parent waits this long at most for the other crashing
 # ranks to print their tracebacks before it kills the tree.
@@ -537,8 +545,13 @@ def _rank_main(cfg: dict[str, Any]) -> NoReturn:
     # memory, the orphaned-rank case that makes deployctl kill the group.
     with os.fdopen(cfg["ctl_fd"], "rb", buffering=0) as ctl:
         line = ctl.readline()
+        if line.startswith(b"serving ") and cfg["crash"] == "above_threshold":
+            # "crash <time>" comes once the decoder steps a batch above the threshold.
+            line = ctl.readline()
     if line.startswith(b"serving ") and cfg["crash"] == "after_ready":
         _crash(cfg, _RUNNING_FRAMES, float(line.split()[1]) + cfg["crash_after_s"])
+    if line.startswith(b"crash "):
+        _crash(cfg, _RUNNING_FRAMES, float(line.split()[1]))
     while True:
         signal.pause()
 
@@ -727,16 +740,60 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
 # --------------------------------------------------------------------------
 
 
+def cuda_graph_batch_sizes(max_bs: int) -> list[int]:
+    """Return 0.5.23's decode CUDA-graph batch sizes with speculation, up to ``max_bs``.
+
+    As cuda_graph_hook.generate_decode_cuda_graph_batch_sizes: finer steps for small batches,
+    and ``max_bs`` itself always last.
+    """
+    steps = (range(1, 9), range(10, 33, 2), range(40, 65, 4), range(72, 257, 8))
+    sizes = [b for part in steps for b in part if b <= max_bs]
+    sizes += range(272, max_bs + 1, 16)
+    return sizes if max_bs in sizes else [*sizes, max_bs]
+
+
+def initial_slot_steps(candidates: list[int], num_steps: int | None) -> int:
+    """Return the steps an adaptive slot starts with, as AdaptiveStepSlot picks them:
+    --speculative-num-steps when it is a candidate, else the middle candidate."""
+    ordered = sorted(set(candidates))
+    return num_steps if num_steps in ordered else ordered[len(ordered) // 2]
+
+
+def adaptive_steps(
+    batch: int, slots: dict[int, list[int]], num_steps: int | None, graph_bs: list[int] | None
+) -> int:
+    """Return the draft steps 0.5.23's adaptive speculation runs a batch of ``batch`` with.
+
+    AdaptiveSpeculativeParams._route: pad the batch up to the next CUDA-graph batch size
+    (none with CUDA graphs off, nor beyond the largest), then take the slot with the largest
+    key at most that (the smallest slot when none is).  Each slot keeps its initial steps:
+    SGLang's EMA moves a slot only between its candidates, and deployctl's configs give each
+    slot one, so the stand-in has no acceptance feedback to model.
+    """
+    padded = next((b for b in graph_bs or () if b >= batch), batch)
+    key = max((k for k in slots if k <= padded), default=min(slots))
+    return initial_slot_steps(slots[key], num_steps)
+
+
 class Decoder:
     """The decode model: one scheduler loop stepping over the running requests."""
 
-    def __init__(self, knobs: dict[str, Any], speculative: bool, threshold: int | None) -> None:
+    def __init__(
+        self,
+        knobs: dict[str, Any],
+        speculative: bool,
+        threshold: int | None,
+        adaptive: Callable[[int], int] | None = None,
+    ) -> None:
         import queue
 
         self.queue_type = queue.Queue
         self.knobs = knobs
         self.speculative = speculative
         self.threshold = threshold
+        self.adaptive = adaptive  # batch -> draft steps, with --speculative-adaptive
+        # Called at the first step speculation's threshold makes plain (crash "above_threshold").
+        self.on_plain_fallback: Callable[[], None] | None = None
         self.running: list[list[Any]] = []  # [tokens left, queue]
         self.cond = threading.Condition()
         self.emitted: list[tuple[float, int]] = []  # (time, tokens) of recent steps
@@ -749,11 +806,16 @@ class Decoder:
             self.cond.notify()
         return out
 
+    def speculates(self, batch: int) -> bool:
+        """Say whether a step over ``batch`` requests drafts (threshold and adaptive slot)."""
+        if not self.speculative or (self.threshold is not None and batch > self.threshold):
+            return False
+        return self.adaptive is None or self.adaptive(batch) > 0
+
     def step(self, batch: int) -> tuple[float, int]:
         """(seconds, tokens per request) of one step over `batch` requests."""
         k = self.knobs
-        spec = self.speculative and (self.threshold is None or batch <= self.threshold)
-        if spec:
+        if self.speculates(batch):
             return (k["spec_step_ms"] + k["spec_per_req_ms"] * batch) / 1000, int(k["accept_len"])
         return (k["step_ms"] + k["per_req_ms"] * batch) / 1000, 1
 
@@ -763,6 +825,13 @@ class Decoder:
                 while not self.running:
                     self.cond.wait()
                 batch = list(self.running)
+            if (
+                self.on_plain_fallback is not None
+                and self.speculative
+                and not self.speculates(len(batch))
+            ):
+                self.on_plain_fallback()
+                threading.Event().wait()  # the schedulers are dead: no token comes any more
             seconds, per_request = self.step(len(batch))
             time.sleep(seconds)
             total = 0
@@ -786,7 +855,12 @@ class Decoder:
 class Launcher:
     """The launch_server main process: ranks, HTTP, signals, readiness."""
 
-    def __init__(self, args: argparse.Namespace, knobs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        knobs: dict[str, Any],
+        adaptive_slots: dict[int, list[int]] | None = None,
+    ) -> None:
         self.args = args
         self.knobs = knobs
         self.pid = os.getpid()
@@ -807,7 +881,19 @@ class Launcher:
         self.startup_time = time.time()
         self.node_rank = args.node_rank if args.nnodes > 1 else 0
         threshold = getattr(args, THRESHOLD_FIELD, None)
-        self.decoder = Decoder(knobs, bool(args.speculative_algorithm), threshold)
+        adaptive = None
+        if adaptive_slots is not None:
+            max_bs = args.cuda_graph_max_bs_decode or DEFAULT_CUDA_GRAPH_MAX_BS
+            graph_bs = None if args.disable_cuda_graph else cuda_graph_batch_sizes(max_bs)
+            adaptive = functools.partial(
+                adaptive_steps,
+                slots=adaptive_slots,
+                num_steps=args.speculative_num_steps,
+                graph_bs=graph_bs,
+            )
+        self.decoder = Decoder(knobs, bool(args.speculative_algorithm), threshold, adaptive)
+        if knobs["crash"] == "above_threshold":
+            self.decoder.on_plain_fallback = self.crash_schedulers
         self.peers: list[socket.socket] = []  # rank 0: the other nodes; others: rank 0
         self.peer_lost_at: float | None = None
         config = self._hf_config()
@@ -947,7 +1033,7 @@ class Launcher:
         self.status_r, status_w = os.pipe()
         spec = bool(self.args.speculative_algorithm)
         draft_tokens = self.args.speculative_num_draft_tokens or 4
-        max_bs = self.args.cuda_graph_max_bs_decode or 256
+        max_bs = self.args.cuda_graph_max_bs_decode or DEFAULT_CUDA_GRAPH_MAX_BS
         capture_bs = [b for b in (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64) if b <= max_bs]
         capture_bs += list(range(80, max_bs + 1, 16))
         common = {
@@ -1002,6 +1088,13 @@ class Launcher:
         detok = {**common, "role": "detokenizer", "title": "sglang::detokenizer"}
         self._spawn({**detok, "ignore_sigterm": False}, ())
         os.close(status_w)
+
+    def crash_schedulers(self) -> None:
+        """Tell every rank to fail now, as the running schedulers do on the threshold bug."""
+        line = f"crash {time.time()!r}\n".encode()
+        for fd in self.ctl_fds:
+            with contextlib.suppress(OSError):
+                os.write(fd, line)
 
     def _spawn(self, cfg: dict[str, Any], fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
         import subprocess  # the main process only; ranks start faster without it
@@ -1499,10 +1592,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
             )
     if not os.path.isdir(args.model_path):
         _exit_bad_model_path(args.model_path)
-    if args.speculative_adaptive:
+    slots = (
         load_adaptive_config(args.speculative_adaptive_config)
+        if args.speculative_adaptive
+        else None
+    )
     knobs = load_knobs(args.model_path)
-    launcher = Launcher(args, knobs)
+    launcher = Launcher(args, knobs, slots)
     log(f"server_args={launcher.server_args!r}")
     if args.enable_flashinfer_allreduce_fusion:
         log(
