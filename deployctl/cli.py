@@ -798,21 +798,23 @@ def tune(
     ] = None,
     keep: Annotated[
         KeepChoice,
-        typer.Option(
-            "--keep", help="What serves afterwards: tuned, baseline, or none (as found)."
-        ),
+        typer.Option("--keep", help="What serves afterwards: tuned, baseline, or none (as found)."),
     ] = KeepChoice.tuned,
     min_ratio: Annotated[
         float,
         typer.Option(
-            "--min-ratio", min=0.0, max=1.0,
+            "--min-ratio",
+            min=0.0,
+            max=1.0,
             help="The tuned run must reach this share of the better curve at every level.",
         ),
     ] = 0.95,
     noise: Annotated[
         float,
         typer.Option(
-            "--noise", min=0.0, max=1.0,
+            "--noise",
+            min=0.0,
+            max=1.0,
             help="Throughputs closer than this fraction are measured again (--repeats).",
         ),
     ] = 0.03,
@@ -822,7 +824,8 @@ def tune(
     template: Annotated[
         str | None,
         typer.Option(
-            "--template", "-t",
+            "--template",
+            "-t",
             help="Speculative template (default: the deployment's when it speculates, else eagle3).",
         ),
     ] = None,
@@ -840,7 +843,10 @@ def tune(
     report: Annotated[
         str | None,
         typer.Option(
-            "--report", is_flag=False, flag_value="latest", metavar="[N]",
+            "--report",
+            is_flag=False,
+            flag_value="latest",
+            metavar="[N]",
             help="Show kept tune N (default: the newest) instead of tuning.",
         ),
     ] = None,
@@ -910,8 +916,10 @@ def _drawing(
 
     if plot is not None:
         plots.check_plot_path(plot)
-    if html is not None and (html.is_dir() or not html.parent.is_dir()):
-        raise UsageError(f"--html {str(html)!r} must be a file in a folder that exists")
+    if html is not None:
+        from deployctl.localfiles import check_folder
+
+        check_folder(html)
     if (plot or html) and len(session.targets) != 1:
         raise UsageError(
             "--plot and --html draw one tune", hint="select one deployment with -H (and -d)"
@@ -923,10 +931,9 @@ def _drawing(
         if plot is not None:
             plots.plot_tune(record, plot)
         if html is not None:
-            from deployctl.localfiles import write_file
-            from deployctl.present.tune_report import tune_html
+            from deployctl.present.tune_report import write_tune_html
 
-            write_file(html, tune_html(record).encode())
+            write_tune_html(record, html)
 
     return draw
 

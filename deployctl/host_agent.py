@@ -1743,7 +1743,9 @@ def stream_completion(args: BenchArgs, prompt: str) -> Timing:
         if response.status != 200:
             timing["error"] = f"HTTP {response.status} from /v1/completions"
             return timing
+        finished = False
         for raw in response:
+            finished = finished or raw.startswith(b"data: [DONE]")
             if not raw.startswith(b"data: {"):
                 continue
             now = time.perf_counter()
@@ -1765,6 +1767,8 @@ def stream_completion(args: BenchArgs, prompt: str) -> Timing:
     timing["e2e"] = time.perf_counter() - start
     if last is None:
         timing["error"] = "no token streamed"
+    elif not finished:  # the server went away mid-answer: not a completed request
+        timing["error"] = f"the stream ended before [DONE], after {len(timing['itl']) + 1} chunks"
     return timing
 
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from deployctl.ops.port import PortReport
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult
     from deployctl.ops.server import RestartReport, Stray
+    from deployctl.ops.tune import KeptTune, TunePlan, TuneResult
     from deployctl.patchset import PatchSet
     from deployctl.render import RenderedCommand
 
@@ -673,6 +674,132 @@ def _suggestion(result: Suggestion) -> None:
 
 
 SUGGESTION: View[Suggestion] = View(_suggestion, docs.suggestion_document)
+
+
+def _tune_record(record: dict[str, Any], label: str) -> None:
+    """A tune record as people read it: T, the gain table, what serves now."""
+    from deployctl.present.tune_report import gain_rows
+
+    threshold, speculation = record["threshold"], record.get("speculation")
+    crossover = record.get("crossover") or {}
+    mode = record.get("threshold_mode", "patch")
+    title = f"{label}: tune {record.get('tune') or '-'} ({record['outcome']})"
+    if threshold is not None:
+        title += (
+            f": T = {threshold} ({mode}): speculation wins up to concurrency "
+            f"{crossover.get('last_win')}, not at {crossover.get('first_loss')}"
+        )
+    elif speculation == "never":
+        title += ": speculation never beats the baseline here"
+    elif speculation == "always":
+        title += ": speculation wins at every level measured (no threshold needed)"
+
+    def num(value: float | None, digits: int = 1) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    rows = [
+        [
+            f"{row.concurrency}{'*' if row.refined else ''}",
+            num(row.baseline),
+            num(row.speculative),
+            num(row.tuned),
+            num(row.tuned_vs_baseline, 2),
+            num(row.tuned_vs_speculative, 2),
+            num(row.envelope_ratio, 3) + (" low" if row.below_min else ""),
+        ]
+        for row in gain_rows(record)
+    ]
+    columns = ["concurrency", "baseline tok/s", "speculative tok/s", "tuned tok/s",
+               "÷ baseline", "÷ speculative", "÷ better"]  # fmt: skip
+    print_table(title, columns, rows)
+    write = sys.stdout.write
+    if record["refined_levels"]:
+        write(
+            f"* measured to find the crossover: {', '.join(map(str, record['refined_levels']))}\n"
+        )
+    if record.get("wins_again"):
+        again = ", ".join(map(str, record["wins_again"]))
+        write(
+            f"note: speculation wins again at {again}, measured again: a threshold cannot use it\n"
+        )
+    if record.get("capacity") is not None:
+        write(f"the tuned run meets the latency bound up to concurrency {record['capacity']}\n")
+    crash = record.get("crash")
+    if crash:
+        print_error(
+            f"{crash['exception']}: {one_line(crash['message'])}", crash["hint"], host=label
+        )
+    if record["outcome"] != "tuned" and record.get("outcome_note"):
+        print_error(record["outcome_note"], host=label)
+    elif record["envelope_ratio"] and not record["held"]:
+        low = [c for c, r in record["envelope_ratio"].items() if r < record["min_ratio"]]
+        print_error(
+            f"the tuned run fell below {record['min_ratio']} of the better curve at "
+            f"concurrency {', '.join(low)}",
+            "measure again with more --requests-per-stream, or lower --min-ratio",
+            host=label,
+        )
+    serving = record.get("serving")
+    write(f"serving: {serving}\n" if serving else "serving: nothing\n")
+    if record["outcome"] == "tuned" and threshold is not None:
+        where = f"deployment {record['deployment']} of " if record["deployment"] else ""
+        write(
+            f"keep it: add `threshold: {threshold}` to {where}{record['host']} in the inventory "
+            "(launch uses it when --threshold is not given)\n"
+        )
+
+
+def _tunes(results: FleetResult[TuneResult]) -> None:
+    from deployctl.ops.tune import tune_record
+
+    for r in results:
+        if r.value is not None:
+            _tune_record(tune_record(r.value), r.name)
+            if r.value.saved:
+                sys.stderr.write(f"{r.name}: kept as {r.value.saved}\n")
+    print_host_errors(results)
+
+
+TUNE: View[FleetResult[TuneResult]] = View(_tunes, docs.tune_document)
+
+
+def _tune_plans(plans: list[TunePlan]) -> None:
+    for plan in plans:
+        estimate = plan.estimate()
+        label = plan.host.label
+        for phase, phase_plan in plan.plans.items():
+            sys.stdout.write(f"{label}: {phase}: {phase_plan.rendered.template}\n")
+            print_command(console(), phase_plan.rendered.display_lines)
+        sys.stdout.write(
+            f"{label}: then tuned: the speculative template with --threshold T\n"
+            f"{label}: levels {', '.join(map(str, plan.options.levels))}; about "
+            f"{estimate['launches']} launches and {estimate['levels']} level measurements, "
+            f"~{estimate['estimated_s'] / 60:.0f} min (assuming "
+            f"{estimate['assumed']['launch_s']:.0f} s a launch and "
+            f"{estimate['assumed']['token_s'] * 1000:.0f} ms a token)\n"
+        )
+
+
+TUNE_PLAN: View[list[TunePlan]] = View(_tune_plans, docs.tune_plan_document)
+
+
+def _kept_tunes(results: FleetResult[KeptTune]) -> None:
+    for r in results:
+        kept = r.value
+        if kept is None:
+            continue
+        for path in kept.unreadable:
+            sys.stderr.write(tagged("warning", f"{path} is not a readable tune record", r.name))
+        if kept.record is not None:
+            _tune_record(kept.record, r.name)
+        else:
+            which = "no tune" if kept.wanted is None else f"no tune {kept.wanted}"
+            known = ", ".join(map(str, kept.numbers)) or "none"
+            print_error(f"{which} is kept here (kept: {known})", "deployctl tune", host=r.name)
+    print_host_errors(results)
+
+
+KEPT_TUNES: View[FleetResult[KeptTune]] = View(_kept_tunes, docs.per_host(docs.kept_tune_json))
 
 
 # A command whose output streamed as it happened (`top`, `watch`, `logs -f`): nothing is left.
