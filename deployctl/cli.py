@@ -245,7 +245,10 @@ def fleet_command(
                 if session.options.json:  # a script still reads one document; main says why
                     _print_failure_document(exc)
                 raise
-            return finish(view, result, session.options.json)
+            code = finish(view, result, session.options.json)
+            if code == 130:  # the command was interrupted and has said what it left
+                raise typer.Exit(code)
+            return code
 
         command.__signature__ = inspect.Signature(own + shared)  # type: ignore[attr-defined]
         command.__doc__ = func.__doc__
@@ -278,9 +281,12 @@ def finish(view: View[Any], result: Any, as_json: bool) -> int:
 
 
 def exit_status(result: Any, bug: bool = False) -> int:
-    """0 when the result is good, 1 when it is not, 2 when deployctl itself failed."""
+    """0 when the result is good, 1 when it is not, 2 when deployctl itself failed, 130 when
+    Ctrl-C ended it (and it cleaned up)."""
     if bug:
         return 2
+    if getattr(result, "interrupted", False):
+        return 130
     # Results that judge themselves say so in `ok`; plain listings (hosts, patch list) are good.
     return 0 if getattr(result, "ok", True) else 1
 
@@ -841,14 +847,10 @@ def tune(
         bool, typer.Option("--dry-run", help="Show the plan and an estimate; start nothing.")
     ] = False,
     report: Annotated[
-        str | None,
-        typer.Option(
-            "--report",
-            is_flag=False,
-            flag_value="latest",
-            metavar="[N]",
-            help="Show kept tune N (default: the newest) instead of tuning.",
-        ),
+        bool, typer.Option("--report", help="Show a kept tune (N, default: the newest).")
+    ] = False,
+    number: Annotated[
+        int | None, typer.Argument(min=1, metavar="[N]", help="With --report: which tune.")
     ] = None,
     plot: Annotated[
         Path | None,
@@ -865,8 +867,9 @@ def tune(
     from deployctl.present import live, views
 
     drawing = _drawing(session, plot, html)
-    if report is not None:
-        number = _report_number(report)
+    if number is not None and not report:
+        raise UsageError(f"{number}: a tune number is given only with --report")
+    if report:
         with session.fleet() as fleet:
             found = ops.find_tunes(fleet, number)
         drawing(next((r.value.record for r in found if r.value and r.value.record), None))
@@ -896,16 +899,8 @@ def tune(
         return views.TUNE_PLAN, plans
     with session.fleet() as fleet, live.Progress(enabled=not session.options.json) as progress:
         results = ops.tune_fleet(fleet, plans, session.catalog(), progress)
-    drawing(next((ops.tune_record(r.value) for r in results if r.value), None))
+    drawing(next((ops.tune_record(r.value) for r in results.results if r.value), None))
     return views.TUNE, results
-
-
-def _report_number(text: str) -> int | None:
-    if text == "latest":
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise UsageError(f"--report {text!r} is not a tune number", hint="e.g. --report 3")
-    return int(text)
 
 
 def _drawing(

@@ -242,3 +242,97 @@ def test_tune_finds_the_crossover_and_leaves_the_tuned_run_serving(
     record = alpha.home / ".deployctl" / "tunes" / "1.json"
     assert json.loads(record.read_text())["threshold"] == 6
     cli("stop", "-i", str(inv))
+
+
+def adaptive_host(
+    lab: SSHLab, name: str, model: dict[str, float], **knobs: object
+) -> dict[str, object]:
+    """A stand-in host in adaptive threshold mode: stock SGLang's flags, no patch to apply."""
+    return {**prepare(lab.hosts[name], tp=1, **model, **knobs), "template": "baseline",
+            "threshold_mode": "adaptive"}  # fmt: skip
+
+
+def test_tune_in_adaptive_mode_finds_a_crossover_near_24_at_cuda_graph_sizes(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    model = model_for(24.5)
+    inv = hosts.inventory(
+        tmp_path / "inv.yml", ["bravo"], {"bravo": adaptive_host(hosts, "bravo", model)}
+    )
+    code, doc, err = tune_json(cli, inv, "--concurrency", "1,4,16,32")
+    entry = doc["hosts"]["bravo"]
+    assert code == 0, (err, json.dumps(entry)[:3000])
+    sizes = speculative_graph_sizes(256)
+    # Within one measured level of the analytic crossover (24.5), and a CUDA-graph size.
+    assert entry["threshold"] in (22, 24), verdicts(entry)
+    assert entry["threshold"] in sizes and set(entry["refined_levels"]) <= set(sizes)
+    assert entry["held"] and min(entry["envelope_ratio"].values()) >= 0.95
+    assert entry["threshold_mode"] == "adaptive" and entry["patches"] == []
+    run = entry["serving"]
+    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["bravo"]
+    assert status["run"] == run and status["state"] == "ready"
+    cli("stop", "-i", str(inv))
+
+
+def test_a_tuned_server_that_crashes_over_t_is_replaced_by_the_best_stable_one(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """The seeds' failure: the first batch over T crashes with the 160-vs-2 tensor mismatch."""
+    model = model_for(6.5)
+    variables = adaptive_host(hosts, "charlie", model, crash="above_threshold")
+    inv = hosts.inventory(tmp_path / "inv.yml", ["charlie"], {"charlie": variables})
+    code, doc, err = tune_json(cli, inv, "--concurrency", "1,4,16")
+    entry = doc["hosts"]["charlie"]
+    assert code == 1, (err, json.dumps(entry)[:3000])
+    assert entry["outcome"] == "crashed" and entry["threshold"] == 6
+    assert entry["phases"]["tuned"]["state"] == "crashed"
+    crash = entry["crash"]
+    assert crash["exception"] == "RuntimeError" and "(160) must match" in crash["message"]
+    assert crash["hint"]
+    # The best stable configuration, without a threshold: at 16 the baseline is ahead.
+    serving = entry["serving"]
+    assert serving is not None and serving.startswith("baseline_v")
+    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["charlie"]
+    assert status["run"] == serving and status["state"] == "ready"
+    # The kept record shows it again, crash report and hint included.
+    shown = cli("tune", "-i", str(inv), "--report")
+    assert shown.returncode == 0  # the record was shown
+    assert "RuntimeError: The size of tensor a (160)" in shown.stderr
+    assert crash["hint"].split("\n")[0][:40] in shown.stderr
+    assert f"serving: {serving}" in shown.stdout
+    cli("stop", "-i", str(inv))
+
+
+def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    model = model_for(6.5)
+    delta = hosts.hosts["delta"]
+    inv = hosts.inventory(
+        tmp_path / "inv.yml", ["delta"], {"delta": adaptive_host(hosts, "delta", model)}
+    )
+    launched = cli("launch", "-i", str(inv), "--json", "--timeout", "60")
+    assert launched.returncode == 0, launched.stderr
+    before = json.loads(launched.stdout)["hosts"]["delta"]["run"]
+    tune = cli.popen(
+        "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", "64",
+        "--requests-per-stream", "2", "--timeout", "60", "--concurrency", "1,4,16",
+    )  # fmt: skip
+    runs = delta.home / ".deployctl" / "runs"
+    deadline = time.monotonic() + 60
+    while not list(runs.glob("eagle3_v*.bench")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the speculative phase has measured a level
+    tune.send_signal(signal.SIGINT)
+    out, err = tune.communicate(timeout=120)
+    assert tune.returncode == 130, err
+    doc = json.loads(out)
+    entry = doc["hosts"]["delta"]
+    assert doc["interrupted"] and entry["outcome"] == "interrupted"
+    assert entry["previous"] == before
+    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["delta"]
+    assert status["run"] == entry["serving"] and status["state"] == "ready"
+    record = json.loads((runs / f"{status['run']}.json").read_text())
+    assert record["restart_of"] == before and record["template"] == "baseline"
+    assert record["threshold"] is None
+    cli("stop", "-i", str(inv))

@@ -1001,18 +1001,31 @@ def _speculative_template(host: Host, plan: Callable[[str, int | None], Plan]) -
     return "eagle3"
 
 
+@dataclass
+class TuneReport:
+    """Every deployment's tune; `interrupted`: Ctrl-C ended it (the previous runs put back)."""
+
+    results: FleetResult[TuneResult]
+    interrupted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.results.ok and all(r.ok for r in self.results.succeeded.values())
+
+
 def tune_fleet(
     fleet: Fleet,
     tune_plans: Sequence[TunePlan],
     catalog: Catalog,
     events: EventSink = DISCARD,
-) -> FleetResult[TuneResult]:
+) -> TuneReport:
     """Tune every planned deployment, each in its own thread.
 
     Ctrl-C asks each to stop at its next safe point (between levels and launches) and put
     back the run that was serving before; a second Ctrl-C leaves at once.
     """
     cancel = threading.Event()
+    interrupted = False
 
     def one(tune_plan: TunePlan) -> TuneResult:
         tuner = Tuner(
@@ -1027,6 +1040,7 @@ def tune_fleet(
         while wait(futures, timeout=0.5, return_when=FIRST_EXCEPTION).not_done:
             pass
     except KeyboardInterrupt:
+        interrupted = True
         cancel.set()
         events.emit(ev.TuneStep(target="", phase="", step="interrupting", elapsed=0.0))
         wait(futures)  # a second Ctrl-C ends here, leaving the hosts as they are
@@ -1040,7 +1054,7 @@ def tune_fleet(
             if error is not None
             else HostResult(tune_plan.host, future.result())
         )
-    return FleetResult(results)
+    return TuneReport(FleetResult(results), interrupted)
 
 
 # ---- kept tunes -----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from deployctl.ops.patch import AuditReport, PatchAction, SetState
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit
     from deployctl.ops.server import RestartReport
-    from deployctl.ops.tune import KeptTune, TunePlan, TuneResult
+    from deployctl.ops.tune import KeptTune, TunePlan, TuneReport, TuneResult
     from deployctl.patchset import PatchSet
     from deployctl.render import RenderedCommand
 
@@ -361,11 +361,14 @@ def suggestion_document(result: Suggestion) -> dict[str, Any]:
 # ---- tune ----------------------------------------------------------------------------------
 
 
-def tune_document(results: FleetResult[TuneResult]) -> dict[str, Any]:
+def tune_document(report: TuneReport) -> dict[str, Any]:
     """Per deployment: its tune record (as kept on the host)."""
     from deployctl.ops.tune import tune_record
 
-    return hosts_document(results, tune_record)
+    def entry(result: TuneResult) -> dict[str, Any]:
+        return {**tune_record(result), "ok": result.ok}  # a tune that did not hold is not ok
+
+    return {**hosts_document(report.results, entry), "interrupted": report.interrupted}
 
 
 def tune_plan_json(plan: TunePlan) -> dict[str, Any]:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from deployctl.ops.port import PortReport
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult
     from deployctl.ops.server import RestartReport, Stray
-    from deployctl.ops.tune import KeptTune, TunePlan, TuneResult
+    from deployctl.ops.tune import KeptTune, TunePlan, TuneReport
     from deployctl.patchset import PatchSet
     from deployctl.render import RenderedCommand
 
@@ -749,9 +749,12 @@ def _tune_record(record: dict[str, Any], label: str) -> None:
         )
 
 
-def _tunes(results: FleetResult[TuneResult]) -> None:
+def _tunes(report: TuneReport) -> None:
     from deployctl.ops.tune import tune_record
 
+    results = report.results
+    if report.interrupted:
+        sys.stderr.write("interrupted: each deployment's previous run was put back\n")
     for r in results:
         if r.value is not None:
             _tune_record(tune_record(r.value), r.name)
@@ -760,7 +763,7 @@ def _tunes(results: FleetResult[TuneResult]) -> None:
     print_host_errors(results)
 
 
-TUNE: View[FleetResult[TuneResult]] = View(_tunes, docs.tune_document)
+TUNE: View[TuneReport] = View(_tunes, docs.tune_document)
 
 
 def _tune_plans(plans: list[TunePlan]) -> None:
