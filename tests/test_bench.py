@@ -16,7 +16,7 @@ import pytest
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.host_agent import bench_serving_module, percentile
 from deployctl.ops.bench import Comparison, parse_levels, suggest_threshold
-from deployctl.present.views import COMPARISON, render_result
+from deployctl.present.views import COMPARISON, SUGGESTION, render_result
 from tests.conftest import CLI
 from tests.sglang_wheel import bench_serving_venv, write_tokenizer
 from tests.sshd_hosts import SSHLab, sh
@@ -64,6 +64,97 @@ def test_the_threshold_is_the_largest_level_where_speculation_still_wins() -> No
     assert suggest_threshold(never, "base", "spec").threshold is None
     with pytest.raises(DeployctlError, match="no kept bench results for gone_v1"):
         suggest_threshold(Comparison(runs, missing=["gone_v1"]), "base", "gone_v1")
+
+
+def test_a_tie_is_not_a_win() -> None:
+    runs = {
+        "base": kept((1, 50), (4, 180), (16, 600)),
+        "spec": kept((1, 140), (4, 180), (16, 500)),
+    }
+    suggestion = suggest_threshold(Comparison(runs), "base", "spec")
+    assert suggestion.threshold == 1 and suggestion.between == (1, 4)
+
+
+def test_a_win_after_a_loss_does_not_move_the_threshold_past_the_loss() -> None:
+    runs = {
+        "base": kept((1, 50), (4, 180), (16, 600), (64, 1500)),
+        "spec": kept((1, 140), (4, 150), (16, 900), (64, 1200)),
+    }
+    suggestion = suggest_threshold(Comparison(runs), "base", "spec")
+    assert suggestion.threshold == 1 and suggestion.between == (1, 4)
+    assert suggestion.wins_after_loss == [16]
+
+
+def test_the_crossover_bracket_says_whether_levels_between_were_measured() -> None:
+    base = kept((1, 50), (4, 180), (5, 220), (16, 600))
+    spread = Comparison({"base": base, "spec": kept((1, 140), (4, 400), (16, 500))})
+    assert suggest_threshold(spread, "base", "spec").between == (4, 16)
+    assert suggest_threshold(spread, "base", "spec").crossover_unresolved
+    adjacent = Comparison({"base": base, "spec": kept((1, 140), (4, 400), (5, 200))})
+    assert suggest_threshold(adjacent, "base", "spec").between == (4, 5)
+    assert not suggest_threshold(adjacent, "base", "spec").crossover_unresolved
+    always = Comparison({"base": base, "spec": kept((1, 140), (4, 400), (16, 900))})
+    assert suggest_threshold(always, "base", "spec").between == (16, None)
+    assert not suggest_threshold(always, "base", "spec").crossover_unresolved
+
+
+def test_a_speculative_run_with_its_own_threshold_is_not_measured_above_it() -> None:
+    """Above its --threshold the run does not speculate: its curve is the baseline's."""
+    base = kept((1, 50), (4, 180), (16, 600))
+    throttled = {**kept((1, 140), (4, 400), (16, 610)), "threshold": 5}  # 610: noise
+    suggestion = suggest_threshold(Comparison({"base": base, "spec": throttled}), "base", "spec")
+    assert suggestion.threshold == 4 and suggestion.between == (4, None)
+    assert suggestion.speculative_threshold == 5 and suggestion.unmeasured == [16]
+    below_all = {**kept((4, 400), (16, 610)), "threshold": 2}
+    with pytest.raises(DeployctlError, match="no level both runs share is at or below it"):
+        suggest_threshold(Comparison({"base": base, "spec": below_all}), "base", "spec")
+
+
+def test_a_baseline_that_speculates_is_told_apart() -> None:
+    spec = kept((1, 140), (4, 400))
+    for command, speculates in (
+        ("python3 -m sglang.launch_server --model-path m --speculative-algorithm EAGLE3", True),
+        ("python3 -m sglang.launch_server --model-path m --tp 8", False),
+        ("python3 -m sglang.launch_server --served-model-name 'it''s", False),  # unbalanced
+    ):
+        base = {**kept((1, 50), (4, 180)), "command": command}
+        runs = Comparison({"base": base, "spec": spec})
+        assert suggest_threshold(runs, "base", "spec").baseline_speculates is speculates
+
+
+def test_the_suggestion_says_what_it_cannot_see(capsys: pytest.CaptureFixture[str]) -> None:
+    base = kept((1, 50), (4, 180), (16, 600))
+    # Issue 30's new user: a baseline, a --threshold 5 run, levels 1, 4, 16.
+    throttled = {**kept((1, 140), (4, 400), (16, 600)), "threshold": 5}
+    found = Comparison({"base_v1": base, "spec_v1": throttled})
+    render_result(SUGGESTION, suggest_threshold(found, "base_v1", "spec_v1"), as_json=False)
+    out, err = capsys.readouterr()
+    assert "deployctl launch --threshold 4" in out and "not measured" in out
+    assert (
+        "warning: spec_v1 ran with --threshold 5: above concurrency 5 its curve is the "
+        "baseline's, not speculation's (not measured: 16); the suggestion cannot exceed 5"
+    ) in err
+    assert "crossover" not in err
+
+    speculating = {**base, "command": "sglang serve --speculative-algorithm EAGLE3"}
+    unthrottled = kept((1, 140), (4, 400), (16, 600))
+    found = Comparison({"base_v1": speculating, "spec_v2": unthrottled})
+    render_result(SUGGESTION, suggest_threshold(found, "base_v1", "spec_v2"), as_json=False)
+    out, err = capsys.readouterr()
+    assert "no (tie)" in out and "deployctl launch --threshold 4" in out
+    assert "warning: base_v1 is not a baseline: its command has --speculative-algorithm" in err
+    assert "note: the crossover lies somewhere between concurrency 4 and 16" in err
+    assert "hint: deployctl tune narrows it down" in err
+    assert "ran with --threshold" not in err
+
+    longer = kept((1, 50), (4, 180), (16, 600), (64, 1500))
+    again = kept((1, 40), (4, 400), (16, 500), (64, 1600))
+    found = Comparison({"base_v1": longer, "spec_v2": again})
+    render_result(SUGGESTION, suggest_threshold(found, "base_v1", "spec_v2"), as_json=False)
+    out, err = capsys.readouterr()
+    assert "never beats the baseline" in out
+    assert "speculation wins again at 4, 64 after losing at 1: a threshold cannot use them" in err
+    assert "crossover" not in err  # lost at 1: no level below it to measure
 
 
 def test_comparing_runs_of_both_tools_says_what_their_itl_means(

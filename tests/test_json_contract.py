@@ -127,18 +127,24 @@ def kept_sweep(run: str, throughputs: dict[int, float]) -> dict[str, Any]:
 def test_documents_of_a_local_host_match_their_schemas(cli: CLI, tmp_path: Path) -> None:
     """bench --compare and --suggest-threshold read kept sweeps: here on this machine."""
     state = tmp_path / "state"
-    sweeps = {"base_v1": {1: 50.0, 4: 180.0, 16: 600.0}, "spec_v1": {1: 140.0, 4: 400.0, 16: 500.0}}
+    sweeps = {"base_v1": {1: 50.0, 4: 180.0, 16: 600.0, 64: 900.0},
+              "spec_v1": {1: 140.0, 4: 400.0, 16: 500.0, 64: 900.0}}  # fmt: skip
     for run, throughputs in sweeps.items():
         folder = state / "runs" / f"{run}.bench"
         folder.mkdir(parents=True)
-        (folder / "1.json").write_text(json.dumps(kept_sweep(run, throughputs)))
+        sweep = kept_sweep(run, throughputs)
+        if run == "spec_v1":  # its own threshold: above 32 its curve is the baseline's
+            sweep |= {"threshold": 32, "command": "sglang serve --speculative-algorithm EAGLE3"}
+        (folder / "1.json").write_text(json.dumps(sweep))
     inv = tmp_path / "inv.yml"
     inv.write_text(
         f"all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
         f"      state_dir: {state}\n"
     )
     suggestion = document(cli, "bench", "-i", str(inv), "--suggest-threshold", "base_v1", "spec_v1")
-    assert suggestion["threshold"] == 4
+    assert suggestion["threshold"] == 4 and suggestion["between"] == [4, 16]
+    assert suggestion["speculative_threshold"] == 32 and suggestion["crossover_unresolved"]
+    assert [level["wins"] for level in suggestion["levels"]] == [True, True, False, None]
     compared = document(cli, "bench", "-i", str(inv), "--compare", "base_v1,gone_v1")
     assert list(compared["runs"]) == ["base_v1"] and compared["missing"] == ["gone_v1"]
     # A host without a run still has a status document, and restart says it restarted none.

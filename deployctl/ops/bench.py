@@ -4,6 +4,7 @@ and the `--threshold` the numbers suggest."""
 from __future__ import annotations
 
 import getpass
+import shlex
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ from deployctl.host_agent import (
 )
 from deployctl.inventory import Host
 from deployctl.ops.runs import recorded_run
+from deployctl.patchset import command_flags
 
 
 @dataclass(frozen=True)
@@ -183,16 +185,39 @@ def find_results(fleet: Fleet, run_ids: Sequence[str]) -> Comparison:
 
 @dataclass
 class Suggestion:
-    """The largest concurrency at which speculation still wins, and the threshold it gives."""
+    """The largest concurrency at which speculation still wins, the threshold it gives, and
+    what the two sweeps cannot show."""
 
     baseline: str
     speculative: str
     rows: list[tuple[int, float, float]]  # concurrency, baseline tok/s, speculative tok/s
     threshold: int | None  # None: speculation never wins
+    # The crossover lies between the last level speculation wins at (None: none) and the first
+    # it does not win at (None: it wins at every level measured).
+    between: tuple[int | None, int | None] = (None, None)
+    wins_after_loss: list[int] = field(default_factory=list)  # past the first loss: unusable
+    # The speculative run's own --threshold: above it its curve is the baseline's.
+    speculative_threshold: int | None = None
+    baseline_speculates: bool = False  # the "baseline" run's command has --speculative-algorithm
 
     @property
     def ok(self) -> bool:
         return True
+
+    def measured(self, concurrency: int) -> bool:
+        """Whether the speculative run speculated at this level."""
+        return self.speculative_threshold is None or concurrency <= self.speculative_threshold
+
+    @property
+    def unmeasured(self) -> list[int]:
+        """Shared levels above the speculative run's own threshold."""
+        return [c for c, _, _ in self.rows if not self.measured(c)]
+
+    @property
+    def crossover_unresolved(self) -> bool:
+        """Whether levels between the last win and the first loss were not measured."""
+        last_win, first_loss = self.between
+        return first_loss is not None and first_loss - (last_win or 0) > 1
 
 
 def suggest_threshold(comparison: Comparison, baseline: str, speculative: str) -> Suggestion:
@@ -203,8 +228,9 @@ def suggest_threshold(comparison: Comparison, baseline: str, speculative: str) -
             f"no kept bench results for {', '.join(comparison.missing)}",
             hint="run deployctl bench on each run first (see deployctl status for run ids)",
         )
-    base = _throughputs(comparison.runs[baseline])
-    spec = _throughputs(comparison.runs[speculative])
+    base_doc, spec_doc = comparison.runs[baseline], comparison.runs[speculative]
+    base = _throughputs(base_doc)
+    spec = _throughputs(spec_doc)
     shared = sorted(set(base) & set(spec))
     if not shared:
         raise DeployctlError(
@@ -212,12 +238,38 @@ def suggest_threshold(comparison: Comparison, baseline: str, speculative: str) -
             hint="bench both with the same --concurrency",
         )
     rows = [(c, base[c], spec[c]) for c in shared]
-    threshold = None
-    for concurrency, b, s in rows:
-        if s <= b:
-            break
-        threshold = concurrency
-    return Suggestion(baseline, speculative, rows, threshold)
+    own_threshold: int | None = spec_doc.get("threshold")
+    measured = [r for r in rows if own_threshold is None or r[0] <= own_threshold]
+    if not measured:
+        raise DeployctlError(
+            f"{speculative} ran with --threshold {own_threshold}: no level both runs share "
+            f"is at or below it, so none measured speculation",
+            hint="bench a speculative run launched without --threshold, or add lower levels",
+        )
+    first_loss = next((c for c, b, s in measured if s <= b), None)  # a tie is not a win
+    before = [c for c, _, _ in measured if first_loss is None or c < first_loss]
+    threshold = before[-1] if before else None
+    return Suggestion(
+        baseline,
+        speculative,
+        rows,
+        threshold,
+        between=(threshold, first_loss),
+        wins_after_loss=[
+            c for c, b, s in measured if first_loss is not None and c > first_loss and s > b
+        ],
+        speculative_threshold=own_threshold,
+        baseline_speculates=_speculates(base_doc),
+    )
+
+
+def _speculates(document: Mapping[str, Any]) -> bool:
+    command = document.get("command") or ""
+    try:
+        argv = shlex.split(command)
+    except ValueError:  # an unbalanced quote in a masked display copy
+        argv = command.split()
+    return "--speculative-algorithm" in command_flags(argv)
 
 
 def _throughputs(document: Mapping[str, Any]) -> dict[int, float]:

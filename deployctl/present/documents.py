@@ -351,8 +351,18 @@ def suggestion_document(result: Suggestion) -> dict[str, Any]:
         "baseline": result.baseline,
         "speculative": result.speculative,
         "threshold": result.threshold,
+        "between": list(result.between),
+        "crossover_unresolved": result.crossover_unresolved,
+        "wins_after_loss": result.wins_after_loss,
+        "speculative_threshold": result.speculative_threshold,
+        "baseline_speculates": result.baseline_speculates,
         "levels": [
-            {"concurrency": c, "baseline_tokens_per_s": b, "speculative_tokens_per_s": s}
+            {
+                "concurrency": c,
+                "baseline_tokens_per_s": b,
+                "speculative_tokens_per_s": s,
+                "wins": s > b if result.measured(c) else None,
+            }
             for c, b, s in result.rows
         ],
     }

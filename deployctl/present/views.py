@@ -660,7 +660,7 @@ COMPARISON: View[Comparison] = View(_comparison, docs.comparison_document)
 
 
 def _suggestion(result: Suggestion) -> None:
-    rows = [[str(c), f"{b:.1f}", f"{s:.1f}", "yes" if s > b else "no"] for c, b, s in result.rows]
+    rows = [[str(c), f"{b:.1f}", f"{s:.1f}", _verdict(result, c, b, s)] for c, b, s in result.rows]
     print_table(
         None, ["concurrency", result.baseline, result.speculative, "speculation wins"], rows
     )
@@ -671,6 +671,63 @@ def _suggestion(result: Suggestion) -> None:
             f"speculation wins up to concurrency {result.threshold}: "
             f"deployctl launch --threshold {result.threshold}\n"
         )
+    for line in _suggestion_caveats(result):
+        sys.stderr.write(line)
+
+
+def _verdict(result: Suggestion, concurrency: int, base: float, spec: float) -> str:
+    if not result.measured(concurrency):
+        return "not measured"
+    return "yes" if spec > base else "no (tie)" if spec == base else "no"
+
+
+def _suggestion_caveats(result: Suggestion) -> list[str]:
+    """What the two sweeps cannot show, as `warning:`/`note:` lines with their hints."""
+    lines = []
+    spec_threshold = result.speculative_threshold
+    if spec_threshold is not None:
+        hidden = f" (not measured: {_levels(result.unmeasured)})" if result.unmeasured else ""
+        lines += [
+            tagged(
+                "warning",
+                f"{result.speculative} ran with --threshold {spec_threshold}: above concurrency "
+                f"{spec_threshold} its curve is the baseline's, not speculation's{hidden}; "
+                f"the suggestion cannot exceed {spec_threshold}",
+            ),
+            tagged("hint", "bench a speculative run launched without --threshold to see past it"),
+        ]
+    if result.baseline_speculates:
+        lines += [
+            tagged(
+                "warning",
+                f"{result.baseline} is not a baseline: its command has --speculative-algorithm",
+            ),
+            tagged("hint", "bench a run of the baseline template (deployctl launch -t baseline)"),
+        ]
+    last_win, first_loss = result.between
+    if result.crossover_unresolved:
+        where = (
+            f"between concurrency {last_win} and {first_loss}"
+            if last_win is not None
+            else f"below concurrency {first_loss}, where speculation was not measured"
+        )
+        lines += [
+            tagged("note", f"the crossover lies somewhere {where}"),
+            tagged("hint", "deployctl tune narrows it down"),
+        ]
+    if result.wins_after_loss:
+        lines.append(
+            tagged(
+                "note",
+                f"speculation wins again at {_levels(result.wins_after_loss)} after losing at "
+                f"{first_loss}: a threshold cannot use them",
+            )
+        )
+    return lines
+
+
+def _levels(levels: list[int]) -> str:
+    return ", ".join(map(str, levels))
 
 
 SUGGESTION: View[Suggestion] = View(_suggestion, docs.suggestion_document)
