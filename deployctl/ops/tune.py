@@ -434,10 +434,15 @@ class PhaseRun:
     phase: Phase
     template: str
     threshold: int | None
-    run: str | None = None
+    runs: list[str] = field(default_factory=list)  # one per visit (the search returns to it)
     state: str = "not started"  # a RunState value once launched
     measured: list[BenchLevel] = field(default_factory=list)
     sweeps: list[str] = field(default_factory=list)  # kept bench files on the host
+
+    @property
+    def run(self) -> str | None:
+        """The phase's latest run."""
+        return self.runs[-1] if self.runs else None
 
     def levels(self) -> list[BenchLevel]:
         """One level per concurrency: the median of its samples (as `bench --json` has it)."""
@@ -723,10 +728,13 @@ class Tuner:
     # -- steps -------------------------------------------------------------------------------
 
     def _launch(self, result: TuneResult, phase: Phase, plan: Plan) -> None:
-        result.phases[phase] = PhaseRun(phase, plan.rendered.template, plan.rendered.threshold)
-        self._start(result, phase, plan)
+        if phase not in result.phases:
+            result.phases[phase] = PhaseRun(phase, plan.rendered.template, plan.rendered.threshold)
+        self._start(result, phase, plan, result.phases[phase])
 
-    def _start(self, result: TuneResult, phase: Phase, plan: Plan) -> str:
+    def _start(
+        self, result: TuneResult, phase: Phase, plan: Plan, phase_run: PhaseRun | None = None
+    ) -> str:
         """Replace the current run with the plan's; wait until ready; return the run id."""
         self._check_cancel()
         self._step(phase, "launching")
@@ -739,12 +747,12 @@ class Tuner:
         result.launches += 1
         self.launch_seconds.append(time.monotonic() - began)
         outcome = _outcome(replaced.launch)
-        phase_run = result.phases.get(phase)
         if outcome is None:
             raise _failure(self.host, replaced.launch, replaced.stops)
         self.current = outcome.run["id"]
-        if phase_run is not None and phase_run.run is None:
-            phase_run.run, phase_run.state = outcome.run["id"], str(outcome.state)
+        if phase_run is not None:
+            phase_run.runs.append(outcome.run["id"])
+            phase_run.state = str(outcome.state)
         if not outcome.ok:
             crash = outcome.crashes[0] if outcome.crashes else None
             raise PhaseFailed(
@@ -854,6 +862,7 @@ def tune_record(result: TuneResult) -> dict[str, Any]:
     phases = {
         str(phase): {
             "run": run.run,
+            "runs": run.runs,
             "template": run.template,
             "threshold": run.threshold,
             "state": run.state,
