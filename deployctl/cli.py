@@ -897,7 +897,8 @@ def tune(
     plans = ops.plan_tune(session.project, session.targets, session.patch_sets(), options)
     if dry_run:
         return views.TUNE_PLAN, plans
-    with session.fleet() as fleet, live.Progress(enabled=not session.options.json) as progress:
+    progress = live.Progress(enabled=not session.options.json, steps_when_piped=True)
+    with session.fleet() as fleet, progress:
         results = ops.tune_fleet(fleet, plans, session.catalog(), progress)
     drawing(next((ops.tune_record(r.value) for r in results.results if r.value), None))
     return views.TUNE, results

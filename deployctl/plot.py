@@ -1,4 +1,4 @@
-"""Bench curves as a picture: output throughput and inter-token latency against concurrency,
+"""Bench curves as a picture: output throughput and time per output token against concurrency,
 one line per run or per tune phase. Needs matplotlib (the `plot` extra)."""
 
 from __future__ import annotations
@@ -114,16 +114,18 @@ def _draw(
             "drawing curves (--plot, --html) needs matplotlib",
             hint="pip install 'deployctl[plot]'",
         ) from None
+    from deployctl.ops.bench import per_token_ms
+
     figure, (throughput, latency) = plt.subplots(1, 2, figsize=(11, 4.2))
     for label, levels, style in curves:
         ordered = sorted(levels, key=lambda lv: lv["concurrency"])
         x = [lv["concurrency"] for lv in ordered]
         tokens = [lv.get("output_tokens_per_s") for lv in ordered]
-        itl = [(lv.get("itl_ms") or {}).get("p50") for lv in ordered]
+        itl = [per_token_ms(lv) for lv in ordered]
         line = {"marker": "o", **style, "label": label}
         throughput.plot(x, [_nan_for_none(v) for v in tokens], **line)
         latency.plot(x, [_nan_for_none(v) for v in itl], **line)
-    for axes, name in ((throughput, "output tokens/s"), (latency, "inter-token latency p50 (ms)")):
+    for axes, name in ((throughput, "output tokens/s"), (latency, LATENCY_TITLE)):
         if mark is not None:
             mark(axes)
         axes.set_xscale("log", base=2)
@@ -140,6 +142,10 @@ def _draw(
     figure.savefig(picture, format=fmt, metadata=_SVG_METADATA if fmt == "svg" else None)
     plt.close(figure)
     return picture.getvalue()
+
+
+# Per token, not per streamed chunk: a speculative server streams several tokens a chunk.
+LATENCY_TITLE = "time per output token p50 (ms)"
 
 
 def _nan_for_none(value: float | None) -> float:

@@ -350,6 +350,25 @@ CASES = [
                                            "b": {"gpus": [1], "port": 30001}})}),
     Case("gpu-not-on-host", ("launch", "-i", INV, "--set", "gpus=5"), "GPU 5 not on",
          form="host"),
+    # -- tune --
+    Case("tune-two-bounds", ("tune", "-i", INV, "--max-itl-ms", "20", "--max-ttft-ms", "500"),
+         "give one of --max-itl-ms and --max-ttft-ms"),
+    Case("tune-objective", ("tune", "-i", INV, "--objective", "latency"),
+         "--objective 'latency' is not known"),
+    Case("tune-number-alone", ("tune", "-i", INV, "3"), "a tune number is given only with --report"),
+    Case("tune-levels", ("tune", "-i", INV, "--concurrency", "1,0"), "not a list of positive numbers"),
+    Case("tune-min-ratio", ("tune", "-i", INV, "--min-ratio", "1.5"), "--min-ratio", code=2),
+    Case("tune-keep", ("tune", "-i", INV, "--keep", "all"), "--keep", code=2),
+    Case("tune-plot-format", ("tune", "-i", INV, "--plot", "curves.pdf"), "must end in .png or .svg"),
+    Case("tune-html-folder", ("tune", "-i", INV, "--html", "nowhere/report.html"),
+         "folder nowhere does not exist"),
+    Case("tune-plot-two-hosts", ("tune", "-i", INV, "--plot", "curves.png"),
+         "--plot and --html draw one tune"),
+    Case("tune-not-speculative", ("tune", "-i", INV, "--template", "baseline"),
+         "template 'baseline' does not speculate"),
+    Case("tune-threshold-word", ("launch", "-i", BAD),
+         "deployctl_threshold 'five' is not a batch size (1 or more)",
+         {BAD: inventory_with(deployctl_threshold="five")}),
 ]  # fmt: skip
 
 

@@ -438,6 +438,7 @@ def test_every_number_has_its_bounds_where_it_is_declared() -> None:
         "node_rank": (0, None, None),
         "dist_port": (1, 65535, None),
         "nnodes": (1, None, None),
+        "threshold": (1, None, None),
         "connect_timeout": (None, 7 * 24 * 3600, 0),
         "command_timeout": (None, 7 * 24 * 3600, 0),
     }

@@ -132,9 +132,7 @@ def test_a_tie_is_not_a_win() -> None:
         Phase.BASELINE: lambda c: 100.0 * c,
         Phase.SPECULATIVE: lambda c: 100.0 * c * (1.5 if c < 8 else 1.0),
     }
-    search = Search([1, 4, 8])
-    search.levels = Levels(tuple(range(1, 9)))  # only the levels given: no refinement between
-    search.levels = Levels((1, 4, 8))
+    search = Search([1, 4, 8], Levels((1, 4, 8)))  # switch points only at those: no refining
     drive(search, curves)
     assert search.threshold == 4 and search.bracket() == (4, 8)
 
@@ -336,3 +334,111 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
     assert record["restart_of"] == before and record["template"] == "baseline"
     assert record["threshold"] is None
     cli("stop", "-i", str(inv))
+
+
+def test_keep_none_leaves_the_deployment_as_tune_found_it(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    model = model_for(6.5)
+    inv = hosts.inventory(
+        tmp_path / "inv.yml", ["alpha"], {"alpha": adaptive_host(hosts, "alpha", model)}
+    )
+    launched = cli("launch", "-i", str(inv), "--json", "--timeout", "60")
+    before = json.loads(launched.stdout)["hosts"]["alpha"]["run"]
+    # Speculation wins at both levels: no threshold is needed, the tuned run speculates.
+    code, doc, err = tune_json(cli, inv, "--concurrency", "1,2", "--keep", "none")
+    entry = doc["hosts"]["alpha"]
+    assert code == 0, (err, json.dumps(entry)[:3000])
+    assert entry["threshold"] is None and entry["speculation"] == "always"
+    assert entry["phases"]["tuned"]["template"] == "eagle3"
+    assert entry["previous"] == before and entry["serving"] not in (None, before)
+    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["alpha"]
+    assert status["run"] == entry["serving"] and status["state"] == "ready"
+    record = json.loads(
+        (hosts.hosts["alpha"].home / ".deployctl" / "runs" / f"{status['run']}.json").read_text()
+    )
+    assert record["restart_of"] == before and record["template"] == "baseline"
+    cli("stop", "-i", str(inv))
+
+
+def test_a_lost_connection_stops_the_tune_and_puts_back_the_previous_run(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    import threading
+    import time
+
+    model = model_for(6.5)
+    bravo = hosts.hosts["bravo"]
+    inv = hosts.inventory(
+        tmp_path / "inv.yml", ["bravo"], {"bravo": adaptive_host(hosts, "bravo", model)}
+    )
+    before = json.loads(cli("launch", "-i", str(inv), "--json", "--timeout", "60").stdout)
+    runs = bravo.home / ".deployctl" / "runs"
+
+    def drop_then_return() -> None:
+        deadline = time.monotonic() + 90
+        while not list(runs.glob("eagle3_v*.bench")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        bravo.go_away()  # sshd and tune's session with it are gone
+        time.sleep(3)
+        bravo.start()
+
+    dropper = threading.Thread(target=drop_then_return)
+    dropper.start()
+    try:
+        code, doc, err = tune_json(cli, inv, "--concurrency", "1,4,16")
+    finally:
+        dropper.join()
+        bravo.ensure_running()
+    entry = doc["hosts"]["bravo"]
+    assert code == 1, (err, json.dumps(entry)[:3000])
+    assert entry["outcome"] == "failed" and "Connection refused" in entry["outcome_note"]
+    assert entry["previous"] == before["hosts"]["bravo"]["run"]
+    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["bravo"]
+    assert status["run"] == entry["serving"] and status["state"] == "ready"
+    assert status["run"].startswith("baseline_v")
+    cli("stop", "-i", str(inv))
+
+
+# ---- plans and the `threshold` variable (no host is contacted) -------------------------------
+
+
+def unreachable_inventory(tmp_path: Path, **variables: object) -> Path:
+    """A host nobody listens for: anything that tried to reach it would fail."""
+    inv = tmp_path / "inv.yml"
+    host = {"ansible_host": "127.0.0.1", "ansible_port": 9, "model_path": "/m",
+            "draft_model_path": "/d", **variables}  # fmt: skip
+    inv.write_text(json.dumps({"all": {"hosts": {"far": host}}}))
+    return inv
+
+
+def test_the_threshold_variable_is_what_launch_uses_without_the_option(
+    cli: CLI, tmp_path: Path
+) -> None:
+    inv = str(unreachable_inventory(tmp_path, threshold=7))
+    shown = cli("render", "-i", inv, "--json")
+    assert shown.returncode == 0, shown.stderr
+    rendered = json.loads(shown.stdout)["hosts"]["far"]
+    assert "--speculative-disable-batch-threshold=7" in rendered["command"]
+    assert "--speculative-algorithm=EAGLE3" in rendered["command"]  # eagle3 with a threshold
+    assert rendered["threshold_mode"] == "patch"
+    given = json.loads(cli("render", "-i", inv, "--threshold", "3", "--json").stdout)
+    assert "--speculative-disable-batch-threshold=3" in given["hosts"]["far"]["command"]
+
+
+def test_a_dry_run_shows_the_plan_and_an_estimate_and_reaches_no_host(
+    cli: CLI, tmp_path: Path
+) -> None:
+    inv = str(unreachable_inventory(tmp_path, threshold=7, template="eagle3"))
+    result = cli("tune", "-i", inv, "--dry-run", "--json", "--concurrency", "1,4,16,64")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)["hosts"]["far"]
+    # The unthrottled phases ignore the inventory's threshold: they measure without one.
+    assert "threshold" not in plan["phases"]["speculative"]["command"]
+    assert "--speculative-algorithm=EAGLE3" in plan["phases"]["speculative"]["command"]
+    assert "--speculative" not in plan["phases"]["baseline"]["command"]
+    # 4 levels on 3 servers, and rounds of 3 new levels until the widest gap (17..63) closes.
+    assert plan["launches"] == 3 + 3 and plan["levels"] == 4 * 3 + 3 * 3 * 3
+    assert plan["estimated_s"] > 0
+    human = cli("tune", "-i", inv, "--dry-run")
+    assert "about 6 launches and 39 level measurements" in human.stdout

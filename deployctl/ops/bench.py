@@ -58,6 +58,18 @@ def parse_levels(text: str) -> list[int]:
     return levels
 
 
+def per_token_ms(level: Mapping[str, Any]) -> float | None:
+    """Time per output token after the first, in ms, from the level's p50 end-to-end and
+    first-token times: comparable across servers, where ITL is per streamed chunk (a
+    speculative server sends several tokens in one)."""
+    e2e = (level.get("e2e_ms") or {}).get("p50")
+    ttft = (level.get("ttft_ms") or {}).get("p50")
+    per_request = level.get("output_tokens", 0) / max(1, level.get("completed", 0))
+    if e2e is None or ttft is None or per_request <= 1:
+        return None
+    return float(e2e - ttft) / float(per_request - 1)
+
+
 @dataclass
 class BenchResult:
     """One deployment's sweep, as kept on its host."""

@@ -20,22 +20,24 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from deployctl import agent
 from deployctl import events as ev
-from deployctl.errors import DeployctlError, UsageError
+from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
-from deployctl.fanout import Fleet, FleetResult, HostResult
+from deployctl.fanout import Fleet, FleetResult, HostResult, next_backoff
 from deployctl.host_agent import TuneRecordsArgs, TuneSaveArgs
-from deployctl.ops.bench import BenchPlan, run_bench
+from deployctl.ops.bench import BenchPlan, per_token_ms, run_bench
 from deployctl.ops.launch import Plan, plan_launch
 from deployctl.ops.patch import apply_patches
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
     LaunchReport,
+    Replacement,
     RunState,
     StopResult,
+    recorded_run,
     replace,
     run_status,
     stop_run,
@@ -52,6 +54,9 @@ if TYPE_CHECKING:
     from deployctl.inventory import Host
     from deployctl.patchset import PatchSet
     from deployctl.project import Project
+
+
+T = TypeVar("T")
 
 
 class Phase(StrEnum):
@@ -92,18 +97,11 @@ class Objective:
     bound: float | None = None
 
     def latency(self, level: BenchLevel) -> float | None:
-        """The level's latency this objective bounds, in ms.
-
-        ITL is per output token, from end-to-end and first-token times: the builtin load
-        generator times streamed chunks, and a speculative server sends several tokens in one.
-        """
+        """The level's latency this objective bounds, in ms: TTFT, or the time per output
+        token (not the builtin's ITL, which is per streamed chunk)."""
         if self.kind == "max_ttft_ms":
             return level["ttft_ms"]["p50"]
-        e2e, ttft = level["e2e_ms"]["p50"], level["ttft_ms"]["p50"]
-        per_request = level["output_tokens"] / max(1, level["completed"])
-        if e2e is None or ttft is None or per_request <= 1:
-            return None
-        return (e2e - ttft) / (per_request - 1)
+        return per_token_ms(level)
 
     def meets(self, samples: Sequence[BenchLevel]) -> bool:
         """Whether the level's median latency is within the bound (always, for throughput)."""
@@ -503,12 +501,13 @@ class Interrupted(Exception):
     """Ctrl-C reached the tune of this deployment at a safe point."""
 
 
-class PhaseFailed(DeployctlError):
-    """A phase's server crashed, died or failed requests."""
+class PhaseFailed(Exception):
+    """A phase's server crashed, died or failed requests (tune falls back; not an error of
+    the command)."""
 
     def __init__(self, message: str, crash: CrashReport | None = None) -> None:
         super().__init__(message)
-        self.crash = crash
+        self.message, self.crash = message, crash
 
 
 class Tuner:
@@ -703,20 +702,18 @@ class Tuner:
         return Phase.SPECULATIVE if top.speculative > top.baseline else Phase.BASELINE
 
     def _put_back(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
-        """Relaunch the run that was serving before tune (or stop tune's own run)."""
+        """Relaunch the run that was serving before tune (or stop tune's own run), trying
+        again while the host cannot be reached (the reason we may be here)."""
         try:
             if previous is None:
                 if self.current is not None:
-                    stop_run(self.host, self.conn, self.options.stop_timeout)
+                    _reconnecting(lambda: stop_run(self.host, self.conn, self.options.stop_timeout))
                 result.serving = None
                 return
             plan, run_id = previous
-            self._step(Phase.BASELINE, "restoring")
-            replaced = replace(
-                self.fleet, [plan], self.catalog, restart_of={self.host.label: run_id},
-                stop_timeout=self.options.stop_timeout, timeout=self.options.timeout,
-                events=self.events,
-            )  # fmt: skip
+            self._step("previous", "restoring")
+            _reconnecting(lambda: recorded_run(self.host, self.conn))  # until it answers
+            replaced = self._replace(plan, {self.host.label: run_id})
             outcome = _outcome(replaced.launch)
             result.launches += 1
             result.serving = outcome.run["id"] if outcome is not None and outcome.ok else None
@@ -727,7 +724,15 @@ class Tuner:
 
     # -- steps -------------------------------------------------------------------------------
 
+    def _replace(self, plan: Plan, restart_of: Mapping[str, str]) -> Replacement:
+        return replace(
+            self.fleet, [plan], self.catalog, restart_of=restart_of,
+            stop_timeout=self.options.stop_timeout, timeout=self.options.timeout,
+            events=self.events,
+        )  # fmt: skip
+
     def _launch(self, result: TuneResult, phase: Phase, plan: Plan) -> None:
+        self._check_cancel()
         if phase not in result.phases:
             result.phases[phase] = PhaseRun(phase, plan.rendered.template, plan.rendered.threshold)
         self._start(result, phase, plan, result.phases[phase])
@@ -736,14 +741,9 @@ class Tuner:
         self, result: TuneResult, phase: Phase, plan: Plan, phase_run: PhaseRun | None = None
     ) -> str:
         """Replace the current run with the plan's; wait until ready; return the run id."""
-        self._check_cancel()
         self._step(phase, "launching")
         began = time.monotonic()
-        replaced = replace(
-            self.fleet, [plan], self.catalog, restart_of={},
-            stop_timeout=self.options.stop_timeout, timeout=self.options.timeout,
-            events=self.events,
-        )  # fmt: skip
+        replaced = self._replace(plan, {})
         result.launches += 1
         self.launch_seconds.append(time.monotonic() - began)
         outcome = _outcome(replaced.launch)
@@ -798,7 +798,7 @@ class Tuner:
         if self.cancel.is_set():
             raise Interrupted
 
-    def _step(self, phase: Phase, step: str, levels: Sequence[int] = ()) -> None:
+    def _step(self, phase: str, step: str, levels: Sequence[int] = ()) -> None:
         self.events.emit(
             ev.TuneStep(
                 target=self.host.label, phase=str(phase), step=step, levels=list(levels),
@@ -825,6 +825,24 @@ class Tuner:
             result.note += f"; the tune record could not be kept: {exc.message}"
             return
         result.record, result.saved = reply["number"], reply["path"]
+
+
+# Putting a run back after a lost connection: tries, and the longest wait between them.
+RECONNECT_TRIES = 6
+RECONNECT_WAIT_MAX = 30.0
+
+
+def _reconnecting(step: Callable[[], T]) -> T:
+    """Run `step` (one agent call, which raises when the host cannot be reached), again
+    after a backoff while it cannot."""
+    wait_s = 0.0
+    for _ in range(RECONNECT_TRIES - 1):
+        try:
+            return step()
+        except (ConnectError, CommandTimeoutError):
+            wait_s = next_backoff(wait_s, 1.0, RECONNECT_WAIT_MAX)
+            time.sleep(wait_s)
+    return step()
 
 
 def _outcome(report: LaunchReport | None) -> RunOutcome | None:

@@ -22,6 +22,7 @@ from deployctl.present.terminal import (
     RED,
     RESET,
     console,
+    duration_text,
     print_bug,
     print_error,
     print_event_text,
@@ -62,9 +63,12 @@ class Progress:
 
     closed = False
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, steps_when_piped: bool = False) -> None:
         self.enabled = enabled and sys.stderr.isatty()
+        # A long command (tune) still says what it does, one line a step, into a pipe or log.
+        self.piped_steps = enabled and steps_when_piped and not self.enabled
         self.lines: dict[str, str] = {}
+        self.phases: dict[str, str] = {}  # target → the tune phase its bench levels belong to
         self._live: Any = None
 
     def __enter__(self) -> Progress:
@@ -77,6 +81,8 @@ class Progress:
 
     def emit(self, event: ev.Event) -> None:
         """Show a target's elapsed wait and what it is doing."""
+        if isinstance(event, ev.TuneStep):
+            self._tune_step(event)
         if self._live is None:
             return
         if isinstance(event, ev.Waiting):
@@ -88,7 +94,21 @@ class Progress:
         elif isinstance(event, ev.Reconnected):
             self._show(event.target, event.elapsed, "reconnected")
         elif isinstance(event, ev.BenchLevelStarted):
-            self._show(event.target, event.elapsed, f"concurrency {event.concurrency}…")
+            phase = self.phases.get(event.target, "")
+            self._show(event.target, event.elapsed, f"{phase}concurrency {event.concurrency}…")
+
+    def _tune_step(self, event: ev.TuneStep) -> None:
+        if not event.target:  # Ctrl-C: every deployment stops at its next safe point
+            sys.stderr.write("interrupted: stopping after the current step, then putting back\n")
+            return
+        levels = f" concurrency {','.join(map(str, event.levels))}" if event.levels else ""
+        eta = f" · about {duration_text(event.eta)} left" if event.eta else ""
+        text = f"{event.phase}: {event.step}{levels}{eta}"
+        self.phases[event.target] = f"{event.phase}{eta}: "
+        if self._live is not None:
+            self._show(event.target, event.elapsed, text)
+        elif self.piped_steps:
+            sys.stderr.write(f"{event.target}: {text}\n")
 
     def _show(self, target: str, elapsed: float, text: str) -> None:
         from rich.text import Text

@@ -103,6 +103,15 @@ def crash_lines(crash: CrashReport, whole_log: bool = True) -> list[str]:
     return lines(crash, whole_log)
 
 
+def duration_text(seconds: float) -> str:
+    """`42 s`, `3 min 5 s`, `1 h 12 min`."""
+    minutes, rest = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
 def use_color() -> bool:
     """Colour unless the user or the terminal says no (NO_COLOR, TERM=dumb)."""
     return "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"

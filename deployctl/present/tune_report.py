@@ -12,6 +12,7 @@ from typing import Any
 
 from deployctl.localfiles import write_file
 from deployctl.plot import TUNE_PHASES, tune_svg, tune_title
+from deployctl.present.terminal import duration_text
 
 DEFAULT_MIN_RATIO = 0.95
 _NONE = "—"
@@ -142,20 +143,12 @@ def _text(value: Any) -> str:
     return _NONE if value is None else escape(str(value))
 
 
-def _duration(seconds: float) -> str:
-    minutes, rest = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours} h {minutes} min"
-    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
-
-
 def _objective(objective: Mapping[str, Any] | None) -> str:
     if not objective:
         return _NONE
     kind, bound = objective.get("kind"), objective.get("bound")
     if kind == "max_itl_ms":
-        return f"highest concurrency with inter-token latency ≤ {_text(bound)} ms"
+        return f"highest concurrency with time per output token ≤ {_text(bound)} ms"
     if kind == "max_ttft_ms":
         return f"highest concurrency with time to first token ≤ {_text(bound)} ms"
     return _text(kind)
@@ -177,7 +170,7 @@ def _facts(record: Mapping[str, Any]) -> str:
             if started is None
             else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
         ),
-        ("wall time", _NONE if wall is None else _duration(wall)),
+        ("wall time", _NONE if wall is None else duration_text(wall)),
         ("outcome", f'<span class="outcome-{_text(outcome)}">{outcome_text}</span>'),
         ("objective", _objective(record.get("objective"))),
         ("threshold mode", _text(record.get("threshold_mode"))),
