@@ -688,20 +688,26 @@ def status(
     return views.STATUS, results
 
 
+# The load of one level, as bench and tune take it.
+ConcurrencyOpt = Annotated[
+    str, typer.Option("--concurrency", help="Load levels: concurrent streams, e.g. 1,4,16,64.")
+]
+InputLenOpt = Annotated[int, typer.Option("--input-len", min=1, help="Prompt words.")]
+OutputLenOpt = Annotated[
+    int, typer.Option("--output-len", min=1, help="Output tokens (EOS ignored).")
+]
+PerStreamOpt = Annotated[
+    int, typer.Option("--requests-per-stream", min=1, help="Requests per level per stream.")
+]
+
+
 @fleet_command(app, options=SERVERS)
 def bench(
     session: Session,
-    concurrency: Annotated[
-        str, typer.Option("--concurrency", help="Load levels: concurrent streams, e.g. 1,4,16,64.")
-    ] = "1,4,16,64",
-    input_len: Annotated[int, typer.Option("--input-len", min=1, help="Prompt words.")] = 512,
-    output_len: Annotated[
-        int, typer.Option("--output-len", min=1, help="Output tokens (EOS ignored).")
-    ] = 128,
-    per_stream: Annotated[
-        int,
-        typer.Option("--requests-per-stream", min=1, help="Requests per level per stream."),
-    ] = 4,
+    concurrency: ConcurrencyOpt = "1,4,16,64",
+    input_len: InputLenOpt = 512,
+    output_len: OutputLenOpt = 128,
+    per_stream: PerStreamOpt = 4,
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds per level.")] = 900,
     tool: Annotated[
         BenchTool,
@@ -773,17 +779,10 @@ class KeepChoice(StrEnum):
 @fleet_command(app, options=SERVERS)
 def tune(
     session: Session,
-    concurrency: Annotated[
-        str, typer.Option("--concurrency", help="Levels every phase measures, e.g. 1,4,16,64.")
-    ] = "1,4,16,64",
-    input_len: Annotated[int, typer.Option("--input-len", min=1, help="Prompt words.")] = 512,
-    output_len: Annotated[
-        int, typer.Option("--output-len", min=2, help="Output tokens (EOS ignored).")
-    ] = 128,
-    per_stream: Annotated[
-        int,
-        typer.Option("--requests-per-stream", min=1, help="Requests per level per stream."),
-    ] = 4,
+    concurrency: ConcurrencyOpt = "1,4,16,64",
+    input_len: InputLenOpt = 512,
+    output_len: OutputLenOpt = 128,
+    per_stream: PerStreamOpt = 4,
     threshold_mode: Annotated[
         ThresholdMode | None,
         typer.Option("--threshold-mode", help="How T reaches SGLang (default: the host's)."),

@@ -39,7 +39,7 @@ VALUES: dict[str, Any] = {
     "null": None,
 }
 # Commands refused or answered on this machine: every one for every value.
-LOCAL = [["hosts"], ["render"], ["metrics-targets"]]
+LOCAL = [["hosts"], ["render"], ["metrics-targets"], ["tune", "--dry-run"]]
 # Commands that reach the host: the launch preflight (which reads the most settings) for
 # every value, and the others in turn, so each meets every setting with several values.
 PREFLIGHT = ["launch", "--dry-run"]
@@ -54,6 +54,7 @@ REMOTE = [
     ["top", "--once"],
     ["bench", "--compare", "some_run"],
     ["restart", "--crashed", "--no-wait"],
+    ["tune", "--report"],
 ]
 
 

@@ -442,3 +442,28 @@ def test_a_dry_run_shows_the_plan_and_an_estimate_and_reaches_no_host(
     assert plan["estimated_s"] > 0
     human = cli("tune", "-i", inv, "--dry-run")
     assert "about 6 launches and 39 level measurements" in human.stdout
+
+
+def test_a_latency_bound_finds_the_highest_concurrency_that_meets_it(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """Per output token the plain server takes 10 + 0.5 b ms: within 16 ms up to b = 12."""
+    model = model_for(6.5)
+    inv = hosts.inventory(
+        tmp_path / "inv.yml", ["charlie"], {"charlie": adaptive_host(hosts, "charlie", model)}
+    )
+    code, doc, err = tune_json(
+        cli, inv, "--concurrency", "1,4,16", "--max-itl-ms", "16", "--keep", "baseline"
+    )
+    entry = doc["hosts"]["charlie"]
+    assert code == 0, (err, json.dumps(entry)[:3000])
+    # --keep baseline: the plain server serves afterwards.
+    assert entry["serving"].startswith("baseline_v")
+    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["charlie"]
+    assert status["run"] == entry["serving"] and status["state"] == "ready"
+    assert entry["params"]["objective"] == {"kind": "max_itl_ms", "bound": 16.0}
+    assert entry["threshold"] == 6, verdicts(entry)
+    assert 10 <= entry["capacity"] <= 12, entry["phases"]["tuned"]["samples"]
+    tuned = {lv["concurrency"]: lv for lv in entry["phases"]["tuned"]["levels"]}
+    assert entry["capacity"] + 1 in tuned  # narrowed down to adjacent levels on the tuned run
+    cli("stop", "-i", str(inv))

@@ -45,6 +45,7 @@ from deployctl.ops.runs import (
 from deployctl.ops.runs import Outcome as RunOutcome
 from deployctl.ops.server import recorded_plan
 from deployctl.patchset import command_flags
+from deployctl.text import is_number
 
 if TYPE_CHECKING:
     from deployctl.connection import Connection
@@ -211,6 +212,11 @@ def _by_throughput(
 
 
 # ---- which levels are worth measuring -----------------------------------------------------
+
+
+# The largest decode CUDA graph when the command does not say (SGLang sizes it from the GPU's
+# memory; past it every batch size is its own).
+DEFAULT_MAX_GRAPH_BS = 256
 
 
 def speculative_graph_sizes(max_bs: int) -> list[int]:
@@ -575,8 +581,10 @@ class Tuner:
         options = self.options
         levels = Levels()
         if result.threshold_mode == "adaptive":
-            max_bs = self.host.vars.get("cuda_graph_max_bs")
-            levels = Levels(tuple(speculative_graph_sizes(int(max_bs) if max_bs else 256)))
+            flags = command_flags(self.plans[Phase.SPECULATIVE].rendered.argv)
+            given = str(flags.get("--cuda-graph-max-bs-decode") or "")
+            max_bs = int(given) if is_number(given) else DEFAULT_MAX_GRAPH_BS
+            levels = Levels(tuple(speculative_graph_sizes(max_bs)))
         search = Search(
             list(options.levels), levels, options.objective, options.noise, options.repeats,
             options.points,
