@@ -219,6 +219,10 @@ def _event_sink(session: Session) -> EventSink | None:
     return JsonLines()
 
 
+class _CleanedUp(Exception):
+    """Ctrl-C ended a command that cleaned up after itself and said so (exit 130)."""
+
+
 def _option_value(value: Any) -> Any:
     """A repeatable option's values as a tuple (none given: empty), others as they are."""
     if isinstance(value, list):
@@ -246,8 +250,9 @@ def fleet_command(
                     _print_failure_document(exc)
                 raise
             code = finish(view, result, session.options.json)
-            if code == 130:  # the command was interrupted and has said what it left
-                raise typer.Exit(code)
+            if code == 130:
+                raise _CleanedUp
+
             return code
 
         command.__signature__ = inspect.Signature(own + shared)  # type: ignore[attr-defined]
@@ -770,6 +775,10 @@ class ThresholdMode(StrEnum):
     adaptive = "adaptive"
 
 
+class ObjectiveChoice(StrEnum):
+    throughput = "throughput"
+
+
 class KeepChoice(StrEnum):
     tuned = "tuned"
     baseline = "baseline"
@@ -788,9 +797,11 @@ def tune(
         typer.Option("--threshold-mode", help="How T reaches SGLang (default: the host's)."),
     ] = None,
     objective: Annotated[
-        str,
-        typer.Option("--objective", help="throughput: the higher output tok/s is better."),
-    ] = "throughput",
+        ObjectiveChoice | None,
+        typer.Option(
+            "--objective", help="throughput (the default): the higher output tok/s is better."
+        ),
+    ] = None,
     max_itl_ms: Annotated[
         float | None,
         typer.Option(
@@ -842,6 +853,12 @@ def tune(
         float, typer.Option("--level-timeout", min=1, help="Seconds per level.")
     ] = 900,
     stop_timeout: StopTimeoutOpt = 30,
+    max_launches: Annotated[
+        int,
+        typer.Option(
+            "--max-launches", min=2, help="Launches the crossover search may take at most."
+        ),
+    ] = 12,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show the plan and an estimate; start nothing.")
     ] = False,
@@ -873,13 +890,10 @@ def tune(
             found = ops.find_tunes(fleet, number)
         drawing(next((r.value.record for r in found if r.value and r.value.record), None))
         return views.KEPT_TUNES, found
-    if objective != "throughput":
-        raise UsageError(
-            f"--objective {objective!r} is not known",
-            hint="throughput, or give --max-itl-ms / --max-ttft-ms",
-        )
     if max_itl_ms is not None and max_ttft_ms is not None:
         raise UsageError("give one of --max-itl-ms and --max-ttft-ms")
+    if objective is not None and (max_itl_ms or max_ttft_ms) is not None:
+        raise UsageError("--objective throughput and a latency bound are two objectives: give one")
     goal = ops.Objective()
     if max_itl_ms is not None:
         goal = ops.Objective("max_itl_ms", max_itl_ms)
@@ -891,7 +905,7 @@ def tune(
         keep=ops.Keep(keep.value), min_ratio=min_ratio, noise=noise, repeats=repeats,
         threshold_mode=threshold_mode.value if threshold_mode else None,
         baseline_template=baseline_template, speculative_template=template,
-        timeout=timeout, stop_timeout=stop_timeout,
+        timeout=timeout, stop_timeout=stop_timeout, max_visits=max_launches,
     )  # fmt: skip
     plans = ops.plan_tune(session.project, session.targets, session.patch_sets(), options)
     if dry_run:
@@ -1079,6 +1093,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         code = 2
     except (typer.Abort, KeyboardInterrupt):
         code = _interrupted()
+    except _CleanedUp:
+        code = 130
     except typer.Exit as exc:
         code = exc.exit_code
     except DeployctlError as exc:

@@ -353,8 +353,9 @@ CASES = [
     # -- tune --
     Case("tune-two-bounds", ("tune", "-i", INV, "--max-itl-ms", "20", "--max-ttft-ms", "500"),
          "give one of --max-itl-ms and --max-ttft-ms"),
-    Case("tune-objective", ("tune", "-i", INV, "--objective", "latency"),
-         "--objective 'latency' is not known"),
+    Case("tune-objective", ("tune", "-i", INV, "--objective", "latency"), "--objective", code=2),
+    Case("tune-objective-and-bound", ("tune", "-i", INV, "--objective", "throughput",
+                                      "--max-ttft-ms", "500"), "are two objectives"),
     Case("tune-number-alone", ("tune", "-i", INV, "3"), "a tune number is given only with --report"),
     Case("tune-levels", ("tune", "-i", INV, "--concurrency", "1,0"), "not a list of positive numbers"),
     Case("tune-min-ratio", ("tune", "-i", INV, "--min-ratio", "1.5"), "--min-ratio", code=2),

@@ -424,6 +424,10 @@ def test_the_threshold_variable_is_what_launch_uses_without_the_option(
     assert rendered["threshold_mode"] == "patch"
     given = json.loads(cli("render", "-i", inv, "--threshold", "3", "--json").stdout)
     assert "--speculative-disable-batch-threshold=3" in given["hosts"]["far"]["command"]
+    # A plain template stays plain: the variable is for servers that speculate.
+    plain = cli("render", "-i", inv, "-t", "baseline", "--json")
+    assert plain.returncode == 0, plain.stderr
+    assert "threshold" not in json.loads(plain.stdout)["hosts"]["far"]["command"]
 
 
 def test_a_dry_run_shows_the_plan_and_an_estimate_and_reaches_no_host(

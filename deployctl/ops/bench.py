@@ -7,7 +7,7 @@ import getpass
 import shlex
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,8 +92,11 @@ def run_bench(
     conn: Connection,
     plan: BenchPlan,
     events: EventSink = DISCARD,
+    stop: Callable[[], bool] = lambda: False,
 ) -> BenchResult | None:
-    """Sweep the deployment's current run; None for a node that serves no API (rank > 0)."""
+    """Sweep the deployment's current run; None for a node that serves no API (rank > 0).
+    `stop` is asked before each level: once it says so, the levels done are kept and the
+    sweep ends."""
     if node_rank(host) != 0:
         return None
     state_dir = host.settings.state_dir
@@ -107,6 +110,8 @@ def run_bench(
     began = time.monotonic()
     levels: list[BenchLevel] = []
     for concurrency in plan.concurrency:
+        if stop():
+            break
         elapsed = time.monotonic() - began
         events.emit(
             ev.BenchLevelStarted(target=host.label, elapsed=elapsed, concurrency=concurrency)

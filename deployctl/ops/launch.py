@@ -57,8 +57,8 @@ def render_commands(
 ) -> FleetResult[RenderedCommand]:
     """Render the launch command for each host locally; check patch-set flag constraints.
 
-    Without `threshold`, a host's `threshold` variable is used (unless `inventory_threshold`
-    is off: tune's unthrottled phases)."""
+    Without `threshold`, a host's `threshold` variable is used where the command speculates
+    (unless `inventory_threshold` is off: tune's unthrottled phases)."""
     overrides = parse_overrides(set_pairs)
     reached = sorted(k for k in overrides if k.startswith("ansible_"))
     if reached:
@@ -81,8 +81,13 @@ def render_commands(
         # A server is never built from a default put in place of a variable that is not
         # ours, and a template never sees one.
         host.settings.require_own(skip=own_layer(overrides))
-        wanted = host.settings.threshold if from_inventory else threshold
-        rendered = templates.render(host, name, wanted, overrides)
+        rendered = templates.render(host, name, threshold, overrides)
+        inventory_value = host.settings.threshold if from_inventory else None
+        # The inventory's threshold is for servers that speculate: `-t baseline` stays plain.
+        if inventory_value is not None and "--speculative-algorithm" in command_flags(
+            rendered.argv
+        ):
+            rendered = templates.render(host, name, inventory_value, overrides)
         # What the command says, whoever wrote it (a template, extra_args, --set).
         problems = number_problems(host, rendered.argv)
         if problems:

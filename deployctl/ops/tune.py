@@ -17,7 +17,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -104,18 +104,23 @@ class Objective:
             return level["ttft_ms"]["p50"]
         return per_token_ms(level)
 
+    def median_latency(self, samples: Sequence[BenchLevel]) -> float | None:
+        seen = [v for v in (self.latency(s) for s in samples) if v is not None]
+        return statistics.median(seen) if seen else None
+
     def meets(self, samples: Sequence[BenchLevel]) -> bool:
         """Whether the level's median latency is within the bound (always, for throughput)."""
         if self.bound is None:
             return True
-        seen = [v for v in (self.latency(s) for s in samples) if v is not None]
-        return bool(seen) and statistics.median(seen) <= self.bound
+        latency = self.median_latency(samples)
+        return latency is not None and latency <= self.bound
 
     def near_bound(self, samples: Sequence[BenchLevel], noise: float) -> bool:
+        """Whether the median latency is too close to the bound to judge from one sample."""
         if self.bound is None:
             return False
-        seen = [v for v in (self.latency(s) for s in samples) if v is not None]
-        return not seen or abs(statistics.median(seen) - self.bound) < noise * self.bound
+        latency = self.median_latency(samples)
+        return latency is None or abs(latency - self.bound) < noise * self.bound
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "bound": self.bound}
@@ -127,6 +132,14 @@ def tps(level: BenchLevel) -> float:
 
 def median_tps(samples: Sequence[BenchLevel]) -> float:
     return statistics.median(tps(s) for s in samples)
+
+
+def by_concurrency(levels: Sequence[BenchLevel]) -> dict[int, list[BenchLevel]]:
+    """The samples of each concurrency, in the order measured, lowest concurrency first."""
+    found: dict[int, list[BenchLevel]] = {}
+    for level in levels:
+        found.setdefault(level["concurrency"], []).append(level)
+    return dict(sorted(found.items()))
 
 
 def median_sample(samples: Sequence[BenchLevel]) -> BenchLevel:
@@ -172,7 +185,7 @@ def judge(
     """
     enough = len(base) >= repeats and len(spec) >= repeats
     mb, ms = median_tps(base), median_tps(spec)
-    verdict, settled = _by_throughput(base, spec, noise, enough)
+    verdict, settled = _by_throughput(base, spec, mb, ms, noise, enough)
     if objective.bound is not None:
         near = objective.near_bound(base, noise) or objective.near_bound(spec, noise)
         meets_b, meets_s = objective.meets(base), objective.meets(spec)
@@ -199,9 +212,13 @@ def judge(
 
 
 def _by_throughput(
-    base: Sequence[BenchLevel], spec: Sequence[BenchLevel], noise: float, enough: bool
+    base: Sequence[BenchLevel],
+    spec: Sequence[BenchLevel],
+    mb: float,
+    ms: float,
+    noise: float,
+    enough: bool,
 ) -> tuple[LevelVerdict, bool]:
-    mb, ms = median_tps(base), median_tps(spec)
     by_sign = LevelVerdict.WIN if ms > mb else LevelVerdict.LOSS
     if mb <= 0 or abs(ms - mb) / mb >= noise:
         return (by_sign if ms != mb else LevelVerdict.TIE), True
@@ -265,6 +282,11 @@ def spaced(candidates: Sequence[int], points: int) -> list[int]:
     return sorted(set(picked))
 
 
+def rounds(width: int, points: int) -> int:
+    """Splits of `points` new levels it takes to narrow `width` candidates to none."""
+    return math.ceil(math.log(width + 1, points + 1)) if width > 0 else 0
+
+
 @dataclass
 class Search:
     """Where speculation stops winning, narrowed down between the two servers' visits.
@@ -294,8 +316,8 @@ class Search:
         self.planned = sorted(set(self.coarse))
 
     def add(self, phase: Phase, measured: Sequence[BenchLevel]) -> None:
-        for level in measured:
-            self.samples[phase].setdefault(level["concurrency"], []).append(level)
+        for concurrency, found in by_concurrency(measured).items():
+            self.samples[phase].setdefault(concurrency, []).extend(found)
 
     def judged(self) -> dict[int, Judged]:
         """Every level both servers measured."""
@@ -311,10 +333,6 @@ class Search:
         self._advance()
         return [c for c in self.planned if self._short(phase, c)]
 
-    @property
-    def done(self) -> bool:
-        return not self.owed(Phase.BASELINE) and not self.owed(Phase.SPECULATIVE)
-
     def bracket(self) -> tuple[int, int | None]:
         """The last level where speculation wins before its first non-win (0: none), and
         that first non-win (None: it wins at every level measured)."""
@@ -325,6 +343,12 @@ class Search:
                 return last_win, c
             last_win = c
         return last_win, None
+
+    @property
+    def narrowed(self) -> bool:
+        """The bracket's ends are adjacent (or speculation wins everywhere)."""
+        last_win, first_loss = self.bracket()
+        return first_loss is None or not self.levels.between(last_win, first_loss)
 
     def wins_again(self) -> list[int]:
         """Levels above the first non-win where speculation wins again: the threshold cannot
@@ -353,6 +377,10 @@ class Search:
             return "always"
         return "never" if self.threshold is None else "up_to"
 
+    def short(self, phase: Phase) -> int:
+        """How many samples `phase` still owes, as planned now (nothing is planned anew)."""
+        return sum(self._short(phase, c) for c in self.planned)
+
     def _needed(self, level: int) -> int:
         return self.repeats if level in self.suspects else 1
 
@@ -373,18 +401,17 @@ class Search:
         last_win, first_loss = self.bracket()
         if first_loss is None:
             return
-        new = [c for c in spaced(self.levels.between(last_win, first_loss), self.points)]
-        new = [c for c in new if c not in self.planned]
+        candidates = spaced(self.levels.between(last_win, first_loss), self.points)
+        new = [c for c in candidates if c not in self.planned]
         self.planned = sorted({*self.planned, *new})
         self.refined = sorted({*self.refined, *new})
 
     def launches_left(self) -> int:
-        """A guess at the visits still to come: one per bracket split, at least one more."""
+        """A guess at the visits still to come: one per split of the bracket."""
         last_win, first_loss = self.bracket()
         if first_loss is None:
             return 0
-        width = len(self.levels.between(last_win, first_loss))
-        return math.ceil(math.log(width + 1, self.points + 1)) if width else 0
+        return rounds(len(self.levels.between(last_win, first_loss)), self.points)
 
 
 # ---- driving one deployment --------------------------------------------------------------
@@ -450,16 +477,10 @@ class PhaseRun:
 
     def levels(self) -> list[BenchLevel]:
         """One level per concurrency: the median of its samples (as `bench --json` has it)."""
-        by_level: dict[int, list[BenchLevel]] = {}
-        for level in self.measured:
-            by_level.setdefault(level["concurrency"], []).append(level)
-        return [median_sample(by_level[c]) for c in sorted(by_level)]
+        return [median_sample(s) for s in by_concurrency(self.measured).values()]
 
     def samples(self) -> dict[int, list[float]]:
-        found: dict[int, list[float]] = {}
-        for level in self.measured:
-            found.setdefault(level["concurrency"], []).append(tps(level))
-        return dict(sorted(found.items()))
+        return {c: [tps(s) for s in found] for c, found in by_concurrency(self.measured).items()}
 
 
 @dataclass
@@ -511,9 +532,11 @@ class PhaseFailed(Exception):
     """A phase's server crashed, died or failed requests (tune falls back; not an error of
     the command)."""
 
-    def __init__(self, message: str, crash: CrashReport | None = None) -> None:
+    def __init__(
+        self, message: str, crashed: bool = False, crash: CrashReport | None = None
+    ) -> None:
         super().__init__(message)
-        self.message, self.crash = message, crash
+        self.message, self.crashed, self.crash = message, crashed, crash
 
 
 class Tuner:
@@ -538,6 +561,8 @@ class Tuner:
         self.level_seconds: list[float] = []
         self.launch_seconds: list[float] = []
         self.current: str | None = None  # the run tune last started
+        self.touched = False  # tune stopped, started or patched something on the host
+        self.tuning = False  # the tuned phase has begun
         self.search: Search | None = None
 
     @property
@@ -547,18 +572,22 @@ class Tuner:
     def run(self) -> TuneResult:
         mode = self.options.threshold_mode or str(self.host.settings.value("threshold_mode"))
         result = TuneResult(self.host.name, self.host.deployment, mode, self.options)
-        previous = self._previous()
-        result.previous = previous[1] if previous else None
+        previous: tuple[Plan, str] | None = None
         try:
+            previous = self._previous()
+            result.previous = previous[1] if previous else None
             self._search(result)
             self._tune(result)
             self._keep(result, previous)
         except PhaseFailed as exc:
             result.crash = exc.crash
-            result.outcome = Outcome.CRASHED if exc.crash is not None else Outcome.FAILED
+            result.outcome = Outcome.CRASHED if exc.crashed else Outcome.FAILED
             result.note = exc.message
-            self._fall_back(result, previous)
-        except (Interrupted, KeyboardInterrupt):
+            if exc.crashed and self.options.keep is not Keep.NONE:
+                self._fall_back(result, previous)
+            else:
+                self._put_back(result, previous)
+        except Interrupted:
             result.outcome, result.note = Outcome.INTERRUPTED, "interrupted"
             self._put_back(result, previous)
         except DeployctlError as exc:
@@ -584,7 +613,9 @@ class Tuner:
             flags = command_flags(self.plans[Phase.SPECULATIVE].rendered.argv)
             given = str(flags.get("--cuda-graph-max-bs-decode") or "")
             max_bs = int(given) if is_number(given) else DEFAULT_MAX_GRAPH_BS
-            levels = Levels(tuple(speculative_graph_sizes(max_bs)))
+            padded = not {"--disable-cuda-graph", "--disable-cuda-graph-padding"} & set(flags)
+            if padded:  # without graphs or padding every batch size is its own
+                levels = Levels(tuple(speculative_graph_sizes(max_bs)))
         search = Search(
             list(options.levels), levels, options.objective, options.noise, options.repeats,
             options.points,
@@ -594,12 +625,12 @@ class Tuner:
         visits = 0
         up: Phase | None = None
         while True:
-            nxt = next((p for p in ([up] if up else []) + order if p and search.owed(p)), None)
+            nxt = next((p for p in ([up] if up else []) + order if search.owed(p)), None)
             if nxt is None:
                 break
             if nxt is not up:
                 if visits >= options.max_visits:
-                    result.note = f"search stopped after {visits} launches"
+                    result.note = f"the search stopped at --max-launches {visits}"
                     break
                 self._launch(result, nxt, self.plans[nxt])
                 visits += 1
@@ -616,8 +647,10 @@ class Tuner:
         search = result.search
         assert search is not None
         plan = self.tuned_plan(result.threshold, result.speculation != "never")
+        self.tuning = True
         if plan.needed_sets:
             self._step(Phase.TUNED, "patching")
+            self.touched = True
             actions = apply_patches(self.host, self.conn, plan.needed_sets)
             result.patches = [f"{a.set} {a.version} ({a.action})" for a in actions]
         self._launch(result, Phase.TUNED, plan)
@@ -638,10 +671,7 @@ class Tuner:
     def _ratios(self, result: TuneResult) -> dict[int, float]:
         search = result.search
         assert search is not None
-        tuned = result.phases[Phase.TUNED]
-        by_level: dict[int, list[BenchLevel]] = {}
-        for level in tuned.measured:
-            by_level.setdefault(level["concurrency"], []).append(level)
+        by_level = by_concurrency(result.phases[Phase.TUNED].measured)
         ratios = {}
         for c, judged in search.judged().items():
             best = max(judged.baseline, judged.speculative)
@@ -656,9 +686,9 @@ class Tuner:
         tuned = result.phases[Phase.TUNED]
 
         def meets(level: int) -> bool:
-            return objective.meets([s for s in tuned.measured if s["concurrency"] == level])
+            return objective.meets(by_concurrency(tuned.measured).get(level, []))
 
-        measured = sorted({s["concurrency"] for s in tuned.measured})
+        measured = list(by_concurrency(tuned.measured))
         good = [c for c in measured if meets(c)]
         if not good:
             return None
@@ -711,7 +741,11 @@ class Tuner:
 
     def _put_back(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
         """Relaunch the run that was serving before tune (or stop tune's own run), trying
-        again while the host cannot be reached (the reason we may be here)."""
+        again while the host cannot be reached (the reason we may be here). A host tune has
+        not changed yet is left alone."""
+        if not self.touched:
+            result.serving = result.previous
+            return
         try:
             if previous is None:
                 if self.current is not None:
@@ -733,6 +767,7 @@ class Tuner:
     # -- steps -------------------------------------------------------------------------------
 
     def _replace(self, plan: Plan, restart_of: Mapping[str, str]) -> Replacement:
+        self.touched = True
         return replace(
             self.fleet, [plan], self.catalog, restart_of=restart_of,
             stop_timeout=self.options.stop_timeout, timeout=self.options.timeout,
@@ -763,8 +798,9 @@ class Tuner:
             phase_run.state = str(outcome.state)
         if not outcome.ok:
             crash = outcome.crashes[0] if outcome.crashes else None
+            crashed = outcome.state in (RunState.CRASHED, RunState.DIED)
             raise PhaseFailed(
-                f"{phase} server {outcome.run['id']} {outcome.state} while starting", crash
+                f"{phase} server {outcome.run['id']} {outcome.state} while starting", crashed, crash
             )
         return str(outcome.run["id"])
 
@@ -774,12 +810,15 @@ class Tuner:
         self._step(phase, "measuring", list(levels))
         began = time.monotonic()
         try:
-            swept = run_bench(self.host, self.conn, self.options.bench_plan(levels), self.events)
+            swept = run_bench(
+                self.host, self.conn, self.options.bench_plan(levels), self.events,
+                stop=self.cancel.is_set,
+            )  # fmt: skip
         except DeployctlError as exc:
             self._check_crash(phase_run, exc.message)
             raise
         assert swept is not None  # single-node only: rank 0 serves the API
-        self.level_seconds.append((time.monotonic() - began) / max(1, len(levels)))
+        self.level_seconds.append((time.monotonic() - began) / max(1, len(swept.levels)))
         phase_run.measured += swept.levels
         phase_run.sweeps.append(swept.saved)
         failed = [lv for lv in swept.levels if lv["failed"]]
@@ -791,6 +830,7 @@ class Tuner:
                 f"{first['failed']} of {first['prompts']} requests failed at concurrency "
                 f"{first['concurrency']}{detail}",
             )
+        self._check_cancel()  # Ctrl-C during the sweep: the levels done are kept
         return swept.levels
 
     def _check_crash(self, phase_run: PhaseRun, what: str) -> None:
@@ -799,7 +839,9 @@ class Tuner:
         if status.crashed or not status.alive:
             phase_run.state = str(RunState.CRASHED)
             crash = status.crashes[0] if status.crashes else None
-            raise PhaseFailed(f"{phase_run.phase} server {phase_run.run} crashed: {what}", crash)
+            raise PhaseFailed(
+                f"{phase_run.phase} server {phase_run.run} crashed: {what}", True, crash
+            )
         raise PhaseFailed(f"{phase_run.phase} server {phase_run.run}: {what}")
 
     def _check_cancel(self) -> None:
@@ -819,8 +861,11 @@ class Tuner:
         if not self.level_seconds or not self.launch_seconds:
             return None
         search = self.search
-        launches = 1 + (search.launches_left() if search else 1)
-        levels = len(search.planned) * 2 if search else len(self.options.levels) * 2
+        if search is None:
+            return None
+        owed = sum(search.short(p) for p in (Phase.BASELINE, Phase.SPECULATIVE))
+        levels = owed + (0 if self.tuning else len(search.planned))
+        launches = search.launches_left() + (0 if self.tuning else 1)
         return launches * statistics.mean(self.launch_seconds) + levels * statistics.mean(
             self.level_seconds
         )
@@ -911,6 +956,7 @@ def tune_record(result: TuneResult) -> dict[str, Any]:
         "crossover": {"last_win": last_win or None, "first_loss": first_loss} if search else None,
         "phases": phases,
         "refined_levels": search.refined if search else [],
+        "narrowed": search.narrowed if search else None,
         "wins_again": search.wins_again() if search else [],
         "verdicts": {
             str(c): {
@@ -955,9 +1001,9 @@ class TunePlan:
         """Launches, sweeps and a duration guess before anything is measured."""
         coarse = sorted(set(self.options.levels))
         gaps = [b - a - 1 for a, b in zip([0, *coarse], coarse, strict=False)]
-        rounds = math.ceil(math.log(max(gaps) + 1, self.options.points + 1)) if max(gaps) else 0
-        launches = 3 + rounds
-        measured = len(coarse) * 3 + rounds * self.options.points * 3
+        splits = rounds(max(gaps), self.options.points)
+        launches = 3 + splits
+        measured = len(coarse) * 3 + splits * self.options.points * 3
         per_level = self.options.per_stream * self.options.output_len * ASSUMED_TOKEN_S
         return {
             "launches": launches,
@@ -1072,7 +1118,7 @@ def tune_fleet(
     pool = ThreadPoolExecutor(max_workers=max(1, min(fleet.forks, len(tune_plans))))
     futures = [pool.submit(one, p) for p in tune_plans]
     try:
-        while wait(futures, timeout=0.5, return_when=FIRST_EXCEPTION).not_done:
+        while wait(futures, timeout=0.5).not_done:  # short waits: Ctrl-C gets through
             pass
     except KeyboardInterrupt:
         interrupted = True

@@ -798,11 +798,20 @@ def _tune_record(record: dict[str, Any], label: str) -> None:
         )
     serving = record.get("serving")
     write(f"serving: {serving}\n" if serving else "serving: nothing\n")
-    if record["outcome"] == "tuned" and threshold is not None:
+    if record["outcome"] == "tuned" and record["held"] and threshold is not None:
         where = f"deployment {record['deployment']} of " if record["deployment"] else ""
+        line = f"threshold: {threshold}"
+        if mode == "adaptive":  # T is a CUDA-graph size: it means this in adaptive mode
+            line += ", threshold_mode: adaptive"
         write(
-            f"keep it: add `threshold: {threshold}` to {where}{record['host']} in the inventory "
+            f"keep it: add `{line}` to {where}{record['host']} in the inventory "
             "(launch uses it when --threshold is not given)\n"
+        )
+    if record.get("narrowed") is False:
+        print_error(
+            f"the crossover was not narrowed down to adjacent levels ({record['outcome_note']})",
+            "tune again with --max-launches raised, or with --concurrency nearer the crossover",
+            host=label,
         )
 
 
@@ -811,7 +820,9 @@ def _tunes(report: TuneReport) -> None:
 
     results = report.results
     if report.interrupted:
-        sys.stderr.write("interrupted: each deployment's previous run was put back\n")
+        sys.stderr.write(
+            "interrupted: each deployment stopped at its next step (below: what serves now)\n"
+        )
     for r in results:
         if r.value is not None:
             _tune_record(tune_record(r.value), r.name)
