@@ -17,7 +17,7 @@ with 1,4,16,32):
           (`bench --suggest-threshold`'s rule: the last level before speculation first
           stops beating the baseline, one sample each)
 
-Every run uses the lab test's settings: --input-len 8 --output-len 64 --requests-per-stream 2,
+Every run uses the lab test's settings: --input-len 8 --output-len 63 --requests-per-stream 2,
 launch --timeout 60. Before the first tune the baseline is launched once, untimed, so every
 measured tune starts with a server to replace. The first tune applies the patch set; later
 ones find it applied.
@@ -53,7 +53,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 HOST = "tunebench"
 # The coarse levels tune starts from, per analytic crossover (the brief's and the lab test's).
 MODELS: dict[float, list[int]] = {6.5: [1, 4, 16], 24.5: [1, 4, 16, 32]}
-LOAD = ["--input-len", "8", "--output-len", "64", "--requests-per-stream", "2"]
+LOAD = ["--input-len", "8", "--output-len", "63", "--requests-per-stream", "2"]
 SPECULATIVE_TEMPLATE = "eagle3"  # what tune picks when the deployment's template is baseline
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from deployctl.host_agent import BenchLevel
+from deployctl.ops.bench import per_token_ms
 from deployctl.ops.tune import (
     Levels,
     LevelVerdict,
@@ -42,9 +43,12 @@ def crossover(model: dict[str, float]) -> float:
 
 
 def model_for(cross: float) -> dict[str, float]:
-    """Plain 10 + 0.5 b ms, speculative 14 + x b ms for 3 tokens, crossing at `cross`."""
-    return {"step_ms": 10.0, "per_req_ms": 0.5, "spec_step_ms": 14.0,
-            "spec_per_req_ms": 1.5 + 16.0 / cross, "accept_len": 3}  # fmt: skip
+    """Plain 10 + 0.1 b ms a step, speculative 2 + x b ms for 3 tokens, crossing at `cross`:
+    a steep crossing (about 13 % a level at 6.5, 3 % at 24.5), so a busy test machine's
+    jitter does not move T. Use an output length that is a multiple of 3 (every speculative
+    step then brings 3 tokens, as the analytic curve assumes)."""
+    return {"step_ms": 10.0, "per_req_ms": 0.1, "spec_step_ms": 2.0,
+            "spec_per_req_ms": 0.3 + 28.0 / cross, "accept_len": 3}  # fmt: skip
 
 
 def level(concurrency: int, tokens_per_s: float) -> BenchLevel:
@@ -207,7 +211,7 @@ def verdicts(entry: dict[str, Any]) -> str:
 
 def tune_json(cli: CLI, inv: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
     result = cli(
-        "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", "64",
+        "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", "63",
         "--requests-per-stream", "2", "--timeout", "60", *extra, timeout=600,
     )  # fmt: skip
     assert "Traceback" not in result.stderr, result.stderr
@@ -314,7 +318,7 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
     assert launched.returncode == 0, launched.stderr
     before = json.loads(launched.stdout)["hosts"]["delta"]["run"]
     tune = cli.popen(
-        "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", "64",
+        "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", "63",
         "--requests-per-stream", "2", "--timeout", "60", "--concurrency", "1,4,16",
     )  # fmt: skip
     runs = delta.home / ".deployctl" / "runs"
@@ -451,23 +455,30 @@ def test_a_dry_run_shows_the_plan_and_an_estimate_and_reaches_no_host(
 def test_a_latency_bound_finds_the_highest_concurrency_that_meets_it(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    """Per output token the plain server takes 10 + 0.5 b ms: within 16 ms up to b = 12."""
+    """Per output token the plain server takes 10 + 0.1 b ms: within 11.5 ms up to b = 15
+    (the speculative one only up to b = 7, where speculation still wins anyway)."""
     model = model_for(6.5)
     inv = hosts.inventory(
         tmp_path / "inv.yml", ["charlie"], {"charlie": adaptive_host(hosts, "charlie", model)}
     )
     code, doc, err = tune_json(
-        cli, inv, "--concurrency", "1,4,16", "--max-itl-ms", "16", "--keep", "baseline"
+        cli, inv, "--concurrency", "1,4,16", "--max-itl-ms", "11.5", "--keep", "baseline"
     )
     entry = doc["hosts"]["charlie"]
-    assert code == 0, (err, json.dumps(entry)[:3000])
+    assert code == 0, (
+        err,
+        entry["envelope_ratio"],
+        verdicts(entry),
+        entry["phases"]["tuned"]["samples"],
+    )
     # --keep baseline: the plain server serves afterwards.
     assert entry["serving"].startswith("baseline_v")
     status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["charlie"]
     assert status["run"] == entry["serving"] and status["state"] == "ready"
-    assert entry["params"]["objective"] == {"kind": "max_itl_ms", "bound": 16.0}
+    assert entry["params"]["objective"] == {"kind": "max_itl_ms", "bound": 11.5}
     assert entry["threshold"] == 6, verdicts(entry)
-    assert 10 <= entry["capacity"] <= 12, entry["phases"]["tuned"]["samples"]
+    per_token = {lv["concurrency"]: per_token_ms(lv) for lv in entry["phases"]["tuned"]["levels"]}
+    assert 10 <= entry["capacity"] <= 15, per_token
     tuned = {lv["concurrency"]: lv for lv in entry["phases"]["tuned"]["levels"]}
     assert entry["capacity"] + 1 in tuned  # narrowed down to adjacent levels on the tuned run
     cli("stop", "-i", str(inv))
