@@ -800,11 +800,11 @@ def _tune_record(record: dict[str, Any], label: str) -> None:
     write(f"serving: {serving}\n" if serving else "serving: nothing\n")
     if record["outcome"] == "tuned" and record["held"] and threshold is not None:
         where = f"deployment {record['deployment']} of " if record["deployment"] else ""
-        line = f"threshold: {threshold}"
+        line = f"`threshold: {threshold}`"
         if mode == "adaptive":  # T is a CUDA-graph size: it means this in adaptive mode
-            line += ", threshold_mode: adaptive"
+            line += " and `threshold_mode: adaptive`"
         write(
-            f"keep it: add `{line}` to {where}{record['host']} in the inventory "
+            f"keep it: add {line} to {where}{record['host']} in the inventory "
             "(launch uses it when --threshold is not given)\n"
         )
     if record.get("narrowed") is False:
