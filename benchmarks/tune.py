@@ -17,7 +17,8 @@ with 1,4,16,32):
           (`bench --suggest-threshold`'s rule: the last level before speculation first
           stops beating the baseline, one sample each)
 
-Every run uses the lab test's settings: --input-len 8 --output-len 63 --requests-per-stream 2,
+Every run uses the lab test's settings (tests/test_tune.py SCALE and OUTPUT_LEN: the model
+near 24 runs 3 times slower with 30-token answers): --input-len 8 --requests-per-stream 2,
 launch --timeout 60. Before the first tune the baseline is launched once, untimed, so every
 measured tune starts with a server to replace. The first tune applies the patch set; later
 ones find it applied.
@@ -47,13 +48,26 @@ sys.path.insert(0, str(REPO))
 from tests.sglang_wheel import build_template, install_on  # noqa: E402
 from tests.sshd_hosts import STANDIN, SSHLab, TestHost, start_lab, stop_lab  # noqa: E402
 from tests.test_lifecycle import prepare  # noqa: E402
-from tests.test_tune import crossover, model_for  # noqa: E402
+from tests.test_tune import OUTPUT_LEN, SCALE, crossover, model_for  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HOST = "tunebench"
 # The coarse levels tune starts from, per analytic crossover (the brief's and the lab test's).
 MODELS: dict[float, list[int]] = {6.5: [1, 4, 16], 24.5: [1, 4, 16, 32]}
-LOAD = ["--input-len", "8", "--output-len", "63", "--requests-per-stream", "2"]
+
+
+def load_args(cross: float) -> list[str]:
+    """The lab test's load for the model: its output length (tests/test_tune.py)."""
+    return [
+        "--input-len",
+        "8",
+        "--output-len",
+        str(OUTPUT_LEN[cross]),
+        "--requests-per-stream",
+        "2",
+    ]
+
+
 SPECULATIVE_TEMPLATE = "eagle3"  # what tune picks when the deployment's template is baseline
 
 
@@ -98,7 +112,8 @@ class Client:
 
 def inventory(lab: SSHLab, host: TestHost, base: Path, cross: float, fixed: dict[str, Any]) -> Path:
     """The stand-in with `model_for(cross)`'s knobs, on the host's one port and venv."""
-    variables = {**prepare(host, tp=1, **model_for(cross)), "template": "baseline", **fixed}
+    model = model_for(cross, SCALE[cross])
+    variables = {**prepare(host, tp=1, **model), "template": "baseline", **fixed}
     return lab.inventory(base / f"inv-{cross}.yml", [HOST], {HOST: variables})
 
 
@@ -120,7 +135,7 @@ def tune_once(client: Client, inv: Path, cross: float, index: int) -> dict[str, 
     load, since = loadavg(), time.time()
     code, document, wall = client.run(
         name, "tune", "-i", str(inv), "--concurrency", levels, "--threshold-mode", "patch",
-        "--timeout", "60", *LOAD,
+        "--timeout", "60", *load_args(cross),
     )  # fmt: skip
     entry = (document or {}).get("hosts", {}).get(HOST)
     on_host = benched(client.host, since, time.time())
@@ -190,7 +205,7 @@ def full_sweep(client: Client, inv: Path, cross: float) -> dict[str, Any]:
                 f"{name}: launch exited {code}: {client.stderr_tail(name + '-launch')}"
             )
         code, document, wall = client.run(
-            f"{name}-bench", "bench", "-i", str(inv), "--concurrency", every, *LOAD
+            f"{name}-bench", "bench", "-i", str(inv), "--concurrency", every, *load_args(cross)
         )
         steps[f"{phase}_bench_s"] = wall
         entry = (document or {}).get("hosts", {}).get(HOST) or {}
@@ -338,7 +353,7 @@ def main() -> None:
         json.dumps(
             {
                 "runs": opts.runs,
-                "load": LOAD,
+                "load": {str(c): load_args(c) for c in crosses},
                 "cpu_count": os.cpu_count(),
                 "uptime_before": uptime_before,
                 "uptime_after": uptime_after,
