@@ -298,6 +298,11 @@ def command_flags(argv: Sequence[str]) -> dict[str, str | None]:
     return flags
 
 
+def speculates(argv: Sequence[str]) -> bool:
+    """Whether a launch command turns speculative decoding on."""
+    return "--speculative-algorithm" in command_flags(argv)
+
+
 def sets_for_flags(argv: Sequence[str], available: Mapping[str, PatchSet]) -> list[PatchSet]:
     """Return the sets whose flags the command uses."""
     used = command_flags(argv)

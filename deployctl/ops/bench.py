@@ -4,7 +4,6 @@ and the `--threshold` the numbers suggest."""
 from __future__ import annotations
 
 import getpass
-import shlex
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +26,8 @@ from deployctl.host_agent import (
 )
 from deployctl.inventory import Host
 from deployctl.ops.runs import recorded_run
-from deployctl.patchset import command_flags
+from deployctl.patchset import speculates
+from deployctl.shell import split
 
 
 @dataclass(frozen=True)
@@ -283,10 +283,10 @@ def suggest_threshold(comparison: Comparison, baseline: str, speculative: str) -
 def _speculates(document: Mapping[str, Any]) -> bool:
     command = document.get("command") or ""
     try:
-        argv = shlex.split(command)
+        argv = split(command)
     except ValueError:  # an unbalanced quote in a masked display copy
         argv = command.split()
-    return "--speculative-algorithm" in command_flags(argv)
+    return speculates(argv)
 
 
 def _throughputs(document: Mapping[str, Any]) -> dict[int, float]:

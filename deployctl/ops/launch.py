@@ -35,7 +35,13 @@ from deployctl.inventory import Host
 from deployctl.ops.flags import FlagReport, checked_argv, flag_report
 from deployctl.ops.gpus import GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
-from deployctl.patchset import PatchSet, command_flags, flag_violations, sets_for_flags
+from deployctl.patchset import (
+    PatchSet,
+    command_flags,
+    flag_violations,
+    sets_for_flags,
+    speculates,
+)
 from deployctl.project import Project
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
 from deployctl.settings import check_layer, overlay, own_layer
@@ -84,9 +90,7 @@ def render_commands(
         rendered = templates.render(host, name, threshold, overrides)
         inventory_value = host.settings.threshold if from_inventory else None
         # The inventory's threshold is for servers that speculate: `-t baseline` stays plain.
-        if inventory_value is not None and "--speculative-algorithm" in command_flags(
-            rendered.argv
-        ):
+        if inventory_value is not None and speculates(rendered.argv):
             rendered = templates.render(host, name, inventory_value, overrides)
         # What the command says, whoever wrote it (a template, extra_args, --set).
         problems = number_problems(host, rendered.argv)

@@ -44,7 +44,7 @@ from deployctl.ops.runs import (
 )
 from deployctl.ops.runs import Outcome as RunOutcome
 from deployctl.ops.server import recorded_plan
-from deployctl.patchset import command_flags
+from deployctl.patchset import command_flags, speculates
 from deployctl.text import is_number
 
 if TYPE_CHECKING:
@@ -1044,12 +1044,12 @@ def plan_tune(
             Phase.BASELINE: plan(options.baseline_template, None),
             Phase.SPECULATIVE: plan(speculative, None),
         }
-        if _speculates(plans[Phase.BASELINE]):
+        if speculates(plans[Phase.BASELINE].rendered.argv):
             raise UsageError(
                 f"{host.label}: baseline template {options.baseline_template!r} speculates",
                 hint="name a plain template with --baseline-template",
             )
-        if not _speculates(plans[Phase.SPECULATIVE]):
+        if not speculates(plans[Phase.SPECULATIVE].rendered.argv):
             raise UsageError(
                 f"{host.label}: template {speculative!r} does not speculate",
                 hint="name a speculative template with --template, e.g. eagle3",
@@ -1070,14 +1070,10 @@ def plan_tune(
     return found
 
 
-def _speculates(plan: Plan) -> bool:
-    return "--speculative-algorithm" in command_flags(plan.rendered.argv)
-
-
 def _speculative_template(host: Host, plan: Callable[[str, int | None], Plan]) -> str:
     """The deployment's own template when it speculates, else the shipped eagle3."""
     own = host.settings.template
-    if own and _speculates(plan(own, None)):
+    if own and speculates(plan(own, None).rendered.argv):
         return own
     return "eagle3"
 
