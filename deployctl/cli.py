@@ -892,7 +892,7 @@ def tune(
         return views.KEPT_TUNES, found
     if max_itl_ms is not None and max_ttft_ms is not None:
         raise UsageError("give one of --max-itl-ms and --max-ttft-ms")
-    if objective is not None and (max_itl_ms or max_ttft_ms) is not None:
+    if objective is not None and (max_itl_ms is not None or max_ttft_ms is not None):
         raise UsageError("--objective throughput and a latency bound are two objectives: give one")
     goal = ops.Objective()
     if max_itl_ms is not None:

@@ -593,6 +593,9 @@ class Tuner:
         except DeployctlError as exc:
             result.outcome, result.note = Outcome.FAILED, exc.message
             self._put_back(result, previous)
+        except Exception:  # a bug: what served is still put back, then the bug is reported
+            self._put_back(result, previous)
+            raise
         result.wall_s = time.monotonic() - self.began
         self._save(result)
         return result
@@ -907,14 +910,14 @@ def _outcome(report: LaunchReport | None) -> RunOutcome | None:
 
 def _failure(
     host: Host, report: LaunchReport | None, stops: FleetResult[StopResult]
-) -> DeployctlError:
-    """Why a launch did not start: the stop or the preflight that failed."""
+) -> BaseException:
+    """Why a launch did not start: the stop or the preflight that failed (a bug stays one)."""
     preflights = list(report.preflights) if report else []
     outcomes = list(report.outcomes) if report else []
     for result in [*stops, *preflights, *outcomes]:
-        error = result.exception
+        error: BaseException | None = result.exception
         if error is not None:
-            return error if isinstance(error, DeployctlError) else DeployctlError(str(error))
+            return error
     for preflight in preflights:
         if preflight.value is not None and preflight.value.problems:
             hint = preflight.value.hints[0] if preflight.value.hints else None

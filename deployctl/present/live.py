@@ -104,7 +104,7 @@ class Progress:
         levels = f" concurrency {','.join(map(str, event.levels))}" if event.levels else ""
         eta = f" · about {duration_text(event.eta)} left" if event.eta else ""
         text = f"{event.phase}: {event.step}{levels}{eta}"
-        self.phases[event.target] = f"{event.phase}{eta}: "
+        self.phases[event.target] = f"{event.phase}: "
         if self._live is not None:
             self._show(event.target, event.elapsed, text)
         elif self.piped_steps:
