@@ -184,7 +184,11 @@ def test_the_page_is_one_file_that_fetches_nothing() -> None:
 def test_the_page_shows_t_its_inventory_line_and_a_row_per_level() -> None:
     page = tune_html(tuned_record())
     assert "T = 6" in page
-    assert "<code>threshold: 6</code>" in page
+    # The inventory line only for a tune that held (this one falls below 0.95 at 32).
+    assert "<code>threshold: 6</code>" in tune_html({**tuned_record(), "held": True})
+    assert "<code>threshold: 6</code>" not in page
+    adaptive = tune_html({**tuned_record(), "held": True, "threshold_mode": "adaptive"})
+    assert "<code>threshold: 6</code> and <code>threshold_mode: adaptive</code>" in adaptive
     assert "2025-12-01 11:53:20 UTC" in page and "5 min 12 s" in page
     rows = gain_table(page)
     assert [int(r[0].removesuffix("refined")) for r in rows] == sorted({*LEVELS, *REFINED})

@@ -112,7 +112,7 @@ def write_tune_html(record: Mapping[str, Any], path: Path) -> None:
 
 def _tokens_per_level(record: Mapping[str, Any], phase: str) -> dict[int, float | None]:
     levels = ((record.get("phases") or {}).get(phase) or {}).get("levels") or []
-    # A level measured again (noise) appears later in the sweep: the later measurement counts.
+    # One level per concurrency (a level measured again is its median sample).
     return {lv["concurrency"]: lv.get("output_tokens_per_s") for lv in levels}
 
 
@@ -195,13 +195,24 @@ def _threshold(record: Mapping[str, Any]) -> str:
             f"<p>Speculation last wins at concurrency {_text(last_win)}"
             f" and first loses at {_text(first_loss)}.</p>"
         )
-    if threshold is not None:
+    keep = keep_variables(record)
+    if keep:
         where = "deployment's" if record.get("deployment") is not None else "host's"
-        lines.append(
-            f"<p>Kept by this line in the {where} inventory variables:"
-            f" <code>threshold: {_text(threshold)}</code></p>"
-        )
+        code = "</code> and <code>".join(_text(v) for v in keep)
+        lines.append(f"<p>Kept by the {where} inventory variables <code>{code}</code></p>")
     return "<h2>Threshold</h2>\n" + "\n".join(lines)
+
+
+def keep_variables(record: Mapping[str, Any]) -> list[str]:
+    """The inventory lines that keep a tune's T, when it found one that held (else none).
+    In adaptive mode T is a CUDA-graph size, and means that only there."""
+    threshold = record.get("threshold")
+    if record.get("outcome") != "tuned" or not record.get("held") or threshold is None:
+        return []
+    lines = [f"threshold: {threshold}"]
+    if record.get("threshold_mode") == "adaptive":
+        lines.append("threshold_mode: adaptive")
+    return lines
 
 
 def _phases(record: Mapping[str, Any]) -> str:

@@ -735,7 +735,7 @@ SUGGESTION: View[Suggestion] = View(_suggestion, docs.suggestion_document)
 
 def _tune_record(record: dict[str, Any], label: str) -> None:
     """A tune record as people read it: T, the gain table, what serves now."""
-    from deployctl.present.tune_report import gain_rows
+    from deployctl.present.tune_report import gain_rows, keep_variables
 
     threshold, speculation = record["threshold"], record.get("speculation")
     crossover = record.get("crossover") or {}
@@ -798,13 +798,12 @@ def _tune_record(record: dict[str, Any], label: str) -> None:
         )
     serving = record.get("serving")
     write(f"serving: {serving}\n" if serving else "serving: nothing\n")
-    if record["outcome"] == "tuned" and record["held"] and threshold is not None:
+    keep = keep_variables(record)
+    if keep:
         where = f"deployment {record['deployment']} of " if record["deployment"] else ""
-        line = f"`threshold: {threshold}`"
-        if mode == "adaptive":  # T is a CUDA-graph size: it means this in adaptive mode
-            line += " and `threshold_mode: adaptive`"
+        lines = " and ".join(f"`{line}`" for line in keep)
         write(
-            f"keep it: add {line} to {where}{record['host']} in the inventory "
+            f"keep it: add {lines} to {where}{record['host']} in the inventory "
             "(launch uses it when --threshold is not given)\n"
         )
     if record.get("narrowed") is False:
