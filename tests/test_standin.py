@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from deployctl.host_agent import BenchLevel, cmd_bench
+from deployctl.ops.tune import speculative_graph_sizes
 from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
 from tests.standin.sglang_standin import (
     adaptive_steps,
@@ -490,6 +491,8 @@ def test_adaptive_routing_pads_to_cuda_graph_sizes_like_sglang(tmp_path: Path) -
     for max_bs in (1, 7, 20, 64, 256, 300, 512):
         real_sizes = hook["generate_decode_cuda_graph_batch_sizes"](spec_args, max_bs)
         assert cuda_graph_batch_sizes(max_bs) == real_sizes, max_bs
+        # tune's own list (where a threshold can switch in adaptive mode) is SGLang's too.
+        assert speculative_graph_sizes(max_bs) == real_sizes, max_bs
     params = real_sglang(
         "speculative/adaptive_spec_params.py", {"log_info_on_rank0": lambda logger, message: None}
     )
