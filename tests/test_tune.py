@@ -218,6 +218,14 @@ def verdicts(entry: dict[str, Any]) -> str:
     )
 
 
+def status_of(cli: CLI, inv: Path, host: str) -> dict[str, Any]:
+    """What `status --json` says of the host's current run."""
+    entry: dict[str, Any] = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"][
+        host
+    ]
+    return entry
+
+
 def tune_json(
     cli: CLI, inv: Path, *extra: str, output_len: int = 63
 ) -> tuple[int, dict[str, Any], str]:
@@ -248,7 +256,7 @@ def test_tune_finds_the_crossover_and_leaves_the_tuned_run_serving(
     assert entry["serving"] == entry["phases"]["tuned"]["run"] == "eagle3_t6_v1"
     assert entry["patches"] == ["spec-disable 1.2.0 (applied)"]
     assert set(entry["refined_levels"]) >= {5, 6, 7} - {4}
-    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["alpha"]
+    status = status_of(cli, inv, "alpha")
     assert status["run"] == "eagle3_t6_v1" and status["state"] == "ready"
     kept = Path(entry["phases"]["baseline"]["sweeps"][0])
     assert kept.is_file()
@@ -282,7 +290,7 @@ def test_tune_in_adaptive_mode_finds_a_crossover_near_24_at_cuda_graph_sizes(
     assert entry["held"] and min(entry["envelope_ratio"].values()) >= 0.95
     assert entry["threshold_mode"] == "adaptive" and entry["patches"] == []
     run = entry["serving"]
-    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["bravo"]
+    status = status_of(cli, inv, "bravo")
     assert status["run"] == run and status["state"] == "ready"
     cli("stop", "-i", str(inv))
 
@@ -305,7 +313,7 @@ def test_a_tuned_server_that_crashes_over_t_is_replaced_by_the_best_stable_one(
     # The best stable configuration, without a threshold: at 16 the baseline is ahead.
     serving = entry["serving"]
     assert serving is not None and serving.startswith("baseline_v")
-    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["charlie"]
+    status = status_of(cli, inv, "charlie")
     assert status["run"] == serving and status["state"] == "ready"
     # The kept record shows it again, crash report and hint included.
     shown = cli("tune", "-i", str(inv), "--report")
@@ -343,7 +351,7 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
     entry = doc["hosts"]["delta"]
     assert doc["interrupted"] and entry["outcome"] == "interrupted"
     assert entry["previous"] == before
-    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["delta"]
+    status = status_of(cli, inv, "delta")
     assert status["run"] == entry["serving"] and status["state"] == "ready"
     record = json.loads((runs / f"{status['run']}.json").read_text())
     assert record["restart_of"] == before and record["template"] == "baseline"
@@ -367,7 +375,7 @@ def test_keep_none_leaves_the_deployment_as_tune_found_it(
     assert entry["threshold"] is None and entry["speculation"] == "always"
     assert entry["phases"]["tuned"]["template"] == "eagle3"
     assert entry["previous"] == before and entry["serving"] not in (None, before)
-    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["alpha"]
+    status = status_of(cli, inv, "alpha")
     assert status["run"] == entry["serving"] and status["state"] == "ready"
     record = json.loads(
         (hosts.hosts["alpha"].home / ".deployctl" / "runs" / f"{status['run']}.json").read_text()
@@ -409,7 +417,7 @@ def test_a_lost_connection_stops_the_tune_and_puts_back_the_previous_run(
     assert code == 1, (err, json.dumps(entry)[:3000])
     assert entry["outcome"] == "failed" and "Connection refused" in entry["outcome_note"]
     assert entry["previous"] == before["hosts"]["bravo"]["run"]
-    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["bravo"]
+    status = status_of(cli, inv, "bravo")
     assert status["run"] == entry["serving"] and status["state"] == "ready"
     assert status["run"].startswith("baseline_v")
     cli("stop", "-i", str(inv))
@@ -484,7 +492,7 @@ def test_a_latency_bound_finds_the_highest_concurrency_that_meets_it(
     )
     # --keep baseline: the plain server serves afterwards.
     assert entry["serving"].startswith("baseline_v")
-    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["charlie"]
+    status = status_of(cli, inv, "charlie")
     assert status["run"] == entry["serving"] and status["state"] == "ready"
     assert entry["params"]["objective"] == {"kind": "max_itl_ms", "bound": 11.5}
     assert entry["threshold"] == 6, verdicts(entry)
