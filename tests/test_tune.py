@@ -497,7 +497,10 @@ def test_a_latency_bound_finds_the_highest_concurrency_that_meets_it(
     assert entry["params"]["objective"] == {"kind": "max_itl_ms", "bound": 11.5}
     assert entry["threshold"] == 6, verdicts(entry)
     per_token = {lv["concurrency"]: per_token_ms(lv) for lv in entry["phases"]["tuned"]["levels"]}
-    assert 10 <= entry["capacity"] <= 15, per_token
-    tuned = {lv["concurrency"]: lv for lv in entry["phases"]["tuned"]["levels"]}
-    assert entry["capacity"] + 1 in tuned  # narrowed down to adjacent levels on the tuned run
+    # Past T the tuned run is plain: 10 + 0.1 b ms a token, 11.5 at 15, plus the stand-in's
+    # own overhead (0.3-1 ms a token, more on a busy machine), so the edge is where measured.
+    capacity = entry["capacity"]
+    assert 6 < capacity < 16, per_token
+    # Narrowed down to adjacent levels on the tuned run: one meets the bound, the next not.
+    assert per_token[capacity] <= 11.5 < per_token[capacity + 1], per_token
     cli("stop", "-i", str(inv))
