@@ -425,7 +425,13 @@ class SSHConnection(Connection):
             watchdog.start()
             channel.exec_command(command)
             if stdin:
-                channel.sendall(stdin)
+                try:
+                    channel.sendall(stdin)
+                except OSError:
+                    # A command that ends without reading its input (one that fails at once)
+                    # closes the channel under us; its output and exit code are the answer.
+                    if not channel.closed:
+                        raise
             channel.shutdown_write()
             # Read until EOF, not until the exit status: sshd may send the status first.
             while True:

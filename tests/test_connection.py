@@ -64,6 +64,17 @@ def test_stdin_and_large_output_on_both_streams(conn: Connection) -> None:
     assert conn.run("wc -c", stdin=b"x" * 100_000).stdout.strip() == "100000"
 
 
+def test_a_command_that_ends_before_reading_its_input_reports_its_own_exit(
+    conn: Connection,
+) -> None:
+    """A host-side call that fails at once (a state dir that is a file) closes the channel
+    while its input is still being sent: the answer is its output and exit code, not a
+    failure of the connection."""
+    for _ in range(5):
+        result = conn.run("echo cannot start >&2; exit 4", stdin=b"x" * 4_000_000)
+        assert (result.exit_code, result.stderr) == (4, "cannot start\n")
+
+
 def test_write_file_is_atomic_and_read_back(conn: Connection, tmp_path: Path) -> None:
     target = conn.run("mktemp -d").stdout.strip() + "/sub/file.txt"
     conn.write_file(target, b"one\x00two", mode=0o600)
