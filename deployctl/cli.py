@@ -46,6 +46,10 @@ app = typer.Typer(
 )
 patch_app = typer.Typer(help="SGLang patch sets: list, apply, revert, audit.", no_args_is_help=True)
 app.add_typer(patch_app, name="patch")
+router_app = typer.Typer(
+    help="SGLang's router: keep its list of workers true.", no_args_is_help=True
+)
+app.add_typer(router_app, name="router")
 
 
 # ---- the options every fleet command shares, declared once ---------------------------------
@@ -188,7 +192,10 @@ class Session:
             accept_new_host_keys=self.options.accept_new_host_keys,
             known_hosts=self.options.known_hosts,
         )
-        with Fleet(self.targets, options, self.options.forks, self.inventory.origin) as fleet:
+        inventory = self.inventory
+        with Fleet(
+            self.targets, options, self.options.forks, inventory.origin, inventory.select
+        ) as fleet:
             yield fleet
 
     def run(self, operation: Callable[[Host, Connection], T]) -> FleetResult[T]:
@@ -662,7 +669,7 @@ def stop(
 
     Without -d it also ends this inventory's own leftovers (a run it launched that it no
     longer names); runs another inventory launched are listed and left alone (--orphans)."""
-    from deployctl.ops.runs import stop_run
+    from deployctl.ops.runs import stop_serving
     from deployctl.ops.server import stray_runs
     from deployctl.present import views
 
@@ -673,7 +680,9 @@ def stop(
             views.print_strays(strays, ending_others=orphans)
             targets = [*targets, *(s.host for s in strays if s.ours or orphans)]
             views.print_stopping(targets)
-        return views.STOP, fleet.run(lambda host, conn: stop_run(host, conn, timeout), targets)
+        return views.STOP, fleet.run(
+            lambda host, conn: stop_serving(fleet, host, conn, timeout), targets
+        )
 
 
 @fleet_command(app, options=SERVERS)
@@ -685,12 +694,32 @@ def status(
     ] = False,
 ) -> Reply:
     """Show each host's current run: alive, ready, uptime, log, crash, GPU memory."""
-    from deployctl.ops.runs import run_status
+    from deployctl.ops.runs import run_status, with_router_states
     from deployctl.present import views
 
     catalog = session.catalog()
-    results = session.run(lambda host, conn: run_status(host, conn, catalog, run, metrics))
-    return views.STATUS, results
+    with session.fleet() as fleet:
+        results = fleet.run(lambda host, conn: run_status(host, conn, catalog, run, metrics))
+        return views.STATUS, with_router_states(fleet, results)
+
+
+@fleet_command(router_app, "sync", options=SERVERS)
+def router_sync(
+    session: Session,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be added and removed only.")
+    ] = False,
+) -> Reply:
+    """Mend each selected router's list: add the workers of ours that serve and are missing,
+    remove what it lists where no worker of ours serves."""
+    from deployctl.ops.launch import routers_among
+    from deployctl.ops.router import sync_router
+    from deployctl.present import views
+
+    routers = routers_among(session.project, session.targets)
+    with session.fleet() as fleet:
+        synced = fleet.run(lambda host, conn: sync_router(fleet, host, dry_run), routers)
+    return views.ROUTER_SYNC, synced
 
 
 # The load of one level, as bench and tune take it.
@@ -1017,6 +1046,52 @@ def restart(
             events=progress,
         )
     return views.RESTART, result
+
+
+@fleet_command(app, options=SERVERS)
+def rollout(
+    session: Session,
+    max_unavailable: Annotated[
+        int, typer.Option("--max-unavailable", min=1, help="Units replaced at once.")
+    ] = 1,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            "--drain-timeout", min=0, help="Seconds to wait for in-flight requests to finish."
+        ),
+    ] = 60,
+    restart: Annotated[
+        bool, typer.Option("--restart", help="Replace units that already match too.")
+    ] = False,
+    allow_downtime: Annotated[
+        bool,
+        typer.Option("--allow-downtime", help="Take out a router's last healthy worker too."),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show each unit, whether and how it changes.")
+    ] = False,
+    timeout: TimeoutOpt = 900,
+    stop_timeout: StopTimeoutOpt = 30,
+) -> Reply:
+    """Bring each deployment to what the inventory says now, one unit at a time: out of its
+    router, drained, stopped, patched, relaunched, back in; a failed unit goes back to its
+    previous configuration and stops the rollout."""
+    from deployctl.ops import launch as ops
+    from deployctl.ops.rollout import RolloutOptions, RolloutReport, plan_rollout
+    from deployctl.ops.rollout import rollout as roll
+    from deployctl.present import live, views
+
+    catalog, patch_sets = session.catalog(), session.patch_sets()
+    plans = ops.plan_launch(session.project, session.targets, None, None, [], patch_sets)
+    options = RolloutOptions(
+        max_unavailable, drain_timeout, stop_timeout, timeout, restart, allow_downtime
+    )
+    enabled = not session.options.json
+    with session.fleet() as fleet, live.Progress(enabled, steps_when_piped=True) as progress:
+        unit_plans = plan_rollout(fleet, plans, catalog, patch_sets, restart)
+        if dry_run:
+            return views.ROLLOUT, RolloutReport([], unit_plans, dry_run=True)
+        return views.ROLLOUT, roll(fleet, unit_plans, catalog, patch_sets, options, progress)
 
 
 @fleet_command(app, options=SERVERS)

@@ -141,7 +141,7 @@ def node_targets(
     check_layer(layer, where)
     merged = Settings(overlay(_own_vars(rank0), layer, where), where)
     port = merged.dist_port
-    address = merged.given("dist_init_addr") or f"{_address(rank0)}:{port}"
+    address = merged.given("dist_init_addr") or f"{address_of(rank0)}:{port}"
     names = [n.name for n in ordered]
     targets = []
     for rank, node in enumerate(ordered):
@@ -196,7 +196,7 @@ def _own_vars(host: Host) -> dict[str, Any]:
     return {k: v for k, v in host.vars.items() if k not in _NOT_NODES}
 
 
-def _address(host: Host) -> str:
+def address_of(host: Host) -> str:
     """How other nodes reach this one; an IPv6 address in brackets, as host:port needs."""
     address = host.address
     return f"[{address}]" if ":" in address and not address.startswith("[") else address
@@ -218,7 +218,7 @@ def prometheus_targets(
             "group": group,
             "template": target.settings.template or "baseline",
         }
-        address = f"{_address(target)}:{target.settings.server_port}"
+        address = f"{address_of(target)}:{target.settings.server_port}"
         entries.append({"targets": [address], "labels": labels})
     return entries
 

@@ -125,6 +125,30 @@ class WatchStopped(Event):
     gave_up: bool = False
 
 
+# ---- a router's worker list ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterChanged(Event):
+    """A worker was added to its router (or removed), or `error` says why not."""
+
+    kind: ClassVar[str] = "router_changed"
+    router: str
+    url: str
+    added: bool
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutStep(Event):
+    """A rollout unit's next step (`step`: "draining (3 running)", "starting", …); an empty
+    target: Ctrl-C, the rollout stops after the units in hand."""
+
+    kind: ClassVar[str] = "rollout_step"
+    step: str
+    elapsed: float
+
+
 # ---- logs ----------------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from deployctl.errors import (
     CommandTimeoutError,
     ConnectError,
     DeployctlError,
+    InventoryError,
     error_code,
     explain,
 )
@@ -120,6 +121,10 @@ def attempt(host: Host, operation: Callable[[], T]) -> HostResult[T]:
         return HostResult(host, exception=exc)
 
 
+def _no_inventory(pattern: str) -> list[Host]:
+    raise InventoryError(f"no inventory to find {pattern!r} in")
+
+
 class Fleet:
     """The selected hosts and one reusable connection per host for this invocation."""
 
@@ -129,12 +134,16 @@ class Fleet:
         options: ConnectOptions,
         forks: int = DEFAULT_FORKS,
         origin: str = "",
+        select: Callable[[str], list[Host]] | None = None,
     ) -> None:
         self.hosts = list(hosts)
         self.options = options
         self.forks = max(1, forks)
         # The inventory the hosts come from (Inventory.origin): runs started here record it.
         self.origin = origin
+        # The inventory's hosts by pattern (Inventory.select), for hosts a command reaches
+        # besides the selected ones: a worker's router.
+        self.select: Callable[[str], list[Host]] = select or _no_inventory
         self._connections: dict[str, Connection] = {}
         self._lock = threading.Lock()
         # label -> (when to try again, the wait, the failure that stands meanwhile)

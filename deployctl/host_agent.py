@@ -1240,7 +1240,10 @@ def lock_files(state_dir: str) -> list[str]:
 
 
 def shares_gpus(first: list[int] | None, second: list[int] | None) -> bool:
-    """Do two GPU sets share a GPU? None stands for every GPU of the host."""
+    """Do two GPU sets share a GPU? None stands for every GPU of the host; [] for none (a
+    router's)."""
+    if first == [] or second == []:
+        return False
     return first is None or second is None or bool(set(first) & set(second))
 
 
@@ -2052,6 +2055,140 @@ def cmd_tune_records(args: TuneRecordsArgs) -> TuneRecordsReply:
     }
 
 
+# ---- a router's worker list (SGLang's sglang-router) -----------------------------------------
+
+
+class RouterArgs(TypedDict):
+    bind_host: str  # the router's --host and --port, reached from its own host
+    port: int
+    action: str  # "list", "add" or "remove"
+    url: str | None  # the worker to add or remove
+    wait: float  # seconds to wait for the change to show in the router's list
+
+
+class RouterWorker(TypedDict):
+    id: str | None  # None on a legacy router (it names workers by URL)
+    url: str
+    healthy: bool | None  # None: the router does not say
+    load: int | None
+
+
+class RouterReply(TypedDict):
+    api: str | None  # "workers" (0.3 and later), "legacy" (up to 0.2.1), None: no router answers
+    # Why the action did not happen ("" when it did); not `error`, which is the agent's own
+    # failure answer.
+    problem: str
+    workers: list[RouterWorker]  # the list after the action
+
+
+ROUTER_TIMEOUT = 5.0
+
+
+def http_call(
+    host: str, port: int, method: str, path: str, body: Any = None
+) -> tuple[int | None, bytes]:
+    """One HTTP request to a server on this host: its status (None: nothing answers) and body."""
+    import http.client
+
+    conn = http.client.HTTPConnection(server_address(host), int(port), timeout=ROUTER_TIMEOUT)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {} if data is None else {"Content-Type": "application/json"}
+        conn.request(method, path, body=data, headers=headers)
+        reply = conn.getresponse()
+        return reply.status, reply.read(1 << 20)
+    except (OSError, http.client.HTTPException):
+        return None, b""
+    finally:
+        conn.close()
+
+
+def _json_or_none(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def router_list(host: str, port: int) -> tuple[str | None, list[RouterWorker], str]:
+    """Which registration API the router speaks, its workers, and why none when it fails."""
+    status, body = http_call(host, port, "GET", "/workers")
+    found = _json_or_none(body) if status == 200 else None
+    if isinstance(found, dict) and isinstance(found.get("workers"), list):
+        workers: list[RouterWorker] = [
+            {
+                "id": str(w.get("id")) if w.get("id") is not None else None,
+                "url": str(w.get("url")),
+                "healthy": w.get("is_healthy") if isinstance(w.get("is_healthy"), bool) else None,
+                "load": w.get("load") if isinstance(w.get("load"), int) else None,
+            }
+            for w in found["workers"]
+            if isinstance(w, dict) and w.get("url")
+        ]
+        return "workers", workers, ""
+    if status is None:
+        return None, [], f"nothing answers on {server_address(host)}:{port}"
+    legacy_status, legacy_body = http_call(host, port, "GET", "/list_workers")
+    urls = _json_or_none(legacy_body) if legacy_status == 200 else None
+    if isinstance(urls, dict) and isinstance(urls.get("urls"), list):
+        listed: list[RouterWorker] = [
+            {"id": None, "url": str(u), "healthy": None, "load": None} for u in urls["urls"]
+        ]
+        return "legacy", listed, ""
+    return None, [], f"no router API answers on port {port} (GET /workers: {status})"
+
+
+def _router_change(args: RouterArgs, api: str, workers: list[RouterWorker]) -> str:
+    """Ask the router to add or remove the worker; the reason when it refuses."""
+    from urllib.parse import quote
+
+    host, port, url = args["bind_host"], args["port"], str(args["url"])
+    adding = args["action"] == "add"
+    if api == "legacy":
+        path = f"/{'add' if adding else 'remove'}_worker?url={quote(url, safe='')}"
+        status, body = http_call(host, port, "POST", path)
+    elif adding:
+        status, body = http_call(host, port, "POST", "/workers", {"url": url})
+    else:
+        ids = [w["id"] for w in workers if w["url"] == url and w["id"]]
+        if not ids:
+            return ""
+        status, body = http_call(host, port, "DELETE", f"/workers/{ids[0]}")
+    if status is not None and 200 <= status < 300:
+        return ""
+    reason = body.decode("utf-8", "replace").strip().splitlines()
+    return f"the router answered {status or 'nothing'}" + (f": {reason[0][:200]}" if reason else "")
+
+
+def _router_done(args: RouterArgs, workers: list[RouterWorker]) -> bool:
+    listed = [w for w in workers if w["url"] == args["url"]]
+    if args["action"] == "remove":
+        return not listed
+    return bool(listed) and listed[0]["healthy"] is not False
+
+
+def cmd_router(args: RouterArgs) -> RouterReply:
+    """List a router's workers, or add or remove one and wait until its list shows it
+    (healthy, for an addition) or `wait` runs out: 0.3's router does both in the background."""
+    host, port = args["bind_host"], args["port"]
+    api, workers, error = router_list(host, port)
+    if api is None or args["action"] == "list":
+        return {"api": api, "problem": error, "workers": workers}
+    if not _router_done(args, workers):
+        error = _router_change(args, api, workers)
+    deadline = time.monotonic() + args["wait"]
+    while not error:
+        api, workers, error = router_list(host, port)
+        if api is None or _router_done(args, workers):
+            break
+        if time.monotonic() > deadline:
+            seen = "still listed" if args["action"] == "remove" else "not listed healthy"
+            error = f"{args['url']} is {seen} after {args['wait']:g}s"
+            break
+        time.sleep(0.2)
+    return {"api": api, "problem": error, "workers": workers}
+
+
 # ---- entry point ---------------------------------------------------------------------------
 
 
@@ -2081,6 +2218,7 @@ def main() -> None:
         "bench_results": lambda: cmd_bench_results(args),
         "tune_save": lambda: cmd_tune_save(args),
         "tune_records": lambda: cmd_tune_records(args),
+        "router": lambda: cmd_router(args),
     }
     if call not in handlers:
         fail(f"unknown agent call {call!r}", "agent")

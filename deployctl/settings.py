@@ -177,6 +177,27 @@ _DECLARED = [
     ),
     Setting("node_hosts", list, "set by deployctl: the nodes' names in rank order"),
     Setting(
+        "router",
+        str,
+        "in a worker: the router deployment it registers with (HOST/DEPLOYMENT, or HOST)",
+        wanted="a router, e.g. edge/router",
+    ),
+    Setting(
+        "worker_url",
+        str,
+        "the URL a worker's router reaches it at",
+        shown_default="`http://<ansible_host>:<port>`",
+        wanted="a URL, e.g. http://10.0.0.5:30000",
+    ),
+    Setting(
+        "router_metrics_port",
+        int,
+        "a router's Prometheus port (two routers on one host need two)",
+        29000,
+        layered=True,
+        **_PORT,
+    ),
+    Setting(
         "known_hosts_file",
         str,
         "SSH host keys to verify against",
@@ -205,6 +226,7 @@ TEMPLATE_VARIABLES = frozenset(
         "speculative_num_steps",
         "speculative_eagle_topk",
         "speculative_num_draft_tokens",
+        "router_policy",
     }
 )
 # Names people write for a setting under another project's name for it.
@@ -637,6 +659,21 @@ class Settings:
     @property
     def check_flags(self) -> bool:
         return bool(self.checked("check_flags"))
+
+    @property
+    def router(self) -> str | None:
+        """The router this worker registers with, as written (HOST/DEPLOYMENT or HOST)."""
+        value = self.checked("router")
+        return str(value) if value else None
+
+    @property
+    def worker_url(self) -> str | None:
+        value = self.checked("worker_url")
+        return str(value) if value else None
+
+    @property
+    def router_metrics_port(self) -> int:
+        return self._int("router_metrics_port")
 
     @property
     def known_hosts_file(self) -> str | None:

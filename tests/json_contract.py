@@ -38,7 +38,8 @@ JSON_LINES: dict[str, Callable[[Sequence[str]], bool]] = {
 
 def command_name(args: Sequence[str]) -> str:
     """The command as its schema file is named: `status`, `patch-list`, …"""
-    return f"patch-{args[1]}" if args[0] == "patch" and len(args) > 1 else args[0]
+    grouped = args[0] in ("patch", "router") and len(args) > 1
+    return f"{args[0]}-{args[1]}" if grouped else args[0]
 
 
 def checked(args: Sequence[str]) -> bool:

@@ -49,3 +49,9 @@ def test_each_call_is_typed_by_its_handlers_typeddicts() -> None:
         first = next(iter(hints))  # the handler's args; `apply` also takes the payload
         assert hints[first] is spec.args, f"{spec.name} takes {hints[first]}"
         assert hints["return"] is spec.reply, f"{spec.name} answers {hints['return']}"
+
+
+def test_no_reply_has_an_error_key_the_client_would_read_as_the_agents_failure() -> None:
+    """parse_reply takes any reply with `error` for the agent's own failure answer."""
+    for spec in agent.CALLS:
+        assert "error" not in typing.get_type_hints(spec.reply), spec.name

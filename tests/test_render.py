@@ -89,7 +89,11 @@ def run_with_home(command: str, home: Path) -> bytes:
 
 
 def test_shipped_templates_are_found() -> None:
-    assert template_names(project.Project(None).search_dirs("templates")) == ["baseline", "eagle3"]
+    assert template_names(project.Project(None).search_dirs("templates")) == [
+        "baseline",
+        "eagle3",
+        "router",
+    ]
 
 
 def test_eagle3_on_h200_renders_exactly_the_real_deployment_flags(
@@ -287,7 +291,7 @@ def test_unknown_template_lists_the_available_ones(
 ) -> None:
     with pytest.raises(TemplateError, match=r"unknown template 'eagle4'") as info:
         templates.render(example.hosts["h200-a01"], "eagle4")
-    assert info.value.hint == "available: baseline, eagle3"
+    assert info.value.hint == "available: baseline, eagle3, router"
 
 
 def test_project_template_overrides_the_shipped_one(tmp_path: Path, example: Inventory) -> None:
@@ -297,7 +301,7 @@ def test_project_template_overrides_the_shipped_one(tmp_path: Path, example: Inv
     (root / "templates" / "mine.j2").write_text("echo mine\n")
     found = project.find_project(root)
     ts = TemplateSet(found.search_dirs("templates"))
-    assert template_names(ts.search_dirs) == ["baseline", "mine", "eagle3"]
+    assert template_names(ts.search_dirs) == ["baseline", "mine", "eagle3", "router"]
     assert ts.render(example.hosts["h200-a01"], "baseline").argv == [
         "echo",
         "project-baseline",

@@ -77,7 +77,8 @@ def test_default_vars_are_the_layered_settings_and_still_importable_from_invento
     assert inventory.DEFAULT_VARS is DEFAULT_VARS
     assert {n: s.default for n, s in SETTINGS.items() if s.layered} == DEFAULT_VARS
     assert set(DEFAULT_VARS) == {
-        "python", "launch_module", "log_dir", "state_dir", "port", "bind_host", "tp"
+        "python", "launch_module", "log_dir", "state_dir", "port", "bind_host", "tp",
+        "router_metrics_port",
     }  # fmt: skip
     assert DEFAULT_VARS["port"] == 30000 and DEFAULT_VARS["tp"] == 8
 
@@ -439,6 +440,7 @@ def test_every_number_has_its_bounds_where_it_is_declared() -> None:
         "dist_port": (1, 65535, None),
         "nnodes": (1, None, None),
         "threshold": (1, None, None),
+        "router_metrics_port": (1, 65535, None),
         "connect_timeout": (None, 7 * 24 * 3600, 0),
         "command_timeout": (None, 7 * 24 * 3600, 0),
     }

@@ -4,6 +4,7 @@ findings into preflight problems, warnings and hints."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -14,6 +15,13 @@ from deployctl.host_agent import ArgvCheck, CheckArgsArgs, SglangInstall
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet
 from deployctl.render import RenderedCommand
+
+ROUTER_MODULE = "sglang_router.launch_router"
+
+
+def runs_router(argv: Sequence[str]) -> bool:
+    """Does the command start SGLang's router (`python -m sglang_router.launch_router`)?"""
+    return any(a == "-m" and b == ROUTER_MODULE for a, b in itertools.pairwise(argv))
 
 
 def server_argv(argv: Sequence[str], module: str = "sglang.launch_server") -> list[str] | None:

@@ -19,10 +19,7 @@ from deployctl.connection import Connection
 from deployctl.deployments import GroupKey, describe_gpus, gpu_set, group_of, node_rank
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
-from deployctl.fanout import (
-    FleetResult,
-    attempt,
-)
+from deployctl.fanout import Fleet, FleetResult, attempt
 from deployctl.host_agent import (
     ClientIdentity,
     LiveRun,
@@ -32,9 +29,10 @@ from deployctl.host_agent import (
     shares_gpus,
 )
 from deployctl.inventory import Host
-from deployctl.ops.flags import FlagReport, checked_argv, flag_report
+from deployctl.ops.flags import FlagReport, checked_argv, flag_report, runs_router
 from deployctl.ops.gpus import GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
+from deployctl.ops.router import reachability_problem, router_of
 from deployctl.patchset import (
     PatchSet,
     command_flags,
@@ -150,7 +148,23 @@ class Plan:
     @property
     def local_tp(self) -> int:
         """The GPUs this host gives the server: its share of the tensor parallelism."""
-        return self.tp // self.host.settings.nnodes
+        return 0 if self.is_router else self.tp // self.host.settings.nnodes
+
+    @property
+    def is_router(self) -> bool:
+        """SGLang's router: no GPU, no SGLang flags to check, a Prometheus port of its own."""
+        return runs_router(self.rendered.argv)
+
+    @property
+    def extra_ports(self) -> dict[int, str]:
+        """The ports it listens on besides its server port, and what each is for."""
+        if self.is_router:
+            return {
+                self.host.settings.router_metrics_port: "router_metrics_port, its Prometheus port"
+            }
+        if self.group and self.node_rank == 0:  # rank 0 also listens for the other nodes
+            return {self.host.settings.dist_port: "dist_port, where the other nodes join"}
+        return {}
 
     @property
     def group(self) -> GroupKey | None:
@@ -163,8 +177,8 @@ class Plan:
 
     @property
     def gpus(self) -> list[int] | None:
-        """The GPUs the server may use (None: all of the host's)."""
-        return gpu_set(self.host)
+        """The GPUs the server may use (None: all of the host's; a router: none)."""
+        return [] if self.is_router else gpu_set(self.host)
 
     @property
     def launch_module(self) -> str | None:
@@ -219,8 +233,7 @@ def preflight_args(
             {f for s in plan.needed_sets for v in s.variants.values() for f in v.files}
         ),
         "port": plan.port,
-        # Rank 0 of a multi-node server also listens for the other nodes.
-        "also_ports": [host.settings.dist_port] if plan.group and plan.node_rank == 0 else [],
+        "also_ports": sorted(plan.extra_ports),
         "bind_host": plan.bind_host,
         "check_paths": plan.check_paths(),
         "module": plan.launch_module,
@@ -228,7 +241,7 @@ def preflight_args(
         "log_stem": plan.rendered.log_stem,
         "client": client_identity("launch", hold_for),
         "break_lock": break_lock,
-        "server_argv": checked_argv(host, plan.rendered.argv),
+        "server_argv": None if plan.is_router else checked_argv(host, plan.rendered.argv),
     }
 
 
@@ -292,15 +305,15 @@ def run_preflight(
     try:
         state = parse_gpus_command(gpus.exit_code, gpus.output, gpus.stderr)
     except DeployctlError as exc:
-        problems.append(f"GPUs cannot be checked: {exc.message}")
+        if not plan.is_router:  # a router needs no GPU, nor nvidia-smi
+            problems.append(f"GPUs cannot be checked: {exc.message}")
         state = None
-    if state is not None:
+    if state is not None and not plan.is_router:
         result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints)
     live_run_problems(plan, doc["live_runs"], problems, hints)
     for port, why in doc["busy_ports"].items():
-        problems.append(
-            f"port {port} (dist_port, where the other nodes join) is in use on {host.name} ({why})"
-        )
+        what = plan.extra_ports.get(int(port), "")
+        problems.append(f"port {port} ({what}) is in use on {host.name} ({why})")
     if not doc["port_free"]:
         problems.append(f"port {plan.port} is in use on {host.name} ({doc['port_error']})")
     if not doc["module_found"]:
@@ -484,3 +497,33 @@ def machine(host: Host) -> tuple[str, str, int]:
     if host.is_local:
         return ("local", "", 0)
     return (host.connection, host.address, host.port or 22)
+
+
+def routing_problems(fleet: Fleet, plan: Plan) -> tuple[list[str], list[str]]:
+    """Problems and hints for a worker whose router is not in the inventory, or could not
+    reach it where it binds (checked before anything starts)."""
+    if plan.node_rank != 0 or plan.host.settings.router is None:
+        return [], []
+    try:
+        router = router_of(plan.host, fleet.select)
+    except DeployctlError as exc:
+        return [exc.message], [exc.hint] if exc.hint else []
+    if router is None:
+        return [], []
+    problem = reachability_problem(plan.host, router, plan.bind_host)
+    if problem is None:
+        return [], []
+    hint = "bind the worker where its router reaches it (bind_host: 0.0.0.0), or set worker_url"
+    return [problem], [hint]
+
+
+def routers_among(project: Project, targets: Sequence[Host]) -> list[Host]:
+    """The targets whose command (as launch would render it) starts a router."""
+    rendered = render_commands(project, targets, None, None, [])
+    found = [r.host for r in rendered if r.value is not None and runs_router(r.value.argv)]
+    if not found:
+        raise UsageError(
+            "no router among the selected deployments",
+            hint="a router is a deployment with template: router",
+        )
+    return found

@@ -54,7 +54,15 @@ from deployctl.host_agent import (
 from deployctl.inventory import Host
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
-from deployctl.ops.launch import Plan, Preflight, release_lock, run_preflight
+from deployctl.ops.launch import Plan, Preflight, release_lock, routing_problems, run_preflight
+from deployctl.ops.router import (
+    Registration,
+    RouterState,
+    change_registration,
+    is_router_run,
+    register_workers_of,
+    router_state,
+)
 
 # Seconds a replaced run gets between SIGTERM and SIGKILL unless the caller says otherwise.
 DEFAULT_STOP_TIMEOUT = 30.0
@@ -349,6 +357,8 @@ class LaunchReport:
     dry_run: bool = False
     # The nodes of multi-node servers that failed on some node, ended so none holds GPUs.
     cleanup: FleetResult[StopReply] = field(default_factory=lambda: FleetResult([]))
+    # Ready workers added to their routers, and workers added to routers that came up.
+    registrations: list[Registration] = field(default_factory=list)
 
     @property
     def started(self) -> bool:
@@ -356,7 +366,7 @@ class LaunchReport:
 
     @property
     def ok(self) -> bool:
-        return not self.refused and self.outcomes.ok
+        return not self.refused and self.outcomes.ok and all(r.ok for r in self.registrations)
 
 
 def launch(
@@ -373,12 +383,18 @@ def launch(
 ) -> LaunchReport:
     """Preflight all hosts; start on all only if every one passed; then wait for ready."""
     by_name = {p.host.label: p for p in plans}
-    preflights = fleet.run(
+
+    def preflight(host: Host, conn: Connection) -> Preflight:
+        plan = by_name[host.label]
         # The lock is held until the wait ends: a second launch must not slip in while
         # the first server has not yet bound its port.
-        lambda host, conn: run_preflight(by_name[host.label], conn, max_used_mib, timeout + 120),
-        [p.host for p in plans],
-    )
+        result = run_preflight(plan, conn, max_used_mib, timeout + 120)
+        problems, hints = routing_problems(fleet, plan)
+        result.problems += problems
+        result.hints += hints
+        return result
+
+    preflights = fleet.run(preflight, [p.host for p in plans])
     refused = not preflights.ok
     if refused or dry_run:
         held = [r.value for r in preflights if r.value is not None and r.value.lock_token]
@@ -454,7 +470,23 @@ def launch(
     # A multi-node server that failed on one node leaves no process on any other.
     failed = {key for key, watch in groups.items() if watch.state is Verdict.FAILED}
     cleanup = fleet.run(end_run, [p.host for p in plans if p.group in failed])
-    return LaunchReport(preflights, outcomes, refused=False, cleanup=cleanup)
+    ready = [
+        by_name[r.name] for r in outcomes if r.value is not None and r.value.state is RunState.READY
+    ]
+    registrations = [
+        found
+        for found in fleet.run(
+            lambda host, conn: change_registration(
+                fleet, host, True, by_name[host.label].port, events
+            ),
+            [p.host for p in ready if not p.is_router],
+        ).succeeded.values()
+        if found is not None
+    ]
+    registrations += register_workers_of(fleet, [p.host for p in ready if p.is_router], events)
+    return LaunchReport(
+        preflights, outcomes, refused=False, cleanup=cleanup, registrations=registrations
+    )
 
 
 def recorded_run(host: Host, conn: Connection, run_id: str | None = None) -> StatusReply:
@@ -507,6 +539,7 @@ class RunStatus:
     env: dict[str, str] | None = None  # the server's real environment, for restart
     metrics: dict[str, Any] | None = None  # when asked for: see deployctl.metrics
     metrics_note: str | None = None  # None: not asked; else why there are none, or ""
+    router: RouterState | None = None  # a live router's list and drift (see ops/router.py)
 
     @property
     def running(self) -> bool:
@@ -622,6 +655,8 @@ class StopResult:
     killed: list[int]
     gpus_clean: bool | None
     note: str = ""
+    # Its removal from its router before the stop (None: it names no router).
+    router: Registration | None = None
 
     @property
     def ok(self) -> bool:
@@ -639,6 +674,8 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
     if doc["left"]:
         raise DeployctlError(f"{host.label}: processes {doc['left']} survived SIGKILL")
     note = "" if doc["ended"] else "was not running"
+    if run.get("gpus") == []:  # a router: it held no GPU
+        return StopResult(run["id"], doc["ended"], doc["killed"], None, note or "holds no GPU")
     deadline = time.monotonic() + gpu_timeout
     while True:
         try:
@@ -652,6 +689,17 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
         time.sleep(0.5)
 
 
+def stop_serving(
+    fleet: Fleet, host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120
+) -> StopResult:
+    """Remove a worker from its router (when it names one), then `stop_run` it. A router
+    that cannot be reached does not keep the worker running: its result says so."""
+    removed = change_registration(fleet, host, add=False)
+    result = stop_run(host, conn, timeout, gpu_timeout)
+    result.router = removed
+    return result
+
+
 def stop_live_runs(
     fleet: Fleet, hosts: Sequence[Host], timeout: float = 30
 ) -> FleetResult[StopResult | None]:
@@ -660,7 +708,7 @@ def stop_live_runs(
     def stop_if_alive(host: Host, conn: Connection) -> StopResult | None:
         # Only whether it lives: no log tail to scan, no GPU query (stop_run checks those).
         alive = recorded_run(host, conn)["alive"]
-        return stop_run(host, conn, timeout) if alive else None
+        return stop_serving(fleet, host, conn, timeout) if alive else None
 
     return fleet.run(stop_if_alive, hosts)
 
@@ -751,7 +799,7 @@ def replace(
     """
     # A failed stop is not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
     stops = fleet.run(
-        lambda host, conn: stop_run(host, conn, stop_timeout), [p.host for p in plans]
+        lambda host, conn: stop_serving(fleet, host, conn, stop_timeout), [p.host for p in plans]
     )
     broken = {p.group for p in plans if p.host.label in stops.failed and p.group is not None}
     kept = [p for p in plans if p.host.label not in stops.failed and p.group not in broken]
@@ -761,3 +809,20 @@ def replace(
         fleet, kept, catalog, wait=wait, timeout=timeout, events=events, restart_of=restart_of
     )
     return Replacement(stops, report)
+
+
+def with_router_states(fleet: Fleet, results: FleetResult[RunStatus]) -> FleetResult[RunStatus]:
+    """Give each live router's status its list and drift (one more round trip per worker
+    of ours that names it)."""
+    live = {
+        r.name: r.value
+        for r in results
+        if r.value is not None and r.value.alive and is_router_run(r.value.run)
+    }
+    states = fleet.run(
+        lambda host, conn: router_state(fleet, host), [r.host for r in results if r.name in live]
+    )
+    for found in states:
+        status = live[found.name]
+        status.router = found.value or RouterState(found.name, None, error=found.error or "")
+    return results

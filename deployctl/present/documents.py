@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from deployctl.ops.launch import Preflight
     from deployctl.ops.logs import LocalCrashes, LogScan
     from deployctl.ops.patch import AuditReport, PatchAction, SetState
+    from deployctl.ops.rollout import RolloutReport, UnitPlan, UnitResult
+    from deployctl.ops.router import Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit
     from deployctl.ops.server import RestartReport
     from deployctl.ops.tune import KeptTune, TunePlan, TuneReport, TuneResult
@@ -242,8 +244,49 @@ def launch_document(result: LaunchReport) -> dict[str, Any]:
             entry["ok"] = out.ok
         place(hosts, pre.host, entry)
     ended = {r.name: r.value["ended"] for r in result.cleanup if r.value is not None}
-    document = {"started": result.started, "dry_run": result.dry_run, "hosts": hosts}
+    document: dict[str, Any] = {
+        "started": result.started,
+        "dry_run": result.dry_run,
+        "hosts": hosts,
+    }
+    if result.registrations:
+        document["registrations"] = [registration_json(r) for r in result.registrations]
     return {**document, "group_failed_ended": ended} if result.cleanup.results else document
+
+
+def registration_json(change: Registration) -> dict[str, Any]:
+    return {
+        "worker": change.worker,
+        "router": change.router,
+        "url": change.url,
+        "action": "add" if change.added else "remove",
+        "ok": change.ok,
+        "error": change.error,
+    }
+
+
+def router_state_json(state: RouterState) -> dict[str, Any]:
+    return {
+        "router": state.router,
+        "api": state.api,
+        "error": state.error,
+        "workers": [
+            {"url": w.url, "healthy": w.healthy, "load": w.load, "deployment": w.worker}
+            for w in state.workers
+        ],
+        "unregistered": state.unregistered,
+        "stray": state.stray,
+        "drift": state.drift,
+    }
+
+
+def sync_json(result: SyncResult) -> dict[str, Any]:
+    return {
+        "ok": result.ok,
+        "dry_run": result.dry_run,
+        "before": router_state_json(result.before),
+        "changes": [registration_json(c) for c in result.changes],
+    }
 
 
 def stop_json(stop: StopResult) -> dict[str, Any]:
@@ -253,6 +296,7 @@ def stop_json(stop: StopResult) -> dict[str, Any]:
         "killed": stop.killed,
         "gpus_clean": stop.gpus_clean,
         "note": stop.note,
+        **({"router": registration_json(stop.router)} if stop.router else {}),
     }
 
 
@@ -281,6 +325,7 @@ def run_status_json(status: RunStatus) -> dict[str, Any]:
             if status.metrics_note is None
             else {"metrics": status.metrics, "metrics_note": status.metrics_note}
         ),
+        **({"router": router_state_json(status.router)} if status.router else {}),
     }
 
 
@@ -425,3 +470,51 @@ def event_json(event: Event) -> dict[str, Any]:
         else:
             document[item.name] = value
     return document
+
+
+# ---- rollout ------------------------------------------------------------------------------
+
+
+def unit_plan_json(unit: UnitPlan) -> dict[str, Any]:
+    return {
+        "unit": unit.name,
+        "changes": unit.changes,
+        "reasons": unit.reasons,
+        "command_diff": unit.command_diff,
+        "env_diff": unit.env_diff,
+        "patches": {label: change.words() for label, change in unit.patches.items()},
+        "router": unit.router.label if unit.router else None,
+        "router_error": unit.router_error,
+    }
+
+
+def unit_result_json(result: UnitResult) -> dict[str, Any]:
+    return {
+        "outcome": result.outcome.value,
+        "ok": result.ok,
+        "old_run": result.old_run,
+        "new_run": result.new_run,
+        "state": result.state,
+        "error": result.error,
+        "crash": result.crash.to_json() if result.crash else None,
+        "warnings": result.warnings,
+        "drained": result.drained,
+        "timings_s": {step: round(s, 3) for step, s in result.timings.items()},
+        "overhead_s": None if result.overhead_s is None else round(result.overhead_s, 3),
+        "patches_done": [
+            {"set": a.set, "version": a.version, "action": a.action.value} for a in result.patches
+        ],
+    }
+
+
+def rollout_document(report: RolloutReport) -> dict[str, Any]:
+    done = {u.name: u for u in report.units}
+    return {
+        "ok": report.ok,
+        "dry_run": report.dry_run,
+        "interrupted": report.interrupted,
+        "units": [
+            {**unit_plan_json(p), **(unit_result_json(done[p.name]) if p.name in done else {})}
+            for p in report.plans
+        ],
+    }

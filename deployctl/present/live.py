@@ -83,6 +83,8 @@ class Progress:
         """Show a target's elapsed wait and what it is doing."""
         if isinstance(event, ev.TuneStep):
             self._tune_step(event)
+        elif isinstance(event, ev.RolloutStep):
+            self._rollout_step(event)
         if self._live is None:
             return
         if isinstance(event, ev.Waiting):
@@ -96,6 +98,14 @@ class Progress:
         elif isinstance(event, ev.BenchLevelStarted):
             phase = self.phases.get(event.target, "")
             self._show(event.target, event.elapsed, f"{phase}concurrency {event.concurrency}…")
+
+    def _rollout_step(self, event: ev.RolloutStep) -> None:
+        if not event.target:  # Ctrl-C: the units in hand finish (or go back), no other starts
+            sys.stderr.write("interrupted: finishing the units in hand, then stopping\n")
+        elif self._live is not None:
+            self._show(event.target, event.elapsed, event.step)
+        elif self.piped_steps:
+            sys.stderr.write(f"{event.target}: {event.step}\n")
 
     def _tune_step(self, event: ev.TuneStep) -> None:
         if not event.target:  # Ctrl-C: every deployment stops at its next safe point

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
     from deployctl.ops.patch import AuditReport, PatchAction
     from deployctl.ops.port import PortReport
+    from deployctl.ops.rollout import RolloutReport, UnitPlan
+    from deployctl.ops.router import Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult
     from deployctl.ops.server import RestartReport, Stray
     from deployctl.ops.tune import KeptTune, TunePlan, TuneReport
@@ -430,6 +432,26 @@ def _launch(result: LaunchReport) -> None:
         if outcome.state == "died" and outcome.last_line:
             out_console.print(f"  last line: {outcome.last_line}", markup=False)
     _cleanup_lines(result)
+    for change in result.registrations:
+        print_registration(change)
+
+
+def registration_text(change: Registration) -> str:
+    """`added to edge/router as http://…`, or why not."""
+    if change.added:
+        done, failed = f"added to {change.router}", f"not added to {change.router}"
+    else:
+        done, failed = f"removed from {change.router}", f"not removed from {change.router}"
+    at = f" as {change.url}" if change.url else ""
+    return f"{done}{at}" if change.ok else f"{failed}{at}: {change.error}"
+
+
+def print_registration(change: Registration) -> None:
+    """A change to a router's list, on stdout; one that failed as an error on stderr."""
+    if change.ok:
+        console().print(f"{change.worker}: {registration_text(change)}", markup=False)
+    else:
+        print_error(registration_text(change), host=change.worker or change.router)
 
 
 def _preflight_warnings(pre: HostResult[Preflight]) -> None:
@@ -457,9 +479,8 @@ def _stop_table(results: FleetResult[StopResult]) -> None:
         v = r.value
         gpus = {True: "clean", False: "NOT clean", None: "not checked"}[v.gpus_clean]
         ended = ", ".join(map(str, v.ended)) or "-"
-        rows.append(
-            [r.name, v.run or "-", ended, ", ".join(map(str, v.killed)) or "-", gpus, v.note]
-        )
+        note = "; ".join(filter(None, [v.note, registration_text(v.router) if v.router else ""]))
+        rows.append([r.name, v.run or "-", ended, ", ".join(map(str, v.killed)) or "-", gpus, note])
     print_table(None, ["host", "run", "ended pids", "needed SIGKILL", "GPUs", "note"], rows)
     print_host_errors(results)
 
@@ -526,7 +547,72 @@ def _status_table(results: FleetResult[RunStatus]) -> None:
     print_table(None, columns, rows)
     if any(r.value is not None and r.value.metrics_note is not None for r in results):
         print_table(None, METRIC_COLUMNS, metric_rows(results))
+    for r in results:
+        if r.value is not None and r.value.router is not None:
+            print_router(r.value.router)
     print_host_errors(results)
+
+
+def print_router(state: RouterState) -> None:
+    """A router's workers with health and load, then its drift from the inventory."""
+    api = {"workers": "", "legacy": " (legacy API)"}.get(state.api or "", "")
+    rows = [
+        [
+            w.url,
+            w.worker or "(not ours)",
+            _health_word(w.healthy),
+            "-" if w.load is None else str(w.load),
+        ]
+        for w in state.workers
+    ]
+    title = f"{state.router}: {len(state.workers)} workers, {state.healthy} of ours healthy{api}"
+    if state.api is None:
+        print_error(f"router not read: {state.error}", host=state.router)
+        return
+    print_table(title, ["worker URL", "deployment", "health", "load"], rows)
+    for worker, url in state.unregistered.items():
+        sys.stderr.write(
+            tagged("drift", f"{worker} serves at {url} but is not registered", state.router)
+        )
+    for url in state.stray:
+        sys.stderr.write(
+            tagged("drift", f"{url} is registered but no worker of ours serves there", state.router)
+        )
+    if state.drift:
+        host, _, deployment = state.router.partition("/")
+        which = f" -d {deployment}" if deployment else ""
+        sys.stderr.write(
+            tagged("hint", f"mend it: deployctl router sync -H {host}{which}", state.router)
+        )
+
+
+def _health_word(healthy: bool | None) -> str:
+    return {True: "healthy", False: "UNHEALTHY", None: "-"}[healthy]
+
+
+def _sync_table(results: FleetResult[SyncResult]) -> None:
+    for r in results:
+        if r.value is None:
+            continue
+        result = r.value
+        if result.before.api is None:
+            print_error(f"router not read: {result.before.error}", host=r.name)
+            continue
+        if not result.changes:
+            console().print(
+                f"{r.name}: in sync ({len(result.before.workers)} workers)", markup=False
+            )
+        for change in result.changes:
+            if result.dry_run:
+                verb = "would add" if change.added else "would remove"
+                who = f" ({change.worker})" if change.worker else ""
+                console().print(f"{r.name}: {verb} {change.url}{who}", markup=False)
+            else:
+                print_registration(change)
+    print_host_errors(results)
+
+
+ROUTER_SYNC: View[FleetResult[SyncResult]] = View(_sync_table, docs.per_host(docs.sync_json))
 
 
 METRIC_COLUMNS = [
@@ -874,3 +960,49 @@ KEPT_TUNES: View[FleetResult[KeptTune]] = View(_kept_tunes, docs.per_host(docs.k
 
 # A command whose output streamed as it happened (`top`, `watch`, `logs -f`): nothing is left.
 STREAMED: View[Any] = View(lambda _: None, lambda _: None)
+
+
+# ---- rollout ------------------------------------------------------------------------------
+
+
+def _unit_plan_lines(unit: UnitPlan) -> None:
+    out = console()
+    if not unit.changes:
+        out.print(f"{unit.name}: matches the inventory; skipped", markup=False)
+        return
+    via = f" via {unit.router.label}" if unit.router else ", no router: down while replaced"
+    out.print(f"{unit.name}: changes ({'; '.join(unit.reasons)}){via}", markup=False)
+    for line in [*unit.command_diff, *unit.env_diff]:
+        out.print(f"  {line}", markup=False)
+    if unit.router_error:
+        print_error(unit.router_error, host=unit.name)
+
+
+def _rollout(report: RolloutReport) -> None:
+    if report.dry_run:
+        for unit in report.plans:
+            _unit_plan_lines(unit)
+        return
+    rows = []
+    for r in report.units:
+        ours = "-" if r.overhead_s is None else f"{r.overhead_s:.1f}s"
+        drained = {True: "yes", False: "timed out", None: "-"}[r.drained]
+        runs = f"{r.old_run or '-'} → {r.new_run or '-'}" if r.new_run else (r.old_run or "-")
+        note = "; ".join(filter(None, [r.error, *r.warnings]))
+        rows.append([r.name, r.outcome.value, runs, drained, ours, note[:200]])
+    print_table(None, ["unit", "outcome", "run", "drained", "deployctl time", "note"], rows)
+    for r in report.units:
+        if r.crash is not None:
+            for line in crash_lines(r.crash):
+                sys.stderr.write(f"{r.name}: {line}\n")
+    stopped = next((r for r in report.units if not r.ok), None)
+    if stopped is not None:
+        sys.stderr.write(
+            f"rollout stopped at {stopped.name}; the units after it were not touched "
+            "(fix it, then run deployctl rollout again to go on)\n"
+        )
+    elif report.interrupted:
+        sys.stderr.write("rollout interrupted; run deployctl rollout again to go on\n")
+
+
+ROLLOUT: View[RolloutReport] = View(_rollout, docs.rollout_document)

@@ -1,0 +1,555 @@
+"""Rollouts: bring serving deployments to what the inventory says now, one unit at a time
+(K at a time), each taken out of its router, drained, replaced and put back before the next.
+
+A unit that already matches (its command, environment and patch sets) is skipped unless
+`restart`. A unit whose new configuration fails is relaunched on its previous one and put
+back, and the rollout stops there: run it again to go on. A router's last healthy worker is
+never taken out unless downtime is allowed; a unit with no router is replaced with a
+warning that it is down meanwhile.
+"""
+
+from __future__ import annotations
+
+import difflib
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from deployctl import events as ev
+from deployctl.crash import Catalog, CrashReport
+from deployctl.deployments import node_rank
+from deployctl.errors import DeployctlError, UsageError
+from deployctl.events import DISCARD, EventSink
+from deployctl.fanout import Fleet
+from deployctl.inventory import Host
+from deployctl.ops.launch import Plan
+from deployctl.ops.patch import PatchAction, apply_patches, patch_facts, revert_patches, set_state
+from deployctl.ops.router import change_registration, router_of, router_state
+from deployctl.ops.runs import (
+    DEFAULT_STOP_TIMEOUT,
+    LaunchReport,
+    RunStatus,
+    launch,
+    run_status,
+    stop_run,
+    units,
+)
+from deployctl.ops.server import recorded_plan
+from deployctl.patchset import PatchSet, select_sets
+from deployctl.shell import split
+
+# How often a draining worker's /metrics is read.
+DRAIN_POLL = 0.5
+
+
+@dataclass
+class PatchChange:
+    """The patch sets one node's host must change to match its `patches` now."""
+
+    apply: list[PatchSet] = field(default_factory=list)
+    revert: list[PatchSet] = field(default_factory=list)
+
+    def words(self) -> list[str]:
+        return [f"apply {s.name} {s.version}" for s in self.apply] + [
+            f"revert {s.name}" for s in self.revert
+        ]
+
+
+@dataclass
+class UnitPlan:
+    """One unit of the rollout: its new plans (rank order), its current runs, and why it
+    changes (empty: it matches)."""
+
+    name: str
+    plans: list[Plan]
+    statuses: list[RunStatus]
+    reasons: list[str]
+    command_diff: list[str]
+    env_diff: list[str]
+    patches: dict[str, PatchChange]  # node label -> its change
+    router: Host | None
+    router_error: str = ""
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.reasons)
+
+    @property
+    def rank0(self) -> Host:
+        return self.plans[0].host
+
+    @property
+    def serving(self) -> bool:
+        """Its current run answers (rank 0's /health)."""
+        return bool(self.statuses) and self.statuses[0].ready
+
+
+class UnitOutcome(StrEnum):
+    """What the rollout did with a unit."""
+
+    SKIPPED = "skipped"  # it matches already
+    REPLACED = "replaced"  # serving its new configuration, back in its router
+    FAILED = "failed"  # its new configuration failed: put back on its previous one
+    REFUSED = "refused"  # not touched: the router's last healthy worker, or not removable
+    UNDONE = "undone"  # Ctrl-C before it was stopped: put back in its router as it was
+    NOT_REACHED = "not reached"  # the rollout stopped before it
+
+
+@dataclass
+class UnitResult:
+    name: str
+    outcome: UnitOutcome
+    old_run: str | None = None
+    new_run: str | None = None
+    state: str | None = None  # the state of the run serving at the end
+    error: str = ""
+    crash: CrashReport | None = None
+    warnings: list[str] = field(default_factory=list)
+    drained: bool | None = None  # None: not drained (no router, or not serving)
+    timings: dict[str, float] = field(default_factory=dict)  # step -> seconds
+    patches: list[PatchAction] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome not in (UnitOutcome.FAILED, UnitOutcome.REFUSED)
+
+    @property
+    def overhead_s(self) -> float | None:
+        """deployctl's own time: the whole unit, less the drain and the server's start."""
+        if "total" not in self.timings:
+            return None
+        server = self.timings.get("drain", 0.0) + self.timings.get("server_start", 0.0)
+        return max(0.0, self.timings["total"] - server)
+
+
+@dataclass
+class RolloutOptions:
+    max_unavailable: int = 1
+    drain_timeout: float = 60.0
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    timeout: float = 900.0  # for each new run to become ready
+    restart: bool = False
+    allow_downtime: bool = False
+
+
+@dataclass
+class RolloutReport:
+    units: list[UnitResult]
+    plans: list[UnitPlan]
+    dry_run: bool = False
+    interrupted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return all(u.ok for u in self.units)
+
+
+# ---- planning --------------------------------------------------------------------------------
+
+
+def token_diff(old: Sequence[str], new: Sequence[str]) -> list[str]:
+    """`- word` / `+ word` lines: what changes between two argvs (or env lines)."""
+    return [
+        line
+        for line in difflib.unified_diff(list(old), list(new), lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+
+
+def env_lines(env: Mapping[str, str]) -> list[str]:
+    return [f"{name}={value}" for name, value in sorted(env.items())]
+
+
+def patch_change(
+    host: Host, recorded: Sequence[str], plan: Plan, available: Mapping[str, PatchSet]
+) -> tuple[list[PatchSet], set[str]]:
+    """The sets the host should have now: its `patches` (when set) and those the new command
+    needs; and the names it must not keep (recorded, no longer wanted). Without `patches`,
+    nothing is reverted."""
+    given = host.settings.given("patches")
+    wanted = select_sets(available, host.settings.patches) if given is not None else []
+    for needed in plan.needed_sets:
+        if needed.name not in {s.name for s in wanted}:
+            wanted.append(needed)
+    unwanted = set() if given is None else set(recorded) - {s.name for s in wanted}
+    return wanted, unwanted
+
+
+def plan_unit(
+    fleet: Fleet,
+    plans: Sequence[Plan],
+    statuses: Sequence[RunStatus],
+    available: Mapping[str, PatchSet],
+    restart: bool,
+) -> UnitPlan:
+    """Compare one unit's current runs with its plans now."""
+    rank0 = plans[0]
+    name = rank0.host.label if len(plans) == 1 else f"{rank0.host.deployment} (group)"
+    reasons: list[str] = []
+    command_diff: list[str] = []
+    env_diff: list[str] = []
+    changes: dict[str, PatchChange] = {}
+    for plan, status in zip(plans, statuses, strict=True):
+        label = plan.host.label
+        if status.run is None or not status.alive:
+            reasons.append(f"{label}: not running")
+        elif status.command is not None and split(status.command) != plan.rendered.argv:
+            reasons.append(f"{label}: command")
+            command_diff += token_diff(split(status.run["command"]), split(plan.rendered.display))
+        if status.run is not None and status.alive and (status.env or {}) != plan.rendered.env:
+            reasons.append(f"{label}: environment")
+            env_diff += token_diff(
+                env_lines(status.run.get("env", {})), env_lines(plan.rendered.env_shown)
+            )
+        change = _patch_change(fleet, plan, available)
+        if change.apply or change.revert:
+            changes[label] = change
+            reasons.append(f"{label}: patches ({', '.join(change.words())})")
+    if restart and not reasons:
+        reasons.append("--restart")
+    router, router_error = None, ""
+    try:
+        router = router_of(rank0.host, fleet.select)
+    except DeployctlError as exc:
+        router_error = exc.message
+    return UnitPlan(
+        name,
+        list(plans),
+        list(statuses),
+        reasons,
+        command_diff,
+        env_diff,
+        changes,
+        router,
+        router_error,
+    )
+
+
+def _patch_change(fleet: Fleet, plan: Plan, available: Mapping[str, PatchSet]) -> PatchChange:
+    host = plan.host
+    if host.settings.given("patches") is None and not plan.needed_sets:
+        return PatchChange()
+    facts = patch_facts(host, fleet.connection(host), list(available.values()))
+    wanted, unwanted = patch_change(host, list(facts.records), plan, available)
+    apply = [s for s in wanted if not set_state(facts, s).good]
+    revert = [available[n] for n in sorted(unwanted) if n in available]
+    return PatchChange(apply, revert)
+
+
+def plan_rollout(
+    fleet: Fleet,
+    plans: Sequence[Plan],
+    catalog: Catalog,
+    available: Mapping[str, PatchSet],
+    restart: bool = False,
+) -> list[UnitPlan]:
+    """Each unit's current runs against its plans now, in inventory order."""
+    by_label = {p.host.label: p for p in plans}
+    statuses = fleet.run(
+        lambda host, conn: run_status(host, conn, catalog), [p.host for p in plans]
+    )
+    failed = statuses.failed
+    if failed:
+        label, exc = next(iter(failed.items()))
+        raise DeployctlError(
+            f"{label}: cannot read its run: {exc}", hint="every unit is read before any is touched"
+        )
+    found = []
+    for unit in units(statuses):
+        unit_plans = [by_label[n.host.label] for n in unit.nodes]
+        unit_statuses = [n.value for n in unit.nodes if n.value is not None]
+        found.append(plan_unit(fleet, unit_plans, unit_statuses, available, restart))
+    return found
+
+
+# ---- replacing one unit ----------------------------------------------------------------
+
+
+class Rollout:
+    """One rollout's run: the units in batches of `max_unavailable`."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        unit_plans: Sequence[UnitPlan],
+        catalog: Catalog,
+        available: Mapping[str, PatchSet],
+        options: RolloutOptions,
+        events: EventSink = DISCARD,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.unit_plans = list(unit_plans)
+        self.catalog = catalog
+        self.available = available
+        self.options = options
+        self.events = events
+        self.cancel = cancel or threading.Event()
+
+    def run(self) -> list[UnitResult]:
+        results: dict[str, UnitResult] = {}
+        todo = [u for u in self.unit_plans if u.changes]
+        for unit in self.unit_plans:
+            if not unit.changes:
+                results[unit.name] = UnitResult(
+                    unit.name, UnitOutcome.SKIPPED, _run_id(unit), state="ready"
+                )
+        stopped = False
+        size = max(1, self.options.max_unavailable)
+        for start in range(0, len(todo), size):
+            batch = todo[start : start + size]
+            if stopped or self.cancel.is_set():
+                for unit in batch:
+                    results[unit.name] = UnitResult(
+                        unit.name, UnitOutcome.NOT_REACHED, _run_id(unit)
+                    )
+                continue
+            refused = self._capacity_refusals(batch)
+            with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+                done = [refused[u.name] for u in batch if u.name in refused]
+                done += pool.map(self._replace, [u for u in batch if u.name not in refused])
+            for result in done:
+                results[result.name] = result
+            stopped = any(not r.ok for r in done)
+        return [results[u.name] for u in self.unit_plans]
+
+    def _capacity_refusals(self, batch: Sequence[UnitPlan]) -> dict[str, UnitResult]:
+        """Refuse the units whose router would be left with no healthy worker of ours."""
+        refused: dict[str, UnitResult] = {}
+        by_router: dict[str, list[UnitPlan]] = {}
+        for unit in batch:
+            if unit.router_error:
+                refused[unit.name] = UnitResult(
+                    unit.name, UnitOutcome.REFUSED, _run_id(unit), error=unit.router_error
+                )
+            elif unit.router is not None and unit.serving:
+                by_router.setdefault(unit.router.label, []).append(unit)
+        for router_label, taking in by_router.items():
+            router = taking[0].router
+            assert router is not None
+            try:
+                state = router_state(self.fleet, router)
+            except DeployctlError as exc:
+                for unit in taking:
+                    refused[unit.name] = UnitResult(
+                        unit.name,
+                        UnitOutcome.REFUSED,
+                        _run_id(unit),
+                        error=f"router {router_label} not read: {exc.message}",
+                    )
+                continue
+            out = {u.rank0.label for u in taking}
+            left = [
+                w
+                for w in state.workers
+                if w.worker and w.worker not in out and w.healthy is not False
+            ]
+            if left or self.options.allow_downtime:
+                continue
+            for unit in taking:
+                refused[unit.name] = UnitResult(
+                    unit.name,
+                    UnitOutcome.REFUSED,
+                    _run_id(unit),
+                    error=f"{router_label} would have no healthy worker left while {unit.name} is replaced",
+                )
+        return refused
+
+    def _step(self, unit: UnitPlan, step: str, started: float) -> None:
+        self.events.emit(
+            ev.RolloutStep(target=unit.name, step=step, elapsed=time.monotonic() - started)
+        )
+
+    def _replace(self, unit: UnitPlan) -> UnitResult:
+        started = time.monotonic()
+        result = UnitResult(unit.name, UnitOutcome.REPLACED, _run_id(unit))
+        timings = result.timings
+        run = unit.statuses[0].run if unit.statuses else None
+        port = run.get("port") if run is not None else None
+        if unit.router is None:
+            result.warnings.append(f"{unit.name} has no router: it is down while it is replaced")
+        elif unit.serving:
+            self._step(unit, f"removing from {unit.router.label}", started)
+            t = time.monotonic()
+            removal = change_registration(self.fleet, unit.rank0, add=False, port=port)
+            timings["remove"] = time.monotonic() - t
+            if removal is not None and not removal.ok:
+                result.outcome, result.error = (
+                    UnitOutcome.REFUSED,
+                    f"not removed from {unit.router.label}: {removal.error}",
+                )
+                return result
+            t = time.monotonic()
+            drained = self._drain(unit, started)
+            timings["drain"] = time.monotonic() - t
+            if drained is None:  # Ctrl-C while draining: put it back as it was
+                change_registration(self.fleet, unit.rank0, add=True, port=port)
+                result.outcome = UnitOutcome.UNDONE
+                return result
+            result.drained = drained
+            if not drained:
+                result.warnings.append(
+                    f"still busy after --drain-timeout {self.options.drain_timeout:g}s: stopped anyway"
+                )
+        self._step(unit, "stopping", started)
+        t = time.monotonic()
+        for plan in unit.plans:
+            stop = stop_run(plan.host, self.fleet.connection(plan.host), self.options.stop_timeout)
+            if stop.gpus_clean is False:
+                result.outcome = UnitOutcome.FAILED
+                result.error = f"{plan.host.label}: GPUs not clean after the stop"
+                return result
+        timings["stop"] = time.monotonic() - t
+        if unit.patches:
+            self._step(unit, "patching", started)
+            t = time.monotonic()
+            for plan in unit.plans:
+                change = unit.patches.get(plan.host.label)
+                if change is None:
+                    continue
+                conn = self.fleet.connection(plan.host)
+                if change.revert:
+                    result.patches += revert_patches(plan.host, conn, change.revert)
+                if change.apply:
+                    result.patches += apply_patches(plan.host, conn, change.apply)
+            timings["patches"] = time.monotonic() - t
+        self._step(unit, "starting", started)
+        t = time.monotonic()
+        report = launch(
+            self.fleet, unit.plans, self.catalog, timeout=self.options.timeout, events=self.events,
+            restart_of={p.host.label: s.run["id"] for p, s in zip(unit.plans, unit.statuses, strict=False) if s.run},
+        )  # fmt: skip
+        timings["launch"] = time.monotonic() - t
+        timings["server_start"] = _server_start(report)
+        if report.ok:
+            result.new_run, result.state = _new_run(report), "ready"
+        else:
+            self._fail(unit, report, result, started)
+        timings["total"] = time.monotonic() - started
+        return result
+
+    def _drain(self, unit: UnitPlan, started: float) -> bool | None:
+        """Wait until rank 0 runs no request: True; False at --drain-timeout; None on Ctrl-C."""
+        host = unit.rank0
+        deadline = time.monotonic() + self.options.drain_timeout
+        said = ""
+        while True:
+            if self.cancel.is_set():
+                return None
+            status = run_status(
+                host, self.fleet.connection(host), self.catalog, metrics=True, tail_bytes=0
+            )
+            running = (status.metrics or {}).get("num_running_reqs")
+            if not status.alive or (running is not None and running == 0):
+                return True
+            if status.metrics is None and status.metrics_note:  # no metrics: cannot tell
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            step = f"draining ({running:.0f} running)" if running is not None else "draining"
+            if step != said:  # once per change: a piped log gets no line every poll
+                self._step(unit, step, started)
+                said = step
+            time.sleep(DRAIN_POLL)
+
+    def _fail(
+        self, unit: UnitPlan, report: LaunchReport, result: UnitResult, started: float
+    ) -> None:
+        """The new configuration failed: say why, end what is left of it, start the old one."""
+        result.outcome = UnitOutcome.FAILED
+        result.error, result.crash = _why_failed(report)
+        for plan in unit.plans:
+            try:
+                stop_run(plan.host, self.fleet.connection(plan.host), self.options.stop_timeout)
+            except DeployctlError as exc:
+                result.warnings.append(
+                    f"{plan.host.label}: the failed run not stopped: {exc.message}"
+                )
+        if not all(s.run is not None for s in unit.statuses):
+            return  # nothing ran before: nothing to go back to
+        self._step(unit, "starting the previous configuration", started)
+        try:
+            old = [
+                recorded_plan(p.host, s, self.available)
+                for p, s in zip(unit.plans, unit.statuses, strict=True)
+            ]
+        except DeployctlError as exc:
+            result.warnings.append(f"previous configuration not relaunched: {exc.message}")
+            return
+        back = launch(
+            self.fleet, old, self.catalog, timeout=self.options.timeout, events=self.events
+        )
+        result.new_run, result.state = _new_run(back), "ready" if back.ok else "down"
+        if not back.ok:
+            result.warnings.append(
+                f"the previous configuration did not come back either: {_why_failed(back)[0]}"
+            )
+
+
+def _run_id(unit: UnitPlan) -> str | None:
+    status = unit.statuses[0] if unit.statuses else None
+    return status.run["id"] if status is not None and status.run else None
+
+
+def _new_run(report: LaunchReport) -> str | None:
+    for out in report.outcomes:
+        if out.value is not None and node_rank(out.host) == 0:
+            return out.value.run["id"]
+    return None
+
+
+def _server_start(report: LaunchReport) -> float:
+    return max((o.value.elapsed for o in report.outcomes if o.value is not None), default=0.0)
+
+
+def _why_failed(report: LaunchReport) -> tuple[str, CrashReport | None]:
+    """The first reason a launch did not serve: a refusal, a crash, a timeout or a router."""
+    for pre in report.preflights:
+        if pre.value is None:
+            return f"{pre.name}: {pre.error}", None
+        if pre.value.problems:
+            return f"{pre.name}: {pre.value.problems[0]}", None
+    for out in report.outcomes:
+        if out.value is None:
+            return f"{out.name}: {out.error}", None
+        if not out.value.ok:
+            crash = out.value.crashes[0] if out.value.crashes else None
+            what = crash.summary() if crash else out.value.last_line
+            return f"{out.name}: {out.value.state.value}" + (f": {what}" if what else ""), crash
+    for change in report.registrations:
+        if not change.ok:
+            return f"{change.worker}: not added to {change.router}: {change.error}", None
+    return "the launch failed", None
+
+
+def rollout(
+    fleet: Fleet,
+    unit_plans: Sequence[UnitPlan],
+    catalog: Catalog,
+    available: Mapping[str, PatchSet],
+    options: RolloutOptions,
+    events: EventSink = DISCARD,
+) -> RolloutReport:
+    """Run the rollout. Ctrl-C finishes the units in hand (or, before they are stopped, puts
+    them back in their routers) and starts no other; a second Ctrl-C leaves at once."""
+    if options.max_unavailable < 1:
+        raise UsageError("--max-unavailable must be 1 or more")
+    cancel = threading.Event()
+    engine = Rollout(fleet, unit_plans, catalog, available, options, events, cancel)
+    pool = ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(engine.run)
+    interrupted = False
+    try:
+        while wait([future], timeout=0.5).not_done:  # short waits: Ctrl-C gets through
+            pass
+    except KeyboardInterrupt:
+        interrupted = True
+        cancel.set()
+        events.emit(ev.RolloutStep(target="", step="interrupting", elapsed=0.0))
+        wait([future])  # a second Ctrl-C ends here, leaving the hosts as they are
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return RolloutReport(future.result(), list(unit_plans), interrupted=interrupted)

@@ -1,0 +1,292 @@
+"""SGLang's router as a deployment, and its workers' registration kept true.
+
+A router is a deployment whose command runs `sglang_router.launch_router`; it holds no GPU.
+A worker names its router with `router: HOST/DEPLOYMENT` (or `HOST`, when that host runs
+one server). deployctl adds a worker to its router when the worker becomes ready (launch,
+restart, watch) and removes it before stopping it; launching a router adds every ready
+worker that names it. The router's list is read and changed by the agent on the router's
+host (`agent.ROUTER`), so a router bound to loopback works too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from deployctl import agent
+from deployctl import events as ev
+from deployctl.deployments import address_of, deployment_targets, is_loopback, node_rank
+from deployctl.errors import DeployctlError, InventoryError
+from deployctl.events import DISCARD, EventSink
+from deployctl.fanout import Fleet
+from deployctl.host_agent import RouterArgs, RouterReply, RouterWorker, RunRecord, StatusArgs
+from deployctl.inventory import Host
+from deployctl.ops.flags import ROUTER_MODULE
+
+# Seconds a router may take to show an addition (healthy) or a removal in its list.
+REGISTRATION_WAIT = 30.0
+
+Select = Callable[[str], list[Host]]
+
+
+def is_router_run(run: RunRecord | None) -> bool:
+    """Was the run a router? Its record keeps the command as shown (masked, quoted)."""
+    return run is not None and f"-m {ROUTER_MODULE}" in str(run.get("command", ""))
+
+
+def router_of(worker: Host, select: Select) -> Host | None:
+    """The router deployment a worker names (None: it names none); an error saying why when
+    the name finds no router, or more than one."""
+    ref = worker.settings.router
+    if ref is None:
+        return None
+    where = f"{worker.label}: router {ref!r}"
+    name, _, deployment = ref.partition("/")
+    try:
+        hosts = [h for h in select(name) if h.name == name]
+    except (InventoryError, DeployctlError):
+        hosts = []
+    if not hosts:
+        raise InventoryError(
+            f"{where} names no host of the inventory", hint="router: HOST/DEPLOYMENT"
+        )
+    try:
+        targets = deployment_targets(hosts, deployment or None, select)
+    except DeployctlError:
+        targets = []
+    if not targets:
+        raise InventoryError(f"{where}: {name} has no deployment {deployment!r}")
+    if len(targets) > 1:
+        names = ", ".join(f"{name}/{t.deployment}" for t in targets)
+        raise InventoryError(f"{where}: {name} runs several servers", hint=f"name one: {names}")
+    return targets[0]
+
+
+def worker_url(worker: Host, port: int | None = None) -> str:
+    """Where the router reaches the worker: `worker_url`, else http://<ansible_host>:<port>."""
+    given = worker.settings.worker_url
+    if given:
+        return given.rstrip("/")
+    return f"http://{address_of(worker)}:{port or worker.settings.server_port}"
+
+
+def reachability_problem(worker: Host, router: Host, bind_host: str) -> str | None:
+    """Why the router could not reach the worker where it binds; None when it can (or when
+    `worker_url` says how)."""
+    if worker.settings.worker_url or not is_loopback(bind_host):
+        return None
+    if router.address == worker.address:
+        return None
+    return (
+        f"{worker.label} binds to {bind_host}, which its router {router.label} "
+        f"(on {router.address}) cannot reach"
+    )
+
+
+@dataclass
+class Registration:
+    """One change to a router's list: a worker added or removed, or why it was not."""
+
+    worker: str  # the worker's label
+    router: str  # the router's label
+    url: str
+    added: bool  # True: an addition; False: a removal
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+
+def _router_call(
+    fleet: Fleet, router: Host, action: str, url: str | None, wait: float = REGISTRATION_WAIT
+) -> RouterReply:
+    args: RouterArgs = {
+        "bind_host": router.settings.bind_host,
+        "port": router.settings.server_port,
+        "action": action,
+        "url": url,
+        "wait": wait,
+    }
+    conn = fleet.connection(router)
+    return agent.call(
+        router, conn, agent.ROUTER, args, timeout=max(conn.command_timeout, wait + 30)
+    )
+
+
+def change_registration(
+    fleet: Fleet, worker: Host, add: bool, port: int | None = None, events: EventSink = DISCARD
+) -> Registration | None:
+    """Add the worker to its router (or remove it) and wait until the router's list shows
+    it; None when the worker names no router. Never raises: the error is in the result."""
+    if node_rank(worker) != 0:  # a multi-node server registers rank 0's URL only
+        return None
+    try:
+        router = router_of(worker, fleet.select)
+    except DeployctlError as exc:
+        found = Registration(worker.label, str(worker.settings.router), "", add, exc.message)
+        events.emit(ev.RouterChanged(target=worker.label, router=found.router, url="",
+                                     added=add, error=found.error))  # fmt: skip
+        return found
+    if router is None:
+        return None
+    url = worker_url(worker, port)
+    try:
+        reply = _router_call(fleet, router, "add" if add else "remove", url)
+        error = reply["problem"] or ("" if reply["api"] else "no router answers")
+    except DeployctlError as exc:
+        error = exc.message
+    found = Registration(worker.label, router.label, url, add, error)
+    events.emit(
+        ev.RouterChanged(target=worker.label, router=router.label, url=url, added=add, error=error)
+    )
+    return found
+
+
+# ---- what a router lists, against what the inventory says it should --------------------
+
+
+@dataclass
+class ListedWorker:
+    """One worker in a router's list, and which of ours it is (None: none of ours)."""
+
+    url: str
+    healthy: bool | None
+    load: int | None
+    worker: str | None
+
+
+@dataclass
+class RouterState:
+    """A router's list and its drift from the inventory: `unregistered` are our workers that
+    run and answer but are not listed; `stray` are listed URLs where no worker of ours runs."""
+
+    router: str
+    api: str | None
+    workers: list[ListedWorker] = field(default_factory=list)
+    unregistered: dict[str, str] = field(default_factory=dict)  # worker label -> its URL
+    stray: list[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def drift(self) -> bool:
+        return bool(self.unregistered or self.stray)
+
+    @property
+    def healthy(self) -> int:
+        return sum(1 for w in self.workers if w.healthy is not False and w.worker is not None)
+
+
+def workers_of(router: Host, select: Select) -> list[Host]:
+    """Every deployment of the inventory that names this router (rank 0 of a multi-node one)."""
+    found = []
+    for target in deployment_targets(select("all"), None, select):
+        if node_rank(target) != 0 or target.settings.router is None:
+            continue
+        try:
+            named = router_of(target, select)
+        except DeployctlError:
+            continue
+        if named is not None and named.label == router.label:
+            found.append(target)
+    return found
+
+
+def _serving(fleet: Fleet, worker: Host) -> tuple[bool, int | None]:
+    """Is the worker's current run alive and answering /health, and on which port?"""
+    args: StatusArgs = {
+        "state_dir": worker.settings.state_dir,
+        "deployment": worker.deployment,
+        "run": None,
+        "tail_bytes": 0,
+        "metrics_bytes": 0,
+    }
+    reply = agent.call(worker, fleet.connection(worker), agent.STATUS, args)
+    run = reply["run"]
+    if run is None:
+        return False, None
+    return bool(reply["alive"]) and reply["health"] == 200, run.get("port")
+
+
+def router_state(fleet: Fleet, router: Host) -> RouterState:
+    """Read the router's list and every worker of ours that names it; say the drift."""
+    reply = _router_call(fleet, router, "list", None, 0)
+    state = RouterState(router.label, reply["api"], error=reply["problem"])
+    ours: dict[str, str] = {}  # URL -> worker label, for the workers that serve now
+    for worker in workers_of(router, fleet.select):
+        try:
+            up, port = _serving(fleet, worker)
+        except DeployctlError:
+            up, port = False, None  # one unreachable worker: it serves nothing here
+        if up:
+            ours[worker_url(worker, port)] = worker.label
+    listed = {w["url"].rstrip("/"): w for w in reply["workers"]}
+    state.workers = [_listed(w, ours) for w in reply["workers"]]
+    if state.api is not None:
+        state.unregistered = {label: url for url, label in ours.items() if url not in listed}
+        state.stray = [url for url in listed if url not in ours]
+    return state
+
+
+def _listed(worker: RouterWorker, ours: dict[str, str]) -> ListedWorker:
+    url = worker["url"].rstrip("/")
+    return ListedWorker(url, worker["healthy"], worker["load"], ours.get(url))
+
+
+@dataclass
+class SyncResult:
+    """What `router sync` found and changed on one router."""
+
+    before: RouterState
+    changes: list[Registration]
+    dry_run: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.before.api is not None and all(c.ok for c in self.changes)
+
+
+def sync_router(fleet: Fleet, router: Host, dry_run: bool = False) -> SyncResult:
+    """Mend a router's drift: add our serving workers it lacks, remove what it lists where no
+    worker of ours serves."""
+    state = router_state(fleet, router)
+    planned = [Registration(w, router.label, url, True) for w, url in state.unregistered.items()]
+    planned += [Registration(_owner(state, url), router.label, url, False) for url in state.stray]
+    if dry_run or state.api is None:
+        return SyncResult(state, planned, dry_run)
+    for change in planned:
+        try:
+            reply = _router_call(fleet, router, "add" if change.added else "remove", change.url)
+            change.error = reply["problem"]
+        except DeployctlError as exc:
+            change.error = exc.message
+    return SyncResult(state, planned)
+
+
+def _owner(state: RouterState, url: str) -> str:
+    return next((w.worker for w in state.workers if w.url == url and w.worker), "")
+
+
+def register_workers_of(
+    fleet: Fleet, routers: Iterable[Host], events: EventSink = DISCARD
+) -> list[Registration]:
+    """After a router came up: add every worker of ours that names it and serves."""
+    changes: list[Registration] = []
+    for router in routers:
+        try:
+            state = router_state(fleet, router)
+        except DeployctlError as exc:
+            changes.append(Registration("", router.label, "", True, exc.message))
+            continue
+        for label, url in state.unregistered.items():
+            try:
+                error = _router_call(fleet, router, "add", url)["problem"]
+            except DeployctlError as exc:
+                error = exc.message
+            changes.append(Registration(label, router.label, url, True, error))
+            events.emit(
+                ev.RouterChanged(
+                    target=label, router=router.label, url=url, added=True, error=error
+                )
+            )
+    return changes

@@ -1,0 +1,172 @@
+"""`deployctl rollout` over the real router (sglang-router 0.3.2) and stand-in workers on real
+sshd hosts: steady streamed load through the router during the rollout, and every request
+must end with `[DONE]`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import CLI
+from tests.sshd_hosts import SSHLab
+from tests.test_router import fleet, router_entry, run_json, url_of
+
+pytestmark = pytest.mark.lab
+
+# Slow enough that requests are in flight whenever a worker is taken out (16 tokens at
+# 20 ms a step: about 0.35 s a request), fast enough for a short test.
+KNOBS = {"step_ms": 20.0, "per_req_ms": 0.5, "drain_s": 0.5}
+
+
+class Load:
+    """Streams completions through the router from `streams` threads until stopped."""
+
+    def __init__(self, address: str, port: int, streams: int = 3) -> None:
+        self.url = f"{url_of(address, port)}/v1/completions"
+        self.done: list[float] = []  # seconds each finished request took
+        self.failed: list[str] = []
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._stream, daemon=True) for _ in range(streams)]
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+    def _stream(self) -> None:
+        body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 16, "stream": True}).encode()
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            request = urllib.request.Request(
+                self.url, data=body, headers={"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=60) as reply:
+                    text = reply.read().decode()
+                if text.rstrip().endswith("data: [DONE]"):
+                    self.done.append(time.monotonic() - started)
+                else:
+                    self.failed.append(f"no [DONE]: {text[-200:]!r}")
+            except OSError as exc:
+                self.failed.append(f"{type(exc).__name__}: {exc}")
+
+
+def rewrite(inv: Path, change: dict[str, Any]) -> None:
+    """Give every worker of the inventory new variables (the router keeps its own)."""
+    document = yaml.safe_load(inv.read_text())
+    table = document["all"]["hosts"]["alpha"]["deployments"]
+    for name, variables in table.items():
+        if name != "router":
+            variables.update(change)
+    inv.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def healthy_workers(cli: CLI, inv: Path) -> list[str]:
+    listed = router_entry(cli, inv)
+    assert not listed["drift"], listed
+    return sorted(w["deployment"] for w in listed["workers"] if w["healthy"])
+
+
+def test_a_rollout_of_three_workers_under_load_loses_no_request(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, table = fleet(hosts, tmp_path, workers=3, knobs=KNOBS)
+    address = hosts.hosts["alpha"].address
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    rewrite(inv, {"mem_fraction_static": 0.8})
+
+    code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--dry-run")
+    assert code == 0, err
+    planned = {u["unit"]: u for u in doc["units"]}
+    assert not planned["alpha/router"]["changes"]
+    assert planned["alpha/w1"]["command_diff"] == ["+--mem-fraction-static=0.8"]
+    assert planned["alpha/w2"]["router"] == "alpha/router"
+
+    with Load(address, table["router"]["port"]) as load:
+        time.sleep(1.0)
+        code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--drain-timeout", "30")
+        time.sleep(1.0)
+    assert code == 0, err
+    outcomes = {u["unit"]: (u["outcome"], u["new_run"]) for u in doc["units"]}
+    assert outcomes == {
+        "alpha/router": ("skipped", None),
+        "alpha/w1": ("replaced", "w1_baseline_v2"),
+        "alpha/w2": ("replaced", "w2_baseline_v2"),
+        "alpha/w3": ("replaced", "w3_baseline_v2"),
+    }, err
+    assert all(u["drained"] for u in doc["units"] if u["outcome"] == "replaced")
+    assert load.failed == [] and len(load.done) > 10, (load.failed[:3], len(load.done))
+    assert healthy_workers(cli, inv) == ["alpha/w1", "alpha/w2", "alpha/w3"]
+    # Run again: everything matches now.
+    code, doc, err = run_json(cli, "rollout", "-i", str(inv))
+    assert code == 0 and {u["outcome"] for u in doc["units"]} == {"skipped"}, err
+    cli("stop", "-i", str(inv))
+
+
+def test_a_rollout_whose_new_config_crashes_stops_there_with_every_worker_serving(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, table = fleet(hosts, tmp_path, workers=3, knobs=KNOBS)
+    alpha = hosts.hosts["alpha"]
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    bad = alpha.home / "bad-model"
+    bad.mkdir()
+    (bad / "standin.json").write_text(json.dumps({"startup_s": 0.3, "crash": "startup"}))
+    subprocess.run(["chown", "-R", f"{alpha.user}:{alpha.user}", str(bad)], check=True)
+    rewrite(inv, {"model_path": str(bad)})
+
+    with Load(alpha.address, table["router"]["port"]) as load:
+        code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--drain-timeout", "30")
+    assert code == 1
+    units = {u["unit"]: u for u in doc["units"]}
+    failed = units["alpha/w1"]
+    assert failed["outcome"] == "failed" and failed["state"] == "ready", failed
+    assert failed["crash"]["exception"], failed
+    # Back on its previous configuration, under a new log version, and in its router.
+    assert failed["new_run"] == "w1_baseline_v3", failed
+    assert units["alpha/w2"]["outcome"] == units["alpha/w3"]["outcome"] == "not reached"
+    assert load.failed == [] and load.done, load.failed[:3]
+    assert healthy_workers(cli, inv) == ["alpha/w1", "alpha/w2", "alpha/w3"]
+    human = cli("rollout", "-i", str(inv), "--drain-timeout", "30")
+    assert human.returncode == 1
+    assert "rollout stopped at alpha/w1" in human.stderr, human.stderr
+    cli("stop", "-i", str(inv))
+
+
+def test_a_routers_last_worker_is_refused_unless_downtime_is_allowed(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, _ = fleet(hosts, tmp_path, workers=1, knobs=KNOBS)
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--restart", "-d", "w1")
+    assert code == 1
+    (unit,) = doc["units"]
+    assert unit["outcome"] == "refused" and unit["old_run"] == "w1_baseline_v1"
+    assert unit["error"] == (
+        "alpha/router would have no healthy worker left while alpha/w1 is replaced"
+    )
+    assert healthy_workers(cli, inv) == ["alpha/w1"]  # untouched
+    code, doc, err = run_json(
+        cli, "rollout", "-i", str(inv), "--restart", "-d", "w1", "--allow-downtime"
+    )
+    assert code == 0, err
+    assert doc["units"][0]["outcome"] == "replaced"
+    assert doc["units"][0]["new_run"] == "w1_baseline_v2"
+    assert healthy_workers(cli, inv) == ["alpha/w1"]
+    cli("stop", "-i", str(inv))

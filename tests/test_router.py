@@ -1,0 +1,226 @@
+"""SGLang's real router (sglang-router 0.3.2) as a deployment, its workers' registration kept
+true by launch and stop, drift shown by status and mended by `router sync`; the legacy
+(<= 0.2.1) registration API through its stand-in. Over real sshd hosts, with the stand-in
+SGLang server as the workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import CLI
+from tests.router_venv import legacy_router_python, router_venv
+from tests.sshd_hosts import SSHLab, free_port
+from tests.test_lifecycle import prepare
+
+pytestmark = pytest.mark.lab
+
+
+def router_vars(address: str, python: str) -> dict[str, Any]:
+    """A router deployment on `address` (no GPU), with a Prometheus port of its own."""
+    return {
+        "template": "router",
+        "python": python,
+        "port": free_port(address),
+        "router_metrics_port": free_port(address),
+        "router_policy": "round_robin",
+    }
+
+
+def fleet(
+    lab: SSHLab,
+    tmp_path: Path,
+    workers: int = 2,
+    python: str | None = None,
+    knobs: dict[str, Any] | None = None,
+) -> tuple[Path, dict[str, Any]]:
+    """alpha running a router and `workers` stand-in workers on their own GPUs, each naming it."""
+    alpha = lab.hosts["alpha"]
+    address = alpha.address
+    table: dict[str, Any] = {"router": router_vars(address, python or real_router())}
+    for i in range(workers):
+        table[f"w{i + 1}"] = {"gpus": [i], "port": free_port(address), "router": "alpha/router"}
+    variables = {
+        **prepare(alpha, tp=1, **(knobs or {})),
+        "template": "baseline",
+        "deployments": table,
+    }
+    alpha.set_gpus("live", workers)
+    return lab.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables}), table
+
+
+def real_router() -> str:
+    return str(router_venv() / "bin" / "python")
+
+
+def run_json(cli: CLI, *args: str) -> tuple[int, dict[str, Any], str]:
+    result = cli(*args, "--json")
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout), result.stderr
+
+
+def router_entry(cli: CLI, inv: Path) -> dict[str, Any]:
+    code, doc, err = run_json(cli, "status", "-i", str(inv), "-d", "router")
+    entry: dict[str, Any] = doc["hosts"]["alpha"]["deployments"]["router"]
+    assert entry["state"] == "ready" and code == 0 and not err, (err, entry)
+    assert entry["gpus"] == []  # a router holds no GPU and got none
+    return entry["router"]
+
+
+def url_of(address: str, port: int) -> str:
+    return f"http://{address}:{port}"
+
+
+def stream_through(address: str, port: int) -> str:
+    body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 4, "stream": True}).encode()
+    request = urllib.request.Request(
+        f"{url_of(address, port)}/v1/completions",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return reply.read().decode()
+
+
+def test_a_router_deployment_keeps_its_workers_registered_and_status_shows_drift(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, table = fleet(hosts, tmp_path)
+    address = hosts.hosts["alpha"].address
+    w1, w2 = (url_of(address, table[w]["port"]) for w in ("w1", "w2"))
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    added = {(r["worker"], r["url"]) for r in doc["registrations"] if r["ok"]}
+    assert added >= {("alpha/w1", w1), ("alpha/w2", w2)}, doc["registrations"]
+
+    listed = router_entry(cli, inv)
+    assert listed["api"] == "workers" and not listed["drift"], listed
+    assert {w["deployment"]: w["url"] for w in listed["workers"]} == {
+        "alpha/w1": w1,
+        "alpha/w2": w2,
+    }
+    assert all(w["healthy"] for w in listed["workers"])
+    assert stream_through(address, table["router"]["port"]).rstrip().endswith("data: [DONE]")
+    human = cli("status", "-i", str(inv))
+    assert "alpha/router: 2 workers, 2 of ours healthy" in human.stdout, human.stdout
+
+    # Stop removes the worker from its router first.
+    code, doc, err = run_json(cli, "stop", "-i", str(inv), "-d", "w1")
+    assert code == 0, err
+    removal = doc["hosts"]["alpha"]["deployments"]["w1"]["router"]
+    assert removal == {"worker": "alpha/w1", "router": "alpha/router", "url": w1,
+                       "action": "remove", "ok": True, "error": ""}  # fmt: skip
+    assert [w["url"] for w in router_entry(cli, inv)["workers"]] == [w2]
+
+    # Drift both ways: w1 serves again unregistered (started under the router's nose by
+    # killing nothing: its registration is dropped by hand), and w2 dies while listed.
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "-d", "w1", "--timeout", "60")
+    assert code == 0, err
+    remove_by_hand(address, table["router"]["port"], w1)
+    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "w2")
+    os.killpg(doc["hosts"]["alpha"]["deployments"]["w2"]["pid"], signal.SIGKILL)
+    listed = router_entry(cli, inv)
+    assert listed["drift"] and listed["unregistered"] == {"alpha/w1": w1}
+    assert listed["stray"] == [w2]
+    human = cli("status", "-i", str(inv), "-d", "router")
+    assert f"drift: alpha/w1 serves at {w1} but is not registered" in human.stderr
+    assert "deployctl router sync -H alpha -d router" in human.stderr
+
+    code, doc, err = run_json(cli, "router", "sync", "-i", str(inv), "--dry-run")
+    assert code == 0, err
+    planned = doc["hosts"]["alpha"]["deployments"]["router"]["changes"]
+    assert {(c["action"], c["url"]) for c in planned} == {("add", w1), ("remove", w2)}
+    assert [w["url"] for w in router_entry(cli, inv)["workers"]] == [w2]  # dry: no change
+    code, doc, err = run_json(cli, "router", "sync", "-i", str(inv))
+    assert code == 0, err
+    listed = router_entry(cli, inv)
+    assert not listed["drift"] and [w["url"] for w in listed["workers"]] == [w1]
+    cli("stop", "-i", str(inv))
+
+
+def remove_by_hand(address: str, port: int, url: str) -> None:
+    with urllib.request.urlopen(f"{url_of(address, port)}/workers", timeout=10) as reply:
+        found = json.load(reply)["workers"]
+    (worker,) = [w for w in found if w["url"] == url]
+    request = urllib.request.Request(
+        f"{url_of(address, port)}/workers/{worker['id']}", method="DELETE"
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+    # The removal runs in the background: wait until the list no longer has it.
+    for _ in range(100):
+        with urllib.request.urlopen(f"{url_of(address, port)}/workers", timeout=10) as reply:
+            if all(w["url"] != url for w in json.load(reply)["workers"]):
+                return
+        import time
+
+        time.sleep(0.1)
+    raise AssertionError(f"{url} still registered")
+
+
+def test_a_router_launched_after_its_workers_registers_the_ready_ones(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """Through the legacy registration API (routers up to 0.2.1: /add_worker, /list_workers)."""
+    inv, table = fleet(hosts, tmp_path, workers=1, python=str(legacy_router_python()))
+    address = hosts.hosts["alpha"].address
+    w1 = url_of(address, table["w1"]["port"])
+    # The router is not up: the worker serves, and its launch says it is not registered.
+    code, doc, _ = run_json(cli, "launch", "-i", str(inv), "-d", "w1", "--timeout", "60")
+    assert code == 1
+    assert doc["hosts"]["alpha"]["deployments"]["w1"]["state"] == "ready"
+    (failed,) = doc["registrations"]
+    assert not failed["ok"] and "nothing answers" in failed["error"], failed
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "-d", "router", "--timeout", "60")
+    assert code == 0, err
+    assert [(r["worker"], r["url"], r["ok"]) for r in doc["registrations"]] == [
+        ("alpha/w1", w1, True)
+    ]
+    listed = router_entry(cli, inv)
+    assert listed["api"] == "legacy" and [w["url"] for w in listed["workers"]] == [w1]
+    assert stream_through(address, table["router"]["port"]).rstrip().endswith("data: [DONE]")
+    code, doc, err = run_json(cli, "stop", "-i", str(inv), "-d", "w1")
+    assert code == 0 and doc["hosts"]["alpha"]["deployments"]["w1"]["router"]["ok"], err
+    assert router_entry(cli, inv)["workers"] == []
+    cli("stop", "-i", str(inv))
+
+
+def test_a_worker_its_router_cannot_reach_is_refused_before_anything_starts(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    alpha, bravo = hosts.hosts["alpha"], hosts.hosts["bravo"]
+    router = {"deployments": {"router": router_vars(alpha.address, real_router())}}
+    worker = {**prepare(bravo, tp=1), "template": "baseline", "router": "alpha/router"}
+    inv = hosts.inventory(
+        tmp_path / "inv.yml", ["alpha", "bravo"], {"alpha": router, "bravo": worker}
+    )
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "-H", "bravo", "--dry-run")
+    assert code == 1
+    problems = doc["hosts"]["bravo"]["preflight"]["problems"]
+    assert problems == [
+        f"bravo binds to {bravo.address}, which its router alpha/router (on {alpha.address}) "
+        "cannot reach"
+    ], problems
+    assert any("worker_url" in h for h in doc["hosts"]["bravo"]["preflight"]["hints"])
+    # With worker_url the user says how the router reaches it.
+    worker["worker_url"] = f"http://{bravo.address}:{worker['port']}"
+    inv = hosts.inventory(
+        tmp_path / "inv.yml", ["alpha", "bravo"], {"alpha": router, "bravo": worker}
+    )
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "-H", "bravo", "--dry-run")
+    assert code == 0, err
+    # A router the inventory does not have.
+    worker["router"] = "nowhere/router"
+    inv = hosts.inventory(
+        tmp_path / "inv.yml", ["alpha", "bravo"], {"alpha": router, "bravo": worker}
+    )
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "-H", "bravo", "--dry-run")
+    assert code == 1
+    assert doc["hosts"]["bravo"]["preflight"]["problems"] == [
+        "bravo: router 'nowhere/router' names no host of the inventory"
+    ]
