@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the real imports are lazy, so `deployctl --help` starts fas
     from deployctl.events import EventSink
     from deployctl.fanout import Fleet, FleetResult
     from deployctl.inventory import Host, Inventory
+    from deployctl.ops.rollout import RolloutOptions
     from deployctl.patchset import PatchSet
     from deployctl.present.views import View
     from deployctl.project import Project
@@ -1028,10 +1029,27 @@ def restart(
     no_wait: NoWaitOpt = False,
     timeout: TimeoutOpt = 900,
     stop_timeout: StopTimeoutOpt = 30,
+    rolling: Annotated[
+        bool,
+        typer.Option(
+            "--rolling",
+            help="One unit at a time through its router, as the inventory says now "
+            "(rollout --restart).",
+        ),
+    ] = False,
 ) -> Reply:
     """Stop and relaunch each host's recorded run (same command, next log version)."""
     from deployctl.ops.server import restart as restart_runs
     from deployctl.present import live, views
+
+    if rolling:
+        from deployctl.ops.rollout import RolloutOptions
+
+        if crashed or no_wait:
+            raise UsageError("--rolling takes neither --crashed nor --no-wait")
+        return _rolling(
+            session, RolloutOptions(stop_timeout=stop_timeout, timeout=timeout, restart=True), False
+        )
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
     with session.fleet() as fleet, live.Progress(enabled=not session.options.json) as progress:
@@ -1076,22 +1094,28 @@ def rollout(
     """Bring each deployment to what the inventory says now, one unit at a time: out of its
     router, drained, stopped, patched, relaunched, back in; a failed unit goes back to its
     previous configuration and stops the rollout."""
+    from deployctl.ops.rollout import RolloutOptions
+
+    options = RolloutOptions(
+        max_unavailable, drain_timeout, stop_timeout, timeout, restart, allow_downtime
+    )
+    return _rolling(session, options, dry_run)
+
+
+def _rolling(session: Session, options: RolloutOptions, dry_run: bool) -> Reply:
+    """rollout, and restart --rolling: plan every unit, then replace them unit by unit."""
     from deployctl.ops import launch as ops
-    from deployctl.ops.rollout import RolloutOptions, RolloutReport, plan_rollout
-    from deployctl.ops.rollout import rollout as roll
+    from deployctl.ops.rollout import RolloutReport, plan_rollout, rollout
     from deployctl.present import live, views
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
     plans = ops.plan_launch(session.project, session.targets, None, None, [], patch_sets)
-    options = RolloutOptions(
-        max_unavailable, drain_timeout, stop_timeout, timeout, restart, allow_downtime
-    )
     enabled = not session.options.json
     with session.fleet() as fleet, live.Progress(enabled, steps_when_piped=True) as progress:
-        unit_plans = plan_rollout(fleet, plans, catalog, patch_sets, restart)
+        unit_plans = plan_rollout(fleet, plans, catalog, patch_sets, options.restart)
         if dry_run:
             return views.ROLLOUT, RolloutReport([], unit_plans, dry_run=True)
-        return views.ROLLOUT, roll(fleet, unit_plans, catalog, patch_sets, options, progress)
+        return views.ROLLOUT, rollout(fleet, unit_plans, catalog, patch_sets, options, progress)
 
 
 @fleet_command(app, options=SERVERS)

@@ -2167,16 +2167,38 @@ def _router_done(args: RouterArgs, workers: list[RouterWorker]) -> bool:
     return bool(listed) and listed[0]["healthy"] is not False
 
 
+def _generates(url: str) -> str:
+    """Ask the worker, from the router's host, to generate (`/health_generate`): a worker
+    is added only when it serves, and where its router reaches it. Why not, else ""."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/health_generate", timeout=30) as reply:
+            status = reply.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (OSError, ValueError) as exc:
+        return f"{url} cannot be reached from the router's host: {exc}"
+    return "" if status == 200 else f"{url}/health_generate answered {status}"
+
+
 def cmd_router(args: RouterArgs) -> RouterReply:
     """List a router's workers, or add or remove one and wait until its list shows it
-    (healthy, for an addition) or `wait` runs out: 0.3's router does both in the background."""
+    (healthy, for an addition) or `wait` runs out: 0.3's router does both in the background.
+    A worker is added only once its /health_generate answers 200 from here."""
     host, port = args["bind_host"], args["port"]
     api, workers, error = router_list(host, port)
     if api is None or args["action"] == "list":
         return {"api": api, "problem": error, "workers": workers}
-    if not _router_done(args, workers):
-        error = _router_change(args, api, workers)
     deadline = time.monotonic() + args["wait"]
+    if args["action"] == "add":
+        error = _generates(str(args["url"]))
+        while error and time.monotonic() < deadline:  # a server just up may answer 503 a while
+            time.sleep(0.5)
+            error = _generates(str(args["url"]))
+    if not error and not _router_done(args, workers):
+        error = _router_change(args, api, workers)
     while not error:
         api, workers, error = router_list(host, port)
         if api is None or _router_done(args, workers):

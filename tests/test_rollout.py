@@ -5,6 +5,7 @@ must end with `[DONE]`."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import threading
 import time
@@ -47,21 +48,27 @@ class Load:
             thread.join(timeout=60)
 
     def _stream(self) -> None:
-        body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 16, "stream": True}).encode()
+        body = {"model": "m", "prompt": "hi", "max_tokens": 16, "stream": True}
         while not self.stopping.is_set():
             started = time.monotonic()
-            request = urllib.request.Request(
-                self.url, data=body, headers={"Content-Type": "application/json"}
-            )
             try:
-                with urllib.request.urlopen(request, timeout=60) as reply:
-                    text = reply.read().decode()
-                if text.rstrip().endswith("data: [DONE]"):
-                    self.done.append(time.monotonic() - started)
-                else:
-                    self.failed.append(f"no [DONE]: {text[-200:]!r}")
+                text = stream_text(self.url, body)
             except OSError as exc:
                 self.failed.append(f"{type(exc).__name__}: {exc}")
+                continue
+            if text.rstrip().endswith("data: [DONE]"):
+                self.done.append(time.monotonic() - started)
+            else:
+                self.failed.append(f"no [DONE]: {text[-200:]!r}")
+
+
+def stream_text(url: str, body: dict[str, Any]) -> str:
+    """One streamed completion, read to its end."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return reply.read().decode()
 
 
 def rewrite(inv: Path, change: dict[str, Any]) -> None:
@@ -111,9 +118,12 @@ def test_a_rollout_of_three_workers_under_load_loses_no_request(
     assert all(u["drained"] for u in doc["units"] if u["outcome"] == "replaced")
     assert load.failed == [] and len(load.done) > 10, (load.failed[:3], len(load.done))
     assert healthy_workers(cli, inv) == ["alpha/w1", "alpha/w2", "alpha/w3"]
-    # Run again: everything matches now.
+    # Run again: everything matches now; restart --rolling replaces them anyway.
     code, doc, err = run_json(cli, "rollout", "-i", str(inv))
     assert code == 0 and {u["outcome"] for u in doc["units"]} == {"skipped"}, err
+    code, doc, err = run_json(cli, "restart", "--rolling", "-i", str(inv), "-d", "w2")
+    assert code == 0, err
+    assert [(u["outcome"], u["new_run"]) for u in doc["units"]] == [("replaced", "w2_baseline_v3")]
     cli("stop", "-i", str(inv))
 
 
@@ -162,6 +172,10 @@ def test_a_routers_last_worker_is_refused_unless_downtime_is_allowed(
         "alpha/router would have no healthy worker left while alpha/w1 is replaced"
     )
     assert healthy_workers(cli, inv) == ["alpha/w1"]  # untouched
+    code, doc, _ = run_json(cli, "restart", "--rolling", "-i", str(inv))
+    # The router comes last, and is not reached once its worker is refused.
+    outcomes = [(u["unit"], u["outcome"]) for u in doc["units"]]
+    assert code == 1 and outcomes == [("alpha/w1", "refused"), ("alpha/router", "not reached")]
     code, doc, err = run_json(
         cli, "rollout", "-i", str(inv), "--restart", "-d", "w1", "--allow-downtime"
     )
@@ -170,3 +184,45 @@ def test_a_routers_last_worker_is_refused_unless_downtime_is_allowed(
     assert doc["units"][0]["new_run"] == "w1_baseline_v2"
     assert healthy_workers(cli, inv) == ["alpha/w1"]
     cli("stop", "-i", str(inv))
+
+
+def test_ctrl_c_while_a_worker_drains_puts_it_back_in_its_router_and_starts_no_other(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, table = fleet(hosts, tmp_path, workers=2, knobs=KNOBS)
+    address = hosts.hosts["alpha"].address
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    rewrite(inv, {"mem_fraction_static": 0.8})
+    # A long request straight to w1 keeps it busy: its drain waits for it.
+    long_body = {"model": "m", "prompt": "hi", "max_tokens": 400, "stream": True}
+    w1_url = f"{url_of(address, table['w1']['port'])}/v1/completions"
+    answers: list[str] = []
+    busy = threading.Thread(
+        target=lambda: answers.append(stream_text(w1_url, long_body)), daemon=True
+    )
+    busy.start()
+    rolling = cli.popen("rollout", "-i", str(inv), "--json", "--drain-timeout", "60")
+    router = url_of(address, table["router"]["port"])
+    deadline = time.monotonic() + 60
+    while registered(router) != [url_of(address, table["w2"]["port"])]:
+        assert time.monotonic() < deadline, "w1 was never taken out of its router"
+        time.sleep(0.1)
+    rolling.send_signal(signal.SIGINT)
+    out, err = rolling.communicate(timeout=120)
+    assert rolling.returncode == 130, err
+    doc = json.loads(out)
+    units = {u["unit"]: u for u in doc["units"]}
+    assert doc["interrupted"] and units["alpha/w1"]["outcome"] == "undone", err
+    assert units["alpha/w2"]["outcome"] == "not reached"
+    assert healthy_workers(cli, inv) == ["alpha/w1", "alpha/w2"]
+    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "w1")
+    assert doc["hosts"]["alpha"]["deployments"]["w1"]["run"] == "w1_baseline_v1"
+    busy.join(timeout=60)
+    assert answers and answers[0].rstrip().endswith("data: [DONE]"), answers
+    cli("stop", "-i", str(inv))
+
+
+def registered(router: str) -> list[str]:
+    with urllib.request.urlopen(f"{router}/workers", timeout=10) as reply:
+        return sorted(w["url"] for w in json.load(reply)["workers"])

@@ -246,7 +246,7 @@ def plan_rollout(
     available: Mapping[str, PatchSet],
     restart: bool = False,
 ) -> list[UnitPlan]:
-    """Each unit's current runs against its plans now, in inventory order."""
+    """Each unit's current runs against its plans now, in inventory order, routers last."""
     by_label = {p.host.label: p for p in plans}
     statuses = fleet.run(
         lambda host, conn: run_status(host, conn, catalog), [p.host for p in plans]
@@ -262,7 +262,9 @@ def plan_rollout(
         unit_plans = [by_label[n.host.label] for n in unit.nodes]
         unit_statuses = [n.value for n in unit.nodes if n.value is not None]
         found.append(plan_unit(fleet, unit_plans, unit_statuses, available, restart))
-    return found
+    # Routers last: their workers are replaced through them first, and a router's own
+    # replacement (down meanwhile, as it has no router) comes once they are done.
+    return sorted(found, key=lambda u: u.plans[0].is_router)
 
 
 # ---- replacing one unit ----------------------------------------------------------------
