@@ -362,6 +362,16 @@ StopTimeoutOpt = Annotated[
     ),
 ]
 NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once started.")]
+RollingPatchOpt = Annotated[
+    bool,
+    typer.Option(
+        "--rolling",
+        help="Change each deployment's host while it is out of its router, one unit at a time, "
+        "and relaunch it on the change (as rollout does).",
+    ),
+]
+
+
 NamesArg = Annotated[
     list[str] | None, typer.Argument(help="Patch set names (default: each host's `patches`).")
 ]
@@ -464,10 +474,14 @@ def patch_apply(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Check every hunk; change nothing.")
     ] = False,
+    rolling: RollingPatchOpt = False,
 ) -> Reply:
     """Apply patch sets: every hunk checked first, backups kept, compiled and verified."""
     from deployctl.ops.patch import apply_patches
     from deployctl.present import views
+
+    if rolling:
+        return _rolling(session, _rolling_patch(names), dry_run, (names or [], True))
 
     return views.PATCH_ACTIONS, _per_installation(
         session, names, lambda host, conn, sets: apply_patches(host, conn, sets, dry_run)
@@ -481,14 +495,32 @@ def patch_revert(
     force: Annotated[
         bool, typer.Option("--force", help="Restore even files that drifted.")
     ] = False,
+    rolling: RollingPatchOpt = False,
 ) -> Reply:
     """Restore the original SGLang files of patch sets and check their hashes."""
     from deployctl.ops.patch import revert_patches
     from deployctl.present import views
 
+    if rolling:
+        return _rolling(session, _rolling_patch(names, force), False, (names or [], False))
+
     return views.PATCH_ACTIONS, _per_installation(
         session, names, lambda host, conn, sets: revert_patches(host, conn, sets, force)
     )
+
+
+def _rolling_patch(names: list[str] | None, force: bool = False) -> RolloutOptions:
+    """The rollout a `--rolling` patch change is: every unit replaced, through its router."""
+    from deployctl.ops.rollout import RolloutOptions
+
+    if not names:
+        raise UsageError(
+            "--rolling needs the patch sets to change",
+            hint="deployctl rollout applies each host's `patches` as they are now",
+        )
+    if force:
+        raise UsageError("--rolling does not take --force")
+    return RolloutOptions(restart=True)
 
 
 def _per_installation(
@@ -1102,17 +1134,29 @@ def rollout(
     return _rolling(session, options, dry_run)
 
 
-def _rolling(session: Session, options: RolloutOptions, dry_run: bool) -> Reply:
-    """rollout, and restart --rolling: plan every unit, then replace them unit by unit."""
+def _rolling(
+    session: Session,
+    options: RolloutOptions,
+    dry_run: bool,
+    forced: tuple[list[str], bool] | None = None,
+) -> Reply:
+    """rollout, restart --rolling and patch apply|revert --rolling: plan every unit, then
+    replace them unit by unit. `forced`: the patch sets every unit applies (or reverts)."""
     from deployctl.ops import launch as ops
-    from deployctl.ops.rollout import RolloutReport, plan_rollout, rollout
+    from deployctl.ops.rollout import PatchChange, RolloutReport, plan_rollout, rollout
+    from deployctl.patchset import select_sets
     from deployctl.present import live, views
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
+    change = None
+    if forced is not None:
+        names, apply = forced
+        sets = select_sets(patch_sets, names)
+        change = PatchChange(apply=sets) if apply else PatchChange(revert=sets)
     plans = ops.plan_launch(session.project, session.targets, None, None, [], patch_sets)
     enabled = not session.options.json
     with session.fleet() as fleet, live.Progress(enabled, steps_when_piped=True) as progress:
-        unit_plans = plan_rollout(fleet, plans, catalog, patch_sets, options.restart)
+        unit_plans = plan_rollout(fleet, plans, catalog, patch_sets, options.restart, change)
         if dry_run:
             return views.ROLLOUT, RolloutReport([], unit_plans, dry_run=True)
         return views.ROLLOUT, rollout(fleet, unit_plans, catalog, patch_sets, options, progress)

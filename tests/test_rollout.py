@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import CLI
-from tests.sshd_hosts import SSHLab
+from tests.sshd_hosts import STANDIN, SSHLab
 from tests.test_router import fleet, router_entry, run_json, url_of
 
 pytestmark = pytest.mark.lab
@@ -226,3 +226,32 @@ def test_ctrl_c_while_a_worker_drains_puts_it_back_in_its_router_and_starts_no_o
 def registered(router: str) -> list[str]:
     with urllib.request.urlopen(f"{router}/workers", timeout=10) as reply:
         return sorted(w["url"] for w in json.load(reply)["workers"])
+
+
+def test_patch_apply_rolling_patches_each_worker_while_it_is_out_of_its_router(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    from tests.sglang_wheel import install_on
+
+    python = install_on(hosts.hosts["alpha"], sglang_template, standin=STANDIN)
+    inv, table = fleet(hosts, tmp_path, workers=2, knobs=KNOBS, worker_python=python)
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    with Load(hosts.hosts["alpha"].address, table["router"]["port"]) as load:
+        code, doc, err = run_json(
+            cli, "patch", "apply", "spec-disable", "--rolling", "-i", str(inv), "-d", "w1"
+        )
+        assert code == 0, err
+        code, doc2, err = run_json(
+            cli, "patch", "apply", "spec-disable", "--rolling", "-i", str(inv), "-d", "w2"
+        )
+        assert code == 0, err
+    (w1,), (w2,) = doc["units"], doc2["units"]
+    assert w1["reasons"] == ["alpha/w1: patches (apply spec-disable 1.2.0)"]
+    assert [p["action"] for p in w1["patches_done"]] == ["applied"]
+    # One SGLang installation on alpha: the second worker finds the set applied already.
+    assert [p["action"] for p in w2["patches_done"]] == ["unchanged"]
+    assert (w1["new_run"], w2["new_run"]) == ("w1_baseline_v2", "w2_baseline_v2")
+    assert load.failed == [] and load.done, load.failed[:3]
+    assert healthy_workers(cli, inv) == ["alpha/w1", "alpha/w2"]
+    cli("stop", "-i", str(inv))

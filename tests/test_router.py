@@ -39,8 +39,10 @@ def fleet(
     workers: int = 2,
     python: str | None = None,
     knobs: dict[str, Any] | None = None,
+    worker_python: str | None = None,
 ) -> tuple[Path, dict[str, Any]]:
-    """alpha running a router and `workers` stand-in workers on their own GPUs, each naming it."""
+    """alpha running a router (`python`: the real one's by default) and `workers` stand-in
+    workers on their own GPUs, each naming it (`worker_python`: theirs, else Debian's)."""
     alpha = lab.hosts["alpha"]
     address = alpha.address
     table: dict[str, Any] = {"router": router_vars(address, python or real_router())}
@@ -51,6 +53,8 @@ def fleet(
         "template": "baseline",
         "deployments": table,
     }
+    if worker_python is not None:
+        variables["python"] = worker_python
     alpha.set_gpus("live", workers)
     return lab.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables}), table
 

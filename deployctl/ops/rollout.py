@@ -184,8 +184,10 @@ def plan_unit(
     statuses: Sequence[RunStatus],
     available: Mapping[str, PatchSet],
     restart: bool,
+    forced: PatchChange | None = None,
 ) -> UnitPlan:
-    """Compare one unit's current runs with its plans now."""
+    """Compare one unit's current runs with its plans now; `forced`: a patch change every
+    node makes whatever its `patches` say (patch apply|revert --rolling)."""
     rank0 = plans[0]
     name = rank0.host.label if len(plans) == 1 else f"{rank0.host.deployment} (group)"
     reasons: list[str] = []
@@ -204,7 +206,7 @@ def plan_unit(
             env_diff += token_diff(
                 env_lines(status.run.get("env", {})), env_lines(plan.rendered.env_shown)
             )
-        change = _patch_change(fleet, plan, available)
+        change = forced or _patch_change(fleet, plan, available)
         if change.apply or change.revert:
             changes[label] = change
             reasons.append(f"{label}: patches ({', '.join(change.words())})")
@@ -245,6 +247,7 @@ def plan_rollout(
     catalog: Catalog,
     available: Mapping[str, PatchSet],
     restart: bool = False,
+    forced: PatchChange | None = None,
 ) -> list[UnitPlan]:
     """Each unit's current runs against its plans now, in inventory order, routers last."""
     by_label = {p.host.label: p for p in plans}
@@ -261,7 +264,7 @@ def plan_rollout(
     for unit in units(statuses):
         unit_plans = [by_label[n.host.label] for n in unit.nodes]
         unit_statuses = [n.value for n in unit.nodes if n.value is not None]
-        found.append(plan_unit(fleet, unit_plans, unit_statuses, available, restart))
+        found.append(plan_unit(fleet, unit_plans, unit_statuses, available, restart, forced))
     # Routers last: their workers are replaced through them first, and a router's own
     # replacement (down meanwhile, as it has no router) comes once they are done.
     return sorted(found, key=lambda u: u.plans[0].is_router)
