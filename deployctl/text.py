@@ -1,6 +1,11 @@
-"""Small text helpers shared by the parsers and the presentation (no imports: cheap to load)."""
+"""Small text helpers shared by the parsers and the presentation (cheap to load)."""
 
 from __future__ import annotations
+
+import re
+
+# Terminal control sequences (colours, cursor moves) and other control characters but tab.
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def one_line(text: str) -> str:
@@ -11,3 +16,9 @@ def one_line(text: str) -> str:
 def is_number(text: str) -> bool:
     """ASCII digits only: `str.isdigit` also accepts superscripts, which `int` refuses."""
     return text.isascii() and text.isdigit()
+
+
+def plain(text: str) -> str:
+    """A log line as text: without the colour codes a logger wrote (SGLang's router colours
+    its log even into a file) or any control character that would reach a terminal."""
+    return _CONTROL.sub("", text)

@@ -109,6 +109,7 @@ class UnitResult:
     crash: CrashReport | None = None
     warnings: list[str] = field(default_factory=list)
     drained: bool | None = None  # None: not drained (no router, or not serving)
+    gpus_clean: bool | None = None  # after the stop, before the start (None: not checked)
     timings: dict[str, float] = field(default_factory=dict)  # step -> seconds
     patches: list[PatchAction] = field(default_factory=list)
 
@@ -346,12 +347,9 @@ class Rollout:
                         error=f"router {router_label} not read: {exc.message}",
                     )
                 continue
+            # Any healthy worker it lists serves its traffic meanwhile, ours or not.
             out = {u.rank0.label for u in taking}
-            left = [
-                w
-                for w in state.workers
-                if w.worker and w.worker not in out and w.healthy is not False
-            ]
+            left = [w for w in state.workers if w.worker not in out and w.healthy is not False]
             if left or self.options.allow_downtime:
                 continue
             for unit in taking:
@@ -403,6 +401,8 @@ class Rollout:
         t = time.monotonic()
         for plan in unit.plans:
             stop = stop_run(plan.host, self.fleet.connection(plan.host), self.options.stop_timeout)
+            if stop.gpus_clean is not None:
+                result.gpus_clean = stop.gpus_clean and result.gpus_clean is not False
             if stop.gpus_clean is False:
                 result.outcome = UnitOutcome.FAILED
                 result.error = f"{plan.host.label}: GPUs not clean after the stop"

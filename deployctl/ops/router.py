@@ -133,7 +133,8 @@ def change_registration(
     url = worker_url(worker, port)
     try:
         reply = _router_call(fleet, router, "add" if add else "remove", url)
-        error = reply["problem"] or ("" if reply["api"] else "no router answers")
+        # A router that does not answer lists nobody: there is nothing to remove from it.
+        error = "" if reply["api"] is None and not add else reply["problem"]
     except DeployctlError as exc:
         error = exc.message
     found = Registration(worker.label, router.label, url, add, error)

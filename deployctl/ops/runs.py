@@ -63,6 +63,7 @@ from deployctl.ops.router import (
     register_workers_of,
     router_state,
 )
+from deployctl.text import plain
 
 # Seconds a replaced run gets between SIGTERM and SIGKILL unless the caller says otherwise.
 DEFAULT_STOP_TIMEOUT = 30.0
@@ -304,7 +305,7 @@ def _wait_ready(
         lines = buffer.split("\n")
         buffer = lines.pop()
         if any(line.strip() for line in lines):
-            last_line = next(line for line in reversed(lines) if line.strip())
+            last_line = plain(next(line for line in reversed(lines) if line.strip()))
         crashes = scanner.feed(data)
         elapsed = time.monotonic() - started
         # A trace while /health answers 200 is a failed request, not a failed server.
@@ -623,7 +624,7 @@ def run_status(
         run,
         alive=doc["alive"],
         health=doc["health"],
-        last_line=lines[-1] if lines else "",
+        last_line=plain(lines[-1]) if lines else "",
         crashes=crashes,
         gpus=gpus,
         command=doc["command"],

@@ -499,6 +499,7 @@ def unit_result_json(result: UnitResult) -> dict[str, Any]:
         "crash": result.crash.to_json() if result.crash else None,
         "warnings": result.warnings,
         "drained": result.drained,
+        "gpus_clean": result.gpus_clean,
         "timings_s": {step: round(s, 3) for step, s in result.timings.items()},
         "overhead_s": None if result.overhead_s is None else round(result.overhead_s, 3),
         "patches_done": [
