@@ -18,7 +18,7 @@ import yaml
 
 from tests.conftest import CLI
 from tests.sshd_hosts import STANDIN, SSHLab
-from tests.test_router import fleet, router_entry, run_json, url_of
+from tests.test_router import fleet, real_router, router_entry, router_vars, run_json, url_of
 
 pytestmark = pytest.mark.lab
 
@@ -254,4 +254,49 @@ def test_patch_apply_rolling_patches_each_worker_while_it_is_out_of_its_router(
     assert (w1["new_run"], w2["new_run"]) == ("w1_baseline_v2", "w2_baseline_v2")
     assert load.failed == [] and load.done, load.failed[:3]
     assert healthy_workers(cli, inv) == ["alpha/w1", "alpha/w2"]
+    cli("stop", "-i", str(inv))
+
+
+def test_a_multi_node_worker_registers_rank_0_and_is_replaced_as_one_unit(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    from tests.test_multinode import group_inventory
+
+    inv = group_inventory(hosts, tmp_path, ["alpha", "bravo"], **KNOBS)
+    document = yaml.safe_load(inv.read_text())
+    alpha, charlie = hosts.hosts["alpha"], hosts.hosts["charlie"]
+    url = url_of(alpha.address, document["all"]["hosts"]["alpha"]["port"])
+    kimi = document["all"]["children"]["kimi"]["vars"]["deployments"]["kimi"]
+    kimi.update(router="charlie/router", worker_url=url)
+    router = router_vars(charlie.address, real_router())
+    document["all"]["hosts"]["charlie"] = {
+        **charlie.inventory_vars(hosts.client_key),
+        "bind_host": charlie.address,
+        "deployments": {"router": router},
+    }
+    inv.write_text(yaml.safe_dump(document, sort_keys=False))
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    assert [(r["worker"], r["url"]) for r in doc["registrations"]] == [("alpha/kimi", url)]
+    code, doc, err = run_json(cli, "status", "-i", str(inv), "-H", "charlie")
+    listed = doc["hosts"]["charlie"]["deployments"]["router"]["router"]
+    assert [(w["deployment"], w["url"]) for w in listed["workers"]] == [("alpha/kimi", url)]
+
+    kimi["mem_fraction_static"] = 0.8
+    inv.write_text(yaml.safe_dump(document, sort_keys=False))
+    code, doc, err = run_json(cli, "rollout", "-i", str(inv), "-H", "alpha,bravo")
+    assert code == 1 and doc["units"][0]["outcome"] == "refused", err  # its router's only one
+    code, doc, err = run_json(
+        cli, "rollout", "-i", str(inv), "-H", "alpha,bravo", "--allow-downtime"
+    )
+    assert code == 0, err
+    (unit,) = doc["units"]
+    assert unit["unit"] == "kimi (group)" and unit["outcome"] == "replaced", unit
+    assert unit["reasons"] == ["alpha/kimi: command", "bravo/kimi: command"]
+    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-H", "alpha,bravo")
+    runs = {n: doc["hosts"][n]["deployments"]["kimi"]["run"] for n in ("alpha", "bravo")}
+    assert runs == {"alpha": "kimi_baseline_v2", "bravo": "kimi_baseline_v2"}
+    code, doc, err = run_json(cli, "status", "-i", str(inv), "-H", "charlie")
+    listed = doc["hosts"]["charlie"]["deployments"]["router"]["router"]
+    assert [w["url"] for w in listed["workers"] if w["healthy"]] == [url], listed
     cli("stop", "-i", str(inv))
