@@ -291,7 +291,7 @@ def test_a_multi_node_worker_registers_rank_0_and_is_replaced_as_one_unit(
     )
     assert code == 0, err
     (unit,) = doc["units"]
-    assert unit["unit"] == "kimi (group)" and unit["outcome"] == "replaced", unit
+    assert unit["unit"] == "kimi (alpha, bravo)" and unit["outcome"] == "replaced", unit
     assert unit["reasons"] == ["alpha/kimi: command", "bravo/kimi: command"]
     code, doc, _ = run_json(cli, "status", "-i", str(inv), "-H", "alpha,bravo")
     runs = {n: doc["hosts"][n]["deployments"]["kimi"]["run"] for n in ("alpha", "bravo")}

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from deployctl import events as ev
+from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport
 from deployctl.deployments import node_rank
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
-from deployctl.fanout import Fleet
+from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.ops.launch import Plan
 from deployctl.ops.patch import PatchAction, apply_patches, patch_facts, revert_patches, set_state
@@ -71,7 +72,7 @@ class UnitPlan:
     env_diff: list[str]
     patches: dict[str, PatchChange]  # node label -> its change
     router: Host | None
-    router_error: str = ""
+    blocked: str = ""
 
     @property
     def changes(self) -> bool:
@@ -181,16 +182,14 @@ def patch_change(
 
 def plan_unit(
     fleet: Fleet,
+    name: str,
     plans: Sequence[Plan],
     statuses: Sequence[RunStatus],
-    available: Mapping[str, PatchSet],
+    patches: Mapping[str, PatchChange],
     restart: bool,
-    forced: PatchChange | None = None,
 ) -> UnitPlan:
-    """Compare one unit's current runs with its plans now; `forced`: a patch change every
-    node makes whatever its `patches` say (patch apply|revert --rolling)."""
+    """Compare one unit's current runs with its plans now; `patches`: each node's change."""
     rank0 = plans[0]
-    name = rank0.host.label if len(plans) == 1 else f"{rank0.host.deployment} (group)"
     reasons: list[str] = []
     command_diff: list[str] = []
     env_diff: list[str] = []
@@ -207,35 +206,29 @@ def plan_unit(
             env_diff += token_diff(
                 env_lines(status.run.get("env", {})), env_lines(plan.rendered.env_shown)
             )
-        change = forced or _patch_change(fleet, plan, available)
+        change = patches.get(label, PatchChange())
         if change.apply or change.revert:
             changes[label] = change
             reasons.append(f"{label}: patches ({', '.join(change.words())})")
     if restart and not reasons:
         reasons.append("--restart")
-    router, router_error = None, ""
+    router, blocked = None, ""
     try:
         router = router_of(rank0.host, fleet.select)
     except DeployctlError as exc:
-        router_error = exc.message
+        blocked = exc.message
     return UnitPlan(
-        name,
-        list(plans),
-        list(statuses),
-        reasons,
-        command_diff,
-        env_diff,
-        changes,
-        router,
-        router_error,
-    )
+        name, list(plans), list(statuses), reasons, command_diff, env_diff, changes, router,
+        blocked,
+    )  # fmt: skip
 
 
-def _patch_change(fleet: Fleet, plan: Plan, available: Mapping[str, PatchSet]) -> PatchChange:
-    host = plan.host
+def _patch_change(
+    host: Host, conn: Connection, plan: Plan, available: Mapping[str, PatchSet]
+) -> PatchChange:
     if host.settings.given("patches") is None and not plan.needed_sets:
         return PatchChange()
-    facts = patch_facts(host, fleet.connection(host), list(available.values()))
+    facts = patch_facts(host, conn, list(available.values()))
     wanted, unwanted = patch_change(host, list(facts.records), plan, available)
     apply = [s for s in wanted if not set_state(facts, s).good]
     revert = [available[n] for n in sorted(unwanted) if n in available]
@@ -250,22 +243,30 @@ def plan_rollout(
     restart: bool = False,
     forced: PatchChange | None = None,
 ) -> list[UnitPlan]:
-    """Each unit's current runs against its plans now, in inventory order, routers last."""
+    """Each unit's current runs against its plans now, in inventory order, routers last.
+    `forced`: a patch change every node makes whatever its `patches` say (patch
+    apply|revert --rolling). A unit whose host cannot be read is planned as blocked."""
     by_label = {p.host.label: p for p in plans}
-    statuses = fleet.run(
-        lambda host, conn: run_status(host, conn, catalog), [p.host for p in plans]
+
+    def read(host: Host, conn: Connection) -> tuple[RunStatus, PatchChange]:
+        status = run_status(host, conn, catalog)
+        return status, forced or _patch_change(host, conn, by_label[host.label], available)
+
+    read_all = fleet.run(read, [p.host for p in plans])
+    patches = {r.name: r.value[1] for r in read_all if r.value is not None}
+    statuses = FleetResult(
+        HostResult(r.host, r.value[0] if r.value else None, r.exception) for r in read_all
     )
-    failed = statuses.failed
-    if failed:
-        label, exc = next(iter(failed.items()))
-        raise DeployctlError(
-            f"{label}: cannot read its run: {exc}", hint="every unit is read before any is touched"
-        )
     found = []
     for unit in units(statuses):
         unit_plans = [by_label[n.host.label] for n in unit.nodes]
-        unit_statuses = [n.value for n in unit.nodes if n.value is not None]
-        found.append(plan_unit(fleet, unit_plans, unit_statuses, available, restart, forced))
+        failed = next((n for n in unit.nodes if n.value is None), None)
+        if failed is not None:
+            blocked = f"{failed.name}: cannot be read: {failed.error}"
+            found.append(UnitPlan(unit.name, unit_plans, [], [blocked], [], [], {}, None, blocked))
+            continue
+        read_ok = [n.value for n in unit.nodes if n.value is not None]
+        found.append(plan_unit(fleet, unit.name, unit_plans, read_ok, patches, restart))
     # Routers last: their workers are replaced through them first, and a router's own
     # replacement (down meanwhile, as it has no router) comes once they are done.
     return sorted(found, key=lambda u: u.plans[0].is_router)
@@ -327,9 +328,9 @@ class Rollout:
         refused: dict[str, UnitResult] = {}
         by_router: dict[str, list[UnitPlan]] = {}
         for unit in batch:
-            if unit.router_error:
+            if unit.blocked:
                 refused[unit.name] = UnitResult(
-                    unit.name, UnitOutcome.REFUSED, _run_id(unit), error=unit.router_error
+                    unit.name, UnitOutcome.REFUSED, _run_id(unit), error=unit.blocked
                 )
             elif unit.router is not None and unit.serving:
                 by_router.setdefault(unit.router.label, []).append(unit)

@@ -124,24 +124,40 @@ def change_registration(
     try:
         router = router_of(worker, fleet.select)
     except DeployctlError as exc:
-        found = Registration(worker.label, str(worker.settings.router), "", add, exc.message)
-        events.emit(ev.RouterChanged(target=worker.label, router=found.router, url="",
-                                     added=add, error=found.error))  # fmt: skip
-        return found
+        failed = Registration(worker.label, str(worker.settings.router), "", add, exc.message)
+        _said(failed, events)
+        return failed
     if router is None:
         return None
-    url = worker_url(worker, port)
-    try:
-        reply = _router_call(fleet, router, "add" if add else "remove", url)
-        # A router that does not answer lists nobody: there is nothing to remove from it.
-        error = "" if reply["api"] is None and not add else reply["problem"]
-    except DeployctlError as exc:
-        error = exc.message
-    found = Registration(worker.label, router.label, url, add, error)
-    events.emit(
-        ev.RouterChanged(target=worker.label, router=router.label, url=url, added=add, error=error)
+    return _apply(
+        fleet,
+        router,
+        Registration(worker.label, router.label, worker_url(worker, port), add),
+        events,
     )
-    return found
+
+
+def _apply(
+    fleet: Fleet, router: Host, change: Registration, events: EventSink = DISCARD
+) -> Registration:
+    """Make one change to the router's list; its error (if any) goes into it, and out as an event."""
+    try:
+        reply = _router_call(fleet, router, "add" if change.added else "remove", change.url)
+        # A router that does not answer lists nobody: there is nothing to remove from it.
+        change.error = "" if reply["api"] is None and not change.added else reply["problem"]
+    except DeployctlError as exc:
+        change.error = exc.message
+    _said(change, events)
+    return change
+
+
+def _said(change: Registration, events: EventSink) -> None:
+    events.emit(
+        ev.RouterChanged(
+            target=change.worker, router=change.router, url=change.url, added=change.added,
+            error=change.error,
+        )
+    )  # fmt: skip
 
 
 # ---- what a router lists, against what the inventory says it should --------------------
@@ -194,7 +210,8 @@ def workers_of(router: Host, select: Select) -> list[Host]:
 
 
 def _serving(fleet: Fleet, worker: Host) -> tuple[bool, int | None]:
-    """Is the worker's current run alive and answering /health, and on which port?"""
+    """Is the worker's current run alive and answering /health, and on which port? (The
+    call runs.recorded_run makes: ops.runs builds on this module, not the other way.)"""
     args: StatusArgs = {
         "state_dir": worker.settings.state_dir,
         "deployment": worker.deployment,
@@ -252,20 +269,10 @@ def sync_router(fleet: Fleet, router: Host, dry_run: bool = False) -> SyncResult
     worker of ours serves."""
     state = router_state(fleet, router)
     planned = [Registration(w, router.label, url, True) for w, url in state.unregistered.items()]
-    planned += [Registration(_owner(state, url), router.label, url, False) for url in state.stray]
+    planned += [Registration("", router.label, url, False) for url in state.stray]
     if dry_run or state.api is None:
         return SyncResult(state, planned, dry_run)
-    for change in planned:
-        try:
-            reply = _router_call(fleet, router, "add" if change.added else "remove", change.url)
-            change.error = reply["problem"]
-        except DeployctlError as exc:
-            change.error = exc.message
-    return SyncResult(state, planned)
-
-
-def _owner(state: RouterState, url: str) -> str:
-    return next((w.worker for w in state.workers if w.url == url and w.worker), "")
+    return SyncResult(state, [_apply(fleet, router, change) for change in planned])
 
 
 def register_workers_of(
@@ -280,14 +287,7 @@ def register_workers_of(
             changes.append(Registration("", router.label, "", True, exc.message))
             continue
         for label, url in state.unregistered.items():
-            try:
-                error = _router_call(fleet, router, "add", url)["problem"]
-            except DeployctlError as exc:
-                error = exc.message
-            changes.append(Registration(label, router.label, url, True, error))
-            events.emit(
-                ev.RouterChanged(
-                    target=label, router=router.label, url=url, added=True, error=error
-                )
+            changes.append(
+                _apply(fleet, router, Registration(label, router.label, url, True), events)
             )
     return changes

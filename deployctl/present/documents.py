@@ -484,7 +484,7 @@ def unit_plan_json(unit: UnitPlan) -> dict[str, Any]:
         "env_diff": unit.env_diff,
         "patches": {label: change.words() for label, change in unit.patches.items()},
         "router": unit.router.label if unit.router else None,
-        "router_error": unit.router_error,
+        "blocked": unit.blocked,
     }
 
 

@@ -974,8 +974,8 @@ def _unit_plan_lines(unit: UnitPlan) -> None:
     out.print(f"{unit.name}: changes ({'; '.join(unit.reasons)}){via}", markup=False)
     for line in [*unit.command_diff, *unit.env_diff]:
         out.print(f"  {line}", markup=False)
-    if unit.router_error:
-        print_error(unit.router_error, host=unit.name)
+    if unit.blocked:
+        print_error(unit.blocked, host=unit.name)
 
 
 def _rollout(report: RolloutReport) -> None:
