@@ -370,6 +370,22 @@ CASES = [
     Case("tune-threshold-word", ("launch", "-i", BAD),
          "deployctl_threshold 'five' is not a batch size (1 or more)",
          {BAD: inventory_with(deployctl_threshold="five")}),
+    # -- router and rollout --
+    Case("rollout-unavailable", ("rollout", "-i", INV, "--max-unavailable", "0"),
+         "--max-unavailable", code=2),
+    Case("rollout-drain-timeout", ("rollout", "-i", INV, "--drain-timeout", "-1"),
+         "--drain-timeout", code=2),
+    Case("rolling-crashed", ("restart", "-i", INV, "--rolling", "--crashed"),
+         "--rolling takes neither --crashed nor --no-wait"),
+    Case("rolling-patch-no-set", ("patch", "apply", "-i", INV, "--rolling"),
+         "--rolling needs the patch sets to change"),
+    Case("router-sync-no-router", ("router", "sync", "-i", INV),
+         "no router among the selected deployments"),
+    Case("router-unknown", ("launch", "-i", BAD, "--dry-run"), "router 'nowhere/r' names no host",
+         {BAD: inventory_with(router="nowhere/r")}, form="host"),
+    Case("router-metrics-port", ("launch", "-i", BAD),
+         "router_metrics_port 'x' is not a port number (1-65535)",
+         {BAD: inventory_with(deployctl_router_metrics_port="x")}),
 ]  # fmt: skip
 
 

@@ -226,5 +226,5 @@ def test_a_worker_its_router_cannot_reach_is_refused_before_anything_starts(
     code, doc, err = run_json(cli, "launch", "-i", str(inv), "-H", "bravo", "--dry-run")
     assert code == 1
     assert doc["hosts"]["bravo"]["preflight"]["problems"] == [
-        "bravo: router 'nowhere/router' names no host of the inventory"
+        "router 'nowhere/router' names no host of the inventory"
     ]

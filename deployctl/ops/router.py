@@ -40,7 +40,7 @@ def router_of(worker: Host, select: Select) -> Host | None:
     ref = worker.settings.router
     if ref is None:
         return None
-    where = f"{worker.label}: router {ref!r}"
+    where = f"router {ref!r}"  # the caller says whose
     name, _, deployment = ref.partition("/")
     try:
         hosts = [h for h in select(name) if h.name == name]
