@@ -81,6 +81,16 @@ def rewrite(inv: Path, change: dict[str, Any]) -> None:
     inv.write_text(yaml.safe_dump(document, sort_keys=False))
 
 
+def serving(
+    lab: SSHLab, cli: CLI, tmp_path: Path, workers: int, **extra: Any
+) -> tuple[Path, dict[str, Any]]:
+    """`fleet()` launched to ready: a router and `workers` stand-ins registered with it."""
+    inv, table = fleet(lab, tmp_path, workers=workers, knobs=KNOBS, **extra)
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    return inv, table
+
+
 def healthy_workers(cli: CLI, inv: Path) -> list[str]:
     listed = router_entry(cli, inv)
     assert not listed["drift"], listed
@@ -90,10 +100,8 @@ def healthy_workers(cli: CLI, inv: Path) -> list[str]:
 def test_a_rollout_of_three_workers_under_load_loses_no_request(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    inv, table = fleet(hosts, tmp_path, workers=3, knobs=KNOBS)
     address = hosts.hosts["alpha"].address
-    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    inv, table = serving(hosts, cli, tmp_path, 3)
     rewrite(inv, {"mem_fraction_static": 0.8})
 
     code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--dry-run")
@@ -130,10 +138,8 @@ def test_a_rollout_of_three_workers_under_load_loses_no_request(
 def test_a_rollout_whose_new_config_crashes_stops_there_with_every_worker_serving(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    inv, table = fleet(hosts, tmp_path, workers=3, knobs=KNOBS)
     alpha = hosts.hosts["alpha"]
-    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    inv, table = serving(hosts, cli, tmp_path, 3)
     bad = alpha.home / "bad-model"
     bad.mkdir()
     (bad / "standin.json").write_text(json.dumps({"startup_s": 0.3, "crash": "startup"}))
@@ -142,7 +148,7 @@ def test_a_rollout_whose_new_config_crashes_stops_there_with_every_worker_servin
 
     with Load(alpha.address, table["router"]["port"]) as load:
         code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--drain-timeout", "30")
-    assert code == 1
+    assert code == 1, err
     units = {u["unit"]: u for u in doc["units"]}
     failed = units["alpha/w1"]
     assert failed["outcome"] == "failed" and failed["state"] == "ready", failed
@@ -161,9 +167,7 @@ def test_a_rollout_whose_new_config_crashes_stops_there_with_every_worker_servin
 def test_a_routers_last_worker_is_refused_unless_downtime_is_allowed(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    inv, _ = fleet(hosts, tmp_path, workers=1, knobs=KNOBS)
-    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    inv, _ = serving(hosts, cli, tmp_path, 1)
     code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--restart", "-d", "w1")
     assert code == 1
     (unit,) = doc["units"]
@@ -189,10 +193,8 @@ def test_a_routers_last_worker_is_refused_unless_downtime_is_allowed(
 def test_ctrl_c_while_a_worker_drains_puts_it_back_in_its_router_and_starts_no_other(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    inv, table = fleet(hosts, tmp_path, workers=2, knobs=KNOBS)
     address = hosts.hosts["alpha"].address
-    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    inv, table = serving(hosts, cli, tmp_path, 2)
     rewrite(inv, {"mem_fraction_static": 0.8})
     # A long request straight to w1 keeps it busy: its drain waits for it.
     long_body = {"model": "m", "prompt": "hi", "max_tokens": 400, "stream": True}
@@ -216,7 +218,7 @@ def test_ctrl_c_while_a_worker_drains_puts_it_back_in_its_router_and_starts_no_o
     assert doc["interrupted"] and units["alpha/w1"]["outcome"] == "undone", err
     assert units["alpha/w2"]["outcome"] == "not reached"
     assert healthy_workers(cli, inv) == ["alpha/w1", "alpha/w2"]
-    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "w1")
+    _, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "w1")
     assert doc["hosts"]["alpha"]["deployments"]["w1"]["run"] == "w1_baseline_v1"
     busy.join(timeout=60)
     assert answers and answers[0].rstrip().endswith("data: [DONE]"), answers
@@ -234,9 +236,7 @@ def test_patch_apply_rolling_patches_each_worker_while_it_is_out_of_its_router(
     from tests.sglang_wheel import install_on
 
     python = install_on(hosts.hosts["alpha"], sglang_template, standin=STANDIN)
-    inv, table = fleet(hosts, tmp_path, workers=2, knobs=KNOBS, worker_python=python)
-    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    inv, table = serving(hosts, cli, tmp_path, 2, worker_python=python)
     with Load(hosts.hosts["alpha"].address, table["router"]["port"]) as load:
         code, doc, err = run_json(
             cli, "patch", "apply", "spec-disable", "--rolling", "-i", str(inv), "-d", "w1"
