@@ -18,7 +18,15 @@ import yaml
 
 from tests.conftest import CLI
 from tests.sshd_hosts import STANDIN, SSHLab
-from tests.test_router import fleet, real_router, router_entry, router_vars, run_json, url_of
+from tests.test_router import (
+    fleet,
+    real_router,
+    router_entry,
+    router_vars,
+    run_json,
+    stream_text,
+    url_of,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -60,15 +68,6 @@ class Load:
                 self.done.append(time.monotonic() - started)
             else:
                 self.failed.append(f"no [DONE]: {text[-200:]!r}")
-
-
-def stream_text(url: str, body: dict[str, Any]) -> str:
-    """One streamed completion, read to its end."""
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=120) as reply:
-        return reply.read().decode()
 
 
 def rewrite(inv: Path, change: dict[str, Any]) -> None:

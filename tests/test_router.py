@@ -81,15 +81,18 @@ def url_of(address: str, port: int) -> str:
     return f"http://{address}:{port}"
 
 
-def stream_through(address: str, port: int) -> str:
-    body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 4, "stream": True}).encode()
+def stream_text(url: str, body: dict[str, Any], timeout: float = 120) -> str:
+    """One streamed completion, read to its end."""
     request = urllib.request.Request(
-        f"{url_of(address, port)}/v1/completions",
-        data=body,
-        headers={"Content-Type": "application/json"},
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=30) as reply:
-        return reply.read().decode()
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return str(reply.read().decode())
+
+
+def stream_through(address: str, port: int) -> str:
+    body = {"model": "m", "prompt": "hi", "max_tokens": 4, "stream": True}
+    return stream_text(f"{url_of(address, port)}/v1/completions", body, timeout=30)
 
 
 def test_a_router_deployment_keeps_its_workers_registered_and_status_shows_drift(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from deployctl import agent
 from deployctl import events as ev
+from deployctl.connection import Connection
 from deployctl.deployments import address_of, deployment_targets, is_loopback, node_rank
 from deployctl.errors import DeployctlError, InventoryError
 from deployctl.events import DISCARD, EventSink
@@ -209,7 +210,7 @@ def workers_of(router: Host, select: Select) -> list[Host]:
     return found
 
 
-def _serving(fleet: Fleet, worker: Host) -> tuple[bool, int | None]:
+def _serving(worker: Host, conn: Connection) -> tuple[bool, int | None]:
     """Is the worker's current run alive and answering /health, and on which port? (The
     call runs.recorded_run makes: ops.runs builds on this module, not the other way.)"""
     args: StatusArgs = {
@@ -219,7 +220,7 @@ def _serving(fleet: Fleet, worker: Host) -> tuple[bool, int | None]:
         "tail_bytes": 0,
         "metrics_bytes": 0,
     }
-    reply = agent.call(worker, fleet.connection(worker), agent.STATUS, args)
+    reply = agent.call(worker, conn, agent.STATUS, args)
     run = reply["run"]
     if run is None:
         return False, None
@@ -230,14 +231,15 @@ def router_state(fleet: Fleet, router: Host) -> RouterState:
     """Read the router's list and every worker of ours that names it; say the drift."""
     reply = _router_call(fleet, router, "list", None, 0)
     state = RouterState(router.label, reply["api"], error=reply["problem"])
-    ours: dict[str, str] = {}  # URL -> worker label, for the workers that serve now
-    for worker in workers_of(router, fleet.select):
-        try:
-            up, port = _serving(fleet, worker)
-        except DeployctlError:
-            up, port = False, None  # one unreachable worker: it serves nothing here
-        if up:
-            ours[worker_url(worker, port)] = worker.label
+    read = fleet.run(_serving, workers_of(router, fleet.select))
+    bug = next(
+        (r.exception for r in read if r.failed and not isinstance(r.exception, DeployctlError)),
+        None,
+    )
+    if bug is not None:
+        raise bug
+    # URL -> worker label, for the workers that serve now; one that cannot be read does not.
+    ours = {worker_url(r.host, r.value[1]): r.name for r in read if r.value and r.value[0]}
     listed = {w["url"].rstrip("/"): w for w in reply["workers"]}
     state.workers = [_listed(w, ours) for w in reply["workers"]]
     if state.api is not None:

@@ -474,20 +474,28 @@ def launch(
     ready = [
         by_name[r.name] for r in outcomes if r.value is not None and r.value.state is RunState.READY
     ]
-    registrations = [
-        found
-        for found in fleet.run(
-            lambda host, conn: change_registration(
-                fleet, host, True, by_name[host.label].port, events
-            ),
-            [p.host for p in ready if not p.is_router],
-        ).succeeded.values()
-        if found is not None
-    ]
-    registrations += register_workers_of(fleet, [p.host for p in ready if p.is_router], events)
+    registrations = register_ready(fleet, ready, events)
     return LaunchReport(
         preflights, outcomes, refused=False, cleanup=cleanup, registrations=registrations
     )
+
+
+def register_ready(
+    fleet: Fleet, ready: Sequence[Plan], events: EventSink = DISCARD
+) -> list[Registration]:
+    """Add each ready worker to its router; a router that came up adds the workers of ours
+    that name it and serve."""
+    workers = {p.host.label: p for p in ready if not p.is_router}
+    added = fleet.run(
+        lambda host, conn: change_registration(fleet, host, True, workers[host.label].port, events),
+        [p.host for p in workers.values()],
+    )
+    found = [
+        r.value if r.value is not None else Registration(r.name, "", "", True, r.error or "")
+        for r in added
+        if r.value is not None or r.failed
+    ]
+    return found + register_workers_of(fleet, [p.host for p in ready if p.is_router], events)
 
 
 def recorded_run(host: Host, conn: Connection, run_id: str | None = None) -> StatusReply:
