@@ -131,6 +131,15 @@ def test_a_rollout_of_three_workers_under_load_loses_no_request(
     code, doc, err = run_json(cli, "restart", "--rolling", "-i", str(inv), "-d", "w2")
     assert code == 0, err
     assert [(u["outcome"], u["new_run"]) for u in doc["units"]] == [("replaced", "w2_baseline_v3")]
+    # Two at a time: the third serves meanwhile.
+    rewrite(inv, {"mem_fraction_static": 0.7})
+    with Load(address, table["router"]["port"]) as load:
+        code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--max-unavailable", "2")
+    assert code == 0, err
+    replaced = sorted(u["new_run"] for u in doc["units"] if u["outcome"] == "replaced")
+    assert replaced == ["w1_baseline_v3", "w2_baseline_v4", "w3_baseline_v3"], doc["units"]
+    assert load.failed == [] and load.done, load.failed[:3]
+    assert healthy_workers(cli, inv) == ["alpha/w1", "alpha/w2", "alpha/w3"]
     cli("stop", "-i", str(inv))
 
 
