@@ -308,3 +308,23 @@ def test_a_multi_node_worker_registers_rank_0_and_is_replaced_as_one_unit(
     listed = doc["hosts"]["charlie"]["deployments"]["router"]["router"]
     assert [w["url"] for w in listed["workers"] if w["healthy"]] == [url], listed
     cli("stop", "-i", str(inv))
+
+
+def test_a_unit_whose_host_fails_after_its_stop_goes_back_to_its_previous_run(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """The workers' python has no SGLang: the patch set cannot be applied once w1 is down."""
+    inv, table = serving(hosts, cli, tmp_path, 2)
+    with Load(hosts.hosts["alpha"].address, table["router"]["port"]) as load:
+        code, doc, err = run_json(
+            cli, "patch", "apply", "spec-disable", "--rolling", "-i", str(inv)
+        )
+    assert code == 1, err
+    units = {u["unit"]: u for u in doc["units"]}
+    w1 = units["alpha/w1"]
+    assert w1["outcome"] == "failed" and "SGLang" in w1["error"], w1
+    assert (w1["state"], w1["new_run"]) == ("ready", "w1_baseline_v2"), w1
+    assert units["alpha/w2"]["outcome"] == "not reached"
+    assert load.failed == [] and load.done, load.failed[:3]
+    assert healthy_workers(cli, inv) == ["alpha/w1", "alpha/w2"]
+    cli("stop", "-i", str(inv))

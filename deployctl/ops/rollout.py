@@ -368,8 +368,32 @@ class Rollout:
         )
 
     def _replace(self, unit: UnitPlan) -> UnitResult:
+        """Replace one unit; a host that fails on the way (an SSH failure, a patch that does
+        not apply) leaves the unit back in its router, on its previous run if it was stopped."""
         started = time.monotonic()
         result = UnitResult(unit.name, UnitOutcome.REPLACED, _run_id(unit))
+        progress: set[str] = set()  # "removed", "stopped": what has been done to the unit
+        try:
+            self._replace_steps(unit, result, started, progress)
+        except DeployctlError as exc:
+            result.outcome, result.error = UnitOutcome.FAILED, exc.message
+            if "stopped" in progress:
+                self._back_to_previous(unit, result, started)
+            elif "removed" in progress:
+                self._put_back(unit, result)
+        result.timings["total"] = time.monotonic() - started
+        return result
+
+    def _put_back(self, unit: UnitPlan, result: UnitResult) -> None:
+        run = unit.statuses[0].run if unit.statuses else None
+        port = run.get("port") if run is not None else None
+        back = change_registration(self.fleet, unit.rank0, add=True, port=port)
+        if back is not None and not back.ok:
+            result.warnings.append(f"not put back in its router: {back.error}")
+
+    def _replace_steps(
+        self, unit: UnitPlan, result: UnitResult, started: float, progress: set[str]
+    ) -> None:
         timings = result.timings
         run = unit.statuses[0].run if unit.statuses else None
         port = run.get("port") if run is not None else None
@@ -385,14 +409,15 @@ class Rollout:
                     UnitOutcome.REFUSED,
                     f"not removed from {unit.router.label}: {removal.error}",
                 )
-                return result
+                return
+            progress.add("removed")
             t = time.monotonic()
             drained = self._drain(unit, started)
             timings["drain"] = time.monotonic() - t
             if drained is None:  # Ctrl-C while draining: put it back as it was
-                change_registration(self.fleet, unit.rank0, add=True, port=port)
+                self._put_back(unit, result)
                 result.outcome = UnitOutcome.UNDONE
-                return result
+                return
             result.drained = drained
             if not drained:
                 result.warnings.append(
@@ -400,6 +425,7 @@ class Rollout:
                 )
         self._step(unit, "stopping", started)
         t = time.monotonic()
+        progress.add("stopped")  # from here on, a failure goes back to the previous run
         for plan in unit.plans:
             stop = stop_run(plan.host, self.fleet.connection(plan.host), self.options.stop_timeout)
             if stop.gpus_clean is not None:
@@ -407,7 +433,7 @@ class Rollout:
             if stop.gpus_clean is False:
                 result.outcome = UnitOutcome.FAILED
                 result.error = f"{plan.host.label}: GPUs not clean after the stop"
-                return result
+                return
         timings["stop"] = time.monotonic() - t
         if unit.patches:
             self._step(unit, "patching", started)
@@ -434,8 +460,6 @@ class Rollout:
             result.new_run, result.state = _new_run(report), "ready"
         else:
             self._fail(unit, report, result, started)
-        timings["total"] = time.monotonic() - started
-        return result
 
     def _drain(self, unit: UnitPlan, started: float) -> bool | None:
         """Wait until rank 0 runs no request: True; False at --drain-timeout; None on Ctrl-C."""
@@ -467,6 +491,11 @@ class Rollout:
         """The new configuration failed: say why, end what is left of it, start the old one."""
         result.outcome = UnitOutcome.FAILED
         result.error, result.crash = _why_failed(report)
+        self._back_to_previous(unit, result, started)
+
+    def _back_to_previous(self, unit: UnitPlan, result: UnitResult, started: float) -> None:
+        """End what is left of the new configuration; relaunch the previous one (which
+        puts it back in its router)."""
         for plan in unit.plans:
             try:
                 stop_run(plan.host, self.fleet.connection(plan.host), self.options.stop_timeout)
@@ -485,9 +514,14 @@ class Rollout:
         except DeployctlError as exc:
             result.warnings.append(f"previous configuration not relaunched: {exc.message}")
             return
-        back = launch(
-            self.fleet, old, self.catalog, timeout=self.options.timeout, events=self.events
-        )
+        try:
+            back = launch(
+                self.fleet, old, self.catalog, timeout=self.options.timeout, events=self.events
+            )
+        except DeployctlError as exc:
+            result.state = "down"
+            result.warnings.append(f"previous configuration not relaunched: {exc.message}")
+            return
         result.new_run, result.state = _new_run(back), "ready" if back.ok else "down"
         if not back.ok:
             result.warnings.append(
