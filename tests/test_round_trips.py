@@ -130,14 +130,19 @@ def test_a_poll_tries_an_unreachable_host_again_only_after_a_backoff(
 
     from deployctl.connection import SSHConnection
 
+    # Each command sent to a host, whether on its kept connection or a new one: right after
+    # sshd is killed, the kept one may not have seen its end yet, and the first try fails on
+    # it without connecting again.
     attempts: list[str] = []
-    real_connect = SSHConnection._connect
+    real_exec = SSHConnection._exec
 
-    def counting_connect(self: SSHConnection) -> object:
+    def counting_exec(
+        self: SSHConnection, command: str, stdin: bytes | None, timeout: float
+    ) -> tuple[int, bytes, bytes]:
         attempts.append(self.name)
-        return real_connect(self)
+        return real_exec(self, command, stdin, timeout)
 
-    monkeypatch.setattr(SSHConnection, "_connect", counting_connect)
+    monkeypatch.setattr(SSHConnection, "_exec", counting_exec)
     bravo = hosts.hosts["bravo"]
     selected = fleet_hosts(hosts, tmp_path, {"alpha": {}, "bravo": {}})
     now = [0.0]
