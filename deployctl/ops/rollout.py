@@ -34,6 +34,8 @@ from deployctl.ops.runs import (
     LaunchReport,
     RunStatus,
     launch,
+    read_metrics,
+    recorded_run,
     run_status,
     stop_run,
     units,
@@ -81,6 +83,12 @@ class UnitPlan:
     @property
     def rank0(self) -> Host:
         return self.plans[0].host
+
+    @property
+    def port(self) -> int | None:
+        """The port its current run serves on (what its router lists it by)."""
+        run = self.statuses[0].run if self.statuses else None
+        return run.get("port") if run is not None else None
 
     @property
     def serving(self) -> bool:
@@ -249,7 +257,7 @@ def plan_rollout(
     by_label = {p.host.label: p for p in plans}
 
     def read(host: Host, conn: Connection) -> tuple[RunStatus, PatchChange]:
-        status = run_status(host, conn, catalog)
+        status = run_status(host, conn, catalog, tail_bytes=0)  # no log to scan here
         return status, forced or _patch_change(host, conn, by_label[host.label], available)
 
     read_all = fleet.run(read, [p.host for p in plans])
@@ -385,9 +393,7 @@ class Rollout:
         return result
 
     def _put_back(self, unit: UnitPlan, result: UnitResult) -> None:
-        run = unit.statuses[0].run if unit.statuses else None
-        port = run.get("port") if run is not None else None
-        back = change_registration(self.fleet, unit.rank0, add=True, port=port)
+        back = change_registration(self.fleet, unit.rank0, add=True, port=unit.port)
         if back is not None and not back.ok:
             result.warnings.append(f"not put back in its router: {back.error}")
 
@@ -395,14 +401,12 @@ class Rollout:
         self, unit: UnitPlan, result: UnitResult, started: float, progress: set[str]
     ) -> None:
         timings = result.timings
-        run = unit.statuses[0].run if unit.statuses else None
-        port = run.get("port") if run is not None else None
         if unit.router is None:
             result.warnings.append(f"{unit.name} has no router: it is down while it is replaced")
         elif unit.serving:
             self._step(unit, f"removing from {unit.router.label}", started)
             t = time.monotonic()
-            removal = change_registration(self.fleet, unit.rank0, add=False, port=port)
+            removal = change_registration(self.fleet, unit.rank0, add=False, port=unit.port)
             timings["remove"] = time.monotonic() - t
             if removal is not None and not removal.ok:
                 result.outcome, result.error = (
@@ -469,13 +473,11 @@ class Rollout:
         while True:
             if self.cancel.is_set():
                 return None
-            status = run_status(
-                host, self.fleet.connection(host), self.catalog, metrics=True, tail_bytes=0
-            )
-            running = (status.metrics or {}).get("num_running_reqs")
-            if not status.alive or (running is not None and running == 0):
-                return True
-            if status.metrics is None and status.metrics_note:  # no metrics: cannot tell
+            # Liveness and /metrics only: no log tail, no nvidia-smi at every poll.
+            reply = recorded_run(host, self.fleet.connection(host), metrics=True)
+            metrics, _ = read_metrics(reply["metrics"])
+            running = (metrics or {}).get("num_running_reqs")
+            if not reply["alive"] or running == 0 or metrics is None:  # None: cannot tell
                 return True
             if time.monotonic() >= deadline:
                 return False

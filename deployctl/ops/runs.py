@@ -498,15 +498,17 @@ def register_ready(
     return found + register_workers_of(fleet, [p.host for p in ready if p.is_router], events)
 
 
-def recorded_run(host: Host, conn: Connection, run_id: str | None = None) -> StatusReply:
+def recorded_run(
+    host: Host, conn: Connection, run_id: str | None = None, metrics: bool = False
+) -> StatusReply:
     """The deployment's current (or named) run record and whether it lives and answers
-    /health: no log tail, no GPU query, no metrics."""
+    /health (and, asked for, its /metrics page): no log tail, no GPU query."""
     args: StatusArgs = {
         "state_dir": host.settings.state_dir,
         "deployment": host.deployment,
         "run": run_id,
         "tail_bytes": 0,
-        "metrics_bytes": 0,
+        "metrics_bytes": METRICS_LIMIT_BYTES if metrics else 0,
     }
     return agent.call(host, conn, agent.STATUS, args)
 
