@@ -31,6 +31,7 @@ out here and nowhere else:
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import hashlib
 import io
@@ -38,6 +39,7 @@ import json
 import os
 import py_compile
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -185,6 +187,7 @@ class PreflightArgs(ProbeArgs):
 
 class LiveRunOrigin(TypedDict, total=False):
     origin: str | None  # the inventory that launched it; None (or absent): not recorded
+    job: str  # the Slurm job it is (no members here: its processes are on the job's nodes)
 
 
 class LiveRun(LiveRunOrigin):
@@ -241,6 +244,7 @@ class PreflightReply(ProbeReply):
     next_log: str
     next_version: int
     lock: LockReply
+    sbatch: str | None  # where sbatch is (a Slurm login node); None: not on the PATH
 
 
 class RunShown(TypedDict, total=False):
@@ -270,7 +274,23 @@ class LeaderIdentity(TypedDict, total=False):
     starttime: int
 
 
-class RunRecord(RunInfo, LeaderIdentity):
+class JobInfo(TypedDict):
+    """A Slurm job as squeue (or, once slurmctld forgot it, sacct) last saw it."""
+
+    id: str
+    state: str  # Slurm's: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, …; UNKNOWN
+    reason: str  # why it waits (squeue's %r: Resources, Priority, BeginTime…); "" otherwise
+    nodes: list[str]  # its nodes, the first one the head
+    head: str  # the head node's address (its NodeAddr): where the server answers
+    time_left: float | None  # seconds to its time limit; None: no limit, or not running
+    exit_code: str  # "code:signal" once it ended, as sacct and scontrol give it; "" before
+
+
+class JobRecord(TypedDict, total=False):
+    job: JobInfo  # a run that is a Slurm job (`launcher: slurm`); its last known state
+
+
+class RunRecord(RunInfo, LeaderIdentity, JobRecord):
     # A stop also writes `stop_requested_at` before it signals the run (a launch waiting for
     # it then knows why it died) and `stopped_at` once it has ended.
     id: str
@@ -293,13 +313,24 @@ class StartArgs(TypedDict):
     run: RunInfo
     lock_token: str | None
     files: dict[str, str]  # path (from the home folder, or absolute) → text, written first
+    batch: str | None  # a Slurm batch script to submit instead of starting `command` here
+
+
+class JobRef(TypedDict):
+    id: str
+    state_dir: str
+    run: str  # the run whose record keeps the job's last known state
+
+
+class JobIdentity(TypedDict, total=False):
+    job: JobRef  # the run is this Slurm job: liveness from squeue, health at its head node
 
 
 class StartReply(TypedDict):
     run: RunRecord
 
 
-class PollArgs(LeaderIdentity):
+class PollArgs(LeaderIdentity, JobIdentity):
     pgid: int
     sid: int
     log: str
@@ -316,6 +347,7 @@ class PollReply(TypedDict):
     health: int | None
     size: int
     data: str  # base64
+    job: JobInfo | None  # a Slurm job's state; None for a process on this host
 
 
 class StatusArgs(TypedDict):
@@ -349,6 +381,7 @@ class StopReply(TypedDict):
     ended: list[int]
     killed: list[int]
     left: list[int]
+    job: JobInfo | None  # a Slurm job as the stop left it
 
 
 class ReleaseArgs(TypedDict):
@@ -1360,6 +1393,7 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
         "lock": take_lock(
             args["state_dir"], args["client"], args["break_lock"], args["deployment"], args["gpus"]
         ),
+        "sbatch": shutil.which("sbatch"),
     }
 
 
@@ -1426,28 +1460,33 @@ def cmd_start(args: StartArgs) -> StartReply:
             break
         except FileExistsError:
             version += 1
-    proc = subprocess.Popen(
-        ["/bin/sh", "-c", "exec " + args["command"]],
-        stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
-        start_new_session=True, close_fds=True, cwd=os.path.expanduser("~"),
-        env={**os.environ, **args["env"]},
-    )  # fmt: skip
-    os.close(log_fd)
-    identity: LeaderIdentity = {}
-    starttime = process_starttime(proc.pid)
-    if starttime is not None:
-        identity["starttime"] = starttime
-    record: RunRecord = {
-        **args["run"],
-        **identity,
-        "id": run_id,
-        "log": log_path,
-        "pid": proc.pid,
-        "pgid": proc.pid,
-        "sid": proc.pid,
-        "started_at": time.time(),
-        "status": "running",
-    }
+    record: RunRecord
+    if args["batch"] is not None:
+        os.close(log_fd)
+        record = submit_job(args, run_id, log_path)
+    else:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", "exec " + args["command"]],
+            stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True, cwd=os.path.expanduser("~"),
+            env={**os.environ, **args["env"]},
+        )  # fmt: skip
+        os.close(log_fd)
+        identity: LeaderIdentity = {}
+        starttime = process_starttime(proc.pid)
+        if starttime is not None:
+            identity["starttime"] = starttime
+        record = cast(RunRecord, {
+            **args["run"],
+            **identity,
+            "id": run_id,
+            "log": log_path,
+            "pid": proc.pid,
+            "pgid": proc.pid,
+            "sid": proc.pid,
+            "started_at": time.time(),
+            "status": "running",
+        })  # fmt: skip
     # Private: the record shows the (masked) command, and the .cmd file the real one.
     write_atomic(os.path.join(runs, run_id + ".cmd"), args["command"].encode(), mode=0o600)
     write_json(os.path.join(runs, run_id + ".env"), args["env"], mode=0o600)
@@ -1507,23 +1546,55 @@ def cmd_poll(args: PollArgs) -> PollReply:
     """Is the run alive, is it healthy, and what did its log gain since `offset`.
 
     With `wait`, keep watching (in this one process) until something changes, so the
-    caller learns of a ready line or a crash within ~50 ms instead of a poll interval.
+    caller learns of a ready line or a crash within ~50 ms instead of a poll interval. A
+    Slurm job is asked of slurmctld at most every SLURM_QUERY_EVERY seconds meanwhile.
     """
     deadline = time.monotonic() + float(args["wait"])
+    ref = args.get("job")
+    job: JobInfo | None = None
+    if ref is not None:
+        recorded = current_run(ref["state_dir"], ref["run"])
+        job = recorded.get("job") if recorded else None
+    first, asked = job, 0.0
     while True:
-        members = run_members(args)
+        if ref is None:
+            members = run_members(args)
+            alive, address = bool(members), args["bind_host"]
+        else:
+            if time.monotonic() >= asked + SLURM_QUERY_EVERY:
+                job, asked = query_job(ref["id"], job), time.monotonic()
+            assert job is not None
+            members, alive, address = [], job_alive(job), job["head"]
         size, data = read_from(args["log"], args["offset"], args["limit"])
-        code = health(args["bind_host"], args["port"]) if members else None
-        if data or not members or code == 200 or time.monotonic() >= deadline:
+        serving = alive and (ref is None or (job is not None and job["state"] == "RUNNING"))
+        code = health(address, args["port"]) if serving and address else None
+        if data or not alive or code == 200 or time.monotonic() >= deadline:
             break
         time.sleep(0.05)
+    if ref is not None and job is not None and _changed(first, job):
+        remember_job(ref["state_dir"], ref["run"], job)
     return {
-        "alive": bool(members),
+        "alive": alive,
         "members": members,
         "health": code,
         "size": size,
         "data": base64.b64encode(data).decode(),
+        "job": job,
     }
+
+
+def _changed(before: JobInfo | None, now: JobInfo) -> bool:
+    """Worth writing to the record: anything but the time left, which changes every second."""
+    if before is None:
+        return True
+    return {**before, "time_left": None} != {**now, "time_left": None}
+
+
+def job_ref(state_dir: str, run: RunRecord) -> JobRef | None:
+    """What a poll of the run needs to ask Slurm about it (None: a process on this host)."""
+    if "job" not in run:
+        return None
+    return {"id": run["job"]["id"], "state_dir": state_dir, "run": run["id"]}
 
 
 POINTER = "current"
@@ -1557,19 +1628,23 @@ def live_runs(state_dir: str) -> list[LiveRun]:
             continue
         deployment = name[len(POINTER) + 1 :] or None
         run = current_run(state_dir, deployment=deployment)
-        members = run_members(run) if run and run["status"] == "running" else []
-        if run and members:
-            found.append(
-                {
-                    "id": run["id"],
-                    "pid": run["pid"],
-                    "deployment": deployment,
-                    "gpus": run.get("gpus"),
-                    "port": run["port"],
-                    "members": members,
-                    "origin": run.get("origin"),
-                }
-            )
+        if not run or run["status"] != "running":
+            continue
+        job = query_job(run["job"]["id"], run["job"]) if "job" in run else None
+        members = [] if job is not None else run_members(run)
+        if members or (job is not None and job_alive(job)):
+            live: LiveRun = {
+                "id": run["id"],
+                "pid": run["pid"],
+                "deployment": deployment,
+                "gpus": run.get("gpus"),
+                "port": run["port"],
+                "members": members,
+                "origin": run.get("origin"),
+            }
+            if job is not None:
+                live["job"] = job["id"]
+            found.append(live)
     return found
 
 
@@ -1581,27 +1656,32 @@ def cmd_status(args: StatusArgs) -> StatusReply:
     """The current (or named) run with liveness, health and the tail of its log."""
     run = current_run(args["state_dir"], args["run"], args["deployment"])
     if run is None:
-        nothing: PollReply = {"alive": False, "members": [], "health": None, "size": 0, "data": ""}
+        nothing: PollReply = {
+            "alive": False, "members": [], "health": None, "size": 0, "data": "", "job": None,
+        }  # fmt: skip
         return {**nothing, "run": None, "command": None, "env": None, "metrics": None}
-    identity: LeaderIdentity = {"starttime": run["starttime"]} if "starttime" in run else {}
-    poll = cmd_poll(
-        {
-            **identity,
-            "pgid": run["pgid"],
-            "sid": run["sid"],
-            "log": run["log"],
-            "port": run["port"],
-            "bind_host": run["bind_host"],
-            "offset": -1,
-            "limit": args["tail_bytes"],
-            "wait": 0,
-        }
-    )
+    poll_args: PollArgs = {
+        "pgid": run["pgid"],
+        "sid": run["sid"],
+        "log": run["log"],
+        "port": run["port"],
+        "bind_host": run["bind_host"],
+        "offset": -1,
+        "limit": args["tail_bytes"],
+        "wait": 0,
+    }
+    if "starttime" in run:
+        poll_args["starttime"] = run["starttime"]
+    ref = job_ref(args["state_dir"], run)
+    if ref is not None:
+        poll_args["job"] = ref
+    poll = cmd_poll(poll_args)
     command = read_bytes(state_path(args["state_dir"], "runs", run["id"] + ".cmd"))
     env = read_json(state_path(args["state_dir"], "runs", run["id"] + ".env"))
     metrics: MetricsPage | None = None
     if args["metrics_bytes"] > 0 and poll["alive"]:
-        code, body = http_get(run["bind_host"], run["port"], "/metrics", args["metrics_bytes"], 2.0)
+        address = run["bind_host"] if poll["job"] is None else poll["job"]["head"]
+        code, body = http_get(address, run["port"], "/metrics", args["metrics_bytes"], 2.0)
         metrics = {"status": code, "text": body.decode("utf-8", "replace")}
     return {
         **poll,
@@ -1617,7 +1697,9 @@ def cmd_stop(args: StopArgs) -> StopReply:
     state_dir = args["state_dir"]
     run = current_run(state_dir, deployment=args["deployment"])
     if run is None:
-        return {"run": None, "ended": [], "killed": [], "left": []}
+        return {"run": None, "ended": [], "killed": [], "left": [], "job": None}
+    if "job" in run:
+        return stop_job_run(state_dir, run, float(args["timeout"]))
     members = run_members(run)
     killed: list[int] = []
     record = state_path(state_dir, "runs", run["id"] + ".json")
@@ -1638,7 +1720,218 @@ def cmd_stop(args: StopArgs) -> StopReply:
         run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
         write_json(record, run)
     left = run_members(run)
-    return {"run": run, "ended": members, "killed": killed, "left": left}
+    return {"run": run, "ended": members, "killed": killed, "left": left, "job": None}
+
+
+def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
+    """cmd_stop for a run that is a Slurm job: scancel, then the record as cmd_stop keeps it."""
+    record = state_path(state_dir, "runs", run["id"] + ".json")
+    was = query_job(run["job"]["id"], run["job"])
+    if job_alive(was) and run["status"] == "running":
+        run = cast(RunRecord, dict(run, stop_requested_at=time.time(), job=was))
+        write_json(record, run, mode=0o600)
+    job = stop_job(state_dir, run, timeout) if job_alive(was) else was
+    run = cast(RunRecord, dict(current_run(state_dir, run["id"]) or run, job=job))
+    if run["status"] == "running":
+        run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
+    write_json(record, run, mode=0o600)
+    return {"run": run, "ended": [], "killed": [], "left": [], "job": job}
+
+
+# ---- Slurm jobs ------------------------------------------------------------------------------
+# On a login node (`launcher: slurm`) a run is a batch job: sbatch starts it, squeue (then
+# sacct, once slurmctld has forgotten it) says whether it lives, and its server answers on
+# the head node. The state it ended in is kept in its record: MinJobAge purges it from
+# slurmctld, and a cluster need not keep accounting.
+
+# States in which a job holds (or waits for) its allocation.
+ACTIVE_JOB_STATES = frozenset(
+    {
+        "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+        "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED",
+        "RESV_DEL_HOLD",
+    }
+)  # fmt: skip
+SQUEUE_FORMAT = "%i|%T|%r|%N|%L"
+# The longest a query of slurmctld may take before the job's state counts as unknown.
+SLURM_TIMEOUT = 30.0
+# The least time between two queries of one job inside one poll: slurmctld serves everyone.
+SLURM_QUERY_EVERY = 0.5
+
+
+def slurm(*argv: str) -> tuple[int, str]:
+    """Run a Slurm client command: its exit status and its output (stderr after stdout)."""
+    try:
+        done = subprocess.run(
+            list(argv), check=False, capture_output=True, text=True, timeout=SLURM_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except FileNotFoundError:
+        return 127, f"{argv[0]}: command not found"
+    except subprocess.TimeoutExpired:
+        return 124, f"{argv[0]} did not answer within {SLURM_TIMEOUT:.0f} s"
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+def parse_slurm_duration(text: str) -> float | None:
+    """Seconds in squeue's `[days-]hours:minutes:seconds` (or `minutes:seconds`); None for
+    UNLIMITED, NOT_SET, INVALID and anything else that is no duration."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if match is None:
+        return None
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def parse_squeue(text: str, job_id: str) -> JobInfo | None:
+    """The job's line of `squeue --format=SQUEUE_FORMAT --noheader`; None when absent."""
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 5 or fields[0] != job_id:
+            continue
+        _, state, reason, nodelist, left = fields
+        running = state in ACTIVE_JOB_STATES and state != "PENDING"
+        return {
+            "id": job_id,
+            "state": state,
+            "reason": "" if reason in ("None", "(null)") else reason,
+            "nodes": [nodelist] if nodelist and nodelist != "(null)" else [],
+            "head": "",
+            "time_left": parse_slurm_duration(left) if running else None,
+            "exit_code": "",
+        }
+    return None
+
+
+def parse_sacct(text: str, job_id: str) -> JobInfo | None:
+    """The job's line of `sacct -X -n -P -o JobID,State,ExitCode,NodeList`; None when absent.
+    sacct writes `CANCELLED by 1000`: the state is the first word."""
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 4 or fields[0] != job_id:
+            continue
+        _, state, exit_code, nodelist = fields
+        return {
+            "id": job_id,
+            "state": state.split()[0] if state.split() else "UNKNOWN",
+            "reason": "",
+            "nodes": [nodelist] if nodelist and nodelist != "None assigned" else [],
+            "head": "",
+            "time_left": None,
+            "exit_code": exit_code,
+        }
+    return None
+
+
+def parse_node_address(text: str) -> str:
+    """`NodeAddr=` of `scontrol show node NAME`; "" when it has none."""
+    match = re.search(r"(?:^|\s)NodeAddr=(\S+)", text)
+    return match.group(1) if match else ""
+
+
+def query_job(job_id: str, known: JobInfo | None) -> JobInfo:
+    """The job's state now: squeue, else sacct, else what its record last knew (UNKNOWN if
+    nothing did). Its node list is expanded and its head node's address looked up."""
+    code, out = slurm("squeue", f"--jobs={job_id}", "--states=all", "--noheader",
+                      f"--format={SQUEUE_FORMAT}")  # fmt: skip
+    found = parse_squeue(out, job_id) if code == 0 else None
+    if found is None:
+        code, out = slurm("sacct", f"--jobs={job_id}", "-X", "-n", "-P",
+                          "--format=JobID,State,ExitCode,NodeList")  # fmt: skip
+        found = parse_sacct(out, job_id) if code == 0 else None
+    if found is None:
+        if known is not None and known["state"] not in ACTIVE_JOB_STATES:
+            return known  # ended, and forgotten since: its record remembers how
+        unknown: JobInfo = {
+            "id": job_id, "state": "UNKNOWN", "reason": out.splitlines()[-1] if out else "",
+            "nodes": [], "head": "", "time_left": None, "exit_code": "",
+        }  # fmt: skip
+        return unknown
+    if found["nodes"]:
+        if known is not None and known["nodes"] and known["head"]:
+            found["nodes"], found["head"] = known["nodes"], known["head"]
+        else:
+            code, out = slurm("scontrol", "show", "hostnames", found["nodes"][0])
+            names = out.split() if code == 0 and out else found["nodes"]
+            found["nodes"] = names
+            code, out = slurm("scontrol", "show", "node", names[0])
+            found["head"] = (parse_node_address(out) if code == 0 else "") or names[0]
+    if found["state"] not in ACTIVE_JOB_STATES and not found["exit_code"]:
+        code, out = slurm("scontrol", "show", "job", job_id)
+        match = re.search(r"(?:^|\s)ExitCode=(\S+)", out) if code == 0 else None
+        found["exit_code"] = match.group(1) if match else ""
+    return found
+
+
+def job_alive(job: JobInfo) -> bool:
+    return job["state"] in ACTIVE_JOB_STATES
+
+
+def remember_job(state_dir: str, run_id: str, job: JobInfo) -> None:
+    """Keep the job's state in its run's record when it changed (its end, its nodes)."""
+    path = state_path(state_dir, "runs", run_id + ".json")
+    record = read_json(path)
+    if isinstance(record, dict) and record.get("job") != job:
+        write_json(path, dict(record, job=job), mode=0o600)
+
+
+def submit_job(args: StartArgs, run_id: str, log_path: str) -> RunRecord:
+    """sbatch the batch script, logging to the run's (new, empty) log; the run's record."""
+    runs = state_path(args["state_dir"], "runs")
+    os.makedirs(runs, exist_ok=True)
+    script = os.path.join(runs, run_id + ".sbatch")
+    write_atomic(script, (args["batch"] or "").encode(), mode=0o600)
+    code, out = slurm(
+        "sbatch", "--parsable", f"--job-name={run_id}", f"--output={log_path}",
+        "--open-mode=append", f"--chdir={os.path.expanduser('~')}", script,
+    )  # fmt: skip
+    job_id = out.splitlines()[-1].split(";")[0].strip() if code == 0 and out else ""
+    if not job_id.isdigit():
+        # Nothing was started: the empty log and the script are ours to take back.
+        for path in (log_path, script):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        last = out.splitlines()[-1] if out else f"exit status {code}"
+        fail(f"sbatch refused the job: {last}", "host")
+    job: JobInfo = {
+        "id": job_id, "state": "PENDING", "reason": "", "nodes": [], "head": "",
+        "time_left": None, "exit_code": "",
+    }  # fmt: skip
+    # pid, pgid and sid 0: no process here is the run's (run_members is never asked).
+    return cast(RunRecord, {
+        **args["run"],
+        "job": job,
+        "id": run_id,
+        "log": log_path,
+        "pid": 0,
+        "pgid": 0,
+        "sid": 0,
+        "started_at": time.time(),
+        "status": "running",
+    })  # fmt: skip
+
+
+def stop_job(state_dir: str, run: RunRecord, timeout: float) -> JobInfo:
+    """SIGTERM the job's steps (the server shuts down as it would here), cancel it outright
+    after `timeout`, and wait until Slurm says it has ended."""
+    known = run["job"]
+    job = query_job(known["id"], known)
+    if job["state"] == "PENDING":
+        slurm("scancel", job["id"])
+    elif job_alive(job):
+        slurm("scancel", "--signal=TERM", job["id"])
+    deadline = time.monotonic() + timeout
+    cancelled = job["state"] == "PENDING"
+    while job_alive(job):
+        if not cancelled and time.monotonic() >= deadline:
+            slurm("scancel", job["id"])  # TERM again, then KILL after the cluster's KillWait
+            cancelled = True
+        if time.monotonic() >= deadline + 120:
+            break
+        time.sleep(0.25)
+        job = query_job(job["id"], job)
+    remember_job(state_dir, run["id"], job)
+    return job
 
 
 def cmd_release(args: ReleaseArgs) -> ReleaseReply:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deployctl import slurm
 from deployctl.deployments import server_env
 from deployctl.errors import TemplateError, UsageError
 from deployctl.inventory import (
@@ -46,6 +47,7 @@ class RenderedCommand:
     deployment: str | None = None
     files: dict[str, str] = field(default_factory=dict)  # written on the host before it starts
     threshold_mode: str | None = None  # how the threshold reaches SGLang (None: no threshold)
+    job_script: str = ""  # a Slurm job's batch script, masked (`launcher: slurm`); "" otherwise
 
     @property
     def command(self) -> str:
@@ -66,7 +68,10 @@ class RenderedCommand:
 
     @property
     def display_lines(self) -> str:
-        """`KEY=value` lines (shell-quoted, masked), then the command: what `render` shows."""
+        """`KEY=value` lines (shell-quoted, masked), then the command: what `render` shows;
+        a Slurm job's batch script, which holds both."""
+        if self.job_script:
+            return self.job_script.rstrip("\n")
         lines = [f"{name}={shlex.quote(value)}" for name, value in self.env_shown.items()]
         return "\n".join([*lines, self.display])
 
@@ -175,6 +180,8 @@ class TemplateSet:
         variables = Settings(overlay(host.vars, overrides or {}, where), where).context()
         context = {
             **variables,
+            # A multi-node Slurm job's rank and meeting point, read inside its steps.
+            **slurm.template_context(Settings(variables, where)),
             "inventory_hostname": host.name,
             "deployment": host.deployment,
             "template": template,

@@ -45,6 +45,9 @@ class Setting:
     above: float | None = None
     # What a right value is, as messages say it; by default from the type.
     wanted: str = ""
+    # A text's allowed values, or the pattern it must match (whole).
+    choices: tuple[str, ...] = ()
+    pattern: str = ""
 
     @property
     def what(self) -> str:
@@ -73,6 +76,10 @@ _WANTED = {
 }
 _WEEK = 7 * 24 * 3600
 _PORT: dict[str, Any] = {"least": 1, "most": 65535, "wanted": "a port number (1-65535)"}
+# Slurm's time formats (sbatch --time): minutes, m:s, h:m:s, d-h, d-h:m, d-h:m:s, unlimited.
+_SLURM_TIME = r"(?i:unlimited|infinite)|\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}"
+# One #SBATCH word: an option, never a second line of the script.
+_SBATCH_OPTION = r"-[^\n\r]*"
 
 _DECLARED = [
     Setting("python", str, "interpreter with SGLang on the host", "python3", layered=True),
@@ -196,6 +203,49 @@ _DECLARED = [
         29000,
         layered=True,
         **_PORT,
+    ),
+    Setting(
+        "launcher",
+        str,
+        "how servers start: `ssh` (a process on the host) or `slurm` (a job from this login node)",
+        "ssh",
+        choices=("ssh", "slurm"),
+        wanted="ssh or slurm",
+    ),
+    Setting(
+        "slurm_partition", str, "the job's partition (`#SBATCH --partition`)", pattern=r"[^\s]+"
+    ),
+    Setting("slurm_account", str, "the job's account", pattern=r"[^\s]+"),
+    Setting("slurm_qos", str, "the job's quality of service", pattern=r"[^\s]+"),
+    Setting(
+        "slurm_time",
+        str,
+        "the job's time limit, e.g. `4:00:00` (`status` shows the time left)",
+        pattern=_SLURM_TIME,
+        wanted="a Slurm time limit, e.g. 4:00:00, 90 or 1-12:00:00",
+    ),
+    Setting(
+        "slurm_nodes",
+        int,
+        "the job's nodes: more than 1 is one multi-node server (`tp` is the total)",
+        1,
+        least=1,
+        wanted="a number of nodes",
+    ),
+    Setting(
+        "slurm_gpus_per_node",
+        int,
+        "GPUs asked for on each node",
+        shown_default="`tp` / `slurm_nodes`",
+        least=1,
+        wanted="a number of GPUs",
+    ),
+    Setting("slurm_exclusive", bool, "ask for whole nodes (`#SBATCH --exclusive`)", False),
+    Setting(
+        "slurm_extra",
+        list,
+        "more `#SBATCH` options, e.g. `[--constraint=h200]`",
+        wanted="a list of sbatch options, each starting with -",
     ),
     Setting(
         "known_hosts_file",
@@ -402,6 +452,10 @@ def fits(setting: Setting, value: Any) -> bool:
         return isinstance(value, str) or (
             isinstance(value, list) and all(isinstance(v, str) for v in value)
         )
+    if setting.name == "slurm_extra":
+        return isinstance(value, list) and all(
+            isinstance(v, str) and re.fullmatch(_SBATCH_OPTION, v) for v in value
+        )
     if setting.type is str:
         return isinstance(value, str | os.PathLike)
     if setting.type is bool or isinstance(value, bool):
@@ -439,6 +493,8 @@ def check_value(setting: Setting, value: Any, where: str, spelling: str) -> None
             raise InventoryError(f"{where}: {spelling} {value!r} is not {setting.what}")
     elif setting.type is str and "\0" in str(value):
         raise InventoryError(f"{where}: {spelling} holds a NUL byte")
+    elif setting.type is str and not _allowed_text(setting, str(value)):
+        raise InventoryError(f"{where}: {spelling} {value!r} is not {setting.what}")
     elif setting.name == "env":
         check_env(value, where)
     elif setting.name == "deployments" and not value:
@@ -450,6 +506,12 @@ def check_value(setting: Setting, value: Any, where: str, spelling: str) -> None
         repeated = sorted({i for i in indices if indices.count(i) > 1})
         if repeated:
             raise InventoryError(f"{where}: {spelling} lists GPU {repeated[0]} twice")
+
+
+def _allowed_text(setting: Setting, value: str) -> bool:
+    if setting.choices and value not in setting.choices:
+        return False
+    return not setting.pattern or re.fullmatch(setting.pattern, value) is not None
 
 
 def check_settings(variables: Mapping[str, Any], where: str, deployments: bool = True) -> None:
@@ -674,6 +736,36 @@ class Settings:
     @property
     def router_metrics_port(self) -> int:
         return self._int("router_metrics_port")
+
+    @property
+    def launcher(self) -> str:
+        return self._text("launcher")
+
+    @property
+    def slurm(self) -> bool:
+        """The host is a Slurm login node: its servers run as jobs (`launcher: slurm`)."""
+        return self.launcher == "slurm"
+
+    def optional_text(self, name: str) -> str | None:
+        value = self.checked(name)
+        return str(value) if value not in (None, "") else None
+
+    @property
+    def slurm_nodes(self) -> int:
+        return self._int("slurm_nodes")
+
+    @property
+    def slurm_gpus_per_node(self) -> int | None:
+        value = self.checked("slurm_gpus_per_node")
+        return None if value is None else int(value)
+
+    @property
+    def slurm_exclusive(self) -> bool:
+        return bool(self.checked("slurm_exclusive"))
+
+    @property
+    def slurm_extra(self) -> list[str]:
+        return [str(v) for v in self.checked("slurm_extra") or []]
 
     @property
     def known_hosts_file(self) -> str | None:

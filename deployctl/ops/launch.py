@@ -4,6 +4,7 @@ run's life cycle: ops/runs.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import itertools
 import os
@@ -14,9 +15,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from deployctl import agent
+from deployctl import agent, slurm
 from deployctl.connection import Connection
-from deployctl.deployments import GroupKey, describe_gpus, gpu_set, group_of, node_rank
+from deployctl.deployments import (
+    GroupKey,
+    describe_gpus,
+    gpu_set,
+    group_of,
+    is_loopback,
+    node_rank,
+)
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, attempt
@@ -30,7 +38,7 @@ from deployctl.host_agent import (
 )
 from deployctl.inventory import Host
 from deployctl.ops.flags import FlagReport, checked_argv, flag_report, runs_router
-from deployctl.ops.gpus import GpuReport, gpu_report
+from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
 from deployctl.ops.router import reachability_problem, router_of
 from deployctl.patchset import (
@@ -102,6 +110,9 @@ def render_commands(
                     problems[0],
                     hint="change the template's values with --set, e.g. --set speculative_eagle_topk=1",
                 )
+        if host.settings.slurm:  # what sbatch is given, shown wherever the command is
+            script = Plan(host, rendered, []).batch_script(masked=True)
+            rendered = dataclasses.replace(rendered, job_script=script)
         return rendered
 
     return FleetResult(attempt(host, partial(render_one, host)) for host in hosts)
@@ -148,7 +159,27 @@ class Plan:
     @property
     def local_tp(self) -> int:
         """The GPUs this host gives the server: its share of the tensor parallelism."""
-        return 0 if self.is_router else self.tp // self.host.settings.nnodes
+        return 0 if self.is_router or self.is_job else self.tp // self.host.settings.nnodes
+
+    @property
+    def is_job(self) -> bool:
+        """A Slurm job from this login node: its GPUs and ports are on nodes Slurm picks."""
+        return self.host.settings.slurm
+
+    def batch_script(self, masked: bool, max_used_mib: int = DEFAULT_MAX_USED_MIB) -> str:
+        """The job's batch script (a job's plan only): shown masked, or real for sbatch."""
+        rendered = self.rendered
+        return slurm.batch_script(
+            self.host.settings,
+            rendered.argv,
+            rendered.env_shown if masked else rendered.env,
+            tp=self.tp,
+            port=self.port,
+            bind_host=self.bind_host,
+            max_used_mib=max_used_mib,
+            secrets=rendered.secrets,
+            masked=masked,
+        )
 
     @property
     def is_router(self) -> bool:
@@ -177,8 +208,9 @@ class Plan:
 
     @property
     def gpus(self) -> list[int] | None:
-        """The GPUs the server may use (None: all of the host's; a router: none)."""
-        return [] if self.is_router else gpu_set(self.host)
+        """The GPUs the server may use (None: all of the host's; a router, or a job whose
+        GPUs are on its nodes: none of this host's)."""
+        return [] if self.is_router or self.is_job else gpu_set(self.host)
 
     @property
     def launch_module(self) -> str | None:
@@ -241,7 +273,9 @@ def preflight_args(
         "log_stem": plan.rendered.log_stem,
         "client": client_identity("launch", hold_for),
         "break_lock": break_lock,
-        "server_argv": None if plan.is_router else checked_argv(host, plan.rendered.argv),
+        "server_argv": None
+        if plan.is_router
+        else checked_argv(host, slurm.checked_form(plan.rendered.argv)),
     }
 
 
@@ -301,21 +335,24 @@ def run_preflight(
             f"another deployctl {holder.get('op', 'operation')} is in progress on {host.name} "
             f"(pid {holder.get('pid')} on {holder.get('host')})"
         )
-    gpus = outputs["gpus"]
-    try:
-        state = parse_gpus_command(gpus.exit_code, gpus.output, gpus.stderr)
-    except DeployctlError as exc:
-        if not plan.is_router:  # a router needs no GPU, nor nvidia-smi
-            problems.append(f"GPUs cannot be checked: {exc.message}")
-        state = None
-    if state is not None and not plan.is_router:
-        result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints)
+    if plan.is_job:  # its nodes' GPUs and ports are checked by the job itself
+        job_problems(plan, doc["sbatch"], problems, hints, result.warnings)
+    else:
+        gpus = outputs["gpus"]
+        try:
+            state = parse_gpus_command(gpus.exit_code, gpus.output, gpus.stderr)
+        except DeployctlError as exc:
+            if not plan.is_router:  # a router needs no GPU, nor nvidia-smi
+                problems.append(f"GPUs cannot be checked: {exc.message}")
+            state = None
+        if state is not None and not plan.is_router:
+            result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints)
+        for port, why in doc["busy_ports"].items():
+            what = plan.extra_ports.get(int(port), "")
+            problems.append(f"port {port} ({what}) is in use on {host.name} ({why})")
+        if not doc["port_free"]:
+            problems.append(f"port {plan.port} is in use on {host.name} ({doc['port_error']})")
     live_run_problems(plan, doc["live_runs"], problems, hints)
-    for port, why in doc["busy_ports"].items():
-        what = plan.extra_ports.get(int(port), "")
-        problems.append(f"port {port} ({what}) is in use on {host.name} ({why})")
-    if not doc["port_free"]:
-        problems.append(f"port {plan.port} is in use on {host.name} ({doc['port_error']})")
     if not doc["module_found"]:
         problems.append(
             f"{host.settings.python} on {host.name} cannot find module {plan.launch_module}"
@@ -350,6 +387,31 @@ def run_preflight(
         )
     result.hints = list(dict.fromkeys(hints))  # two runs in the way: one hint
     return result
+
+
+def job_problems(
+    plan: Plan, sbatch: str | None, problems: list[str], hints: list[str], warnings: list[str]
+) -> None:
+    """What a Slurm job needs of its login node and its settings."""
+    host = plan.host
+    if sbatch is None:
+        problems.append(f"sbatch is not on the PATH of {host.name} (launcher: slurm)")
+        hints.append("run deployctl against a Slurm login node, or set launcher: ssh")
+    if is_loopback(plan.bind_host):
+        problems.append(
+            f"bind_host {plan.bind_host} is loopback: the server on its Slurm node could not "
+            f"be reached from {host.name}"
+        )
+        hints.append("set bind_host: 0.0.0.0 for deployments run as Slurm jobs")
+    nodes = host.settings.slurm_nodes
+    if plan.tp % nodes:
+        problems.append(f"tensor parallelism {plan.tp} is not divisible by its {nodes} nodes")
+        hints.append("tp is the total over all nodes, e.g. tp: 16 with slurm_nodes: 2")
+    if host.settings.given("gpus"):
+        warnings.append(
+            "gpus does not apply to a Slurm job: Slurm gives each node "
+            f"{slurm.gpus_per_node(host.settings, plan.tp)} GPUs (slurm_gpus_per_node)"
+        )
 
 
 def gpu_problems(
@@ -394,8 +456,12 @@ def live_run_problems(
     select = f"-H {host.name}" + (f" -d {host.deployment}" if host.deployment else "")
     for run in live:
         if run["deployment"] == host.deployment:
-            problems.append(f"run {run['id']} (pid {run['pid']}) is still running on {host.name}")
+            problems.append(
+                f"run {run['id']} ({slurm.run_handle(run)}) is still running on {host.name}"
+            )
             hints.append(f"stop it first (deployctl stop {select}), or launch with --replace")
+            continue
+        if plan.is_job or "job" in run:  # Slurm places jobs: nothing of this host is shared
             continue
         other = _deployment_words(run["deployment"])
         if shares_gpus(plan.gpus, run["gpus"]):

@@ -39,7 +39,7 @@ from deployctl.fanout import (
     next_backoff,
 )
 from deployctl.host_agent import (
-    LeaderIdentity,
+    JobInfo,
     MetricsPage,
     PollArgs,
     PollReply,
@@ -50,6 +50,7 @@ from deployctl.host_agent import (
     StatusReply,
     StopArgs,
     StopReply,
+    job_ref,
 )
 from deployctl.inventory import Host
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
@@ -63,6 +64,7 @@ from deployctl.ops.router import (
     register_workers_of,
     router_state,
 )
+from deployctl.slurm import job_words
 from deployctl.text import plain
 
 # Seconds a replaced run gets between SIGTERM and SIGKILL unless the caller says otherwise.
@@ -175,6 +177,7 @@ def start_run(
         "run": run,
         "files": rendered.files,
         "lock_token": lock_token,
+        "batch": plan.batch_script(masked=False) if plan.is_job else None,
     }
     return agent.call(host, conn, agent.START, args)["run"]
 
@@ -191,16 +194,15 @@ class Outcome:
     warnings: list[CrashReport] = field(default_factory=list)  # traces while healthy
     note: str = ""  # why a node of a multi-node server was stopped (state "aborted")
     connection_losses: list[str] = field(default_factory=list)  # while waited for, each mended
+    job: JobInfo | None = None  # a Slurm job as the wait last saw it
 
     @property
     def ok(self) -> bool:
         return self.state in (RunState.READY, RunState.STARTED)
 
 
-def poll_args(run: RunRecord, offset: int, wait: float = 0) -> PollArgs:
-    identity: LeaderIdentity = {"starttime": run["starttime"]} if "starttime" in run else {}
-    return {
-        **identity,
+def poll_args(state_dir: str, run: RunRecord, offset: int, wait: float = 0) -> PollArgs:
+    args: PollArgs = {
         "pgid": run["pgid"],
         "sid": run["sid"],
         "log": run["log"],
@@ -210,6 +212,12 @@ def poll_args(run: RunRecord, offset: int, wait: float = 0) -> PollArgs:
         "limit": POLL_LIMIT_BYTES,
         "wait": wait,
     }
+    if "starttime" in run:
+        args["starttime"] = run["starttime"]
+    ref = job_ref(state_dir, run)
+    if ref is not None:
+        args["job"] = ref
+    return args
 
 
 class GroupWatch:
@@ -278,6 +286,7 @@ def _wait_ready(
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset, started, last_line, buffer = 0, time.monotonic(), "", ""
     backoff = 0.0  # > 0 while the connection is lost: the wait before the next try
+    job: JobInfo | None = None
     while True:
         try:
             doc = poll(host, conn, run, offset, POLL_WAIT if serves_api else NODE_POLL_WAIT)
@@ -308,15 +317,23 @@ def _wait_ready(
             last_line = plain(next(line for line in reversed(lines) if line.strip()))
         crashes = scanner.feed(data)
         elapsed = time.monotonic() - started
+        job = doc["job"]
         # A trace while /health answers 200 is a failed request, not a failed server.
         if crashes and (doc["health"] != 200 or not serves_api):
-            return Outcome(run, RunState.CRASHED, elapsed, scanner.reports, last_line)
-        if serves_api and (doc["health"] == 200 or any(READY_LINE in line for line in lines)):
-            return Outcome(run, RunState.READY, elapsed, [], last_line, warnings=scanner.reports)
+            return Outcome(run, RunState.CRASHED, elapsed, scanner.reports, last_line, job=job)
+        # A job's ready line is written on its node before the login node can reach it.
+        ready_line = job is None and any(READY_LINE in line for line in lines)
+        if serves_api and (doc["health"] == 200 or ready_line):
+            return Outcome(
+                run, RunState.READY, elapsed, [], last_line, warnings=scanner.reports, job=job
+            )
         if not doc["alive"]:
             crashes = scanner.finish() or scanner.reports
             state = RunState.STOPPED if was_stopped(host, conn, run) else RunState.DIED
-            return Outcome(run, state, elapsed, crashes, last_line)
+            note = job_words(job) if job is not None else ""
+            return Outcome(run, state, elapsed, crashes, last_line, note=note, job=job)
+        if job is not None and job["state"] == "PENDING":
+            last_line = job_words(job)
         if group is not None and group.state is not None:
             if group.state is not Verdict.FAILED:  # a timeout leaves every node running
                 state = RunState(group.state.value)
@@ -341,7 +358,7 @@ def poll(
     host: Host, conn: Connection, run: RunRecord, offset: int, wait: float = POLL_WAIT
 ) -> PollReply:
     """What the run's log gained since `offset`, and whether it is alive and healthy."""
-    return agent.call(host, conn, agent.POLL, poll_args(run, offset, wait))
+    return agent.call(host, conn, agent.POLL, poll_args(host.settings.state_dir, run, offset, wait))
 
 
 @dataclass
@@ -551,6 +568,7 @@ class RunStatus:
     metrics: dict[str, Any] | None = None  # when asked for: see deployctl.metrics
     metrics_note: str | None = None  # None: not asked; else why there are none, or ""
     router: RouterState | None = None  # a live router's list and drift (see ops/router.py)
+    job: JobInfo | None = None  # a Slurm job's state (`launcher: slurm`)
 
     @property
     def running(self) -> bool:
@@ -615,6 +633,8 @@ def run_status(
     outputs, doc = agent.call_beside(host, conn, probes, agent.STATUS, args)
     run = doc["run"]
     try:  # a host without working GPUs still has a status
+        if run is not None and "job" in run:
+            raise DeployctlError("a Slurm job's GPUs are on its nodes, not on the login node")
         gpu_probe = outputs["gpus"]
         state = parse_gpus_command(gpu_probe.exit_code, gpu_probe.output, gpu_probe.stderr)
         only = run.get("gpus") if run else gpu_set(host)
@@ -639,6 +659,7 @@ def run_status(
         gpus=gpus,
         command=doc["command"],
         env=doc["env"],
+        job=doc["job"],
     )
     if with_metrics:
         status.metrics, status.metrics_note = read_metrics(doc["metrics"])
@@ -668,6 +689,7 @@ class StopResult:
     note: str = ""
     # Its removal from its router before the stop (None: it names no router).
     router: Registration | None = None
+    job: JobInfo | None = None  # a Slurm job as the stop left it
 
     @property
     def ok(self) -> bool:
@@ -685,6 +707,9 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
     if doc["left"]:
         raise DeployctlError(f"{host.label}: processes {doc['left']} survived SIGKILL")
     note = "" if doc["ended"] else "was not running"
+    if doc["job"] is not None:  # its GPUs were its nodes': Slurm gives them back
+        result = StopResult(run["id"], [], [], None, job_words(doc["job"]), job=doc["job"])
+        return result
     if run.get("gpus") == []:  # a router: it held no GPU
         return StopResult(run["id"], doc["ended"], doc["killed"], None, note or "holds no GPU")
     deadline = time.monotonic() + gpu_timeout

@@ -91,7 +91,9 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
     )
     # The run's own GPUs, which its recorded environment pins it to, whatever the inventory
     # says now.
-    recorded = Host(host.name, {**host.vars, "gpus": status.run.get("gpus")}, host.deployment)
+    # A Slurm job's GPUs are its nodes', never the login node's.
+    pinned = {} if "job" in status.run else {"gpus": status.run.get("gpus")}
+    recorded = Host(host.name, {**host.vars, **pinned}, host.deployment)
     return Plan(recorded, rendered, sets_for_flags(argv, patch_sets))
 
 

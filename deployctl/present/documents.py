@@ -19,6 +19,7 @@ from deployctl.errors import error_code, explain
 if TYPE_CHECKING:
     from deployctl.events import Event
     from deployctl.fanout import FleetResult, HostResult
+    from deployctl.host_agent import JobInfo
     from deployctl.inventory import GroupNode, Host
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
     from deployctl.ops.flags import CheckedCommand, FlagReport
@@ -101,6 +102,7 @@ def rendered_json(rendered: RenderedCommand) -> dict[str, Any]:
         "env": rendered.env_shown,
         "threshold_mode": rendered.threshold_mode,
         "files": rendered.files,
+        "batch_script": rendered.job_script or None,
     }
 
 
@@ -229,6 +231,7 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
         "env": run.get("env", {}),
         "note": outcome.note,
         "connection_losses": outcome.connection_losses,
+        **({"job": job_json(outcome.job)} if outcome.job else {}),
     }
 
 
@@ -297,6 +300,20 @@ def stop_json(stop: StopResult) -> dict[str, Any]:
         "gpus_clean": stop.gpus_clean,
         "note": stop.note,
         **({"router": registration_json(stop.router)} if stop.router else {}),
+        **({"job": job_json(stop.job)} if stop.job else {}),
+    }
+
+
+def job_json(job: JobInfo) -> dict[str, Any]:
+    """A Slurm job: its id, state, why it waits, its nodes, the time it has left."""
+    return {
+        "id": job["id"],
+        "state": job["state"],
+        "reason": job["reason"],
+        "nodes": job["nodes"],
+        "head": job["head"],
+        "time_left_s": job["time_left"],
+        "exit_code": job["exit_code"],
     }
 
 
@@ -326,6 +343,7 @@ def run_status_json(status: RunStatus) -> dict[str, Any]:
             else {"metrics": status.metrics, "metrics_note": status.metrics_note}
         ),
         **({"router": router_state_json(status.router)} if status.router else {}),
+        **({"job": job_json(status.job)} if status.job else {}),
     }
 
 

@@ -28,12 +28,14 @@ from deployctl.present.terminal import (
     tagged,
 )
 from deployctl.schema import versioned
+from deployctl.slurm import job_words, run_handle
 from deployctl.text import one_line
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from deployctl.fanout import FleetResult, HostResult
+    from deployctl.host_agent import JobInfo
     from deployctl.inventory import GroupNode, Host
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
     from deployctl.ops.flags import CheckedCommand
@@ -419,7 +421,7 @@ def _launch(result: LaunchReport) -> None:
         outcome = out.value
         run = outcome.run
         out_console.print(
-            f"{out.name}: {run['id']} pid {run['pid']} — {outcome_text(outcome)}", markup=False
+            f"{out.name}: {run['id']} {run_handle(run)} — {outcome_text(outcome)}", markup=False
         )
         out_console.print(f"  log: {run['log']}", markup=False)
         for crash in outcome.crashes:
@@ -541,16 +543,50 @@ def _status_table(results: FleetResult[RunStatus]) -> None:
         mem = f"{d['gpu_memory_used_mib']} MiB" if d["gpu_memory_used_mib"] is not None else "-"
         warning = f"warning: {d['warning']}" if d["warning"] else ""
         detail = d["crash"] or warning or d["last_line"] or ""
-        row = [r.name, d["run"] or "-", str(d["pid"] or "-"), d["state"] or "-", uptime, mem]
+        job = r.value.job
+        pid = str(d["pid"] or "-")
+        if job is not None:
+            pid = f"job {job['id']}"
+            if r.value.crashed or job["state"] == "PENDING":  # Slurm's word first
+                detail = job_words(job) + (f": {detail}" if detail else "")
+        row = [r.name, d["run"] or "-", pid, d["state"] or "-", uptime, mem]
         rows.append([*row, d["log"] or "-", detail[:160]])
     columns = ["host", "run", "pid", "state", "uptime", "GPU mem", "log", "crash / last line"]
     print_table(None, columns, rows)
+    jobs = [(r.name, r.value.job) for r in results if r.value is not None and r.value.job]
+    if jobs:
+        print_table("Slurm jobs", JOB_COLUMNS, [job_row(name, job) for name, job in jobs])
     if any(r.value is not None and r.value.metrics_note is not None for r in results):
         print_table(None, METRIC_COLUMNS, metric_rows(results))
     for r in results:
         if r.value is not None and r.value.router is not None:
             print_router(r.value.router)
     print_host_errors(results)
+
+
+JOB_COLUMNS = ["host", "job", "state", "reason", "nodes", "time left"]
+
+
+def job_row(name: str, job: JobInfo) -> list[str]:
+    left = job["time_left"]
+    return [
+        name,
+        job["id"],
+        job["state"] + (f" ({job['exit_code']})" if job["exit_code"] else ""),
+        job["reason"] or "-",
+        ",".join(job["nodes"]) or "-",
+        "-" if left is None else duration_text(left),
+    ]
+
+
+def duration_text(seconds: float) -> str:
+    """`2h05m`, `9m30s`, `45s`: a time left, at a glance."""
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def print_router(state: RouterState) -> None:
