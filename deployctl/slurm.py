@@ -45,14 +45,14 @@ def ask(*argv):
     return done.returncode, done.stdout + done.stderr
 code, out = ask("nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits")
 if code:
-    sys.exit(f"deployctl: nvidia-smi failed on node {node}: {out.strip()}")
+    sys.exit(f"[deployctl] nvidia-smi failed on node {node}: {out.strip()}")
 given = os.environ.get("CUDA_VISIBLE_DEVICES")
 mine = None if given is None else {g.strip() for g in given.split(",")}
 dirty = []
 for line in out.splitlines():
     index, _, used = (f.strip() for f in line.partition(","))
     if (mine is None or index in mine) and used.isdigit() and int(used) > most:
-        dirty.append(f"deployctl: GPU {index} on node {node} is not clean: {used} MiB in use")
+        dirty.append(f"[deployctl] GPU {index} on node {node} is not clean: {used} MiB in use")
 if dirty:
     sys.exit("\\n".join(dirty))
 if bind in ("", "0.0.0.0", "::"):
@@ -63,8 +63,8 @@ with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as sock:
     try:
         sock.bind((bind, port))
     except OSError as exc:
-        sys.exit(f"deployctl: port {port} on node {node} is in use ({exc})")
-print(f"deployctl: node {node}: GPUs {given or 'all'} clean, port {port} free", flush=True)
+        sys.exit(f"[deployctl] port {port} on node {node} is in use ({exc})")
+print(f"[deployctl] node {node}: GPUs {given or 'all'} clean, port {port} free", flush=True)
 """
 # Heredoc delimiters of the script's two programs.
 _CHECK_END = "DEPLOYCTL_CHECK"
@@ -148,13 +148,13 @@ def batch_script(
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'DEPLOYCTL_HEAD_ADDR=$(scontrol show node "$head" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)',
         'export DEPLOYCTL_HEAD_ADDR="${DEPLOYCTL_HEAD_ADDR:-$head}"',
-        'echo "deployctl: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($DEPLOYCTL_HEAD_ADDR)"',
+        'echo "[deployctl] job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($DEPLOYCTL_HEAD_ADDR)"',
         "# Every node: its GPUs clean and the port free, or the job fails here.",
         f"read -r -d '' check <<'{_CHECK_END}' || true",
         JOB_PREFLIGHT.rstrip("\n"),
         _CHECK_END,
         f'{step} {quote(settings.python)} -c "$check" {max_used_mib} {quote(bind_host)} {port} ||',
-        '  { echo "deployctl: the job preflight failed; the server was not started"; exit 1; }',
+        '  { echo "[deployctl] the job preflight failed; the server was not started"; exit 1; }',
         "# The server, one step per node; the node rank is read inside the step.",
         f"read -r -d '' server <<'{_STEP_END}' || true",
         server,

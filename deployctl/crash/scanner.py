@@ -376,9 +376,9 @@ class CrashScanner:
             tb = self._pick(_K_EXC)
             if tb is not None:
                 self._complete(tb, e["type"], (e["msg"] or "").strip(), n)
-            elif continuing is not None:
-                continuing.last = n
-            return
+                return
+            # No traceback to end: a `tool: message` line, which a line rule may know
+            # (`slurmstepd: error: *** JOB 12 … DUE TO TIME LIMIT ***`).
         if continuing is not None:
             continuing.last = n  # more lines of a multi-line exception message
             return

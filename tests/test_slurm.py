@@ -1,0 +1,206 @@
+"""Slurm as a launcher, its pure parts: the batch script, and the parsers of what squeue,
+sacct and scontrol print (captured from Debian's slurm-wlm 22.05). The jobs themselves run
+on a real Slurm in tests/test_slurm_jobs.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deployctl.errors import InventoryError
+from deployctl.host_agent import (
+    parse_node_address,
+    parse_sacct,
+    parse_slurm_duration,
+    parse_squeue,
+)
+from deployctl.inventory import Host
+from deployctl.settings import Settings, check_settings
+from deployctl.slurm import batch_script, checked_form, directives, step_word, template_context
+
+
+def settings(**variables: object) -> Settings:
+    return Settings({"launcher": "slurm", **variables}, "host login")
+
+
+def test_durations_are_read_in_every_form_squeue_prints() -> None:
+    assert parse_slurm_duration("1-02:03:04") == 93784
+    assert parse_slurm_duration("3:59:58") == 14398
+    assert parse_slurm_duration("9:30") == 570
+    for text in ("UNLIMITED", "NOT_SET", "INVALID", ""):
+        assert parse_slurm_duration(text) is None
+
+
+def test_squeue_lines_give_state_reason_nodes_and_time_left() -> None:
+    running = parse_squeue("12|RUNNING|None|n[1-2]|3:59:58\n13|PENDING|Resources||4:00:00\n", "12")
+    assert running is not None
+    assert (running["state"], running["reason"], running["nodes"]) == ("RUNNING", "", ["n[1-2]"])
+    assert running["time_left"] == 14398
+    pending = parse_squeue("12|RUNNING|None|n1|3:59:58\n13|PENDING|Resources||4:00:00\n", "13")
+    assert pending is not None
+    assert (pending["state"], pending["reason"], pending["nodes"]) == ("PENDING", "Resources", [])
+    assert pending["time_left"] is None  # not running: its limit has not started
+    assert parse_squeue("12|RUNNING|None|n1|1:00\n", "1") is None
+    assert parse_squeue("slurm_load_jobs error: Invalid job id specified\n", "12") is None
+
+
+def test_sacct_states_lose_their_by_and_keep_the_exit_code() -> None:
+    job = parse_sacct("14|CANCELLED by 1001|0:15|n1\n", "14")
+    assert job is not None and (job["state"], job["exit_code"], job["nodes"]) == (
+        "CANCELLED",
+        "0:15",
+        ["n1"],
+    )
+    never = parse_sacct("15|CANCELLED by 0|0:0|None assigned\n", "15")
+    assert never is not None and never["nodes"] == []
+    assert parse_sacct("", "14") is None
+
+
+def test_the_node_address_is_read_from_scontrol() -> None:
+    text = "NodeName=n1 Arch=x86_64 CoresPerSocket=1\n   NodeAddr=127.0.3.1 NodeHostName=box\n"
+    assert parse_node_address(text) == "127.0.3.1"
+    assert parse_node_address("Node n9 not found\n") == ""
+
+
+def test_a_multi_node_job_reads_its_rank_inside_the_step() -> None:
+    context = template_context(settings(slurm_nodes=2, dist_port=20001))
+    assert context == {
+        "nnodes": 2,
+        "node_rank": "${SLURM_NODEID}",
+        "dist_init_addr": "${DEPLOYCTL_HEAD_ADDR}:20001",
+    }
+    assert template_context(settings()) == {}  # one node: no multi-node flags
+    assert template_context(Settings({"slurm_nodes": 2}, "h")) == {}  # not a Slurm host
+    assert step_word("--node-rank=${SLURM_NODEID}") == '--node-rank="${SLURM_NODEID}"'
+    assert step_word("--x=$(reboot)") == "'--x=$(reboot)'"  # anything else stays quoted
+    assert checked_form(
+        ["--node-rank=${SLURM_NODEID}", "--dist-init-addr=${DEPLOYCTL_HEAD_ADDR}:1"]
+    ) == [
+        "--node-rank=0",
+        "--dist-init-addr=127.0.0.1:1",
+    ]
+
+
+def test_directives_come_from_the_settings_and_gpus_default_to_the_share_of_tp() -> None:
+    given = settings(
+        slurm_nodes=2,
+        slurm_partition="gpu",
+        slurm_account="ml",
+        slurm_qos="high",
+        slurm_time="4:00:00",
+        slurm_exclusive=True,
+        slurm_extra=["--constraint=h200"],
+    )
+    assert directives(given, 16) == [
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--gpus-per-node=8",
+        "--partition=gpu",
+        "--account=ml",
+        "--qos=high",
+        "--time=4:00:00",
+        "--exclusive",
+        "--constraint=h200",
+    ]
+    assert "--gpus-per-node=2" in directives(settings(slurm_gpus_per_node=2), 8)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("deployctl_launcher", "kubernetes"),
+        ("deployctl_slurm_time", "four hours"),
+        ("deployctl_slurm_partition", "gpu\n#SBATCH --uid=0"),
+        ("deployctl_slurm_extra", ["--exclusive\n#SBATCH --uid=0"]),
+        ("deployctl_slurm_extra", ["exclusive"]),
+        ("deployctl_slurm_nodes", 0),
+    ],
+)
+def test_settings_that_would_break_the_script_are_refused(name: str, value: object) -> None:
+    with pytest.raises(InventoryError) as caught:
+        check_settings({name: value}, "host login")
+    assert name in caught.value.message
+
+
+def fake_slurm(folder: Path, nodes: int, gpu_mib: dict[str, int]) -> dict[str, str]:
+    """srun, scontrol and nvidia-smi stand-ins on PATH for running a batch script here: srun
+    runs its command once per node with that node's SLURM_NODEID and SLURMD_NODENAME."""
+    folder.mkdir()
+    (folder / "srun").write_text(
+        "#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done\n"
+        f"for i in $(seq 0 {nodes - 1}); do SLURM_NODEID=$i SLURMD_NODENAME=n$((i + 1)) "
+        '"$@" || exit $?; done\n'
+    )
+    (folder / "scontrol").write_text(
+        '#!/bin/bash\nif [ "$2" = hostnames ]; then echo n1; echo n2; '
+        'else echo "NodeName=$3 NodeAddr=127.0.3.${3#n} State=IDLE"; fi\n'
+    )
+    lines = "".join(
+        f'[ "$SLURMD_NODENAME" = {node} ] && echo "0, {mib}" && exit 0\n'
+        for node, mib in gpu_mib.items()
+    )
+    (folder / "nvidia-smi").write_text(f"#!/bin/bash\n{lines}echo '0, 0'\n")
+    for tool in folder.iterdir():
+        tool.chmod(0o755)
+    return {
+        **os.environ,
+        "PATH": f"{folder}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+    }
+
+
+def script_for(tmp_path: Path, **variables: object) -> Path:
+    """The batch script of a two-node server whose `python` prints its argv."""
+    show = tmp_path / "show-argv"
+    show.write_text('#!/bin/sh\n[ "$1" = -c ] && exec python3 "$@"\necho "$SLURMD_NODENAME: $*"\n')
+    show.chmod(0o755)
+    host = Host("login", {"launcher": "slurm", "slurm_nodes": 2, "python": str(show), **variables})
+    argv = [str(show), "-m", "sglang.launch_server", "--tp-size=2", "--nnodes=2"]
+    argv += ["--node-rank=${SLURM_NODEID}", "--dist-init-addr=${DEPLOYCTL_HEAD_ADDR}:20000"]
+    text = batch_script(
+        host.settings,
+        argv,
+        {"NCCL_DEBUG": "INFO"},
+        tp=2,
+        port=30123,
+        bind_host="0.0.0.0",
+        max_used_mib=16,
+    )
+    path = tmp_path / "job.sbatch"
+    path.write_text(text)
+    return path
+
+
+def test_the_script_runs_each_node_with_its_own_rank_and_the_head_address(tmp_path: Path) -> None:
+    script = script_for(tmp_path)
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    env = fake_slurm(tmp_path / "bin", 2, {})
+    done = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "[deployctl] job 7 on n[1-2], head n1 (127.0.3.1)" in lines
+    assert "[deployctl] node n1: GPUs all clean, port 30123 free" in lines
+    servers = [line for line in lines if "sglang.launch_server" in line]
+    assert len(servers) == 2
+    assert "--node-rank=0 --dist-init-addr=127.0.3.1:20000" in servers[0]
+    assert servers[0].startswith("n1:") and servers[1].startswith("n2:")
+    assert "--node-rank=1 --dist-init-addr=127.0.3.1:20000" in servers[1]
+
+
+def test_a_dirty_gpu_on_any_node_fails_the_job_before_the_server(tmp_path: Path) -> None:
+    env = fake_slurm(tmp_path / "bin", 2, {"n2": 8811})
+    script = script_for(tmp_path)
+    done = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    out = done.stdout + done.stderr
+    assert "[deployctl] GPU 0 on node n2 is not clean: 8811 MiB in use" in out
+    assert "the server was not started" in out
+    assert "sglang.launch_server" not in out
