@@ -441,6 +441,8 @@ def test_every_number_has_its_bounds_where_it_is_declared() -> None:
         "nnodes": (1, None, None),
         "threshold": (1, None, None),
         "router_metrics_port": (1, 65535, None),
+        "slurm_nodes": (1, None, None),
+        "slurm_gpus_per_node": (1, None, None),
         "connect_timeout": (None, 7 * 24 * 3600, 0),
         "command_timeout": (None, 7 * 24 * 3600, 0),
     }

@@ -1,0 +1,204 @@
+"""Deployments run as Slurm jobs, on a real Slurm (Debian's slurm-wlm 22.05): the sshd lab
+host alpha is the login node, and the cluster's two nodes n1 and n2 are this machine, each
+with a loopback address of its own (tests/slurm_cluster.py). The stand-in server binds its
+node's address there (its `bind_by_node` knob), as a server on a real node binds the node's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import CLI
+from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster
+from tests.sshd_hosts import SSHLab, free_port
+from tests.test_deployments import run_json, standin_starts
+from tests.test_faults import wait_until
+from tests.test_lifecycle import prepare
+
+
+def slurm_inventory(lab: SSHLab, tmp_path: Path, nodes: int = 1, **settings: Any) -> Path:
+    """alpha as a Slurm login node running one stand-in server as a job of `nodes` nodes."""
+    alpha = lab.hosts["alpha"]
+    variables = prepare(alpha, tp=nodes, bind_by_node=NODE_ADDRESSES)
+    variables.update(
+        launcher="slurm",
+        template="baseline",
+        python="/usr/bin/python3",
+        bind_host="0.0.0.0",
+        port=free_port(NODE_ADDRESSES["n1"]),
+        slurm_nodes=nodes,
+        slurm_time="30:00",
+    )
+    if nodes > 1:
+        variables["dist_port"] = free_port(NODE_ADDRESSES["n1"])
+    variables.update(settings)
+    return lab.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
+
+
+def set_knobs(lab: SSHLab, **knobs: Any) -> None:
+    (lab.hosts["alpha"].home / "model" / "standin.json").write_text(
+        json.dumps({"startup_s": 0.3, "bind_by_node": NODE_ADDRESSES, **knobs})
+    )
+
+
+def entry(doc: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = doc["hosts"]["alpha"]
+    return found
+
+
+def standin_processes(lab: SSHLab) -> str:
+    """The stand-in's processes of alpha's user, zombies aside."""
+    return (
+        lab.hosts["alpha"]
+        .as_user("pgrep -a --runstates R,S,D,T -f 'sglang::|sglang_standin' || true")
+        .stdout.strip()
+    )
+
+
+def job_of(doc: dict[str, Any]) -> dict[str, Any]:
+    job: dict[str, Any] = entry(doc)["job"]
+    return job
+
+
+def test_a_one_node_job_launches_reports_its_job_and_stops_to_nothing(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(hosts, tmp_path)
+    shown = cli("render", "-i", str(inv))
+    assert shown.returncode == 0, shown.stderr
+    assert "#SBATCH --nodes=1" in shown.stdout and "#SBATCH --time=30:00" in shown.stdout
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    launched = entry(doc)
+    assert launched["state"] == "ready", launched
+    job = job_of(doc)
+    assert job["state"] == "RUNNING" and len(job["nodes"]) == 1
+    node = job["nodes"][0]
+    assert job["head"] == NODE_ADDRESSES[node]
+    assert [j["state"] for j in slurm_lab.active_jobs()] == ["RUNNING"]
+    [start] = standin_starts(hosts.hosts["alpha"])
+    assert start["env"]["SLURM_JOB_ID"] == job["id"]
+    assert start["env"]["CUDA_VISIBLE_DEVICES"]  # one of the node's two gres GPUs
+    # status: the job's id, state, nodes and time left beside the usual columns.
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    assert code == 0, err
+    status = entry(doc)
+    assert status["state"] == "ready" and status["run"] == launched["run"]
+    assert status["job"]["state"] == "RUNNING" and status["job"]["nodes"] == [node]
+    assert 0 < status["job"]["time_left_s"] <= 30 * 60
+    table = cli("status", "-i", str(inv))
+    assert f"job {job['id']}" in table.stdout and "Slurm jobs" in table.stdout
+    # Metrics come from the head node, through the login node.
+    code, doc, err = run_json(cli, "status", "-i", str(inv), "--metrics")
+    assert code == 0 and entry(doc)["metrics_note"] == "", err
+    code, doc, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+    assert job_of(doc)["state"] in ("CANCELLED", "COMPLETED", "FAILED")
+    assert slurm_lab.active_jobs() == []
+    assert standin_processes(hosts) == ""
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    assert entry(doc)["state"] == "stopped" and entry(doc)["crashed"] is False
+
+
+def test_a_two_node_job_reads_ranks_0_and_1_inside_its_steps_and_meets_at_the_head(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(hosts, tmp_path, nodes=2)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    assert entry(doc)["state"] == "ready"
+    job = job_of(doc)
+    assert job["nodes"] == ["n1", "n2"] and job["head"] == NODE_ADDRESSES["n1"]
+    starts = standin_starts(hosts.hosts["alpha"])
+    ranks = {}
+    for start in starts:
+        argv = start["argv"]
+        rank = next(a for a in argv if a.startswith("--node-rank=")).split("=")[1]
+        ranks[start["env"]["SLURMD_NODENAME"]] = rank
+        head = next(a for a in argv if a.startswith("--dist-init-addr=")).split("=")[1]
+        assert head.startswith(NODE_ADDRESSES["n1"] + ":")
+        assert "--nnodes=2" in argv and "--tp-size=2" in argv
+    assert ranks == {"n1": "0", "n2": "1"}
+    code, doc, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+    assert slurm_lab.active_jobs() == [] and standin_processes(hosts) == ""
+
+
+def test_a_crashed_job_is_explained_and_restarted_as_a_new_job(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(hosts, tmp_path)
+    set_knobs(hosts, crash="startup")
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 1
+    crashed = entry(doc)
+    assert crashed["state"] in ("crashed", "died"), crashed
+    assert crashed["crashes"] and crashed["crashes"][0]["signature"] == "tensor-shape-mismatch"
+    first = job_of(doc)["id"]
+    wait_until(lambda: not slurm_lab.active_jobs(), 30, 0.2)
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    status = entry(doc)
+    assert status["crashed"] is True and status["job"]["state"] == "FAILED"
+    table = cli("status", "-i", str(inv))
+    assert f"job {first} FAILED" in table.stdout
+    set_knobs(hosts)  # the cause is mended
+    code, doc, err = run_json(cli, "restart", "--crashed", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    again = json.dumps(doc)
+    assert "baseline_v2" in again
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    status = entry(doc)
+    assert status["state"] == "ready" and status["run"].endswith("_v2")
+    assert status["job"]["id"] != first and status["job"]["state"] == "RUNNING"
+    code, _, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+
+
+def test_a_pending_job_shows_why_and_stop_cancels_it(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(hosts, tmp_path, slurm_extra=["--begin=now+1hour"])
+    result = cli("launch", "-i", str(inv), "--timeout", "4")
+    assert result.returncode == 1
+    assert "PENDING (BeginTime)" in result.stdout + result.stderr
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    status = entry(doc)
+    assert status["state"] == "starting"
+    assert (status["job"]["state"], status["job"]["reason"]) == ("PENDING", "BeginTime")
+    code, doc, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+    assert job_of(doc)["state"] == "CANCELLED"
+    assert slurm_lab.active_jobs() == []
+
+
+def test_a_dirty_gpu_on_the_node_fails_the_job_before_the_server_starts(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(hosts, tmp_path)
+    for node in NODE_ADDRESSES:
+        hosts.hosts["alpha"].set_node_gpus(node, "busy")
+    code, doc, _ = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 1
+    crashes = entry(doc)["crashes"]
+    assert crashes and crashes[0]["signature"] == "slurm-gpu-not-clean", entry(doc)
+    assert "MiB in use" in crashes[0]["message"]
+    assert not (hosts.hosts["alpha"].home / "model" / "standin-argv.jsonl").exists()
+
+
+def test_a_job_cancelled_outside_deployctl_is_reported_as_cancelled(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(hosts, tmp_path)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    job = job_of(doc)["id"]
+    slurm_lab.run("scancel", job)
+    wait_until(lambda: not slurm_lab.active_jobs(), 30, 0.2)
+    time.sleep(0.5)
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    status = entry(doc)
+    assert status["crashed"] is True and status["job"]["state"] == "CANCELLED"
+    assert f"job {job} CANCELLED" in cli("status", "-i", str(inv)).stdout
