@@ -91,9 +91,15 @@ def test_a_one_node_job_launches_reports_its_job_and_stops_to_nothing(
     assert 0 < status["job"]["time_left_s"] <= 30 * 60
     table = cli("status", "-i", str(inv))
     assert f"job {job['id']}" in table.stdout and "Slurm jobs" in table.stdout
-    # Metrics come from the head node, through the login node.
+    # Metrics and bench reach the head node from the login node.
     code, doc, err = run_json(cli, "status", "-i", str(inv), "--metrics")
     assert code == 0 and entry(doc)["metrics_note"] == "", err
+    code, doc, err = run_json(
+        cli, "bench", "-i", str(inv), "--concurrency", "2", "--input-len", "16",
+        "--output-len", "20", "--requests-per-stream", "1",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "output_tokens_per_s" in json.dumps(doc)
     code, doc, err = run_json(cli, "stop", "-i", str(inv))
     assert code == 0, err
     assert job_of(doc)["state"] in ("CANCELLED", "COMPLETED", "FAILED")

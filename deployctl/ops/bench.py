@@ -117,7 +117,8 @@ def run_bench(
             ev.BenchLevelStarted(target=host.label, elapsed=elapsed, concurrency=concurrency)
         )
         level_args: BenchArgs = {
-            "bind_host": run["bind_host"],
+            # A Slurm job serves on its head node: the load goes there from the login node.
+            "bind_host": status["job"]["head"] if status["job"] else run["bind_host"],
             "port": run["port"],
             "concurrency": concurrency,
             "prompts": plan.prompts_for(concurrency),
