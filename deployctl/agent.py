@@ -56,6 +56,7 @@ POLL = Call("poll", proto.PollArgs, proto.PollReply)
 STATUS = Call("status", proto.StatusArgs, proto.StatusReply)
 STOP = Call("stop", proto.StopArgs, proto.StopReply)
 RELEASE = Call("release", proto.ReleaseArgs, proto.ReleaseReply)
+POINT = Call("point", proto.PointArgs, proto.PointReply)
 RUNS = Call("runs", proto.RunsArgs, proto.RunsReply)
 BENCH = Call("bench", proto.BenchArgs, proto.BenchLevel)
 BENCH_SAVE = Call("bench_save", proto.BenchSaveArgs, proto.BenchSaveReply)
@@ -65,7 +66,7 @@ TUNE_RECORDS = Call("tune_records", proto.TuneRecordsArgs, proto.TuneRecordsRepl
 ROUTER = Call("router", proto.RouterArgs, proto.RouterReply)
 CALLS: tuple[Call[Any, Any], ...] = (
     PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
-    BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, ROUTER,
+    BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, ROUTER, POINT,
 )  # fmt: skip
 
 

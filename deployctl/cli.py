@@ -1176,6 +1176,14 @@ def watch(
     ] = 600,
     timeout: TimeoutOpt = 900,
     stop_timeout: StopTimeoutOpt = 30,
+    renew_before: Annotated[
+        str | None,
+        typer.Option(
+            "--renew-before",
+            help="Renew a Slurm job this long before its time limit (10m, 90s): its "
+            "successor is swapped in at its router.",
+        ),
+    ] = None,
 ) -> Reply:
     """Supervise runs: restart crashed ones with backoff, stop at a crash loop; Ctrl-C ends
     (--json: one JSON object per line and event)."""
@@ -1183,7 +1191,13 @@ def watch(
     from deployctl.ops.server import WatchEnded
     from deployctl.ops.server import watch as watch_runs
     from deployctl.present import live, views
+    from deployctl.text import parse_duration
 
+    renew = None if renew_before is None else parse_duration(renew_before)
+    if renew_before is not None and not renew:
+        raise UsageError(
+            f"--renew-before {renew_before!r} is not a time", hint="e.g. --renew-before 10m"
+        )
     catalog, patch_sets = session.catalog(), session.patch_sets()
     sink = _event_sink(session) or live.WatchPrinter()
     with session.fleet() as fleet:
@@ -1191,6 +1205,7 @@ def watch(
             ended = watch_runs(
                 fleet, catalog, patch_sets, interval=interval, max_restarts=max_restarts,
                 window=window, timeout=timeout, stop_timeout=stop_timeout, events=sink,
+                renew_before=renew,
             )  # fmt: skip
         except KeyboardInterrupt:
             sink.emit(WatchStopped(target=""))

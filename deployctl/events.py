@@ -117,6 +117,30 @@ class Replaced(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class TimeLimitNear(Event):
+    """A Slurm job has `time_left_s` to its time limit: `renewing` its successor now (it has
+    a router), or not (no router: it will be down from its end until its successor serves)."""
+
+    kind: ClassVar[str] = "time_limit_near"
+    run: str
+    job: str
+    time_left_s: float
+    renewing: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Renewed(Event):
+    """A Slurm job's successor `new_run` (None: refused) is in `state`; with `error` empty it
+    serves in the router, and the old job was taken out and cancelled."""
+
+    kind: ClassVar[str] = "renewed"
+    old_run: str
+    new_run: str | None
+    state: str
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class WatchStopped(Event):
     """Supervision ended: told to (Ctrl-C; the servers keep running), or because it gave up
     on every deployment it watches."""

@@ -374,6 +374,17 @@ class StopArgs(TypedDict):
     state_dir: str
     deployment: str | None
     timeout: float
+    run: str | None  # a run of the deployment by id (a renewed job's predecessor); None: current
+
+
+class PointArgs(TypedDict):
+    state_dir: str
+    deployment: str | None
+    run: str  # make this recorded run the deployment's current one again
+
+
+class PointReply(TypedDict):
+    pointed: bool  # False: no such run is recorded
 
 
 class StopReply(TypedDict):
@@ -1695,7 +1706,7 @@ def cmd_status(args: StatusArgs) -> StatusReply:
 def cmd_stop(args: StopArgs) -> StopReply:
     """SIGTERM the run's process group, SIGKILL what is left after the timeout."""
     state_dir = args["state_dir"]
-    run = current_run(state_dir, deployment=args["deployment"])
+    run = current_run(state_dir, args["run"], args["deployment"])
     if run is None:
         return {"run": None, "ended": [], "killed": [], "left": [], "job": None}
     if "job" in run:
@@ -1932,6 +1943,16 @@ def stop_job(state_dir: str, run: RunRecord, timeout: float) -> JobInfo:
         job = query_job(job["id"], job)
     remember_job(state_dir, run["id"], job)
     return job
+
+
+def cmd_point(args: PointArgs) -> PointReply:
+    """Make a recorded run the deployment's current one (a successor that failed gives way
+    to the run it was to replace)."""
+    if current_run(args["state_dir"], args["run"]) is None:
+        return {"pointed": False}
+    runs = state_path(args["state_dir"], "runs")
+    write_atomic(os.path.join(runs, pointer_name(args["deployment"])), args["run"].encode())
+    return {"pointed": True}
 
 
 def cmd_release(args: ReleaseArgs) -> ReleaseReply:
@@ -2527,6 +2548,7 @@ def main() -> None:
         "status": lambda: cmd_status(args),
         "stop": lambda: cmd_stop(args),
         "release": lambda: cmd_release(args),
+        "point": lambda: cmd_point(args),
         "runs": lambda: cmd_runs(args),
         "bench": lambda: cmd_bench(args),
         "bench_save": lambda: cmd_bench_save(args),

@@ -22,3 +22,15 @@ def plain(text: str) -> str:
     """A log line as text: without the colour codes a logger wrote (SGLang's router colours
     its log even into a file) or any control character that would reach a terminal."""
     return _CONTROL.sub("", text)
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*\Z")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds in `90`, `90s`, `10m`, `2h`, `1d`; None for anything else."""
+    match = _DURATION.match(text)
+    if match is None:
+        return None
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]

@@ -315,9 +315,14 @@ def _preflight_call(
 
 
 def run_preflight(
-    plan: Plan, conn: Connection, max_used_mib: int, hold_for: float = LOCK_STALE_AFTER
+    plan: Plan,
+    conn: Connection,
+    max_used_mib: int,
+    hold_for: float = LOCK_STALE_AFTER,
+    beside: str | None = None,
 ) -> Preflight:
-    """Check one host in one round trip (two when a stale lock must be cleared)."""
+    """Check one host in one round trip (two when a stale lock must be cleared). `beside`: a
+    live run of the deployment the new one may start beside (a job's successor)."""
     host = plan.host
     outputs, doc = _preflight_call(plan, conn, None, hold_for)
     lock = doc["lock"]
@@ -352,7 +357,8 @@ def run_preflight(
             problems.append(f"port {port} ({what}) is in use on {host.name} ({why})")
         if not doc["port_free"]:
             problems.append(f"port {plan.port} is in use on {host.name} ({doc['port_error']})")
-    live_run_problems(plan, doc["live_runs"], problems, hints)
+    live = [r for r in doc["live_runs"] if r["id"] != beside]
+    live_run_problems(plan, live, problems, hints)
     if not doc["module_found"]:
         problems.append(
             f"{host.settings.python} on {host.name} cannot find module {plan.launch_module}"

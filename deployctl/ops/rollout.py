@@ -91,6 +91,12 @@ class UnitPlan:
         return run.get("port") if run is not None else None
 
     @property
+    def head(self) -> str:
+        """The head node of the Slurm job its current run is; "" for a process on its host."""
+        job = self.statuses[0].job if self.statuses else None
+        return job["head"] if job else ""
+
+    @property
     def serving(self) -> bool:
         """Its current run answers (rank 0's /health)."""
         return bool(self.statuses) and self.statuses[0].ready
@@ -393,7 +399,7 @@ class Rollout:
         return result
 
     def _put_back(self, unit: UnitPlan, result: UnitResult) -> None:
-        back = change_registration(self.fleet, unit.rank0, add=True, port=unit.port)
+        back = change_registration(self.fleet, unit.rank0, add=True, port=unit.port, head=unit.head)
         if back is not None and not back.ok:
             result.warnings.append(f"not put back in its router: {back.error}")
 
@@ -406,7 +412,9 @@ class Rollout:
         elif unit.serving:
             self._step(unit, f"removing from {unit.router.label}", started)
             t = time.monotonic()
-            removal = change_registration(self.fleet, unit.rank0, add=False, port=unit.port)
+            removal = change_registration(
+                self.fleet, unit.rank0, add=False, port=unit.port, head=unit.head
+            )
             timings["remove"] = time.monotonic() - t
             if removal is not None and not removal.ok:
                 result.outcome, result.error = (

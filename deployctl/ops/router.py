@@ -63,12 +63,14 @@ def router_of(worker: Host, select: Select) -> Host | None:
     return targets[0]
 
 
-def worker_url(worker: Host, port: int | None = None) -> str:
-    """Where the router reaches the worker: `worker_url`, else http://<ansible_host>:<port>."""
+def worker_url(worker: Host, port: int | None = None, head: str = "") -> str:
+    """Where the router reaches the worker: `worker_url`, else http://<ansible_host>:<port>;
+    a Slurm job at its head node's address (`head`), which changes from job to job."""
     given = worker.settings.worker_url
     if given:
         return given.rstrip("/")
-    return f"http://{address_of(worker)}:{port or worker.settings.server_port}"
+    address = f"[{head}]" if ":" in head else head
+    return f"http://{address or address_of(worker)}:{port or worker.settings.server_port}"
 
 
 def reachability_problem(worker: Host, router: Host, bind_host: str) -> str | None:
@@ -116,10 +118,16 @@ def _router_call(
 
 
 def change_registration(
-    fleet: Fleet, worker: Host, add: bool, port: int | None = None, events: EventSink = DISCARD
+    fleet: Fleet,
+    worker: Host,
+    add: bool,
+    port: int | None = None,
+    events: EventSink = DISCARD,
+    head: str = "",
 ) -> Registration | None:
     """Add the worker to its router (or remove it) and wait until the router's list shows
-    it; None when the worker names no router. Never raises: the error is in the result."""
+    it; None when the worker names no router. Never raises: the error is in the result.
+    `head`: the head node of the Slurm job the worker's run is."""
     if node_rank(worker) != 0:  # a multi-node server registers rank 0's URL only
         return None
     try:
@@ -133,7 +141,7 @@ def change_registration(
     return _apply(
         fleet,
         router,
-        Registration(worker.label, router.label, worker_url(worker, port), add),
+        Registration(worker.label, router.label, worker_url(worker, port, head), add),
         events,
     )
 
@@ -210,8 +218,8 @@ def workers_of(router: Host, select: Select) -> list[Host]:
     return found
 
 
-def _serving(worker: Host, conn: Connection) -> tuple[bool, int | None]:
-    """Is the worker's current run alive and answering /health, and on which port? (The
+def _serving(worker: Host, conn: Connection) -> tuple[bool, str]:
+    """Is the worker's current run alive and answering /health, and at which URL? (The
     call runs.recorded_run makes: ops.runs builds on this module, not the other way.)"""
     args: StatusArgs = {
         "state_dir": worker.settings.state_dir,
@@ -223,8 +231,10 @@ def _serving(worker: Host, conn: Connection) -> tuple[bool, int | None]:
     reply = agent.call(worker, conn, agent.STATUS, args)
     run = reply["run"]
     if run is None:
-        return False, None
-    return bool(reply["alive"]) and reply["health"] == 200, run.get("port")
+        return False, ""
+    head = reply["job"]["head"] if reply["job"] else ""
+    url = worker_url(worker, run.get("port"), head)
+    return bool(reply["alive"]) and reply["health"] == 200, url
 
 
 def router_state(fleet: Fleet, router: Host) -> RouterState:
@@ -239,7 +249,7 @@ def router_state(fleet: Fleet, router: Host) -> RouterState:
     if bug is not None:
         raise bug
     # URL -> worker label, for the workers that serve now; one that cannot be read does not.
-    ours = {worker_url(r.host, r.value[1]): r.name for r in read if r.value and r.value[0]}
+    ours = {r.value[1]: r.name for r in read if r.value and r.value[0]}
     listed = {w["url"].rstrip("/"): w for w in reply["workers"]}
     state.workers = [_listed(w, ours) for w in reply["workers"]]
     if state.api is not None:

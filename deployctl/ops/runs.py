@@ -398,15 +398,18 @@ def launch(
     max_used_mib: int = DEFAULT_MAX_USED_MIB,
     events: EventSink = DISCARD,
     restart_of: Mapping[str, str] | None = None,
+    beside: Mapping[str, str] | None = None,
 ) -> LaunchReport:
-    """Preflight all hosts; start on all only if every one passed; then wait for ready."""
+    """Preflight all hosts; start on all only if every one passed; then wait for ready.
+    `beside`: per target, a live run the new one starts beside (a Slurm job's successor)."""
     by_name = {p.host.label: p for p in plans}
 
     def preflight(host: Host, conn: Connection) -> Preflight:
         plan = by_name[host.label]
         # The lock is held until the wait ends: a second launch must not slip in while
         # the first server has not yet bound its port.
-        result = run_preflight(plan, conn, max_used_mib, timeout + 120)
+        alongside = (beside or {}).get(host.label)
+        result = run_preflight(plan, conn, max_used_mib, timeout + 120, alongside)
         problems, hints = routing_problems(fleet, plan)
         result.problems += problems
         result.hints += hints
@@ -491,22 +494,28 @@ def launch(
     ready = [
         by_name[r.name] for r in outcomes if r.value is not None and r.value.state is RunState.READY
     ]
-    registrations = register_ready(fleet, ready, events)
+    heads = {r.name: r.value.job["head"] for r in outcomes if r.value and r.value.job}
+    registrations = register_ready(fleet, ready, events, heads)
     return LaunchReport(
         preflights, outcomes, refused=False, cleanup=cleanup, registrations=registrations
     )
 
 
 def register_ready(
-    fleet: Fleet, ready: Sequence[Plan], events: EventSink = DISCARD
+    fleet: Fleet,
+    ready: Sequence[Plan],
+    events: EventSink = DISCARD,
+    heads: Mapping[str, str] | None = None,
 ) -> list[Registration]:
     """Add each ready worker to its router; a router that came up adds the workers of ours
-    that name it and serve."""
+    that name it and serve. `heads`: the head node of each worker that is a Slurm job."""
     workers = {p.host.label: p for p in ready if not p.is_router}
-    added = fleet.run(
-        lambda host, conn: change_registration(fleet, host, True, workers[host.label].port, events),
-        [p.host for p in workers.values()],
-    )
+
+    def add(host: Host, conn: Connection) -> Registration | None:
+        head = (heads or {}).get(host.label, "")
+        return change_registration(fleet, host, True, workers[host.label].port, events, head)
+
+    added = fleet.run(add, [p.host for p in workers.values()])
     found = [
         r.value if r.value is not None else Registration(r.name, "", "", True, r.error or "")
         for r in added
@@ -530,12 +539,16 @@ def recorded_run(
     return agent.call(host, conn, agent.STATUS, args)
 
 
-def end_run(host: Host, conn: Connection, timeout: float = 10) -> StopReply:
-    """End the deployment's current run on one host: SIGTERM its group, SIGKILL leftovers."""
+def end_run(
+    host: Host, conn: Connection, timeout: float = 10, run_id: str | None = None
+) -> StopReply:
+    """End the deployment's current run (or run `run_id`) on one host: SIGTERM its group,
+    SIGKILL leftovers; a Slurm job: scancel."""
     args: StopArgs = {
         "state_dir": host.settings.state_dir,
         "deployment": host.deployment,
         "timeout": timeout,
+        "run": run_id,
     }
     # The agent waits `timeout` for SIGTERM, then up to 10 s after SIGKILL: the round trip
     # must outlast both, whatever the host's command timeout.
@@ -730,7 +743,11 @@ def stop_serving(
 ) -> StopResult:
     """Remove a worker from its router (when it names one), then `stop_run` it. A router
     that cannot be reached does not keep the worker running: its result says so."""
-    removed = change_registration(fleet, host, add=False)
+    head = ""
+    if host.settings.slurm:  # the router lists the job at its head node
+        job = recorded_run(host, conn)["job"]
+        head = job["head"] if job else ""
+    removed = change_registration(fleet, host, add=False, head=head)
     result = stop_run(host, conn, timeout, gpu_timeout)
     result.router = removed
     return result

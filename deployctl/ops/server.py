@@ -15,15 +15,20 @@ from deployctl.errors import DeployctlError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.host_agent import (
+    PointArgs,
     RunRecord,
     RunsArgs,
 )
 from deployctl.inventory import MASK, Host
 from deployctl.ops.launch import Plan
+from deployctl.ops.router import Registration, change_registration
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
     LaunchReport,
+    RunState,
     RunStatus,
+    end_run,
+    launch,
     replace,
     run_status,
     units,
@@ -198,6 +203,135 @@ class RestartReport:
         return read and (self.launch is None or self.launch.ok)
 
 
+# ---- renewing Slurm jobs before their time limit -------------------------------------------
+
+
+@dataclass
+class Renewal:
+    """A Slurm job's successor, started beside it and swapped in at its router."""
+
+    old_run: str
+    launch: LaunchReport
+    removal: Registration | None = None  # the old job's, from its router
+    error: str = ""
+
+    @property
+    def new_run(self) -> str | None:
+        outcomes = self.launch.outcomes.results
+        return outcomes[0].value.run["id"] if outcomes and outcomes[0].value else None
+
+    @property
+    def state(self) -> str:
+        outcomes = self.launch.outcomes.results
+        if not outcomes:
+            return "refused"
+        return outcomes[0].value.state.value if outcomes[0].value else "failed"
+
+
+def renew(
+    fleet: Fleet,
+    host: Host,
+    status: RunStatus,
+    catalog: Catalog,
+    patch_sets: Mapping[str, PatchSet],
+    *,
+    timeout: float,
+    stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+    events: EventSink = DISCARD,
+) -> Renewal:
+    """Submit the successor of a Slurm job with the same command and the next log version,
+    beside it; once the successor serves and its router lists it, take the old job out of
+    the router and cancel it. A successor that does not come up is cancelled and the old
+    job stays the deployment's current run, serving until its limit."""
+    assert status.run is not None and status.job is not None
+    old = status.run
+    plan = recorded_plan(host, status, patch_sets)
+    report = launch(
+        fleet, [plan], catalog, timeout=timeout, restart_of={host.label: old["id"]},
+        beside={host.label: old["id"]},
+    )  # fmt: skip
+    renewal = Renewal(old["id"], report)
+    conn = fleet.connection(host)
+    if not report.ok:
+        renewal.error = _renewal_failure(report)
+        if report.started:
+            try:  # what is left of the successor, then the old job is current again
+                end_run(host, conn, stop_timeout)
+                back: PointArgs = {
+                    "state_dir": host.settings.state_dir,
+                    "deployment": host.deployment,
+                    "run": old["id"],
+                }
+                agent.call(host, conn, agent.POINT, back)
+            except DeployctlError as exc:
+                renewal.error += f"; {old['id']} not made current again: {exc.message}"
+        return renewal
+    head = status.job["head"]
+    renewal.removal = change_registration(fleet, host, False, old["port"], events, head)
+    end_run(host, conn, stop_timeout, run_id=old["id"])
+    return renewal
+
+
+def _renewal_failure(report: LaunchReport) -> str:
+    """Why a successor did not take over, in one line."""
+    for pre in report.preflights:
+        if pre.value is None:
+            return pre.error or "its preflight failed"
+        if pre.value.problems:
+            return pre.value.problems[0]
+    for out in report.outcomes:
+        if out.value is None:
+            return out.error or "it did not start"
+        if out.value.state is not RunState.READY:
+            crash = out.value.crashes[0].summary() if out.value.crashes else out.value.note
+            return f"its successor {out.value.run['id']} {out.value.state.value}" + (
+                f": {crash}" if crash else ""
+            )
+    failed = next((r for r in report.registrations if not r.ok), None)
+    return f"its successor was not registered: {failed.error}" if failed else "it failed"
+
+
+def renew_if_near(
+    fleet: Fleet,
+    host: Host,
+    status: RunStatus,
+    catalog: Catalog,
+    patch_sets: Mapping[str, PatchSet],
+    renew_before: float,
+    done: set[str],
+    *,
+    timeout: float,
+    stop_timeout: float,
+    events: EventSink,
+) -> None:
+    """watch's look at one Slurm job's time limit: renew it once within `renew_before`."""
+    job, run = status.job, status.run
+    left = job["time_left"] if job else None
+    if job is None or run is None or job["state"] != "RUNNING" or left is None:
+        return
+    if left > renew_before or job["id"] in done or not status.ready:
+        return
+    done.add(job["id"])
+    renewing = host.settings.router is not None
+    events.emit(
+        ev.TimeLimitNear(
+            target=host.label, run=run["id"], job=job["id"], time_left_s=left, renewing=renewing
+        )
+    )
+    if not renewing:
+        return
+    renewal = renew(
+        fleet, host, status, catalog, patch_sets, timeout=timeout, stop_timeout=stop_timeout,
+        events=events,
+    )  # fmt: skip
+    events.emit(
+        ev.Renewed(
+            target=host.label, old_run=renewal.old_run, new_run=renewal.new_run,
+            state=renewal.state, error=renewal.error,
+        )
+    )  # fmt: skip
+
+
 @dataclass
 class WatchEnded:
     """How a streaming command (`watch`, `top`) ended; its events were shown as they came.
@@ -219,12 +353,16 @@ def watch(
     stop_timeout: float = DEFAULT_STOP_TIMEOUT,
     rounds: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    renew_before: float | None = None,
 ) -> WatchEnded:
     """Replace crashed runs with exponential backoff; give up on a crash loop. Ends (not ok)
-    once it has given up on every unit, or after `rounds` checks."""
+    once it has given up on every unit, or after `rounds` checks. With `renew_before`, a
+    Slurm job that has that little time left is renewed (one with a router) or its gap is
+    announced (one without)."""
     history: dict[str, list[tuple[float, str]]] = {}
     next_try: dict[str, float] = {}
     given_up: set[str] = set()
+    near_limit: set[str] = set()  # the jobs whose time limit was dealt with
     done = 0
     while rounds is None or done < rounds:
         done += 1
@@ -232,6 +370,11 @@ def watch(
         for result in statuses:
             if result.exception is not None:
                 events.emit(ev.HostFailed(target=result.name, exception=result.exception))
+            elif renew_before is not None and result.value is not None:
+                renew_if_near(
+                    fleet, result.host, result.value, catalog, patch_sets, renew_before,
+                    near_limit, timeout=timeout, stop_timeout=stop_timeout, events=events,
+                )  # fmt: skip
         for unit in units(statuses):
             name = unit.name
             if name in given_up or not unit.crashed or time.monotonic() < next_try.get(name, 0):

@@ -242,6 +242,19 @@ def watch_text(event: ev.Event) -> str | None:
         return f"stop failed: {explain(event.exception)[0]}"
     if isinstance(event, ev.Replaced):
         return f"restarted as {event.new_run or '-'}: {event.state}"
+    if isinstance(event, ev.TimeLimitNear):
+        left = f"job {event.job} ({event.run}) reaches its time limit in {event.time_left_s:.0f}s"
+        if event.renewing:
+            return f"{left}: submitting its successor, swapped in at its router when it serves"
+        at = time.strftime("%H:%M:%S", time.localtime(event.at + event.time_left_s))
+        return (
+            f"{left}, at {at}: it has no router, so it is down from then until its successor "
+            "(restarted when the job ends) serves"
+        )
+    if isinstance(event, ev.Renewed):
+        if event.error:
+            return f"not renewed: {event.error}; {event.old_run} serves on until its limit"
+        return f"renewed: {event.new_run} serves, {event.old_run} cancelled"
     if isinstance(event, ev.WatchStopped) and event.gave_up:
         return "watch ends: every deployment it watches is in a crash loop"
     if isinstance(event, ev.WatchStopped):
