@@ -202,6 +202,16 @@ Subsystem sftp internal-sftp
         (self.etc / "gpu-mode").write_text(mode)
         (self.etc / "gpu-count").write_text(str(count))
 
+    def set_node_gpus(self, node: str, mode: str = "clean", count: int = 2) -> None:
+        """What nvidia-smi shows inside a job on Slurm node `node` (the host's setting
+        elsewhere): a mode of `set_gpus` but `missing`, and the GPU count."""
+        if mode == "missing":
+            raise ValueError("every node runs the host's nvidia-smi: use set_gpus('missing')")
+        folder = self.etc / "nodes" / node
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "gpu-mode").write_text(mode)
+        (folder / "gpu-count").write_text(str(count))
+
     def as_user(self, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a shell command locally as this host's user, in its home."""
         return sh("runuser", "-u", self.user, "--", "sh", "-c", f"cd ~ && {command}", check=check)
@@ -220,6 +230,7 @@ Subsystem sftp internal-sftp
         self.ensure_running()
         self.kill_processes()
         self.set_gpus("clean", 1)
+        shutil.rmtree(self.etc / "nodes", ignore_errors=True)
         # Renaming is instant; the old home (a venv copy, logs) is deleted in the background.
         trash = self.root.parent / "trash" / f"{self.name}-{time.monotonic_ns()}"
         trash.parent.mkdir(exist_ok=True)
