@@ -23,6 +23,9 @@ STANDIN = TESTS / "standin" / "sglang_standin.py"
 SSHD = "/usr/sbin/sshd"
 # Debian's interpreter: readable by the test users (root's pyenv is not) and a cp311 like SGLang's wheel.
 HOST_PYTHON = "/usr/bin/python3"
+# Where tests/slurm_cluster.py's cluster lives under the lab's base: every session gets its
+# SLURM_CONF, so the hosts are the cluster's login nodes (nothing written to /etc/slurm).
+SLURM_FOLDER = "slurm"
 
 
 def loopback_address(index: int) -> str:
@@ -93,6 +96,7 @@ class TestHost:
         self.port = free_port(self.address)
         self.host_key_line = f"{self.known_hosts_name} {key_type} {key_body}\n"
         path = ":".join([str(self.bin), "/usr/local/bin", "/usr/bin", "/bin"])
+        slurm_conf = self.root.parent / SLURM_FOLDER / "slurm.conf"
         config = f"""
 Port {self.port}
 ListenAddress {self.address}
@@ -108,7 +112,7 @@ AllowUsers {self.user}
 MaxStartups 500:30:1000
 MaxSessions 100
 LogLevel ERROR
-SetEnv PATH={path}
+SetEnv PATH={path} SLURM_CONF={slurm_conf}
 Subsystem sftp internal-sftp
 """
         (self.etc / "sshd_config").write_text(config)
@@ -220,9 +224,9 @@ Subsystem sftp internal-sftp
         """End every process of the host's user (servers left by a test)."""
         sh("pkill", "-KILL", "-u", self.user, check=False)
         deadline = time.monotonic() + 5
-        while (
-            sh("pgrep", "-u", self.user, check=False).stdout.strip() and time.monotonic() < deadline
-        ):
+        # Zombies aside: this machine's init reaps late (a Slurm job's srun, for one).
+        alive = ("pgrep", "-u", self.user, "--runstates", "R,S,D,T,t,I")
+        while sh(*alive, check=False).stdout.strip() and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def reset(self) -> None:
@@ -257,6 +261,11 @@ class SSHLab:
     client_key: Path
     known_hosts: Path
     hosts: dict[str, TestHost]
+
+    @property
+    def slurm_base(self) -> Path:
+        """The folder of the Slurm cluster whose conf the hosts' sessions name."""
+        return self.base / SLURM_FOLDER
 
     def inventory(
         self,
