@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.json_contract import CheckedPopen, check_output
+from tests.slurm_cluster import SlurmCluster, start_cluster, stop_cluster
 from tests.sshd_hosts import REPO, SSHLab, start_lab, stop_lab
 
 HOST_NAMES = ["alpha", "bravo", "charlie", "delta"]
 # Fixtures that start or use the sshd test hosts; a test needing any of them is a `lab` test.
-LAB_FIXTURES = frozenset({"lab", "hosts", "sglang_template"})
+LAB_FIXTURES = frozenset({"lab", "hosts", "sglang_template", "slurm", "slurm_lab"})
 
 # A harness that starts the suite in the background can hand it SIGINT ignored, and ignored
 # signals stay ignored in children: tests that end `logs -f` and `watch` with Ctrl-C need it.
@@ -54,6 +55,27 @@ def hosts(lab: SSHLab) -> SSHLab:
     for host in lab.hosts.values():
         host.reset()
     return lab
+
+
+@pytest.fixture(scope="session")
+def slurm(lab: SSHLab) -> Iterator[SlurmCluster]:
+    """Start one real Slurm cluster (two nodes, the lab hosts its login nodes) for the session."""
+    if not Path("/usr/sbin/slurmctld").exists():
+        pytest.fail("the Slurm tests need slurm-wlm: run ./scripts/test (or pytest -m 'not lab')")
+    cluster = start_cluster(lab.slurm_base)
+    try:
+        yield cluster
+    finally:
+        stop_cluster(cluster)
+
+
+@pytest.fixture
+def slurm_lab(hosts: SSHLab, slurm: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The cluster with no job of an earlier test left; after the test, nothing left running."""
+    slurm.cancel_all()
+    yield slurm
+    left = slurm.cancel_all()
+    assert not left, f"the test left Slurm jobs or their processes running: {left}"
 
 
 @pytest.fixture

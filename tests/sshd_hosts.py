@@ -23,6 +23,9 @@ STANDIN = TESTS / "standin" / "sglang_standin.py"
 SSHD = "/usr/sbin/sshd"
 # Debian's interpreter: readable by the test users (root's pyenv is not) and a cp311 like SGLang's wheel.
 HOST_PYTHON = "/usr/bin/python3"
+# Where tests/slurm_cluster.py's cluster lives under the lab's base: every session gets its
+# SLURM_CONF, so the hosts are the cluster's login nodes (nothing written to /etc/slurm).
+SLURM_FOLDER = "slurm"
 
 
 def loopback_address(index: int) -> str:
@@ -93,6 +96,7 @@ class TestHost:
         self.port = free_port(self.address)
         self.host_key_line = f"{self.known_hosts_name} {key_type} {key_body}\n"
         path = ":".join([str(self.bin), "/usr/local/bin", "/usr/bin", "/bin"])
+        slurm_conf = self.root.parent / SLURM_FOLDER / "slurm.conf"
         config = f"""
 Port {self.port}
 ListenAddress {self.address}
@@ -108,7 +112,7 @@ AllowUsers {self.user}
 MaxStartups 500:30:1000
 MaxSessions 100
 LogLevel ERROR
-SetEnv PATH={path}
+SetEnv PATH={path} SLURM_CONF={slurm_conf}
 Subsystem sftp internal-sftp
 """
         (self.etc / "sshd_config").write_text(config)
@@ -202,6 +206,16 @@ Subsystem sftp internal-sftp
         (self.etc / "gpu-mode").write_text(mode)
         (self.etc / "gpu-count").write_text(str(count))
 
+    def set_node_gpus(self, node: str, mode: str = "clean", count: int = 2) -> None:
+        """What nvidia-smi shows inside a job on Slurm node `node` (the host's setting
+        elsewhere): a mode of `set_gpus` but `missing`, and the GPU count."""
+        if mode == "missing":
+            raise ValueError("every node runs the host's nvidia-smi: use set_gpus('missing')")
+        folder = self.etc / "nodes" / node
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "gpu-mode").write_text(mode)
+        (folder / "gpu-count").write_text(str(count))
+
     def as_user(self, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a shell command locally as this host's user, in its home."""
         return sh("runuser", "-u", self.user, "--", "sh", "-c", f"cd ~ && {command}", check=check)
@@ -210,9 +224,9 @@ Subsystem sftp internal-sftp
         """End every process of the host's user (servers left by a test)."""
         sh("pkill", "-KILL", "-u", self.user, check=False)
         deadline = time.monotonic() + 5
-        while (
-            sh("pgrep", "-u", self.user, check=False).stdout.strip() and time.monotonic() < deadline
-        ):
+        # Zombies aside: this machine's init reaps late (a Slurm job's srun, for one).
+        alive = ("pgrep", "-u", self.user, "--runstates", "R,S,D,T,t,I")
+        while sh(*alive, check=False).stdout.strip() and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def reset(self) -> None:
@@ -220,6 +234,7 @@ Subsystem sftp internal-sftp
         self.ensure_running()
         self.kill_processes()
         self.set_gpus("clean", 1)
+        shutil.rmtree(self.etc / "nodes", ignore_errors=True)
         # Renaming is instant; the old home (a venv copy, logs) is deleted in the background.
         trash = self.root.parent / "trash" / f"{self.name}-{time.monotonic_ns()}"
         trash.parent.mkdir(exist_ok=True)
@@ -246,6 +261,11 @@ class SSHLab:
     client_key: Path
     known_hosts: Path
     hosts: dict[str, TestHost]
+
+    @property
+    def slurm_base(self) -> Path:
+        """The folder of the Slurm cluster whose conf the hosts' sessions name."""
+        return self.base / SLURM_FOLDER
 
     def inventory(
         self,

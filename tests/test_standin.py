@@ -339,6 +339,25 @@ def test_port_in_use_logs_uvicorns_bind_error_and_exits_1(launch: Launch) -> Non
     assert expected in server.text()
 
 
+def answers_on(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def test_bind_by_node_binds_a_slurm_node_to_its_own_address(launch: Launch) -> None:
+    knobs = {"startup_s": 0.3, "bind_by_node": {"n2": "127.0.3.2"}}
+    on_n2 = launch(knobs=knobs, env={"SLURMD_NODENAME": "n2"})
+    on_n1 = launch(knobs=knobs, env={"SLURMD_NODENAME": "n1"})  # not in the mapping: --host
+    on_n2.wait_log(READY)
+    on_n1.wait_log(READY)
+    assert answers_on("127.0.3.2", on_n2.port) and not answers_on("127.0.0.1", on_n2.port)
+    assert f"Uvicorn running on http://127.0.3.2:{on_n2.port} " in on_n2.text()
+    assert answers_on("127.0.0.1", on_n1.port) and not answers_on("127.0.3.2", on_n1.port)
+
+
 def test_argv_is_recorded_exactly_for_a_hostile_model_dir(launch: Launch, tmp_path: Path) -> None:
     hostile = tmp_path / "m o'd\"el;$(touch pwned)`id`\nnext line"
     extra = ["--trust-remote-code", "--mem-fraction-static", "0.85"]

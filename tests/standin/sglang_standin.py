@@ -66,6 +66,9 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # long a node lives on after the connection to another one is lost (NCCL's watchdog).
     "dist_timeout_s": 30.0,
     "peer_loss_s": 2.0,
+    # Slurm node name -> address: on that node (SLURMD_NODENAME) the HTTP server binds there,
+    # not to --host, so two "nodes" on one machine have addresses of their own.
+    "bind_by_node": {},
     # With --enable-metrics: gauge values by SGLang name without "sglang:" (others read 0;
     # spec_accept_length is exported only with speculation), and observations in seconds
     # for the histograms ("time_to_first_token_seconds", "inter_token_latency_seconds").
@@ -863,6 +866,9 @@ class Launcher:
     ) -> None:
         self.args = args
         self.knobs = knobs
+        self.listen_host: str = knobs["bind_by_node"].get(
+            os.environ.get("SLURMD_NODENAME", ""), args.host
+        )
         self.pid = os.getpid()
         self.server_args = server_args_dict(args)
         self.served_model_name: str = self.server_args["served_model_name"]
@@ -992,7 +998,7 @@ class Launcher:
 
     def bind(self) -> str | None:
         """Bind the HTTP port; return uvicorn's error text when that fails."""
-        host, port = self.args.host, self.args.port
+        host, port = self.listen_host, self.args.port
         try:
             infos = socket.getaddrinfo(
                 host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -1371,7 +1377,7 @@ class Launcher:
             error = self.bind()
             if error is not None:
                 self.exit_bind_failed(error)
-        host = f"[{self.args.host}]" if ":" in self.args.host else self.args.host
+        host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
         uvicorn_log(
             "INFO", f"Uvicorn running on http://{host}:{self.args.port} (Press CTRL+C to quit)"
         )
