@@ -13,7 +13,7 @@ from typing import Any
 
 from tests.conftest import CLI
 from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster
-from tests.sshd_hosts import SSHLab, free_port
+from tests.sshd_hosts import SSHLab, free_port, sh
 from tests.test_deployments import run_json, standin_starts
 from tests.test_faults import wait_until
 from tests.test_lifecycle import prepare
@@ -51,11 +51,10 @@ def entry(doc: dict[str, Any]) -> dict[str, Any]:
 
 def standin_processes(lab: SSHLab) -> str:
     """The stand-in's processes of alpha's user, zombies aside."""
-    return (
-        lab.hosts["alpha"]
-        .as_user("pgrep -a --runstates R,S,D,T -f 'sglang::|sglang_standin' || true")
-        .stdout.strip()
-    )
+    user = lab.hosts["alpha"].user
+    found = sh("pgrep", "-a", "-u", user, "--runstates", "R,S,D,T", "-f", "sglang::|sglang_standin",
+               check=False)  # fmt: skip
+    return found.stdout.strip()
 
 
 def job_of(doc: dict[str, Any]) -> dict[str, Any]:

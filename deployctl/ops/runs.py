@@ -341,7 +341,7 @@ def _wait_ready(
             note = f"node {group.by} failed"
             return Outcome(run, RunState.ABORTED, elapsed, scanner.reports, last_line, note=note)
         if elapsed >= timeout:
-            return Outcome(run, RunState.TIMEOUT, elapsed, [], last_line)
+            return Outcome(run, RunState.TIMEOUT, elapsed, [], last_line, job=job)
         events.emit(ev.Waiting(target=host.label, elapsed=elapsed, last_line=last_line))
 
 

@@ -390,7 +390,10 @@ def outcome_text(outcome: Outcome) -> str:
         "stopped": f"stopped after {elapsed:.1f}s (by deployctl stop)",
         "aborted": f"stopped after {elapsed:.1f}s: {outcome.note}",
     }
-    return special.get(outcome.state.value, f"{outcome.state.value} after {elapsed:.1f}s")
+    text = special.get(outcome.state.value, f"{outcome.state.value} after {elapsed:.1f}s")
+    if outcome.job is not None and outcome.state.value != "aborted":  # what Slurm says of it
+        text += f" ({job_words(outcome.job)})"
+    return text
 
 
 def _launch(result: LaunchReport) -> None:
