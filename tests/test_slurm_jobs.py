@@ -7,16 +7,21 @@ node's address there (its `bind_by_node` knob), as a server on a real node binds
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from tests.conftest import CLI
 from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster
 from tests.sshd_hosts import SSHLab, free_port, sh
-from tests.test_deployments import run_json, standin_starts
+from tests.test_deployments import deployments_of, run_json, standin_starts
 from tests.test_faults import wait_until
 from tests.test_lifecycle import prepare
+from tests.test_rollout import Load
+from tests.test_router import real_router, router_vars
 
 
 def slurm_inventory(lab: SSHLab, tmp_path: Path, nodes: int = 1, **settings: Any) -> Path:
@@ -207,3 +212,101 @@ def test_a_job_cancelled_outside_deployctl_is_reported_as_cancelled(
     status = entry(doc)
     assert status["crashed"] is True and status["job"]["state"] == "CANCELLED"
     assert f"job {job} CANCELLED" in cli("status", "-i", str(inv)).stdout
+
+
+# ---- time limits: watch --renew-before ---------------------------------------------------
+
+
+def renewing_inventory(lab: SSHLab, tmp_path: Path, with_router: bool) -> tuple[Path, int]:
+    """alpha running a real router (over SSH) and `kimi`, a one-minute Slurm job that takes a
+    whole node's two GPUs (so its successor must go to the other node) and names the router
+    when `with_router`; the router's port."""
+    alpha = lab.hosts["alpha"]
+    router = router_vars(alpha.address, real_router())
+    kimi: dict[str, Any] = {
+        "launcher": "slurm",
+        "python": "/usr/bin/python3",
+        "bind_host": "0.0.0.0",
+        "port": free_port(NODE_ADDRESSES["n1"]),
+        "slurm_time": "1",
+        "slurm_gpus_per_node": 2,
+    }
+    table: dict[str, Any] = {"kimi": kimi}
+    if with_router:
+        kimi["router"] = "alpha/router"
+        table["router"] = router
+    variables = {
+        **prepare(alpha, tp=1, bind_by_node=NODE_ADDRESSES),
+        "template": "baseline",
+        "deployments": table,
+    }
+    return lab.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables}), router["port"]
+
+
+def watch_events(cli: CLI, inv: Path, until: str, timeout: float) -> list[dict[str, Any]]:
+    """watch --renew-before 58s --json until an event of kind `until`, then Ctrl-C."""
+    proc = cli.popen("watch", "-i", str(inv), "--interval", "1", "--renew-before", "58s", "--json")
+    events: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            events.append(json.loads(line))
+            if events[-1]["event"] == until:
+                break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    return events
+
+
+def test_watch_renews_a_job_before_its_limit_through_its_router_without_a_failed_request(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv, router_port = renewing_inventory(hosts, tmp_path, with_router=True)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, (err, doc)
+    first = deployments_of(doc)["kimi"]
+    assert first["job"]["nodes"] == ["n1"]
+    load = Load(hosts.hosts["alpha"].address, router_port)
+    with load:
+        events = watch_events(cli, inv, "renewed", 50)
+    kinds = [e["event"] for e in events]
+    assert "time_limit_near" in kinds and kinds[-1] == "renewed", events
+    near = next(e for e in events if e["event"] == "time_limit_near")
+    assert near["renewing"] is True and near["job"] == first["job"]["id"]
+    renewed = events[-1]
+    assert renewed["error"] == "" and renewed["state"] == "ready", renewed
+    assert renewed["old_run"] == first["run"] and renewed["new_run"].endswith("_v2")
+    assert load.failed == [] and len(load.done) > 5, (load.failed, len(load.done))
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    kimi = deployments_of(doc)["kimi"]
+    assert kimi["run"] == renewed["new_run"] and kimi["job"]["nodes"] == ["n2"]
+    listed = [w["url"] for w in deployments_of(doc)["router"]["router"]["workers"]]
+    assert listed == [f"http://{NODE_ADDRESSES['n2']}:{kimi_port(inv)}"]
+    assert [j["id"] for j in slurm_lab.active_jobs()] == [kimi["job"]["id"]]
+    code, _, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+
+
+def test_watch_says_when_a_job_without_a_router_will_be_down(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv, _ = renewing_inventory(hosts, tmp_path, with_router=False)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, (err, doc)
+    events = watch_events(cli, inv, "time_limit_near", 30)
+    assert events and events[-1]["event"] == "time_limit_near", events
+    assert events[-1]["renewing"] is False and 0 < events[-1]["time_left_s"] <= 58
+    text = cli("watch", "--help").stdout
+    assert "--renew-before" in text
+    code, _, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+
+
+def kimi_port(inv: Path) -> int:
+    document = yaml.safe_load(inv.read_text())
+    return int(document["all"]["hosts"]["alpha"]["deployments"]["kimi"]["port"])
