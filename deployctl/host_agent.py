@@ -1845,6 +1845,11 @@ def query_job(job_id: str, known: JobInfo | None) -> JobInfo:
     nothing did). Its node list is expanded and its head node's address looked up."""
     code, out = slurm("squeue", f"--jobs={job_id}", "--states=all", "--noheader",
                       f"--format={SQUEUE_FORMAT}")  # fmt: skip
+    if code and "Invalid job id" not in out:
+        # slurmctld did not answer: that says nothing of the job, which must not be taken
+        # for dead (and restarted beside itself).
+        last = out.splitlines()[-1] if out else f"exit status {code}"
+        fail(f"squeue failed on the login node: {last}", "host")
     found = parse_squeue(out, job_id) if code == 0 else None
     if found is None:
         code, out = slurm("sacct", f"--jobs={job_id}", "-X", "-n", "-P",

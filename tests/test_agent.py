@@ -45,7 +45,7 @@ def reply(host: Host, document: object, reply_type: type) -> object:
 
 def test_a_reply_missing_a_key_is_an_error_not_a_default(tmp_path: Path) -> None:
     host = local_host(tmp_path)
-    good = {"alive": True, "members": [7], "health": None, "size": 0, "data": ""}
+    good = {"alive": True, "members": [7], "health": None, "size": 0, "data": "", "job": None}
     assert reply(host, good, PollReply) == good
     for key in good:
         broken = {k: v for k, v in good.items() if k != key}

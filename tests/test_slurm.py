@@ -4,8 +4,10 @@ on a real Slurm in tests/test_slurm_jobs.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -204,3 +206,54 @@ def test_a_dirty_gpu_on_any_node_fails_the_job_before_the_server(tmp_path: Path)
     assert "[deployctl] GPU 0 on node n2 is not clean: 8811 MiB in use" in out
     assert "the server was not started" in out
     assert "sglang.launch_server" not in out
+
+
+def fake_tools(folder: Path, **scripts: str) -> dict[str, str]:
+    """Executables named by the keywords, each a shell script body, first on PATH."""
+    folder.mkdir()
+    for name, body in scripts.items():
+        tool = folder / name
+        tool.write_text(f"#!/bin/sh\n{body}\n")
+        tool.chmod(0o755)
+    return {**os.environ, "PATH": f"{folder}:{os.environ['PATH']}"}
+
+
+def query(env: dict[str, str], known: dict[str, object] | None) -> subprocess.CompletedProcess[str]:
+    """host_agent.query_job in a process of its own (a failure ends the agent's process)."""
+    code = (
+        "import json, sys; from deployctl.host_agent import query_job; "
+        "print(json.dumps(query_job('12', json.loads(sys.argv[1]))))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, json.dumps(known)],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def test_a_job_slurm_has_forgotten_keeps_the_state_its_record_saw(tmp_path: Path) -> None:
+    env = fake_tools(
+        tmp_path / "bin",
+        squeue='echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1',
+        sacct='echo "sacct: error: Slurm accounting storage is disabled" >&2; exit 1',
+    )
+    ended = {"id": "12", "state": "CANCELLED", "reason": "", "nodes": ["n1"], "head": "10.0.0.1",
+             "time_left": None, "exit_code": "0:15"}  # fmt: skip
+    done = query(env, ended)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ended
+    # A job recorded as running that Slurm no longer knows has ended some way unknown.
+    done = query(env, {**ended, "state": "RUNNING"})
+    assert json.loads(done.stdout)["state"] == "UNKNOWN"
+
+
+def test_a_controller_that_does_not_answer_is_an_error_not_a_dead_job(tmp_path: Path) -> None:
+    env = fake_tools(
+        tmp_path / "bin",
+        squeue='echo "squeue: error: Unable to contact slurm controller (connect failure)" >&2; exit 1',
+    )
+    done = query(env, None)
+    assert done.returncode == 1
+    assert (
+        "squeue failed on the login node: squeue: error: Unable to contact slurm controller"
+        in done.stdout
+    )
