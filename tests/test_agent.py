@@ -78,6 +78,7 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
             "seconds": 0.03,
         },
         "lock": lock,
+        "sbatch": None,
     }
     assert reply(host, base, PreflightReply) == base
     with pytest.raises(AgentError, match=r"argv_check\.findings\[0\]\.level is missing"):
