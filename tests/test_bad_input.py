@@ -386,6 +386,18 @@ CASES = [
     Case("router-metrics-port", ("launch", "-i", BAD),
          "router_metrics_port 'x' is not a port number (1-65535)",
          {BAD: inventory_with(deployctl_router_metrics_port="x")}),
+    # -- Slurm --
+    Case("slurm-launcher", ("launch", "-i", BAD), "deployctl_launcher 'kubernetes' is not ssh or slurm",
+         {BAD: inventory_with(deployctl_launcher="kubernetes")}),
+    Case("slurm-time", ("launch", "-i", BAD),
+         "deployctl_slurm_time 'soon' is not a Slurm time limit, e.g. 4:00:00, 90 or 1-12:00:00",
+         {BAD: inventory_with(deployctl_slurm_time="soon")}),
+    Case("slurm-extra-line", ("launch", "-i", BAD), "is not a list of sbatch options, each starting with -",
+         {BAD: inventory_with(deployctl_slurm_extra=["--x=1\n#SBATCH --uid=0"])}),
+    Case("slurm-loopback", ("launch", "-i", BAD), "is loopback: the server on its Slurm node could not",
+         {BAD: inventory_with(launcher="slurm")}, form="host"),
+    Case("watch-renew-before", ("watch", "-i", INV, "--renew-before", "soon"),
+         "--renew-before 'soon' is not a time"),
 ]  # fmt: skip
 
 

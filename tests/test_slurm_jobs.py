@@ -243,9 +243,11 @@ def renewing_inventory(lab: SSHLab, tmp_path: Path, with_router: bool) -> tuple[
     return lab.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables}), router["port"]
 
 
-def watch_events(cli: CLI, inv: Path, until: str, timeout: float) -> list[dict[str, Any]]:
-    """watch --renew-before 58s --json until an event of kind `until`, then Ctrl-C."""
-    proc = cli.popen("watch", "-i", str(inv), "--interval", "1", "--renew-before", "58s", "--json")
+def watch_events(
+    cli: CLI, inv: Path, until: tuple[str, ...], timeout: float, *extra: str
+) -> list[dict[str, Any]]:
+    """watch --json (every second) until an event of a kind in `until`, then Ctrl-C."""
+    proc = cli.popen("watch", "-i", str(inv), "--interval", "1", "--json", *extra)
     events: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     try:
@@ -255,12 +257,15 @@ def watch_events(cli: CLI, inv: Path, until: str, timeout: float) -> list[dict[s
             if not line:
                 break
             events.append(json.loads(line))
-            if events[-1]["event"] == until:
+            if events[-1]["event"] in until:
                 break
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
     return events
+
+
+RENEW = ("--renew-before", "58s")
 
 
 def test_watch_renews_a_job_before_its_limit_through_its_router_without_a_failed_request(
@@ -273,7 +278,7 @@ def test_watch_renews_a_job_before_its_limit_through_its_router_without_a_failed
     assert first["job"]["nodes"] == ["n1"]
     load = Load(hosts.hosts["alpha"].address, router_port)
     with load:
-        events = watch_events(cli, inv, "renewed", 50)
+        events = watch_events(cli, inv, ("renewed",), 50, *RENEW)
     kinds = [e["event"] for e in events]
     assert "time_limit_near" in kinds and kinds[-1] == "renewed", events
     near = next(e for e in events if e["event"] == "time_limit_near")
@@ -298,7 +303,7 @@ def test_watch_says_when_a_job_without_a_router_will_be_down(
     inv, _ = renewing_inventory(hosts, tmp_path, with_router=False)
     code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
     assert code == 0, (err, doc)
-    events = watch_events(cli, inv, "time_limit_near", 30)
+    events = watch_events(cli, inv, ("time_limit_near",), 30, *RENEW)
     assert events and events[-1]["event"] == "time_limit_near", events
     assert events[-1]["renewing"] is False and 0 < events[-1]["time_left_s"] <= 58
     text = cli("watch", "--help").stdout
@@ -310,3 +315,23 @@ def test_watch_says_when_a_job_without_a_router_will_be_down(
 def kimi_port(inv: Path) -> int:
     document = yaml.safe_load(inv.read_text())
     return int(document["all"]["hosts"]["alpha"]["deployments"]["kimi"]["port"])
+
+
+def test_watch_restarts_a_crashed_job_as_a_new_job_and_stops_at_a_crash_loop(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(hosts, tmp_path)
+    set_knobs(hosts, crash="after_ready", crash_after_s=1.0)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    first = job_of(doc)["id"]
+    events = watch_events(cli, inv, ("crash_loop", "watch_stopped"), 60)
+    kinds = [e["event"] for e in events]
+    assert kinds[:2] == ["restarting", "replaced"] and "crash_loop" in kinds, kinds
+    replaced = events[1]
+    assert replaced["old_run"].endswith("_v1") and replaced["new_run"].endswith("_v2")
+    # The same crash twice: the breaker counted the new job's crash.
+    loop = next(e for e in events if e["event"] == "crash_loop")
+    assert loop["repeated"] is True and loop["run"].endswith("_v2")
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    assert entry(doc)["job"]["id"] != first and entry(doc)["crashed"] is True
