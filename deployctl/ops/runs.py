@@ -564,6 +564,8 @@ def _token(preflights: FleetResult[Preflight], name: str) -> str:
 
 
 STATUS_TAIL_BYTES = 256 * 1024
+# The most log lines a status keeps (the dashboard's tail of a run).
+TAIL_LINES = 60
 
 
 @dataclass
@@ -582,6 +584,7 @@ class RunStatus:
     metrics_note: str | None = None  # None: not asked; else why there are none, or ""
     router: RouterState | None = None  # a live router's list and drift (see ops/router.py)
     job: JobInfo | None = None  # a Slurm job's state (`launcher: slurm`)
+    tail: list[str] = field(default_factory=list)  # the log's last lines read, plain text
 
     @property
     def running(self) -> bool:
@@ -668,6 +671,7 @@ def run_status(
         alive=doc["alive"],
         health=doc["health"],
         last_line=plain(lines[-1]) if lines else "",
+        tail=[plain(line) for line in lines[-TAIL_LINES:]],
         crashes=crashes,
         gpus=gpus,
         command=doc["command"],

@@ -1000,6 +1000,9 @@ KEPT_TUNES: View[FleetResult[KeptTune]] = View(_kept_tunes, docs.per_host(docs.k
 # A command whose output streamed as it happened (`top`, `watch`, `logs -f`): nothing is left.
 STREAMED: View[Any] = View(lambda _: None, lambda _: None)
 
+# One line of news (`dashboard --new-token`): printed, or `{"note": …}`.
+NOTE: View[str] = View(print, lambda text: {"note": text})
+
 
 # ---- rollout ------------------------------------------------------------------------------
 

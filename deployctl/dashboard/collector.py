@@ -1,0 +1,214 @@
+"""The dashboard's facts: the documents the CLI prints, refreshed by one thread that owns
+every connection.
+
+Each round is `status --metrics` over the fleet's open connections (Fleet.poll: a host that
+went away keeps its error and is tried again with backoff, never stalling the rest), so no
+host is asked more often than the interval. Patch audits and kept tune and bench records
+change rarely and are read every RECORDS_EVERY seconds. The page gets one document per
+round: `/api/status` is exactly `status --metrics --json`; `/api/dashboard` adds what the
+page draws (rows per deployment, throughput history, crash reports, log tails, the audit
+matrix, tune and bench curves).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deployctl import agent
+from deployctl.connection import Connection
+from deployctl.crash import Catalog
+from deployctl.deployments import group_of
+from deployctl.fanout import Fleet, FleetResult, HostResult
+from deployctl.host_agent import BenchResultsArgs
+from deployctl.inventory import Host
+from deployctl.ops.patch import AuditReport, audit_host
+from deployctl.ops.runs import RunStatus, run_status, with_router_states
+from deployctl.ops.tune import find_tunes
+from deployctl.patchset import PatchSet
+from deployctl.present.documents import audit_json, hosts_document, status_document
+from deployctl.schema import versioned
+
+# Throughput points kept per deployment: ten minutes at the default 2 s.
+HISTORY_POINTS = 300
+# Seconds between reads of what changes rarely: patch audits, kept tune and bench records.
+RECORDS_EVERY = 60.0
+# The log read with each status: enough for the detail view's tail.
+TAIL_BYTES = 32 * 1024
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One round's documents; `seq` grows by one per round."""
+
+    seq: int
+    status: dict[str, Any]
+    dashboard: dict[str, Any]
+
+
+class Collector:
+    """Refresh the fleet's documents every `interval` seconds in a thread of its own."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        catalog: Catalog,
+        patch_sets: Mapping[str, PatchSet],
+        interval: float,
+        groups: Mapping[str, Sequence[str]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.fleet = fleet
+        self.catalog = catalog
+        self.patch_sets = patch_sets
+        self.interval = interval
+        self.groups = groups or {}
+        self.clock = clock
+        self.history: dict[str, deque[tuple[float, float | None]]] = {}
+        self._records: dict[str, Any] = {"audit": None, "tunes": {}, "bench": {}}
+        self._records_at = -RECORDS_EVERY
+        self._latest: Snapshot | None = None
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dashboard-collector", daemon=True)
+        self.failure: BaseException | None = None  # a bug that ended the thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+        self._thread.join(timeout=30)
+
+    def latest(self) -> Snapshot | None:
+        with self._changed:
+            return self._latest
+
+    def wait_newer(self, seq: int, timeout: float) -> Snapshot | None:
+        """The first snapshot after `seq`; None when none came within `timeout` (or stopped)."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not self._stop.is_set():
+                if self._latest is not None and self._latest.seq > seq:
+                    return self._latest
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._changed.wait(left)
+        return None
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                self.refresh()
+                self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+        except BaseException as exc:  # the page shows it; the server stays up to say so
+            self.failure = exc
+            with self._changed:
+                self._changed.notify_all()
+
+    def refresh(self) -> Snapshot:
+        """One round: every deployment's status with metrics, and the records when due."""
+        started = time.monotonic()
+        results = self.fleet.poll(
+            lambda host, conn: run_status(
+                host, conn, self.catalog, metrics=True, tail_bytes=TAIL_BYTES
+            )
+        )
+        results = with_router_states(self.fleet, results)
+        now = self.clock()
+        self._remember(results, now)
+        if started - self._records_at >= RECORDS_EVERY:
+            self._records = self._read_records(results)
+            self._records_at = started
+        status = versioned(status_document(results))
+        dashboard = versioned(
+            {
+                "updated_at": now,
+                "interval_s": self.interval,
+                "refresh_s": round(time.monotonic() - started, 3),
+                "status": status,
+                "deployments": [self._row(r) for r in results],
+                "history": {k: list(v) for k, v in self.history.items()},
+                **self._records,
+            }
+        )
+        with self._changed:
+            seq = self._latest.seq + 1 if self._latest else 1
+            self._latest = Snapshot(seq, status, dashboard)
+            self._changed.notify_all()
+            return self._latest
+
+    def _remember(self, results: FleetResult[RunStatus], now: float) -> None:
+        for result in results:
+            metrics = result.value.metrics if result.value else None
+            if result.value is None or result.value.metrics_note is None:
+                continue
+            points = self.history.setdefault(result.name, deque(maxlen=HISTORY_POINTS))
+            value = metrics.get("gen_throughput") if metrics else None
+            points.append((round(now, 3), None if value is None else float(value)))
+
+    def _row(self, result: HostResult[RunStatus]) -> dict[str, Any]:
+        """One deployment as the page lists it (the status document's facts, and more)."""
+        host = result.host
+        group = group_of(host)
+        row: dict[str, Any] = {
+            "target": result.name,
+            "host": host.name,
+            "deployment": host.deployment,
+            "groups": [g for g, names in self.groups.items() if host.name in names],
+            "multi_node": f"{group[0]} ({', '.join(group[1])})" if group else None,
+            "ok": result.ok,
+            "error": result.error,
+            "hint": result.hint,
+        }
+        status = result.value
+        if status is None:
+            return row
+        run = status.run
+        row.update(
+            {
+                "template": run["template"] if run else None,
+                "threshold": run["threshold"] if run else None,
+                "crashes": [c.to_json() for c in status.crashes] if status.crashed else [],
+                "tail": status.tail,
+            }
+        )
+        return row
+
+    def _read_records(self, results: FleetResult[RunStatus]) -> dict[str, Any]:
+        """Patch audits, each deployment's newest tune and its current run's bench sweeps."""
+        hosts = list({h.name: h for h in self.fleet.hosts}.values())
+        audits = self.fleet.run(
+            lambda host, conn: audit_host(host, conn, self.patch_sets, ()), hosts
+        )
+        tunes = find_tunes(self.fleet, None)
+        runs = {r.name: r.value.run["id"] for r in results if r.value and r.value.run}
+        bench = self.fleet.run(
+            lambda host, conn: _bench_of(host, conn, runs.get(host.label)),
+            [h for h in self.fleet.hosts if h.label in runs],
+        )
+        return {
+            "audit": hosts_document(audits, _audit_entry),
+            "tunes": {r.name: r.value.record for r in tunes if r.value and r.value.record},
+            "bench": {r.name: r.value for r in bench if r.value},
+        }
+
+
+def _audit_entry(report: AuditReport) -> dict[str, Any]:
+    return {**audit_json(report), "expected": list(report.expected)}
+
+
+def _bench_of(host: Host, conn: Connection, run: str | None) -> list[dict[str, Any]]:
+    """The bench sweeps kept for the deployment's current run, oldest first."""
+    if run is None:
+        return []
+    args = BenchResultsArgs(state_dir=host.settings.state_dir, runs=[run])
+    return agent.call(host, conn, agent.BENCH_RESULTS, args)["results"].get(run, [])

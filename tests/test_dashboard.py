@@ -1,0 +1,252 @@
+"""`deployctl dashboard`: who may read it (the token rules), and the real server over the
+sshd lab's stand-in deployments: its documents are the CLI's, its event stream, its
+refusals. The page itself is driven in a real chromium in tests/test_dashboard_page.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployctl.dashboard.access import check_bind, new_token, read_token, token_matches
+from deployctl.errors import UsageError
+from tests.conftest import CLI
+from tests.sshd_hosts import SSHLab, free_port
+from tests.test_faults import wait_until
+from tests.test_lifecycle import inventory, launch_json
+
+# ---- the token rules ---------------------------------------------------------------------------
+
+
+def test_a_new_token_is_private_and_never_written_over_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    token = new_token(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_token(path) == token and len(token) >= 40
+    with pytest.raises(UsageError, match="the file exists"):
+        new_token(path)
+    assert read_token(path) == token
+
+
+def test_a_token_file_others_can_read_or_too_short_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("x" * 40)
+    path.chmod(0o644)
+    with pytest.raises(UsageError, match=r"can be read by others \(mode 644\)") as caught:
+        read_token(path)
+    assert caught.value.hint == f"chmod 600 {path}"
+    path.chmod(0o600)
+    path.write_text("short")
+    with pytest.raises(UsageError, match="does not hold a token"):
+        read_token(path)
+    with pytest.raises(UsageError, match="No such file"):
+        read_token(tmp_path / "missing")
+
+
+def test_only_loopback_is_served_without_a_token() -> None:
+    check_bind("127.0.0.1", None)
+    check_bind("::1", None)
+    check_bind("0.0.0.0", "t" * 40)
+    for address in ("0.0.0.0", "10.1.2.3", "::"):
+        with pytest.raises(UsageError, match="needs --token-file"):
+            check_bind(address, None)
+    assert token_matches("a" * 30, "a" * 30)
+    assert not token_matches("a" * 29 + "b", "a" * 30) and not token_matches(None, "a" * 30)
+
+
+def test_a_non_loopback_bind_without_a_token_is_refused_in_one_line(cli: CLI) -> None:
+    (cli.cwd / "inv.yml").write_text(
+        "all:\n  hosts:\n    h1: {ansible_host: 127.0.0.1, ansible_port: 1}\n"
+    )
+    result = cli("dashboard", "-i", "inv.yml", "--bind", "0.0.0.0", "--port", "1")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: --bind 0.0.0.0 is reachable from other machines")
+    assert "Traceback" not in result.stderr
+
+
+# ---- the server over the lab -------------------------------------------------------------------
+
+
+class Dashboard:
+    """A `deployctl dashboard` process and how to ask it."""
+
+    def __init__(self, proc: subprocess.Popen[str], port: int, token: str | None) -> None:
+        self.proc = proc
+        self.base = f"http://127.0.0.1:{port}"
+        self.token = token
+
+    def get(self, path: str, token: str | None = None, **headers: str) -> tuple[int, bytes]:
+        given = token if token is not None else self.token
+        if given:
+            headers.setdefault("Authorization", f"Bearer {given}")
+        request = urllib.request.Request(self.base + path, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return reply.status, reply.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def document(self, path: str) -> dict[str, Any]:
+        code, body = self.get(path)
+        assert code == 200, body[:300]
+        found: dict[str, Any] = json.loads(body)
+        return found
+
+
+@contextmanager
+def dashboard(cli: CLI, inv: Path, *extra: str, token: str | None = None) -> Iterator[Dashboard]:
+    """Serve the inventory's dashboard until the block ends, then Ctrl-C it."""
+    port = free_port("127.0.0.1")
+    proc = cli.popen("dashboard", "-i", str(inv), "--port", str(port), "--interval", "1", *extra)
+    served = Dashboard(proc, port, token)
+    try:
+        wait_until(lambda: _answers(served) or proc.poll() is not None, 30, 0.1)
+        assert proc.poll() is None, proc.communicate()[1]
+        yield served
+    finally:
+        proc.send_signal(2)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        assert "Traceback" not in err, err
+
+
+def _answers(served: Dashboard) -> bool:
+    try:
+        return served.get("/api/status")[0] in (200, 401)
+    except OSError:
+        return False
+
+
+def test_the_api_serves_the_status_document_and_an_event_per_round(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha", "bravo"], tp=1)
+    code, _, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    with dashboard(cli, inv) as served:
+        status = served.document("/api/status")
+        cli_status = json.loads(cli("status", "-i", str(inv), "--metrics", "--json").stdout)
+        assert status["schema"] == cli_status["schema"]
+        for name in ("alpha", "bravo"):
+            ours, theirs = status["hosts"][name], cli_status["hosts"][name]
+            assert set(ours) == set(theirs)  # the same document: key for key
+            for key in ("run", "pid", "state", "log", "ready", "crashed", "metrics_note"):
+                assert ours[key] == theirs[key], key
+        page = served.document("/api/dashboard")
+        assert [r["target"] for r in page["deployments"]] == ["alpha", "bravo"]
+        assert page["status"]["hosts"].keys() == status["hosts"].keys()
+        assert page["audit"] is not None and page["interval_s"] == 1
+        # The event stream: the latest round at once, then one per round.
+        request = urllib.request.Request(served.base + "/api/events")
+        with urllib.request.urlopen(request, timeout=30) as stream:
+            assert stream.headers["Content-Type"].startswith("text/event-stream")
+            seen = []
+            for line in stream:
+                if line.startswith(b"id: "):
+                    seen.append(int(line[4:]))
+                if len(seen) == 2:
+                    break
+        assert seen[1] == seen[0] + 1
+        assert served.get("/static/../access.py")[0] == 404  # only the page's own files
+        html = served.get("/")[1].decode()
+        assert "/static/app.js" in html and "cdn" not in html.lower()
+
+
+def test_with_a_token_every_request_needs_it_and_writes_are_refused(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha"], tp=1)
+    token_file = tmp_path / "token"
+    made = cli("dashboard", "--new-token", str(token_file))
+    assert made.returncode == 0, made.stderr
+    token = token_file.read_text().strip()
+    with dashboard(cli, inv, "--token-file", str(token_file), token=token) as served:
+        for path in ("/", "/api/status", "/api/dashboard", "/api/events", "/static/app.js"):
+            assert served.get(path, token="wrong-" + "x" * 30)[0] == 401, path
+            assert served.get(path, token="")[0] == 401, path
+        assert served.get("/api/status")[0] == 200
+        # The page opened once with ?token= gives a cookie the page's own requests carry.
+        request = urllib.request.Request(f"{served.base}/?token={token}")
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            cookie = reply.headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+        pair = cookie.split(";")[0]
+        assert served.get("/api/dashboard", token="", Cookie=pair)[0] == 200
+        post = urllib.request.Request(served.base + "/api/status", data=b"{}", method="POST")
+        post.add_header("Authorization", f"Bearer {token}")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(post, timeout=30)
+        assert refused.value.code == 405
+
+
+def test_a_host_that_goes_away_shows_its_error_and_never_stalls_the_rest(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha", "bravo"], tp=1)
+    code, _, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    with dashboard(cli, inv) as served:
+        served.document("/api/dashboard")
+        hosts.hosts["bravo"].go_away()
+        try:
+
+            def bravo_failed() -> dict[str, Any] | None:
+                doc = served.document("/api/dashboard")
+                rows = {r["target"]: r for r in doc["deployments"]}
+                return doc if not rows["bravo"]["ok"] else None
+
+            doc = wait_until(bravo_failed, 30, 0.5)
+            rows = {r["target"]: r for r in doc["deployments"]}
+            assert rows["alpha"]["ok"] and rows["bravo"]["error"]
+            assert doc["status"]["hosts"]["alpha"]["state"] == "ready"
+            # Rounds go on at the interval while bravo is away (its backoff is its own).
+            first = doc["updated_at"]
+            later = wait_until(
+                lambda: (d := served.document("/api/dashboard"))["updated_at"] >= first + 2 and d,
+                20,
+                0.5,
+            )
+            assert later["refresh_s"] < 5
+        finally:
+            hosts.hosts["bravo"].start()
+        wait_until(
+            lambda: all(r["ok"] for r in served.document("/api/dashboard")["deployments"]), 60, 1
+        )
+
+
+def test_help_works_and_serving_says_what_to_install_without_the_extra(tmp_path: Path) -> None:
+    inventory_file = tmp_path / "inv.yml"
+    inventory_file.write_text(
+        "all:\n  hosts:\n    h1: {ansible_host: 127.0.0.1, ansible_port: 1}\n"
+    )
+    # The dashboard extra absent: starlette and uvicorn cannot be imported.
+    runner = (
+        "import sys; sys.modules['starlette'] = None; sys.modules['uvicorn'] = None; "
+        "sys.argv = ['deployctl', *sys.argv[1:]]; from deployctl.cli import main; main()"
+    )
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", runner, *args], capture_output=True, text=True, check=False,
+            cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path), "COLUMNS": "200"},
+        )  # fmt: skip
+
+    shown = run("dashboard", "--help")
+    assert shown.returncode == 0 and "--token-file" in shown.stdout
+    refused = run("dashboard", "-i", str(inventory_file))
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: the dashboard needs its web server (starlette")
+    assert "pip install 'deployctl[dashboard]'" in refused.stderr
