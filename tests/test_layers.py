@@ -147,3 +147,14 @@ def test_every_fleet_command_takes_the_shared_options() -> None:
         flags = {opt for param in commands[name].params for opt in param.opts}
         assert set(SHARED_FLAGS) <= flags, (name, set(SHARED_FLAGS) - flags)
         assert "--json" in flags, name
+
+
+def test_the_wheel_lists_every_package_of_the_source_tree() -> None:
+    # A package left out of pyproject's list is missing from `pip install .` (not -e): its
+    # imports fail only there.
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(config["tool"]["setuptools"]["packages"])
+    found = {module_name(p.parent / "__init__.py") for p in PACKAGE.rglob("__init__.py")}
+    assert listed == found

@@ -1,0 +1,1 @@
+"""`deployctl dashboard`: the fleet as a live web page (the `dashboard` extra)."""
