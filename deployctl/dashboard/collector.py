@@ -184,16 +184,18 @@ class Collector:
         return row
 
     def _read_records(self, results: FleetResult[RunStatus]) -> dict[str, Any]:
-        """Patch audits, each deployment's newest tune and its current run's bench sweeps."""
-        hosts = list({h.name: h for h in self.fleet.hosts}.values())
+        """Patch audits, each deployment's newest tune and its current run's bench sweeps,
+        of the hosts that answered this round (one that did not would stall it)."""
+        answered = [r.host for r in results if r.ok]
+        hosts = list({h.name: h for h in answered}.values())
         audits = self.fleet.run(
             lambda host, conn: audit_host(host, conn, self.patch_sets, ()), hosts
         )
-        tunes = find_tunes(self.fleet, None)
+        tunes = find_tunes(self.fleet, None, answered)
         runs = {r.name: r.value.run["id"] for r in results if r.value and r.value.run}
         bench = self.fleet.run(
             lambda host, conn: _bench_of(host, conn, runs.get(host.label)),
-            [h for h in self.fleet.hosts if h.label in runs],
+            [h for h in answered if h.label in runs],
         )
         return {
             "audit": hosts_document(audits, _audit_entry),

@@ -1154,8 +1154,11 @@ class KeptTune:
         return self.record is not None
 
 
-def find_tunes(fleet: Fleet, number: int | None) -> FleetResult[KeptTune]:
-    """Each selected deployment's tune record `number` (None: its newest)."""
+def find_tunes(
+    fleet: Fleet, number: int | None, hosts: Sequence[Host] | None = None
+) -> FleetResult[KeptTune]:
+    """Each selected deployment's (or each of `hosts`') tune record `number` (None: its
+    newest)."""
 
     def lookup(host: Host, conn: Connection) -> KeptTune:
         args = TuneRecordsArgs(
@@ -1164,4 +1167,4 @@ def find_tunes(fleet: Fleet, number: int | None) -> FleetResult[KeptTune]:
         reply = agent.call(host, conn, agent.TUNE_RECORDS, args)
         return KeptTune(reply["record"], reply["numbers"], reply["unreadable"], number)
 
-    return fleet.run(lookup)
+    return fleet.run(lookup, hosts)

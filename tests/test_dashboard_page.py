@@ -1,0 +1,116 @@
+"""The dashboard's page in a real browser (Debian's chromium, driven by Playwright) over the
+sshd lab's stand-in deployments: states after a crash, the crash report, metrics that move
+under load, a log tail that follows. A screenshot is kept under tests/artifacts/."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser import save_screenshot
+from tests.conftest import CLI
+from tests.sshd_hosts import SSHLab
+from tests.test_dashboard import dashboard
+from tests.test_lifecycle import launch_json, prepare
+
+pytestmark = pytest.mark.browser
+
+
+def two_servers(lab: SSHLab, tmp_path: Path) -> Path:
+    """alpha serving steadily; bravo's server crashes 4 s after it is ready."""
+    host_vars = {
+        "alpha": {**prepare(lab.hosts["alpha"], tp=1), "template": "baseline"},
+        "bravo": {
+            **prepare(lab.hosts["bravo"], tp=1, crash="after_ready", crash_after_s=4.0),
+            "template": "baseline",
+        },
+    }
+    return lab.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], host_vars)
+
+
+class Load:
+    """Streamed completions straight to one stand-in, from a few threads, until stopped."""
+
+    def __init__(self, address: str, port: int, streams: int = 4) -> None:
+        self.url = f"http://{address}:{port}/v1/completions"
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._stream, daemon=True) for _ in range(streams)]
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+    def _stream(self) -> None:
+        body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 400, "stream": True})
+        while not self.stopping.is_set():
+            request = urllib.request.Request(
+                self.url, data=body.encode(), headers={"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=120) as reply:
+                    reply.read()
+            except OSError:
+                self.stopping.wait(0.2)
+
+
+def cell(page: Any, target: str, column: int) -> str:
+    """The text of a row's cell (1-based column) in the deployments table."""
+    text: str = page.locator(f'tr[data-target="{target}"] td:nth-child({column})').inner_text()
+    return text.strip()
+
+
+STATE, RUNNING, TOKS = 5, 9, 11
+
+
+def test_the_page_shows_states_a_crash_report_moving_metrics_and_a_following_log(
+    hosts: SSHLab, cli: CLI, tmp_path: Path, page: Any
+) -> None:
+    inv = two_servers(hosts, tmp_path)
+    code, doc, err = launch_json(cli, inv)
+    assert code == 0, err
+    alpha = hosts.hosts["alpha"]
+    port = int(doc["hosts"]["alpha"]["command"].split("--port=")[1].split()[0])
+    with dashboard(cli, inv) as served:
+        page.goto(served.base + "/")
+        page.wait_for_selector('tr[data-target="alpha"] .badge.ready', timeout=30_000)
+        # bravo crashes a few seconds after it was ready: its state word and its report.
+        page.wait_for_selector('tr[data-target="bravo"] .badge.crashed', timeout=60_000)
+        assert cell(page, "alpha", STATE) == "ready" and cell(page, "bravo", STATE) == "crashed"
+        note = page.locator('tr[data-note-for="bravo"]').inner_text()
+        assert "Tensor shape mismatch" in note
+        page.locator('tr[data-target="bravo"]').click()
+        crash = page.locator("#detail-crash .crash").first.inner_text()
+        assert "Tensor shape mismatch" in crash and "hint:" in crash
+        # Under load, alpha's running requests and tok/s move off zero.
+        page.locator('tr[data-target="alpha"]').click()
+        with Load(alpha.address, port):
+            page.wait_for_function(
+                """() => {
+                    const row = document.querySelector('tr[data-target="alpha"]');
+                    const cells = row && row.querySelectorAll('td');
+                    return cells && Number(cells[8].textContent) > 0 && Number(cells[10].textContent) > 0;
+                }""",
+                timeout=30_000,
+            )
+            save_screenshot(page, "dashboard")
+        # The log tail follows: a line written to the run's log shows up in the detail view.
+        marker = "dashboard-follows-this-line"
+        log = Path(doc["hosts"]["alpha"]["log"])
+        alpha.as_user(f"echo {marker} >> {log}")
+        page.wait_for_function(
+            f"() => document.querySelector('#detail-log').textContent.includes('{marker}')",
+            timeout=30_000,
+        )
+        assert page.locator("#detail-title").inner_text() == "alpha"
+        assert "live" in page.locator("#connection").inner_text()
