@@ -9,16 +9,23 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.browser import VIEWPORT, missing_browser, running_browser
 from tests.json_contract import CheckedPopen, check_output
 from tests.slurm_cluster import SlurmCluster, start_cluster, stop_cluster
 from tests.sshd_hosts import REPO, SSHLab, start_lab, stop_lab
 
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
+
 HOST_NAMES = ["alpha", "bravo", "charlie", "delta"]
 # Fixtures that start or use the sshd test hosts; a test needing any of them is a `lab` test.
 LAB_FIXTURES = frozenset({"lab", "hosts", "sglang_template", "slurm", "slurm_lab"})
+# Fixtures that drive the real chromium; a test needing any of them is a `browser` test.
+BROWSER_FIXTURES = frozenset({"browser", "page"})
 
 # A harness that starts the suite in the background can hand it SIGINT ignored, and ignored
 # signals stay ignored in children: tests that end `logs -f` and `watch` with Ctrl-C need it.
@@ -27,10 +34,14 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `lab` every test that reaches the sshd test hosts through any chain of fixtures."""
+    """Mark `lab` every test that reaches the sshd test hosts through any chain of fixtures,
+    and `browser` every test that reaches chromium."""
     for item in items:
-        if LAB_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        fixtures = getattr(item, "fixturenames", ())
+        if LAB_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.lab)
+        if BROWSER_FIXTURES.intersection(fixtures):
+            item.add_marker(pytest.mark.browser)
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +58,26 @@ def lab() -> Iterator[SSHLab]:
         yield lab
     finally:
         stop_lab(lab)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    """Start Playwright and Debian's headless chromium once for the whole session."""
+    lack = missing_browser()
+    if lack:
+        pytest.fail(f"{lack}: run ./scripts/test (or skip them: pytest -m 'not browser')")
+    with running_browser() as started:
+        yield started
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh page in a context of its own (no cookies or storage of another test), 1440x900."""
+    context = browser.new_context(viewport=VIEWPORT)
+    try:
+        yield context.new_page()
+    finally:
+        context.close()
 
 
 @pytest.fixture
