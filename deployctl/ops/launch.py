@@ -352,13 +352,14 @@ def run_preflight(
             state = None
         if state is not None and not plan.is_router:
             result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints)
+    live = [r for r in doc["live_runs"] if r["id"] != beside]
+    live_run_problems(plan, live, problems, hints)
+    if not plan.is_job:
         for port, why in doc["busy_ports"].items():
             what = plan.extra_ports.get(int(port), "")
             problems.append(f"port {port} ({what}) is in use on {host.name} ({why})")
         if not doc["port_free"]:
             problems.append(f"port {plan.port} is in use on {host.name} ({doc['port_error']})")
-    live = [r for r in doc["live_runs"] if r["id"] != beside]
-    live_run_problems(plan, live, problems, hints)
     if not doc["module_found"]:
         problems.append(
             f"{host.settings.python} on {host.name} cannot find module {plan.launch_module}"
