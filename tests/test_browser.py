@@ -83,7 +83,7 @@ def server() -> Iterator[EventServer]:
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     events = EventServer(f"http://127.0.0.1:{httpd.server_address[1]}/", release)
     try:
