@@ -29,6 +29,8 @@ from deployctl.dashboard.collector import Collector, Snapshot
 STATIC = Path(__file__).resolve().parent / "static"
 # How long the event stream waits for a round before it sends a keep-alive comment.
 KEEPALIVE_S = 15.0
+# Seconds Ctrl-C waits for open requests (the pages' event streams) before it closes them.
+SHUTDOWN_GRACE_S = 2
 # Files the page is built from; anything else under /static is not served.
 PAGE_FILES = ("index.html", "app.js", "style.css")
 
@@ -139,5 +141,9 @@ def serve(app: Starlette, bind: str, port: int) -> None:
     """Serve until Ctrl-C (uvicorn ends on SIGINT and SIGTERM)."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=bind, port=port, log_level="warning", access_log=False)
+    # Open event streams never end on their own: give them a moment, then close them.
+    config = uvicorn.Config(
+        app, host=bind, port=port, log_level="warning", access_log=False,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )  # fmt: skip
     uvicorn.Server(config).run()
