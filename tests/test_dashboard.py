@@ -145,7 +145,10 @@ def test_the_api_serves_the_status_document_and_an_event_per_round(
             assert set(ours) == set(theirs)  # the same document: key for key
             for key in ("run", "pid", "state", "log", "ready", "crashed", "metrics_note"):
                 assert ours[key] == theirs[key], key
-        page = served.document("/api/dashboard")
+        # The records (patch audit, tunes, bench) follow the first round's statuses.
+        page = wait_until(
+            lambda: (d := served.document("/api/dashboard"))["audit"] is not None and d, 30, 0.2
+        )
         assert [r["target"] for r in page["deployments"]] == ["alpha", "bravo"]
         assert page["status"]["hosts"].keys() == status["hosts"].keys()
         assert page["audit"] is not None and page["interval_s"] == 1

@@ -125,24 +125,27 @@ class Collector:
         results = with_router_states(self.fleet, results)
         now = self.clock()
         self._remember(results, now)
+        status = versioned(status_document(results))
+        dashboard = {
+            "updated_at": now,
+            "interval_s": self.interval,
+            "refresh_s": round(time.monotonic() - started, 3),
+            "status": status,
+            "deployments": [self._row(r) for r in results],
+            "history": {k: list(v) for k, v in self.history.items()},
+        }
+        snapshot = self._publish(status, {**dashboard, **self._records})
         if started - self._records_at >= RECORDS_EVERY:
+            # After the statuses are out: the page shows them without waiting for these.
             self._records = self._read_records(results)
             self._records_at = started
-        status = versioned(status_document(results))
-        dashboard = versioned(
-            {
-                "updated_at": now,
-                "interval_s": self.interval,
-                "refresh_s": round(time.monotonic() - started, 3),
-                "status": status,
-                "deployments": [self._row(r) for r in results],
-                "history": {k: list(v) for k, v in self.history.items()},
-                **self._records,
-            }
-        )
+            snapshot = self._publish(status, {**dashboard, **self._records})
+        return snapshot
+
+    def _publish(self, status: dict[str, Any], dashboard: dict[str, Any]) -> Snapshot:
         with self._changed:
             seq = self._latest.seq + 1 if self._latest else 1
-            self._latest = Snapshot(seq, status, dashboard)
+            self._latest = Snapshot(seq, status, versioned(dashboard))
             self._changed.notify_all()
             return self._latest
 
