@@ -1103,7 +1103,7 @@ def dashboard(
         where = f"http://{bind}:{port}/" + ("?token=…" if token else "")
         sys.stderr.write(f"dashboard on {where} (Ctrl-C ends)\n")
         try:
-            serve(build_app(collector, token), bind, port)
+            serve(build_app(collector, token), bind, port, collector)
         finally:
             collector.stop()
     return views.STREAMED, WatchEnded()

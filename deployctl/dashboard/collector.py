@@ -80,10 +80,18 @@ class Collector:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """End the rounds and wake every waiter, without waiting for the thread."""
         self._stop.set()
         with self._changed:
             self._changed.notify_all()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def stop(self) -> None:
+        self.request_stop()
         self._thread.join(timeout=30)
 
     def latest(self) -> Snapshot | None:
@@ -168,7 +176,7 @@ class Collector:
             "deployment": host.deployment,
             "groups": [g for g, names in self.groups.items() if host.name in names],
             "multi_node": f"{group[0]} ({', '.join(group[1])})" if group else None,
-            "ok": result.ok,
+            "ok": not result.failed,  # read; whether the run is well is its status's state
             "error": result.error,
             "hint": result.hint,
         }
@@ -189,7 +197,7 @@ class Collector:
     def _read_records(self, results: FleetResult[RunStatus]) -> dict[str, Any]:
         """Patch audits, each deployment's newest tune and its current run's bench sweeps,
         of the hosts that answered this round (one that did not would stall it)."""
-        answered = [r.host for r in results if r.ok]
+        answered = [r.host for r in results if not r.failed]
         hosts = list({h.name: h for h in answered}.values())
         audits = self.fleet.run(
             lambda host, conn: audit_host(host, conn, self.patch_sets, ()), hosts

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from starlette.applications import Starlette
@@ -29,8 +30,8 @@ from deployctl.dashboard.collector import Collector, Snapshot
 STATIC = Path(__file__).resolve().parent / "static"
 # How long the event stream waits for a round before it sends a keep-alive comment.
 KEEPALIVE_S = 15.0
-# Seconds Ctrl-C waits for open requests (the pages' event streams) before it closes them.
-SHUTDOWN_GRACE_S = 2
+# Seconds Ctrl-C waits for open requests to finish before it closes them.
+SHUTDOWN_GRACE_S = 5
 # Files the page is built from; anything else under /static is not served.
 PAGE_FILES = ("index.html", "app.js", "style.css")
 
@@ -123,7 +124,7 @@ async def _event_stream(collector: Collector, request: Request) -> AsyncIterator
     """One `update` event per round (the first at once), keep-alives in between."""
     seq = 0
     snapshot = collector.latest()
-    while True:
+    while not collector.stopping:  # the server is shutting down: end the stream
         if snapshot is not None and snapshot.seq > seq:
             seq = snapshot.seq
             yield f"event: update\nid: {seq}\ndata: {json.dumps(snapshot.dashboard)}\n\n"
@@ -137,13 +138,18 @@ async def _event_stream(collector: Collector, request: Request) -> AsyncIterator
         snapshot = await run_in_threadpool(collector.wait_newer, seq, KEEPALIVE_S)
 
 
-def serve(app: Starlette, bind: str, port: int) -> None:
-    """Serve until Ctrl-C (uvicorn ends on SIGINT and SIGTERM)."""
+def serve(app: Starlette, bind: str, port: int, collector: Collector) -> None:
+    """Serve until Ctrl-C or SIGTERM; the collector stops first, so the pages' event
+    streams end and the server can close."""
     import uvicorn
 
-    # Open event streams never end on their own: give them a moment, then close them.
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            collector.request_stop()
+            super().handle_exit(sig, frame)
+
     config = uvicorn.Config(
         app, host=bind, port=port, log_level="warning", access_log=False,
         timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )  # fmt: skip
-    uvicorn.Server(config).run()
+    Server(config).run()
