@@ -1104,8 +1104,10 @@ def dashboard(
         sys.stderr.write(f"dashboard on {where} (Ctrl-C ends)\n")
         try:
             serve(build_app(collector, token), bind, port, collector)
+        except KeyboardInterrupt:  # uvicorn raises the Ctrl-C it caught once it has closed
+            pass
         finally:
-            collector.stop()
+            collector.stop(timeout=2)  # a round in flight is abandoned: nothing to undo
     return views.STREAMED, WatchEnded()
 
 

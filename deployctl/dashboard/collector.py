@@ -90,9 +90,9 @@ class Collector:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30) -> None:
         self.request_stop()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout)
 
     def latest(self) -> Snapshot | None:
         with self._changed:
