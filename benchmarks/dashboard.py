@@ -85,7 +85,7 @@ from fleet import (  # noqa: E402 - needs the path above
 )
 
 from deployctl.dashboard.server import PAGE_FILES, STATIC  # noqa: E402
-from tests.browser import VIEWPORT, missing_browser, running_browser  # noqa: E402
+from tests.browser import CHROMIUM, VIEWPORT, missing_browser, running_browser  # noqa: E402
 from tests.sshd_hosts import STANDIN, SSHLab, free_port, sh, stop_lab  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -535,7 +535,7 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "chromium": subprocess.run(
-                ["/usr/bin/chromium", "--version"], capture_output=True, text=True
+                [str(CHROMIUM), "--version"], capture_output=True, text=True
             ).stdout.strip(),
             "loadavg_at_end": os.getloadavg(),
             "niceness": os.getpriority(os.PRIO_PROCESS, 0),
