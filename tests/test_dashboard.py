@@ -130,12 +130,18 @@ def _answers(served: Dashboard) -> bool:
         return False
 
 
+def two_launched(lab: SSHLab, cli: CLI, tmp_path: Path) -> Path:
+    """alpha and bravo each serving a stand-in; their inventory."""
+    inv = inventory(lab, tmp_path, ["alpha", "bravo"], tp=1)
+    code, _, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    return inv
+
+
 def test_the_api_serves_the_status_document_and_an_event_per_round(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    inv = inventory(hosts, tmp_path, ["alpha", "bravo"], tp=1)
-    code, _, err = launch_json(cli, inv, "--template", "baseline")
-    assert code == 0, err
+    inv = two_launched(hosts, cli, tmp_path)
     with dashboard(cli, inv) as served:
         status = served.document("/api/status")
         cli_status = json.loads(cli("status", "-i", str(inv), "--metrics", "--json").stdout)
@@ -198,9 +204,7 @@ def test_with_a_token_every_request_needs_it_and_writes_are_refused(
 def test_a_host_that_goes_away_shows_its_error_and_never_stalls_the_rest(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    inv = inventory(hosts, tmp_path, ["alpha", "bravo"], tp=1)
-    code, _, err = launch_json(cli, inv, "--template", "baseline")
-    assert code == 0, err
+    inv = two_launched(hosts, cli, tmp_path)
     with dashboard(cli, inv) as served:
         served.document("/api/dashboard")
         hosts.hosts["bravo"].go_away()

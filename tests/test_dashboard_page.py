@@ -4,9 +4,6 @@ under load, a log tail that follows. A screenshot is kept under tests/artifacts/
 
 from __future__ import annotations
 
-import json
-import threading
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +14,7 @@ from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab
 from tests.test_dashboard import dashboard
 from tests.test_lifecycle import launch_json, prepare
+from tests.test_rollout import Load
 
 pytestmark = pytest.mark.browser
 
@@ -31,37 +29,6 @@ def two_servers(lab: SSHLab, tmp_path: Path) -> Path:
         },
     }
     return lab.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], host_vars)
-
-
-class Load:
-    """Streamed completions straight to one stand-in, from a few threads, until stopped."""
-
-    def __init__(self, address: str, port: int, streams: int = 4) -> None:
-        self.url = f"http://{address}:{port}/v1/completions"
-        self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self._stream, daemon=True) for _ in range(streams)]
-
-    def __enter__(self) -> Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=60)
-
-    def _stream(self) -> None:
-        body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 400, "stream": True})
-        while not self.stopping.is_set():
-            request = urllib.request.Request(
-                self.url, data=body.encode(), headers={"Content-Type": "application/json"}
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=120) as reply:
-                    reply.read()
-            except OSError:
-                self.stopping.wait(0.2)
 
 
 def cell(page: Any, target: str, column: int) -> str:
@@ -94,7 +61,7 @@ def test_the_page_shows_states_a_crash_report_moving_metrics_and_a_following_log
         assert "Tensor shape mismatch" in crash and "hint:" in crash
         # Under load, alpha's running requests and tok/s move off zero.
         page.locator('tr[data-target="alpha"]').click()
-        with Load(alpha.address, port):
+        with Load(alpha.address, port, streams=4, max_tokens=400):
             page.wait_for_function(
                 """() => {
                     const row = document.querySelector('tr[data-target="alpha"]');

@@ -38,8 +38,9 @@ KNOBS = {"step_ms": 20.0, "per_req_ms": 0.5, "drain_s": 0.5}
 class Load:
     """Streams completions through the router from `streams` threads until stopped."""
 
-    def __init__(self, address: str, port: int, streams: int = 3) -> None:
+    def __init__(self, address: str, port: int, streams: int = 3, max_tokens: int = 16) -> None:
         self.url = f"{url_of(address, port)}/v1/completions"
+        self.max_tokens = max_tokens
         self.done: list[float] = []  # seconds each finished request took
         self.failed: list[str] = []
         self.stopping = threading.Event()
@@ -56,7 +57,7 @@ class Load:
             thread.join(timeout=60)
 
     def _stream(self) -> None:
-        body = {"model": "m", "prompt": "hi", "max_tokens": 16, "stream": True}
+        body = {"model": "m", "prompt": "hi", "max_tokens": self.max_tokens, "stream": True}
         while not self.stopping.is_set():
             started = time.monotonic()
             try:
