@@ -34,6 +34,8 @@ KEEPALIVE_S = 15.0
 SHUTDOWN_GRACE_S = 5
 # Files the page is built from; anything else under /static is not served.
 PAGE_FILES = ("index.html", "app.js", "style.css")
+# Every answer is of now: no browser or proxy may keep one.
+NO_STORE = {"Cache-Control": "no-store"}
 
 
 def build_app(collector: Collector, token: str | None) -> Starlette:
@@ -70,9 +72,6 @@ def build_app(collector: Collector, token: str | None) -> Starlette:
     ]
     middleware = [Middleware(BaseHTTPMiddleware, dispatch=_guard(token))]
     return Starlette(routes=routes, middleware=middleware)
-
-
-NO_STORE = {"Cache-Control": "no-store"}
 
 
 def _guard(
