@@ -54,9 +54,14 @@ class RenderedCommand:
         return join(self.argv)
 
     @property
+    def argv_shown(self) -> list[str]:
+        """The words with secret values masked."""
+        return [mask_values(arg, self.secrets) for arg in self.argv]
+
+    @property
     def display(self) -> str:
         """Return the shell line with secret values masked."""
-        return join(mask_values(arg, self.secrets) for arg in self.argv)
+        return join(self.argv_shown)
 
     @property
     def env_shown(self) -> dict[str, str]:

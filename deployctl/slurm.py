@@ -18,7 +18,6 @@ from typing import Any
 
 from deployctl.errors import TemplateError
 from deployctl.host_agent import ACTIVE_JOB_STATES, JobInfo, LiveRun, RunRecord
-from deployctl.inventory import MASK, is_secret_name, mask_values
 from deployctl.settings import Settings
 from deployctl.shell import quote
 
@@ -124,17 +123,10 @@ def batch_script(
     port: int,
     bind_host: str,
     max_used_mib: int,
-    secrets: Sequence[str] = (),
-    masked: bool = False,
 ) -> str:
-    """The batch script for one server: shown (`masked`, as `render` shows it) or real."""
-
-    def shown(name: str, value: str) -> str:
-        if not masked:
-            return value
-        return MASK if is_secret_name(name) and value else mask_values(value, secrets)
-
-    words = [mask_values(w, secrets) for w in argv] if masked else list(argv)
+    """The batch script for one server: its command and environment as given (the real
+    ones for sbatch, the masked ones for people)."""
+    words = list(argv)
     server = "exec " + " ".join(step_word(w) for w in words)
     if _STEP_END in server.splitlines():
         raise TemplateError(f"the command has a line {_STEP_END!r}, which ends its step")
@@ -143,7 +135,7 @@ def batch_script(
     lines = ["#!/bin/bash", "# deployctl: one server as a Slurm job (see deployctl render)"]
     lines += [f"#SBATCH {option}" for option in directives(settings, tp)]
     lines += ["set -u"]
-    lines += [f"export {name}={shlex.quote(shown(name, value))}" for name, value in env.items()]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
     lines += [
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'DEPLOYCTL_HEAD_ADDR=$(scontrol show node "$head" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)',

@@ -257,3 +257,16 @@ def test_a_controller_that_does_not_answer_is_an_error_not_a_dead_job(tmp_path: 
         "squeue failed on the login node: squeue: error: Unable to contact slurm controller"
         in done.stdout
     )
+
+
+def test_the_script_people_see_masks_secrets_and_the_one_sbatch_gets_has_them() -> None:
+    from deployctl.ops.launch import Plan
+    from deployctl.render import RenderedCommand
+
+    host = Host("login", {"launcher": "slurm", "bind_host": "0.0.0.0", "port": 30000})
+    argv = ["python3", "-m", "sglang.launch_server", "--api-key=s3cret-key"]
+    rendered = RenderedCommand("baseline", None, argv, ("s3cret-key",), {"HF_TOKEN": "hf_abc"})
+    plan = Plan(host, rendered, [])
+    shown, real = plan.batch_script(masked=True), plan.batch_script(masked=False)
+    assert "s3cret-key" not in shown and "hf_abc" not in shown and "********" in shown
+    assert "--api-key=s3cret-key" in real and "export HF_TOKEN=hf_abc" in real

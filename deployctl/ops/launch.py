@@ -171,14 +171,12 @@ class Plan:
         rendered = self.rendered
         return slurm.batch_script(
             self.host.settings,
-            rendered.argv,
+            rendered.argv_shown if masked else rendered.argv,
             rendered.env_shown if masked else rendered.env,
             tp=self.tp,
             port=self.port,
             bind_host=self.bind_host,
             max_used_mib=max_used_mib,
-            secrets=rendered.secrets,
-            masked=masked,
         )
 
     @property
