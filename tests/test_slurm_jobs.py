@@ -62,6 +62,13 @@ def standin_processes(lab: SSHLab) -> str:
     return found.stdout.strip()
 
 
+def launched(cli: CLI, inv: Path) -> dict[str, Any]:
+    """Launch the inventory to ready; its launch document."""
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, (err, doc)
+    return doc
+
+
 def job_of(doc: dict[str, Any]) -> dict[str, Any]:
     job: dict[str, Any] = entry(doc)["job"]
     return job
@@ -74,10 +81,9 @@ def test_a_one_node_job_launches_reports_its_job_and_stops_to_nothing(
     shown = cli("render", "-i", str(inv))
     assert shown.returncode == 0, shown.stderr
     assert "#SBATCH --nodes=1" in shown.stdout and "#SBATCH --time=30:00" in shown.stdout
-    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
-    launched = entry(doc)
-    assert launched["state"] == "ready", launched
+    doc = launched(cli, inv)
+    first = entry(doc)
+    assert first["state"] == "ready", first
     job = job_of(doc)
     assert job["state"] == "RUNNING" and len(job["nodes"]) == 1
     node = job["nodes"][0]
@@ -90,7 +96,7 @@ def test_a_one_node_job_launches_reports_its_job_and_stops_to_nothing(
     code, doc, err = run_json(cli, "status", "-i", str(inv))
     assert code == 0, err
     status = entry(doc)
-    assert status["state"] == "ready" and status["run"] == launched["run"]
+    assert status["state"] == "ready" and status["run"] == first["run"]
     assert status["job"]["state"] == "RUNNING" and status["job"]["nodes"] == [node]
     assert 0 < status["job"]["time_left_s"] <= 30 * 60
     table = cli("status", "-i", str(inv))
@@ -117,8 +123,7 @@ def test_a_two_node_job_reads_ranks_0_and_1_inside_its_steps_and_meets_at_the_he
     hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
 ) -> None:
     inv = slurm_inventory(hosts, tmp_path, nodes=2)
-    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    doc = launched(cli, inv)
     assert entry(doc)["state"] == "ready"
     job = job_of(doc)
     assert job["nodes"] == ["n1", "n2"] and job["head"] == NODE_ADDRESSES["n1"]
@@ -202,13 +207,12 @@ def test_a_job_cancelled_outside_deployctl_is_reported_as_cancelled(
     hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
 ) -> None:
     inv = slurm_inventory(hosts, tmp_path)
-    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    doc = launched(cli, inv)
     job = job_of(doc)["id"]
     slurm_lab.run("scancel", job)
     wait_until(lambda: not slurm_lab.active_jobs(), 30, 0.2)
     time.sleep(0.5)
-    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    _, doc, _ = run_json(cli, "status", "-i", str(inv))
     status = entry(doc)
     assert status["crashed"] is True and status["job"]["state"] == "CANCELLED"
     assert f"job {job} CANCELLED" in cli("status", "-i", str(inv)).stdout
@@ -272,8 +276,7 @@ def test_watch_renews_a_job_before_its_limit_through_its_router_without_a_failed
     hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
 ) -> None:
     inv, router_port = renewing_inventory(hosts, tmp_path, with_router=True)
-    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, (err, doc)
+    doc = launched(cli, inv)
     first = deployments_of(doc)["kimi"]
     assert first["job"]["nodes"] == ["n1"]
     load = Load(hosts.hosts["alpha"].address, router_port)
@@ -301,8 +304,7 @@ def test_watch_says_when_a_job_without_a_router_will_be_down(
     hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
 ) -> None:
     inv, _ = renewing_inventory(hosts, tmp_path, with_router=False)
-    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, (err, doc)
+    launched(cli, inv)
     events = watch_events(cli, inv, ("time_limit_near",), 30, *RENEW)
     assert events and events[-1]["event"] == "time_limit_near", events
     assert events[-1]["renewing"] is False and 0 < events[-1]["time_left_s"] <= 58
@@ -322,8 +324,7 @@ def test_watch_restarts_a_crashed_job_as_a_new_job_and_stops_at_a_crash_loop(
 ) -> None:
     inv = slurm_inventory(hosts, tmp_path)
     set_knobs(hosts, crash="after_ready", crash_after_s=1.0)
-    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    doc = launched(cli, inv)
     first = job_of(doc)["id"]
     events = watch_events(cli, inv, ("crash_loop", "watch_stopped"), 60)
     kinds = [e["event"] for e in events]
@@ -333,5 +334,5 @@ def test_watch_restarts_a_crashed_job_as_a_new_job_and_stops_at_a_crash_loop(
     # The same crash twice: the breaker counted the new job's crash.
     loop = next(e for e in events if e["event"] == "crash_loop")
     assert loop["repeated"] is True and loop["run"].endswith("_v2")
-    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    _, doc, _ = run_json(cli, "status", "-i", str(inv))
     assert entry(doc)["job"]["id"] != first and entry(doc)["crashed"] is True
