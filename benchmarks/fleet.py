@@ -121,7 +121,9 @@ class RecordingConnection(Connection):
         super().__init__(name, 1.0)
         self.commands: list[str] = []
 
-    def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+    def _exec(
+        self, command: str, stdin: bytes | None, timeout: float, shown: str
+    ) -> tuple[int, bytes, bytes]:
         self.commands.append(command)
         return 1, b"", b""
 

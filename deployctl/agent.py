@@ -42,28 +42,65 @@ class Call(Generic[A, R]):
     name: str
     args: type[A]
     reply: type[R]
+    what: str = ""  # what the call asks of the host, in words, for a timeout's message
+
+    @property
+    def purpose(self) -> str:
+        return f"deployctl's host agent was asked to {self.what or self.name}"
 
 
 # Every call the agent answers (host_agent.main's handlers), typed by host_agent's declarations.
-PROBE = Call("probe", proto.ProbeArgs, proto.ProbeReply)
-READ = Call("read", proto.ReadArgs, proto.ReadReply)
-APPLY = Call("apply", proto.ApplyArgs, proto.ApplyReply)
-REVERT = Call("revert", proto.RevertArgs, proto.RevertReply)
-PREFLIGHT = Call("preflight", proto.PreflightArgs, proto.PreflightReply)
-CHECK_ARGS = Call("check_args", proto.CheckArgsArgs, proto.CheckArgsReply)
-START = Call("start", proto.StartArgs, proto.StartReply)
-POLL = Call("poll", proto.PollArgs, proto.PollReply)
-STATUS = Call("status", proto.StatusArgs, proto.StatusReply)
-STOP = Call("stop", proto.StopArgs, proto.StopReply)
-RELEASE = Call("release", proto.ReleaseArgs, proto.ReleaseReply)
-POINT = Call("point", proto.PointArgs, proto.PointReply)
-RUNS = Call("runs", proto.RunsArgs, proto.RunsReply)
-BENCH = Call("bench", proto.BenchArgs, proto.BenchLevel)
-BENCH_SAVE = Call("bench_save", proto.BenchSaveArgs, proto.BenchSaveReply)
-BENCH_RESULTS = Call("bench_results", proto.BenchResultsArgs, proto.BenchResultsReply)
-TUNE_SAVE = Call("tune_save", proto.TuneSaveArgs, proto.TuneSaveReply)
-TUNE_RECORDS = Call("tune_records", proto.TuneRecordsArgs, proto.TuneRecordsReply)
-ROUTER = Call("router", proto.RouterArgs, proto.RouterReply)
+PROBE = Call(
+    "probe",
+    proto.ProbeArgs,
+    proto.ProbeReply,
+    "read the host's facts (SGLang install, GPUs, ports)",
+)
+READ = Call("read", proto.ReadArgs, proto.ReadReply, "read files of the SGLang install")
+APPLY = Call("apply", proto.ApplyArgs, proto.ApplyReply, "apply a patch set")
+REVERT = Call("revert", proto.RevertArgs, proto.RevertReply, "revert a patch set")
+PREFLIGHT = Call(
+    "preflight",
+    proto.PreflightArgs,
+    proto.PreflightReply,
+    "check the host before a launch (GPUs, ports, lock, log name)",
+)
+CHECK_ARGS = Call(
+    "check_args",
+    proto.CheckArgsArgs,
+    proto.CheckArgsReply,
+    "ask the host's SGLang whether it accepts the command's flags",
+)
+START = Call("start", proto.StartArgs, proto.StartReply, "start the server")
+POLL = Call(
+    "poll", proto.PollArgs, proto.PollReply, "wait for the server to be ready, watching its log"
+)
+STATUS = Call(
+    "status",
+    proto.StatusArgs,
+    proto.StatusReply,
+    "read the deployments' status (run records, processes, GPUs, log)",
+)
+STOP = Call(
+    "stop", proto.StopArgs, proto.StopReply, "stop the server and wait for its GPUs to be clean"
+)
+RELEASE = Call("release", proto.ReleaseArgs, proto.ReleaseReply, "release the launch lock")
+POINT = Call("point", proto.PointArgs, proto.PointReply, "make a run the deployment's current run")
+RUNS = Call("runs", proto.RunsArgs, proto.RunsReply, "list the deployment's runs")
+BENCH = Call("bench", proto.BenchArgs, proto.BenchLevel, "run a benchmark level against the server")
+BENCH_SAVE = Call(
+    "bench_save", proto.BenchSaveArgs, proto.BenchSaveReply, "keep a benchmark's results"
+)
+BENCH_RESULTS = Call(
+    "bench_results", proto.BenchResultsArgs, proto.BenchResultsReply, "read kept benchmark results"
+)
+TUNE_SAVE = Call("tune_save", proto.TuneSaveArgs, proto.TuneSaveReply, "keep a tune's record")
+TUNE_RECORDS = Call(
+    "tune_records", proto.TuneRecordsArgs, proto.TuneRecordsReply, "read kept tune records"
+)
+ROUTER = Call(
+    "router", proto.RouterArgs, proto.RouterReply, "ask the router for its workers or change them"
+)
 CALLS: tuple[Call[Any, Any], ...] = (
     PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
     BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, ROUTER, POINT,
@@ -162,10 +199,11 @@ def call(
 
     `timeout`: for a call that itself waits longer than the host's command timeout.
     """
-    result = conn.run(agent_command(host, spec.name, args), stdin=stdin, timeout=timeout)
+    command = agent_command(host, spec.name, args)
+    result = conn.run(command, stdin=stdin, timeout=timeout, purpose=spec.purpose)
     if _agent_missing(result.exit_code, result.stdout):
         _send_agent(host, conn)
-        result = conn.run(agent_command(host, spec.name, args), stdin=stdin, timeout=timeout)
+        result = conn.run(command, stdin=stdin, timeout=timeout, purpose=spec.purpose)
     return parse_reply(host, spec.name, result.exit_code, result.stdout, result.stderr, spec.reply)
 
 
@@ -177,10 +215,11 @@ def call_beside(
     args: A,
 ) -> tuple[dict[str, ProbeOutput], R]:
     """Run shell probes and one agent call in one round trip (the call's output is "agent")."""
-    outputs = run_probes(conn, {**probes, "agent": agent_command(host, spec.name, args)})
+    asked = {**probes, "agent": agent_command(host, spec.name, args)}
+    outputs = run_probes(conn, asked, purpose=spec.purpose)
     if _agent_missing(outputs["agent"].exit_code, outputs["agent"].output):
         _send_agent(host, conn)
-        outputs = run_probes(conn, {**probes, "agent": agent_command(host, spec.name, args)})
+        outputs = run_probes(conn, asked, purpose=spec.purpose)
     agent = outputs.pop("agent")
     return outputs, parse_reply(
         host, spec.name, agent.exit_code, agent.output, agent.stderr, spec.reply

@@ -179,11 +179,17 @@ class Connection(ABC):
         *,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        purpose: str | None = None,
     ) -> CommandResult:
-        """Run a shell command (a string, or argv that gets quoted) and return its result."""
+        """Run a shell command (a string, or argv that gets quoted) and return its result.
+
+        `purpose`: what was asked, in words, for a timeout's message (else the command's text,
+        which for a generated script means nothing to the user).
+        """
         text = command if isinstance(command, str) else join(command)
         self.round_trips += 1
-        code, out, err = self._exec(text, stdin, timeout or self.command_timeout)
+        shown = purpose or _shorten(text)
+        code, out, err = self._exec(text, stdin, timeout or self.command_timeout, shown)
         return CommandResult(text, code, out, err)
 
     def read_file(self, path: str, *, timeout: float | None = None) -> bytes:
@@ -200,8 +206,11 @@ class Connection(ABC):
         self.run(script, stdin=data).check(self.name)
 
     @abstractmethod
-    def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
-        """Run `command` through the host's shell; return (exit code, stdout, stderr)."""
+    def _exec(
+        self, command: str, stdin: bytes | None, timeout: float, shown: str
+    ) -> tuple[int, bytes, bytes]:
+        """Run `command` through the host's shell; return (exit code, stdout, stderr).
+        `shown` names the command in a timeout's message."""
 
     def dial(self) -> None:  # noqa: B027 - optional hook
         """Start connecting now and return at once; the first command finishes the connect."""
@@ -213,7 +222,9 @@ class Connection(ABC):
 class LocalConnection(Connection):
     """This machine, through /bin/sh."""
 
-    def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+    def _exec(
+        self, command: str, stdin: bytes | None, timeout: float, shown: str
+    ) -> tuple[int, bytes, bytes]:
         # A session of its own lets a timeout end everything the command started in the foreground.
         proc = subprocess.Popen(
             ["/bin/sh", "-c", command],
@@ -228,7 +239,7 @@ class LocalConnection(Connection):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
             raise CommandTimeoutError(
-                f"{self.name}: command timed out after {timeout:g}s: {_shorten(command)}"
+                f"{self.name}: command timed out after {timeout:g}s: {shown}"
             ) from None
         return proc.returncode, out, err
 
@@ -396,7 +407,9 @@ class SSHConnection(Connection):
                 self._client = self._connect_or_retry()
             return self._client
 
-    def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+    def _exec(
+        self, command: str, stdin: bytes | None, timeout: float, shown: str
+    ) -> tuple[int, bytes, bytes]:
         import paramiko
 
         client = self._client_or_connect()
@@ -408,7 +421,7 @@ class SSHConnection(Connection):
         err: list[bytes] = []
         expired = threading.Event()
         watchdog: threading.Timer | None = None
-        timed_out = f"{self.name}: command timed out after {timeout:g}s: {_shorten(command)}"
+        timed_out = f"{self.name}: command timed out after {timeout:g}s: {shown}"
         try:
             # Every blocking step has a timeout, so a host that goes silent cannot hang us.
             channel = transport.open_session(timeout=min(timeout, self.connect_timeout))
@@ -451,7 +464,7 @@ class SSHConnection(Connection):
             if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
                 channel.close()
                 raise CommandTimeoutError(
-                    f"{self.name}: no exit status within {timeout:g}s: {_shorten(command)}"
+                    f"{self.name}: no exit status within {timeout:g}s: {shown}"
                 )
             code = channel.recv_exit_status()
             if expired.is_set():
@@ -463,14 +476,14 @@ class SSHConnection(Connection):
             channel.close()
         except TimeoutError:
             raise CommandTimeoutError(
-                f"{self.name}: no answer within {timeout:g}s: {_shorten(command)}"
+                f"{self.name}: no answer within {timeout:g}s: {shown}"
             ) from None
         except (paramiko.SSHException, OSError, EOFError) as exc:
             if expired.is_set():
                 raise CommandTimeoutError(timed_out) from None
             if "Timeout opening channel" in str(exc):  # the host went silent: a timeout too
                 raise CommandTimeoutError(
-                    f"{self.name}: no answer within {timeout:g}s: {_shorten(command)}"
+                    f"{self.name}: no answer within {timeout:g}s: {shown}"
                 ) from None
             raise ConnectError(f"{self.name}: SSH failure: {exc or type(exc).__name__}") from None
         finally:

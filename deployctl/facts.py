@@ -177,9 +177,11 @@ def parse_probe_output(text: str) -> dict[str, ProbeOutput]:
     return results
 
 
-def run_probes(conn: Connection, probes: Mapping[str, str]) -> dict[str, ProbeOutput]:
+def run_probes(
+    conn: Connection, probes: Mapping[str, str], purpose: str | None = None
+) -> dict[str, ProbeOutput]:
     """Run several probes in one round trip; a probe that did not report is an error."""
-    result = conn.run(probe_script(probes))
+    result = conn.run(probe_script(probes), purpose=purpose or f"read {', '.join(probes)}")
     outputs = parse_probe_output(result.stdout)
     missing = [name for name in probes if name not in outputs]
     if missing:

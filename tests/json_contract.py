@@ -87,6 +87,35 @@ def check_document(args: Sequence[str], document: Any) -> None:
     assert found is None, f"deployctl {' '.join(args)}: the document breaks {schema} {found}"
 
 
+def outcomes(document: Any) -> Iterator[dict[str, Any]]:
+    """Every `{"ok", "error", "code"}` entry in a document: the whole, a host, a deployment."""
+    if isinstance(document, dict):
+        if {"ok", "error", "code"} <= document.keys():
+            yield document
+        for value in document.values():
+            yield from outcomes(value)
+    elif isinstance(document, list):
+        for value in document:
+            yield from outcomes(value)
+
+
+def check_agreement(args: Sequence[str], returncode: int, document: Any) -> None:
+    """Fail unless `ok`, `error` and `code` agree with each other and with the exit status:
+    a failed entry says why and with which code, an ok one carries neither, and a run that
+    exited 0 has no failed entry (exit 1 may also mean dirty GPUs or a missing patch)."""
+    command = f"deployctl {' '.join(args)}"
+    for entry in outcomes(document):
+        if entry["ok"]:
+            assert entry["error"] is None and entry["code"] is None, f"{command}: ok with {entry}"
+        else:
+            assert entry["error"] and entry["code"], f"{command}: failed without why: {entry}"
+            assert returncode != 0, f"{command}: exit 0 with a failed entry: {entry}"
+    if isinstance(document, dict) and "ok" in document and "error" in document:
+        assert document["ok"] == (returncode == 0), (
+            f"{command}: ok={document['ok']}, exit {returncode}"
+        )
+
+
 def check_line(args: Sequence[str], line: str) -> None:
     """Check one line of a JSON-lines command's output."""
     if line.strip():
@@ -101,7 +130,9 @@ def check_output(args: Sequence[str], returncode: int, stdout: str) -> None:
         for line in stdout.splitlines():
             check_line(args, line)
     else:
-        check_document(args, json.loads(stdout))
+        document = json.loads(stdout)
+        check_document(args, document)
+        check_agreement(args, returncode, document)
 
 
 def is_json_lines(args: Sequence[str]) -> bool:

@@ -206,6 +206,31 @@ def test_host_that_goes_silent_mid_session_times_out(hosts: SSHLab) -> None:
         conn.close()
 
 
+def test_agent_call_to_a_silent_host_says_what_was_asked_in_words(hosts: SSHLab) -> None:
+    """A timeout names the request, not the generated shell script that carries it."""
+    from deployctl import agent
+
+    silent = hosts.hosts["bravo"]
+    host = ssh_host(hosts, "bravo", connect_timeout=2, command_timeout=2)
+    conn = SSHConnection(host, ConnectOptions())
+    try:
+        assert conn.run("echo up").stdout == "up\n"
+        silent.pause()
+        args = agent.proto.StatusArgs(
+            state_dir=host.settings.state_dir, deployment=None, run=None, tail_bytes=0,
+            metrics_bytes=0,
+        )  # fmt: skip
+        with pytest.raises(CommandTimeoutError) as caught:
+            agent.call(host, conn, agent.STATUS, args)
+        message = str(caught.value)
+        assert message.startswith("bravo: no answer within 2s: ")
+        assert "asked to read the deployments' status" in message
+        assert "mktemp" not in message and "python" not in message
+    finally:
+        silent.resume()
+        conn.close()
+
+
 def test_silent_host_before_connecting_is_bounded(hosts: SSHLab) -> None:
     silent = hosts.hosts["charlie"]
     silent.pause()

@@ -609,7 +609,9 @@ class ScriptedConnection(Connection):
         self.bin_dir, self.answer = bin_dir, answer
         self.commands: list[str] = []
 
-    def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes]:
+    def _exec(
+        self, command: str, stdin: bytes | None, timeout: float, shown: str
+    ) -> tuple[int, bytes, bytes]:
         self.commands.append(command)
         if self.bin_dir is None:
             code, out, err = (*self.answer, "")[:3]

@@ -21,6 +21,7 @@ from tests.json_contract import (
     ALWAYS_JSON,
     SCHEMAS,
     VARIANTS,
+    check_agreement,
     check_document,
     check_output,
 )
@@ -191,6 +192,43 @@ def test_a_document_missing_a_required_key_fails() -> None:
     # A failed host needs none of the fields; a later schema version is accepted.
     down = {"ok": False, "error": "alpha: unreachable", "code": "connect", "hint": "check it"}
     check_document(["stop", "--json"], {"schema": 2, "hosts": {"alpha": down}})
+
+
+def test_ok_error_and_code_must_agree_with_each_other_and_the_exit_status() -> None:
+    down = {"ok": False, "error": "alpha: unreachable", "code": "connect"}
+    check_output(["stop", "--json"], 1, json.dumps({"schema": 1, "hosts": {"alpha": down}}))
+    check_output(["stop", "--json"], 0, json.dumps({"schema": 1, "hosts": {"alpha": STOPPED}}))
+    for returncode, entry, why in (
+        (1, {**down, "error": None, "code": None}, "failed without why"),
+        (1, {**down, "code": None}, "failed without why"),
+        (0, down, "exit 0 with a failed entry"),
+        (0, {**STOPPED, "error": "stale"}, "ok with"),
+    ):
+        with pytest.raises(AssertionError, match=why):
+            check_output(
+                ["stop", "--json"],
+                returncode,
+                json.dumps({"schema": 1, "hosts": {"alpha": {**STOPPED, **entry}}}),
+            )
+    whole = {"schema": 1, "ok": True, "error": None, "code": None}
+    with pytest.raises(AssertionError, match="ok=True, exit 1"):
+        check_agreement(["tune", "--report", "--json"], 1, whole)
+
+
+def test_a_refused_dry_run_says_why_in_json(cli: CLI, tmp_path: Path) -> None:
+    """A preflight refusal is the host's failure: `ok` false with the problem and its code."""
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
+        f"      state_dir: {tmp_path / 'state'}\n      log_dir: {tmp_path / 'logs'}\n"
+        f"      model_path: {tmp_path / 'no-such-model'}\n"
+    )
+    result = cli("launch", "-i", str(inv), "--dry-run", "--json")  # agreement checked too
+    assert result.returncode == 1, result.stderr
+    entry = json.loads(result.stdout)["hosts"]["localhost"]
+    assert entry["ok"] is False and entry["code"] == "preflight"
+    assert entry["error"].startswith(entry["preflight"]["problems"][0])
+    assert "no-such-model does not exist" in " ".join(entry["preflight"]["problems"])
 
 
 def test_a_flag_narrows_the_document_to_its_variant() -> None:

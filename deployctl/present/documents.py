@@ -240,7 +240,8 @@ def launch_document(result: LaunchReport) -> dict[str, Any]:
     hosts: dict[str, Any] = {}
     for pre in result.preflights:
         entry = host_entry(pre, lambda p: {"preflight": preflight_json(p)})
-        entry["ok"] = pre.ok
+        if pre.value is not None and not pre.value.ok:
+            entry.update(ok=False, **_refusal(pre.value))
         out = outcomes.get(pre.name)
         if out is not None:
             entry.update(host_entry(out, outcome_json))
@@ -255,6 +256,14 @@ def launch_document(result: LaunchReport) -> dict[str, Any]:
     if result.registrations:
         document["registrations"] = [registration_json(r) for r in result.registrations]
     return {**document, "group_failed_ended": ended} if result.cleanup.results else document
+
+
+def _refusal(preflight: Preflight) -> dict[str, Any]:
+    """A refused preflight as a host's failure: its first problem, the code, the first hint."""
+    more = len(preflight.problems) - 1
+    error = preflight.problems[0] + (f" (and {more} more)" if more else "")
+    hint = preflight.hints[0] if preflight.hints else None
+    return {"error": error, "code": "preflight", **({"hint": hint} if hint else {})}
 
 
 def registration_json(change: Registration) -> dict[str, Any]:
