@@ -1072,6 +1072,13 @@ def dashboard(
     interval: Annotated[
         float, typer.Option("--interval", min=0.5, help="Seconds between refreshes of each host.")
     ] = 2,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-host",
+            help="A name the page may be opened by besides the address and localhost (repeatable).",
+        ),
+    ] = None,
 ) -> Reply:
     """Serve the fleet as a live web page: deployments, health, metrics, crashes, patch
     drift, bench and tune curves (read-only; needs `pip install 'deployctl[dashboard]'`)."""
@@ -1087,7 +1094,7 @@ def dashboard(
     token = None if token_file is None else access.read_token(token_file)
     access.check_bind(bind, token)
     try:
-        from deployctl.dashboard.server import build_app, serve
+        from deployctl.dashboard.server import build_app, listen, serve
     except ImportError as exc:
         raise UsageError(
             f"the dashboard needs its web server ({exc.name} is not installed)",
@@ -1097,13 +1104,16 @@ def dashboard(
     from deployctl.ops.server import WatchEnded
 
     groups = {g: n for g, n in session.inventory.groups.items() if g not in ("all", "ungrouped")}
-    with session.fleet() as fleet:
+    sock = listen(bind, port)  # a taken port is refused before anything starts
+    with sock, session.fleet() as fleet:
         collector = Collector(fleet, session.catalog(), session.patch_sets(), interval, groups)
         collector.start()
-        where = f"http://{bind}:{port}/" + ("?token=…" if token else "")
+        address = bind.strip("[]")
+        shown = f"[{address}]" if ":" in address else address
+        where = f"http://{shown}:{port}/" + ("?token=…" if token else "")
         sys.stderr.write(f"dashboard on {where} (Ctrl-C ends)\n")
         try:
-            serve(build_app(collector, token), bind, port, collector)
+            serve(build_app(collector, token, bind, allow_host or ()), sock, collector)
         except KeyboardInterrupt:  # uvicorn raises the Ctrl-C it caught once it has closed
             pass
         finally:

@@ -121,6 +121,38 @@ def mask_values(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
+# A `name = value` pair in log text: `api_key='sk-1'` (SGLang's `ServerArgs(…)` repr),
+# `'api_key': 'sk-1'` (its `server_args={…}` line), `--api-key sk-1`, `--hf-token=x`,
+# `HF_TOKEN=x`, `token: x`. Whether it is masked depends on the name (is_secret_name).
+_LOG_PAIR = re.compile(
+    r"""(?<![\w.#-])(?P<dash>--?)?(?P<q>['"]?)(?P<name>[A-Za-z_][\w.-]*)(?P=q)"""
+    r"""(?P<sep>\s*[:=]\s*|(?(dash)\s+|(?!)))"""
+    r"""(?P<value>'[^'\n]*'|"[^"\n]*"|[^\s,;'"()\[\]{}<>]+)"""
+)
+# `Authorization: Bearer x` in a logged request.
+_BEARER = re.compile(r"(?i)(?<![\w-])(bearer\s+)[^\s,;'\"]+")
+# Values that are no secret; numbers under such names are counts (`#new-token: 5` is
+# skipped by its `#`, `bucket_time_to_first_token=0.5` by this).
+_NOT_SECRET = re.compile(r"""None|null|True|False|''|""|-?\d+(?:\.\d+)?\Z""")
+
+
+def mask_log(text: str, secrets: Sequence[str] = ()) -> str:
+    """Mask the secrets in log text, by the rules commands are masked by: the values of
+    secret-named flags, keys and variables (in every form SGLang logs them), bearer tokens,
+    and `secrets` (known values, e.g. the inventory's) wherever they appear."""
+
+    def pair(match: re.Match[str]) -> str:
+        value = match["value"]
+        if not is_secret_name(match["name"]) or _NOT_SECRET.fullmatch(value):
+            return match[0]
+        if match["dash"] and not match["sep"].strip() and value.startswith("-"):
+            return match[0]  # `--api-key --port 1`: the flag took no value
+        quote = value[0] if value[0] in "'\"" else ""
+        return match[0][: match.start("value") - match.start()] + quote + MASK + quote
+
+    return mask_values(_BEARER.sub(rf"\1{MASK}", _LOG_PAIR.sub(pair, text)), secrets)
+
+
 def secret_values(variables: Mapping[str, Any]) -> tuple[str, ...]:
     """Return the values held under secret-looking names at any depth, longest first."""
     found: set[str] = set()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,12 +20,17 @@ from typing import Any
 
 import pytest
 
+from deployctl.connection import ConnectOptions
+from deployctl.crash import load_catalog
 from deployctl.dashboard.access import check_bind, new_token, read_token, token_matches
+from deployctl.dashboard.collector import Collector
 from deployctl.errors import UsageError
+from deployctl.fanout import Fleet
+from deployctl.inventory import load_inventory
 from tests.conftest import CLI
-from tests.sshd_hosts import SSHLab, free_port
+from tests.sshd_hosts import SSHLab, free_port, sh
 from tests.test_faults import wait_until
-from tests.test_lifecycle import inventory, launch_json
+from tests.test_lifecycle import inventory, launch_json, prepare
 
 # ---- the token rules ---------------------------------------------------------------------------
 
@@ -80,16 +87,20 @@ def test_a_non_loopback_bind_without_a_token_is_refused_in_one_line(cli: CLI) ->
 class Dashboard:
     """A `deployctl dashboard` process and how to ask it."""
 
-    def __init__(self, proc: subprocess.Popen[str], port: int, token: str | None) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[str], port: int, token: str | None, bind: str = "127.0.0.1"
+    ) -> None:
         self.proc = proc
-        self.base = f"http://127.0.0.1:{port}"
+        self.base = f"http://{bind}:{port}"
         self.token = token
 
-    def get(self, path: str, token: str | None = None, **headers: str) -> tuple[int, bytes]:
+    def get(
+        self, path: str, token: str | None = None, method: str = "GET", **headers: str
+    ) -> tuple[int, bytes]:
         given = token if token is not None else self.token
         if given:
             headers.setdefault("Authorization", f"Bearer {given}")
-        request = urllib.request.Request(self.base + path, headers=headers)
+        request = urllib.request.Request(self.base + path, headers=headers, method=method)
         try:
             with urllib.request.urlopen(request, timeout=30) as reply:
                 return reply.status, reply.read()
@@ -104,11 +115,15 @@ class Dashboard:
 
 
 @contextmanager
-def dashboard(cli: CLI, inv: Path, *extra: str, token: str | None = None) -> Iterator[Dashboard]:
+def dashboard(
+    cli: CLI, inv: Path, *extra: str, token: str | None = None, bind: str = "127.0.0.1"
+) -> Iterator[Dashboard]:
     """Serve the inventory's dashboard until the block ends, then Ctrl-C it."""
-    port = free_port("127.0.0.1")
-    proc = cli.popen("dashboard", "-i", str(inv), "--port", str(port), "--interval", "1", *extra)
-    served = Dashboard(proc, port, token)
+    port = free_port(bind.strip("[]"))
+    proc = cli.popen(
+        "dashboard", "-i", str(inv), "--port", str(port), "--interval", "1", "--bind", bind, *extra
+    )
+    served = Dashboard(proc, port, token, bind)
     try:
         wait_until(lambda: _answers(served) or proc.poll() is not None, 30, 0.1)
         assert proc.poll() is None, proc.communicate()[1]
@@ -257,3 +272,143 @@ def test_help_works_and_serving_says_what_to_install_without_the_extra(tmp_path:
     assert refused.returncode == 1
     assert refused.stderr.startswith("error: the dashboard needs its web server (starlette")
     assert "pip install 'deployctl[dashboard]'" in refused.stderr
+
+
+# ---- who may ask, and how: without the lab (a host that never answers) ------------------------
+
+
+def unreachable(tmp_path: Path) -> Path:
+    """An inventory whose one host never answers: the server runs, its rounds fail fast."""
+    path = tmp_path / "inv.yml"
+    path.write_text("all:\n  hosts:\n    h1: {ansible_host: 127.0.0.1, ansible_port: 1}\n")
+    return path
+
+
+@pytest.mark.parametrize("bind", ["localhost", "127.0.0.2", "[::1]"])
+def test_every_loopback_address_serves_without_a_token_and_head_is_a_read(
+    cli: CLI, tmp_path: Path, bind: str
+) -> None:
+    with dashboard(cli, unreachable(tmp_path), bind=bind) as served:
+        assert served.proc.poll() is None
+        for path in ("/", "/api/status", "/api/dashboard", "/static/app.js"):
+            assert served.get(path, method="HEAD")[0] == 200, path
+        assert served.get("/api/status")[0] == 200
+        assert served.get("/api/status", method="DELETE")[0] == 405
+
+
+def test_a_request_by_a_name_the_server_does_not_answer_to_is_refused(
+    cli: CLI, tmp_path: Path
+) -> None:
+    # DNS rebinding: a page of evil.example whose name now points at 127.0.0.1 sends
+    # `Host: evil.example`; the browser lets it read the answer as its own.
+    with dashboard(cli, unreachable(tmp_path), "--allow-host", "Dash.Example") as served:
+        port = served.base.rsplit(":", 1)[1]
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", ""):
+            for path in ("/", "/api/status", "/api/events"):
+                code, body = served.get(path, Host=host)
+                assert code == 400, (host, path)
+                assert b"--allow-host" in body
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", f"dash.example:{port}"):
+            assert served.get("/api/status", Host=host)[0] == 200, host
+
+
+def test_a_non_ascii_token_is_a_401_not_a_500(cli: CLI, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    assert cli("dashboard", "--new-token", str(token_file)).returncode == 0
+    token = token_file.read_text().strip()
+    with dashboard(cli, unreachable(tmp_path), "--token-file", str(token_file)) as served:
+        wrong = "é" + token[1:]
+        assert served.get("/api/status", token=wrong)[0] == 401  # sent as latin-1 bytes
+        assert served.get("/api/status?token=%C3%A9%E2%82%AC" + token, token="")[0] == 401
+        cookie = f"deployctl_dashboard={wrong}"
+        assert served.get("/api/status", token="", Cookie=cookie)[0] == 401
+        assert served.get("/api/status", token=token)[0] == 200
+
+
+def test_a_taken_port_is_one_error_line_before_anything_starts(cli: CLI, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli("dashboard", "-i", str(unreachable(tmp_path)), "--port", str(port))
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"error: --bind 127.0.0.1 --port {port}: cannot listen there (Address already in use)",
+        "hint: another program has that port: choose another --port",
+    ]
+    assert result.stdout == ""
+
+
+def open_stream(base: str) -> socket.socket:
+    """An event stream held open (its first bytes read): what a page's EventSource does."""
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(f"GET /api/events HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def test_open_event_streams_hold_no_thread_and_the_page_loads_at_once(
+    cli: CLI, tmp_path: Path
+) -> None:
+    # Starlette's thread pool has 40 threads; a stream that waited in one held it between
+    # rounds, so 45 open pages made the next page load wait 17-20 s.
+    with dashboard(cli, unreachable(tmp_path), "--interval", "2") as served:
+        served.document("/api/dashboard")
+        streams = [open_stream(served.base) for _ in range(45)]
+        try:
+            time.sleep(2.5)  # every stream waits for its next round
+            for path in ("/", "/static/app.js", "/api/dashboard", "/api/status"):
+                started = time.monotonic()
+                assert served.get(path)[0] == 200
+                took = time.monotonic() - started
+                assert took < 1.5, f"{path} took {took:.1f}s with 45 streams open"
+        finally:
+            for stream in streams:
+                stream.close()
+
+
+# ---- the records: read at the first round, and again after it -----------------------------------
+
+
+def test_records_are_read_again_after_the_first_round(hosts: SSHLab, tmp_path: Path) -> None:
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"])
+    selected = load_inventory(inv).select(None)
+    tunes = hosts.hosts["alpha"].home / ".deployctl" / "tunes"
+    with Fleet(selected, ConnectOptions(), forks=1) as fleet:
+        collector = Collector(fleet, load_catalog(), {}, 1.0, records_every=0.0)
+        first = collector.refresh().dashboard
+        assert first["tunes"] == {} and first["audit"] is not None
+        tunes.mkdir(parents=True)
+        (tunes / "1.json").write_text(json.dumps({"deployment": None, "phases": {}, "tune": 1}))
+        sh("chown", "-R", f"{hosts.hosts['alpha'].user}:", hosts.hosts["alpha"].home)
+        later = collector.refresh().dashboard
+    assert later["tunes"]["alpha"]["tune"] == 1
+
+
+def test_the_log_tail_never_shows_the_servers_api_key(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    key = "sk-live-DASHBOARD-0123456789"
+    alpha = {**prepare(hosts.hosts["alpha"], tp=1), "extra_args": ["--api-key", key]}
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": alpha})
+    code, _, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    log = next((hosts.hosts["alpha"].home / "logs").glob("*.log")).read_text()
+    assert f"'api_key': '{key}'" in log  # SGLang's server_args= line, as 0.5.23 writes it
+    with dashboard(cli, inv) as served:
+        page = wait_until(
+            lambda: (d := served.document("/api/dashboard"))["deployments"][0].get("tail") and d,
+            30,
+            0.2,
+        )
+        tail = "\n".join(page["deployments"][0]["tail"])
+        assert "server_args={" in tail and "'api_key': '********'" in tail
+        for path in ("/api/dashboard", "/api/status", "/api/events"):
+            if path == "/api/events":
+                request = urllib.request.Request(served.base + path)
+                with urllib.request.urlopen(request, timeout=30) as stream:
+                    body = b"".join(stream.readline() for _ in range(3))
+            else:
+                body = served.get(path)[1]
+            assert key.encode() not in body, path

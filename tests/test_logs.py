@@ -15,7 +15,7 @@ import pytest
 
 from deployctl.connection import ConnectOptions, LocalConnection, open_connection
 from deployctl.crash import load_catalog
-from deployctl.inventory import DEFAULT_VARS, Host
+from deployctl.inventory import DEFAULT_VARS, Host, mask_log
 from deployctl.ops import logs as logs_op
 from tests.conftest import CLI
 from tests.sshd_hosts import REPO, SSHLab, TestHost, sh
@@ -428,3 +428,81 @@ def test_crash_calls_a_trace_in_a_healthy_servers_log_a_warning_as_status_does(
     by_path = cli("crash", "-i", str(inv), "--path", str(log), "--json")
     assert by_path.returncode == 1 and json.loads(by_path.stdout)["hosts"]["alpha"]["crashes"]
     cli("stop", "-i", str(inv))
+
+
+# ---- secrets and control characters in host text -----------------------------------------------
+
+KEY = "sk-live-0123456789abcdef"
+HF = "hf_SeCrEt0123456789"
+# SGLang 0.5.23's engine.py logs `server_args={…}` (a dict of the resolved arguments);
+# ServerArgs.__repr__ (printed by older releases and in errors) is `ServerArgs(name=value, …)`.
+SECRET_LOG = f"""\
+[2026-11-29 10:12:00] server_args={{'model_path': '/m', 'tokenizer_path': '/m', 'api_key': '{KEY}', 'admin_api_key': None, 'hf_token': "{HF}", 'bucket_time_to_first_token': None}}
+[2026-11-29 10:12:01] ServerArgs(model_path='/m', api_key='{KEY}', admin_api_key=None, max_total_tokens=5)
+[2026-11-29 10:12:02] launched: python -m sglang.launch_server --api-key {KEY} --hf-token={HF} --port 30000
+[2026-11-29 10:12:03] Decode batch, #running-req: 1, #token: 1234, #new-token: 5, token usage: 0.01
+[2026-11-29 10:12:04] title \x1b]0;pwned\x07 then \x1b[2J cleared
+""" + SCHEDULER_CRASH.replace(
+    "RuntimeError: The size", f"RuntimeError: \x1b[2Jrejected api_key='{KEY}': The size"
+)
+
+
+def test_log_text_is_masked_in_every_form_sglang_logs_it() -> None:
+    masked = mask_log(SECRET_LOG, ("inventory-secret-value",))
+    assert KEY not in masked and HF not in masked
+    assert "'api_key': '********'" in masked and "'hf_token': \"********\"" in masked
+    assert "ServerArgs(model_path='/m', api_key='********', admin_api_key=None," in masked
+    assert "--api-key ******** --hf-token=******** --port 30000" in masked
+    # Counts and paths under token-like names are no secrets.
+    assert "#token: 1234, #new-token: 5, token usage: 0.01" in masked
+    assert "'tokenizer_path': '/m'" in masked and "'bucket_time_to_first_token': None" in masked
+    assert mask_log("HF_TOKEN=hf_x WANDB_API_KEY=abc password: hunter2") == (
+        "HF_TOKEN=******** WANDB_API_KEY=******** password: ********"
+    )
+    assert mask_log("Authorization: Bearer abc.def") == "Authorization: Bearer ********"
+    assert mask_log("say inventory-secret-value", ("inventory-secret-value",)) == "say ********"
+
+
+def test_logs_and_crash_mask_secrets_and_show_control_characters_escaped(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inventory = hosts.inventory(tmp_path / "inv.yml", ["alpha"])
+    write_log(hosts.hosts["alpha"], SECRET_LOG)
+    where = ("-i", str(inventory), "-H", "alpha", "--path", REMOTE_LOG)
+
+    shown = cli("logs", *where, "-n", "20")
+    no_traceback(shown)
+    assert KEY not in shown.stdout and HF not in shown.stdout
+    assert "'api_key': '********'" in shown.stdout
+    assert "title \\x1b]0;pwned\\x07 then \\x1b[2J cleared" in shown.stdout
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout
+    # JSON keeps the text as it is (JSON escapes it), secrets masked all the same.
+    lines = [
+        json.loads(line)
+        for line in cli("logs", *where, "-n", "20", "--json").stdout.split("\n")
+        if line
+    ]
+    text = "\n".join(str(doc.get("line", "")) for doc in lines)
+    assert KEY not in text and "title \x1b]0;pwned\x07 then" in text
+
+    crash = cli("crash", *where)
+    no_traceback(crash)
+    assert crash.returncode == 1
+    assert KEY not in crash.stdout and "\x1b" not in crash.stdout
+    assert "RuntimeError: \\x1b[2Jrejected api_key='********': The size" in crash.stdout
+    local = tmp_path / "copy.log"
+    local.write_text(SECRET_LOG)
+    for scan in ([], ["--all"]):
+        found = cli("crash", "--file", str(local), "--json", *scan)
+        assert found.returncode == 1
+        message = json.loads(found.stdout)["crashes"][0]["message"]
+        assert KEY not in message and "api_key='********'" in message
+
+    follow = Follow(cli, *where, "-n", "20")
+    try:
+        follow.until("cleared")
+        follow.until("hint:")
+    finally:
+        follow.interrupt()
+    seen = "\n".join(follow.seen)
+    assert KEY not in seen and HF not in seen and "\x1b" not in seen

@@ -135,3 +135,16 @@ def test_event_documents_are_their_kind_and_fields() -> None:
     }
     assert json.loads(json.dumps(document)) == document
     assert watch_text(event) is None  # watch shows supervision, not every wait
+
+
+def test_host_text_reaches_the_terminal_with_its_control_characters_escaped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deployctl.present.terminal import escaped, print_table, tagged
+
+    hostile = "a\x1b]0;title\x07b\x1b[2Jc\td\x9be\r"
+    assert escaped(hostile) == "a\\x1b]0;title\\x07b\\x1b[2Jc\td\\x9be\\x0d"
+    print_table(None, ["host", "crash / last line"], [["h1", hostile]])
+    assert tagged("error", hostile, "h1") == "h1: error: a\\x1b]0;title\\x07b\\x1b[2Jc d\\x9be\n"
+    out = capsys.readouterr().out
+    assert "\\x1b]0;title\\x07" in out and "\x1b" not in out and "\x07" not in out

@@ -11,10 +11,12 @@ import hmac
 import os
 import secrets
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from deployctl.deployments import is_loopback
 from deployctl.errors import UsageError
+from deployctl.inventory import LOCALHOST
 
 # 32 random bytes, URL-safe: what `--new-token` writes.
 TOKEN_BYTES = 32
@@ -72,6 +74,25 @@ def check_bind(bind: str, token: str | None) -> None:
             f"--bind {bind} is reachable from other machines: it needs --token-file",
             hint="deployctl dashboard --new-token FILE writes one; or keep --bind 127.0.0.1",
         )
+
+
+def allowed_hosts(bind: str, allow: Iterable[str]) -> frozenset[str]:
+    """The names a request may call the server by: the bound address, `localhost`, and the
+    names the user allows (`--allow-host`)."""
+    return frozenset(n.strip().strip("[]").lower() for n in (bind, LOCALHOST, *allow))
+
+
+def host_allowed(header: str | None, names: frozenset[str]) -> bool:
+    """Whether a `Host` header (`name`, `name:port`, `[v6]:port`) names the server. A page
+    that rebinds its own domain to this address sends its own name: refused."""
+    if not header:
+        return False
+    name = header.strip().lower()
+    if name.startswith("["):
+        name = name[1 : name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    return name.rstrip(".") in names
 
 
 def token_matches(given: str | None, token: str) -> bool:

@@ -61,6 +61,7 @@ class Collector:
         interval: float,
         groups: Mapping[str, Sequence[str]] | None = None,
         clock: Callable[[], float] = time.time,
+        records_every: float = RECORDS_EVERY,
     ) -> None:
         self.fleet = fleet
         self.catalog = catalog
@@ -70,12 +71,22 @@ class Collector:
         self.clock = clock
         self.history: dict[str, deque[tuple[float, float | None]]] = {}
         self._records: dict[str, Any] = {"audit": None, "tunes": {}, "bench": {}}
-        self._records_at = -RECORDS_EVERY
+        self.records_every = records_every
+        self._records_at: float | None = None  # when the records were last read
+        self._listeners: list[Callable[[], None]] = []
         self._latest: Snapshot | None = None
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dashboard-collector", daemon=True)
         self.failure: BaseException | None = None  # a bug that ended the thread
+
+    def add_listener(self, wake: Callable[[], None]) -> None:
+        """Call `wake` (from the collector's thread) after each round, a failure or a stop."""
+        self._listeners.append(wake)
+
+    def _notify(self) -> None:
+        for wake in self._listeners:
+            wake()
 
     def start(self) -> None:
         self._thread.start()
@@ -83,8 +94,7 @@ class Collector:
     def request_stop(self) -> None:
         """End the rounds and wake every waiter, without waiting for the thread."""
         self._stop.set()
-        with self._changed:
-            self._changed.notify_all()
+        self._notify()
 
     @property
     def stopping(self) -> bool:
@@ -95,21 +105,8 @@ class Collector:
         self._thread.join(timeout=timeout)
 
     def latest(self) -> Snapshot | None:
-        with self._changed:
+        with self._lock:
             return self._latest
-
-    def wait_newer(self, seq: int, timeout: float) -> Snapshot | None:
-        """The first snapshot after `seq`; None when none came within `timeout` (or stopped)."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while not self._stop.is_set():
-                if self._latest is not None and self._latest.seq > seq:
-                    return self._latest
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._changed.wait(left)
-        return None
 
     def _loop(self) -> None:
         try:
@@ -119,8 +116,7 @@ class Collector:
                 self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
         except BaseException as exc:  # the page shows it; the server stays up to say so
             self.failure = exc
-            with self._changed:
-                self._changed.notify_all()
+            self._notify()
 
     def refresh(self) -> Snapshot:
         """One round: every deployment's status with metrics, and the records when due."""
@@ -143,7 +139,7 @@ class Collector:
             "history": {k: list(v) for k, v in self.history.items()},
         }
         snapshot = self._publish(status, {**dashboard, **self._records})
-        if started - self._records_at >= RECORDS_EVERY:
+        if self._records_at is None or started - self._records_at >= self.records_every:
             # After the statuses are out: the page shows them without waiting for these.
             self._records = self._read_records(results)
             self._records_at = started
@@ -151,11 +147,12 @@ class Collector:
         return snapshot
 
     def _publish(self, status: dict[str, Any], dashboard: dict[str, Any]) -> Snapshot:
-        with self._changed:
+        with self._lock:
             seq = self._latest.seq + 1 if self._latest else 1
             self._latest = Snapshot(seq, status, versioned(dashboard))
-            self._changed.notify_all()
-            return self._latest
+            snapshot = self._latest
+        self._notify()
+        return snapshot
 
     def _remember(self, results: FleetResult[RunStatus], now: float) -> None:
         for result in results:

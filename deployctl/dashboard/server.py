@@ -2,21 +2,26 @@
 
 Read-only: GET only. `/` is the page (static files shipped in the package: no CDN), `/api/status`
 the `status --metrics --json` document, `/api/dashboard` what the page draws, and
-`/api/events` a server-sent event stream of `/api/dashboard`, one event per round. With a
-token every request must carry it: `Authorization: Bearer T`, or the cookie the page gets
-when it is opened once with `?token=T` (an EventSource cannot send headers).
+`/api/events` a server-sent event stream of `/api/dashboard`, one event per round (streams
+wait on the event loop, not in a thread each). With a token every request must carry it:
+`Authorization: Bearer T`, or the cookie the page gets when it is opened once with `?token=T`
+(an EventSource cannot send headers). Every request must name the server by a name it
+answers to (its `Host`): a web page that rebinds its own name to this address is refused.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
@@ -24,8 +29,9 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from deployctl.dashboard.access import COOKIE, token_matches
+from deployctl.dashboard.access import COOKIE, allowed_hosts, host_allowed, token_matches
 from deployctl.dashboard.collector import Collector, Snapshot
+from deployctl.errors import UsageError
 
 STATIC = Path(__file__).resolve().parent / "static"
 # How long the event stream waits for a round before it sends a keep-alive comment.
@@ -36,10 +42,57 @@ SHUTDOWN_GRACE_S = 5
 PAGE_FILES = ("index.html", "app.js", "style.css")
 # Every answer is of now: no browser or proxy may keep one.
 NO_STORE = {"Cache-Control": "no-store"}
+# uvicorn's own listen backlog.
+BACKLOG = 2048
 
 
-def build_app(collector: Collector, token: str | None) -> Starlette:
-    """The dashboard's routes, each behind the token when there is one."""
+class _Rounds:
+    """Wait for the collector's next round on the event loop: the collector's thread wakes
+    the waiters, so an open event stream holds no thread of the pool."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.event: asyncio.Event | None = None  # replaced after each wake-up
+        collector.add_listener(self._wake_soon)
+
+    def _wake_soon(self) -> None:  # in the collector's thread
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: no one waits
+                loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        if self.event is not None:
+            self.event.set()
+            self.event = None
+
+    async def newer(self, seq: int, timeout: float) -> Snapshot | None:
+        """The first round after `seq`; None at `timeout`, on a failure or when stopping."""
+        self.loop = asyncio.get_running_loop()
+        deadline = self.loop.time() + timeout
+        while not self.collector.stopping and self.collector.failure is None:
+            latest = self.collector.latest()
+            if latest is not None and latest.seq > seq:
+                return latest
+            left = deadline - self.loop.time()
+            if left <= 0:
+                return None
+            if self.event is None:
+                self.event = asyncio.Event()
+            try:
+                await asyncio.wait_for(self.event.wait(), left)
+            except TimeoutError:
+                return None
+        return None
+
+
+def build_app(
+    collector: Collector, token: str | None, bind: str = "127.0.0.1", allow: Iterable[str] = ()
+) -> Starlette:
+    """The dashboard's routes, each behind the token when there is one, answering only to
+    the bound address, `localhost` and the `allow`ed names."""
+    rounds = _Rounds(collector)
 
     async def page(request: Request) -> Response:
         response = FileResponse(STATIC / "index.html", headers=NO_STORE)
@@ -49,16 +102,16 @@ def build_app(collector: Collector, token: str | None) -> Starlette:
         return response
 
     async def status(request: Request) -> Response:
-        snapshot = await _first_snapshot(collector)
+        snapshot = await _first_snapshot(rounds)
         return _json(snapshot.status if snapshot else _not_yet(collector))
 
     async def dashboard(request: Request) -> Response:
-        snapshot = await _first_snapshot(collector)
+        snapshot = await _first_snapshot(rounds)
         return _json(snapshot.dashboard if snapshot else _not_yet(collector))
 
     async def events(request: Request) -> Response:
         return StreamingResponse(
-            _event_stream(collector, request),
+            _event_stream(rounds, request),
             media_type="text/event-stream",
             headers={**NO_STORE, "X-Accel-Buffering": "no"},
         )
@@ -70,18 +123,26 @@ def build_app(collector: Collector, token: str | None) -> Starlette:
         Route("/api/events", events),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    middleware = [Middleware(BaseHTTPMiddleware, dispatch=_guard(token))]
+    names = allowed_hosts(bind, allow)
+    middleware = [Middleware(BaseHTTPMiddleware, dispatch=_guard(token, names))]
     return Starlette(routes=routes, middleware=middleware)
 
 
 def _guard(
-    token: str | None,
+    token: str | None, names: frozenset[str]
 ) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
-    """Refuse what is not a GET, and any request without the token (when there is one)."""
+    """Refuse a `Host` the server does not answer to, what is not a read (GET, HEAD), and
+    any request without the token (when there is one)."""
 
     async def dispatch(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
+        if not host_allowed(request.headers.get("host"), names):
+            return JSONResponse(
+                {"error": "this dashboard does not answer to that name (Host header)",
+                 "hint": "open it by its address or localhost, or serve it with --allow-host NAME"},
+                status_code=400,
+            )  # fmt: skip
         if request.method not in ("GET", "HEAD"):
             return JSONResponse({"error": "the dashboard is read-only"}, status_code=405)
         if token is not None and not token_matches(_given_token(request), token):
@@ -102,11 +163,11 @@ def _given_token(request: Request) -> str | None:
     return request.query_params.get("token") or request.cookies.get(COOKIE)
 
 
-async def _first_snapshot(collector: Collector) -> Snapshot | None:
+async def _first_snapshot(rounds: _Rounds) -> Snapshot | None:
     """The latest round; before the first one, wait for it (a page opened at start)."""
-    snapshot = collector.latest()
+    snapshot = rounds.collector.latest()
     if snapshot is None:
-        snapshot = await run_in_threadpool(collector.wait_newer, 0, 30.0)
+        snapshot = await rounds.newer(0, 30.0)
     return snapshot
 
 
@@ -119,8 +180,9 @@ def _json(document: dict[str, Any]) -> Response:
     return Response(json.dumps(document), media_type="application/json", headers=NO_STORE)
 
 
-async def _event_stream(collector: Collector, request: Request) -> AsyncIterator[str]:
+async def _event_stream(rounds: _Rounds, request: Request) -> AsyncIterator[str]:
     """One `update` event per round (the first at once), keep-alives in between."""
+    collector = rounds.collector
     seq = 0
     snapshot = collector.latest()
     while not collector.stopping:  # the server is shutting down: end the stream
@@ -134,12 +196,38 @@ async def _event_stream(collector: Collector, request: Request) -> AsyncIterator
             yield ": keep-alive\n\n"
         if await request.is_disconnected():
             return
-        snapshot = await run_in_threadpool(collector.wait_newer, seq, KEEPALIVE_S)
+        snapshot = await rounds.newer(seq, KEEPALIVE_S)
 
 
-def serve(app: Starlette, bind: str, port: int, collector: Collector) -> None:
-    """Serve until Ctrl-C or SIGTERM; the collector stops first, so the pages' event
-    streams end and the server can close."""
+def listen(bind: str, port: int) -> socket.socket:
+    """The server's listening socket, opened before anything starts: a taken port or an
+    address this machine does not have is one error line."""
+    where = f"--bind {bind} --port {port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            bind.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"{where}: the address cannot be resolved ({exc})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(
+            f"{where}: cannot listen there ({exc.strerror or exc})",
+            hint="another program has that port: choose another --port"
+            if exc.errno == errno.EADDRINUSE
+            else "give an address of this machine with --bind",
+        ) from None
+    return sock
+
+
+def serve(app: Starlette, sock: socket.socket, collector: Collector) -> None:
+    """Serve on `sock` until Ctrl-C or SIGTERM; the collector stops first, so the pages'
+    event streams end and the server can close."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -148,7 +236,6 @@ def serve(app: Starlette, bind: str, port: int, collector: Collector) -> None:
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(
-        app, host=bind, port=port, log_level="warning", access_log=False,
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-    )  # fmt: skip
-    Server(config).run()
+        app, log_level="warning", access_log=False, timeout_graceful_shutdown=SHUTDOWN_GRACE_S
+    )
+    Server(config).run(sockets=[sock])

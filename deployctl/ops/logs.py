@@ -7,7 +7,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -31,8 +31,8 @@ from deployctl.errors import (
 )
 from deployctl.events import EventSink
 from deployctl.fanout import RECONNECT_BACKOFF_MAX, Fleet, FleetResult, next_backoff
-from deployctl.inventory import Host
-from deployctl.ops.runs import recorded_run
+from deployctl.inventory import Host, mask_log
+from deployctl.ops.runs import log_secrets, masked_reports, recorded_run
 from deployctl.project import Project
 from deployctl.shell import quote
 
@@ -219,7 +219,7 @@ def scan_log(
             return window.data, window.start
 
         crashes, scanned = _scan_from_end(read_back, catalog)
-        return LogScan(log, sizes[-1], scanned, crashes, healthy)
+        return LogScan(log, sizes[-1], scanned, masked_reports(crashes, host), healthy)
     scanner = CrashScanner(catalog)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset, inode, size = 0, 0, 0
@@ -237,7 +237,7 @@ def scan_log(
             break
     scanner.feed(decoder.decode(b"", final=True))
     scanner.finish()
-    return LogScan(log, size, offset, scanner.reports, healthy)
+    return LogScan(log, size, offset, masked_reports(scanner.reports, host), healthy)
 
 
 @dataclass
@@ -259,14 +259,14 @@ def scan_local_file(path: Path, catalog: Catalog, scan_all: bool = False) -> lis
         with path.open("rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             if scan_all:
-                return _scan_stream(handle, catalog)
+                return masked_reports(_scan_stream(handle, catalog))
 
             def read_back(back: int) -> tuple[bytes, int]:
                 start = max(0, size - back)
                 handle.seek(start)
                 return handle.read(back), start
 
-            return _scan_from_end(read_back, catalog)[0]
+            return masked_reports(_scan_from_end(read_back, catalog)[0])
     except FileNotFoundError:
         raise DeployctlError(f"log file {path} does not exist") from None
     except IsADirectoryError:
@@ -318,8 +318,9 @@ class _Tail:
     inode: int
 
 
-def _split_lines(data: bytes) -> list[str]:
-    text = data.decode("utf-8", errors="replace")
+def _split_lines(data: bytes, secrets: Sequence[str]) -> list[str]:
+    """The log's lines, secrets masked."""
+    text = mask_log(data.decode("utf-8", errors="replace"), secrets)
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -348,7 +349,7 @@ def _read_tail(
             end = start + cut
             data = data[:cut]
     data, _ = _drop_partial_first_line(data, start)
-    picked = _split_lines(data)[-lines:] if lines else []
+    picked = _split_lines(data, log_secrets(host))[-lines:] if lines else []
     return _Tail(path, picked, end, window.inode)
 
 
@@ -380,6 +381,7 @@ class _Follower:
         self.host, self.conn, self.tail = host, conn, tail
         self.catalog, self.sink, self.stop = catalog, sink, stop
         self.crash_only = crash_only
+        self.secrets = log_secrets(host)
         self.failure: BaseException | None = None
         self.restart()
 
@@ -396,7 +398,7 @@ class _Follower:
         self.pending = text[cut:]
         if not cut:
             return
-        whole = text[:cut]
+        whole = mask_log(text[:cut], self.secrets)
         if not self.crash_only:
             for line in whole[:-1].split("\n"):
                 crash = self.scanner.is_crash_line(line)
@@ -522,7 +524,7 @@ def _follow(
         if not cut and window.start > 0:  # one endless line: skip it
             return _Tail(log, [], window.size, window.inode)
         data, _ = _drop_partial_first_line(window.data[:cut], window.start)
-        return _Tail(log, _split_lines(data), window.start + cut, window.inode)
+        return _Tail(log, _split_lines(data, log_secrets(host)), window.start + cut, window.inode)
 
     tails = fleet.run(start)
     _report_failed(tails, sink)

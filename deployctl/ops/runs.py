@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import codecs
 import contextlib
+import dataclasses
 import getpass
 import socket
 import threading
@@ -52,7 +53,7 @@ from deployctl.host_agent import (
     StopReply,
     job_ref,
 )
-from deployctl.inventory import Host
+from deployctl.inventory import Host, mask_log, secret_values
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
 from deployctl.ops.launch import Plan, Preflight, release_lock, routing_problems, run_preflight
@@ -285,6 +286,7 @@ def _wait_ready(
     # One decoder for the whole log: a character split across two polls stays whole.
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset, started, last_line, buffer = 0, time.monotonic(), "", ""
+    secrets = log_secrets(host)
     backoff = 0.0  # > 0 while the connection is lost: the wait before the next try
     job: JobInfo | None = None
     while True:
@@ -309,10 +311,12 @@ def _wait_ready(
         backoff = 0.0
         raw = base64.b64decode(doc["data"])
         offset += len(raw)
-        data = decoder.decode(raw, final=not doc["alive"])
-        buffer += data
-        lines = buffer.split("\n")
-        buffer = lines.pop()
+        buffer += decoder.decode(raw, final=not doc["alive"])
+        # Whole lines only (all of it once the server is gone), masked before anything
+        # reads them: a secret split between two polls is still masked.
+        cut = len(buffer) if not doc["alive"] else buffer.rfind("\n") + 1
+        data, buffer = mask_log(buffer[:cut], secrets), buffer[cut:]
+        lines = data.split("\n")
         if any(line.strip() for line in lines):
             last_line = plain(next(line for line in reversed(lines) if line.strip()))
         crashes = scanner.feed(data)
@@ -663,7 +667,9 @@ def run_status(
         )
     if run is None:
         return RunStatus(None, gpus=gpus)
-    tail = base64.b64decode(doc["data"]).decode("utf-8", errors="replace")
+    tail = mask_log(
+        base64.b64decode(doc["data"]).decode("utf-8", errors="replace"), log_secrets(host)
+    )
     lines = [line for line in tail.splitlines() if line.strip()]
     crashes = scan_text(tail, catalog) if run["status"] == "running" else []
     status = RunStatus(
@@ -681,6 +687,24 @@ def run_status(
     if with_metrics:
         status.metrics, status.metrics_note = read_metrics(doc["metrics"])
     return status
+
+
+def log_secrets(host: Host) -> tuple[str, ...]:
+    """The known secret values to mask in a host's log text (see mask_log): its variables'."""
+    return secret_values(host.vars)
+
+
+def masked_reports(reports: Sequence[CrashReport], host: Host | None = None) -> list[CrashReport]:
+    """Crash reports with the secrets in their text masked (see mask_log); `host`'s known
+    secret values too. A scan reads the log in pieces, so its reports are masked, not its
+    text."""
+    secrets = log_secrets(host) if host is not None else ()
+    return [
+        dataclasses.replace(
+            r, exception=mask_log(r.exception, secrets), message=mask_log(r.message, secrets)
+        )
+        for r in reports
+    ]
 
 
 def read_metrics(page: MetricsPage | None) -> tuple[dict[str, Any] | None, str]:

@@ -23,6 +23,7 @@ from deployctl.present.terminal import (
     RESET,
     console,
     duration_text,
+    escaped,
     print_bug,
     print_error,
     print_event_text,
@@ -123,7 +124,7 @@ class Progress:
     def _show(self, target: str, elapsed: float, text: str) -> None:
         from rich.text import Text
 
-        self.lines[target] = f"{target}  {elapsed:6.1f}s  {text[-120:]}"
+        self.lines[target] = f"{target}  {elapsed:6.1f}s  {escaped(text)[-120:]}"
         self._live.update(Text("\n".join(self.lines.values())))
 
     def __exit__(self, *exc: object) -> None:
@@ -158,6 +159,7 @@ class LogPrinter:
 
     def line(self, host: str, text: str, crash: bool = False) -> None:
         prefix = f"{host} | " if self.prefixed else ""
+        text = escaped(text)
         if crash:
             # The mark stays in piped output too, so scripts (and grep) can find crash lines.
             text = f"{RED}{CRASH_MARK}{text}{RESET}" if self.color else CRASH_MARK + text
@@ -169,8 +171,8 @@ class LogPrinter:
         from deployctl.crash.model import format_ranks
 
         ranks = f" (ranks {format_ranks(report.ranks)})" if report.ranks else ""
-        text = f"{prefix}{CRASH_MARK}CRASH: {report.summary()}{where}{ranks}\n"
-        text += f"{prefix}{CRASH_MARK}hint: {report.hint}\n"
+        text = escaped(f"{prefix}{CRASH_MARK}CRASH: {report.summary()}{where}{ranks}") + "\n"
+        text += escaped(f"{prefix}{CRASH_MARK}hint: {report.hint}") + "\n"
         self._out.write(f"{RED}{text}{RESET}" if self.color else text)
 
     def notice(self, host: str, text: str) -> None:

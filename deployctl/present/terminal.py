@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
 CRASH_MARK = "!! "
 RED, RESET = "\033[31m", "\033[0m"
+# C0 controls but tab, DEL, and C1 controls (0x9b is a CSI on some terminals).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
 def console(stderr: bool = False) -> Console:
@@ -28,6 +31,13 @@ def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else 200
     return Console(file=stream, width=width, highlight=False, soft_wrap=not stream.isatty())
+
+
+def escaped(text: str) -> str:
+    """Host text as a terminal may show it: each control character as its `\\x1b` escape.
+    A log line or crash message must not set the title, clear the screen or move the
+    cursor; JSON output keeps the text (JSON escapes it)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
 
 
 def print_json(document: Any) -> None:
@@ -43,7 +53,7 @@ def error_text(message: str, hint: str | None = None, host: str | None = None) -
 def tagged(tag: str, text: str, host: str | None = None) -> str:
     """One `[host: ]tag: text` line."""
     prefix = f"{host}: " if host else ""
-    return f"{prefix}{tag}: {one_line(text)}\n"
+    return escaped(f"{prefix}{tag}: {one_line(text)}") + "\n"
 
 
 def print_error(message: str, hint: str | None = None, host: str | None = None) -> None:
@@ -85,7 +95,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequen
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))  # cells are data, never rich markup
+        table.add_row(*(Text(escaped(cell)) for cell in row))  # data, never rich markup
     console().print(table)
 
 
@@ -100,7 +110,7 @@ def crash_lines(crash: CrashReport, whole_log: bool = True) -> list[str]:
     # Loaded when a crash is shown: the crash package (and yaml) cost ~30 ms to import.
     from deployctl.crash.model import crash_lines as lines
 
-    return lines(crash, whole_log)
+    return [escaped(line) for line in lines(crash, whole_log)]
 
 
 def duration_text(seconds: float) -> str:

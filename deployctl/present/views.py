@@ -19,6 +19,7 @@ from deployctl.present import documents as docs
 from deployctl.present.terminal import (
     console,
     crash_lines,
+    escaped,
     print_command,
     print_error,
     print_host_errors,
@@ -340,7 +341,7 @@ def _crash_scans(results: FleetResult[LogScan]) -> None:
                 f"{'are' if count > 1 else 'is'} a warning (a failed request)\n"
             )
             for trace in scan.warnings:
-                sys.stdout.write(f"  warning: {trace.summary()}\n")
+                sys.stdout.write(escaped(f"  warning: {trace.summary()}") + "\n")
             continue
         if not scan.crashes:
             sys.stdout.write(f"{label}no crash found in {scan.path} ({scanned})\n")
@@ -432,10 +433,11 @@ def _launch(result: LaunchReport) -> None:
                 out_console.print("  " + line, markup=False)
         for trace in outcome.warnings:
             out_console.print(
-                f"  warning: a trace in the log, server healthy: {trace.summary()}", markup=False
+                escaped(f"  warning: a trace in the log, server healthy: {trace.summary()}"),
+                markup=False,
             )
         if outcome.state == "died" and outcome.last_line:
-            out_console.print(f"  last line: {outcome.last_line}", markup=False)
+            out_console.print(f"  last line: {escaped(outcome.last_line)}", markup=False)
     _cleanup_lines(result)
     for change in result.registrations:
         print_registration(change)

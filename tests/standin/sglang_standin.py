@@ -1360,6 +1360,8 @@ class Launcher:
             self.run_node()
         span = float(self.knobs["startup_s"])
         t0 = time.time()
+        # As 0.5.23's engine.py logs its resolved arguments (secrets and all) at start.
+        log(f"server_args={self.server_args!r}")
         signal.signal(signal.SIGQUIT, self.on_sigquit)
         rendezvous = self.open_rendezvous() if self.args.nnodes > 1 else None
         if not self.knobs["late_bind"]:
