@@ -78,6 +78,12 @@ class PreflightError(DeployctlError):
     code = "preflight"
 
 
+class ServerError(DeployctlError):
+    """The server did not come up: it crashed, died or was not ready in time."""
+
+    code = "server"
+
+
 class AgentError(DeployctlError):
     """The host agent could not run, or answered something that is not its protocol."""
 

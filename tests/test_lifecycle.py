@@ -145,6 +145,9 @@ def test_crash_during_start_fails_fast_with_the_report(
     assert code == 1
     entry = doc["hosts"]["alpha"]
     assert entry["state"] in ("crashed", "died")
+    # The host failed, and says why: the crash, with the code scripts branch on.
+    assert entry["ok"] is False and entry["code"] == "server"
+    assert entry["error"].startswith("the server crashed: ") and "RuntimeError" in entry["error"]
     crash = entry["crashes"][0]
     assert crash["signature"] == "tensor-shape-mismatch"
     assert crash["exception"] == "RuntimeError"

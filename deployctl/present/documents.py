@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from deployctl.errors import error_code, explain
+from deployctl.errors import ServerError, error_code, explain
 
 if TYPE_CHECKING:
     from deployctl.events import Event
@@ -245,7 +245,8 @@ def launch_document(result: LaunchReport) -> dict[str, Any]:
         out = outcomes.get(pre.name)
         if out is not None:
             entry.update(host_entry(out, outcome_json))
-            entry["ok"] = out.ok
+            if out.value is not None and not out.value.ok:
+                entry.update(ok=False, error=start_failure(out.value), code=ServerError.code)
         place(hosts, pre.host, entry)
     ended = {r.name: r.value["ended"] for r in result.cleanup if r.value is not None}
     document: dict[str, Any] = {
@@ -256,6 +257,16 @@ def launch_document(result: LaunchReport) -> dict[str, Any]:
     if result.registrations:
         document["registrations"] = [registration_json(r) for r in result.registrations]
     return {**document, "group_failed_ended": ended} if result.cleanup.results else document
+
+
+def start_failure(outcome: Outcome) -> str:
+    """Why a started run is not serving, in one line: its crash, its last words, its state."""
+    if outcome.crashes:
+        return f"the server crashed: {outcome.crashes[0].summary()}"
+    if outcome.state == "timeout":
+        return f"the server was not ready after {outcome.elapsed:.0f}s (left running)"
+    said = outcome.note or outcome.last_line
+    return f"the server {outcome.state.value}" + (f": {said}" if said else "")
 
 
 def _refusal(preflight: Preflight) -> dict[str, Any]:
