@@ -65,6 +65,22 @@ with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as sock:
         sys.exit(f"[deployctl] port {port} on node {node} is in use ({exc})")
 print(f"[deployctl] node {node}: GPUs {given or 'all'} clean, port {port} free", flush=True)
 """
+# The server's step on each node. A stop (`scancel --signal=TERM`: every process of the step
+# gets it) is done on purpose: the step then ends 0 whatever the server's exit (SGLang ends
+# a drain by SIGKILLing itself, 137), so Slurm records the job COMPLETED, not FAILED (a full
+# scancel records CANCELLED; a time limit or preemption their own states). The shell runs the
+# server in the foreground, so it keeps its signals (an `&` job would ignore SIGINT and
+# SIGQUIT), and takes its own TERM only once the server has exited.
+STOPPED_IS_DONE = """\
+trap 'stopping=1' TERM
+{command}
+code=$?
+if [ -n "${{stopping:-}}" ]; then
+  echo "[deployctl] the server on node $SLURMD_NODENAME was stopped (exit $code)"
+  exit 0
+fi
+exit "$code"
+"""
 # Heredoc delimiters of the script's two programs.
 _CHECK_END = "DEPLOYCTL_CHECK"
 _STEP_END = "DEPLOYCTL_STEP"
@@ -126,9 +142,9 @@ def batch_script(
 ) -> str:
     """The batch script for one server: its command and environment as given (the real
     ones for sbatch, the masked ones for people)."""
-    words = list(argv)
-    server = "exec " + " ".join(step_word(w) for w in words)
-    if _STEP_END in server.splitlines():
+    command = " ".join(step_word(w) for w in argv)
+    server = STOPPED_IS_DONE.format(command=command)
+    if _STEP_END in command.splitlines():
         raise TemplateError(f"the command has a line {_STEP_END!r}, which ends its step")
     step = f"srun --ntasks-per-node=1 --gpus-per-node={gpus_per_node(settings, tp)}"
     step += " --kill-on-bad-exit=1"
@@ -149,7 +165,7 @@ def batch_script(
         '  { echo "[deployctl] the job preflight failed; the server was not started"; exit 1; }',
         "# The server, one step per node; the node rank is read inside the step.",
         f"read -r -d '' server <<'{_STEP_END}' || true",
-        server,
+        server.rstrip("\n"),
         _STEP_END,
         f'exec {step} /bin/sh -c "$server"',
     ]
