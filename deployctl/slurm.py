@@ -181,9 +181,10 @@ def run_handle(run: LiveRun | RunRecord) -> str:
 
 
 def job_words(job: JobInfo) -> str:
-    """A Slurm job in a few words: `job 12 PENDING (Resources)`, `job 12 FAILED, exit 1:0`."""
+    """A Slurm job in a few words: `job 12 PENDING (Resources)`, `job 12 FAILED, exit 1:0`,
+    `job 12 UNKNOWN (last seen RUNNING; …)`."""
     words = f"job {job['id']} {job['state']}"
-    if job["reason"] and job["state"] == "PENDING":
+    if job["reason"] and job["state"] in ("PENDING", "UNKNOWN"):
         words += f" ({job['reason']})"
     if job["exit_code"] and job["state"] not in ACTIVE_JOB_STATES:
         words += f", exit {job['exit_code']}"
