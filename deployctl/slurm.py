@@ -81,6 +81,14 @@ if [ -n "${{stopping:-}}" ]; then
 fi
 exit "$code"
 """
+# The line that opens each start of the job in its log (a requeued job starts again, in the
+# same log).
+JOB_STARTS = "[deployctl] job "
+# States of a job that waits to (re)start or to go on: its server is not up, and nothing in
+# the log (a requeued job's earlier start) is a crash of it.
+WAITING_JOB_STATES = frozenset(
+    {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "RESV_DEL_HOLD"}
+)
 # Heredoc delimiters of the script's two programs.
 _CHECK_END = "DEPLOYCTL_CHECK"
 _STEP_END = "DEPLOYCTL_STEP"
@@ -156,7 +164,7 @@ def batch_script(
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'DEPLOYCTL_HEAD_ADDR=$(scontrol show node "$head" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)',
         'export DEPLOYCTL_HEAD_ADDR="${DEPLOYCTL_HEAD_ADDR:-$head}"',
-        'echo "[deployctl] job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($DEPLOYCTL_HEAD_ADDR)"',
+        f'echo "{JOB_STARTS}$SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($DEPLOYCTL_HEAD_ADDR)"',
         "# Every node: its GPUs clean and the port free, or the job fails here.",
         f"read -r -d '' check <<'{_CHECK_END}' || true",
         JOB_PREFLIGHT.rstrip("\n"),
@@ -189,3 +197,11 @@ def job_words(job: JobInfo) -> str:
     if job["exit_code"] and job["state"] not in ACTIVE_JOB_STATES:
         words += f", exit {job['exit_code']}"
     return words
+
+
+def latest_start(log: str) -> str:
+    """The part of a job's log since its latest start (the whole text when that start's first
+    line is not in it): what a preempted and requeued job printed before is no crash of it."""
+    lines = log.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith(JOB_STARTS)]
+    return "".join(lines[starts[-1] :]) if starts else log
