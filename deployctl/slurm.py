@@ -205,3 +205,25 @@ def latest_start(log: str) -> str:
     lines = log.splitlines(keepends=True)
     starts = [i for i, line in enumerate(lines) if line.startswith(JOB_STARTS)]
     return "".join(lines[starts[-1] :]) if starts else log
+
+
+# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds.
+_TIME_LIMIT = re.compile(r"(?:(\d+)-(\d+)(?::(\d+))?(?::(\d+))?|(\d+)(?::(\d+))?(?::(\d+))?)")
+
+
+def time_limit_s(text: str) -> float | None:
+    """Seconds in a `slurm_time` as sbatch reads it; None for unlimited (or no time)."""
+    match = _TIME_LIMIT.fullmatch(text.strip())
+    if match is None:
+        return None
+    days, d_hours, d_minutes, d_seconds, first, second, third = (
+        int(g) if g is not None else None for g in match.groups()
+    )
+    if days is not None:
+        hours, minutes, seconds = d_hours or 0, d_minutes or 0, d_seconds or 0
+    elif third is not None:
+        hours, minutes, seconds = first or 0, second or 0, third
+    else:  # minutes[:seconds]
+        hours, minutes, seconds = 0, first or 0, second or 0
+    return float((((days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds)
