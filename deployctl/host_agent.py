@@ -1815,23 +1815,25 @@ def parse_squeue(text: str, job_id: str) -> JobInfo | None:
 
 
 def parse_sacct(text: str, job_id: str) -> JobInfo | None:
-    """The job's line of `sacct -X -n -P -o JobID,State,ExitCode,NodeList`; None when absent.
-    sacct writes `CANCELLED by 1000`: the state is the first word."""
+    """The job's last line of `sacct [--completion] -X -n -P -o JobID,State,ExitCode,NodeList`
+    (the completion log has a line per start of a requeued job); None when absent. sacct
+    writes `CANCELLED by 1000`: the state is the first word."""
+    found: JobInfo | None = None
     for line in text.splitlines():
         fields = line.strip().split("|")
         if len(fields) != 4 or fields[0] != job_id:
             continue
         _, state, exit_code, nodelist = fields
-        return {
+        found = {
             "id": job_id,
             "state": state.split()[0] if state.split() else "UNKNOWN",
             "reason": "",
-            "nodes": [nodelist] if nodelist and nodelist != "None assigned" else [],
+            "nodes": [nodelist] if nodelist not in ("", "None assigned", "(null)") else [],
             "head": "",
             "time_left": None,
             "exit_code": exit_code,
         }
-    return None
+    return found
 
 
 def parse_node_address(text: str) -> str:
@@ -1851,16 +1853,23 @@ def query_job(job_id: str, known: JobInfo | None) -> JobInfo:
         last = out.splitlines()[-1] if out else f"exit status {code}"
         fail(f"squeue failed on the login node: {last}", "host")
     found = parse_squeue(out, job_id) if code == 0 else None
-    if found is None:
-        code, out = slurm("sacct", f"--jobs={job_id}", "-X", "-n", "-P",
-                          "--format=JobID,State,ExitCode,NodeList")  # fmt: skip
-        found = parse_sacct(out, job_id) if code == 0 else None
+    # Forgotten by slurmctld (MinJobAge): accounting, else the job completion log, which a
+    # cluster without accounting (slurmdbd) may keep.
+    for source in ([], ["--completion"]):
+        if found is None:
+            code, out = slurm("sacct", *source, f"--jobs={job_id}", "-X", "-n", "-P",
+                              "--format=JobID,State,ExitCode,NodeList")  # fmt: skip
+            found = parse_sacct(out, job_id) if code == 0 else None
     if found is None:
         if known is not None and known["state"] not in ACTIVE_JOB_STATES:
             return known  # ended, and forgotten since: its record remembers how
+        # Ended some way nobody kept. Where it ran stays known: a router lists it at its head.
+        last = f"last seen {known['state']}; " if known is not None else ""
         unknown: JobInfo = {
-            "id": job_id, "state": "UNKNOWN", "reason": out.splitlines()[-1] if out else "",
-            "nodes": [], "head": "", "time_left": None, "exit_code": "",
+            "id": job_id, "state": "UNKNOWN",
+            "reason": f"{last}Slurm no longer knows the job and keeps no record of its end",
+            "nodes": known["nodes"] if known else [], "head": known["head"] if known else "",
+            "time_left": None, "exit_code": "",
         }  # fmt: skip
         return unknown
     if found["nodes"]:

@@ -78,6 +78,8 @@ _WEEK = 7 * 24 * 3600
 _PORT: dict[str, Any] = {"least": 1, "most": 65535, "wanted": "a port number (1-65535)"}
 # Slurm's time formats (sbatch --time): minutes, m:s, h:m:s, d-h, d-h:m, d-h:m:s, unlimited.
 _SLURM_TIME = r"(?i:unlimited|infinite)|\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}"
+# A name Slurm takes as one word (partition, account, qos).
+_ONE_WORD: dict[str, Any] = {"pattern": r"[^\s]+", "wanted": "one word, no spaces"}
 # One #SBATCH word: an option, never a second line of the script.
 _SBATCH_OPTION = r"-[^\n\r]*"
 
@@ -212,11 +214,9 @@ _DECLARED = [
         choices=("ssh", "slurm"),
         wanted="ssh or slurm",
     ),
-    Setting(
-        "slurm_partition", str, "the job's partition (`#SBATCH --partition`)", pattern=r"[^\s]+"
-    ),
-    Setting("slurm_account", str, "the job's account", pattern=r"[^\s]+"),
-    Setting("slurm_qos", str, "the job's quality of service", pattern=r"[^\s]+"),
+    Setting("slurm_partition", str, "the job's partition (`#SBATCH --partition`)", **_ONE_WORD),
+    Setting("slurm_account", str, "the job's account", **_ONE_WORD),
+    Setting("slurm_qos", str, "the job's quality of service", **_ONE_WORD),
     Setting(
         "slurm_time",
         str,
@@ -401,7 +401,16 @@ def host_warnings(host: str, variables: Mapping[str, Any]) -> list[Misspelling |
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _WHOLE = re.compile(r"\s*-?[0-9]+\s*\Z")
-_HINTS = {"gpus": "e.g. gpus: [0, 1, 2, 3]"}
+_HINTS = {
+    "gpus": "e.g. gpus: [0, 1, 2, 3]",
+    # Lower case only: a launcher that is not deployctl's must never fall back to ssh.
+    "launcher": "launcher: ssh or launcher: slurm (lower case)",
+    "slurm_time": "minutes (90), hours:minutes:seconds (4:00:00) or days-hours[:minutes"
+    "[:seconds]] (1-12:00:00)",
+    "slurm_partition": "a name as sinfo lists it, e.g. gpu",
+    "slurm_account": "an account as sacctmgr lists it, e.g. ml-team",
+    "slurm_qos": "a QOS as sacctmgr lists it, e.g. high",
+}
 
 
 def check_env(value: Any, where: str) -> dict[str, str]:
@@ -494,7 +503,7 @@ def check_value(setting: Setting, value: Any, where: str, spelling: str) -> None
     elif setting.type is str and "\0" in str(value):
         raise InventoryError(f"{where}: {spelling} holds a NUL byte")
     elif setting.type is str and not _allowed_text(setting, str(value)):
-        raise InventoryError(f"{where}: {spelling} {value!r} is not {setting.what}")
+        raise InventoryError(f"{where}: {spelling} {value!r} is not {setting.what}", hint=hint)
     elif setting.name == "env":
         check_env(value, where)
     elif setting.name == "deployments" and not value:

@@ -65,6 +65,30 @@ with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as sock:
         sys.exit(f"[deployctl] port {port} on node {node} is in use ({exc})")
 print(f"[deployctl] node {node}: GPUs {given or 'all'} clean, port {port} free", flush=True)
 """
+# The server's step on each node. A stop (`scancel --signal=TERM`: every process of the step
+# gets it) is done on purpose: the step then ends 0 whatever the server's exit (SGLang ends
+# a drain by SIGKILLing itself, 137), so Slurm records the job COMPLETED, not FAILED (a full
+# scancel records CANCELLED; a time limit or preemption their own states). The shell runs the
+# server in the foreground, so it keeps its signals (an `&` job would ignore SIGINT and
+# SIGQUIT), and takes its own TERM only once the server has exited.
+STOPPED_IS_DONE = """\
+trap 'stopping=1' TERM
+{command}
+code=$?
+if [ -n "${{stopping:-}}" ]; then
+  echo "[deployctl] the server on node $SLURMD_NODENAME was stopped (exit $code)"
+  exit 0
+fi
+exit "$code"
+"""
+# The line that opens each start of the job in its log (a requeued job starts again, in the
+# same log).
+JOB_STARTS = "[deployctl] job "
+# States of a job that waits to (re)start or to go on: its server is not up, and nothing in
+# the log (a requeued job's earlier start) is a crash of it.
+WAITING_JOB_STATES = frozenset(
+    {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "RESV_DEL_HOLD"}
+)
 # Heredoc delimiters of the script's two programs.
 _CHECK_END = "DEPLOYCTL_CHECK"
 _STEP_END = "DEPLOYCTL_STEP"
@@ -126,9 +150,9 @@ def batch_script(
 ) -> str:
     """The batch script for one server: its command and environment as given (the real
     ones for sbatch, the masked ones for people)."""
-    words = list(argv)
-    server = "exec " + " ".join(step_word(w) for w in words)
-    if _STEP_END in server.splitlines():
+    command = " ".join(step_word(w) for w in argv)
+    server = STOPPED_IS_DONE.format(command=command)
+    if _STEP_END in command.splitlines():
         raise TemplateError(f"the command has a line {_STEP_END!r}, which ends its step")
     step = f"srun --ntasks-per-node=1 --gpus-per-node={gpus_per_node(settings, tp)}"
     step += " --kill-on-bad-exit=1"
@@ -140,7 +164,7 @@ def batch_script(
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         'DEPLOYCTL_HEAD_ADDR=$(scontrol show node "$head" | grep -o "NodeAddr=[^ ]*" | cut -d= -f2)',
         'export DEPLOYCTL_HEAD_ADDR="${DEPLOYCTL_HEAD_ADDR:-$head}"',
-        'echo "[deployctl] job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($DEPLOYCTL_HEAD_ADDR)"',
+        f'echo "{JOB_STARTS}$SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $head ($DEPLOYCTL_HEAD_ADDR)"',
         "# Every node: its GPUs clean and the port free, or the job fails here.",
         f"read -r -d '' check <<'{_CHECK_END}' || true",
         JOB_PREFLIGHT.rstrip("\n"),
@@ -149,7 +173,7 @@ def batch_script(
         '  { echo "[deployctl] the job preflight failed; the server was not started"; exit 1; }',
         "# The server, one step per node; the node rank is read inside the step.",
         f"read -r -d '' server <<'{_STEP_END}' || true",
-        server,
+        server.rstrip("\n"),
         _STEP_END,
         f'exec {step} /bin/sh -c "$server"',
     ]
@@ -165,10 +189,41 @@ def run_handle(run: LiveRun | RunRecord) -> str:
 
 
 def job_words(job: JobInfo) -> str:
-    """A Slurm job in a few words: `job 12 PENDING (Resources)`, `job 12 FAILED, exit 1:0`."""
+    """A Slurm job in a few words: `job 12 PENDING (Resources)`, `job 12 FAILED, exit 1:0`,
+    `job 12 UNKNOWN (last seen RUNNING; …)`."""
     words = f"job {job['id']} {job['state']}"
-    if job["reason"] and job["state"] == "PENDING":
+    if job["reason"] and job["state"] in ("PENDING", "UNKNOWN"):
         words += f" ({job['reason']})"
     if job["exit_code"] and job["state"] not in ACTIVE_JOB_STATES:
         words += f", exit {job['exit_code']}"
     return words
+
+
+def latest_start(log: str) -> str:
+    """The part of a job's log since its latest start (the whole text when that start's first
+    line is not in it): what a preempted and requeued job printed before is no crash of it."""
+    lines = log.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith(JOB_STARTS)]
+    return "".join(lines[starts[-1] :]) if starts else log
+
+
+# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds.
+_TIME_LIMIT = re.compile(r"(?:(\d+)-(\d+)(?::(\d+))?(?::(\d+))?|(\d+)(?::(\d+))?(?::(\d+))?)")
+
+
+def time_limit_s(text: str) -> float | None:
+    """Seconds in a `slurm_time` as sbatch reads it; None for unlimited (or no time)."""
+    match = _TIME_LIMIT.fullmatch(text.strip())
+    if match is None:
+        return None
+    days, d_hours, d_minutes, d_seconds, first, second, third = (
+        int(g) if g is not None else None for g in match.groups()
+    )
+    if days is not None:
+        hours, minutes, seconds = d_hours or 0, d_minutes or 0, d_seconds or 0
+    elif third is not None:
+        hours, minutes, seconds = first or 0, second or 0, third
+    else:  # minutes[:seconds]
+        hours, minutes, seconds = 0, first or 0, second or 0
+    return float((((days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds)

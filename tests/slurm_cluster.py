@@ -188,6 +188,9 @@ KillWait=5
 # sbatch's job starts within a second (the default lets the scheduler wait 3 s).
 SchedulerParameters=batch_sched_delay=0
 GresTypes=gpu
+# A job in `urgent` preempts jobs of the other partitions, which Slurm requeues.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 # Without slurmdbd plain sacct says accounting is disabled; `sacct --completion` reads this.
@@ -196,6 +199,7 @@ JobCompLoc={base / "log"}/jobcomp.txt
 {chr(10).join(nodes)}
 PartitionName=gpu Nodes={",".join(NODE_ADDRESSES)} Default=YES MaxTime=UNLIMITED State=UP
 PartitionName=debug Nodes=n2 MaxTime=UNLIMITED State=UP
+PartitionName=urgent Nodes={",".join(NODE_ADDRESSES)} PriorityTier=2 MaxTime=UNLIMITED State=UP
 """
     )
     (base / "gres.conf").write_text("\n".join(gres) + "\n")

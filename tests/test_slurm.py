@@ -21,7 +21,15 @@ from deployctl.host_agent import (
 )
 from deployctl.inventory import Host
 from deployctl.settings import Settings, check_settings
-from deployctl.slurm import batch_script, checked_form, directives, step_word, template_context
+from deployctl.slurm import (
+    batch_script,
+    checked_form,
+    directives,
+    step_word,
+    template_context,
+    time_limit_s,
+)
+from tests.conftest import CLI
 
 
 def settings(**variables: object) -> Settings:
@@ -241,9 +249,12 @@ def test_a_job_slurm_has_forgotten_keeps_the_state_its_record_saw(tmp_path: Path
     done = query(env, ended)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ended
-    # A job recorded as running that Slurm no longer knows has ended some way unknown.
+    # A job recorded as running that Slurm no longer knows has ended some way unknown; where
+    # it ran is still known (its router lists it at its head).
     done = query(env, {**ended, "state": "RUNNING"})
-    assert json.loads(done.stdout)["state"] == "UNKNOWN"
+    forgotten = json.loads(done.stdout)
+    assert forgotten["state"] == "UNKNOWN" and forgotten["reason"].startswith("last seen RUNNING")
+    assert (forgotten["nodes"], forgotten["head"]) == (["n1"], "10.0.0.1")
 
 
 def test_a_controller_that_does_not_answer_is_an_error_not_a_dead_job(tmp_path: Path) -> None:
@@ -270,3 +281,72 @@ def test_the_script_people_see_masks_secrets_and_the_one_sbatch_gets_has_them() 
     shown, real = plan.batch_script(masked=True), plan.batch_script(masked=False)
     assert "s3cret-key" not in shown and "hf_abc" not in shown and "********" in shown
     assert "--api-key=s3cret-key" in real and "export HF_TOKEN=hf_abc" in real
+
+
+# ---- the slurm_* settings as a user writes them (refused before any host is asked) ----------
+
+
+def unreachable_login(tmp_path: Path, **variables: object) -> Path:
+    """An inventory whose one host, a Slurm login node, nothing answers for (port 1): a
+    command that got as far as asking it would fail on the connection, not on the setting."""
+    host = {
+        "ansible_host": "127.0.0.1", "ansible_port": 1, "connect_timeout": 2,
+        "launcher": "slurm", "bind_host": "0.0.0.0", "model_path": "/models/m", "tp": 1,
+        "template": "baseline", **variables,
+    }  # fmt: skip
+    path = tmp_path / "inv.yml"
+    path.write_text(json.dumps({"all": {"hosts": {"login": host}}}))
+    return path
+
+
+def refusal(result: subprocess.CompletedProcess[str]) -> tuple[str, str]:
+    """A refusal's `error:` and `hint:` lines, checked to be just those."""
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("hint: "), lines
+    return lines[0], lines[1]
+
+
+def test_a_slurm_name_with_a_space_is_refused_as_not_one_word(cli: CLI, tmp_path: Path) -> None:
+    inv = unreachable_login(tmp_path, slurm_account="a b")
+    error, hint = refusal(cli("render", "-i", str(inv)))
+    assert error.endswith("inv.yml: host login: slurm_account 'a b' is not one word, no spaces")
+    assert "e.g. ml-team" in hint
+
+
+def test_a_launcher_in_the_wrong_case_is_refused_not_run_over_ssh(cli: CLI, tmp_path: Path) -> None:
+    inv = unreachable_login(tmp_path, launcher="Slurm")
+    error, hint = refusal(cli("launch", "-i", str(inv), "--timeout", "5", timeout=60))
+    assert error.endswith("inv.yml: host login: launcher 'Slurm' is not ssh or slurm")
+    assert "(lower case)" in hint
+
+
+@pytest.mark.parametrize("limit", ["1-12:00:00", "1-12", "1-12:30", "90", "4:00:00"])
+def test_slurm_time_takes_every_form_sbatch_does(cli: CLI, tmp_path: Path, limit: str) -> None:
+    shown = cli("render", "-i", str(unreachable_login(tmp_path, slurm_time=limit)))
+    assert shown.returncode == 0, shown.stderr
+    assert f"#SBATCH --time={limit}\n" in shown.stdout
+
+
+def test_time_limits_read_as_sbatch_reads_them() -> None:
+    assert time_limit_s("90") == 90 * 60  # minutes, where squeue's 9:30 is m:s
+    assert time_limit_s("9:30") == 9 * 60 + 30
+    assert time_limit_s("4:00:00") == 4 * 3600
+    assert time_limit_s("1-12") == 36 * 3600
+    assert time_limit_s("1-12:30") == 36 * 3600 + 30 * 60
+    assert time_limit_s("1-12:00:05") == 36 * 3600 + 5
+    assert time_limit_s("UNLIMITED") is None
+
+
+def test_watch_refuses_a_renew_window_not_shorter_than_the_time_limit(
+    cli: CLI, tmp_path: Path
+) -> None:
+    # A job of 1 minute renewed 2 minutes before its end would be renewed without end.
+    inv = unreachable_login(tmp_path, slurm_time="1", router="login")
+    error, hint = refusal(cli("watch", "-i", str(inv), "--renew-before", "2m", timeout=30))
+    assert error == (
+        "error: --renew-before 120s is not shorter than login's time limit (slurm_time 1: "
+        "60s): each successor would be renewed as soon as it serves, without end"
+    )
+    assert hint == "hint: renew within the limit, e.g. --renew-before 15s"

@@ -221,10 +221,12 @@ def test_a_job_cancelled_outside_deployctl_is_reported_as_cancelled(
 # ---- time limits: watch --renew-before ---------------------------------------------------
 
 
-def renewing_inventory(lab: SSHLab, tmp_path: Path, with_router: bool) -> tuple[Path, int]:
+def renewing_inventory(
+    lab: SSHLab, tmp_path: Path, with_router: bool, **settings: Any
+) -> tuple[Path, int]:
     """alpha running a real router (over SSH) and `kimi`, a one-minute Slurm job that takes a
     whole node's two GPUs (so its successor must go to the other node) and names the router
-    when `with_router`; the router's port."""
+    when `with_router`; the router's port. `settings`: more (or other) of kimi's."""
     alpha = lab.hosts["alpha"]
     router = router_vars(alpha.address, real_router())
     kimi: dict[str, Any] = {
@@ -234,6 +236,7 @@ def renewing_inventory(lab: SSHLab, tmp_path: Path, with_router: bool) -> tuple[
         "port": free_port(NODE_ADDRESSES["n1"]),
         "slurm_time": "1",
         "slurm_gpus_per_node": 2,
+        **settings,
     }
     table: dict[str, Any] = {"kimi": kimi}
     if with_router:
@@ -336,3 +339,140 @@ def test_watch_restarts_a_crashed_job_as_a_new_job_and_stops_at_a_crash_loop(
     assert loop["repeated"] is True and loop["run"].endswith("_v2")
     _, doc, _ = run_json(cli, "status", "-i", str(inv))
     assert entry(doc)["job"]["id"] != first and entry(doc)["crashed"] is True
+
+
+def test_watch_renews_a_job_once_when_its_limit_is_within_the_window(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    # A one-minute limit the up-front check cannot see (sbatch's own --time): the window of
+    # 90 s holds the whole job, and its successor's from the start.
+    inv, _ = renewing_inventory(
+        hosts, tmp_path, with_router=True, slurm_time=None, slurm_extra=["--time=1"]
+    )
+    before = max((int(j["id"]) for j in slurm_lab.jobs()), default=0)
+    launched(cli, inv)
+    events = watch_events(cli, inv, ("never",), 35, "--renew-before", "90s")
+    renewed = [e for e in events if e["event"] == "renewed"]
+    assert [e["new_run"] is not None for e in renewed] == [True, False], events
+    first, refused = renewed
+    assert first["error"] == "" and refused["old_run"] == first["new_run"], renewed
+    assert "not renewed again" in refused["error"] and refused["state"] == "refused"
+    # kimi's first job and its one successor (the router runs over SSH): nothing more.
+    assert len([j for j in slurm_lab.jobs() if int(j["id"]) > before]) == 2, slurm_lab.jobs()
+    code, _, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+
+
+# ---- a stop on purpose, odd values, requeues, suspensions, forgotten jobs -----------------
+
+
+def test_a_stop_on_purpose_ends_the_job_completed_not_failed(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(hosts, tmp_path)
+    job = job_of(launched(cli, inv))["id"]
+    code, doc, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+    assert job_of(doc)["state"] == "COMPLETED", job_of(doc)
+    # What the cluster's own records (and its alerts) keep: the job completion log. Read as a
+    # file: root's `sacct --completion` would chmod it 0644, shutting the lab users out.
+    ends = [
+        line
+        for line in (slurm_lab.logs / "jobcomp.txt").read_text().splitlines()
+        if line.startswith(f"JobId={job} ")
+    ]
+    assert len(ends) == 1 and " JobState=COMPLETED " in ends[0], ends
+    assert " ExitCode=0:0" in ends[0], ends
+
+
+def test_env_values_reach_the_job_byte_exact_and_run_nothing(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    marker = alpha.home / "ran"
+    odd = {
+        "ODD_SUBST": f"$(touch {marker})`touch {marker}`",
+        "ODD_SPACE": "two  words\tand a tab",
+        "ODD_QUOTES": 'it\'s "quoted" \\ $HOME ${HOME} ; true',
+        "ODD_LINES": "line one\nexport INJECTED=1",
+    }
+    inv = slurm_inventory(hosts, tmp_path, env=odd)
+    launched(cli, inv)
+    [start] = standin_starts(alpha)
+    assert {name: start["env"].get(name) for name in odd} == odd
+    assert "INJECTED" not in start["env"] and not marker.exists()
+    code, _, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+
+
+def urgent_job(cluster: SlurmCluster) -> str:
+    """A job in the `urgent` partition wanting every GPU of both nodes: it preempts ours."""
+    out = cluster.run("sbatch", "--parsable", "--partition=urgent", "--nodes=2",
+                      "--gpus-per-node=2", "--output=/dev/null", "--wrap=sleep 300").stdout  # fmt: skip
+    return out.strip()
+
+
+def test_a_preempted_and_requeued_job_is_pending_again_not_crashed(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(hosts, tmp_path)
+    job = job_of(launched(cli, inv))["id"]
+    urgent = urgent_job(slurm_lab)
+    wait_until(lambda: slurm_lab.job(urgent)["state"] == "RUNNING", 30, 0.2)
+    assert slurm_lab.job(job)["state"] == "PENDING"  # requeued: it waits to start again
+    time.sleep(0.5)
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    status = entry(doc)
+    [log] = hosts.hosts["alpha"].home.glob(f"**/{Path(status['log']).name}")
+    assert "DUE TO PREEMPTION" in log.read_text()  # a crash signature, of the start before
+    assert (status["state"], status["crashed"], status["uptime_s"]) == ("starting", False, None)
+    assert status["job"]["state"] == "PENDING" and status["crash"] is None, status
+    code, doc, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0 and job_of(doc)["state"] == "CANCELLED", (err, doc)
+
+
+def test_a_suspended_job_is_not_ended_and_serves_again_once_resumed(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    # The days form the README shows, as sbatch takes it.
+    inv = slurm_inventory(hosts, tmp_path, slurm_time="1-12:00:00")
+    job = job_of(launched(cli, inv))["id"]
+    slurm_lab.run("scontrol", "suspend", job)
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    status = entry(doc)
+    assert status["job"]["state"] == "SUSPENDED" and status["crashed"] is False, status
+    assert status["alive"] is True
+    slurm_lab.run("scontrol", "resume", job)
+    wait_until(lambda: entry(run_json(cli, "status", "-i", str(inv))[1])["state"] == "ready", 20)
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    assert 35 * 3600 < entry(doc)["job"]["time_left_s"] <= 36 * 3600
+    code, _, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+
+
+def test_a_job_slurm_forgot_keeps_its_head_and_stop_takes_that_out_of_the_router(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv, _ = renewing_inventory(hosts, tmp_path, with_router=True, slurm_time="10")
+    doc = launched(cli, inv)
+    kimi = deployments_of(doc)["kimi"]
+    url = f"http://{kimi['job']['head']}:{kimi_port(inv)}"
+    # slurmctld forgets a job MinJobAge after its end, and this cluster keeps no accounting:
+    # the record is made to name a job id Slurm has no trace of, while the record saw it RUNNING.
+    [record] = hosts.hosts["alpha"].home.glob(f"**/runs/{kimi['run']}.json")
+    data = json.loads(record.read_text())
+    assert data["job"]["state"] == "RUNNING"
+    record.write_text(json.dumps({**data, "job": {**data["job"], "id": "999999"}}))
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    job = deployments_of(doc)["kimi"]["job"]
+    assert job["state"] == "UNKNOWN" and job["reason"].startswith("last seen RUNNING"), job
+    assert job["head"] == kimi["job"]["head"]
+    assert "job 999999 UNKNOWN (last seen RUNNING" in cli("status", "-i", str(inv)).stdout
+    code, doc, err = run_json(cli, "stop", "-i", str(inv), "-d", "kimi")
+    assert code == 0, err
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    listed = [w["url"] for w in deployments_of(doc)["router"]["router"]["workers"]]
+    assert url not in listed, listed
+    slurm_lab.run("scancel", kimi["job"]["id"])
+    code, _, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err

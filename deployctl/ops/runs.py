@@ -65,7 +65,7 @@ from deployctl.ops.router import (
     register_workers_of,
     router_state,
 )
-from deployctl.slurm import job_words
+from deployctl.slurm import WAITING_JOB_STATES, job_words, latest_start
 from deployctl.text import plain
 
 # Seconds a replaced run gets between SIGTERM and SIGKILL unless the caller says otherwise.
@@ -605,6 +605,16 @@ class RunStatus:
         return self.running and (not self.alive or (bool(self.crashes) and not self.ready))
 
     @property
+    def up_since(self) -> float | None:
+        """When the run started; None while nothing of it runs (a job waiting to start, or
+        to start again after a requeue)."""
+        if self.run is None or not self.alive:
+            return None
+        if self.job is not None and self.job["state"] in WAITING_JOB_STATES:
+            return None
+        return self.run["started_at"]
+
+    @property
     def warnings(self) -> list[CrashReport]:
         """Traces in the log of a server that is alive and healthy."""
         return [] if self.crashed else self.crashes
@@ -671,7 +681,13 @@ def run_status(
         base64.b64decode(doc["data"]).decode("utf-8", errors="replace"), log_secrets(host)
     )
     lines = [line for line in tail.splitlines() if line.strip()]
-    crashes = scan_text(tail, catalog) if run["status"] == "running" else []
+    job = doc["job"]
+    if job is not None and job["state"] in WAITING_JOB_STATES:
+        crashes = []  # its server is not up: the log is an earlier start's (requeued)
+    elif run["status"] == "running":
+        crashes = scan_text(tail if job is None else latest_start(tail), catalog)
+    else:
+        crashes = []
     status = RunStatus(
         run,
         alive=doc["alive"],
@@ -682,7 +698,7 @@ def run_status(
         gpus=gpus,
         command=doc["command"],
         env=doc["env"],
-        job=doc["job"],
+        job=job,
     )
     if with_metrics:
         status.metrics, status.metrics_note = read_metrics(doc["metrics"])

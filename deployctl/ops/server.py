@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from deployctl import agent
 from deployctl import events as ev
 from deployctl.connection import Connection
 from deployctl.crash import Catalog
-from deployctl.errors import DeployctlError
+from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.host_agent import (
@@ -36,6 +36,7 @@ from deployctl.ops.runs import (
 from deployctl.patchset import PatchSet, sets_for_flags
 from deployctl.render import RenderedCommand, command_secrets
 from deployctl.shell import split
+from deployctl.slurm import time_limit_s
 
 
 @dataclass(frozen=True)
@@ -291,27 +292,67 @@ def _renewal_failure(report: LaunchReport) -> str:
     return f"its successor was not registered: {failed.error}" if failed else "it failed"
 
 
+@dataclass
+class Renewals:
+    """What watch knows of the Slurm jobs it renews `window` seconds before their limit. Each
+    job is renewed once; a successor that is within the window as soon as it serves (its
+    whole limit is not longer than the window: a partition's cap, `slurm_extra`'s --time) is
+    not renewed again, which would renew it at every round without end."""
+
+    window: float
+    done: set[str] = field(default_factory=set)  # jobs whose time limit was dealt with
+    far: set[str] = field(default_factory=set)  # jobs seen with more than the window left
+    successors: set[str] = field(default_factory=set)  # runs this watch submitted
+
+
+def check_renew_window(hosts: Sequence[Host], window: float) -> None:
+    """Refuse a window that is not shorter than a Slurm deployment's time limit (slurm_time),
+    before anything is touched."""
+    for host in hosts:
+        text = host.settings.optional_text("slurm_time") if host.settings.slurm else None
+        limit = None if text is None else time_limit_s(text)
+        if limit is not None and window >= limit:
+            raise UsageError(
+                f"--renew-before {window:g}s is not shorter than {host.label}'s time limit "
+                f"(slurm_time {text}: {limit:g}s): each successor would be renewed as soon "
+                "as it serves, without end",
+                hint=f"renew within the limit, e.g. --renew-before {max(1.0, limit / 4):g}s",
+            )
+
+
 def renew_if_near(
     fleet: Fleet,
     host: Host,
     status: RunStatus,
     catalog: Catalog,
     patch_sets: Mapping[str, PatchSet],
-    renew_before: float,
-    done: set[str],
+    renewals: Renewals,
     *,
     timeout: float,
     stop_timeout: float,
     events: EventSink,
 ) -> None:
-    """watch's look at one Slurm job's time limit: renew it once within `renew_before`."""
+    """watch's look at one Slurm job's time limit: renew it once within the window."""
     job, run = status.job, status.run
     left = job["time_left"] if job else None
     if job is None or run is None or job["state"] != "RUNNING" or left is None:
         return
-    if left > renew_before or job["id"] in done or not status.ready:
+    if left > renewals.window:
+        renewals.far.add(job["id"])
         return
-    done.add(job["id"])
+    if job["id"] in renewals.done or not status.ready:
+        return
+    renewals.done.add(job["id"])
+    if run["id"] in renewals.successors and job["id"] not in renewals.far:
+        events.emit(
+            ev.Renewed(
+                target=host.label, old_run=run["id"], new_run=None, state="refused",
+                error=f"job {job['id']} had {left:.0f}s left as soon as it served, within "
+                f"--renew-before {renewals.window:g}s: its time limit is not longer than "
+                "the window, so it is not renewed again",
+            )
+        )  # fmt: skip
+        return
     renewing = host.settings.router is not None
     events.emit(
         ev.TimeLimitNear(
@@ -324,6 +365,8 @@ def renew_if_near(
         fleet, host, status, catalog, patch_sets, timeout=timeout, stop_timeout=stop_timeout,
         events=events,
     )  # fmt: skip
+    if renewal.new_run is not None:
+        renewals.successors.add(renewal.new_run)
     events.emit(
         ev.Renewed(
             target=host.label, old_run=renewal.old_run, new_run=renewal.new_run,
@@ -362,7 +405,9 @@ def watch(
     history: dict[str, list[tuple[float, str]]] = {}
     next_try: dict[str, float] = {}
     given_up: set[str] = set()
-    near_limit: set[str] = set()  # the jobs whose time limit was dealt with
+    renewals = None if renew_before is None else Renewals(renew_before)
+    if renewals is not None:
+        check_renew_window(fleet.hosts, renewals.window)
     done = 0
     while rounds is None or done < rounds:
         done += 1
@@ -370,10 +415,10 @@ def watch(
         for result in statuses:
             if result.exception is not None:
                 events.emit(ev.HostFailed(target=result.name, exception=result.exception))
-            elif renew_before is not None and result.value is not None:
+            elif renewals is not None and result.value is not None:
                 renew_if_near(
-                    fleet, result.host, result.value, catalog, patch_sets, renew_before,
-                    near_limit, timeout=timeout, stop_timeout=stop_timeout, events=events,
+                    fleet, result.host, result.value, catalog, patch_sets, renewals,
+                    timeout=timeout, stop_timeout=stop_timeout, events=events,
                 )  # fmt: skip
         for unit in units(statuses):
             name = unit.name

@@ -348,7 +348,7 @@ def run_status_json(status: RunStatus) -> dict[str, Any]:
         "ready": status.ready,
         "crashed": status.crashed,
         "status": run["status"] if run else None,
-        "uptime_s": round(time.time() - run["started_at"]) if status.alive and run else None,
+        "uptime_s": None if status.up_since is None else round(time.time() - status.up_since),
         "log": run["log"] if run else None,
         "gpus": run.get("gpus") if run else None,
         "last_line": status.last_line,
