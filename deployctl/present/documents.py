@@ -288,6 +288,8 @@ def router_state_json(state: RouterState) -> dict[str, Any]:
         ],
         "unregistered": state.unregistered,
         "stray": state.stray,
+        "unknown": state.unknown,
+        "not_ours": state.not_ours,
         "drift": state.drift,
     }
 
@@ -296,8 +298,10 @@ def sync_json(result: SyncResult) -> dict[str, Any]:
     return {
         "ok": result.ok,
         "dry_run": result.dry_run,
+        "force": result.force,
         "before": router_state_json(result.before),
         "changes": [registration_json(c) for c in result.changes],
+        "kept": result.kept,
     }
 
 
