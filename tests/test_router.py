@@ -297,8 +297,8 @@ def test_router_sync_leaves_urls_whose_owner_cannot_be_read_or_is_not_ours(
         code, doc, err = run_json(cli, "status", "-i", str(mine), "-H", "alpha", "-d", "router")
         state = doc["hosts"]["alpha"]["deployments"]["router"]["router"]
         assert state["stray"] == [] and state["unregistered"] == {} and not state["drift"], state
-        assert list(state["unknown"]) == [bravo_url] and state["not_ours"] == [w1], state
-        assert "bravo cannot be read" in state["unknown"][bravo_url]
+        assert state["unknown"] == {bravo_url: "bravo"} and state["not_ours"] == [w1], state
+        assert "cannot connect" in state["unread"]["bravo"], state
         human = cli("status", "-i", str(mine), "-H", "alpha", "-d", "router")
         assert f"alpha/router: unknown: {bravo_url} is registered: its worker bravo" in human.stderr
         assert "router sync" not in human.stderr, human.stderr  # no drift to mend
@@ -306,7 +306,8 @@ def test_router_sync_leaves_urls_whose_owner_cannot_be_read_or_is_not_ours(
         code, doc, err = run_json(cli, "router", "sync", "-i", str(mine), "-H", "alpha")
         synced = doc["hosts"]["alpha"]["deployments"]["router"]
         assert code == 1 and not synced["ok"] and synced["changes"] == [], synced
-        assert set(synced["kept"]) == {bravo_url, w1}, synced
+        assert synced["error"].startswith(f"{bravo_url} kept: its worker bravo cannot be read")
+        assert synced["code"] == "error" and set(synced["kept"]) == {bravo_url, w1}, synced
         assert set(listed(alpha.address, router["port"])) == {w1, bravo_url}
         human = cli("router", "sync", "-i", str(mine), "-H", "alpha")
         assert human.returncode == 1

@@ -225,17 +225,14 @@ class ListedWorker:
     owner: str = ""  # the worker of ours whose URL it is, serving or not ("": none)
 
 
-# Why a listed URL no worker of the inventory has is left in the router.
-NOT_OURS = "no worker of this inventory is there"
-
-
 @dataclass
 class RouterState:
     """A router's list and its drift from the inventory: `unregistered` are our workers that
     run and answer but are not listed; `stray` are listed URLs where a worker of ours is
     known not to serve. Neither drift nor removable without --force: `unknown` URLs, whose
-    worker's host cannot be read (URL -> why), and `not_ours`, which the inventory names no
-    worker at (another team's, or another inventory's)."""
+    worker's host cannot be read (URL -> that worker; `unread`: worker -> why), and
+    `not_ours`, which the inventory names no worker at (another team's, or another
+    inventory's)."""
 
     router: str
     api: str | None
@@ -243,6 +240,7 @@ class RouterState:
     unregistered: dict[str, str] = field(default_factory=dict)  # worker label -> its URL
     stray: list[str] = field(default_factory=list)
     unknown: dict[str, str] = field(default_factory=dict)
+    unread: dict[str, str] = field(default_factory=dict)
     not_ours: list[str] = field(default_factory=list)
     error: str = ""
 
@@ -306,7 +304,8 @@ def router_state(fleet: Fleet, router: Host) -> RouterState:
     unread: dict[str, str] = {}  # the inventory's URL of a worker whose host cannot be read
     for r in read:
         if r.value is None:
-            unread[worker_url(r.host)] = f"its worker {r.name} cannot be read: {r.error}"
+            unread[worker_url(r.host)] = r.name
+            state.unread[r.name] = r.error or ""
         elif r.value[0]:
             ours[r.value[1]] = r.name
         else:
@@ -336,14 +335,14 @@ def router_state(fleet: Fleet, router: Host) -> RouterState:
 
 @dataclass
 class SyncResult:
-    """What `router sync` found and changed on one router; `kept`: listed URLs it left
-    (URL -> why), which --force would remove."""
+    """What `router sync` found and changed on one router; `kept`: the listed URLs it left,
+    unknown or not ours, which --force would remove."""
 
     before: RouterState
     changes: list[Registration]
     dry_run: bool = False
     force: bool = False
-    kept: dict[str, str] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -360,11 +359,11 @@ def sync_router(
     worker of the inventory has, is removed only with `force`."""
     state = router_state(fleet, router)
     owners = {w.url: w.owner for w in state.workers}
-    others = {**state.unknown, **dict.fromkeys(state.not_ours, NOT_OURS)}
+    others = [*state.unknown, *state.not_ours]
     removed = [*state.stray, *(others if force else [])]
     planned = [Registration(w, router.label, url, True) for w, url in state.unregistered.items()]
     planned += [Registration(owners.get(url, ""), router.label, url, False) for url in removed]
-    kept = {} if force else others
+    kept = [] if force else others
     if dry_run or state.api is None:
         return SyncResult(state, planned, dry_run, force, kept)
     changes = [_apply(fleet, router, change) for change in planned]

@@ -597,8 +597,6 @@ def duration_text(seconds: float) -> str:
 
 def print_router(state: RouterState) -> None:
     """A router's workers with health and load, then its drift from the inventory."""
-    from deployctl.ops.router import NOT_OURS
-
     api = {"workers": "", "legacy": " (legacy API)"}.get(state.api or "", "")
     rows = [
         [
@@ -622,7 +620,8 @@ def print_router(state: RouterState) -> None:
         sys.stderr.write(
             tagged("drift", f"{url} is registered but no worker of ours serves there", state.router)
         )
-    for url, why in state.unknown.items():
+    for url in state.unknown:
+        why = docs.unknown_text(state, url)
         sys.stderr.write(tagged("unknown", f"{url} is registered: {why}", state.router))
     for url in state.not_ours:
         sys.stderr.write(tagged("note", f"{url} is registered: {NOT_OURS}", state.router))
@@ -632,6 +631,10 @@ def print_router(state: RouterState) -> None:
         sys.stderr.write(
             tagged("hint", f"mend it: deployctl router sync -H {host}{which}", state.router)
         )
+
+
+# Why a listed URL no worker of the inventory has is left in its router.
+NOT_OURS = "no worker of this inventory is there"
 
 
 def _listed_as(worker: ListedWorker, state: RouterState) -> str:
@@ -666,11 +669,13 @@ def _sync_table(results: FleetResult[SyncResult]) -> None:
                 console().print(f"{r.name}: {verb} {change.url}{who}", markup=False)
             else:
                 print_registration(change)
-        for url, why in result.kept.items():
-            line = f"kept {url}: {why} (--force removes it)"
-            if url in result.before.unknown:  # its owner not checked: the sync is not done
-                print_error(line, host=r.name)
+        for url in result.kept:
+            state = result.before
+            if url in state.unknown:  # its owner not checked: the sync is not done
+                why = docs.unknown_text(state, url)
+                print_error(f"kept {url}: {why} (--force removes it)", host=r.name)
             else:
+                line = f"kept {url}: {NOT_OURS} (--force removes it)"
                 console().print(f"{r.name}: {line}", markup=False)
     print_host_errors(results)
 
