@@ -180,8 +180,11 @@ class Session:
         if not self.per_deployment:
             return self.hosts
         from deployctl.deployments import deployment_targets
+        from deployctl.ops.router import check_worker_urls
 
-        return deployment_targets(self.hosts, self.options.deployment, self.inventory.select)
+        targets = deployment_targets(self.hosts, self.options.deployment, self.inventory.select)
+        check_worker_urls(self.inventory.select)
+        return targets
 
     @contextmanager
     def fleet(self) -> Iterator[Fleet]:
@@ -742,16 +745,24 @@ def router_sync(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show what would be added and removed only.")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Also remove listed URLs whose worker's host cannot be read, and URLs no "
+            "worker of this inventory has.",
+        ),
+    ] = False,
 ) -> Reply:
     """Mend each selected router's list: add the workers of ours that serve and are missing,
-    remove what it lists where no worker of ours serves."""
+    remove what it lists where a worker of ours is known not to serve."""
     from deployctl.ops.launch import routers_among
     from deployctl.ops.router import sync_router
     from deployctl.present import views
 
     routers = routers_among(session.project, session.targets)
     with session.fleet() as fleet:
-        synced = fleet.run(lambda host, conn: sync_router(fleet, host, dry_run), routers)
+        synced = fleet.run(lambda host, conn: sync_router(fleet, host, dry_run, force), routers)
     return views.ROUTER_SYNC, synced
 
 

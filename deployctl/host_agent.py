@@ -253,6 +253,9 @@ class RunShown(TypedDict, total=False):
     deployment: str | None
     gpus: list[int] | None
     origin: str  # the inventory that launched it (its sources' paths); older records lack it
+    # Where its router lists it, as its launch computed it: a stop removes this one, whatever
+    # the inventory says since. "": a Slurm job's head node's (known once it runs).
+    worker_url: str
 
 
 class RunInfo(RunShown):

@@ -348,6 +348,10 @@ CASES = [
     Case("deployments-share-port", ("launch", "-i", BAD), "would share port 30001",
          {BAD: inventory_with(deployments={"a": {"gpus": [0], "port": 30001},
                                            "b": {"gpus": [1], "port": 30001}})}),
+    Case("workers-share-url", ("stop", "-i", BAD), "have one worker URL, http://10.0.0.5:30000",
+         {BAD: inventory_with(deployments={
+             "a": {"gpus": [0], "router": "edge", "worker_url": "http://10.0.0.5:30000"},
+             "b": {"gpus": [1], "router": "edge", "worker_url": "http://10.0.0.5:30000/"}})}),
     Case("gpu-not-on-host", ("launch", "-i", INV, "--set", "gpus=5"), "GPU 5 not on",
          form="host"),
     # -- tune --

@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.conftest import CLI
 from tests.router_venv import legacy_router_python, router_venv
@@ -40,12 +43,16 @@ def fleet(
     python: str | None = None,
     knobs: dict[str, Any] | None = None,
     worker_python: str | None = None,
+    router_args: list[str] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
-    """alpha running a router (`python`: the real one's by default) and `workers` stand-in
-    workers on their own GPUs, each naming it (`worker_python`: theirs, else Debian's)."""
+    """alpha running a router (`python`: the real one's by default; `router_args`: its
+    extra_args) and `workers` stand-in workers on their own GPUs, each naming it
+    (`worker_python`: theirs, else Debian's)."""
     alpha = lab.hosts["alpha"]
     address = alpha.address
     table: dict[str, Any] = {"router": router_vars(address, python or real_router())}
+    if router_args:
+        table["router"]["extra_args"] = router_args
     for i in range(workers):
         table[f"w{i + 1}"] = {"gpus": [i], "port": free_port(address), "router": "alpha/router"}
     variables = {
@@ -151,6 +158,26 @@ def test_a_router_deployment_keeps_its_workers_registered_and_status_shows_drift
     cli("stop", "-i", str(inv))
 
 
+def listed(address: str, port: int) -> dict[str, bool | None]:
+    """The router's own list, read over HTTP: URL -> is_healthy."""
+    with urllib.request.urlopen(f"{url_of(address, port)}/workers", timeout=10) as reply:
+        return {w["url"]: w.get("is_healthy") for w in json.load(reply)["workers"]}
+
+
+def edited(inv: Path, name: str, **deployments: dict[str, Any] | None) -> Path:
+    """A copy of the inventory beside it whose alpha deployments are changed (None: gone)."""
+    doc = yaml.safe_load(inv.read_text())
+    table = doc["all"]["hosts"]["alpha"]["deployments"]
+    for deployment, changes in deployments.items():
+        if changes is None:
+            del table[deployment]
+        else:
+            table[deployment] = {**table[deployment], **changes}
+    path = inv.with_name(name)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 def remove_by_hand(address: str, port: int, url: str) -> None:
     with urllib.request.urlopen(f"{url_of(address, port)}/workers", timeout=10) as reply:
         found = json.load(reply)["workers"]
@@ -231,3 +258,158 @@ def test_a_worker_its_router_cannot_reach_is_refused_before_anything_starts(
     assert doc["hosts"]["bravo"]["preflight"]["problems"] == [
         "router 'nowhere/router' names no host of the inventory"
     ]
+
+
+@pytest.fixture
+def revived(hosts: SSHLab) -> Iterator[SSHLab]:
+    """Bring back every host's sshd after the test, whatever happened."""
+    yield hosts
+    for host in hosts.hosts.values():
+        host.resume()
+        host.ensure_running()
+
+
+def test_router_sync_leaves_urls_whose_owner_cannot_be_read_or_is_not_ours(
+    revived: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """A worker whose host cannot be read may be serving: its URL is unknown, kept (sync
+    exits 1), removed only with --force; so is a URL the inventory names no worker at."""
+    alpha, bravo = revived.hosts["alpha"], revived.hosts["bravo"]
+    far = {**prepare(bravo, tp=1), "template": "baseline", "router": "alpha/router"}
+    far["worker_url"] = bravo_url = url_of(bravo.address, far["port"])
+    router = router_vars(alpha.address, real_router())
+    near = {"gpus": [0], "port": free_port(alpha.address), "router": "alpha/router"}
+    here = {**prepare(alpha, tp=1), "template": "baseline"}
+    here["deployments"] = {"router": router, "w1": near}
+    alpha.set_gpus("live", 1)
+    bravo.set_gpus("live", 1)
+    inv = revived.inventory(
+        tmp_path / "inv.yml", ["alpha", "bravo"], {"alpha": here, "bravo": far}, connect_timeout=2
+    )
+    w1 = url_of(alpha.address, near["port"])
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    assert set(listed(alpha.address, router["port"])) == {w1, bravo_url}
+    # Another inventory's view: w1 is not one of its workers, and bravo's host goes down.
+    mine = edited(inv, "mine.yml", w1=None)
+    bravo.stop()
+    try:
+        code, doc, err = run_json(cli, "status", "-i", str(mine), "-H", "alpha", "-d", "router")
+        state = doc["hosts"]["alpha"]["deployments"]["router"]["router"]
+        assert state["stray"] == [] and state["unregistered"] == {} and not state["drift"], state
+        assert state["unknown"] == {bravo_url: "bravo"} and state["not_ours"] == [w1], state
+        assert "cannot connect" in state["unread"]["bravo"], state
+        human = cli("status", "-i", str(mine), "-H", "alpha", "-d", "router")
+        assert f"alpha/router: unknown: {bravo_url} is registered: its worker bravo" in human.stderr
+        assert "router sync" not in human.stderr, human.stderr  # no drift to mend
+
+        code, doc, err = run_json(cli, "router", "sync", "-i", str(mine), "-H", "alpha")
+        synced = doc["hosts"]["alpha"]["deployments"]["router"]
+        assert code == 1 and not synced["ok"] and synced["changes"] == [], synced
+        assert synced["error"].startswith(f"{bravo_url} kept: its worker bravo cannot be read")
+        assert synced["code"] == "error" and set(synced["kept"]) == {bravo_url, w1}, synced
+        assert set(listed(alpha.address, router["port"])) == {w1, bravo_url}
+        human = cli("router", "sync", "-i", str(mine), "-H", "alpha")
+        assert human.returncode == 1
+        assert f"alpha/router: error: kept {bravo_url}: its worker bravo cannot be read" in (
+            human.stderr
+        )
+        assert f"alpha/router: kept {w1}: no worker of this inventory is there" in human.stdout
+        code, doc, err = run_json(cli, "router", "sync", "-i", str(mine), "--dry-run", "--force")
+        planned = doc["hosts"]["alpha"]["deployments"]["router"]["changes"]
+        assert code == 0 and {(c["action"], c["url"]) for c in planned} == {
+            ("remove", bravo_url),
+            ("remove", w1),
+        }, planned
+        assert set(listed(alpha.address, router["port"])) == {w1, bravo_url}
+    finally:
+        bravo.start()
+    # bravo answers again: its URL is ours; --force removes the URL that is not ours, on a
+    # line that names the router (no worker of ours is there to name).
+    human = cli("router", "sync", "-i", str(mine), "-H", "alpha", "--force")
+    assert human.returncode == 0, human.stderr
+    assert human.stdout.splitlines() == [f"alpha/router: removed from alpha/router as {w1}"]
+    assert set(listed(alpha.address, router["port"])) == {bravo_url}
+    cli("stop", "-i", str(inv))
+
+
+def test_stop_removes_the_url_its_run_registered_and_two_workers_with_one_url_are_refused(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, table = fleet(hosts, tmp_path)
+    address, port = hosts.hosts["alpha"].address, table["router"]["port"]
+    w1, w2 = (url_of(address, table[w]["port"]) for w in ("w1", "w2"))
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    # A copy-paste slip gives w2 w1's URL: refused when the inventory is read, nothing done.
+    slip = edited(inv, "slip.yml", w2={"worker_url": w1})
+    for args in (("stop", "-d", "w2"), ("status",)):
+        result = cli(*args, "-i", str(slip))
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        first, hint = result.stderr.splitlines()
+        assert first == (
+            f"error: alpha/w1 and alpha/w2 have one worker URL, {w1}: their router cannot "
+            "tell them apart, and stopping one would take the other out of it"
+        ), result.stderr
+        assert hint.startswith("hint: give each worker its own worker_url"), hint
+    assert listed(address, port) == {w1: True, w2: True}
+    # w1's worker_url edited after its launch, to a URL another inventory's server has:
+    # its stop removes the URL its run registered, not that one.
+    moved = edited(inv, "moved.yml", w1={"worker_url": w2}, w2=None)
+    code, doc, err = run_json(cli, "stop", "-i", str(moved), "-d", "w1")
+    removal = doc["hosts"]["alpha"]["deployments"]["w1"]["router"]
+    assert code == 0 and removal["url"] == w1 and removal["ok"], (removal, err)
+    assert listed(address, port) == {w2: True}
+    cli("stop", "-i", str(inv))
+
+
+def test_an_addition_is_done_only_once_its_router_lists_the_worker_healthy(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """The real router keeps a worker it saw fail listed unhealthy until it passes 8 health
+    checks: a relaunch on that URL is added only once the router lists it healthy."""
+    fast_checks = [
+        "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
+        "--health-failure-threshold", "1", "--health-success-threshold", "8",
+    ]  # fmt: skip
+    inv, table = fleet(hosts, tmp_path, workers=1, router_args=fast_checks)
+    address, port = hosts.hosts["alpha"].address, table["router"]["port"]
+    w1 = url_of(address, table["w1"]["port"])
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "w1")
+    os.killpg(doc["hosts"]["alpha"]["deployments"]["w1"]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while listed(address, port) != {w1: False}:
+        assert time.monotonic() < deadline, listed(address, port)
+        time.sleep(0.2)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "-d", "w1", "--timeout", "60")
+    assert code == 0, err
+    assert [(r["url"], r["ok"]) for r in doc["registrations"]] == [(w1, True)]
+    assert listed(address, port) == {w1: True}  # healthy when the launch says added
+    cli("stop", "-i", str(inv))
+
+
+def test_a_router_that_does_not_answer_shows_no_drift(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """A live router that answers nothing lists nobody: not "every worker unregistered"."""
+    inv, _ = fleet(hosts, tmp_path, workers=1)
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "router")
+    pgid = doc["hosts"]["alpha"]["deployments"]["router"]["pid"]
+    os.killpg(pgid, signal.SIGSTOP)
+    try:
+        code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "router")
+        state = doc["hosts"]["alpha"]["deployments"]["router"]["router"]
+        assert state["api"] is None and state["error"], state
+        assert state["unregistered"] == {} and not state["drift"], state
+        human = cli("status", "-i", str(inv), "-d", "router")
+        assert "router not read" in human.stderr and "drift" not in human.stderr, human.stderr
+        code, doc, _ = run_json(cli, "router", "sync", "-i", str(inv))
+        synced = doc["hosts"]["alpha"]["deployments"]["router"]
+        assert code == 1 and synced["changes"] == [], synced
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
+    cli("stop", "-i", str(inv))

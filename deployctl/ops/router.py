@@ -20,7 +20,7 @@ from deployctl.deployments import address_of, deployment_targets, is_loopback, n
 from deployctl.errors import DeployctlError, InventoryError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet
-from deployctl.host_agent import RouterArgs, RouterReply, RouterWorker, RunRecord, StatusArgs
+from deployctl.host_agent import RouterArgs, RouterReply, RunRecord, StatusArgs
 from deployctl.inventory import Host
 from deployctl.ops.flags import ROUTER_MODULE
 
@@ -71,6 +71,45 @@ def worker_url(worker: Host, port: int | None = None, head: str = "") -> str:
         return given.rstrip("/")
     address = f"[{head}]" if ":" in head else head
     return f"http://{address or address_of(worker)}:{port or worker.settings.server_port}"
+
+
+def launch_url(worker: Host, port: int, job: bool) -> str:
+    """The URL a run keeps in its record when it starts: where its router will list it. A
+    Slurm job's (without `worker_url`) depends on its head node: "" (known once it runs)."""
+    return "" if job and not worker.settings.worker_url else worker_url(worker, port)
+
+
+def registered_url(worker: Host, run: RunRecord, head: str = "") -> str:
+    """Where the run's router lists it: the URL its record kept at launch, so that a
+    `worker_url` edited since never names another deployment's server; older records and
+    Slurm jobs: from its recorded port (and its job's head node)."""
+    return run.get("worker_url") or worker_url(worker, run.get("port"), head)
+
+
+def check_worker_urls(select: Select) -> None:
+    """Refuse an inventory where two workers have one URL (a copy-paste slip of
+    `worker_url`): a router cannot tell them apart, and the stop of one would take the
+    other out of its router."""
+    seen: dict[str, str] = {}
+    for host in select("all"):
+        try:  # a host's bad table is refused when the host is selected, not here
+            targets = deployment_targets([host], None, select)
+        except DeployctlError:
+            continue
+        for target in targets:
+            if node_rank(target) != 0 or target.settings.router is None:
+                continue
+            if target.settings.slurm and not target.settings.worker_url:
+                continue  # at its job's head node, which changes from job to job
+            url = worker_url(target)
+            other = seen.setdefault(url, target.label)
+            if other != target.label:
+                raise InventoryError(
+                    f"{other} and {target.label} have one worker URL, {url}: their router "
+                    "cannot tell them apart, and stopping one would take the other out of it",
+                    hint="give each worker its own worker_url (or port); unset, it is "
+                    "http://<ansible_host>:<port>",
+                )
 
 
 def reachability_problem(worker: Host, router: Host, bind_host: str) -> str | None:
@@ -124,10 +163,12 @@ def change_registration(
     port: int | None = None,
     events: EventSink = DISCARD,
     head: str = "",
+    url: str = "",
 ) -> Registration | None:
     """Add the worker to its router (or remove it) and wait until the router's list shows
     it; None when the worker names no router. Never raises: the error is in the result.
-    `head`: the head node of the Slurm job the worker's run is."""
+    `head`: the head node of the Slurm job the worker's run is; `url`: the one its run
+    recorded (`registered_url`), else the inventory's."""
     if node_rank(worker) != 0:  # a multi-node server registers rank 0's URL only
         return None
     try:
@@ -141,7 +182,7 @@ def change_registration(
     return _apply(
         fleet,
         router,
-        Registration(worker.label, router.label, worker_url(worker, port, head), add),
+        Registration(worker.label, router.label, url or worker_url(worker, port, head), add),
         events,
     )
 
@@ -174,24 +215,33 @@ def _said(change: Registration, events: EventSink) -> None:
 
 @dataclass
 class ListedWorker:
-    """One worker in a router's list, and which of ours it is (None: none of ours)."""
+    """One worker in a router's list, and which of ours it is (None: none of ours serves
+    there)."""
 
     url: str
     healthy: bool | None
     load: int | None
     worker: str | None
+    owner: str = ""  # the worker of ours whose URL it is, serving or not ("": none)
 
 
 @dataclass
 class RouterState:
     """A router's list and its drift from the inventory: `unregistered` are our workers that
-    run and answer but are not listed; `stray` are listed URLs where no worker of ours runs."""
+    run and answer but are not listed; `stray` are listed URLs where a worker of ours is
+    known not to serve. Neither drift nor removable without --force: `unknown` URLs, whose
+    worker's host cannot be read (URL -> that worker; `unread`: worker -> why), and
+    `not_ours`, which the inventory names no worker at (another team's, or another
+    inventory's)."""
 
     router: str
     api: str | None
     workers: list[ListedWorker] = field(default_factory=list)
     unregistered: dict[str, str] = field(default_factory=dict)  # worker label -> its URL
     stray: list[str] = field(default_factory=list)
+    unknown: dict[str, str] = field(default_factory=dict)
+    unread: dict[str, str] = field(default_factory=dict)
+    not_ours: list[str] = field(default_factory=list)
     error: str = ""
 
     @property
@@ -219,8 +269,9 @@ def workers_of(router: Host, select: Select) -> list[Host]:
 
 
 def _serving(worker: Host, conn: Connection) -> tuple[bool, str]:
-    """Is the worker's current run alive and answering /health, and at which URL? (The
-    call runs.recorded_run makes: ops.runs builds on this module, not the other way.)"""
+    """Is the worker's current run alive and answering /health, and at which URL is it
+    registered ("": no run)? (The call runs.recorded_run makes: ops.runs builds on this
+    module, not the other way.)"""
     args: StatusArgs = {
         "state_dir": worker.settings.state_dir,
         "deployment": worker.deployment,
@@ -233,7 +284,7 @@ def _serving(worker: Host, conn: Connection) -> tuple[bool, str]:
     if run is None:
         return False, ""
     head = reply["job"]["head"] if reply["job"] else ""
-    url = worker_url(worker, run.get("port"), head)
+    url = registered_url(worker, run, head)
     return bool(reply["alive"]) and reply["health"] == 200, url
 
 
@@ -248,43 +299,75 @@ def router_state(fleet: Fleet, router: Host) -> RouterState:
     )
     if bug is not None:
         raise bug
-    # URL -> worker label, for the workers that serve now; one that cannot be read does not.
-    ours = {r.value[1]: r.name for r in read if r.value and r.value[0]}
+    ours: dict[str, str] = {}  # URL -> the worker of ours that serves there now
+    idle: dict[str, str] = {}  # URL -> a worker of ours, read, that does not serve there
+    unread: dict[str, str] = {}  # the inventory's URL of a worker whose host cannot be read
+    for r in read:
+        if r.value is None:
+            unread[worker_url(r.host)] = r.name
+            state.unread[r.name] = r.error or ""
+        elif r.value[0]:
+            ours[r.value[1]] = r.name
+        else:
+            for url in filter(None, (r.value[1], worker_url(r.host))):
+                idle.setdefault(url, r.name)
     listed = {w["url"].rstrip("/"): w for w in reply["workers"]}
-    state.workers = [_listed(w, ours) for w in reply["workers"]]
-    if state.api is not None:
-        state.unregistered = {label: url for url, label in ours.items() if url not in listed}
-        state.stray = [url for url in listed if url not in ours]
+    state.workers = [
+        ListedWorker(
+            url, w["healthy"], w["load"], ours.get(url), ours.get(url) or idle.get(url, "")
+        )
+        for url, w in listed.items()
+    ]
+    if state.api is None:  # nothing answered: no list to judge, no drift
+        return state
+    state.unregistered = {label: url for url, label in ours.items() if url not in listed}
+    for url in listed:
+        if url in ours:
+            continue
+        if url in idle:
+            state.stray.append(url)
+        elif url in unread:  # perhaps it serves there: only its host could say
+            state.unknown[url] = unread[url]
+        else:
+            state.not_ours.append(url)
     return state
-
-
-def _listed(worker: RouterWorker, ours: dict[str, str]) -> ListedWorker:
-    url = worker["url"].rstrip("/")
-    return ListedWorker(url, worker["healthy"], worker["load"], ours.get(url))
 
 
 @dataclass
 class SyncResult:
-    """What `router sync` found and changed on one router."""
+    """What `router sync` found and changed on one router; `kept`: the listed URLs it left,
+    unknown or not ours, which --force would remove."""
 
     before: RouterState
     changes: list[Registration]
     dry_run: bool = False
+    force: bool = False
+    kept: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.before.api is not None and all(c.ok for c in self.changes)
+        """Read, every change made, and no URL left whose owner could not be checked."""
+        unchecked = any(url in self.before.unknown for url in self.kept)
+        return self.before.api is not None and all(c.ok for c in self.changes) and not unchecked
 
 
-def sync_router(fleet: Fleet, router: Host, dry_run: bool = False) -> SyncResult:
-    """Mend a router's drift: add our serving workers it lacks, remove what it lists where no
-    worker of ours serves."""
+def sync_router(
+    fleet: Fleet, router: Host, dry_run: bool = False, force: bool = False
+) -> SyncResult:
+    """Mend a router's drift: add our serving workers it lacks, remove what it lists where a
+    worker of ours is known not to serve. A URL whose owner cannot be checked, or that no
+    worker of the inventory has, is removed only with `force`."""
     state = router_state(fleet, router)
+    owners = {w.url: w.owner for w in state.workers}
+    others = [*state.unknown, *state.not_ours]
+    removed = [*state.stray, *(others if force else [])]
     planned = [Registration(w, router.label, url, True) for w, url in state.unregistered.items()]
-    planned += [Registration("", router.label, url, False) for url in state.stray]
+    planned += [Registration(owners.get(url, ""), router.label, url, False) for url in removed]
+    kept = [] if force else others
     if dry_run or state.api is None:
-        return SyncResult(state, planned, dry_run)
-    return SyncResult(state, [_apply(fleet, router, change) for change in planned])
+        return SyncResult(state, planned, dry_run, force, kept)
+    changes = [_apply(fleet, router, change) for change in planned]
+    return SyncResult(state, changes, False, force, kept)
 
 
 def register_workers_of(

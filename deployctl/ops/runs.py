@@ -62,7 +62,9 @@ from deployctl.ops.router import (
     RouterState,
     change_registration,
     is_router_run,
+    launch_url,
     register_workers_of,
+    registered_url,
     router_state,
 )
 from deployctl.slurm import WAITING_JOB_STATES, job_words, latest_start
@@ -166,6 +168,7 @@ def start_run(
         "started_by": f"{getpass.getuser()}@{socket.gethostname()}",
         "restart_of": restart_of,
         "origin": origin,
+        "worker_url": launch_url(host, plan.port, plan.is_job),
     }
     args: StartArgs = {
         "state_dir": host.settings.state_dir,
@@ -787,11 +790,13 @@ def stop_serving(
 ) -> StopResult:
     """Remove a worker from its router (when it names one), then `stop_run` it. A router
     that cannot be reached does not keep the worker running: its result says so."""
-    head = ""
-    if host.settings.slurm:  # the router lists the job at its head node
-        job = recorded_run(host, conn)["job"]
-        head = job["head"] if job else ""
-    removed = change_registration(fleet, host, add=False, head=head)
+    head, url = "", ""
+    if host.settings.router is not None and node_rank(host) == 0:
+        # The URL the run was registered at: the inventory's may name another server now.
+        recorded = recorded_run(host, conn)
+        head = recorded["job"]["head"] if recorded["job"] else ""  # a job: at its head node
+        url = registered_url(host, recorded["run"], head) if recorded["run"] else ""
+    removed = change_registration(fleet, host, add=False, head=head, url=url)
     result = stop_run(host, conn, timeout, gpu_timeout)
     result.router = removed
     return result

@@ -21,7 +21,7 @@ from deployctl.host_agent import (
 )
 from deployctl.inventory import MASK, Host
 from deployctl.ops.launch import Plan
-from deployctl.ops.router import Registration, change_registration
+from deployctl.ops.router import Registration, change_registration, registered_url
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
     LaunchReport,
@@ -268,7 +268,8 @@ def renew(
                 renewal.error += f"; {old['id']} not made current again: {exc.message}"
         return renewal
     head = status.job["head"]
-    renewal.removal = change_registration(fleet, host, False, old["port"], events, head)
+    url = registered_url(host, old, head)
+    renewal.removal = change_registration(fleet, host, False, old["port"], events, head, url)
     end_run(host, conn, stop_timeout, run_id=old["id"])
     return renewal
 

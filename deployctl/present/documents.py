@@ -299,17 +299,44 @@ def router_state_json(state: RouterState) -> dict[str, Any]:
         ],
         "unregistered": state.unregistered,
         "stray": state.stray,
+        "unknown": state.unknown,
+        "unread": state.unread,
+        "not_ours": state.not_ours,
         "drift": state.drift,
     }
 
 
 def sync_json(result: SyncResult) -> dict[str, Any]:
+    why = "" if result.ok else sync_problem(result)
     return {
         "ok": result.ok,
+        **({"error": why, "code": "error"} if why else {}),
         "dry_run": result.dry_run,
+        "force": result.force,
         "before": router_state_json(result.before),
         "changes": [registration_json(c) for c in result.changes],
+        "kept": result.kept,
     }
+
+
+def sync_problem(result: SyncResult) -> str:
+    """Why a sync did not finish, in one line."""
+    state = result.before
+    if state.api is None:
+        return f"router not read: {state.error}"
+    failed = [c for c in result.changes if not c.ok]
+    if failed:
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        return f"{failed[0].url} not changed: {failed[0].error}{more}"
+    kept = [url for url in result.kept if url in state.unknown]
+    more = f" (and {len(kept) - 1} more)" if len(kept) > 1 else ""
+    return f"{kept[0]} kept: {unknown_text(state, kept[0])}{more}"
+
+
+def unknown_text(state: RouterState, url: str) -> str:
+    """Why a listed URL's owner is unknown: its worker's host that cannot be read."""
+    worker = state.unknown[url]
+    return f"its worker {worker} cannot be read: {state.unread.get(worker, '')}"
 
 
 def stop_json(stop: StopResult) -> dict[str, Any]:

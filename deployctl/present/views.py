@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from deployctl.ops.patch import AuditReport, PatchAction
     from deployctl.ops.port import PortReport
     from deployctl.ops.rollout import RolloutReport, UnitPlan
-    from deployctl.ops.router import Registration, RouterState, SyncResult
+    from deployctl.ops.router import ListedWorker, Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult
     from deployctl.ops.server import RestartReport, Stray
     from deployctl.ops.tune import KeptTune, TunePlan, TuneReport
@@ -455,10 +455,11 @@ def registration_text(change: Registration) -> str:
 
 def print_registration(change: Registration) -> None:
     """A change to a router's list, on stdout; one that failed as an error on stderr."""
+    who = change.worker or change.router  # a URL of no worker of ours: its router's line
     if change.ok:
-        console().print(f"{change.worker}: {registration_text(change)}", markup=False)
+        console().print(f"{who}: {registration_text(change)}", markup=False)
     else:
-        print_error(registration_text(change), host=change.worker or change.router)
+        print_error(registration_text(change), host=who)
 
 
 def _preflight_warnings(pre: HostResult[Preflight]) -> None:
@@ -600,7 +601,7 @@ def print_router(state: RouterState) -> None:
     rows = [
         [
             w.url,
-            w.worker or "(not ours)",
+            _listed_as(w, state),
             _health_word(w.healthy),
             "-" if w.load is None else str(w.load),
         ]
@@ -619,12 +620,30 @@ def print_router(state: RouterState) -> None:
         sys.stderr.write(
             tagged("drift", f"{url} is registered but no worker of ours serves there", state.router)
         )
+    for url in state.unknown:
+        why = docs.unknown_text(state, url)
+        sys.stderr.write(tagged("unknown", f"{url} is registered: {why}", state.router))
+    for url in state.not_ours:
+        sys.stderr.write(tagged("note", f"{url} is registered: {NOT_OURS}", state.router))
     if state.drift:
         host, _, deployment = state.router.partition("/")
         which = f" -d {deployment}" if deployment else ""
         sys.stderr.write(
             tagged("hint", f"mend it: deployctl router sync -H {host}{which}", state.router)
         )
+
+
+# Why a listed URL no worker of the inventory has is left in its router.
+NOT_OURS = "no worker of this inventory is there"
+
+
+def _listed_as(worker: ListedWorker, state: RouterState) -> str:
+    """Whose a listed URL is: the worker of ours serving there, else why it is none."""
+    if worker.worker:
+        return worker.worker
+    if worker.url in state.unknown:
+        return "(unknown: not read)"
+    return f"({worker.owner} not serving)" if worker.owner else "(not ours)"
 
 
 def _health_word(healthy: bool | None) -> str:
@@ -639,7 +658,7 @@ def _sync_table(results: FleetResult[SyncResult]) -> None:
         if result.before.api is None:
             print_error(f"router not read: {result.before.error}", host=r.name)
             continue
-        if not result.changes:
+        if not result.changes and not result.kept:
             console().print(
                 f"{r.name}: in sync ({len(result.before.workers)} workers)", markup=False
             )
@@ -650,6 +669,14 @@ def _sync_table(results: FleetResult[SyncResult]) -> None:
                 console().print(f"{r.name}: {verb} {change.url}{who}", markup=False)
             else:
                 print_registration(change)
+        for url in result.kept:
+            state = result.before
+            if url in state.unknown:  # its owner not checked: the sync is not done
+                why = docs.unknown_text(state, url)
+                print_error(f"kept {url}: {why} (--force removes it)", host=r.name)
+            else:
+                line = f"kept {url}: {NOT_OURS} (--force removes it)"
+                console().print(f"{r.name}: {line}", markup=False)
     print_host_errors(results)
 
 
