@@ -244,7 +244,7 @@ function curves(doc, target) {
 function routerTable(router) {
   if (!router) return [];
   const rows = (router.workers || []).map((w) =>
-    el("tr", {}, el("td", { text: w.url }), el("td", { text: w.worker || "(not ours)" }),
+    el("tr", {}, el("td", { text: w.url }), el("td", { text: w.deployment || ((router.unknown || {})[w.url] ? `${router.unknown[w.url]} (not read)` : "(not ours)") }),
       el("td", {}, badge(w.healthy === false ? "crashed" : w.healthy ? "ready" : "none")),
       el("td", { class: "num", text: w.load === null || w.load === undefined ? "-" : String(w.load) })));
   return [
