@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 from deployctl import host_agent as proto
-from deployctl.connection import Connection
+from deployctl.connection import CommandResult, Connection
 from deployctl.errors import AgentError, CommandError, HostError, InventoryError, PatchError
 from deployctl.facts import ProbeOutput, run_probes
 from deployctl.inventory import Host
@@ -199,11 +199,15 @@ def call(
 
     `timeout`: for a call that itself waits longer than the host's command timeout.
     """
-    command = agent_command(host, spec.name, args)
-    result = conn.run(command, stdin=stdin, timeout=timeout, purpose=spec.purpose)
+
+    def run() -> CommandResult:  # the command is built anew: a failed send changes it
+        command = agent_command(host, spec.name, args)
+        return conn.run(command, stdin=stdin, timeout=timeout, purpose=spec.purpose)
+
+    result = run()
     if _agent_missing(result.exit_code, result.stdout):
         _send_agent(host, conn)
-        result = conn.run(command, stdin=stdin, timeout=timeout, purpose=spec.purpose)
+        result = run()
     return parse_reply(host, spec.name, result.exit_code, result.stdout, result.stderr, spec.reply)
 
 
@@ -215,11 +219,15 @@ def call_beside(
     args: A,
 ) -> tuple[dict[str, ProbeOutput], R]:
     """Run shell probes and one agent call in one round trip (the call's output is "agent")."""
-    asked = {**probes, "agent": agent_command(host, spec.name, args)}
-    outputs = run_probes(conn, asked, purpose=spec.purpose)
+
+    def run() -> dict[str, ProbeOutput]:  # the command is built anew: a failed send changes it
+        asked = {**probes, "agent": agent_command(host, spec.name, args)}
+        return run_probes(conn, asked, purpose=spec.purpose)
+
+    outputs = run()
     if _agent_missing(outputs["agent"].exit_code, outputs["agent"].output):
         _send_agent(host, conn)
-        outputs = run_probes(conn, asked, purpose=spec.purpose)
+        outputs = run()
     agent = outputs.pop("agent")
     return outputs, parse_reply(
         host, spec.name, agent.exit_code, agent.output, agent.stderr, spec.reply
