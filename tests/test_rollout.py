@@ -399,27 +399,41 @@ def test_a_worker_without_metrics_is_drained_by_waiting_the_drain_timeout(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     """enable_metrics: false: nothing says when w1 is idle, so the drain waits it out; its
-    long requests (about 1.2 s) all end."""
+    long requests (about 4 s) all end."""
     inv, table = fleet(hosts, tmp_path, workers=2, knobs=KNOBS)
     rewrite(inv, {"enable_metrics": False})
     code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
     assert code == 0, err
     rewrite(inv, {"mem_fraction_static": 0.8})
     address = hosts.hosts["alpha"].address
-    with Load(address, table["router"]["port"], streams=4, max_tokens=60) as load:
+    # And one request straight to w1 once it is out of the router (about 4 s): in flight at
+    # its stop unless the drain waits.
+    w1_url = f"{url_of(address, table['w1']['port'])}/v1/completions"
+    body = {"model": "m", "prompt": "hi", "max_tokens": 200, "stream": True}
+    answers: list[str] = []
+    busy = threading.Thread(target=lambda: answers.append(stream_text(w1_url, body)))
+    router = url_of(address, table["router"]["port"])
+    with Load(address, table["router"]["port"], streams=4, max_tokens=200) as load:
         time.sleep(1.5)
-        code, doc, err = run_json(
-            cli, "rollout", "-i", str(inv), "-d", "w1", "--drain-timeout", "3"
-        )
+        rolling = cli.popen("rollout", "-i", str(inv), "-d", "w1", "--json", "--drain-timeout", "6")
+        deadline = time.monotonic() + 60
+        while registered(router) != [url_of(address, table["w2"]["port"])]:
+            assert time.monotonic() < deadline, "w1 was never taken out of its router"
+            time.sleep(0.05)
+        busy.start()
+        out, err = rolling.communicate(timeout=120)
         time.sleep(1.0)
-    assert code == 0, err
+    assert rolling.returncode == 0, err
+    doc = json.loads(out)
+    busy.join(timeout=60)
+    assert answers and answers[0].rstrip().endswith("data: [DONE]"), answers
+    assert load.failed == [] and len(load.done) > 3, (load.failed[:3], len(load.done))
     (unit,) = doc["units"]
     assert (unit["outcome"], unit["drained"], unit["drain_signal"]) == (
         "replaced", True, "timeout"
     ), unit  # fmt: skip
-    assert unit["timings_s"]["drain"] >= 3.0, unit["timings_s"]
-    assert any("waited the whole --drain-timeout 3s" in w for w in unit["warnings"]), unit
-    assert load.failed == [] and len(load.done) > 5, (load.failed[:3], len(load.done))
+    assert unit["timings_s"]["drain"] >= 6.0, unit["timings_s"]
+    assert any("waited the whole --drain-timeout 6s" in w for w in unit["warnings"]), unit
     human = cli("rollout", "-i", str(inv), "-d", "w2", "--drain-timeout", "1")
     assert human.returncode == 0, human.stderr
     assert "yes (timeout)" in human.stdout, human.stdout
