@@ -213,11 +213,12 @@ def hold(host: Host, conn: Connection, spec: Call[A, R], args: A) -> tuple[R, He
     """Run an agent call that keeps running after its reply (a lock it holds) until the
     returned `Held` is closed, or this process goes."""
     mark = proto.REPLY_MARK.encode()
-    held = conn.start(agent_command(host, spec.name, args), mark)
+    command = agent_command(host, spec.name, args)
+    held = conn.start(command, mark, purpose=spec.purpose)
     if held.ended and proto.AGENT_MISSING.encode() in held.output:
         held.close()
         _send_agent(host, conn)
-        held = conn.start(agent_command(host, spec.name, args), mark)
+        held = conn.start(command, mark, purpose=spec.purpose)
     try:
         reply = parse_reply(
             host, spec.name, 0, held.output.decode(errors="replace"), "", spec.reply

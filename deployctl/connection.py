@@ -213,14 +213,18 @@ class Connection(ABC):
         """Run `command` through the host's shell; return (exit code, stdout, stderr).
         `shown` names the command in a timeout's message."""
 
-    def start(self, command: str, until: bytes, timeout: float | None = None) -> Held:
+    def start(
+        self, command: str, until: bytes, timeout: float | None = None, purpose: str | None = None
+    ) -> Held:
         """Start a command that goes on running (a held lock) and return once its output
         has a line containing `until`, or it ended. It runs until `Held.close()` closes
-        its stdin, or until this process and its connection go."""
+        its stdin, or until this process and its connection go. `purpose`: as for `run`."""
         self.round_trips += 1
-        return self._start(command, until, timeout or self.command_timeout)
+        timeout = timeout or self.command_timeout
+        late = f"{self.name}: no answer within {timeout:g}s: {purpose or _shorten(command)}"
+        return self._start(command, until, timeout, late)
 
-    def _start(self, command: str, until: bytes, timeout: float) -> Held:
+    def _start(self, command: str, until: bytes, timeout: float, late: str) -> Held:
         raise NotImplementedError(f"{type(self).__name__} cannot hold a command open")
 
     def dial(self) -> None:  # noqa: B027 - optional hook
@@ -242,8 +246,9 @@ class Held(ABC):
         """Close its stdin and let it end."""
 
 
-def _read_until(read: Any, fd: int, until: bytes, deadline: float, what: str) -> tuple[bytes, bool]:
-    """Read `fd` (through `read`) until a line holds `until` or EOF: (output, ended)."""
+def _read_until(read: Any, fd: int, until: bytes, deadline: float, late: str) -> tuple[bytes, bool]:
+    """Read `fd` (through `read`) until a line holds `until` or EOF: (output, ended); `late`:
+    the timeout's message."""
     out = b""
     while True:
         line_end = out.find(b"\n", out.find(until)) if until in out else -1
@@ -251,7 +256,7 @@ def _read_until(read: Any, fd: int, until: bytes, deadline: float, what: str) ->
             return out, False
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise CommandTimeoutError(f"{what}: no answer within the command timeout")
+            raise CommandTimeoutError(late)
         if not _wait_for(fd, select.POLLIN, min(remaining, 1.0)):
             continue
         chunk = read()
@@ -292,17 +297,22 @@ class _SSHHeld(Held):
 class LocalConnection(Connection):
     """This machine, through /bin/sh."""
 
-    def _exec(
-        self, command: str, stdin: bytes | None, timeout: float, shown: str
-    ) -> tuple[int, bytes, bytes]:
-        # A session of its own lets a timeout end everything the command started in the foreground.
-        proc = subprocess.Popen(
+    @staticmethod
+    def _shell(command: str, stderr: int) -> subprocess.Popen[bytes]:
+        # A session of its own lets a timeout end everything the command started in the
+        # foreground, and keeps the user's Ctrl-C to deployctl from ending what it holds.
+        return subprocess.Popen(
             ["/bin/sh", "-c", command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=stderr,
             start_new_session=True,
         )
+
+    def _exec(
+        self, command: str, stdin: bytes | None, timeout: float, shown: str
+    ) -> tuple[int, bytes, bytes]:
+        proc = self._shell(command, subprocess.PIPE)
         try:
             out, err = proc.communicate(stdin or b"", timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -313,20 +323,13 @@ class LocalConnection(Connection):
             ) from None
         return proc.returncode, out, err
 
-    def _start(self, command: str, until: bytes, timeout: float) -> Held:
-        # A session of its own: the user's Ctrl-C to deployctl must not end what it holds.
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", command],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    def _start(self, command: str, until: bytes, timeout: float, late: str) -> Held:
+        proc = self._shell(command, subprocess.DEVNULL)
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
         try:
             out, ended = _read_until(
-                lambda: os.read(fd, 1 << 16), fd, until, time.monotonic() + timeout, self.name
+                lambda: os.read(fd, 1 << 16), fd, until, time.monotonic() + timeout, late
             )
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -582,7 +585,7 @@ class SSHConnection(Connection):
                 watchdog.cancel()
         return code, b"".join(out), b"".join(err)
 
-    def _start(self, command: str, until: bytes, timeout: float) -> Held:
+    def _start(self, command: str, until: bytes, timeout: float, late: str) -> Held:
         import paramiko
 
         transport = self._client_or_connect().get_transport()
@@ -599,7 +602,7 @@ class SSHConnection(Connection):
                 channel.fileno(),
                 until,
                 time.monotonic() + timeout,
-                self.name,
+                late,
             )
         except (paramiko.SSHException, OSError, EOFError) as exc:
             channel.close()
