@@ -221,10 +221,7 @@ def test_ctrl_c_while_a_worker_drains_puts_it_back_in_its_router_and_starts_no_o
     busy.start()
     rolling = cli.popen("rollout", "-i", str(inv), "--json", "--drain-timeout", "60")
     router = url_of(address, table["router"]["port"])
-    deadline = time.monotonic() + 60
-    while registered(router) != [url_of(address, table["w2"]["port"])]:
-        assert time.monotonic() < deadline, "w1 was never taken out of its router"
-        time.sleep(0.1)
+    wait_until_taken_out(router, url_of(address, table["w1"]["port"]))
     rolling.send_signal(signal.SIGINT)
     out, err = rolling.communicate(timeout=120)
     assert rolling.returncode == 130, err
@@ -250,6 +247,14 @@ def registered(router: str) -> list[str]:
             raise
     with urllib.request.urlopen(f"{router}/list_workers", timeout=10) as reply:
         return sorted(json.load(reply)["urls"])
+
+
+def wait_until_taken_out(router: str, url: str) -> None:
+    """Wait until the router no longer lists `url` (a rollout took that worker out)."""
+    deadline = time.monotonic() + 60
+    while url in registered(router):
+        assert time.monotonic() < deadline, f"{url} was never taken out of its router"
+        time.sleep(0.05)
 
 
 def test_patch_apply_rolling_patches_each_worker_while_it_is_out_of_its_router(
@@ -416,10 +421,7 @@ def test_a_worker_without_metrics_is_drained_by_waiting_the_drain_timeout(
     with Load(address, table["router"]["port"], streams=4, max_tokens=200) as load:
         time.sleep(1.5)
         rolling = cli.popen("rollout", "-i", str(inv), "-d", "w1", "--json", "--drain-timeout", "6")
-        deadline = time.monotonic() + 60
-        while registered(router) != [url_of(address, table["w2"]["port"])]:
-            assert time.monotonic() < deadline, "w1 was never taken out of its router"
-            time.sleep(0.05)
+        wait_until_taken_out(router, url_of(address, table["w1"]["port"]))
         busy.start()
         out, err = rolling.communicate(timeout=120)
         time.sleep(1.0)
@@ -473,10 +475,7 @@ def test_two_rollouts_through_one_router_the_second_is_refused_naming_the_first(
     with Load(alpha.address, table["router"]["port"]) as load:
         first = cli.popen("rollout", "-i", str(inv), "--json", "--drain-timeout", "120")
         router = url_of(alpha.address, table["router"]["port"])
-        deadline = time.monotonic() + 60
-        while registered(router) != [url_of(alpha.address, table["w2"]["port"])]:
-            assert time.monotonic() < deadline, "w1 was never taken out of its router"
-            time.sleep(0.1)
+        wait_until_taken_out(router, url_of(alpha.address, table["w1"]["port"]))
         for command in (["rollout"], ["restart", "--rolling"]):
             code, doc, err = run_json(cli, *command, "-i", str(inv), "-d", "w2")
             assert code == 1, err
@@ -520,10 +519,7 @@ def test_a_new_run_that_serves_but_its_dead_router_cannot_take_is_kept_and_said(
     rewrite(inv, {"model_path": str(slow)})
     rolling = cli.popen("rollout", "-i", str(inv), "--json", "-d", "w1")
     router = url_of(alpha.address, table["router"]["port"])
-    deadline = time.monotonic() + 60
-    while registered(router) != [url_of(alpha.address, table["w2"]["port"])]:
-        assert time.monotonic() < deadline, "w1 was never taken out of its router"
-        time.sleep(0.1)
+    wait_until_taken_out(router, url_of(alpha.address, table["w1"]["port"]))
     _, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "router")
     os.killpg(doc["hosts"]["alpha"]["deployments"]["router"]["pid"], signal.SIGKILL)
     out, err = rolling.communicate(timeout=120)
@@ -573,10 +569,7 @@ def test_a_host_that_fails_mid_drain_gets_its_unit_put_back_in_its_router(
     rolling = cli.popen("rollout", "-i", str(inv), "--json", "--restart", "-H", "alpha",
                         "--drain-timeout", "120")  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while w1_url in registered(router_url):
-            assert time.monotonic() < deadline, "w1 was never taken out of its router"
-            time.sleep(0.1)
+        wait_until_taken_out(router_url, w1_url)
         time.sleep(1.0)  # draining
         alpha.go_away()
         out, err = rolling.communicate(timeout=120)
