@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, cast
 
 from deployctl import host_agent as proto
-from deployctl.connection import CommandResult, Connection
+from deployctl.connection import CommandResult, Connection, Held
 from deployctl.errors import AgentError, CommandError, HostError, InventoryError, PatchError
 from deployctl.facts import ProbeOutput, run_probes
 from deployctl.inventory import Host
@@ -101,9 +101,11 @@ TUNE_RECORDS = Call(
 ROUTER = Call(
     "router", proto.RouterArgs, proto.RouterReply, "ask the router for its workers or change them"
 )
+# Through `hold`: it stays running, holding the lock, until its client goes.
+HOLD = Call("hold", proto.HoldArgs, proto.HoldReply, "take a router's rollout lock")
 CALLS: tuple[Call[Any, Any], ...] = (
     PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
-    BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, ROUTER, POINT,
+    BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, ROUTER, POINT, HOLD,
 )  # fmt: skip
 
 
@@ -209,6 +211,26 @@ def call(
         _send_agent(host, conn)
         result = run()
     return parse_reply(host, spec.name, result.exit_code, result.stdout, result.stderr, spec.reply)
+
+
+def hold(host: Host, conn: Connection, spec: Call[A, R], args: A) -> tuple[R, Held]:
+    """Run an agent call that keeps running after its reply (a lock it holds) until the
+    returned `Held` is closed, or this process goes."""
+    mark = proto.REPLY_MARK.encode()
+    command = agent_command(host, spec.name, args)
+    held = conn.start(command, mark, purpose=spec.purpose)
+    if held.ended and proto.AGENT_MISSING.encode() in held.output:
+        held.close()
+        _send_agent(host, conn)
+        held = conn.start(command, mark, purpose=spec.purpose)
+    try:
+        reply = parse_reply(
+            host, spec.name, 0, held.output.decode(errors="replace"), "", spec.reply
+        )
+    except BaseException:
+        held.close()
+        raise
+    return reply, held
 
 
 def call_beside(

@@ -484,7 +484,7 @@ def patch_apply(
     from deployctl.present import views
 
     if rolling:
-        return _rolling(session, _rolling_patch(names), dry_run, (names or [], True))
+        return _rolling(session, _rolling_patch(names, "apply"), dry_run, (names or [], True))
 
     return views.PATCH_ACTIONS, _per_installation(
         session, names, lambda host, conn, sets: apply_patches(host, conn, sets, dry_run)
@@ -505,14 +505,16 @@ def patch_revert(
     from deployctl.present import views
 
     if rolling:
-        return _rolling(session, _rolling_patch(names, force), False, (names or [], False))
+        return _rolling(
+            session, _rolling_patch(names, "revert", force), False, (names or [], False)
+        )
 
     return views.PATCH_ACTIONS, _per_installation(
         session, names, lambda host, conn, sets: revert_patches(host, conn, sets, force)
     )
 
 
-def _rolling_patch(names: list[str] | None, force: bool = False) -> RolloutOptions:
+def _rolling_patch(names: list[str] | None, verb: str, force: bool = False) -> RolloutOptions:
     """The rollout a `--rolling` patch change is: every unit replaced, through its router."""
     from deployctl.ops.rollout import RolloutOptions
 
@@ -523,7 +525,7 @@ def _rolling_patch(names: list[str] | None, force: bool = False) -> RolloutOptio
         )
     if force:
         raise UsageError("--rolling does not take --force")
-    return RolloutOptions(restart=True)
+    return RolloutOptions(restart=True, what=f"patch {verb} --rolling")
 
 
 def _per_installation(
@@ -1160,7 +1162,11 @@ def restart(
         if crashed or no_wait:
             raise UsageError("--rolling takes neither --crashed nor --no-wait")
         return _rolling(
-            session, RolloutOptions(stop_timeout=stop_timeout, timeout=timeout, restart=True), False
+            session,
+            RolloutOptions(
+                stop_timeout=stop_timeout, timeout=timeout, restart=True, what="restart --rolling"
+            ),
+            False,
         )
 
     catalog, patch_sets = session.catalog(), session.patch_sets()

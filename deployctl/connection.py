@@ -6,6 +6,7 @@ that commands which never touch a remote host start fast.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import ipaddress
@@ -212,6 +213,20 @@ class Connection(ABC):
         """Run `command` through the host's shell; return (exit code, stdout, stderr).
         `shown` names the command in a timeout's message."""
 
+    def start(
+        self, command: str, until: bytes, timeout: float | None = None, purpose: str | None = None
+    ) -> Held:
+        """Start a command that goes on running (a held lock) and return once its output
+        has a line containing `until`, or it ended. It runs until `Held.close()` closes
+        its stdin, or until this process and its connection go. `purpose`: as for `run`."""
+        self.round_trips += 1
+        timeout = timeout or self.command_timeout
+        late = f"{self.name}: no answer within {timeout:g}s: {purpose or _shorten(command)}"
+        return self._start(command, until, timeout, late)
+
+    def _start(self, command: str, until: bytes, timeout: float, late: str) -> Held:
+        raise NotImplementedError(f"{type(self).__name__} cannot hold a command open")
+
     def dial(self) -> None:  # noqa: B027 - optional hook
         """Start connecting now and return at once; the first command finishes the connect."""
 
@@ -219,20 +234,85 @@ class Connection(ABC):
         """Release the connection."""
 
 
+class Held(ABC):
+    """A command left running by `Connection.start`: its output so far, and how to end it."""
+
+    def __init__(self, output: bytes, ended: bool) -> None:
+        self.output = output  # stdout up to the awaited line (all of it if it ended)
+        self.ended = ended  # it ended before that line: it holds nothing
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close its stdin and let it end."""
+
+
+def _read_until(read: Any, fd: int, until: bytes, deadline: float, late: str) -> tuple[bytes, bool]:
+    """Read `fd` (through `read`) until a line holds `until` or EOF: (output, ended); `late`:
+    the timeout's message."""
+    out = b""
+    while True:
+        line_end = out.find(b"\n", out.find(until)) if until in out else -1
+        if line_end >= 0:
+            return out, False
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise CommandTimeoutError(late)
+        if not _wait_for(fd, select.POLLIN, min(remaining, 1.0)):
+            continue
+        chunk = read()
+        if not chunk:
+            return out, True
+        out += chunk
+
+
+class _LocalHeld(Held):
+    def __init__(self, proc: subprocess.Popen[bytes], output: bytes, ended: bool) -> None:
+        super().__init__(output, ended)
+        self.proc = proc
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+class _SSHHeld(Held):
+    def __init__(self, channel: paramiko.Channel, output: bytes, ended: bool) -> None:
+        super().__init__(output, ended)
+        self.channel = channel
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, EOFError):
+            self.channel.shutdown_write()
+            self.channel.status_event.wait(10)
+        self.channel.close()
+
+
 class LocalConnection(Connection):
     """This machine, through /bin/sh."""
+
+    @staticmethod
+    def _shell(command: str, stderr: int) -> subprocess.Popen[bytes]:
+        # A session of its own lets a timeout end everything the command started in the
+        # foreground, and keeps the user's Ctrl-C to deployctl from ending what it holds.
+        return subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            start_new_session=True,
+        )
 
     def _exec(
         self, command: str, stdin: bytes | None, timeout: float, shown: str
     ) -> tuple[int, bytes, bytes]:
-        # A session of its own lets a timeout end everything the command started in the foreground.
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", command],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        proc = self._shell(command, subprocess.PIPE)
         try:
             out, err = proc.communicate(stdin or b"", timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -242,6 +322,20 @@ class LocalConnection(Connection):
                 f"{self.name}: command timed out after {timeout:g}s: {shown}"
             ) from None
         return proc.returncode, out, err
+
+    def _start(self, command: str, until: bytes, timeout: float, late: str) -> Held:
+        proc = self._shell(command, subprocess.DEVNULL)
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        try:
+            out, ended = _read_until(
+                lambda: os.read(fd, 1 << 16), fd, until, time.monotonic() + timeout, late
+            )
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        return _LocalHeld(proc, out, ended)
 
 
 class SSHConnection(Connection):
@@ -490,6 +584,33 @@ class SSHConnection(Connection):
             if watchdog is not None:
                 watchdog.cancel()
         return code, b"".join(out), b"".join(err)
+
+    def _start(self, command: str, until: bytes, timeout: float, late: str) -> Held:
+        import paramiko
+
+        transport = self._client_or_connect().get_transport()
+        if transport is None or not transport.is_active():
+            raise ConnectError(f"{self.name}: the SSH connection was lost")
+        try:
+            channel = transport.open_session(timeout=min(timeout, self.connect_timeout))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise ConnectError(f"{self.name}: SSH failure: {exc or type(exc).__name__}") from None
+        try:
+            channel.exec_command(command)
+            out, ended = _read_until(
+                lambda: channel.recv(1 << 16),
+                channel.fileno(),
+                until,
+                time.monotonic() + timeout,
+                late,
+            )
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            channel.close()
+            raise ConnectError(f"{self.name}: SSH failure: {exc or type(exc).__name__}") from None
+        except BaseException:
+            channel.close()
+            raise
+        return _SSHHeld(channel, out, ended)
 
     def close(self) -> None:
         with self._lock:

@@ -72,6 +72,12 @@ class PatchError(DeployctlError):
     code = "patch"
 
 
+class BusyError(DeployctlError):
+    """Another deployctl holds what this command needs (a router's rollout lock)."""
+
+    code = "busy"
+
+
 class PreflightError(DeployctlError):
     """A host is not ready for a launch."""
 

@@ -24,6 +24,9 @@ out here and nowhere else:
                                           files, sha256s (patches/<set>.json: the same, as
                                           written before records were kept per installation)
     patches/.lock                         serialises patch changes (flock, dies with us)
+    router-locks/<deployment>             serialises the rollouts through one router (flock,
+                                          held by a `hold` call until its client goes; the
+                                          holder's identity as JSON inside)
     patches/history/<set>-<id>-<why>.json records of reverted or replaced applies
     patches/backups/<set>/<id>/<relpath>  originals saved by one apply; never overwritten
 """
@@ -2392,7 +2395,7 @@ def cmd_tune_records(args: TuneRecordsArgs) -> TuneRecordsReply:
 class RouterArgs(TypedDict):
     bind_host: str  # the router's --host and --port, reached from its own host
     port: int
-    action: str  # "list", "add" or "remove"
+    action: str  # "list", "add", "remove" or "health" (does `url` answer /health now?)
     url: str | None  # the worker to add or remove
     wait: float  # seconds to wait for the change to show in the router's list
 
@@ -2498,20 +2501,20 @@ def _router_done(args: RouterArgs, workers: list[RouterWorker]) -> bool:
     return bool(listed) and listed[0]["healthy"] is not False
 
 
-def _generates(url: str) -> str:
+def _generates(url: str, path: str = "/health_generate") -> str:
     """Ask the worker, from the router's host, to generate (`/health_generate`): a worker
     is added only when it serves, and where its router reaches it. Why not, else ""."""
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(url + "/health_generate", timeout=30) as reply:
+        with urllib.request.urlopen(url + path, timeout=30) as reply:
             status = reply.status
     except urllib.error.HTTPError as exc:
         status = exc.code
     except (OSError, ValueError) as exc:
         return f"{url} cannot be reached from the router's host: {exc}"
-    return "" if status == 200 else f"{url}/health_generate answered {status}"
+    return "" if status == 200 else f"{url}{path} answered {status}"
 
 
 def cmd_router(args: RouterArgs) -> RouterReply:
@@ -2522,6 +2525,8 @@ def cmd_router(args: RouterArgs) -> RouterReply:
     api, workers, error = router_list(host, port)
     if api is None or args["action"] == "list":
         return {"api": api, "problem": error, "workers": workers}
+    if args["action"] == "health":  # does the URL answer /health now, seen from the router?
+        return {"api": api, "problem": _generates(str(args["url"]), "/health"), "workers": workers}
     deadline = time.monotonic() + args["wait"]
     if args["action"] == "add":
         error = _generates(str(args["url"]))
@@ -2540,6 +2545,55 @@ def cmd_router(args: RouterArgs) -> RouterReply:
             break
         time.sleep(0.2)
     return {"api": api, "problem": error, "workers": workers}
+
+
+# ---- held locks ----------------------------------------------------------------------------
+
+
+class HoldArgs(TypedDict):
+    state_dir: str
+    name: str  # the lock: a router deployment's name
+    holder: dict[str, Any]  # who takes it, kept in the file for the next taker to name
+
+
+class HoldReply(TypedDict):
+    acquired: bool
+    holder: dict[str, Any] | None  # who holds it, when not acquired ({} if it does not say)
+
+
+ROUTER_LOCKS = "router-locks"
+# The file descriptor of the lock this process holds: open until the process ends.
+_held: list[int] = []
+
+
+def cmd_hold(args: HoldArgs) -> HoldReply:
+    """Take a lock that lives as long as this process: main() then waits for the client to
+    close stdin (or to vanish with its connection), so no lock outlives its holder."""
+    folder = state_path(args["state_dir"], ROUTER_LOCKS)
+    os.makedirs(folder, exist_ok=True)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", args["name"]) or "_"
+    fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raw = os.read(fd, 1 << 16)
+        os.close(fd)
+        try:
+            holder = json.loads(raw)
+        except ValueError:
+            holder = None
+        return {"acquired": False, "holder": holder if isinstance(holder, dict) else {}}
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps(dict(args["holder"], since=time.time())).encode())
+    _held.append(fd)
+    return {"acquired": True, "holder": None}
+
+
+def _hold_until_eof() -> None:
+    """Keep the lock until the client closes our stdin, or its connection ends."""
+    with contextlib.suppress(OSError):
+        while sys.stdin.buffer.read(4096):
+            pass
 
 
 # ---- entry point ---------------------------------------------------------------------------
@@ -2573,6 +2627,7 @@ def main() -> None:
         "tune_save": lambda: cmd_tune_save(args),
         "tune_records": lambda: cmd_tune_records(args),
         "router": lambda: cmd_router(args),
+        "hold": lambda: cmd_hold(args),
     }
     if call not in handlers:
         fail(f"unknown agent call {call!r}", "agent")
@@ -2588,6 +2643,8 @@ def main() -> None:
         sys.stdout.flush()
     except OSError:
         pass
+    if _held:
+        _hold_until_eof()
 
 
 if __name__ == "__main__":

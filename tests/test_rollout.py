@@ -4,12 +4,16 @@ must end with `[DONE]`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +21,9 @@ import pytest
 import yaml
 
 from tests.conftest import CLI
+from tests.router_venv import legacy_router_python
 from tests.sshd_hosts import STANDIN, SSHLab
+from tests.test_lifecycle import prepare
 from tests.test_router import (
     fleet,
     real_router,
@@ -215,10 +221,7 @@ def test_ctrl_c_while_a_worker_drains_puts_it_back_in_its_router_and_starts_no_o
     busy.start()
     rolling = cli.popen("rollout", "-i", str(inv), "--json", "--drain-timeout", "60")
     router = url_of(address, table["router"]["port"])
-    deadline = time.monotonic() + 60
-    while registered(router) != [url_of(address, table["w2"]["port"])]:
-        assert time.monotonic() < deadline, "w1 was never taken out of its router"
-        time.sleep(0.1)
+    wait_until_taken_out(router, url_of(address, table["w1"]["port"]))
     rolling.send_signal(signal.SIGINT)
     out, err = rolling.communicate(timeout=120)
     assert rolling.returncode == 130, err
@@ -235,8 +238,23 @@ def test_ctrl_c_while_a_worker_drains_puts_it_back_in_its_router_and_starts_no_o
 
 
 def registered(router: str) -> list[str]:
-    with urllib.request.urlopen(f"{router}/workers", timeout=10) as reply:
-        return sorted(w["url"] for w in json.load(reply)["workers"])
+    """The URLs the router lists (0.3's /workers, else the legacy /list_workers)."""
+    try:
+        with urllib.request.urlopen(f"{router}/workers", timeout=10) as reply:
+            return sorted(w["url"] for w in json.load(reply)["workers"])
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
+    with urllib.request.urlopen(f"{router}/list_workers", timeout=10) as reply:
+        return sorted(json.load(reply)["urls"])
+
+
+def wait_until_taken_out(router: str, url: str) -> None:
+    """Wait until the router no longer lists `url` (a rollout took that worker out)."""
+    deadline = time.monotonic() + 60
+    while url in registered(router):
+        assert time.monotonic() < deadline, f"{url} was never taken out of its router"
+        time.sleep(0.05)
 
 
 def test_patch_apply_rolling_patches_each_worker_while_it_is_out_of_its_router(
@@ -311,11 +329,17 @@ def test_a_multi_node_worker_registers_rank_0_and_is_replaced_as_one_unit(
     cli("stop", "-i", str(inv))
 
 
-def test_a_unit_whose_host_fails_after_its_stop_goes_back_to_its_previous_run(
+def test_patch_apply_rolling_without_sglang_is_refused_before_anything_is_touched(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    """The workers' python has no SGLang: the patch set cannot be applied once w1 is down."""
+    """The workers' python has no SGLang: the installation is read while planning, so no
+    worker is taken out, stopped or patched."""
     inv, table = serving(hosts, cli, tmp_path, 2)
+    code, doc, err = run_json(
+        cli, "patch", "apply", "spec-disable", "--rolling", "-i", str(inv), "--dry-run"
+    )
+    assert code == 1, err
+    assert all("SGLang" in u["blocked"] for u in doc["units"] if u["unit"] != "alpha/router")
     with Load(hosts.hosts["alpha"].address, table["router"]["port"]) as load:
         code, doc, err = run_json(
             cli, "patch", "apply", "spec-disable", "--rolling", "-i", str(inv)
@@ -323,9 +347,261 @@ def test_a_unit_whose_host_fails_after_its_stop_goes_back_to_its_previous_run(
     assert code == 1, err
     units = {u["unit"]: u for u in doc["units"]}
     w1 = units["alpha/w1"]
-    assert w1["outcome"] == "failed" and "SGLang" in w1["error"], w1
-    assert (w1["state"], w1["new_run"]) == ("ready", "w1_baseline_v2"), w1
+    assert w1["outcome"] == "refused" and w1["error"].startswith("alpha/w1: cannot apply: ")
+    assert "SGLang" in w1["error"], w1
+    assert (w1["old_run"], w1["new_run"], w1["timings_s"]) == ("w1_baseline_v1", None, {}), w1
     assert units["alpha/w2"]["outcome"] == "not reached"
     assert load.failed == [] and load.done, load.failed[:3]
     assert healthy_workers(cli, inv) == ["alpha/w1", "alpha/w2"]
+    _, doc, _ = run_json(cli, "status", "-i", str(inv))
+    runs = {d: s["run"] for d, s in doc["hosts"]["alpha"]["deployments"].items() if d != "router"}
+    assert runs == {"w1": "w1_baseline_v1", "w2": "w2_baseline_v1"}
     cli("stop", "-i", str(inv))
+
+
+def kill_run(cli: CLI, inv: Path, deployment: str) -> None:
+    """SIGKILL a deployment's server (its whole process group), as a crash would end it."""
+    _, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", deployment)
+    os.killpg(doc["hosts"]["alpha"]["deployments"][deployment]["pid"], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("router", ["real", "legacy"])
+def test_a_dead_worker_its_router_still_lists_is_no_capacity(
+    hosts: SSHLab, cli: CLI, tmp_path: Path, router: str
+) -> None:
+    """w2 crashed: the real router still calls it healthy for a while (its health checks run
+    once a minute), the legacy one says nothing of health. Taking w1 out would empty it."""
+    python = real_router() if router == "real" else str(legacy_router_python())
+    inv, table = serving(hosts, cli, tmp_path, 2, python=python)
+    address = hosts.hosts["alpha"].address
+    kill_run(cli, inv, "w2")
+    router_url = url_of(address, table["router"]["port"])
+    assert registered(router_url) == sorted(url_of(address, table[w]["port"]) for w in ("w1", "w2"))
+    code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--restart", "-d", "w1")
+    assert code == 1, err
+    (unit,) = doc["units"]
+    assert (unit["outcome"], unit["old_run"], unit["new_run"]) == (
+        "refused", "w1_baseline_v1", None
+    ), unit  # fmt: skip
+    assert unit["error"] == (
+        "alpha/router would have no healthy worker left while alpha/w1 is replaced"
+    )
+    # Untouched: w1 still serves through its router.
+    _, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "w1")
+    w1 = doc["hosts"]["alpha"]["deployments"]["w1"]
+    assert (w1["run"], w1["state"]) == ("w1_baseline_v1", "ready"), w1
+    assert url_of(address, table["w1"]["port"]) in registered(router_url)
+    if router == "real":  # it retries a dead worker's requests elsewhere: none is lost
+        with Load(address, table["router"]["port"]) as load:
+            code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--restart", "-d", "w1")
+            time.sleep(1.0)
+        assert code == 1 and doc["units"][0]["outcome"] == "refused", err
+        assert load.failed == [] and load.done, load.failed[:3]
+    cli("stop", "-i", str(inv))
+
+
+def test_a_worker_without_metrics_is_drained_by_waiting_the_drain_timeout(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """enable_metrics: false: nothing says when w1 is idle, so the drain waits it out; its
+    long requests (about 4 s) all end."""
+    inv, table = fleet(hosts, tmp_path, workers=2, knobs=KNOBS)
+    rewrite(inv, {"enable_metrics": False})
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    rewrite(inv, {"mem_fraction_static": 0.8})
+    address = hosts.hosts["alpha"].address
+    # And one request straight to w1 once it is out of the router (about 4 s): in flight at
+    # its stop unless the drain waits.
+    w1_url = f"{url_of(address, table['w1']['port'])}/v1/completions"
+    body = {"model": "m", "prompt": "hi", "max_tokens": 200, "stream": True}
+    answers: list[str] = []
+    busy = threading.Thread(target=lambda: answers.append(stream_text(w1_url, body)))
+    router = url_of(address, table["router"]["port"])
+    with Load(address, table["router"]["port"], streams=4, max_tokens=200) as load:
+        time.sleep(1.5)
+        rolling = cli.popen("rollout", "-i", str(inv), "-d", "w1", "--json", "--drain-timeout", "6")
+        wait_until_taken_out(router, url_of(address, table["w1"]["port"]))
+        busy.start()
+        out, err = rolling.communicate(timeout=120)
+        time.sleep(1.0)
+    assert rolling.returncode == 0, err
+    doc = json.loads(out)
+    busy.join(timeout=60)
+    assert answers and answers[0].rstrip().endswith("data: [DONE]"), answers
+    assert load.failed == [] and len(load.done) > 3, (load.failed[:3], len(load.done))
+    (unit,) = doc["units"]
+    assert (unit["outcome"], unit["drained"], unit["drain_signal"]) == (
+        "replaced", True, "timeout"
+    ), unit  # fmt: skip
+    assert unit["timings_s"]["drain"] >= 6.0, unit["timings_s"]
+    assert any("waited the whole --drain-timeout 6s" in w for w in unit["warnings"]), unit
+    human = cli("rollout", "-i", str(inv), "-d", "w2", "--drain-timeout", "1")
+    assert human.returncode == 0, human.stderr
+    assert "yes (timeout)" in human.stdout, human.stdout
+    cli("stop", "-i", str(inv))
+
+
+@contextlib.contextmanager
+def router_lock_as_tune(inv: Path, deployment: str = "w1") -> Iterator[None]:
+    """Hold the router lock of alpha's `deployment` from this process, as tune_fleet does."""
+    from deployctl.connection import ConnectOptions
+    from deployctl.deployments import deployment_targets
+    from deployctl.fanout import Fleet
+    from deployctl.inventory import load_inventory
+    from deployctl.ops.router import router_lock_of
+
+    inventory = load_inventory(inv)
+    (worker,) = deployment_targets(inventory.select("alpha"), deployment, inventory.select)
+    with (
+        Fleet([worker], ConnectOptions(), 2, inventory.origin, inventory.select) as fleet,
+        router_lock_of(fleet, worker, "tune"),
+    ):
+        yield
+
+
+def test_two_rollouts_through_one_router_the_second_is_refused_naming_the_first(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """Each would see the other's worker serving and take out its own: one router, one
+    change at a time. The lock lives on the router's host and dies with its holder."""
+    alpha = hosts.hosts["alpha"]
+    inv, table = serving(hosts, cli, tmp_path, 2)
+    rewrite(inv, {"mem_fraction_static": 0.8})
+    # A long request straight to w1 keeps it busy: the first rollout's drain waits for it.
+    long_body = {"model": "m", "prompt": "hi", "max_tokens": 1500, "stream": True}
+    w1_url = f"{url_of(alpha.address, table['w1']['port'])}/v1/completions"
+    threading.Thread(target=lambda: stream_text(w1_url, long_body), daemon=True).start()
+    with Load(alpha.address, table["router"]["port"]) as load:
+        first = cli.popen("rollout", "-i", str(inv), "--json", "--drain-timeout", "120")
+        router = url_of(alpha.address, table["router"]["port"])
+        wait_until_taken_out(router, url_of(alpha.address, table["w1"]["port"]))
+        for command in (["rollout"], ["restart", "--rolling"]):
+            code, doc, err = run_json(cli, *command, "-i", str(inv), "-d", "w2")
+            assert code == 1, err
+            assert doc["code"] == "busy", doc
+            assert doc["error"].startswith(
+                f"alpha/router is in use: deployctl rollout (pid {first.pid} on "
+            ), doc
+            human = cli(*command, "-i", str(inv), "-d", "w2")
+            assert human.stderr.startswith("error: alpha/router is in use"), human.stderr
+            assert "hint: wait for it to finish" in human.stderr, human.stderr
+        # w2 was not touched: it serves the load alone meanwhile.
+        assert registered(router) == [url_of(alpha.address, table["w2"]["port"])]
+        # The first one crashes (SIGKILL: no clean-up of its own): its lock goes with it.
+        first.kill()
+        first.communicate(timeout=30)
+        code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--drain-timeout", "5")
+        assert code == 0, err
+    assert [u["outcome"] for u in doc["units"]] == ["replaced", "replaced", "skipped"], doc
+    assert load.failed == [] and load.done, load.failed[:3]
+    assert healthy_workers(cli, inv) == ["alpha/w1", "alpha/w2"]
+    # tune's replacements take the same lock: a rollout meanwhile is refused, naming it.
+    with router_lock_as_tune(inv):
+        code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--restart")
+        assert code == 1 and "alpha/router is in use: deployctl tune (pid " in doc["error"], doc
+    code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--restart", "-d", "w1")
+    assert code == 0, err
+    cli("stop", "-i", str(inv))
+
+
+def test_a_new_run_that_serves_but_its_dead_router_cannot_take_is_kept_and_said(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """The router dies while w1's new configuration starts: w1 serves it, outside the
+    router; the rollout says so and stops, and w1 is not relaunched on its old one."""
+    alpha = hosts.hosts["alpha"]
+    inv, table = serving(hosts, cli, tmp_path, 2)
+    slow = alpha.home / "slow-model"
+    slow.mkdir()
+    (slow / "standin.json").write_text(json.dumps({"startup_s": 4, **KNOBS}))
+    subprocess.run(["chown", "-R", f"{alpha.user}:{alpha.user}", str(slow)], check=True)
+    rewrite(inv, {"model_path": str(slow)})
+    rolling = cli.popen("rollout", "-i", str(inv), "--json", "-d", "w1")
+    router = url_of(alpha.address, table["router"]["port"])
+    wait_until_taken_out(router, url_of(alpha.address, table["w1"]["port"]))
+    _, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "router")
+    os.killpg(doc["hosts"]["alpha"]["deployments"]["router"]["pid"], signal.SIGKILL)
+    out, err = rolling.communicate(timeout=120)
+    assert rolling.returncode == 1, err
+    (unit,) = json.loads(out)["units"]
+    assert (unit["outcome"], unit["state"], unit["new_run"]) == (
+        "failed", "ready", "w1_baseline_v2"
+    ), unit  # fmt: skip
+    assert "not added to alpha/router" in unit["error"], unit
+    assert unit["error"].endswith("w1_baseline_v2 serves, outside its router"), unit
+    _, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "w1")
+    w1 = doc["hosts"]["alpha"]["deployments"]["w1"]
+    assert (w1["run"], w1["state"]) == ("w1_baseline_v2", "ready"), w1
+    cli("stop", "-i", str(inv))
+
+
+def test_a_host_that_fails_mid_drain_gets_its_unit_put_back_in_its_router(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """The router on charlie, w1 on alpha busy with a long request: alpha drops off while w1
+    drains. The removal was recorded, so w1 (still serving) goes back into the router."""
+    alpha, bravo, charlie = (hosts.hosts[n] for n in ("alpha", "bravo", "charlie"))
+    workers: dict[str, dict[str, Any]] = {}
+    for name, host in (("w1", alpha), ("w2", bravo)):
+        variables: dict[str, Any] = {**prepare(host, tp=1, **KNOBS), "template": "baseline"}
+        variables["router"] = "charlie/router"
+        variables["worker_url"] = url_of(host.address, variables["port"])
+        host.set_gpus("live", 1)
+        workers[name] = variables
+    router_deployment = router_vars(charlie.address, real_router())
+    router = {"bind_host": charlie.address, "deployments": {"router": router_deployment}}
+    inv = hosts.inventory(
+        tmp_path / "inv.yml",
+        ["alpha", "bravo", "charlie"],
+        {"alpha": workers["w1"], "bravo": workers["w2"], "charlie": router},
+        command_timeout=5,
+    )
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    w1_url = workers["w1"]["worker_url"]
+    router_url = url_of(charlie.address, router_deployment["port"])
+    assert w1_url in registered(router_url)
+    long_body = {"model": "m", "prompt": "hi", "max_tokens": 1500, "stream": True}
+    threading.Thread(
+        target=lambda: stream_text(f"{w1_url}/v1/completions", long_body), daemon=True
+    ).start()
+    rolling = cli.popen("rollout", "-i", str(inv), "--json", "--restart", "-H", "alpha",
+                        "--drain-timeout", "120")  # fmt: skip
+    try:
+        wait_until_taken_out(router_url, w1_url)
+        time.sleep(1.0)  # draining
+        alpha.go_away()
+        out, err = rolling.communicate(timeout=120)
+    finally:
+        if rolling.poll() is None:
+            rolling.kill()
+        alpha.ensure_running()
+    assert rolling.returncode == 1, err
+    (unit,) = json.loads(out)["units"]
+    assert unit["outcome"] == "failed" and unit["old_run"] == "baseline_v1", unit
+    assert not any("not put back" in w for w in unit["warnings"]), unit
+    assert w1_url in registered(router_url)  # back in, serving its old run
+    cli("stop", "-i", str(inv))
+
+
+def test_a_dry_run_with_a_host_that_cannot_be_read_fails(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    alpha, bravo = hosts.hosts["alpha"], hosts.hosts["bravo"]
+    host_vars = {
+        n: {**prepare(h, tp=1), "template": "baseline"}
+        for n, h in (("alpha", alpha), ("bravo", bravo))
+    }
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], host_vars, connect_timeout=2)
+    code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--dry-run")
+    assert code == 0, err  # both read: neither runs, both would start
+    bravo.go_away()
+    try:
+        code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--dry-run")
+    finally:
+        bravo.ensure_running()
+    assert code == 1, err
+    units = {u["unit"]: u for u in doc["units"]}
+    assert units["bravo"]["blocked"].startswith("bravo: cannot be read"), units
+    assert not units["alpha"]["blocked"], units

@@ -22,13 +22,20 @@ from deployctl import events as ev
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport
 from deployctl.deployments import node_rank
-from deployctl.errors import DeployctlError, UsageError
+from deployctl.errors import DeployctlError, PatchError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.ops.launch import Plan
 from deployctl.ops.patch import PatchAction, apply_patches, patch_facts, revert_patches, set_state
-from deployctl.ops.router import change_registration, router_of, router_state
+from deployctl.ops.router import (
+    change_registration,
+    listed_load,
+    router_locks,
+    router_of,
+    router_state,
+    serving_workers,
+)
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
     LaunchReport,
@@ -102,6 +109,14 @@ class UnitPlan:
         return bool(self.statuses) and self.statuses[0].ready
 
 
+class DrainSignal(StrEnum):
+    """What a drain watched to know the worker runs no request any more."""
+
+    METRICS = "metrics"  # the worker's own num_running_reqs (/metrics)
+    ROUTER_LOAD = "router load"  # the router's per-worker load, while it still lists it
+    TIMEOUT = "timeout"  # neither: the whole --drain-timeout was waited
+
+
 class UnitOutcome(StrEnum):
     """What the rollout did with a unit."""
 
@@ -124,6 +139,7 @@ class UnitResult:
     crash: CrashReport | None = None
     warnings: list[str] = field(default_factory=list)
     drained: bool | None = None  # None: not drained (no router, or not serving)
+    drain_signal: DrainSignal | None = None  # what the drain watched; None: no drain
     gpus_clean: bool | None = None  # after the stop, before the start (None: not checked)
     timings: dict[str, float] = field(default_factory=dict)  # step -> seconds
     patches: list[PatchAction] = field(default_factory=list)
@@ -149,6 +165,7 @@ class RolloutOptions:
     timeout: float = 900.0  # for each new run to become ready
     restart: bool = False
     allow_downtime: bool = False
+    what: str = "rollout"  # the command, as the router lock names its holder to others
 
 
 @dataclass
@@ -160,7 +177,10 @@ class RolloutReport:
 
     @property
     def ok(self) -> bool:
-        return all(u.ok for u in self.units)
+        # A dry run is refused where the rollout would be: a unit that cannot be replaced.
+        return all(u.ok for u in self.units) and not (
+            self.dry_run and any(p.blocked and p.changes for p in self.plans)
+        )
 
 
 # ---- planning --------------------------------------------------------------------------------
@@ -262,12 +282,21 @@ def plan_rollout(
     apply|revert --rolling). A unit whose host cannot be read is planned as blocked."""
     by_label = {p.host.label: p for p in plans}
 
-    def read(host: Host, conn: Connection) -> tuple[RunStatus, PatchChange]:
+    def read(host: Host, conn: Connection) -> tuple[RunStatus, PatchChange, str]:
         status = run_status(host, conn, catalog, tail_bytes=0)  # no log to scan here
-        return status, forced or _patch_change(host, conn, by_label[host.label], available)
+        change = forced or _patch_change(host, conn, by_label[host.label], available)
+        # The sets to apply are tried now, without writing (SGLang there, a variant for its
+        # version, diffs that apply): a unit that would fail once stopped is never taken out.
+        try:
+            if change.apply:
+                apply_patches(host, conn, change.apply, dry_run=True)
+        except PatchError as exc:
+            return status, change, f"{host.label}: cannot apply: {exc.message}"
+        return status, change, ""
 
     read_all = fleet.run(read, [p.host for p in plans])
     patches = {r.name: r.value[1] for r in read_all if r.value is not None}
+    refusals = {r.name: r.value[2] for r in read_all if r.value is not None and r.value[2]}
     statuses = FleetResult(
         HostResult(r.host, r.value[0] if r.value else None, r.exception) for r in read_all
     )
@@ -280,7 +309,11 @@ def plan_rollout(
             found.append(UnitPlan(unit.name, unit_plans, [], [blocked], [], [], {}, None, blocked))
             continue
         read_ok = [n.value for n in unit.nodes if n.value is not None]
-        found.append(plan_unit(fleet, unit.name, unit_plans, read_ok, patches, restart))
+        planned = plan_unit(fleet, unit.name, unit_plans, read_ok, patches, restart)
+        refusal = next((refusals[n.name] for n in unit.nodes if n.name in refusals), "")
+        if refusal:
+            planned.blocked = refusal
+        found.append(planned)
     # Routers last: their workers are replaced through them first, and a router's own
     # replacement (down meanwhile, as it has no router) comes once they are done.
     return sorted(found, key=lambda u: u.plans[0].is_router)
@@ -351,28 +384,28 @@ class Rollout:
         for router_label, taking in by_router.items():
             router = taking[0].router
             assert router is not None
+            out = {u.rank0.label for u in taking}
             try:
                 state = router_state(self.fleet, router)
+                if self.options.allow_downtime:
+                    continue
+                # Any worker it lists that serves now carries its traffic meanwhile, ours or not.
+                left = [
+                    w for w in serving_workers(self.fleet, router, state) if w.worker not in out
+                ]
             except DeployctlError as exc:
-                for unit in taking:
-                    refused[unit.name] = UnitResult(
-                        unit.name,
-                        UnitOutcome.REFUSED,
-                        _run_id(unit),
-                        error=f"router {router_label} not read: {exc.message}",
-                    )
-                continue
-            # Any healthy worker it lists serves its traffic meanwhile, ours or not.
-            out = {u.rank0.label for u in taking}
-            left = [w for w in state.workers if w.worker not in out and w.healthy is not False]
-            if left or self.options.allow_downtime:
-                continue
+                why = f"router {router_label} not read: {exc.message}"
+            else:
+                if left:
+                    continue
+                why = ""
             for unit in taking:
                 refused[unit.name] = UnitResult(
                     unit.name,
                     UnitOutcome.REFUSED,
                     _run_id(unit),
-                    error=f"{router_label} would have no healthy worker left while {unit.name} is replaced",
+                    error=why
+                    or f"{router_label} would have no healthy worker left while {unit.name} is replaced",
                 )
         return refused
 
@@ -424,7 +457,7 @@ class Rollout:
                 return
             progress.add("removed")
             t = time.monotonic()
-            drained = self._drain(unit, started)
+            drained = self._drain(unit, result, started)
             timings["drain"] = time.monotonic() - t
             if drained is None:  # Ctrl-C while draining: put it back as it was
                 self._put_back(unit, result)
@@ -470,11 +503,20 @@ class Rollout:
         timings["server_start"] = _server_start(report)
         if report.ok:
             result.new_run, result.state = _new_run(report), "ready"
+        elif not report.refused and report.outcomes.ok:
+            # It serves its new configuration; only its router did not take it (a router that
+            # died meanwhile): keep it, say so, and stop the rollout here.
+            result.new_run, result.state = _new_run(report), "ready"
+            result.outcome = UnitOutcome.FAILED
+            result.error = f"{_why_failed(report)[0]}; {result.new_run} serves, outside its router"
+            result.warnings.append("add it once the router is back: deployctl router sync")
         else:
             self._fail(unit, report, result, started)
 
-    def _drain(self, unit: UnitPlan, started: float) -> bool | None:
-        """Wait until rank 0 runs no request: True; False at --drain-timeout; None on Ctrl-C."""
+    def _drain(self, unit: UnitPlan, result: UnitResult, started: float) -> bool | None:
+        """Wait until rank 0 runs no request: True; False at --drain-timeout; None on Ctrl-C.
+        Its /metrics say so; without them, the router's load for it while it still lists it;
+        without either, the whole --drain-timeout is waited (`result.drain_signal` says which)."""
         host = unit.rank0
         deadline = time.monotonic() + self.options.drain_timeout
         said = ""
@@ -485,9 +527,24 @@ class Rollout:
             reply = recorded_run(host, self.fleet.connection(host), metrics=True)
             metrics, _ = read_metrics(reply["metrics"])
             running = (metrics or {}).get("num_running_reqs")
-            if not reply["alive"] or running == 0 or metrics is None:  # None: cannot tell
+            result.drain_signal = DrainSignal.METRICS
+            if running is None:  # no metrics (enable_metrics: false, or unreadable): not idle
+                try:
+                    running = listed_load(self.fleet, host, unit.port, unit.head)
+                except DeployctlError:  # the router cannot say: the timeout is the signal
+                    running = None
+                result.drain_signal = (
+                    DrainSignal.TIMEOUT if running is None else DrainSignal.ROUTER_LOAD
+                )
+            if not reply["alive"] or running == 0:
                 return True
             if time.monotonic() >= deadline:
+                if result.drain_signal is DrainSignal.TIMEOUT:
+                    result.warnings.append(
+                        f"no metrics and no load from {unit.router.label if unit.router else 'its router'}: "
+                        f"waited the whole --drain-timeout {self.options.drain_timeout:g}s"
+                    )
+                    return True
                 return False
             step = f"draining ({running:.0f} running)" if running is not None else "draining"
             if step != said:  # once per change: a piped log gets no line every poll
@@ -589,17 +646,22 @@ def rollout(
         raise UsageError("--max-unavailable must be 1 or more")
     cancel = threading.Event()
     engine = Rollout(fleet, unit_plans, catalog, available, options, events, cancel)
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(engine.run)
-    interrupted = False
-    try:
-        while wait([future], timeout=0.5).not_done:  # short waits: Ctrl-C gets through
-            pass
-    except KeyboardInterrupt:
-        interrupted = True
-        cancel.set()
-        events.emit(ev.RolloutStep(target="", step="interrupting", elapsed=0.0))
-        wait([future])  # a second Ctrl-C ends here, leaving the hosts as they are
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    # One change through a router at a time: a second one is refused before anything moves.
+    changing = [u for u in unit_plans if u.changes and not u.blocked]
+    routers = [u.router for u in changing if u.router is not None]
+    routers += [u.rank0 for u in changing if u.plans[0].is_router]
+    with router_locks(fleet, routers, options.what):
+        pool = ThreadPoolExecutor(max_workers=1)
+        future = pool.submit(engine.run)
+        interrupted = False
+        try:
+            while wait([future], timeout=0.5).not_done:  # short waits: Ctrl-C gets through
+                pass
+        except KeyboardInterrupt:
+            interrupted = True
+            cancel.set()
+            events.emit(ev.RolloutStep(target="", step="interrupting", elapsed=0.0))
+            wait([future])  # a second Ctrl-C ends here, leaving the hosts as they are
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
     return RolloutReport(future.result(), list(unit_plans), interrupted=interrupted)

@@ -10,17 +10,24 @@ host (`agent.ROUTER`), so a router bound to loopback works too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import getpass
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from deployctl import agent
 from deployctl import events as ev
-from deployctl.connection import Connection
+from deployctl.connection import Connection, Held
 from deployctl.deployments import address_of, deployment_targets, is_loopback, node_rank
-from deployctl.errors import DeployctlError, InventoryError
+from deployctl.errors import BusyError, DeployctlError, InventoryError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet
-from deployctl.host_agent import RouterArgs, RouterReply, RunRecord, StatusArgs
+from deployctl.host_agent import HoldArgs, RouterArgs, RouterReply, RunRecord, StatusArgs
 from deployctl.inventory import Host
 from deployctl.ops.flags import ROUTER_MODULE
 
@@ -331,6 +338,111 @@ def router_state(fleet: Fleet, router: Host) -> RouterState:
         else:
             state.not_ours.append(url)
     return state
+
+
+def listed_load(fleet: Fleet, worker: Host, port: int | None, head: str = "") -> int | None:
+    """The router's load for the worker while it still lists it (None: not listed, or the
+    router gives none: the legacy one never does, 0.3's drops a removed worker at once)."""
+    router = router_of(worker, fleet.select)
+    if router is None:
+        return None
+    url = worker_url(worker, port, head)
+    reply = _router_call(fleet, router, "list", None, 0)
+    return next((w["load"] for w in reply["workers"] if w["url"].rstrip("/") == url), None)
+
+
+def serving_workers(fleet: Fleet, router: Host, state: RouterState) -> list[ListedWorker]:
+    """The listed workers that serve its traffic now: the router does not call them unhealthy
+    and either our status round saw them serving (ours) or they answer /health from the
+    router's host now. A router's own flag is never enough: 0.3's keeps a dead worker
+    healthy for a while, and the legacy one says nothing."""
+    found = []
+    for w in state.workers:
+        if w.healthy is False or (w.worker is None and w.owner):  # ours, seen not serving
+            continue
+        if w.worker is not None or not _router_call(fleet, router, "health", w.url, 0)["problem"]:
+            found.append(w)
+    return found
+
+
+# ---- one change through a router at a time ---------------------------------------------------
+
+
+class _Holds:
+    """The router locks this process holds: label -> (the held call, how many take it).
+    A command's own threads (tune's deployments) share one."""
+
+    lock = threading.Lock()
+    held: dict[str, tuple[Held, int]] = {}
+
+
+def _take(fleet: Fleet, router: Host, what: str) -> None:
+    with _Holds.lock:
+        if router.label in _Holds.held:
+            held, count = _Holds.held[router.label]
+            _Holds.held[router.label] = (held, count + 1)
+            return
+        args: HoldArgs = {
+            "state_dir": router.settings.state_dir,
+            "name": router.deployment or "_",
+            "holder": {
+                "what": what, "host": socket.gethostname(), "pid": os.getpid(),
+                "user": getpass.getuser(),
+            },
+        }  # fmt: skip
+        reply, held = agent.hold(router, fleet.connection(router), agent.HOLD, args)
+        if not reply["acquired"]:
+            held.close()
+            raise BusyError(
+                f"{router.label} is in use: {_holder_words(reply['holder'] or {})}",
+                hint="wait for it to finish, then run this again (its lock ends with it)",
+            )
+        _Holds.held[router.label] = (held, 1)
+
+
+def _holder_words(holder: dict[str, Any]) -> str:
+    since = holder.get("since")
+    when = (
+        time.strftime(" since %H:%M:%S", time.localtime(since))
+        if isinstance(since, int | float)
+        else ""
+    )
+    return (
+        f"deployctl {holder.get('what', 'operation')} (pid {holder.get('pid', '?')} "
+        f"on {holder.get('host', '?')}, user {holder.get('user', '?')}){when}"
+    )
+
+
+def _release(router: Host) -> None:
+    with _Holds.lock:
+        held, count = _Holds.held.pop(router.label)
+        if count > 1:
+            _Holds.held[router.label] = (held, count - 1)
+            return
+    held.close()
+
+
+@contextmanager
+def router_locks(fleet: Fleet, routers: Iterable[Host], what: str) -> Iterator[None]:
+    """Hold each router's lock (on its host) while `what` (rollout, restart --rolling, patch
+    … --rolling, tune) takes its workers out and in: two at once could each leave the other
+    no worker. Refuse (BusyError, naming the holder) when another deployctl holds one. A
+    lock ends with its holder: a crash or a kill frees it with the connection."""
+    taken: list[Host] = []
+    try:
+        for router in sorted({r.label: r for r in routers}.values(), key=lambda r: r.label):
+            _take(fleet, router, what)
+            taken.append(router)
+        yield
+    finally:
+        for router in reversed(taken):
+            _release(router)
+
+
+def router_lock_of(fleet: Fleet, worker: Host, what: str) -> AbstractContextManager[None]:
+    """`router_locks` for the router the worker names (nothing when it names none)."""
+    router = router_of(worker, fleet.select)
+    return router_locks(fleet, [router] if router is not None else [], what)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from deployctl.host_agent import TuneRecordsArgs, TuneSaveArgs
 from deployctl.ops.bench import BenchPlan, per_token_ms, run_bench
 from deployctl.ops.launch import Plan, plan_launch
 from deployctl.ops.patch import apply_patches
+from deployctl.ops.router import router_lock_of
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
     LaunchReport,
@@ -1112,7 +1113,9 @@ def tune_fleet(
             fleet, tune_plan.host, tune_plan.plans, tune_plan.tuned, catalog,
             tune_plan.patch_sets, tune_plan.options, events, cancel,
         )  # fmt: skip
-        return tuner.run()
+        # No rollout through its router meanwhile (nor one of ours through a rollout's).
+        with router_lock_of(fleet, tune_plan.host, "tune"):
+            return tuner.run()
 
     pool = ThreadPoolExecutor(max_workers=max(1, min(fleet.forks, len(tune_plans))))
     futures = [pool.submit(one, p) for p in tune_plans]

@@ -564,6 +564,7 @@ def unit_result_json(result: UnitResult) -> dict[str, Any]:
         "crash": result.crash.to_json() if result.crash else None,
         "warnings": result.warnings,
         "drained": result.drained,
+        "drain_signal": result.drain_signal,
         "gpus_clean": result.gpus_clean,
         "timings_s": {step: round(s, 3) for step, s in result.timings.items()},
         "overhead_s": None if result.overhead_s is None else round(result.overhead_s, 3),

@@ -1058,6 +1058,8 @@ def _rollout(report: RolloutReport) -> None:
     for r in report.units:
         ours = "-" if r.overhead_s is None else f"{r.overhead_s:.1f}s"
         drained = {True: "yes", False: "timed out", None: "-"}[r.drained]
+        if r.drained is not None and r.drain_signal:
+            drained += f" ({r.drain_signal})"
         runs = f"{r.old_run or '-'} → {r.new_run or '-'}" if r.new_run else (r.old_run or "-")
         note = "; ".join(filter(None, [r.error, *r.warnings]))
         rows.append([r.name, r.outcome.value, runs, drained, ours, note[:200]])

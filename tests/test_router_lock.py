@@ -1,0 +1,74 @@
+"""The router lock (`agent.HOLD`): held by a running agent call, refused to a second taker
+with the first one named, and gone with its holder — closed, or killed outright."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from deployctl import agent
+from deployctl.connection import Held, LocalConnection
+from deployctl.host_agent import HoldArgs, HoldReply
+from deployctl.inventory import Host
+from tests.test_agent import local_host
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def hold(host: Host, what: str) -> tuple[HoldReply, Held]:
+    args: HoldArgs = {
+        "state_dir": host.settings.state_dir,
+        "name": "router",
+        "holder": {"what": what, "pid": os.getpid()},
+    }
+    return agent.hold(host, LocalConnection("here", 30), agent.HOLD, args)
+
+
+def test_a_second_taker_is_refused_naming_the_first_until_it_lets_go(tmp_path: Path) -> None:
+    host = local_host(tmp_path)
+    first, held = hold(host, "rollout")
+    assert first == {"acquired": True, "holder": None}
+    second, refused = hold(host, "tune")
+    refused.close()
+    assert not second["acquired"]
+    assert second["holder"] is not None and second["holder"]["what"] == "rollout"
+    held.close()
+    third, held = hold(host, "tune")
+    assert third["acquired"], third
+    held.close()
+
+
+def test_the_lock_dies_with_a_holder_that_is_killed(tmp_path: Path) -> None:
+    """SIGKILL: no clean-up runs, and no stale lock is left."""
+    host = local_host(tmp_path)
+    script = (
+        "import sys, time; from tests.test_router_lock import hold; "
+        "from tests.test_agent import local_host; from pathlib import Path; "
+        "reply, _ = hold(local_host(Path(sys.argv[1])), 'rollout'); "
+        "print(reply['acquired'], flush=True); time.sleep(120)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "True"
+        reply, held = hold(host, "tune")
+        held.close()
+        assert not reply["acquired"] and reply["holder"] == {
+            "what": "rollout", "pid": holder.pid, "since": reply["holder"]["since"]
+        }  # fmt: skip
+    finally:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+    deadline = time.monotonic() + 10
+    while True:
+        reply, held = hold(host, "tune")
+        held.close()
+        if reply["acquired"]:
+            break
+        assert time.monotonic() < deadline, "the killed holder's lock outlived it"
+        time.sleep(0.1)
