@@ -605,3 +605,39 @@ def test_a_dry_run_with_a_host_that_cannot_be_read_fails(
     units = {u["unit"]: u for u in doc["units"]}
     assert units["bravo"]["blocked"].startswith("bravo: cannot be read"), units
     assert not units["alpha"]["blocked"], units
+
+
+def edit_worker(inv: Path, name: str, change: dict[str, Any]) -> None:
+    document = yaml.safe_load(inv.read_text())
+    document["all"]["hosts"]["alpha"]["deployments"][name].update(change)
+    inv.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def test_a_worker_whose_url_was_edited_is_taken_out_by_the_url_its_run_registered(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """w1 serves on every address, registered as 127.0.0.2:P; its worker_url is edited to
+    localhost:P after launch. The rollout takes out (and drains) the URL the router lists,
+    and the new run registers under the new one: no request lost, no stale URL left."""
+    address = hosts.hosts["alpha"].address
+    inv, table = fleet(hosts, tmp_path, workers=2, knobs=KNOBS)
+    edit_worker(inv, "w1", {"bind_host": "0.0.0.0"})
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    router = url_of(address, table["router"]["port"])
+    port = table["w1"]["port"]
+    old, new = f"http://{address}:{port}", f"http://localhost:{port}"
+    assert old in registered(router)
+    edit_worker(inv, "w1", {"worker_url": new, "mem_fraction_static": 0.8})
+    with Load(address, table["router"]["port"]) as load:
+        time.sleep(1.0)
+        code, doc, err = run_json(cli, "rollout", "-i", str(inv), "-d", "w1")
+        time.sleep(1.0)
+    assert code == 0, err
+    assert [(u["outcome"], u["new_run"]) for u in doc["units"]] == [
+        ("replaced", "w1_baseline_v2")
+    ], err
+    assert load.failed == [] and load.done, load.failed[:3]
+    listed = registered(router)
+    assert new in listed and old not in listed, listed
+    cli("stop", "-i", str(inv))

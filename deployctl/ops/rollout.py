@@ -31,6 +31,7 @@ from deployctl.ops.patch import PatchAction, apply_patches, patch_facts, revert_
 from deployctl.ops.router import (
     change_registration,
     listed_load,
+    registered_url,
     router_locks,
     router_of,
     router_state,
@@ -102,6 +103,13 @@ class UnitPlan:
         """The head node of the Slurm job its current run is; "" for a process on its host."""
         job = self.statuses[0].job if self.statuses else None
         return job["head"] if job else ""
+
+    @property
+    def url(self) -> str:
+        """Where its router lists its current run: the URL the run recorded when it
+        registered, so an edited `worker_url` never takes another worker out."""
+        run = self.statuses[0].run if self.statuses else None
+        return registered_url(self.rank0, run, self.head) if run is not None else ""
 
     @property
     def serving(self) -> bool:
@@ -432,7 +440,9 @@ class Rollout:
         return result
 
     def _put_back(self, unit: UnitPlan, result: UnitResult) -> None:
-        back = change_registration(self.fleet, unit.rank0, add=True, port=unit.port, head=unit.head)
+        back = change_registration(
+            self.fleet, unit.rank0, add=True, port=unit.port, head=unit.head, url=unit.url
+        )
         if back is not None and not back.ok:
             result.warnings.append(f"not put back in its router: {back.error}")
 
@@ -446,7 +456,7 @@ class Rollout:
             self._step(unit, f"removing from {unit.router.label}", started)
             t = time.monotonic()
             removal = change_registration(
-                self.fleet, unit.rank0, add=False, port=unit.port, head=unit.head
+                self.fleet, unit.rank0, add=False, port=unit.port, head=unit.head, url=unit.url
             )
             timings["remove"] = time.monotonic() - t
             if removal is not None and not removal.ok:
@@ -530,7 +540,7 @@ class Rollout:
             result.drain_signal = DrainSignal.METRICS
             if running is None:  # no metrics (enable_metrics: false, or unreadable): not idle
                 try:
-                    running = listed_load(self.fleet, host, unit.port, unit.head)
+                    running = listed_load(self.fleet, host, unit.url)
                 except DeployctlError:  # the router cannot say: the timeout is the signal
                     running = None
                 result.drain_signal = (

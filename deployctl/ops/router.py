@@ -340,13 +340,14 @@ def router_state(fleet: Fleet, router: Host) -> RouterState:
     return state
 
 
-def listed_load(fleet: Fleet, worker: Host, port: int | None, head: str = "") -> int | None:
-    """The router's load for the worker while it still lists it (None: not listed, or the
-    router gives none: the legacy one never does, 0.3's drops a removed worker at once)."""
+def listed_load(fleet: Fleet, worker: Host, url: str) -> int | None:
+    """The router's load for the worker at `url` while it still lists it (None: not listed,
+    or the router gives none: the legacy one never does, 0.3's drops a removed worker at
+    once)."""
     router = router_of(worker, fleet.select)
     if router is None:
         return None
-    url = worker_url(worker, port, head)
+    url = url.rstrip("/")
     reply = _router_call(fleet, router, "list", None, 0)
     return next((w["load"] for w in reply["workers"] if w["url"].rstrip("/") == url), None)
 
