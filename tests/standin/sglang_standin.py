@@ -251,6 +251,16 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     # --cuda-graph-max-bs is an ambiguous abbreviation there, as here.
     (("--cuda-graph-max-bs-decode",), {"type": int}),
     (("--cuda-graph-max-bs-prefill",), {"type": int}),
+    (
+        ("--cuda-graph-backend-decode",),
+        {"choices": ["full", "breakable", "tc_piecewise", "disabled"]},
+    ),
+    (
+        ("--cuda-graph-backend-prefill",),
+        {"choices": ["full", "breakable", "tc_piecewise", "disabled"]},
+    ),
+    (("--sampling-backend",), {"type": str}),
+    (("--speculative-draft-attention-backend",), {"type": str}),
     (("--disable-custom-all-reduce",), {"action": "store_true"}),
     (("--enable-torch-compile",), {"action": "store_true"}),
     (("--speculative-algorithm",), {"type": str}),
