@@ -59,6 +59,10 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "late_bind": False,  # True: listen only once ranks are up, as 0.5.23 does
     "pdeathsig": False,  # True: ranks die with the parent (0.5.23's PR_SET_PDEATHSIG)
     "drain_s": 2.0,  # SIGTERM to a ready server: delay before "Gracefully exiting"
+    # A ready server's /health and /health_generate answer after this long: real SGLang
+    # (0.5.17, tests/data/real-sglang-0.5.17) runs a 1-token request and sleeps 1 s first.
+    # 0 keeps the suite fast; the fidelity tests run with the real 1.0.
+    "health_s": 0.0,
     # True: crash_after_s after ready, one request fails with a logged traceback (uvicorn's
     # "Exception in ASGI application") and the server goes on serving, healthy.
     "request_error": False,
@@ -676,6 +680,9 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
             launcher = self.server.launcher
             path = self.path.split("?", 1)[0]
             if path in ("/health", "/health_generate", "/ready", "/ping"):
+                if path in ("/health", "/health_generate") and launcher.healthy():
+                    # SGLang runs a 1-token request and sleeps 1 s before it looks.
+                    time.sleep(float(launcher.knobs["health_s"]))
                 self._send(200 if launcher.healthy() else 503)
             elif launcher.node_rank > 0:  # 0.5.23's dummy health server serves nothing else
                 self._send_json(404, {"detail": "Not Found"})
