@@ -977,6 +977,8 @@ class Launcher:
         for name in names:
             lines += [f"# HELP sglang:{name} {name}.", f"# TYPE sglang:{name} gauge"]
             lines.append(f"sglang:{name}{{{labels}}} {float(values.get(name, 0))}")
+        # The tokenizer manager's histograms carry no rank labels (real 0.5.17's page).
+        labels = f'engine_type="unified",model_name="{self.served_model_name}"'
         for name, bounds, extra in (
             ("time_to_first_token_seconds", TTFT_BUCKETS, ',is_streaming="true"'),
             ("inter_token_latency_seconds", ITL_BUCKETS, ""),
@@ -1622,7 +1624,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     )
     knobs = load_knobs(args.model_path)
     launcher = Launcher(args, knobs, slots)
-    log(f"server_args={launcher.server_args!r}")
+    # SGLang logs the dataclass's repr: ServerArgs(model_path='…', tp_size=1, …).
+    fields = ", ".join(f"{k}={v!r}" for k, v in launcher.server_args.items())
+    log(f"server_args=ServerArgs({fields})")
     if args.enable_flashinfer_allreduce_fusion:
         log(
             "--enable-flashinfer-allreduce-fusion is deprecated. "
