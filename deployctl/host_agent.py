@@ -1542,9 +1542,14 @@ def http_get(
     return code, body
 
 
+# Real SGLang's /health (0.5.17: the same handler as /health_generate) sends a 1-token request
+# to the scheduler and answers 200 only after a 1 s sleep, under load too: 0.5 s never saw it.
+HEALTH_TIMEOUT = 5.0
+
+
 def health(host: str, port: int) -> int | None:
     """GET /health on the host itself: the status code, or None when nothing answers."""
-    return http_get(host, port, "/health")[0]
+    return http_get(host, port, "/health", timeout=HEALTH_TIMEOUT)[0]
 
 
 def read_from(path: str, offset: int, limit: int) -> tuple[int, bytes]:

@@ -55,6 +55,10 @@ def parse_metrics(text: str) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError) as exc:
         raise MetricsError(f"the server's /metrics is not Prometheus text: {exc}") from None
     found: dict[str, Any] = {name: _finite(gauges.get(name)) for name in GAUGES}
+    if found["spec_accept_length"] == 0:
+        # Real SGLang (0.5.17) exports it on a server that does not speculate too, as 0.0; a
+        # speculating one reports at least 1 (the verified token counts).
+        found["spec_accept_length"] = None
     for name in HISTOGRAMS:
         counts = buckets.get(name, {})
         total = counts.get(math.inf, 0.0)

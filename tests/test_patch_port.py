@@ -16,13 +16,14 @@ from tests.sglang_wheel import SITE, extract_site, install_on, sglang_wheel
 from tests.sshd_hosts import SSHLab
 
 
-def project_without(cli: CLI, name: str, release: str) -> Path:
-    """A project folder whose copy of a shipped set lacks the variant for `release`."""
+def project_without(cli: CLI, name: str, *releases: str) -> Path:
+    """A project folder whose copy of a shipped set lacks the variants for `releases`."""
     folder = cli.cwd / "patches" / name
     shutil.copytree(SHIPPED_DATA / "patches" / name, folder)
-    shutil.rmtree(folder / release)
     spec = yaml.safe_load((folder / "patch.yml").read_text())
-    del spec["variants"][release]
+    for release in releases:
+        shutil.rmtree(folder / release)
+        del spec["variants"][release]
     (folder / "patch.yml").write_text(yaml.safe_dump(spec, sort_keys=False))
     return folder
 
@@ -46,7 +47,7 @@ def applies_exactly(diff: Path, release: str, tmp: Path) -> bool:
 
 
 def test_port_to_a_release_without_a_variant_reports_every_hunk(cli: CLI, tmp_path: Path) -> None:
-    folder = project_without(cli, "spec-disable", "0.5.22")
+    folder = project_without(cli, "spec-disable", "0.5.22", "0.5.17")  # port from 0.5.23
     before = (folder / "patch.yml").read_text()
     code, report, _ = port(cli, "spec-disable", "0.5.22")
     assert report["from_version"] == "0.5.23" and report["to_version"] == "0.5.22"
@@ -132,6 +133,28 @@ def test_port_from_a_copy_that_already_has_the_change_is_not_ok(cli: CLI, tmp_pa
     assert result.returncode == 1 and report["ok"] is False
     skipped = [h for h in report["hunks"] if "already has this change" in h["detail"]]
     assert skipped and all(h["outcome"] == "failed" for h in skipped)
+
+
+def test_port_to_a_release_that_lacks_a_file_reports_its_hunks_failed(
+    cli: CLI, tmp_path: Path
+) -> None:
+    # 0.5.17 has no arg_groups/fields/ (real SGLang 0.5.17: one ServerArgs in server_args.py):
+    # GNU patch skips a file it cannot find, and the port said only "could not read it".
+    project_without(cli, "spec-disable", "0.5.22", "0.5.17")  # port from 0.5.23
+    site = extract_site("0.5.22", tmp_path / "site")
+    (site / "sglang/srt/arg_groups/fields/spec.py").unlink()
+    result = cli("patch", "port", "spec-disable", "--to", "0.5.22", "--from", str(site),
+                 "--project", str(cli.cwd), "--json", "-o", str(tmp_path / "cand"))  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    failed = {
+        (h["file"], h["hunk"]): h["detail"] for h in report["hunks"] if h["outcome"] == "failed"
+    }
+    gone = "sglang/srt/arg_groups/fields/spec.py"
+    assert failed == {(gone, 1): f"{gone} does not exist in this release (moved or renamed?)"}
+    # The file before it in the diff is not taken for one that has the change already.
+    ported = {h["file"].rsplit("/", 1)[-1]: h["outcome"] for h in report["hunks"]}
+    assert ported["field_order.py"] == "fuzz" and ported["speculative_hook.py"] == "offset"
 
 
 def test_port_into_a_missing_folder_onto_a_file_or_a_full_disk_is_one_line_and_no_litter(

@@ -180,7 +180,7 @@ def test_health_is_503_while_starting_then_200_with_the_ready_line(launch: Launc
     assert re.search(STAMP + r"\] " + re.escape(READY) + "$", log, re.M)
     # SGLang's order: args, per-rank load and capture, uvicorn, ready.
     order = [
-        f"] server_args={{'model_path': '{server.model}'",
+        f"] server_args=ServerArgs(model_path='{server.model}'",
         " TP0] Load weight begin. avail mem=",
         " TP1] Load weight end. elapsed=",
         " TP1] Capture target decode CUDA graph end. bs=",
@@ -412,7 +412,7 @@ def test_threshold_flag_follows_the_installed_sglang(
         None, "--speculative-disable-batch-threshold", "5", env={"PYTHONPATH": str(tree)}
     )
     if patched:
-        server.wait_log("'speculative_disable_batch_threshold': 5")
+        server.wait_log("speculative_disable_batch_threshold=5")
         # Frames name the sglang that is installed.
         assert f"{tree}/sglang/launch_server.py:71: UserWarning" in server.text()
     else:
@@ -427,7 +427,7 @@ def test_threshold_flag_is_accepted_without_any_sglang(launch: Launch) -> None:
     # The stand-in's own contract (deployctl's side is in test_threshold_launch.py): with no
     # sglang installed, the patched flag is accepted, shown in server_args, and served.
     server = launch(None, "--speculative-disable-batch-threshold", "3")
-    server.wait_log("'speculative_disable_batch_threshold': 3")
+    server.wait_log("speculative_disable_batch_threshold=3")
     server.wait_log("The server is fired up and ready to roll!")
     assert server.status() == 200
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import re
 import stat
 import threading
 import time
@@ -70,11 +71,14 @@ def log_path(host: Host, conn: Connection, run: str | None, path: str | None) ->
     return _log_of(host, conn, run, path)[0]
 
 
-def _log_of(host: Host, conn: Connection, run: str | None, path: str | None) -> tuple[str, bool]:
-    """The log to read, and whether the run writing it is alive and answers /health (then a
-    trace in it is a failed request, as `status` says, not a crash). A --path is no run's."""
+def _log_of(
+    host: Host, conn: Connection, run: str | None, path: str | None
+) -> tuple[str, bool, bool]:
+    """The log to read, whether the run writing it is alive and answers /health (then a
+    trace in it is a failed request, as `status` says, not a crash), and whether deployctl
+    stopped it. A --path is no run's."""
     if path is not None:
-        return path, False
+        return path, False, False
     status = recorded_run(host, conn, run)
     record = status["run"]
     if record is None:
@@ -84,7 +88,18 @@ def _log_of(host: Host, conn: Connection, run: str | None, path: str | None) -> 
                 hint="check the run id (`deployctl status`), or give --path",
             )
         raise DeployctlError(f"no run recorded on {host.label}", hint="launch one, or give --path")
-    return str(record["log"]), status["alive"] and status["health"] == 200
+    healthy = status["alive"] and status["health"] == 200
+    return str(record["log"]), healthy, "stop_requested_at" in record
+
+
+# `stop` signals the server's whole process group, so real SGLang's parent logs its scheduler
+# as "crashed with exit code -15" (SIGTERM; -9 after the SIGKILL timeout): the stop, not a crash.
+_STOP_EXIT = re.compile(r"crashed with exit code -(?:15|9)\b")
+
+
+def stop_effect(report: CrashReport) -> bool:
+    """A subprocess ended by the signal a stop sends."""
+    return report.signature == "subprocess-crashed" and bool(_STOP_EXIT.search(report.message))
 
 
 @dataclass
@@ -96,11 +111,15 @@ class LogScan:
     scanned_bytes: int
     reports: list[CrashReport]  # every trace found, oldest first
     healthy: bool = False  # the run writing the log is alive and answers /health
+    stopped: bool = False  # deployctl stopped the run writing the log
 
     @property
     def crashes(self) -> list[CrashReport]:
-        """The traces that are crashes: none while the server is healthy."""
-        return [] if self.healthy else self.reports
+        """The traces that are crashes: none while the server is healthy, and not the
+        signals of a stop."""
+        if self.healthy:
+            return []
+        return [r for r in self.reports if not (self.stopped and stop_effect(r))]
 
     @property
     def warnings(self) -> list[CrashReport]:
@@ -209,7 +228,7 @@ def scan_log(
     scan_all: bool,
 ) -> LogScan:
     """Scan a host's log for crashes: its last 64 MiB in one round trip, or all of it."""
-    log, healthy = _log_of(host, conn, run, path)
+    log, healthy, stopped = _log_of(host, conn, run, path)
     if not scan_all:
         sizes: list[int] = []
 
@@ -219,7 +238,7 @@ def scan_log(
             return window.data, window.start
 
         crashes, scanned = _scan_from_end(read_back, catalog)
-        return LogScan(log, sizes[-1], scanned, masked_reports(crashes, host), healthy)
+        return LogScan(log, sizes[-1], scanned, masked_reports(crashes, host), healthy, stopped)
     scanner = CrashScanner(catalog)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     offset, inode, size = 0, 0, 0
@@ -237,7 +256,7 @@ def scan_log(
             break
     scanner.feed(decoder.decode(b"", final=True))
     scanner.finish()
-    return LogScan(log, size, offset, masked_reports(scanner.reports, host), healthy)
+    return LogScan(log, size, offset, masked_reports(scanner.reports, host), healthy, stopped)
 
 
 @dataclass

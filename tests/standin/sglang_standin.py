@@ -59,6 +59,10 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "late_bind": False,  # True: listen only once ranks are up, as 0.5.23 does
     "pdeathsig": False,  # True: ranks die with the parent (0.5.23's PR_SET_PDEATHSIG)
     "drain_s": 2.0,  # SIGTERM to a ready server: delay before "Gracefully exiting"
+    # A ready server's /health and /health_generate answer after this long: real SGLang
+    # (0.5.17, tests/data/real-sglang-0.5.17) runs a 1-token request and sleeps 1 s first.
+    # 0 keeps the suite fast; the fidelity tests run with the real 1.0.
+    "health_s": 0.0,
     # True: crash_after_s after ready, one request fails with a logged traceback (uvicorn's
     # "Exception in ASGI application") and the server goes on serving, healthy.
     "request_error": False,
@@ -251,6 +255,16 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     # --cuda-graph-max-bs is an ambiguous abbreviation there, as here.
     (("--cuda-graph-max-bs-decode",), {"type": int}),
     (("--cuda-graph-max-bs-prefill",), {"type": int}),
+    (
+        ("--cuda-graph-backend-decode",),
+        {"choices": ["full", "breakable", "tc_piecewise", "disabled"]},
+    ),
+    (
+        ("--cuda-graph-backend-prefill",),
+        {"choices": ["full", "breakable", "tc_piecewise", "disabled"]},
+    ),
+    (("--sampling-backend",), {"type": str}),
+    (("--speculative-draft-attention-backend",), {"type": str}),
     (("--disable-custom-all-reduce",), {"action": "store_true"}),
     (("--enable-torch-compile",), {"action": "store_true"}),
     (("--speculative-algorithm",), {"type": str}),
@@ -666,6 +680,9 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
             launcher = self.server.launcher
             path = self.path.split("?", 1)[0]
             if path in ("/health", "/health_generate", "/ready", "/ping"):
+                if path in ("/health", "/health_generate") and launcher.healthy():
+                    # SGLang runs a 1-token request and sleeps 1 s before it looks.
+                    time.sleep(float(launcher.knobs["health_s"]))
                 self._send(200 if launcher.healthy() else 503)
             elif launcher.node_rank > 0:  # 0.5.23's dummy health server serves nothing else
                 self._send_json(404, {"detail": "Not Found"})
@@ -960,6 +977,8 @@ class Launcher:
         for name in names:
             lines += [f"# HELP sglang:{name} {name}.", f"# TYPE sglang:{name} gauge"]
             lines.append(f"sglang:{name}{{{labels}}} {float(values.get(name, 0))}")
+        # The tokenizer manager's histograms carry no rank labels (real 0.5.17's page).
+        labels = f'engine_type="unified",model_name="{self.served_model_name}"'
         for name, bounds, extra in (
             ("time_to_first_token_seconds", TTFT_BUCKETS, ',is_streaming="true"'),
             ("inter_token_latency_seconds", ITL_BUCKETS, ""),
@@ -1607,7 +1626,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     )
     knobs = load_knobs(args.model_path)
     launcher = Launcher(args, knobs, slots)
-    log(f"server_args={launcher.server_args!r}")
+    # SGLang logs the dataclass's repr: ServerArgs(model_path='…', tp_size=1, …).
+    fields = ", ".join(f"{k}={v!r}" for k, v in launcher.server_args.items())
+    log(f"server_args=ServerArgs({fields})")
     if args.enable_flashinfer_allreduce_fusion:
         log(
             "--enable-flashinfer-allreduce-fusion is deprecated. "
