@@ -1379,8 +1379,6 @@ class Launcher:
             self.run_node()
         span = float(self.knobs["startup_s"])
         t0 = time.time()
-        # As 0.5.23's engine.py logs its resolved arguments (secrets and all) at start.
-        log(f"server_args={self.server_args!r}")
         signal.signal(signal.SIGQUIT, self.on_sigquit)
         rendezvous = self.open_rendezvous() if self.args.nnodes > 1 else None
         if not self.knobs["late_bind"]:
@@ -1626,7 +1624,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     )
     knobs = load_knobs(args.model_path)
     launcher = Launcher(args, knobs, slots)
-    # SGLang logs the dataclass's repr: ServerArgs(model_path='…', tp_size=1, …).
+    # SGLang logs the dataclass's repr, secrets and all: ServerArgs(model_path='…', …) (the
+    # real 0.5.17 capture; 0.5.23's engine.py logs a dict, which deployctl masks too).
     fields = ", ".join(f"{k}={v!r}" for k, v in launcher.server_args.items())
     log(f"server_args=ServerArgs({fields})")
     if args.enable_flashinfer_allreduce_fusion:
