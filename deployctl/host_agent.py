@@ -2357,12 +2357,31 @@ class TuneRecordsReply(TypedDict):
     unreadable: list[str]
 
 
+NONE = type(None)
+# What every reader of a tune record indexes (tune.json's `record` requires these too), and
+# its types: a record without one is named as unreadable and skipped, never shown half.
+TUNE_RECORD_KEYS: dict[str, tuple[type, ...]] = {
+    "host": (str,), "deployment": (str, NONE), "tune": (int, NONE), "outcome": (str,),
+    "outcome_note": (str,), "threshold": (int, NONE), "threshold_mode": (str,),
+    "phases": (dict,), "refined_levels": (list,), "envelope_ratio": (dict,),
+    "min_ratio": (int, float), "held": (bool,), "serving": (str, NONE), "launches": (int,),
+    "levels_measured": (int,),
+}  # fmt: skip
+
+
+def is_tune_record(document: Any) -> bool:
+    return isinstance(document, dict) and all(
+        key in document and isinstance(document[key], kinds)
+        for key, kinds in TUNE_RECORD_KEYS.items()
+    )
+
+
 def cmd_tune_records(args: TuneRecordsArgs) -> TuneRecordsReply:
     kept: dict[int, dict[str, Any]] = {}
     unreadable: list[str] = []
     for number, path in numbered_files(tune_dir(args["state_dir"])):
         document = read_json(path)
-        if not isinstance(document, dict) or not isinstance(document.get("phases"), dict):
+        if not is_tune_record(document):
             unreadable.append(path)
         elif document.get("deployment") == args["deployment"]:
             kept[number] = document

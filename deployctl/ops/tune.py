@@ -1153,6 +1153,18 @@ class KeptTune:
     def ok(self) -> bool:
         return self.record is not None
 
+    @property
+    def missing(self) -> str:
+        """Why there is no record to show ("" when there is one)."""
+        if self.record is not None:
+            return ""
+        which = "no tune" if self.wanted is None else f"no tune {self.wanted}"
+        return f"{which} is kept here (kept: {', '.join(map(str, self.numbers)) or 'none'})"
+
+
+# Where a missing tune record comes from.
+MISSING_HINT = "deployctl tune"
+
 
 def find_tunes(
     fleet: Fleet, number: int | None, hosts: Sequence[Host] | None = None
