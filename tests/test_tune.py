@@ -483,6 +483,27 @@ def test_a_dry_run_shows_the_plan_and_an_estimate_and_reaches_no_host(
     assert "about 6 launches and 39 level measurements" in human.stdout
 
 
+def test_a_dry_run_merges_and_bounds_levels_and_its_estimate_keeps_to_max_launches(
+    cli: CLI, tmp_path: Path
+) -> None:
+    inv = str(unreachable_inventory(tmp_path, template="eagle3"))
+
+    def planned(*extra: str) -> dict[str, Any]:
+        result = cli("tune", "-i", inv, "--dry-run", "--json", *extra)
+        assert result.returncode == 0, result.stderr
+        entry: dict[str, Any] = json.loads(result.stdout)["hosts"]["far"]
+        return entry
+
+    assert planned("--concurrency", "16,4,1,4,1")["params"]["concurrency"] == [1, 4, 16]
+    # 3 splits would close 17..63; 3 launches leave the search 1 after its two servers.
+    bounded = planned("--concurrency", "1,4,16,64", "--max-launches", "3")
+    assert bounded["launches"] == 3 + 1 and bounded["levels"] == 4 * 3 + 1 * 3 * 3
+    absurd = cli("tune", "-i", inv, "--dry-run", "--concurrency", f"1,{10**22}")
+    assert absurd.returncode == 1 and "Traceback" not in absurd.stderr
+    assert absurd.stderr.startswith(f"error: --concurrency {10**22} is more streams")
+    assert "hint:" in absurd.stderr
+
+
 def test_a_latency_bound_finds_the_highest_concurrency_that_meets_it(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:

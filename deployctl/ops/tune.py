@@ -439,6 +439,10 @@ class TuneOptions:
     stop_timeout: float = DEFAULT_STOP_TIMEOUT
     max_visits: int = 12  # launches of the two servers, at most, while searching
 
+    def __post_init__(self) -> None:
+        # A level given twice, or out of order, is one level, measured in order.
+        object.__setattr__(self, "levels", sorted(set(self.levels)))
+
     def bench_plan(self, levels: Sequence[int]) -> BenchPlan:
         return BenchPlan(
             list(levels), self.input_len, self.output_len, self.per_stream, self.level_timeout
@@ -1002,10 +1006,11 @@ class TunePlan:
 
     def estimate(self) -> dict[str, Any]:
         """Launches, sweeps and a duration guess before anything is measured."""
-        coarse = sorted(set(self.options.levels))
+        coarse = self.options.levels
         gaps = [b - a - 1 for a, b in zip([0, *coarse], coarse, strict=False)]
-        splits = rounds(max(gaps), self.options.points)
-        launches = 3 + splits
+        # The search launches each server once, then once a split, up to --max-launches.
+        splits = min(rounds(max(gaps), self.options.points), self.options.max_visits - 2)
+        launches = 2 + splits + 1  # and the tuned run
         measured = len(coarse) * 3 + splits * self.options.points * 3
         per_level = self.options.per_stream * self.options.output_len * ASSUMED_TOKEN_S
         return {
