@@ -14,7 +14,7 @@ import difflib
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -26,6 +26,7 @@ from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
+from deployctl.ops.driver import drive
 from deployctl.ops.launch import Plan
 from deployctl.ops.patch import PatchAction, apply_patches, patch_facts, revert_patches, set_state
 from deployctl.ops.router import change_registration, router_of, router_state
@@ -589,17 +590,9 @@ def rollout(
         raise UsageError("--max-unavailable must be 1 or more")
     cancel = threading.Event()
     engine = Rollout(fleet, unit_plans, catalog, available, options, events, cancel)
-    pool = ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(engine.run)
-    interrupted = False
-    try:
-        while wait([future], timeout=0.5).not_done:  # short waits: Ctrl-C gets through
-            pass
-    except KeyboardInterrupt:
-        interrupted = True
-        cancel.set()
-        events.emit(ev.RolloutStep(target="", step="interrupting", elapsed=0.0))
-        wait([future])  # a second Ctrl-C ends here, leaving the hosts as they are
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    return RolloutReport(future.result(), list(unit_plans), interrupted=interrupted)
+    driven = drive(
+        [engine.run], 1, cancel,
+        lambda: events.emit(ev.RolloutStep(target="", step="interrupting", elapsed=0.0)),
+    )  # fmt: skip
+    [future] = driven.futures
+    return RolloutReport(future.result(), list(unit_plans), interrupted=driven.interrupted)
