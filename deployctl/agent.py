@@ -63,10 +63,13 @@ BENCH_SAVE = Call("bench_save", proto.BenchSaveArgs, proto.BenchSaveReply)
 BENCH_RESULTS = Call("bench_results", proto.BenchResultsArgs, proto.BenchResultsReply)
 TUNE_SAVE = Call("tune_save", proto.TuneSaveArgs, proto.TuneSaveReply)
 TUNE_RECORDS = Call("tune_records", proto.TuneRecordsArgs, proto.TuneRecordsReply)
+TUNE_LOCK = Call("tune_lock", proto.TuneLockArgs, proto.LockReply)
+TUNE_UNLOCK = Call("tune_unlock", proto.ReleaseArgs, proto.ReleaseReply)
 ROUTER = Call("router", proto.RouterArgs, proto.RouterReply)
 CALLS: tuple[Call[Any, Any], ...] = (
     PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
-    BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, ROUTER, POINT,
+    BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, TUNE_LOCK, TUNE_UNLOCK, ROUTER,
+    POINT,
 )  # fmt: skip
 
 

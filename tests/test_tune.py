@@ -337,7 +337,9 @@ def test_a_tuned_server_that_crashes_over_t_is_replaced_by_the_best_stable_one(
 
 
 def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    """And two tunes of one deployment: the second is refused while the first holds its lock."""
     import signal
+    import socket
     import time
 
     model = model_for(6.5)
@@ -348,6 +350,11 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
     launched = cli("launch", "-i", str(inv), "--json", "--timeout", "60")
     assert launched.returncode == 0, launched.stderr
     before = json.loads(launched.stdout)["hosts"]["delta"]["run"]
+    # A tune lock whose holder died (no such pid on this machine: above pid_max) does not hold.
+    lock = delta.home / ".deployctl" / "tune-lock"
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": 1 << 22,
+                                "user": "x", "op": "tune", "expires": time.time() + 3600,
+                                "token": "dead"}))  # fmt: skip
     tune = cli.popen(
         "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", "63",
         "--requests-per-stream", "2", "--timeout", "60", "--concurrency", "1,4,16",
@@ -356,6 +363,11 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
     deadline = time.monotonic() + 60
     while not list(runs.glob("eagle3_v*.bench")) and time.monotonic() < deadline:
         time.sleep(0.2)  # the speculative phase has measured a level
+    # A second tune of the deployment meanwhile is refused, naming the first; nothing changes.
+    second = cli("tune", "-i", str(inv), "--concurrency", "1,4", "--json")
+    refused = json.loads(second.stdout)["hosts"]["delta"]
+    assert second.returncode == 1 and refused["ok"] is False
+    assert f"another deployctl tune of it is in progress (pid {tune.pid} " in refused["error"]
     tune.send_signal(signal.SIGINT)
     out, err = tune.communicate(timeout=120)
     assert tune.returncode == 130, err
@@ -369,6 +381,36 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
     assert record["restart_of"] == before and record["template"] == "baseline"
     assert record["threshold"] is None
     cli("stop", "-i", str(inv))
+
+
+def test_a_second_ctrl_c_during_a_start_leaves_at_once(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    import signal
+    import time
+
+    slow = {**adaptive_host(hosts, "delta", model_for(6.5)), "template": "baseline"}
+    (Path(str(slow["model_path"])) / "standin.json").write_text(json.dumps({"startup_s": 40}))
+    inv = hosts.inventory(tmp_path / "inv.yml", ["delta"], {"delta": slow})
+    tune = cli.popen("tune", "-i", str(inv), "--concurrency", "1,4", "--timeout", "120")
+    runs = hosts.hosts["delta"].home / ".deployctl" / "runs"
+    deadline = time.monotonic() + 60
+    while not list(runs.glob("baseline_v*.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the baseline phase is starting (40 s to its ready line)
+    time.sleep(1)
+    tune.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    began = time.monotonic()
+    tune.send_signal(signal.SIGINT)
+    try:
+        _, err = tune.communicate(timeout=60)
+        left = time.monotonic() - began
+        assert tune.returncode == 130, err
+        assert left < 5, f"the second Ctrl-C took {left:.1f}s to leave: {err}"
+    finally:
+        if tune.poll() is None:
+            tune.kill()
+        cli("stop", "-i", str(inv))
 
 
 def test_keep_none_leaves_the_deployment_as_tune_found_it(
@@ -435,6 +477,32 @@ def test_a_lost_connection_stops_the_tune_and_puts_back_the_previous_run(
     cli("stop", "-i", str(inv))
 
 
+def test_a_replacement_refused_by_its_preflight_stops_nothing(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """tune's phases, restart and watch replace a run through one step: a plan refused (here
+    its model folder is gone) is refused before the serving run is stopped."""
+    import shutil
+
+    alpha = hosts.hosts["alpha"]
+    variables = {**prepare(alpha, tp=1), "template": "baseline"}
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
+    launched = cli("launch", "-i", str(inv), "--json", "--timeout", "60")
+    assert launched.returncode == 0, launched.stderr
+    before = json.loads(launched.stdout)["hosts"]["alpha"]["run"]
+    moved = alpha.home / "model-moved"
+    shutil.move(alpha.home / "model", moved)  # the running server has read it already
+    try:
+        restarted = cli("restart", "-i", str(inv), "--timeout", "60")
+        assert restarted.returncode == 1
+        assert f"{alpha.home}/model does not exist on alpha" in restarted.stderr
+        status = status_of(cli, inv, "alpha")
+        assert status["run"] == before and status["state"] == "ready"
+    finally:
+        shutil.move(moved, alpha.home / "model")
+        cli("stop", "-i", str(inv))
+
+
 # ---- plans and the `threshold` variable (no host is contacted) -------------------------------
 
 
@@ -481,6 +549,21 @@ def test_a_dry_run_shows_the_plan_and_an_estimate_and_reaches_no_host(
     assert plan["estimated_s"] > 0
     human = cli("tune", "-i", inv, "--dry-run")
     assert "about 6 launches and 39 level measurements" in human.stdout
+
+
+@pytest.mark.parametrize("template", ["router", "mine"])
+def test_tune_refuses_a_router_or_another_program_before_any_host_is_touched(
+    cli: CLI, tmp_path: Path, template: str
+) -> None:
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "mine.j2").write_text("{{ python }} -m my_proxy --port={{ port }}\n")
+    inv = str(unreachable_inventory(tmp_path, template=template))
+    result = cli("tune", "-i", inv, "--project", str(tmp_path), "--concurrency", "1,4")
+    assert result.returncode == 1, result.stderr
+    words = "is a router" if template == "router" else "does not run an SGLang server"
+    assert result.stderr.startswith(f"error: far{'' if template == 'router' else ':'}")
+    assert words in result.stderr and "hint:" in result.stderr
+    assert "connect" not in result.stderr  # refused before any host was reached
 
 
 def test_a_dry_run_merges_and_bounds_levels_and_its_estimate_keeps_to_max_launches(

@@ -399,9 +399,11 @@ def launch(
     events: EventSink = DISCARD,
     restart_of: Mapping[str, str] | None = None,
     beside: Mapping[str, str] | None = None,
+    replacing: bool = False,
 ) -> LaunchReport:
     """Preflight all hosts; start on all only if every one passed; then wait for ready.
-    `beside`: per target, a live run the new one starts beside (a Slurm job's successor)."""
+    `beside`: per target, a live run the new one starts beside (a Slurm job's successor).
+    `replacing` (with `dry_run`): check what does not depend on the runs still serving."""
     by_name = {p.host.label: p for p in plans}
 
     def preflight(host: Host, conn: Connection) -> Preflight:
@@ -409,7 +411,7 @@ def launch(
         # The lock is held until the wait ends: a second launch must not slip in while
         # the first server has not yet bound its port.
         alongside = (beside or {}).get(host.label)
-        result = run_preflight(plan, conn, max_used_mib, timeout + 120, alongside)
+        result = run_preflight(plan, conn, max_used_mib, timeout + 120, alongside, replacing)
         problems, hints = routing_problems(fleet, plan)
         result.problems += problems
         result.hints += hints
@@ -832,10 +834,15 @@ def units(results: FleetResult[RunStatus]) -> list[Unit]:
 @dataclass
 class Replacement:
     """What `replace` did: the stops (each host's), and the launch of the plans whose stops
-    held (None: none was left to launch)."""
+    held (None: none was left to launch; refused and no stop: refused before the stop)."""
 
     stops: FleetResult[StopResult]
     launch: LaunchReport | None
+
+    @property
+    def untouched(self) -> bool:
+        """Refused before anything was stopped: what served still serves."""
+        return not self.stops.results and self.launch is not None and self.launch.refused
 
 
 def replace(
@@ -849,11 +856,17 @@ def replace(
     timeout: float = 900,
     events: EventSink = DISCARD,
 ) -> Replacement:
-    """Stop each plan's current run, then launch the plan (preflight, start, wait).
+    """Check the plans, stop each plan's current run, then launch the plan (preflight,
+    start, wait).
 
-    A stop that fails keeps its plan out; a multi-node server relaunches whole or not at
-    all (a lone rank never rejoins its group). `restart_of` names each target's old run.
+    A plan refused before the stop (SGLang missing, a patch set not applied, a path that
+    does not exist) stops nothing: the launch says why and no stop is made. A stop that
+    fails keeps its plan out; a multi-node server relaunches whole or not at all (a lone
+    rank never rejoins its group). `restart_of` names each target's old run.
     """
+    checked = launch(fleet, plans, catalog, dry_run=True, replacing=True, timeout=timeout)
+    if checked.refused:
+        return Replacement(FleetResult([]), checked)
     # A failed stop is not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
     stops = fleet.run(
         lambda host, conn: stop_serving(fleet, host, conn, stop_timeout), [p.host for p in plans]

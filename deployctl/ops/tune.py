@@ -12,12 +12,13 @@ failure puts back the run that was serving before.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
 import math
 import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,9 +28,11 @@ from deployctl import events as ev
 from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult, next_backoff
-from deployctl.host_agent import TuneRecordsArgs, TuneSaveArgs
+from deployctl.host_agent import ReleaseArgs, TuneLockArgs, TuneRecordsArgs, TuneSaveArgs
 from deployctl.ops.bench import BenchPlan, per_token_ms, run_bench
-from deployctl.ops.launch import Plan, plan_launch
+from deployctl.ops.driver import drive
+from deployctl.ops.flags import server_argv
+from deployctl.ops.launch import Plan, client_identity, is_stale, plan_launch
 from deployctl.ops.patch import apply_patches
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
@@ -774,12 +777,14 @@ class Tuner:
     # -- steps -------------------------------------------------------------------------------
 
     def _replace(self, plan: Plan, restart_of: Mapping[str, str]) -> Replacement:
-        self.touched = True
-        return replace(
+        touched, self.touched = self.touched, True  # until it says it stopped nothing
+        replaced = replace(
             self.fleet, [plan], self.catalog, restart_of=restart_of,
             stop_timeout=self.options.stop_timeout, timeout=self.options.timeout,
             events=self.events,
         )  # fmt: skip
+        self.touched = touched or not replaced.untouched
+        return replaced
 
     def _launch(self, result: TuneResult, phase: Phase, plan: Plan) -> None:
         self._check_cancel()
@@ -1047,11 +1052,15 @@ def plan_tune(
             )
             return made
 
+        if host.settings.template:  # what serves there now must be an SGLang server
+            _refuse_non_server(plan(host.settings.template, None), "its template")
         speculative = options.speculative_template or _speculative_template(host, plan)
         plans = {
             Phase.BASELINE: plan(options.baseline_template, None),
             Phase.SPECULATIVE: plan(speculative, None),
         }
+        for made in plans.values():
+            _refuse_non_server(made, "template")
         if speculates(plans[Phase.BASELINE].rendered.argv):
             raise UsageError(
                 f"{host.label}: baseline template {options.baseline_template!r} speculates",
@@ -1076,6 +1085,22 @@ def plan_tune(
 
         found.append(TunePlan(host, plans, tuned, options, patch_sets))
     return found
+
+
+def _refuse_non_server(plan: Plan, what: str) -> None:
+    """Tune replaces an SGLang server by SGLang servers: never a router, nor another program."""
+    host, template = plan.host, plan.rendered.template
+    if plan.is_router:
+        raise UsageError(
+            f"{host.label} is a router ({what} {template!r}): tune measures SGLang servers",
+            hint="tune the router's workers (-H WORKER)",
+        )
+    if server_argv(plan.rendered.argv, host.settings.launch_module) is None:
+        raise UsageError(
+            f"{host.label}: {what} {template!r} does not run an SGLang server "
+            f"(`-m {host.settings.launch_module}` or `sglang serve`): tune measures SGLang servers",
+            hint="tune a deployment whose template runs SGLang's launch_server",
+        )
 
 
 def _speculative_template(host: Host, plan: Callable[[str, int | None], Plan]) -> str:
@@ -1110,36 +1135,64 @@ def tune_fleet(
     back the run that was serving before; a second Ctrl-C leaves at once.
     """
     cancel = threading.Event()
-    interrupted = False
 
     def one(tune_plan: TunePlan) -> TuneResult:
+        host = tune_plan.host
         tuner = Tuner(
-            fleet, tune_plan.host, tune_plan.plans, tune_plan.tuned, catalog,
+            fleet, host, tune_plan.plans, tune_plan.tuned, catalog,
             tune_plan.patch_sets, tune_plan.options, events, cancel,
         )  # fmt: skip
-        return tuner.run()
+        token = _take_tune_lock(host, fleet.connection(host))
+        try:
+            return tuner.run()
+        finally:
+            with contextlib.suppress(DeployctlError):  # unreachable: it expires
+                args = ReleaseArgs(
+                    state_dir=host.settings.state_dir, deployment=host.deployment, token=token
+                )
+                agent.call(host, fleet.connection(host), agent.TUNE_UNLOCK, args)
 
-    pool = ThreadPoolExecutor(max_workers=max(1, min(fleet.forks, len(tune_plans))))
-    futures = [pool.submit(one, p) for p in tune_plans]
-    try:
-        while wait(futures, timeout=0.5).not_done:  # short waits: Ctrl-C gets through
-            pass
-    except KeyboardInterrupt:
-        interrupted = True
-        cancel.set()
-        events.emit(ev.TuneStep(target="", phase="", step="interrupting", elapsed=0.0))
-        wait(futures)  # a second Ctrl-C ends here, leaving the hosts as they are
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    driven = drive(
+        [functools.partial(one, p) for p in tune_plans],
+        min(fleet.forks, len(tune_plans)),
+        cancel,
+        lambda: events.emit(ev.TuneStep(target="", phase="", step="interrupting", elapsed=0.0)),
+    )
     results = []
-    for tune_plan, future in zip(tune_plans, futures, strict=True):
+    for tune_plan, future in zip(tune_plans, driven.futures, strict=True):
         error = future.exception()
         results.append(
             HostResult(tune_plan.host, exception=error)
             if error is not None
             else HostResult(tune_plan.host, future.result())
         )
-    return TuneReport(FleetResult(results), interrupted)
+    return TuneReport(FleetResult(results), driven.interrupted)
+
+
+# How long a tune's lock holds at most when its holder cannot be asked (another machine's).
+TUNE_LOCK_HOLD = 24 * 3600.0
+
+
+def _take_tune_lock(host: Host, conn: Connection) -> str:
+    """The deployment's tune lock, or a refusal naming the tune that holds it; a lock whose
+    holder has died (or whose time is up) is broken, as launch's is."""
+    args = TuneLockArgs(
+        state_dir=host.settings.state_dir, deployment=host.deployment,
+        client=client_identity("tune", TUNE_LOCK_HOLD), break_lock=None,
+    )  # fmt: skip
+    reply = agent.call(host, conn, agent.TUNE_LOCK, args)
+    holder = reply["holder"] or {}
+    if not reply["acquired"] and is_stale(holder):
+        args["break_lock"] = holder["token"]
+        reply = agent.call(host, conn, agent.TUNE_LOCK, args)
+        holder = reply["holder"] or {}
+    if reply["token"] is None:
+        raise DeployctlError(
+            f"{host.label}: another deployctl tune of it is in progress "
+            f"(pid {holder.get('pid')} on {holder.get('host')}, by {holder.get('user')})",
+            hint="wait for it to end (or end it with Ctrl-C)",
+        )
+    return reply["token"]
 
 
 # ---- kept tunes -----------------------------------------------------------------------------
