@@ -34,9 +34,8 @@ from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
     LaunchReport,
     RunStatus,
+    drain,
     launch,
-    read_metrics,
-    recorded_run,
     run_status,
     stop_run,
     units,
@@ -44,9 +43,6 @@ from deployctl.ops.runs import (
 from deployctl.ops.server import recorded_plan
 from deployctl.patchset import PatchSet, select_sets
 from deployctl.shell import split
-
-# How often a draining worker's /metrics is read.
-DRAIN_POLL = 0.5
 
 
 @dataclass
@@ -477,24 +473,10 @@ class Rollout:
     def _drain(self, unit: UnitPlan, started: float) -> bool | None:
         """Wait until rank 0 runs no request: True; False at --drain-timeout; None on Ctrl-C."""
         host = unit.rank0
-        deadline = time.monotonic() + self.options.drain_timeout
-        said = ""
-        while True:
-            if self.cancel.is_set():
-                return None
-            # Liveness and /metrics only: no log tail, no nvidia-smi at every poll.
-            reply = recorded_run(host, self.fleet.connection(host), metrics=True)
-            metrics, _ = read_metrics(reply["metrics"])
-            running = (metrics or {}).get("num_running_reqs")
-            if not reply["alive"] or running == 0 or metrics is None:  # None: cannot tell
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            step = f"draining ({running:.0f} running)" if running is not None else "draining"
-            if step != said:  # once per change: a piped log gets no line every poll
-                self._step(unit, step, started)
-                said = step
-            time.sleep(DRAIN_POLL)
+        return drain(
+            host, self.fleet.connection(host), self.options.drain_timeout, self.cancel,
+            lambda step: self._step(unit, step, started),
+        )  # fmt: skip
 
     def _fail(
         self, unit: UnitPlan, report: LaunchReport, result: UnitResult, started: float

@@ -17,7 +17,7 @@ import getpass
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -708,6 +708,7 @@ class StopResult:
     note: str = ""
     # Its removal from its router before the stop (None: it names no router).
     router: Registration | None = None
+    drained: bool | None = None  # None: not drained (no router, or not asked)
     job: JobInfo | None = None  # a Slurm job as the stop left it
 
     @property
@@ -744,18 +745,60 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
         time.sleep(0.5)
 
 
+# How often a draining worker's /metrics is read.
+DRAIN_POLL = 0.5
+
+
+def drain(
+    host: Host,
+    conn: Connection,
+    timeout: float,
+    cancel: threading.Event | None = None,
+    on_step: Callable[[str], None] = lambda step: None,
+) -> bool | None:
+    """Wait until a worker taken out of its router runs no request: True; False at
+    `timeout`; None once `cancel` is set."""
+    deadline = time.monotonic() + timeout
+    said = ""
+    while True:
+        if cancel is not None and cancel.is_set():
+            return None
+        # Liveness and /metrics only: no log tail, no nvidia-smi at every poll.
+        reply = recorded_run(host, conn, metrics=True)
+        metrics, _ = read_metrics(reply["metrics"])
+        running = (metrics or {}).get("num_running_reqs")
+        if not reply["alive"] or running == 0 or metrics is None:  # None: cannot tell
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        step = f"draining ({running:.0f} running)" if running is not None else "draining"
+        if step != said:  # once per change: a piped log gets no line every poll
+            on_step(step)
+            said = step
+        time.sleep(DRAIN_POLL)
+
+
 def stop_serving(
-    fleet: Fleet, host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120
+    fleet: Fleet,
+    host: Host,
+    conn: Connection,
+    timeout: float,
+    gpu_timeout: float = 120,
+    drain_timeout: float = 0.0,
 ) -> StopResult:
-    """Remove a worker from its router (when it names one), then `stop_run` it. A router
-    that cannot be reached does not keep the worker running: its result says so."""
+    """Remove a worker from its router (when it names one), let it finish what it runs (up
+    to `drain_timeout`), then `stop_run` it. A router that cannot be reached does not keep
+    the worker running: its result says so."""
     head = ""
     if host.settings.slurm:  # the router lists the job at its head node
         job = recorded_run(host, conn)["job"]
         head = job["head"] if job else ""
     removed = change_registration(fleet, host, add=False, head=head)
+    drained = None
+    if removed is not None and removed.ok and drain_timeout > 0:
+        drained = drain(host, conn, drain_timeout)
     result = stop_run(host, conn, timeout, gpu_timeout)
-    result.router = removed
+    result.router, result.drained = removed, drained
     return result
 
 
@@ -855,6 +898,7 @@ def replace(
     wait: bool = True,
     timeout: float = 900,
     events: EventSink = DISCARD,
+    drain_timeout: float = 0.0,
 ) -> Replacement:
     """Check the plans, stop each plan's current run, then launch the plan (preflight,
     start, wait).
@@ -862,14 +906,18 @@ def replace(
     A plan refused before the stop (SGLang missing, a patch set not applied, a path that
     does not exist) stops nothing: the launch says why and no stop is made. A stop that
     fails keeps its plan out; a multi-node server relaunches whole or not at all (a lone
-    rank never rejoins its group). `restart_of` names each target's old run.
+    rank never rejoins its group). `restart_of` names each target's old run; a worker
+    behind a router is drained up to `drain_timeout` once taken out of it.
     """
     checked = launch(fleet, plans, catalog, dry_run=True, replacing=True, timeout=timeout)
     if checked.refused:
         return Replacement(FleetResult([]), checked)
     # A failed stop is not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
     stops = fleet.run(
-        lambda host, conn: stop_serving(fleet, host, conn, stop_timeout), [p.host for p in plans]
+        lambda host, conn: stop_serving(
+            fleet, host, conn, stop_timeout, drain_timeout=drain_timeout
+        ),
+        [p.host for p in plans],
     )
     broken = {p.group for p in plans if p.host.label in stops.failed and p.group is not None}
     kept = [p for p in plans if p.host.label not in stops.failed and p.group not in broken]

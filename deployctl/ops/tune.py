@@ -440,6 +440,7 @@ class TuneOptions:
     speculative_template: str | None = None  # None: the deployment's, when it speculates
     timeout: float = 900  # seconds for each launch to get ready
     stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    drain_timeout: float = 60.0  # a worker behind a router finishes its requests first
     max_visits: int = 12  # launches of the two servers, at most, while searching
 
     def __post_init__(self) -> None:
@@ -507,6 +508,7 @@ class TuneResult:
     envelope_ratio: dict[int, float] = field(default_factory=dict)
     capacity: int | None = None  # with a latency bound: the highest tuned level meeting it
     serving: str | None = None
+    serving_known: bool = True  # False: the host did not answer when it was last asked
     previous: str | None = None
     crash: CrashReport | None = None
     patches: list[str] = field(default_factory=list)  # sets tune applied for T
@@ -544,6 +546,37 @@ class PhaseFailed(Exception):
     ) -> None:
         super().__init__(message)
         self.message, self.crashed, self.crash = message, crashed, crash
+
+
+def envelope_ratios(result: TuneResult) -> dict[int, float]:
+    """Each level's tuned throughput (the median of its samples: a level measured again is
+    not judged by its last sample) over the better of the two curves there."""
+    search = result.search
+    assert search is not None
+    by_level = by_concurrency(result.phases[Phase.TUNED].measured)
+    ratios = {}
+    for c, judged in search.judged().items():
+        best = max(judged.baseline, judged.speculative)
+        if c in by_level and best > 0:
+            ratios[c] = median_tps(by_level[c]) / best
+    return ratios
+
+
+def best_stable(result: TuneResult) -> Phase | None:
+    """Of the unthrottled phases that ran without crashing, the one with the higher
+    throughput at the highest level both measured (saturation is where a fleet lives)."""
+    stable = [
+        p
+        for p in (Phase.BASELINE, Phase.SPECULATIVE)
+        if p in result.phases and result.phases[p].state == RunState.READY
+    ]
+    if len(stable) < 2 or result.search is None:
+        return stable[0] if stable else None
+    judged = result.search.judged()
+    if not judged:
+        return Phase.BASELINE
+    top = judged[max(judged)]
+    return Phase.SPECULATIVE if top.speculative > top.baseline else Phase.BASELINE
 
 
 class Tuner:
@@ -603,9 +636,24 @@ class Tuner:
         except Exception:  # a bug: what served is still put back, then the bug is reported
             self._put_back(result, previous)
             raise
+        if not result.serving_known:
+            self._read_serving(result)
         result.wall_s = time.monotonic() - self.began
         self._save(result)
         return result
+
+    def _read_serving(self, result: TuneResult) -> None:
+        """After the host stopped answering: once it answers again, say what serves there
+        now (what tune last started may still be), so the record can be kept too."""
+        try:
+            reply = _reconnecting(lambda: recorded_run(self.host, self.conn))
+        except DeployctlError as exc:
+            result.note += f"; what serves is unknown: {exc.message}"
+            return
+        run = reply["run"]
+        result.serving = run["id"] if run is not None and reply["alive"] else None
+        result.serving_known = True
+        result.note += f"; the host answered again: {result.serving or 'nothing'} serving"
 
     def _previous(self) -> tuple[Plan, str] | None:
         """The run serving before tune started, as the plan that puts it back."""
@@ -668,26 +716,15 @@ class Tuner:
         tuned = result.phases[Phase.TUNED]
         self._measure(result, Phase.TUNED, levels)
         for _ in range(self.options.repeats - 1):
-            low = [c for c, r in self._ratios(result).items() if r < self.options.min_ratio]
+            low = [c for c, r in envelope_ratios(result).items() if r < self.options.min_ratio]
             if not low:
                 break
             self._measure(result, Phase.TUNED, low)  # a single slow sample is not the verdict
-        result.envelope_ratio = self._ratios(result)
+        result.envelope_ratio = envelope_ratios(result)
         if self.options.objective.bound is not None:
             result.capacity = self._capacity(result)
         result.outcome = Outcome.TUNED
         result.serving = tuned.run
-
-    def _ratios(self, result: TuneResult) -> dict[int, float]:
-        search = result.search
-        assert search is not None
-        by_level = by_concurrency(result.phases[Phase.TUNED].measured)
-        ratios = {}
-        for c, judged in search.judged().items():
-            best = max(judged.baseline, judged.speculative)
-            if c in by_level and best > 0:
-                ratios[c] = median_tps(by_level[c]) / best
-        return ratios
 
     def _capacity(self, result: TuneResult) -> int | None:
         """The highest concurrency at which the tuned server meets the latency bound,
@@ -723,7 +760,7 @@ class Tuner:
     def _fall_back(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
         """After a crash: relaunch the best configuration that did not crash (no threshold),
         else put back what was serving before."""
-        best = self._best_stable(result)
+        best = best_stable(result)
         if best is None:
             self._put_back(result, previous)
             return
@@ -732,22 +769,6 @@ class Tuner:
             result.serving = self._start(result, best, self.plans[best])
         except (DeployctlError, PhaseFailed) as exc:
             result.note += f"; relaunching {best} failed: {exc}"
-
-    def _best_stable(self, result: TuneResult) -> Phase | None:
-        """Of the unthrottled phases that ran without crashing, the one with the higher
-        throughput at the highest level both measured (saturation is where a fleet lives)."""
-        stable = [
-            p
-            for p in (Phase.BASELINE, Phase.SPECULATIVE)
-            if p in result.phases and result.phases[p].state == RunState.READY
-        ]
-        if len(stable) < 2 or result.search is None:
-            return stable[0] if stable else None
-        judged = result.search.judged()
-        if not judged:
-            return Phase.BASELINE
-        top = judged[max(judged)]
-        return Phase.SPECULATIVE if top.speculative > top.baseline else Phase.BASELINE
 
     def _put_back(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
         """Relaunch the run that was serving before tune (or stop tune's own run), trying
@@ -773,6 +794,7 @@ class Tuner:
                 result.note += f"; putting back {run_id} failed"
         except DeployctlError as exc:
             result.note += f"; putting back failed: {exc.message}"
+            result.serving, result.serving_known = None, False
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -781,7 +803,7 @@ class Tuner:
         replaced = replace(
             self.fleet, [plan], self.catalog, restart_of=restart_of,
             stop_timeout=self.options.stop_timeout, timeout=self.options.timeout,
-            events=self.events,
+            events=self.events, drain_timeout=self.options.drain_timeout,
         )  # fmt: skip
         self.touched = touched or not replaced.untouched
         return replaced
@@ -985,6 +1007,7 @@ def tune_record(result: TuneResult) -> dict[str, Any]:
         "held": result.held,
         "capacity": result.capacity,
         "serving": result.serving,
+        "serving_known": result.serving_known,
         "previous": result.previous,
         "crash": result.crash.to_json() if result.crash else None,
         "patches": result.patches,

@@ -922,7 +922,10 @@ def _tune_record(record: dict[str, Any], label: str) -> None:
             host=label,
         )
     serving = record.get("serving")
-    write(f"serving: {serving}\n" if serving else "serving: nothing\n")
+    if record.get("serving_known") is False:
+        write("serving: unknown (the host did not answer)\n")
+    else:
+        write(f"serving: {serving}\n" if serving else "serving: nothing\n")
     keep = keep_variables(record)
     if keep:
         where = f"deployment {record['deployment']} of " if record["deployment"] else ""
