@@ -645,8 +645,8 @@ def test_a_worker_behind_a_router_is_drained_as_rollout_does_and_loses_no_reques
 ) -> None:
     """Each of tune's replacements takes w1 out of the real router, waits for its requests
     to finish, and adds the new run once ready; w2 serves meanwhile. Streamed load through
-    the router (answers of 48 tokens: over a second each, longer than the stand-in's drain)
-    loses nothing."""
+    the router (answers of 200 tokens: 4 s each, far longer than the stand-in's own drain
+    after SIGTERM) loses nothing."""
     from tests.test_rollout import Load
     from tests.test_router import fleet
 
@@ -655,13 +655,13 @@ def test_a_worker_behind_a_router_is_drained_as_rollout_does_and_loses_no_reques
     launched = cli("launch", "-i", str(inv), "--timeout", "60")
     assert launched.returncode == 0, launched.stderr
     # Speculation wins at 1 and 2 with these knobs: baseline, speculative, tuned: 3 swaps.
-    with Load(hosts.hosts["alpha"].address, table["router"]["port"], max_tokens=48) as load:
+    with Load(hosts.hosts["alpha"].address, table["router"]["port"], max_tokens=200) as load:
         code, doc, err = tune_json(
             cli, inv, "-d", "w1", "--concurrency", "1,2", "--min-ratio", "0", output_len=9
         )
     entry = doc["hosts"]["alpha"]["deployments"]["w1"]
     assert code == 0, (err, json.dumps(entry)[:2000])
-    assert load.failed == [] and len(load.done) > 5, (load.failed[:3], len(load.done))
+    assert load.failed == [] and len(load.done) > 3, (load.failed[:3], len(load.done))
     status = json.loads(cli("status", "-i", str(inv), "-d", "w1", "--json").stdout)
     assert status["hosts"]["alpha"]["deployments"]["w1"]["run"] == entry["serving"]
     cli("stop", "-i", str(inv))
