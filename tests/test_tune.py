@@ -33,7 +33,7 @@ from deployctl.ops.tune import (
     speculative_graph_sizes,
 )
 from tests.conftest import CLI
-from tests.sshd_hosts import STANDIN, SSHLab
+from tests.sshd_hosts import STANDIN, SSHLab, TestHost
 from tests.test_lifecycle import prepare
 
 
@@ -275,6 +275,17 @@ def status_of(cli: CLI, inv: Path, host: str) -> dict[str, Any]:
     return entry
 
 
+def assert_put_back(
+    cli: CLI, inv: Path, host: TestHost, entry: dict[str, Any], before: str, template: str
+) -> None:
+    """What serves after the tune is a relaunch of `before` (its template, no threshold)."""
+    status = status_of(cli, inv, host.name)
+    assert status["run"] == entry["serving"] and status["state"] == "ready"
+    record = json.loads((host.home / ".deployctl" / "runs" / f"{status['run']}.json").read_text())
+    assert record["restart_of"] == before and record["template"] == template
+    assert record["threshold"] is None
+
+
 def tune_json(
     cli: CLI, inv: Path, *extra: str, output_len: int = 63
 ) -> tuple[int, dict[str, Any], str]:
@@ -394,13 +405,7 @@ def test_keep_none_after_a_crash_puts_back_the_run_that_served_before(
     code, doc, err = tune_json(cli, inv, *QUICK, "--keep", "none")
     entry = doc["hosts"]["bravo"]
     assert code == 1 and entry["outcome"] == "crashed", (err, json.dumps(entry)[:3000])
-    status = status_of(cli, inv, "bravo")
-    assert status["run"] == entry["serving"] and status["state"] == "ready"
-    record = json.loads(
-        (hosts.hosts["bravo"].home / ".deployctl" / "runs" / f"{status['run']}.json").read_text()
-    )
-    assert record["restart_of"] == before and record["template"] == "eagle3"
-    assert record["threshold"] is None
+    assert_put_back(cli, inv, hosts.hosts["bravo"], entry, before, "eagle3")
     cli("stop", "-i", str(inv))
 
 
@@ -468,11 +473,7 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
     entry = doc["hosts"]["delta"]
     assert doc["interrupted"] and entry["outcome"] == "interrupted"
     assert entry["previous"] == before
-    status = status_of(cli, inv, "delta")
-    assert status["run"] == entry["serving"] and status["state"] == "ready"
-    record = json.loads((runs / f"{status['run']}.json").read_text())
-    assert record["restart_of"] == before and record["template"] == "baseline"
-    assert record["threshold"] is None
+    assert_put_back(cli, inv, delta, entry, before, "baseline")
     cli("stop", "-i", str(inv))
 
 
@@ -522,13 +523,35 @@ def test_keep_none_leaves_the_deployment_as_tune_found_it(
     assert entry["threshold"] is None and entry["speculation"] == "always"
     assert entry["phases"]["tuned"]["template"] == "eagle3"
     assert entry["previous"] == before and entry["serving"] not in (None, before)
-    status = status_of(cli, inv, "alpha")
-    assert status["run"] == entry["serving"] and status["state"] == "ready"
-    record = json.loads(
-        (hosts.hosts["alpha"].home / ".deployctl" / "runs" / f"{status['run']}.json").read_text()
-    )
-    assert record["restart_of"] == before and record["template"] == "baseline"
+    assert_put_back(cli, inv, hosts.hosts["alpha"], entry, before, "baseline")
     cli("stop", "-i", str(inv))
+
+
+def tune_with_host_away(
+    cli: CLI, inv: Path, host: TestHost, seconds: float
+) -> tuple[int, dict[str, Any], str]:
+    """`tune_json` with QUICK, the host's sshd (and tune's session with it) gone for
+    `seconds` once the speculative phase has measured a level."""
+    import threading
+    import time
+
+    runs = host.home / ".deployctl" / "runs"
+
+    def away() -> None:
+        deadline = time.monotonic() + 90
+        while not list(runs.glob("eagle3_v*.bench")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        host.go_away()
+        time.sleep(seconds)
+        host.start()
+
+    dropper = threading.Thread(target=away)
+    dropper.start()
+    try:
+        return tune_json(cli, inv, *QUICK)
+    finally:
+        dropper.join()
+        host.ensure_running()
 
 
 def test_a_connection_lost_past_the_retry_window_says_what_serves_and_keeps_the_record(
@@ -537,32 +560,10 @@ def test_a_connection_lost_past_the_retry_window_says_what_serves_and_keeps_the_
     """sshd is gone for longer than putting back retries (about 31 s): the previous run is not
     put back, and the speculative phase's server still serves. Once the host answers again,
     tune says so and keeps its record there."""
-    import threading
-    import time
-
     charlie = hosts.hosts["charlie"]
-    inv = hosts.inventory(
-        tmp_path / "inv.yml",
-        ["charlie"],
-        {"charlie": adaptive_host(hosts, "charlie", model_for(6.5))},
-    )
-    runs = charlie.home / ".deployctl" / "runs"
-
-    def drop_for_long() -> None:
-        deadline = time.monotonic() + 90
-        while not list(runs.glob("eagle3_v*.bench")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        charlie.go_away()
-        time.sleep(40)
-        charlie.start()
-
-    dropper = threading.Thread(target=drop_for_long)
-    dropper.start()
-    try:
-        code, doc, err = tune_json(cli, inv, *QUICK)
-    finally:
-        dropper.join()
-        charlie.ensure_running()
+    variables = adaptive_host(hosts, "charlie", model_for(6.5))
+    inv = hosts.inventory(tmp_path / "inv.yml", ["charlie"], {"charlie": variables})
+    code, doc, err = tune_with_host_away(cli, inv, charlie, 40)
     entry = doc["hosts"]["charlie"]
     assert code == 1 and entry["outcome"] == "failed", (err, json.dumps(entry)[:3000])
     speculative = entry["phases"]["speculative"]["run"]
@@ -578,32 +579,13 @@ def test_a_connection_lost_past_the_retry_window_says_what_serves_and_keeps_the_
 def test_a_lost_connection_stops_the_tune_and_puts_back_the_previous_run(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    import threading
-    import time
-
     model = model_for(6.5)
     bravo = hosts.hosts["bravo"]
     inv = hosts.inventory(
         tmp_path / "inv.yml", ["bravo"], {"bravo": adaptive_host(hosts, "bravo", model)}
     )
     before = json.loads(cli("launch", "-i", str(inv), "--json", "--timeout", "60").stdout)
-    runs = bravo.home / ".deployctl" / "runs"
-
-    def drop_then_return() -> None:
-        deadline = time.monotonic() + 90
-        while not list(runs.glob("eagle3_v*.bench")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        bravo.go_away()  # sshd and tune's session with it are gone
-        time.sleep(3)
-        bravo.start()
-
-    dropper = threading.Thread(target=drop_then_return)
-    dropper.start()
-    try:
-        code, doc, err = tune_json(cli, inv, *QUICK)
-    finally:
-        dropper.join()
-        bravo.ensure_running()
+    code, doc, err = tune_with_host_away(cli, inv, bravo, 3)
     entry = doc["hosts"]["bravo"]
     assert code == 1, (err, json.dumps(entry)[:3000])
     assert entry["outcome"] == "failed" and "Connection refused" in entry["outcome_note"]
