@@ -98,6 +98,8 @@ TUNE_SAVE = Call("tune_save", proto.TuneSaveArgs, proto.TuneSaveReply, "keep a t
 TUNE_RECORDS = Call(
     "tune_records", proto.TuneRecordsArgs, proto.TuneRecordsReply, "read kept tune records"
 )
+TUNE_LOCK = Call("tune_lock", proto.TuneLockArgs, proto.LockReply, "take the tune lock")
+TUNE_UNLOCK = Call("tune_unlock", proto.ReleaseArgs, proto.ReleaseReply, "release the tune lock")
 ROUTER = Call(
     "router", proto.RouterArgs, proto.RouterReply, "ask the router for its workers or change them"
 )
@@ -105,7 +107,8 @@ ROUTER = Call(
 HOLD = Call("hold", proto.HoldArgs, proto.HoldReply, "take a router's rollout lock")
 CALLS: tuple[Call[Any, Any], ...] = (
     PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
-    BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, ROUTER, POINT, HOLD,
+    BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, TUNE_LOCK, TUNE_UNLOCK, ROUTER,
+    POINT, HOLD,
 )  # fmt: skip
 
 

@@ -358,6 +358,14 @@ class BenchTool(StrEnum):
 
 
 TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds to wait until ready.")]
+DrainTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--drain-timeout",
+        min=0,
+        help="Seconds a worker taken out of its router has to finish its requests.",
+    ),
+]
 StopTimeoutOpt = Annotated[
     float,
     typer.Option(
@@ -928,6 +936,7 @@ def tune(
         float, typer.Option("--level-timeout", min=1, help="Seconds per level.")
     ] = 900,
     stop_timeout: StopTimeoutOpt = 30,
+    drain_timeout: DrainTimeoutOpt = 60,
     max_launches: Annotated[
         int,
         typer.Option(
@@ -980,7 +989,8 @@ def tune(
         keep=ops.Keep(keep.value), min_ratio=min_ratio, noise=noise, repeats=repeats,
         threshold_mode=threshold_mode.value if threshold_mode else None,
         baseline_template=baseline_template, speculative_template=template,
-        timeout=timeout, stop_timeout=stop_timeout, max_visits=max_launches,
+        timeout=timeout, stop_timeout=stop_timeout, drain_timeout=drain_timeout,
+        max_visits=max_launches,
     )  # fmt: skip
     plans = ops.plan_tune(session.project, session.targets, session.patch_sets(), options)
     if dry_run:
@@ -1190,12 +1200,7 @@ def rollout(
     max_unavailable: Annotated[
         int, typer.Option("--max-unavailable", min=1, help="Units replaced at once.")
     ] = 1,
-    drain_timeout: Annotated[
-        float,
-        typer.Option(
-            "--drain-timeout", min=0, help="Seconds to wait for in-flight requests to finish."
-        ),
-    ] = 60,
+    drain_timeout: DrainTimeoutOpt = 60,
     restart: Annotated[
         bool, typer.Option("--restart", help="Replace units that already match too.")
     ] = False,

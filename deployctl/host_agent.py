@@ -15,6 +15,7 @@ out here and nowhere else:
 
     agent/<sha256>.py                     this file, named by the hash of its content
     lock                                  held while a launch changes the host
+    tune-lock[-<deployment>]              held while a tune replaces the deployment's runs
     runs/<run-id>.json                    one record per launch (run id = log name); kept
     runs/<run-id>.cmd                     the unmasked command, mode 0600, for restart
     runs/<run-id>.env                     the server's own environment (JSON), mode 0600
@@ -1339,8 +1340,37 @@ def take_lock(
     return {"acquired": True, "token": token, "holder": None}
 
 
-def release_lock(state_dir: str, token: str, deployment: str | None = None) -> bool:
-    path = state_path(state_dir, lock_name(deployment))
+def tune_lock_name(deployment: str | None) -> str:
+    """One tune at a time per deployment (launch's own lock is held only while it starts)."""
+    return "tune-lock" if deployment is None else f"tune-lock-{deployment}"
+
+
+def take_tune_lock(state_dir: str, client: ClientIdentity, break_token: str | None,
+                   deployment: str | None) -> LockReply:  # fmt: skip
+    """Take the deployment's tune lock unless another holds it (a stale one is broken by
+    naming its token, as launch's is)."""
+    folder = state_path(state_dir)
+    os.makedirs(folder, exist_ok=True)
+    guard = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # the folder is the mutex
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        path = state_path(state_dir, tune_lock_name(deployment))
+        raw = read_bytes(path)
+        if raw is not None:
+            holder, token = lock_identity(raw)
+            if not (break_token and token == break_token):
+                return {"acquired": False, "token": None, "holder": holder}
+        token = f"{client['host']}-{client['pid']}-{time.time_ns()}"
+        write_json(path, dict(client, token=token, since=time.time(), deployment=deployment))
+    finally:
+        os.close(guard)
+    return {"acquired": True, "token": token, "holder": None}
+
+
+def release_lock(
+    state_dir: str, token: str, deployment: str | None = None, name: str | None = None
+) -> bool:
+    path = state_path(state_dir, name or lock_name(deployment))
     holder = read_json(path)
     if isinstance(holder, dict) and holder.get("token") == token:
         os.unlink(path)
@@ -1984,6 +2014,22 @@ def cmd_release(args: ReleaseArgs) -> ReleaseReply:
     return {"released": release_lock(args["state_dir"], args["token"], args["deployment"])}
 
 
+class TuneLockArgs(TypedDict):
+    state_dir: str
+    deployment: str | None
+    client: ClientIdentity
+    break_lock: str | None  # the token of a stale holder to replace
+
+
+def cmd_tune_lock(args: TuneLockArgs) -> LockReply:
+    return take_tune_lock(args["state_dir"], args["client"], args["break_lock"], args["deployment"])
+
+
+def cmd_tune_unlock(args: ReleaseArgs) -> ReleaseReply:
+    name = tune_lock_name(args["deployment"])
+    return {"released": release_lock(args["state_dir"], args["token"], name=name)}
+
+
 # ---- bench ---------------------------------------------------------------------------------
 # The load generator runs here, on the server's own host: the network and the bind address
 # then do not matter, and the metric definitions live in one place.
@@ -2377,12 +2423,31 @@ class TuneRecordsReply(TypedDict):
     unreadable: list[str]
 
 
+NONE = type(None)
+# What every reader of a tune record indexes (tune.json's `record` requires these too), and
+# its types: a record without one is named as unreadable and skipped, never shown half.
+TUNE_RECORD_KEYS: dict[str, tuple[type, ...]] = {
+    "host": (str,), "deployment": (str, NONE), "tune": (int, NONE), "outcome": (str,),
+    "outcome_note": (str,), "threshold": (int, NONE), "threshold_mode": (str,),
+    "phases": (dict,), "refined_levels": (list,), "envelope_ratio": (dict,),
+    "min_ratio": (int, float), "held": (bool,), "serving": (str, NONE), "launches": (int,),
+    "levels_measured": (int,),
+}  # fmt: skip
+
+
+def is_tune_record(document: Any) -> bool:
+    return isinstance(document, dict) and all(
+        key in document and isinstance(document[key], kinds)
+        for key, kinds in TUNE_RECORD_KEYS.items()
+    )
+
+
 def cmd_tune_records(args: TuneRecordsArgs) -> TuneRecordsReply:
     kept: dict[int, dict[str, Any]] = {}
     unreadable: list[str] = []
     for number, path in numbered_files(tune_dir(args["state_dir"])):
         document = read_json(path)
-        if not isinstance(document, dict) or not isinstance(document.get("phases"), dict):
+        if not is_tune_record(document):
             unreadable.append(path)
         elif document.get("deployment") == args["deployment"]:
             kept[number] = document
@@ -2631,6 +2696,8 @@ def main() -> None:
         "bench_results": lambda: cmd_bench_results(args),
         "tune_save": lambda: cmd_tune_save(args),
         "tune_records": lambda: cmd_tune_records(args),
+        "tune_lock": lambda: cmd_tune_lock(args),
+        "tune_unlock": lambda: cmd_tune_unlock(args),
         "router": lambda: cmd_router(args),
         "hold": lambda: cmd_hold(args),
     }

@@ -265,3 +265,35 @@ def test_event_lines_are_checked_against_their_kind() -> None:
     check_output(["logs", "-f", "--json"], 0, json.dumps(line) + "\n")
     with pytest.raises(AssertionError, match=r"logs\.json"):
         check_output(["logs", "-f", "--json"], 0, json.dumps({**line, "crash": "no"}) + "\n")
+
+
+def test_a_tune_of_a_host_with_deployments_matches_its_schema(cli: CLI, tmp_path: Path) -> None:
+    """A host entry with only `deployments` has no outcome, error or code of its own."""
+    from deployctl.fanout import FleetResult, HostResult
+    from deployctl.inventory import Host
+    from deployctl.ops.tune import Outcome, TuneOptions, TuneReport, TuneResult
+    from deployctl.present.documents import kept_tune_json, per_host, tune_document
+
+    options = TuneOptions([1, 4])
+    results = []
+    for name, outcome in (("chat", Outcome.INTERRUPTED), ("code", Outcome.FAILED)):
+        result = TuneResult("alpha", name, "patch", options, outcome=outcome, note="stopped")
+        results.append(HostResult(Host("alpha", {}, name), result))
+    tuned = tune_document(TuneReport(FleetResult(results), interrupted=True))
+    assert set(tuned["hosts"]["alpha"]) == {"ok", "deployments"}
+    check_document(["tune", "--json"], {"schema": 1, **tuned})
+    # The plan (--dry-run) and the kept records (--report) of such a host too.
+    inv = tmp_path / "inv.yml"
+    host = {"ansible_host": "127.0.0.1", "ansible_port": 9, "model_path": "/m",
+            "draft_model_path": "/d", "deployments": {"chat": {"port": 30000},
+                                                      "code": {"port": 30001}}}  # fmt: skip
+    inv.write_text(json.dumps({"all": {"hosts": {"far": host}}}))
+    planned = cli("tune", "-i", str(inv), "--dry-run", "--json")  # checked by the cli fixture
+    assert planned.returncode == 0, planned.stderr
+    assert set(json.loads(planned.stdout)["hosts"]["far"]) == {"ok", "deployments"}
+    from deployctl.ops.tune import KeptTune
+
+    kept = [HostResult(Host("alpha", {}, n), KeptTune(None, [], [], 2)) for n in ("chat", "code")]
+    reported = per_host(kept_tune_json)(FleetResult(kept))
+    assert reported["hosts"]["alpha"]["ok"] is False
+    check_document(["tune", "--report", "--json"], {"schema": 1, **reported})

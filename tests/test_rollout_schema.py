@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from deployctl.ops.rollout import DrainSignal, RolloutReport, UnitOutcome, UnitPlan, UnitResult
+from deployctl.ops.rollout import RolloutReport, UnitOutcome, UnitPlan, UnitResult
+from deployctl.ops.runs import DrainSignal
 from deployctl.present.documents import rollout_document as unversioned
 from deployctl.schema import versioned
 from tests.json_contract import problem, validator

@@ -3,6 +3,7 @@ record, from records built on the stand-in's batched decode model."""
 
 from __future__ import annotations
 
+import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from deployctl.plot import plot_tune, tune_svg
 from deployctl.present.tune_report import gain_rows, tune_html, write_tune_html
+from tests.conftest import CLI
 
 # Plain decode: a step of 10 ms + 1 ms per request; speculative: 20 ms + 3 ms per request for
 # 2.4 tokens. Speculation wins while b < 6.67: last win 6, first loss 7.
@@ -225,3 +227,58 @@ def test_the_page_is_written_whole_in_place_of_the_old(tmp_path: Path) -> None:
     write_tune_html(tuned_record(), page)
     assert page.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     assert [p.name for p in tmp_path.iterdir()] == ["tune.html"]
+
+
+# ---- kept records, read back by `tune --report` (a local host: no sshd needed) ----------------
+
+
+def kept(number: int) -> dict[str, Any]:
+    """A whole record as tune keeps it."""
+    record = {**tuned_record(None), "tune": number, "held": True}
+    for entry in record["phases"].values():
+        entry |= {"runs": [entry["run"]], "sweeps": [], "samples": {}}
+    return record
+
+
+def local_inventory(tmp_path: Path, records: dict[int, Any]) -> Path:
+    """This machine as the host, its state folder holding `records` (number -> document)."""
+    state = tmp_path / "state"
+    (state / "tunes").mkdir(parents=True)
+    for number, record in records.items():
+        (state / "tunes" / f"{number}.json").write_text(json.dumps(record))
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        f"all:\n  hosts:\n    localhost:\n      ansible_connection: local\n      state_dir: {state}\n"
+    )
+    return inv
+
+
+def test_a_missing_tune_record_fails_in_json_as_its_exit_status_says(
+    cli: CLI, tmp_path: Path
+) -> None:
+    inv = str(local_inventory(tmp_path, {1: kept(1)}))
+    missing = cli("tune", "-i", inv, "--report", "5", "--json")  # the schema check runs too
+    entry = json.loads(missing.stdout)["hosts"]["localhost"]
+    assert missing.returncode == 1, missing.stderr
+    assert entry["ok"] is False and entry["code"] == "error"
+    assert entry["error"] == "no tune 5 is kept here (kept: 1)" and entry["record"] is None
+    found = cli("tune", "-i", inv, "--report", "1", "--json")
+    entry = json.loads(found.stdout)["hosts"]["localhost"]
+    assert found.returncode == 0 and entry["ok"] and entry["error"] is None
+    assert entry["record"]["tune"] == 1
+
+
+def test_a_tune_record_of_the_wrong_shape_is_named_and_skipped(cli: CLI, tmp_path: Path) -> None:
+    good = kept(1)
+    bad = {k: v for k, v in good.items() if k != "held"} | {"tune": 2}  # valid JSON, a key short
+    inv = str(local_inventory(tmp_path, {1: good, 2: bad, 3: {**good, "phases": []}}))
+    shown = cli("tune", "-i", inv, "--report")
+    assert shown.returncode == 0, shown.stderr
+    assert "internal error" not in shown.stderr and "Traceback" not in shown.stderr
+    for number in (2, 3):
+        assert f"tunes/{number}.json is not a readable tune record" in shown.stderr
+    assert "localhost: tune 1 (tuned)" in shown.stdout  # the newest good one
+    doc = json.loads(cli("tune", "-i", inv, "--report", "--json").stdout)["hosts"]["localhost"]
+    assert doc["record"]["tune"] == 1 and doc["numbers"] == [1] and len(doc["unreadable"]) == 2
+    asked = cli("tune", "-i", inv, "--report", "2")
+    assert asked.returncode == 1 and "no tune 2 is kept here (kept: 1)" in asked.stderr

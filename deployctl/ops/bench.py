@@ -45,6 +45,10 @@ class BenchPlan:
         return self.per_stream * concurrency
 
 
+# The most streams one level may open: each is a thread of the benchmark on the host.
+MAX_CONCURRENCY = 4096
+
+
 def parse_levels(text: str) -> list[int]:
     """`1,4,16,64` → [1, 4, 16, 64]; anything else is a usage error."""
     try:
@@ -54,6 +58,12 @@ def parse_levels(text: str) -> list[int]:
     if not levels or any(level < 1 for level in levels):
         raise UsageError(
             f"--concurrency {text!r} is not a list of positive numbers", hint="e.g. 1,4,16,64"
+        )
+    if max(levels) > MAX_CONCURRENCY:
+        raise UsageError(
+            f"--concurrency {max(levels)} is more streams than one benchmark opens "
+            f"(at most {MAX_CONCURRENCY})",
+            hint="e.g. 1,4,16,64",
         )
     return levels
 

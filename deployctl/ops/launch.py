@@ -277,7 +277,7 @@ def preflight_args(
     }
 
 
-def _stale(holder: Mapping[str, Any]) -> bool:
+def is_stale(holder: Mapping[str, Any]) -> bool:
     """A lock is stale when its owner here is dead, or when its time is up.
 
     A record without a usable pid and expiry was not written by any deployctl (they all
@@ -318,13 +318,16 @@ def run_preflight(
     max_used_mib: int,
     hold_for: float = LOCK_STALE_AFTER,
     beside: str | None = None,
+    replacing: bool = False,
 ) -> Preflight:
     """Check one host in one round trip (two when a stale lock must be cleared). `beside`: a
-    live run of the deployment the new one may start beside (a job's successor)."""
+    live run of the deployment the new one may start beside (a job's successor).
+    `replacing`: the deployment's run still serves and is stopped only if this passes, so
+    what it holds (its GPUs, its ports, itself as a live run) is checked after the stop."""
     host = plan.host
     outputs, doc = _preflight_call(plan, conn, None, hold_for)
     lock = doc["lock"]
-    if not lock["acquired"] and _stale(lock["holder"] or {}):
+    if not lock["acquired"] and is_stale(lock["holder"] or {}):
         token = (lock["holder"] or {}).get("token")
         outputs, doc = _preflight_call(plan, conn, token, hold_for)
         lock = doc["lock"]
@@ -340,7 +343,7 @@ def run_preflight(
         )
     if plan.is_job:  # its nodes' GPUs and ports are checked by the job itself
         job_problems(plan, doc["sbatch"], problems, hints, result.warnings)
-    else:
+    elif not replacing:
         gpus = outputs["gpus"]
         try:
             state = parse_gpus_command(gpus.exit_code, gpus.output, gpus.stderr)
@@ -351,8 +354,9 @@ def run_preflight(
         if state is not None and not plan.is_router:
             result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints)
     live = [r for r in doc["live_runs"] if r["id"] != beside]
-    live_run_problems(plan, live, problems, hints)
-    if not plan.is_job:
+    if not replacing:
+        live_run_problems(plan, live, problems, hints)
+    if not plan.is_job and not replacing:
         for port, why in doc["busy_ports"].items():
             what = plan.extra_ports.get(int(port), "")
             problems.append(f"port {port} ({what}) is in use on {host.name} ({why})")

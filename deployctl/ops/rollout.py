@@ -14,7 +14,7 @@ import difflib
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -26,11 +26,11 @@ from deployctl.errors import DeployctlError, PatchError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
+from deployctl.ops.driver import drive
 from deployctl.ops.launch import Plan
 from deployctl.ops.patch import PatchAction, apply_patches, patch_facts, revert_patches, set_state
 from deployctl.ops.router import (
     change_registration,
-    listed_load,
     registered_url,
     router_locks,
     router_of,
@@ -39,11 +39,11 @@ from deployctl.ops.router import (
 )
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
+    DrainSignal,
     LaunchReport,
     RunStatus,
+    drain,
     launch,
-    read_metrics,
-    recorded_run,
     run_status,
     stop_run,
     units,
@@ -51,9 +51,6 @@ from deployctl.ops.runs import (
 from deployctl.ops.server import recorded_plan
 from deployctl.patchset import PatchSet, select_sets
 from deployctl.shell import split
-
-# How often a draining worker's /metrics is read.
-DRAIN_POLL = 0.5
 
 
 @dataclass
@@ -115,14 +112,6 @@ class UnitPlan:
     def serving(self) -> bool:
         """Its current run answers (rank 0's /health)."""
         return bool(self.statuses) and self.statuses[0].ready
-
-
-class DrainSignal(StrEnum):
-    """What a drain watched to know the worker runs no request any more."""
-
-    METRICS = "metrics"  # the worker's own num_running_reqs (/metrics)
-    ROUTER_LOAD = "router load"  # the router's per-worker load, while it still lists it
-    TIMEOUT = "timeout"  # neither: the whole --drain-timeout was waited
 
 
 class UnitOutcome(StrEnum):
@@ -528,39 +517,14 @@ class Rollout:
         Its /metrics say so; without them, the router's load for it while it still lists it;
         without either, the whole --drain-timeout is waited (`result.drain_signal` says which)."""
         host = unit.rank0
-        deadline = time.monotonic() + self.options.drain_timeout
-        said = ""
-        while True:
-            if self.cancel.is_set():
-                return None
-            # Liveness and /metrics only: no log tail, no nvidia-smi at every poll.
-            reply = recorded_run(host, self.fleet.connection(host), metrics=True)
-            metrics, _ = read_metrics(reply["metrics"])
-            running = (metrics or {}).get("num_running_reqs")
-            result.drain_signal = DrainSignal.METRICS
-            if running is None:  # no metrics (enable_metrics: false, or unreadable): not idle
-                try:
-                    running = listed_load(self.fleet, host, unit.url)
-                except DeployctlError:  # the router cannot say: the timeout is the signal
-                    running = None
-                result.drain_signal = (
-                    DrainSignal.TIMEOUT if running is None else DrainSignal.ROUTER_LOAD
-                )
-            if not reply["alive"] or running == 0:
-                return True
-            if time.monotonic() >= deadline:
-                if result.drain_signal is DrainSignal.TIMEOUT:
-                    result.warnings.append(
-                        f"no metrics and no load from {unit.router.label if unit.router else 'its router'}: "
-                        f"waited the whole --drain-timeout {self.options.drain_timeout:g}s"
-                    )
-                    return True
-                return False
-            step = f"draining ({running:.0f} running)" if running is not None else "draining"
-            if step != said:  # once per change: a piped log gets no line every poll
-                self._step(unit, step, started)
-                said = step
-            time.sleep(DRAIN_POLL)
+        outcome = drain(
+            self.fleet, host, self.options.drain_timeout, unit.url, self.cancel,
+            lambda step: self._step(unit, step, started),
+        )  # fmt: skip
+        result.drain_signal = outcome.signal
+        if outcome.warning:
+            result.warnings.append(outcome.warning)
+        return outcome.idle
 
     def _fail(
         self, unit: UnitPlan, report: LaunchReport, result: UnitResult, started: float
@@ -661,17 +625,9 @@ def rollout(
     routers = [u.router for u in changing if u.router is not None]
     routers += [u.rank0 for u in changing if u.plans[0].is_router]
     with router_locks(fleet, routers, options.what):
-        pool = ThreadPoolExecutor(max_workers=1)
-        future = pool.submit(engine.run)
-        interrupted = False
-        try:
-            while wait([future], timeout=0.5).not_done:  # short waits: Ctrl-C gets through
-                pass
-        except KeyboardInterrupt:
-            interrupted = True
-            cancel.set()
-            events.emit(ev.RolloutStep(target="", step="interrupting", elapsed=0.0))
-            wait([future])  # a second Ctrl-C ends here, leaving the hosts as they are
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-    return RolloutReport(future.result(), list(unit_plans), interrupted=interrupted)
+        driven = drive(
+            [engine.run], 1, cancel,
+            lambda: events.emit(ev.RolloutStep(target="", step="interrupting", elapsed=0.0)),
+        )  # fmt: skip
+    [future] = driven.futures
+    return RolloutReport(future.result(), list(unit_plans), interrupted=driven.interrupted)

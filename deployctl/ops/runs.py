@@ -18,7 +18,7 @@ import getpass
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -63,6 +63,7 @@ from deployctl.ops.router import (
     change_registration,
     is_router_run,
     launch_url,
+    listed_load,
     register_workers_of,
     registered_url,
     router_state,
@@ -406,9 +407,11 @@ def launch(
     events: EventSink = DISCARD,
     restart_of: Mapping[str, str] | None = None,
     beside: Mapping[str, str] | None = None,
+    replacing: bool = False,
 ) -> LaunchReport:
     """Preflight all hosts; start on all only if every one passed; then wait for ready.
-    `beside`: per target, a live run the new one starts beside (a Slurm job's successor)."""
+    `beside`: per target, a live run the new one starts beside (a Slurm job's successor).
+    `replacing` (with `dry_run`): check what does not depend on the runs still serving."""
     by_name = {p.host.label: p for p in plans}
 
     def preflight(host: Host, conn: Connection) -> Preflight:
@@ -416,7 +419,7 @@ def launch(
         # The lock is held until the wait ends: a second launch must not slip in while
         # the first server has not yet bound its port.
         alongside = (beside or {}).get(host.label)
-        result = run_preflight(plan, conn, max_used_mib, timeout + 120, alongside)
+        result = run_preflight(plan, conn, max_used_mib, timeout + 120, alongside, replacing)
         problems, hints = routing_problems(fleet, plan)
         result.problems += problems
         result.hints += hints
@@ -749,6 +752,7 @@ class StopResult:
     note: str = ""
     # Its removal from its router before the stop (None: it names no router).
     router: Registration | None = None
+    drained: bool | None = None  # None: not drained (no router, or not asked)
     job: JobInfo | None = None  # a Slurm job as the stop left it
 
     @property
@@ -785,11 +789,81 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
         time.sleep(0.5)
 
 
+# How often a draining worker's /metrics is read.
+DRAIN_POLL = 0.5
+
+
+class DrainSignal(StrEnum):
+    """What a drain watched to know the worker runs no request any more."""
+
+    METRICS = "metrics"  # the worker's own num_running_reqs (/metrics)
+    ROUTER_LOAD = "router load"  # the router's per-worker load, while it still lists it
+    TIMEOUT = "timeout"  # neither: the whole timeout was waited
+
+
+@dataclass
+class Drain:
+    """How a drain ended. `idle`: True once the worker ran nothing (or the whole timeout was
+    waited without any signal), False when still busy at the timeout, None on cancel."""
+
+    idle: bool | None
+    signal: DrainSignal
+    warning: str = ""
+
+
+def drain(
+    fleet: Fleet,
+    host: Host,
+    timeout: float,
+    url: str = "",
+    cancel: threading.Event | None = None,
+    on_step: Callable[[str], None] = lambda step: None,
+) -> Drain:
+    """Wait until a worker taken out of its router (at `url`) runs no request. Its /metrics
+    say so; without them, the router's load for it while it still lists it; without either,
+    the whole `timeout` is waited: unreadable metrics are never taken for idle."""
+    conn = fleet.connection(host)
+    deadline = time.monotonic() + timeout
+    said = ""
+    while True:
+        if cancel is not None and cancel.is_set():
+            return Drain(None, DrainSignal.METRICS)
+        # Liveness and /metrics only: no log tail, no nvidia-smi at every poll.
+        reply = recorded_run(host, conn, metrics=True)
+        metrics, _ = read_metrics(reply["metrics"])
+        running = (metrics or {}).get("num_running_reqs")
+        signal = DrainSignal.METRICS
+        if running is None:  # no metrics (enable_metrics: false, or unreadable): not idle
+            try:
+                running = listed_load(fleet, host, url) if url else None
+            except DeployctlError:  # the router cannot say: the timeout is the signal
+                running = None
+            signal = DrainSignal.TIMEOUT if running is None else DrainSignal.ROUTER_LOAD
+        if not reply["alive"] or running == 0:
+            return Drain(True, signal)
+        if time.monotonic() >= deadline:
+            if signal is DrainSignal.TIMEOUT:
+                warning = f"no metrics and no load from its router: waited the whole {timeout:g}s"
+                return Drain(True, signal, warning)
+            return Drain(False, signal)
+        step = f"draining ({running:.0f} running)" if running is not None else "draining"
+        if step != said:  # once per change: a piped log gets no line every poll
+            on_step(step)
+            said = step
+        time.sleep(DRAIN_POLL)
+
+
 def stop_serving(
-    fleet: Fleet, host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120
+    fleet: Fleet,
+    host: Host,
+    conn: Connection,
+    timeout: float,
+    gpu_timeout: float = 120,
+    drain_timeout: float = 0.0,
 ) -> StopResult:
-    """Remove a worker from its router (when it names one), then `stop_run` it. A router
-    that cannot be reached does not keep the worker running: its result says so."""
+    """Remove a worker from its router (when it names one), let it finish what it runs (up
+    to `drain_timeout`), then `stop_run` it. A router that cannot be reached does not keep
+    the worker running: its result says so."""
     head, url = "", ""
     if host.settings.router is not None and node_rank(host) == 0:
         # The URL the run was registered at: the inventory's may name another server now.
@@ -797,8 +871,11 @@ def stop_serving(
         head = recorded["job"]["head"] if recorded["job"] else ""  # a job: at its head node
         url = registered_url(host, recorded["run"], head) if recorded["run"] else ""
     removed = change_registration(fleet, host, add=False, head=head, url=url)
+    drained = None
+    if removed is not None and removed.ok and drain_timeout > 0:
+        drained = drain(fleet, host, drain_timeout, removed.url).idle
     result = stop_run(host, conn, timeout, gpu_timeout)
-    result.router = removed
+    result.router, result.drained = removed, drained
     return result
 
 
@@ -877,10 +954,15 @@ def units(results: FleetResult[RunStatus]) -> list[Unit]:
 @dataclass
 class Replacement:
     """What `replace` did: the stops (each host's), and the launch of the plans whose stops
-    held (None: none was left to launch)."""
+    held (None: none was left to launch; refused and no stop: refused before the stop)."""
 
     stops: FleetResult[StopResult]
     launch: LaunchReport | None
+
+    @property
+    def untouched(self) -> bool:
+        """Refused before anything was stopped: what served still serves."""
+        return not self.stops.results and self.launch is not None and self.launch.refused
 
 
 def replace(
@@ -893,15 +975,26 @@ def replace(
     wait: bool = True,
     timeout: float = 900,
     events: EventSink = DISCARD,
+    drain_timeout: float = 0.0,
 ) -> Replacement:
-    """Stop each plan's current run, then launch the plan (preflight, start, wait).
+    """Check the plans, stop each plan's current run, then launch the plan (preflight,
+    start, wait).
 
-    A stop that fails keeps its plan out; a multi-node server relaunches whole or not at
-    all (a lone rank never rejoins its group). `restart_of` names each target's old run.
+    A plan refused before the stop (SGLang missing, a patch set not applied, a path that
+    does not exist) stops nothing: the launch says why and no stop is made. A stop that
+    fails keeps its plan out; a multi-node server relaunches whole or not at all (a lone
+    rank never rejoins its group). `restart_of` names each target's old run; a worker
+    behind a router is drained up to `drain_timeout` once taken out of it.
     """
+    checked = launch(fleet, plans, catalog, dry_run=True, replacing=True, timeout=timeout)
+    if checked.refused:
+        return Replacement(FleetResult([]), checked)
     # A failed stop is not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
     stops = fleet.run(
-        lambda host, conn: stop_serving(fleet, host, conn, stop_timeout), [p.host for p in plans]
+        lambda host, conn: stop_serving(
+            fleet, host, conn, stop_timeout, drain_timeout=drain_timeout
+        ),
+        [p.host for p in plans],
     )
     broken = {p.group for p in plans if p.host.label in stops.failed and p.group is not None}
     kept = [p for p in plans if p.host.label not in stops.failed and p.group not in broken]

@@ -12,12 +12,13 @@ failure puts back the run that was serving before.
 from __future__ import annotations
 
 import bisect
+import contextlib
+import functools
 import math
 import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,9 +28,11 @@ from deployctl import events as ev
 from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult, next_backoff
-from deployctl.host_agent import TuneRecordsArgs, TuneSaveArgs
+from deployctl.host_agent import ReleaseArgs, TuneLockArgs, TuneRecordsArgs, TuneSaveArgs
 from deployctl.ops.bench import BenchPlan, per_token_ms, run_bench
-from deployctl.ops.launch import Plan, plan_launch
+from deployctl.ops.driver import drive
+from deployctl.ops.flags import server_argv
+from deployctl.ops.launch import Plan, client_identity, is_stale, plan_launch
 from deployctl.ops.patch import apply_patches
 from deployctl.ops.router import router_lock_of
 from deployctl.ops.runs import (
@@ -438,7 +441,12 @@ class TuneOptions:
     speculative_template: str | None = None  # None: the deployment's, when it speculates
     timeout: float = 900  # seconds for each launch to get ready
     stop_timeout: float = DEFAULT_STOP_TIMEOUT
+    drain_timeout: float = 60.0  # a worker behind a router finishes its requests first
     max_visits: int = 12  # launches of the two servers, at most, while searching
+
+    def __post_init__(self) -> None:
+        # A level given twice, or out of order, is one level, measured in order.
+        object.__setattr__(self, "levels", sorted(set(self.levels)))
 
     def bench_plan(self, levels: Sequence[int]) -> BenchPlan:
         return BenchPlan(
@@ -501,6 +509,7 @@ class TuneResult:
     envelope_ratio: dict[int, float] = field(default_factory=dict)
     capacity: int | None = None  # with a latency bound: the highest tuned level meeting it
     serving: str | None = None
+    serving_known: bool = True  # False: the host did not answer when it was last asked
     previous: str | None = None
     crash: CrashReport | None = None
     patches: list[str] = field(default_factory=list)  # sets tune applied for T
@@ -538,6 +547,37 @@ class PhaseFailed(Exception):
     ) -> None:
         super().__init__(message)
         self.message, self.crashed, self.crash = message, crashed, crash
+
+
+def envelope_ratios(result: TuneResult) -> dict[int, float]:
+    """Each level's tuned throughput (the median of its samples: a level measured again is
+    not judged by its last sample) over the better of the two curves there."""
+    search = result.search
+    assert search is not None
+    by_level = by_concurrency(result.phases[Phase.TUNED].measured)
+    ratios = {}
+    for c, judged in search.judged().items():
+        best = max(judged.baseline, judged.speculative)
+        if c in by_level and best > 0:
+            ratios[c] = median_tps(by_level[c]) / best
+    return ratios
+
+
+def best_stable(result: TuneResult) -> Phase | None:
+    """Of the unthrottled phases that ran without crashing, the one with the higher
+    throughput at the highest level both measured (saturation is where a fleet lives)."""
+    stable = [
+        p
+        for p in (Phase.BASELINE, Phase.SPECULATIVE)
+        if p in result.phases and result.phases[p].state == RunState.READY
+    ]
+    if len(stable) < 2 or result.search is None:
+        return stable[0] if stable else None
+    judged = result.search.judged()
+    if not judged:
+        return Phase.BASELINE
+    top = judged[max(judged)]
+    return Phase.SPECULATIVE if top.speculative > top.baseline else Phase.BASELINE
 
 
 class Tuner:
@@ -597,9 +637,24 @@ class Tuner:
         except Exception:  # a bug: what served is still put back, then the bug is reported
             self._put_back(result, previous)
             raise
+        if not result.serving_known:
+            self._read_serving(result)
         result.wall_s = time.monotonic() - self.began
         self._save(result)
         return result
+
+    def _read_serving(self, result: TuneResult) -> None:
+        """After the host stopped answering: once it answers again, say what serves there
+        now (what tune last started may still be), so the record can be kept too."""
+        try:
+            reply = _reconnecting(lambda: recorded_run(self.host, self.conn))
+        except DeployctlError as exc:
+            result.note += f"; what serves is unknown: {exc.message}"
+            return
+        run = reply["run"]
+        result.serving = run["id"] if run is not None and reply["alive"] else None
+        result.serving_known = True
+        result.note += f"; the host answered again: {result.serving or 'nothing'} serving"
 
     def _previous(self) -> tuple[Plan, str] | None:
         """The run serving before tune started, as the plan that puts it back."""
@@ -662,26 +717,15 @@ class Tuner:
         tuned = result.phases[Phase.TUNED]
         self._measure(result, Phase.TUNED, levels)
         for _ in range(self.options.repeats - 1):
-            low = [c for c, r in self._ratios(result).items() if r < self.options.min_ratio]
+            low = [c for c, r in envelope_ratios(result).items() if r < self.options.min_ratio]
             if not low:
                 break
             self._measure(result, Phase.TUNED, low)  # a single slow sample is not the verdict
-        result.envelope_ratio = self._ratios(result)
+        result.envelope_ratio = envelope_ratios(result)
         if self.options.objective.bound is not None:
             result.capacity = self._capacity(result)
         result.outcome = Outcome.TUNED
         result.serving = tuned.run
-
-    def _ratios(self, result: TuneResult) -> dict[int, float]:
-        search = result.search
-        assert search is not None
-        by_level = by_concurrency(result.phases[Phase.TUNED].measured)
-        ratios = {}
-        for c, judged in search.judged().items():
-            best = max(judged.baseline, judged.speculative)
-            if c in by_level and best > 0:
-                ratios[c] = median_tps(by_level[c]) / best
-        return ratios
 
     def _capacity(self, result: TuneResult) -> int | None:
         """The highest concurrency at which the tuned server meets the latency bound,
@@ -717,7 +761,7 @@ class Tuner:
     def _fall_back(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
         """After a crash: relaunch the best configuration that did not crash (no threshold),
         else put back what was serving before."""
-        best = self._best_stable(result)
+        best = best_stable(result)
         if best is None:
             self._put_back(result, previous)
             return
@@ -726,22 +770,6 @@ class Tuner:
             result.serving = self._start(result, best, self.plans[best])
         except (DeployctlError, PhaseFailed) as exc:
             result.note += f"; relaunching {best} failed: {exc}"
-
-    def _best_stable(self, result: TuneResult) -> Phase | None:
-        """Of the unthrottled phases that ran without crashing, the one with the higher
-        throughput at the highest level both measured (saturation is where a fleet lives)."""
-        stable = [
-            p
-            for p in (Phase.BASELINE, Phase.SPECULATIVE)
-            if p in result.phases and result.phases[p].state == RunState.READY
-        ]
-        if len(stable) < 2 or result.search is None:
-            return stable[0] if stable else None
-        judged = result.search.judged()
-        if not judged:
-            return Phase.BASELINE
-        top = judged[max(judged)]
-        return Phase.SPECULATIVE if top.speculative > top.baseline else Phase.BASELINE
 
     def _put_back(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
         """Relaunch the run that was serving before tune (or stop tune's own run), trying
@@ -767,16 +795,19 @@ class Tuner:
                 result.note += f"; putting back {run_id} failed"
         except DeployctlError as exc:
             result.note += f"; putting back failed: {exc.message}"
+            result.serving, result.serving_known = None, False
 
     # -- steps -------------------------------------------------------------------------------
 
     def _replace(self, plan: Plan, restart_of: Mapping[str, str]) -> Replacement:
-        self.touched = True
-        return replace(
+        touched, self.touched = self.touched, True  # until it says it stopped nothing
+        replaced = replace(
             self.fleet, [plan], self.catalog, restart_of=restart_of,
             stop_timeout=self.options.stop_timeout, timeout=self.options.timeout,
-            events=self.events,
+            events=self.events, drain_timeout=self.options.drain_timeout,
         )  # fmt: skip
+        self.touched = touched or not replaced.untouched
+        return replaced
 
     def _launch(self, result: TuneResult, phase: Phase, plan: Plan) -> None:
         self._check_cancel()
@@ -977,6 +1008,7 @@ def tune_record(result: TuneResult) -> dict[str, Any]:
         "held": result.held,
         "capacity": result.capacity,
         "serving": result.serving,
+        "serving_known": result.serving_known,
         "previous": result.previous,
         "crash": result.crash.to_json() if result.crash else None,
         "patches": result.patches,
@@ -1003,10 +1035,11 @@ class TunePlan:
 
     def estimate(self) -> dict[str, Any]:
         """Launches, sweeps and a duration guess before anything is measured."""
-        coarse = sorted(set(self.options.levels))
+        coarse = self.options.levels
         gaps = [b - a - 1 for a, b in zip([0, *coarse], coarse, strict=False)]
-        splits = rounds(max(gaps), self.options.points)
-        launches = 3 + splits
+        # The search launches each server once, then once a split, up to --max-launches.
+        splits = min(rounds(max(gaps), self.options.points), self.options.max_visits - 2)
+        launches = 2 + splits + 1  # and the tuned run
         measured = len(coarse) * 3 + splits * self.options.points * 3
         per_level = self.options.per_stream * self.options.output_len * ASSUMED_TOKEN_S
         return {
@@ -1043,11 +1076,15 @@ def plan_tune(
             )
             return made
 
+        if host.settings.template:  # what serves there now must be an SGLang server
+            _refuse_non_server(plan(host.settings.template, None), "its template")
         speculative = options.speculative_template or _speculative_template(host, plan)
         plans = {
             Phase.BASELINE: plan(options.baseline_template, None),
             Phase.SPECULATIVE: plan(speculative, None),
         }
+        for made in plans.values():
+            _refuse_non_server(made, "template")
         if speculates(plans[Phase.BASELINE].rendered.argv):
             raise UsageError(
                 f"{host.label}: baseline template {options.baseline_template!r} speculates",
@@ -1072,6 +1109,22 @@ def plan_tune(
 
         found.append(TunePlan(host, plans, tuned, options, patch_sets))
     return found
+
+
+def _refuse_non_server(plan: Plan, what: str) -> None:
+    """Tune replaces an SGLang server by SGLang servers: never a router, nor another program."""
+    host, template = plan.host, plan.rendered.template
+    if plan.is_router:
+        raise UsageError(
+            f"{host.label} is a router ({what} {template!r}): tune measures SGLang servers",
+            hint="tune the router's workers (-H WORKER)",
+        )
+    if server_argv(plan.rendered.argv, host.settings.launch_module) is None:
+        raise UsageError(
+            f"{host.label}: {what} {template!r} does not run an SGLang server "
+            f"(`-m {host.settings.launch_module}` or `sglang serve`): tune measures SGLang servers",
+            hint="tune a deployment whose template runs SGLang's launch_server",
+        )
 
 
 def _speculative_template(host: Host, plan: Callable[[str, int | None], Plan]) -> str:
@@ -1106,38 +1159,66 @@ def tune_fleet(
     back the run that was serving before; a second Ctrl-C leaves at once.
     """
     cancel = threading.Event()
-    interrupted = False
 
     def one(tune_plan: TunePlan) -> TuneResult:
+        host = tune_plan.host
         tuner = Tuner(
-            fleet, tune_plan.host, tune_plan.plans, tune_plan.tuned, catalog,
+            fleet, host, tune_plan.plans, tune_plan.tuned, catalog,
             tune_plan.patch_sets, tune_plan.options, events, cancel,
         )  # fmt: skip
-        # No rollout through its router meanwhile (nor one of ours through a rollout's).
-        with router_lock_of(fleet, tune_plan.host, "tune"):
-            return tuner.run()
+        token = _take_tune_lock(host, fleet.connection(host))
+        try:
+            # No rollout through its router meanwhile (nor one of ours through a rollout's).
+            with router_lock_of(fleet, host, "tune"):
+                return tuner.run()
+        finally:
+            with contextlib.suppress(DeployctlError):  # unreachable: it expires
+                args = ReleaseArgs(
+                    state_dir=host.settings.state_dir, deployment=host.deployment, token=token
+                )
+                agent.call(host, fleet.connection(host), agent.TUNE_UNLOCK, args)
 
-    pool = ThreadPoolExecutor(max_workers=max(1, min(fleet.forks, len(tune_plans))))
-    futures = [pool.submit(one, p) for p in tune_plans]
-    try:
-        while wait(futures, timeout=0.5).not_done:  # short waits: Ctrl-C gets through
-            pass
-    except KeyboardInterrupt:
-        interrupted = True
-        cancel.set()
-        events.emit(ev.TuneStep(target="", phase="", step="interrupting", elapsed=0.0))
-        wait(futures)  # a second Ctrl-C ends here, leaving the hosts as they are
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    driven = drive(
+        [functools.partial(one, p) for p in tune_plans],
+        min(fleet.forks, len(tune_plans)),
+        cancel,
+        lambda: events.emit(ev.TuneStep(target="", phase="", step="interrupting", elapsed=0.0)),
+    )
     results = []
-    for tune_plan, future in zip(tune_plans, futures, strict=True):
+    for tune_plan, future in zip(tune_plans, driven.futures, strict=True):
         error = future.exception()
         results.append(
             HostResult(tune_plan.host, exception=error)
             if error is not None
             else HostResult(tune_plan.host, future.result())
         )
-    return TuneReport(FleetResult(results), interrupted)
+    return TuneReport(FleetResult(results), driven.interrupted)
+
+
+# How long a tune's lock holds at most when its holder cannot be asked (another machine's).
+TUNE_LOCK_HOLD = 24 * 3600.0
+
+
+def _take_tune_lock(host: Host, conn: Connection) -> str:
+    """The deployment's tune lock, or a refusal naming the tune that holds it; a lock whose
+    holder has died (or whose time is up) is broken, as launch's is."""
+    args = TuneLockArgs(
+        state_dir=host.settings.state_dir, deployment=host.deployment,
+        client=client_identity("tune", TUNE_LOCK_HOLD), break_lock=None,
+    )  # fmt: skip
+    reply = agent.call(host, conn, agent.TUNE_LOCK, args)
+    holder = reply["holder"] or {}
+    if not reply["acquired"] and is_stale(holder):
+        args["break_lock"] = holder["token"]
+        reply = agent.call(host, conn, agent.TUNE_LOCK, args)
+        holder = reply["holder"] or {}
+    if reply["token"] is None:
+        raise DeployctlError(
+            f"{host.label}: another deployctl tune of it is in progress "
+            f"(pid {holder.get('pid')} on {holder.get('host')}, by {holder.get('user')})",
+            hint="wait for it to end (or end it with Ctrl-C)",
+        )
+    return reply["token"]
 
 
 # ---- kept tunes -----------------------------------------------------------------------------
@@ -1155,6 +1236,18 @@ class KeptTune:
     @property
     def ok(self) -> bool:
         return self.record is not None
+
+    @property
+    def missing(self) -> str:
+        """Why there is no record to show ("" when there is one)."""
+        if self.record is not None:
+            return ""
+        which = "no tune" if self.wanted is None else f"no tune {self.wanted}"
+        return f"{which} is kept here (kept: {', '.join(map(str, self.numbers)) or 'none'})"
+
+
+# Where a missing tune record comes from.
+MISSING_HINT = "deployctl tune"
 
 
 def find_tunes(

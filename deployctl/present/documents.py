@@ -513,7 +513,16 @@ def tune_plan_document(plans: Sequence[TunePlan]) -> dict[str, Any]:
 
 
 def kept_tune_json(kept: KeptTune) -> dict[str, Any]:
-    return {"record": kept.record, "numbers": kept.numbers, "unreadable": kept.unreadable}
+    from deployctl.ops.tune import MISSING_HINT
+
+    found: dict[str, Any] = {
+        "record": kept.record,
+        "numbers": kept.numbers,
+        "unreadable": kept.unreadable,
+    }
+    if kept.record is None:  # exit 1: the document says so, as a failed host's does
+        found |= {"ok": False, "error": kept.missing, "code": "error", "hint": MISSING_HINT}
+    return found
 
 
 # ---- events --------------------------------------------------------------------------------

@@ -951,7 +951,10 @@ def _tune_record(record: dict[str, Any], label: str) -> None:
             host=label,
         )
     serving = record.get("serving")
-    write(f"serving: {serving}\n" if serving else "serving: nothing\n")
+    if record.get("serving_known") is False:
+        write("serving: unknown (the host did not answer)\n")
+    else:
+        write(f"serving: {serving}\n" if serving else "serving: nothing\n")
     keep = keep_variables(record)
     if keep:
         where = f"deployment {record['deployment']} of " if record["deployment"] else ""
@@ -1008,6 +1011,8 @@ TUNE_PLAN: View[list[TunePlan]] = View(_tune_plans, docs.tune_plan_document)
 
 
 def _kept_tunes(results: FleetResult[KeptTune]) -> None:
+    from deployctl.ops.tune import MISSING_HINT
+
     for r in results:
         kept = r.value
         if kept is None:
@@ -1017,9 +1022,7 @@ def _kept_tunes(results: FleetResult[KeptTune]) -> None:
         if kept.record is not None:
             _tune_record(kept.record, r.name)
         else:
-            which = "no tune" if kept.wanted is None else f"no tune {kept.wanted}"
-            known = ", ".join(map(str, kept.numbers)) or "none"
-            print_error(f"{which} is kept here (kept: {known})", "deployctl tune", host=r.name)
+            print_error(kept.missing, MISSING_HINT, host=r.name)
     print_host_errors(results)
 
 

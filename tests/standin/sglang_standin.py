@@ -88,6 +88,9 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "spec_step_ms": 14.0,
     "spec_per_req_ms": 2.0,
     "accept_len": 3,
+    # Speculative steps take this many times longer when speculation has a threshold (a
+    # server tune relaunched with T): a tuned run that falls below its curves up to T.
+    "threshold_slowdown": 1.0,
 }
 # SGLang 0.5.23's buckets (srt/observability/metrics_collector.py).
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
@@ -814,6 +817,7 @@ class Decoder:
         self.adaptive = adaptive  # batch -> draft steps, with --speculative-adaptive
         # Called at the first step speculation's threshold makes plain (crash "above_threshold").
         self.on_plain_fallback: Callable[[], None] | None = None
+        self.thresholded = False  # speculation turns off above some batch size
         self.running: list[list[Any]] = []  # [tokens left, queue]
         self.cond = threading.Condition()
         self.emitted: list[tuple[float, int]] = []  # (time, tokens) of recent steps
@@ -836,14 +840,21 @@ class Decoder:
         """(seconds, tokens per request) of one step over `batch` requests."""
         k = self.knobs
         if self.speculates(batch):
-            return (k["spec_step_ms"] + k["spec_per_req_ms"] * batch) / 1000, int(k["accept_len"])
+            slow = float(k["threshold_slowdown"]) if self.thresholded else 1.0
+            seconds = (k["spec_step_ms"] + k["spec_per_req_ms"] * batch) / 1000
+            return seconds * slow, int(k["accept_len"])
         return (k["step_ms"] + k["per_req_ms"] * batch) / 1000, 1
 
     def loop(self) -> None:
+        # Steps keep to a clock: the time the loop and the streams spend on the CPU between
+        # two steps is part of the next step's time, not added to it, so a busy machine
+        # moves the curves only when it cannot keep up at all.
+        due = time.time()
         while True:
             with self.cond:
                 while not self.running:
                     self.cond.wait()
+                    due = time.time()  # idle: the next step starts now
                 batch = list(self.running)
             if (
                 self.on_plain_fallback is not None
@@ -853,7 +864,8 @@ class Decoder:
                 self.on_plain_fallback()
                 threading.Event().wait()  # the schedulers are dead: no token comes any more
             seconds, per_request = self.step(len(batch))
-            time.sleep(seconds)
+            due = max(due, time.time() - seconds) + seconds  # behind by a step at most
+            _sleep_until(due)
             total = 0
             with self.cond:
                 for entry in batch:
@@ -915,6 +927,10 @@ class Launcher:
                 graph_bs=graph_bs,
             )
         self.decoder = Decoder(knobs, bool(args.speculative_algorithm), threshold, adaptive)
+        self.decoder.thresholded = threshold is not None or any(
+            initial_slot_steps(c, args.speculative_num_steps) == 0
+            for c in (adaptive_slots or {}).values()
+        )
         if knobs["crash"] == "above_threshold":
             self.decoder.on_plain_fallback = self.crash_schedulers
         self.peers: list[socket.socket] = []  # rank 0: the other nodes; others: rank 0

@@ -1,0 +1,64 @@
+"""Work that Ctrl-C can stop: jobs run in worker threads while the caller's thread waits in
+short steps (so Ctrl-C reaches it). The first Ctrl-C sets `cancel` (each job stops at its
+next safe point and puts back what it changed) and waits for the jobs; a second Ctrl-C
+leaves at once, leaving the hosts as they are. Rollout and tune drive their units with it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, wait
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+# How long the waiting thread sleeps at most before it looks again (Ctrl-C gets through).
+POLL_S = 0.5
+
+
+@dataclass
+class Driven(Generic[T]):
+    """Each job's future, in the order given; `interrupted`: Ctrl-C set `cancel`."""
+
+    futures: list[Future[T]]
+    interrupted: bool
+
+
+def drive(
+    jobs: Sequence[Callable[[], T]],
+    workers: int,
+    cancel: threading.Event,
+    on_interrupt: Callable[[], None] = lambda: None,
+) -> Driven[T]:
+    """Run `jobs`, `workers` at a time, until all are done or Ctrl-C is pressed twice.
+
+    The threads are daemons, not an executor's: nothing joins them when a second Ctrl-C
+    ends the program (an executor's workers are joined at exit, which waits for a start).
+    """
+    futures: list[Future[T]] = [Future() for _ in jobs]
+    slots = threading.Semaphore(max(1, workers))
+
+    def run(job: Callable[[], T], future: Future[T]) -> None:
+        with slots:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(job())
+            except BaseException as exc:  # the caller reads it from the future
+                future.set_exception(exc)
+
+    for job, future in zip(jobs, futures, strict=True):
+        threading.Thread(target=run, args=(job, future), daemon=True).start()
+    interrupted = False
+    try:
+        while wait(futures, timeout=POLL_S).not_done:
+            pass
+    except KeyboardInterrupt:
+        interrupted = True
+        cancel.set()
+        on_interrupt()
+        while wait(futures, timeout=POLL_S).not_done:  # a second Ctrl-C leaves from here
+            pass
+    return Driven(futures, interrupted)
