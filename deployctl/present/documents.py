@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from deployctl.errors import ServerError, error_code, explain
+from deployctl.errors import DeployctlError, ServerError, error_code, explain
 
 if TYPE_CHECKING:
     from deployctl.events import Event
@@ -486,9 +486,24 @@ def tune_document(report: TuneReport) -> dict[str, Any]:
     from deployctl.ops.tune import tune_record
 
     def entry(result: TuneResult) -> dict[str, Any]:
-        return {**tune_record(result), "ok": result.ok}  # a tune that did not hold is not ok
+        document = {**tune_record(result), "ok": result.ok}  # one that did not hold is not ok
+        if not result.ok:
+            document.update(tune_failure(result))
+        return document
 
     return {**hosts_document(report.results, entry), "interrupted": report.interrupted}
+
+
+def tune_failure(result: TuneResult) -> dict[str, str]:
+    """Why a tune is not ok, in one line, with its code: a phase's crash is the server's."""
+    from deployctl.ops.tune import Outcome
+
+    if result.outcome is Outcome.TUNED:
+        why = "the tuned server did not hold: below --min-ratio at a level"
+    else:
+        why = result.note or result.outcome.value
+    code = ServerError.code if result.outcome is Outcome.CRASHED else DeployctlError.code
+    return {"error": f"tune {result.outcome.value}: {why}", "code": code}
 
 
 def tune_plan_json(plan: TunePlan) -> dict[str, Any]:
