@@ -943,6 +943,14 @@ def tune(
             "--max-launches", min=2, help="Launches the crossover search may take at most."
         ),
     ] = 12,
+    reconnect_window: Annotated[
+        float,
+        typer.Option(
+            "--reconnect-window",
+            min=0,
+            help="Seconds a host that stopped answering is tried again before tune gives up.",
+        ),
+    ] = 31,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show the plan and an estimate; start nothing.")
     ] = False,
@@ -990,7 +998,7 @@ def tune(
         threshold_mode=threshold_mode.value if threshold_mode else None,
         baseline_template=baseline_template, speculative_template=template,
         timeout=timeout, stop_timeout=stop_timeout, drain_timeout=drain_timeout,
-        max_visits=max_launches,
+        max_visits=max_launches, reconnect_window=reconnect_window,
     )  # fmt: skip
     plans = ops.plan_tune(session.project, session.targets, session.patch_sets(), options)
     if dry_run:

@@ -528,7 +528,7 @@ def test_keep_none_leaves_the_deployment_as_tune_found_it(
 
 
 def tune_with_host_away(
-    cli: CLI, inv: Path, host: TestHost, seconds: float
+    cli: CLI, inv: Path, host: TestHost, seconds: float, *extra: str
 ) -> tuple[int, dict[str, Any], str]:
     """`tune_json` with QUICK, the host's sshd (and tune's session with it) gone for
     `seconds` once the speculative phase has measured a level."""
@@ -548,7 +548,7 @@ def tune_with_host_away(
     dropper = threading.Thread(target=away)
     dropper.start()
     try:
-        return tune_json(cli, inv, *QUICK)
+        return tune_json(cli, inv, *QUICK, *extra)
     finally:
         dropper.join()
         host.ensure_running()
@@ -557,13 +557,14 @@ def tune_with_host_away(
 def test_a_connection_lost_past_the_retry_window_says_what_serves_and_keeps_the_record(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    """sshd is gone for longer than putting back retries (about 31 s): the previous run is not
-    put back, and the speculative phase's server still serves. Once the host answers again,
-    tune says so and keeps its record there."""
+    """sshd is gone for longer than putting back retries (--reconnect-window 8: tries at 0,
+    1, 3, 7 and 8 s): the previous run is not put back, and the speculative phase's server
+    still serves. Once the host answers again (12 s, within the second window, that of
+    reading what serves), tune says so and keeps its record there."""
     charlie = hosts.hosts["charlie"]
     variables = adaptive_host(hosts, "charlie", model_for(6.5))
     inv = hosts.inventory(tmp_path / "inv.yml", ["charlie"], {"charlie": variables})
-    code, doc, err = tune_with_host_away(cli, inv, charlie, 40)
+    code, doc, err = tune_with_host_away(cli, inv, charlie, 12, "--reconnect-window", "8")
     entry = doc["hosts"]["charlie"]
     assert code == 1 and entry["outcome"] == "failed", (err, json.dumps(entry)[:3000])
     speculative = entry["phases"]["speculative"]["run"]

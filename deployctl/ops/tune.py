@@ -443,6 +443,7 @@ class TuneOptions:
     stop_timeout: float = DEFAULT_STOP_TIMEOUT
     drain_timeout: float = 60.0  # a worker behind a router finishes its requests first
     max_visits: int = 12  # launches of the two servers, at most, while searching
+    reconnect_window: float = 31.0  # seconds a lost host is tried again before giving up
 
     def __post_init__(self) -> None:
         # A level given twice, or out of order, is one level, measured in order.
@@ -647,7 +648,9 @@ class Tuner:
         """After the host stopped answering: once it answers again, say what serves there
         now (what tune last started may still be), so the record can be kept too."""
         try:
-            reply = _reconnecting(lambda: recorded_run(self.host, self.conn))
+            reply = _reconnecting(
+                lambda: recorded_run(self.host, self.conn), self.options.reconnect_window
+            )
         except DeployctlError as exc:
             result.note += f"; what serves is unknown: {exc.message}"
             return
@@ -781,12 +784,17 @@ class Tuner:
         try:
             if previous is None:
                 if self.current is not None:
-                    _reconnecting(lambda: stop_run(self.host, self.conn, self.options.stop_timeout))
+                    _reconnecting(
+                        lambda: stop_run(self.host, self.conn, self.options.stop_timeout),
+                        self.options.reconnect_window,
+                    )
                 result.serving = None
                 return
             plan, run_id = previous
             self._step("previous", "restoring")
-            _reconnecting(lambda: recorded_run(self.host, self.conn))  # until it answers
+            _reconnecting(
+                lambda: recorded_run(self.host, self.conn), self.options.reconnect_window
+            )  # until it answers
             replaced = self._replace(plan, {self.host.label: run_id})
             outcome = _outcome(replaced.launch)
             result.launches += 1
@@ -915,21 +923,22 @@ class Tuner:
         result.record, result.saved = reply["number"], reply["path"]
 
 
-# Putting a run back after a lost connection: tries, and the longest wait between them.
-RECONNECT_TRIES = 6
+# Putting a run back after a lost connection: the longest wait between two tries.
 RECONNECT_WAIT_MAX = 30.0
 
 
-def _reconnecting(step: Callable[[], T]) -> T:
+def _reconnecting(step: Callable[[], T], window: float) -> T:
     """Run `step` (one agent call, which raises when the host cannot be reached), again
-    after a backoff while it cannot."""
+    after a backoff (1 s, 2, 4 …) while it cannot, for `window` seconds; the last try is
+    at the window's end."""
+    deadline = time.monotonic() + window
     wait_s = 0.0
-    for _ in range(RECONNECT_TRIES - 1):
+    while time.monotonic() < deadline:
         try:
             return step()
         except (ConnectError, CommandTimeoutError):
             wait_s = next_backoff(wait_s, 1.0, RECONNECT_WAIT_MAX)
-            time.sleep(wait_s)
+            time.sleep(min(wait_s, max(0.0, deadline - time.monotonic())))
     return step()
 
 
