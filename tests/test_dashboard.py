@@ -380,7 +380,14 @@ def test_records_are_read_again_after_the_first_round(hosts: SSHLab, tmp_path: P
         first = collector.refresh().dashboard
         assert first["tunes"] == {} and first["audit"] is not None
         tunes.mkdir(parents=True)
-        (tunes / "1.json").write_text(json.dumps({"deployment": None, "phases": {}, "tune": 1}))
+        # The shape every kept record has (one of another shape is skipped as unreadable).
+        record = {
+            "host": "alpha", "deployment": None, "tune": 1, "outcome": "tuned",
+            "outcome_note": "", "threshold": 4, "threshold_mode": "patch", "phases": {},
+            "refined_levels": [], "envelope_ratio": {}, "min_ratio": 0.9, "held": True,
+            "serving": None, "launches": 2, "levels_measured": 4,
+        }  # fmt: skip
+        (tunes / "1.json").write_text(json.dumps(record))
         sh("chown", "-R", f"{hosts.hosts['alpha'].user}:", hosts.hosts["alpha"].home)
         later = collector.refresh().dashboard
     assert later["tunes"]["alpha"]["tune"] == 1

@@ -137,10 +137,10 @@ def test_a_poll_tries_an_unreachable_host_again_only_after_a_backoff(
     real_exec = SSHConnection._exec
 
     def counting_exec(
-        self: SSHConnection, command: str, stdin: bytes | None, timeout: float
+        self: SSHConnection, command: str, stdin: bytes | None, timeout: float, shown: str
     ) -> tuple[int, bytes, bytes]:
         attempts.append(self.name)
-        return real_exec(self, command, stdin, timeout)
+        return real_exec(self, command, stdin, timeout, shown)
 
     monkeypatch.setattr(SSHConnection, "_exec", counting_exec)
     bravo = hosts.hosts["bravo"]

@@ -7,12 +7,17 @@ import ast
 import json
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from deployctl.connection import ConnectOptions
 from deployctl.crash import load_catalog
+from deployctl.errors import ConnectError
 from deployctl.events import Collect, WaitEnded
 from deployctl.fanout import Fleet
 from deployctl.inventory import Host, load_inventory
+from deployctl.ops import runs
 from deployctl.ops.runs import RunState, replace, run_status
 from deployctl.ops.server import recorded_plan
 from deployctl.patchset import load_patch_sets
@@ -24,7 +29,7 @@ from tests.test_lifecycle import inventory, launch_json, rank_pids
 
 
 def test_a_stop_that_fails_on_one_host_keeps_only_that_host_from_relaunching(
-    hosts: SSHLab, cli: CLI, tmp_path: Path
+    hosts: SSHLab, cli: CLI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     inv = inventory(hosts, tmp_path, ["alpha", "bravo"])
     code, _, err = launch_json(cli, inv, "--template", "baseline")
@@ -34,11 +39,17 @@ def test_a_stop_that_fails_on_one_host_keeps_only_that_host_from_relaunching(
     with Fleet(selected, ConnectOptions()) as fleet:
         statuses = {r.name: r.value for r in fleet.run(lambda h, c: run_status(h, c, catalog))}
     assert all(s is not None and s.ready for s in statuses.values()), statuses
-    # bravo's agent cannot start any more, so its stop fails; alpha's must not suffer for it.
-    broken = [
-        h if h.name == "alpha" else Host(h.name, {**h.vars, "python": "/nonexistent/python3"})
-        for h in selected
-    ]
+    # Both pass the check made before any stop; then bravo's stop fails (its host goes away
+    # at that moment): alpha's must not suffer for it.
+    real_stop = runs.stop_serving
+
+    def stop_failing_on_bravo(fleet: Fleet, host: Host, *args: Any, **kwargs: Any) -> Any:
+        if host.name == "bravo":
+            raise ConnectError("bravo: the SSH connection was lost")
+        return real_stop(fleet, host, *args, **kwargs)
+
+    monkeypatch.setattr(runs, "stop_serving", stop_failing_on_bravo)
+    broken = selected
     plans = []
     for host in broken:
         status = statuses[host.name]

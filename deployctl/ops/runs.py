@@ -843,7 +843,10 @@ def drain(
             return Drain(True, signal)
         if time.monotonic() >= deadline:
             if signal is DrainSignal.TIMEOUT:
-                warning = f"no metrics and no load from its router: waited the whole {timeout:g}s"
+                warning = (
+                    "no metrics and no load from its router: "
+                    f"waited the whole --drain-timeout {timeout:g}s"
+                )
                 return Drain(True, signal, warning)
             return Drain(False, signal)
         step = f"draining ({running:.0f} running)" if running is not None else "draining"
