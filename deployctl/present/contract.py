@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from deployctl.metrics import GAUGES, HISTOGRAMS
+
 Schema = dict[str, Any]
 
 SCHEMAS = Path(__file__).resolve().parent.parent / "data" / "schemas"
@@ -122,6 +124,27 @@ def deployment_entry(stem: str) -> Schema:
         required=["ok", "error", "code"],
         description="One deployment of a host.",
         allOf=[ref(f"{stem}Outcome")],
+    )
+
+
+# A tune entry's outcome fields (as kept on its host): no code pattern, a hint that may be null.
+TUNE_OUTCOME: dict[str, Schema] = {
+    "ok": boolean(),
+    "error": nullable("string"),
+    "code": nullable("string"),
+    "hint": nullable("string"),
+}
+
+
+def tune_host_entry(outcome: str, what: str) -> Schema:
+    """A host's entry in a tune document: the `outcome`, or with several deployments one such
+    entry for each under `deployments` and no error of its own."""
+    return obj(
+        {"ok": boolean("Every entry under the host is ok."), "deployments": map_of(ref(outcome))},
+        required=["ok"],
+        description=f"One host's {what}. With several deployments, one entry for each under"
+        " `deployments` (a host entry with only those has no error or code of its own).",
+        anyOf=[ref(outcome), {"required": ["deployments"], "not": {"required": ["error"]}}],
     )
 
 
@@ -882,27 +905,13 @@ DEFINITIONS: dict[str, Schema] = {
         },
         dependentRequired={"metrics": ["metrics_note"], "metrics_note": ["metrics"]},
     ),
+    # The keys the metrics module reads from SGLang: a metric added there changes the schema.
     "metrics": obj(
         {
-            "num_running_reqs": nullable("number"),
-            "num_queue_reqs": nullable("number"),
-            "gen_throughput": nullable("number"),
-            "token_usage": nullable("number"),
-            "cache_hit_rate": nullable("number"),
-            "spec_accept_length": nullable("number"),
-            "time_to_first_token_seconds": ref("histogram"),
-            "inter_token_latency_seconds": ref("histogram"),
+            **{gauge: nullable("number") for gauge in GAUGES},
+            **{histogram: ref("histogram") for histogram in HISTOGRAMS},
         },
-        required=[
-            "num_running_reqs",
-            "num_queue_reqs",
-            "gen_throughput",
-            "token_usage",
-            "cache_hit_rate",
-            "spec_accept_length",
-            "time_to_first_token_seconds",
-            "inter_token_latency_seconds",
-        ],
+        required=[*GAUGES, *HISTOGRAMS],
         description="SGLang's metrics keyed by their names without `sglang:`: gauges (null when not exported) and histograms in seconds.",
     ),
     "histogram": obj(
@@ -1046,22 +1055,9 @@ DEFINITIONS: dict[str, Schema] = {
         required=["hosts"],
         description="deployctl tune --report --json",
     ),
-    "tuneHost": obj(
-        {
-            "ok": boolean("Every entry under the host is ok."),
-            "deployments": map_of(ref("tuneOutcome")),
-        },
-        required=["ok"],
-        description="One host's tune. With several deployments, one entry for each under `deployments` (a host entry with only those has no error or code of its own).",
-        anyOf=[ref("tuneOutcome"), {"required": ["deployments"], "not": {"required": ["error"]}}],
-    ),
+    "tuneHost": tune_host_entry("tuneOutcome", "tune"),
     "tuneOutcome": obj(
-        {
-            "ok": boolean(),
-            "error": nullable("string"),
-            "code": nullable("string"),
-            "hint": nullable("string"),
-        },
+        TUNE_OUTCOME,
         required=["ok", "error", "code"],
         anyOf=[
             {"properties": {"ok": {"const": False}}, "required": ["error", "code"]},
@@ -1069,22 +1065,9 @@ DEFINITIONS: dict[str, Schema] = {
         ],
         allOf=[{"anyOf": [{"properties": {"ok": {"const": False}}}, ref("record")]}],
     ),
-    "planHost": obj(
-        {
-            "ok": boolean("Every entry under the host is ok."),
-            "deployments": map_of(ref("planOutcome")),
-        },
-        required=["ok"],
-        description="One host's plan. With several deployments, one entry for each under `deployments` (a host entry with only those has no error or code of its own).",
-        anyOf=[ref("planOutcome"), {"required": ["deployments"], "not": {"required": ["error"]}}],
-    ),
+    "planHost": tune_host_entry("planOutcome", "plan"),
     "planOutcome": obj(
-        {
-            "ok": boolean(),
-            "error": nullable("string"),
-            "code": nullable("string"),
-            "hint": nullable("string"),
-        },
+        TUNE_OUTCOME,
         required=["ok", "error", "code"],
         anyOf=[
             {"properties": {"ok": {"const": False}}, "required": ["error", "code"]},
@@ -1092,22 +1075,9 @@ DEFINITIONS: dict[str, Schema] = {
         ],
         allOf=[{"anyOf": [{"properties": {"ok": {"const": False}}}, ref("plan")]}],
     ),
-    "keptHost": obj(
-        {
-            "ok": boolean("Every entry under the host is ok."),
-            "deployments": map_of(ref("keptOutcome")),
-        },
-        required=["ok"],
-        description="One host's kept tune. With several deployments, one entry for each under `deployments` (a host entry with only those has no error or code of its own).",
-        anyOf=[ref("keptOutcome"), {"required": ["deployments"], "not": {"required": ["error"]}}],
-    ),
+    "keptHost": tune_host_entry("keptOutcome", "kept tune"),
     "keptOutcome": obj(
-        {
-            "ok": boolean(),
-            "error": nullable("string"),
-            "code": nullable("string"),
-            "hint": nullable("string"),
-        },
+        TUNE_OUTCOME,
         required=["ok", "error", "code"],
         anyOf=[
             {
