@@ -148,6 +148,17 @@ def tune_host_entry(outcome: str, what: str) -> Schema:
     )
 
 
+def event(
+    kind: str, properties: dict[str, Schema], required: Sequence[str], **keywords: Any
+) -> Schema:
+    """One line of a JSON-lines command (logs, watch): its kind, its target and when (`at`)."""
+    return obj(
+        {"event": {"const": kind}, "target": string(), "at": number(), **properties},
+        required=["event", "target", "at", *required],
+        **keywords,
+    )
+
+
 def command(title: str, description: str, *documents: Schema) -> Schema:
     """A command's schema: versioned, one of its documents or the command's failure as a whole.
     No additionalProperties: a key added is no break."""
@@ -556,58 +567,48 @@ DEFINITIONS: dict[str, Schema] = {
         required=["worker", "router", "url", "action", "ok", "error"],
         description="A worker added to its router or removed from it; `error` says why not.",
     ),
-    "eventLogLine": obj(
+    "eventLogLine": event(
+        "log_line",
         {
-            "event": {"const": "log_line"},
-            "target": string(),
-            "at": number(),
             "line": string(),
             "crash": boolean(),
         },
-        required=["event", "target", "at", "line", "crash"],
+        required=["line", "crash"],
         description="One whole line of a log; `crash`: it belongs to a crash trace.",
     ),
-    "eventCrash": obj(
+    "eventCrash": event(
+        "crash",
         {
-            "event": {"const": "crash"},
-            "target": string(),
-            "at": number(),
             "report": ref("crashReport"),
         },
-        required=["event", "target", "at", "report"],
+        required=["report"],
         description="A crash completed by the log lines just sent.",
     ),
-    "eventHostFailed": obj(
+    "eventHostFailed": event(
+        "host_failed",
         {
-            "event": {"const": "host_failed"},
-            "target": string(),
-            "at": number(),
             "error": string(),
             "code": string(),
             "hint": nullable("string"),
         },
-        required=["event", "target", "at", "error", "code", "hint"],
+        required=["error", "code", "hint"],
         description="A host could not be read or followed; `exception` keeps a bug's traceback.",
     ),
-    "eventConnectionLost": obj(
+    "eventConnectionLost": event(
+        "connection_lost",
         {
-            "event": {"const": "connection_lost"},
-            "target": string(),
-            "at": number(),
             "elapsed": number(),
             "error": string(),
         },
-        required=["event", "target", "at", "elapsed", "error"],
+        required=["elapsed", "error"],
         description="The connection to a host dropped while it was waited for or followed; retrying.",
     ),
-    "eventReconnected": obj(
+    "eventReconnected": event(
+        "reconnected",
         {
-            "event": {"const": "reconnected"},
-            "target": string(),
-            "at": number(),
             "elapsed": number(),
         },
-        required=["event", "target", "at", "elapsed"],
+        required=["elapsed"],
         description="A lost connection is back.",
     ),
     "patchActions": obj({"hosts": map_of(ref("patchesHost"))}, required=["hosts"]),
@@ -1212,104 +1213,88 @@ DEFINITIONS: dict[str, Schema] = {
         },
         required=["record", "numbers", "unreadable"],
     ),
-    "eventRestarting": obj(
+    "eventRestarting": event(
+        "restarting",
         {
-            "event": {"const": "restarting"},
-            "target": string(),
-            "at": number(),
             "run": string(),
             "signature": string(),
             "attempt": integer(),
             "down": array(string()),
         },
-        required=["event", "target", "at", "run", "signature", "attempt", "down"],
+        required=["run", "signature", "attempt", "down"],
         description="A run crashed (on `down`, for a multi-node server) and is being replaced.",
     ),
-    "eventCrashLoop": obj(
+    "eventCrashLoop": event(
+        "crash_loop",
         {
-            "event": {"const": "crash_loop"},
-            "target": string(),
-            "at": number(),
             "run": string(),
             "signature": string(),
             "repeated": boolean(),
             "crashes": integer(),
             "window_s": number(),
         },
-        required=["event", "target", "at", "run", "signature", "repeated", "crashes", "window_s"],
+        required=["run", "signature", "repeated", "crashes", "window_s"],
         description="A run crashed too often (or the same way twice): it is left down.",
     ),
-    "eventStopFailed": obj(
+    "eventStopFailed": event(
+        "stop_failed",
         {
-            "event": {"const": "stop_failed"},
-            "target": string(),
-            "at": number(),
             "error": string(),
             "code": string(),
             "hint": nullable("string"),
         },
-        required=["event", "target", "at", "error", "code", "hint"],
+        required=["error", "code", "hint"],
         description="A run to be replaced could not be stopped; it is not relaunched.",
     ),
-    "eventReplaced": obj(
+    "eventReplaced": event(
+        "replaced",
         {
-            "event": {"const": "replaced"},
-            "target": string(),
-            "at": number(),
             "old_run": string(),
             "new_run": nullable("string"),
             "state": string(),
         },
-        required=["event", "target", "at", "old_run", "new_run", "state"],
+        required=["old_run", "new_run", "state"],
         description="A run was replaced by `new_run` (None: its launch was refused), now in `state`.",
     ),
-    "eventWatchStopped": obj(
+    "eventWatchStopped": event(
+        "watch_stopped",
         {
-            "event": {"const": "watch_stopped"},
-            "target": string(),
-            "at": number(),
             "gave_up": boolean(),
         },
-        required=["event", "target", "at", "gave_up"],
+        required=["gave_up"],
         description="Supervision ended: told to (Ctrl-C; the servers keep running), or because it gave up",
     ),
-    "eventRouterChanged": obj(
+    "eventRouterChanged": event(
+        "router_changed",
         {
-            "event": {"const": "router_changed"},
-            "target": string(),
-            "at": number(),
             "router": string(),
             "url": string(),
             "added": boolean(),
             "error": string(),
         },
-        required=["event", "target", "at", "router", "url", "added", "error"],
+        required=["router", "url", "added", "error"],
         description="A worker was added to its router (`added`) or removed from it; `error` says why not (empty when done).",
     ),
-    "eventTimeLimitNear": obj(
+    "eventTimeLimitNear": event(
+        "time_limit_near",
         {
-            "event": {"const": "time_limit_near"},
-            "target": string(),
-            "at": number(),
             "run": string(),
             "job": string(),
             "time_left_s": number(),
             "renewing": boolean(),
         },
-        required=["event", "target", "at", "run", "job", "time_left_s", "renewing"],
+        required=["run", "job", "time_left_s", "renewing"],
         description="A Slurm job is within --renew-before of its time limit: `renewing` its successor now (it has a router), or not (no router: down from the limit until its successor serves).",
     ),
-    "eventRenewed": obj(
+    "eventRenewed": event(
+        "renewed",
         {
-            "event": {"const": "renewed"},
-            "target": string(),
-            "at": number(),
             "old_run": string(),
             "new_run": nullable("string"),
             "state": string(),
             "error": string(),
         },
-        required=["event", "target", "at", "old_run", "new_run", "state", "error"],
+        required=["old_run", "new_run", "state", "error"],
         description="A Slurm job's successor `new_run` (null: refused) is in `state`; with `error` empty it serves in the router, and the old job was taken out and cancelled.",
     ),
 }
