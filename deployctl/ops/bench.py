@@ -17,16 +17,16 @@ from deployctl.deployments import node_rank
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult
-from deployctl.host_agent import (
+from deployctl.inventory import Host
+from deployctl.ops.runs import recorded_run
+from deployctl.patchset import speculates
+from deployctl.remote.protocol import (
     BenchArgs,
     BenchLevel,
     BenchResultsArgs,
     BenchResultsReply,
     BenchSaveArgs,
 )
-from deployctl.inventory import Host
-from deployctl.ops.runs import recorded_run
-from deployctl.patchset import speculates
 from deployctl.shell import split
 
 

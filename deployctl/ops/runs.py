@@ -39,20 +39,6 @@ from deployctl.fanout import (
     HostResult,
     next_backoff,
 )
-from deployctl.host_agent import (
-    JobInfo,
-    MetricsPage,
-    PollArgs,
-    PollReply,
-    RunInfo,
-    RunRecord,
-    StartArgs,
-    StatusArgs,
-    StatusReply,
-    StopArgs,
-    StopReply,
-    job_ref,
-)
 from deployctl.inventory import Host, mask_log, secret_values
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
@@ -67,6 +53,20 @@ from deployctl.ops.router import (
     register_workers_of,
     registered_url,
     router_state,
+)
+from deployctl.remote.protocol import (
+    JobInfo,
+    MetricsPage,
+    PollArgs,
+    PollReply,
+    RunInfo,
+    RunRecord,
+    StartArgs,
+    StatusArgs,
+    StatusReply,
+    StopArgs,
+    StopReply,
+    job_ref,
 )
 from deployctl.slurm import WAITING_JOB_STATES, job_words, latest_start
 from deployctl.text import plain
