@@ -502,8 +502,9 @@ def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
     from deployctl.agent import agent_bundle, agent_command, agent_hash, install_agent
     from deployctl.connection import ConnectOptions, open_connection
     from deployctl.inventory import load_inventory
-    from deployctl.ops.runs import POLL_WAIT, poll_args
+    from deployctl.ops.runs import POLL_LIMIT_BYTES, POLL_WAIT
     from deployctl.remote.bootstrap import BOOTSTRAP, UNPACK
+    from deployctl.remote.protocol import poll_args
 
     model = bench.model
     for name in ("go", "written"):
@@ -531,7 +532,7 @@ def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
         "bind_host": host.vars["bind_host"],
     }
     size = Path(entry["log"]).stat().st_size
-    args = poll_args(run, size)  # a steady-state poll: nothing new in the log
+    args = poll_args(host.settings.state_dir, run, size, POLL_LIMIT_BYTES, 0)  # nothing new
     commands = {
         "ssh exec `true`": "true",
         "ssh + python3 -c pass": f"{HOST_PYTHON} -c pass",

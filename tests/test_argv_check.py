@@ -19,8 +19,12 @@ from deployctl.ops.flags import server_argv
 from deployctl.project import SHIPPED_DATA
 from deployctl.remote import protocol
 from deployctl.remote import sglang_options as remote_options
-from deployctl.remote.protocol import OptionSpec
-from deployctl.remote.sglang_options import check_server_argv, declared_options, sglang_options
+from deployctl.remote.sglang_options import (
+    OptionSpec,
+    check_server_argv,
+    declared_options,
+    sglang_options,
+)
 from deployctl.render import TemplateSet
 from tests.conftest import CLI
 from tests.sglang_wheel import SGLANG_VERSION, extract_site, install_on

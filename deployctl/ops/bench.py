@@ -26,6 +26,7 @@ from deployctl.remote.protocol import (
     BenchResultsArgs,
     BenchResultsReply,
     BenchSaveArgs,
+    answers_at,
 )
 from deployctl.shell import split
 
@@ -128,7 +129,7 @@ def run_bench(
         )
         level_args: BenchArgs = {
             # A Slurm job serves on its head node: the load goes there from the login node.
-            "bind_host": status["job"]["head"] if status["job"] else run["bind_host"],
+            "bind_host": answers_at(run["bind_host"], status["job"]),
             "port": run["port"],
             "concurrency": concurrency,
             "prompts": plan.prompts_for(concurrency),

@@ -1,17 +1,6 @@
 """The wire protocol between deployctl and its agent on a host (stdlib only): each call's
-arguments and reply, the call table, the constants and the pure helpers both sides use.
-
-The agent is the package `deployctl/remote/` (this module, one module per concern and
-`dispatch`), run ON a host with the host's python. deployctl ships it as one bundle (a
-deterministic zip of its modules) named by the sha256 of its bytes, unpacked once per host
-and state_dir into a private folder, and runs each call through `bootstrap.BOOTSTRAP` as
-`python -c BOOTSTRAP FOLDER CALL JSON-ARGS`, with any payload on stdin; it reads one JSON
-document from stdout. A folder that is missing, incomplete or writable by others answers
-`AGENT_MISSING` instead, and the client sends the bundle again.
-Each call is one round trip, and its arguments and reply are declared below (`*Args`,
-`*Reply`, `CALLS`); the client checks every reply against its declaration. Apply and revert
-read their whole input before touching anything, ignore a dropped connection, and restore
-every file on failure, so a host is never left half-patched.
+arguments and reply (`*Args`, `*Reply`), the call table (`CALLS`), the constants and the pure
+helpers both sides use. How the agent is shipped and run: deployctl/remote/__init__.py.
 
 Everything deployctl keeps on a host lives under `state_dir` (default ~/.deployctl), laid
 out here and nowhere else:
@@ -180,14 +169,6 @@ class LiveRun(LiveRunOrigin):
     gpus: list[int] | None
     port: int
     members: list[int]
-
-
-class OptionSpec(TypedDict):
-    dest: str
-    kind: str  # flag (no value), value (one), list (several), any (a custom action)
-    nargs: str | None  # "?" for an optional value, "+"/"*" for lists
-    type: str | None  # int, float or str when argparse checks it; None: not checked here
-    choices: list[Any] | None
 
 
 class ArgFinding(TypedDict):
@@ -562,6 +543,38 @@ def job_ref(state_dir: str, run: RunRecord) -> JobRef | None:
     return {"id": run["job"]["id"], "state_dir": state_dir, "run": run["id"]}
 
 
+def answers_at(bind_host: str, job: JobInfo | None) -> str:
+    """Where a run's server answers, from the host that launched it: a Slurm job at its head
+    node's address ("" until it is known), a process on the host at its `bind_host`."""
+    return job["head"] if job is not None else bind_host
+
+
+def job_head(job: JobInfo | None) -> str:
+    """The head node's address of the Slurm job a run is; "" for a process on its host."""
+    return job["head"] if job is not None else ""
+
+
+def poll_args(state_dir: str, run: RunRecord, offset: int, limit: int, wait: float) -> PollArgs:
+    """What a poll of `run` asks: its processes (or its job), its log from `offset` (negative:
+    the last `limit` bytes), its health; waiting up to `wait` seconds for a change."""
+    args: PollArgs = {
+        "pgid": run["pgid"],
+        "sid": run["sid"],
+        "log": run["log"],
+        "port": run["port"],
+        "bind_host": run["bind_host"],
+        "offset": offset,
+        "limit": limit,
+        "wait": wait,
+    }
+    if "starttime" in run:
+        args["starttime"] = run["starttime"]
+    ref = job_ref(state_dir, run)
+    if ref is not None:
+        args["job"] = ref
+    return args
+
+
 # ---- the calls ----------------------------------------------------------------------------
 
 A = TypeVar("A", bound=Mapping[str, Any])
@@ -594,39 +607,27 @@ class Call(Generic[A, R]):
 
 
 # Every call the agent answers (dispatch.HANDLERS), typed by the declarations above.
+# fmt: off
 PROBE = Call("probe", ProbeArgs, ProbeReply, "read the host's facts (SGLang install, GPUs, ports)")
 READ = Call("read", ReadArgs, ReadReply, "read files of the SGLang install")
 APPLY = Call("apply", ApplyArgs, ApplyReply, "apply a patch set")
 REVERT = Call("revert", RevertArgs, RevertReply, "revert a patch set")
-PREFLIGHT = Call(
-    "preflight",
-    PreflightArgs,
-    PreflightReply,
-    "check the host before a launch (GPUs, ports, lock, log name)",
-)
-CHECK_ARGS = Call(
-    "check_args",
-    CheckArgsArgs,
-    CheckArgsReply,
-    "ask the host's SGLang whether it accepts the command's flags",
-)
+PREFLIGHT = Call("preflight", PreflightArgs, PreflightReply,
+                 "check the host before a launch (GPUs, ports, lock, log name)")
+CHECK_ARGS = Call("check_args", CheckArgsArgs, CheckArgsReply,
+                  "ask the host's SGLang whether it accepts the command's flags")
 START = Call("start", StartArgs, StartReply, "start the server")
 POLL = Call("poll", PollArgs, PollReply, "wait for the server to be ready, watching its log")
-STATUS = Call(
-    "status",
-    StatusArgs,
-    StatusReply,
-    "read the deployments' status (run records, processes, GPUs, log)",
-)
+STATUS = Call("status", StatusArgs, StatusReply,
+              "read the deployments' status (run records, processes, GPUs, log)")
 STOP = Call("stop", StopArgs, StopReply, "stop the server and wait for its GPUs to be clean")
 RELEASE = Call("release", ReleaseArgs, ReleaseReply, "release the launch lock")
 POINT = Call("point", PointArgs, PointReply, "make a run the deployment's current run")
 RUNS = Call("runs", RunsArgs, RunsReply, "list the deployment's runs")
 BENCH = Call("bench", BenchArgs, BenchLevel, "run a benchmark level against the server")
 BENCH_SAVE = Call("bench_save", BenchSaveArgs, BenchSaveReply, "keep a benchmark's results")
-BENCH_RESULTS = Call(
-    "bench_results", BenchResultsArgs, BenchResultsReply, "read kept benchmark results"
-)
+BENCH_RESULTS = Call("bench_results", BenchResultsArgs, BenchResultsReply,
+                     "read kept benchmark results")
 TUNE_SAVE = Call("tune_save", TuneSaveArgs, TuneSaveReply, "keep a tune's record")
 TUNE_RECORDS = Call("tune_records", TuneRecordsArgs, TuneRecordsReply, "read kept tune records")
 TUNE_LOCK = Call("tune_lock", TuneLockArgs, LockReply, "take the tune lock")
@@ -638,4 +639,5 @@ CALLS: tuple[Call[Any, Any], ...] = (
     PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
     BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, TUNE_LOCK, TUNE_UNLOCK, ROUTER,
     POINT, HOLD,
-)  # fmt: skip
+)
+# fmt: on

@@ -35,7 +35,10 @@ from .protocol import (
     StatusReply,
     StopArgs,
     StopReply,
-    job_ref,
+    answers_at,
+)
+from .protocol import (
+    poll_args as protocol_poll_args,
 )
 from .sglang_options import argv_check
 from .slurm_jobs import SLURM_QUERY_EVERY, job_alive, query_job, remember_job, stop_job, submit_job
@@ -298,7 +301,7 @@ def cmd_poll(args: PollArgs) -> PollReply:
             if time.monotonic() >= asked + SLURM_QUERY_EVERY:
                 job, asked = query_job(ref["id"], job), time.monotonic()
             assert job is not None
-            members, alive, address = [], job_alive(job), job["head"]
+            members, alive, address = [], job_alive(job), answers_at(args["bind_host"], job)
         size, data = read_from(args["log"], args["offset"], args["limit"])
         serving = alive and (ref is None or (job is not None and job["state"] == "RUNNING"))
         code = health(address, args["port"]) if serving and address else None
@@ -384,27 +387,13 @@ def cmd_status(args: StatusArgs) -> StatusReply:
             "alive": False, "members": [], "health": None, "size": 0, "data": "", "job": None,
         }  # fmt: skip
         return {**nothing, "run": None, "command": None, "env": None, "metrics": None}
-    poll_args: PollArgs = {
-        "pgid": run["pgid"],
-        "sid": run["sid"],
-        "log": run["log"],
-        "port": run["port"],
-        "bind_host": run["bind_host"],
-        "offset": -1,
-        "limit": args["tail_bytes"],
-        "wait": 0,
-    }
-    if "starttime" in run:
-        poll_args["starttime"] = run["starttime"]
-    ref = job_ref(args["state_dir"], run)
-    if ref is not None:
-        poll_args["job"] = ref
+    poll_args = protocol_poll_args(args["state_dir"], run, -1, args["tail_bytes"], wait=0)
     poll = cmd_poll(poll_args)
     command = read_bytes(state_path(args["state_dir"], "runs", run["id"] + ".cmd"))
     env = read_json(state_path(args["state_dir"], "runs", run["id"] + ".env"))
     metrics: MetricsPage | None = None
     if args["metrics_bytes"] > 0 and poll["alive"]:
-        address = run["bind_host"] if poll["job"] is None else poll["job"]["head"]
+        address = answers_at(run["bind_host"], poll["job"])
         code, body = http_get(address, run["port"], "/metrics", args["metrics_bytes"], 2.0)
         metrics = {"status": code, "text": body.decode("utf-8", "replace")}
     return {

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from .files import read_bytes
 from .patches import sglang_install
@@ -17,7 +17,6 @@ from .protocol import (
     ArgvCheck,
     CheckArgsArgs,
     CheckArgsReply,
-    OptionSpec,
     SglangInstall,
 )
 
@@ -49,6 +48,14 @@ for action in parser._actions:
     out.append([list(action.option_strings), spec])
 print(json.dumps(out))
 """
+
+
+class OptionSpec(TypedDict):
+    dest: str
+    kind: str  # flag (no value), value (one), list (several), any (a custom action)
+    nargs: str | None  # "?" for an optional value, "+"/"*" for lists
+    type: str | None  # int, float or str when argparse checks it; None: not checked here
+    choices: list[Any] | None
 
 
 def _literal(node: Any) -> Any:
