@@ -24,10 +24,22 @@ def imported_names(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (module := absolute_module(path, node)):
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)
     return found
+
+
+def absolute_module(path: Path, node: ast.ImportFrom) -> str | None:
+    """The module a `from … import` names; a relative one (`from .protocol import X`, as
+    deployctl/remote/ writes them) resolved against `path`'s package."""
+    if not node.level:
+        return node.module
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -112,10 +124,49 @@ def test_operations_never_print() -> None:
             assert word not in source, (path.name, word)
 
 
-def test_the_host_agent_imports_only_the_standard_library() -> None:
-    # It runs on hosts, with their own python and nothing of deployctl installed.
-    tops = {name.split(".")[0] for name in imported_names(PACKAGE / "host_agent.py")}
-    assert tops <= {"__future__", *sys.stdlib_module_names}, tops - set(sys.stdlib_module_names)
+REMOTE = "deployctl.remote"
+# Beside `protocol`, the client may import these remote modules, and why: agent.py builds the
+# bundle and runs the bootstrap scripts; ops/port.py runs a patch set's verify scripts on
+# this machine exactly as a host does (remote.patches).
+REMOTE_IMPORTERS = {"deployctl.agent": {"*"}, "deployctl.ops.port": {"deployctl.remote.patches"}}
+
+
+def remote_imports(path: Path) -> list[tuple[int, str]]:
+    """Each import in a module of deployctl/remote/: (level, module), level 0 = absolute."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(0, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module or ""))
+    return found
+
+
+def test_the_host_agent_imports_only_the_standard_library_and_itself() -> None:
+    # It runs on hosts, with their own python and nothing of deployctl installed, under the
+    # package name the bundle gives it: so itself only relatively, from its own folder.
+    paths = sorted((PACKAGE / "remote").glob("*.py"))
+    assert len(paths) > 5, "no deployctl/remote/ package found"
+    for path in paths:
+        for level, module in remote_imports(path):
+            if level:
+                assert level == 1, (path.name, module)  # nothing above deployctl/remote/
+            else:
+                top = module.split(".")[0]
+                assert top in {"__future__", *sys.stdlib_module_names}, (path.name, module)
+
+
+def test_outside_the_agent_only_its_protocol_is_imported() -> None:
+    # The client and presentation read the protocol's types; the handlers run on hosts.
+    graph = import_graph()
+    assert "deployctl.remote.protocol" in graph["deployctl.ops.runs"]
+    for name, deps in graph.items():
+        if name == REMOTE or name.startswith(REMOTE + "."):
+            continue
+        allowed = REMOTE_IMPORTERS.get(name, set())
+        for dep in deps:
+            if dep.startswith(REMOTE + ".") and dep != REMOTE + ".protocol":
+                assert "*" in allowed or dep in allowed, (name, dep)
 
 
 def test_only_the_connection_module_imports_fabric_or_paramiko() -> None:

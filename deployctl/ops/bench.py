@@ -17,16 +17,17 @@ from deployctl.deployments import node_rank
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult
-from deployctl.host_agent import (
+from deployctl.inventory import Host
+from deployctl.ops.runs import recorded_run
+from deployctl.patchset import speculates
+from deployctl.remote.protocol import (
     BenchArgs,
     BenchLevel,
     BenchResultsArgs,
     BenchResultsReply,
     BenchSaveArgs,
+    answers_at,
 )
-from deployctl.inventory import Host
-from deployctl.ops.runs import recorded_run
-from deployctl.patchset import speculates
 from deployctl.shell import split
 
 
@@ -128,7 +129,7 @@ def run_bench(
         )
         level_args: BenchArgs = {
             # A Slurm job serves on its head node: the load goes there from the login node.
-            "bind_host": status["job"]["head"] if status["job"] else run["bind_host"],
+            "bind_host": answers_at(run["bind_host"], status["job"]),
             "port": run["port"],
             "concurrency": concurrency,
             "prompts": plan.prompts_for(concurrency),

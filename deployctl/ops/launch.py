@@ -28,14 +28,6 @@ from deployctl.deployments import (
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, attempt
-from deployctl.host_agent import (
-    ClientIdentity,
-    LiveRun,
-    PreflightArgs,
-    PreflightReply,
-    ReleaseArgs,
-    shares_gpus,
-)
 from deployctl.inventory import Host
 from deployctl.ops.flags import FlagReport, checked_argv, flag_report, runs_router
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
@@ -49,6 +41,14 @@ from deployctl.patchset import (
     speculates,
 )
 from deployctl.project import Project
+from deployctl.remote.protocol import (
+    ClientIdentity,
+    LiveRun,
+    PreflightArgs,
+    PreflightReply,
+    ReleaseArgs,
+    shares_gpus,
+)
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
 from deployctl.settings import check_layer, overlay, own_layer
 from deployctl.text import is_number

@@ -14,11 +14,6 @@ from deployctl.crash import Catalog
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
-from deployctl.host_agent import (
-    PointArgs,
-    RunRecord,
-    RunsArgs,
-)
 from deployctl.inventory import MASK, Host
 from deployctl.ops.launch import Plan
 from deployctl.ops.router import Registration, change_registration, registered_url
@@ -34,6 +29,7 @@ from deployctl.ops.runs import (
     units,
 )
 from deployctl.patchset import PatchSet, sets_for_flags
+from deployctl.remote.protocol import PointArgs, RunRecord, RunsArgs
 from deployctl.render import RenderedCommand, command_secrets
 from deployctl.shell import split
 from deployctl.slurm import time_limit_s

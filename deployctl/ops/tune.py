@@ -28,7 +28,6 @@ from deployctl import events as ev
 from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult, next_backoff
-from deployctl.host_agent import ReleaseArgs, TuneLockArgs, TuneRecordsArgs, TuneSaveArgs
 from deployctl.ops.bench import BenchPlan, per_token_ms, run_bench
 from deployctl.ops.driver import drive
 from deployctl.ops.flags import server_argv
@@ -49,16 +48,17 @@ from deployctl.ops.runs import (
 from deployctl.ops.runs import Outcome as RunOutcome
 from deployctl.ops.server import recorded_plan
 from deployctl.patchset import command_flags, speculates
+from deployctl.remote.protocol import ReleaseArgs, TuneLockArgs, TuneRecordsArgs, TuneSaveArgs
 from deployctl.text import is_number
 
 if TYPE_CHECKING:
     from deployctl.connection import Connection
     from deployctl.crash import Catalog
     from deployctl.crash.model import CrashReport
-    from deployctl.host_agent import BenchLevel
     from deployctl.inventory import Host
     from deployctl.patchset import PatchSet
     from deployctl.project import Project
+    from deployctl.remote.protocol import BenchLevel
 
 
 T = TypeVar("T")

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from deployctl.fanout import FleetResult, HostResult
-    from deployctl.host_agent import JobInfo
     from deployctl.inventory import GroupNode, Host
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
     from deployctl.ops.flags import CheckedCommand
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
     from deployctl.ops.server import RestartReport, Stray
     from deployctl.ops.tune import KeptTune, TunePlan, TuneReport
     from deployctl.patchset import PatchSet
+    from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
 
 R = TypeVar("R")
