@@ -9,15 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
+from deployctl.choices import BenchTool, Keep, ThresholdMode
 from deployctl.cli.options import DrainTimeoutOpt, StopTimeoutOpt, TimeoutOpt
 from deployctl.cli.session import SERVERS, Reply, Session, app, fleet_command
 from deployctl.errors import UsageError
-
-
-class BenchTool(StrEnum):
-    builtin = "builtin"
-    sglang = "sglang"
-
 
 # The load of one level, as bench and tune take it.
 ConcurrencyOpt = Annotated[
@@ -47,7 +42,7 @@ def bench(
             help="Load generator: builtin (standard library only) or sglang (SGLang's own "
             "serving benchmark on the host: numbers comparable with upstream reports).",
         ),
-    ] = BenchTool.builtin,
+    ] = BenchTool.BUILTIN,
     compare: Annotated[
         list[str] | None,
         typer.Option("--compare", help="Show kept results of these runs side by side."),
@@ -87,7 +82,7 @@ def bench(
                 plots.plot_runs(comparison.runs, plot)
             return views.COMPARISON, comparison
         levels = ops.parse_levels(concurrency)
-        plan = ops.BenchPlan(levels, input_len, output_len, per_stream, timeout, tool.value)
+        plan = ops.BenchPlan(levels, input_len, output_len, per_stream, timeout, tool)
         with live.Progress(enabled=not session.options.json) as progress:
             results = ops.bench_fleet(fleet, plan, progress)
         if plot is not None:
@@ -96,19 +91,8 @@ def bench(
         return views.BENCH, results
 
 
-class ThresholdMode(StrEnum):
-    patch = "patch"
-    adaptive = "adaptive"
-
-
 class ObjectiveChoice(StrEnum):
     throughput = "throughput"
-
-
-class KeepChoice(StrEnum):
-    tuned = "tuned"
-    baseline = "baseline"
-    none = "none"
 
 
 @fleet_command(app, options=SERVERS)
@@ -139,9 +123,9 @@ def tune(
         typer.Option("--max-ttft-ms", min=0.001, help="Better: within this TTFT (p50)."),
     ] = None,
     keep: Annotated[
-        KeepChoice,
+        Keep,
         typer.Option("--keep", help="What serves afterwards: tuned, baseline, or none (as found)."),
-    ] = KeepChoice.tuned,
+    ] = Keep.TUNED,
     min_ratio: Annotated[
         float,
         typer.Option(
@@ -237,8 +221,8 @@ def tune(
     options = ops.TuneOptions(
         levels=bench_ops.parse_levels(concurrency), input_len=input_len, output_len=output_len,
         per_stream=per_stream, level_timeout=level_timeout, objective=goal,
-        keep=ops.Keep(keep.value), min_ratio=min_ratio, noise=noise, repeats=repeats,
-        threshold_mode=threshold_mode.value if threshold_mode else None,
+        keep=keep, min_ratio=min_ratio, noise=noise, repeats=repeats,
+        threshold_mode=threshold_mode,
         baseline_template=baseline_template, speculative_template=template,
         timeout=timeout, stop_timeout=stop_timeout, drain_timeout=drain_timeout,
         max_visits=max_launches, reconnect_window=reconnect_window,
