@@ -163,3 +163,34 @@ def test_the_wheel_lists_every_package_of_the_source_tree() -> None:
     listed = set(config["tool"]["setuptools"]["packages"])
     found = {module_name(p.parent / "__init__.py") for p in PACKAGE.rglob("__init__.py")}
     assert listed == found
+
+
+def layer_table() -> list[str]:
+    """The rows of README's layer table (its header row first)."""
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8").splitlines()
+    start = readme.index("| layer | modules | what it does | may import |")
+    rows = []
+    for line in readme[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return rows
+
+
+def test_the_readme_layer_table_names_every_module() -> None:
+    # A module of the top level is named `name.py`; a package `name/`, in a row that names
+    # each of its modules, `module` or `module.py`.
+    table = layer_table()
+    missing = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        if path.name != "__init__.py" and f"`{path.name}`" not in "".join(table):
+            missing.append(path.name)
+    for package in sorted(p.parent for p in PACKAGE.glob("*/__init__.py")):
+        rows = [row for row in table if f"`{package.name}/" in row]
+        if not rows:
+            missing.append(f"{package.name}/")
+        for module in sorted(package.glob("*.py")):
+            named = (f"`{module.stem}`", f"`{module.name}`")
+            if module.name != "__init__.py" and not any(n in r for n in named for r in rows):
+                missing.append(f"{package.name}/{module.name}")
+    assert not missing, f"README's layer table does not name: {', '.join(missing)}"
