@@ -1,4 +1,4 @@
-"""Replace what serves, unit by unit through its router: restart, rollout, watch, router sync."""
+"""Keep what serves serving: restart, rollout (unit by unit through each router), watch, router sync."""
 
 from __future__ import annotations
 
