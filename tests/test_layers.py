@@ -53,8 +53,8 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_the_known_imports() -> None:
     graph = import_graph()
-    assert "deployctl.ops.launch" in graph["deployctl.cli"]
-    assert "deployctl.present.views" in graph["deployctl.cli"]
+    assert "deployctl.ops.launch" in graph["deployctl.cli.runs"]
+    assert "deployctl.present.views" in graph["deployctl.cli.session"]
     assert "deployctl.agent" in graph["deployctl.ops.runs"]
     assert "deployctl.crash.model" in graph["deployctl.present.terminal"]
 
@@ -82,13 +82,17 @@ def test_there_is_no_import_cycle() -> None:
 
 
 PRESENTATION = "deployctl.present"
-FRONT_ENDS = {"deployctl.cli", "deployctl.__main__"}
+CLI = "deployctl.cli"
 # The web dashboard is a front end too: it serves the documents the CLI prints.
 DASHBOARD = "deployctl.dashboard"
 
 
+def in_package(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
 def is_front_end(name: str) -> bool:
-    return name in FRONT_ENDS or name == DASHBOARD or name.startswith(DASHBOARD + ".")
+    return name == "deployctl.__main__" or in_package(name, CLI) or in_package(name, DASHBOARD)
 
 
 def is_presentation(name: str) -> bool:
@@ -113,7 +117,8 @@ def test_presentation_is_imported_only_by_front_ends_and_never_imports_them() ->
 
 def test_nothing_but_the_entry_point_imports_the_cli() -> None:
     for name, deps in import_graph().items():
-        assert "deployctl.cli" not in deps or name == "deployctl.__main__", name
+        if name != "deployctl.__main__" and not in_package(name, CLI):
+            assert not {d for d in deps if in_package(d, CLI)}, name
 
 
 def test_operations_never_print() -> None:
@@ -179,7 +184,7 @@ SHARED_FLAGS = ["--inventory", "--hosts", "--forks", "--accept-new-host-keys", "
 
 
 def test_the_cli_declares_each_shared_option_once() -> None:
-    source = (PACKAGE / "cli.py").read_text(encoding="utf-8")
+    source = "".join(p.read_text(encoding="utf-8") for p in (PACKAGE / "cli").glob("*.py"))
     for flag in [*SHARED_FLAGS, "--json", "--project"]:
         assert source.count(f'"{flag}"') == 1, flag
 
@@ -209,3 +214,34 @@ def test_the_wheel_lists_every_package_of_the_source_tree() -> None:
     listed = set(config["tool"]["setuptools"]["packages"])
     found = {module_name(p.parent / "__init__.py") for p in PACKAGE.rglob("__init__.py")}
     assert listed == found
+
+
+def layer_table() -> list[str]:
+    """The rows of README's layer table (its header row first)."""
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8").splitlines()
+    start = readme.index("| layer | modules | what it does | may import |")
+    rows = []
+    for line in readme[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return rows
+
+
+def test_the_readme_layer_table_names_every_module() -> None:
+    # A module of the top level is named `name.py`; a package `name/`, in a row that names
+    # each of its modules, `module` or `module.py`.
+    table = layer_table()
+    missing = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        if path.name != "__init__.py" and f"`{path.name}`" not in "".join(table):
+            missing.append(path.name)
+    for package in sorted(p.parent for p in PACKAGE.glob("*/__init__.py")):
+        rows = [row for row in table if f"`{package.name}/" in row]
+        if not rows:
+            missing.append(f"{package.name}/")
+        for module in sorted(package.glob("*.py")):
+            named = (f"`{module.stem}`", f"`{module.name}`")
+            if module.name != "__init__.py" and not any(n in r for n in named for r in rows):
+                missing.append(f"{package.name}/{module.name}")
+    assert not missing, f"README's layer table does not name: {', '.join(missing)}"

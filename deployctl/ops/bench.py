@@ -12,6 +12,7 @@ from typing import Any
 
 from deployctl import __version__, agent
 from deployctl import events as ev
+from deployctl.choices import BenchTool
 from deployctl.connection import Connection
 from deployctl.deployments import node_rank
 from deployctl.errors import DeployctlError, UsageError
@@ -40,7 +41,7 @@ class BenchPlan:
     output_len: int = 128
     per_stream: int = 4  # requests per level: this many per concurrent stream
     level_timeout: float = 900
-    tool: str = "builtin"  # or "sglang": SGLang's serving benchmark on the host
+    tool: BenchTool = BenchTool.BUILTIN
 
     def prompts_for(self, concurrency: int) -> int:
         return self.per_stream * concurrency

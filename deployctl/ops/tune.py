@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from deployctl import agent
 from deployctl import events as ev
+from deployctl.choices import Keep, ThresholdMode
 from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult, next_backoff
@@ -83,12 +84,6 @@ class Outcome(StrEnum):
     CRASHED = "crashed"  # a phase's server crashed: the best stable one was relaunched
     FAILED = "failed"  # a step failed (a host, a launch, requests): the previous run put back
     INTERRUPTED = "interrupted"  # Ctrl-C: the previous run put back
-
-
-class Keep(StrEnum):
-    TUNED = "tuned"
-    BASELINE = "baseline"
-    NONE = "none"  # leave the deployment as tune found it (its previous run, or nothing)
 
 
 # ---- what is compared ---------------------------------------------------------------------
@@ -436,7 +431,7 @@ class TuneOptions:
     noise: float = 0.03
     repeats: int = 3
     points: int = 3
-    threshold_mode: str | None = None  # None: each host's `threshold_mode`
+    threshold_mode: ThresholdMode | None = None  # None: each host's `threshold_mode`
     baseline_template: str = "baseline"
     speculative_template: str | None = None  # None: the deployment's, when it speculates
     timeout: float = 900  # seconds for each launch to get ready
@@ -1071,7 +1066,6 @@ def plan_tune(
     options: TuneOptions,
 ) -> list[TunePlan]:
     """Render every phase's command for every deployment; refuse before any host is touched."""
-    pairs = [f"threshold_mode={options.threshold_mode}"] if options.threshold_mode else []
     found = []
     for host in targets:
         if host.settings.nnodes > 1:
@@ -1081,8 +1075,9 @@ def plan_tune(
 
         def plan(template: str, threshold: int | None, host: Host = host) -> Plan:
             [made] = plan_launch(
-                project, [host], template, threshold, pairs, patch_sets, inventory_threshold=False
-            )
+                project, [host], template, threshold, [], patch_sets, inventory_threshold=False,
+                threshold_mode=options.threshold_mode,
+            )  # fmt: skip
             return made
 
         if host.settings.template:  # what serves there now must be an SGLang server

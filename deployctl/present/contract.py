@@ -104,7 +104,7 @@ OUTCOME: dict[str, Schema] = {
 }
 
 
-def host_entry(stem: str, also_required: Sequence[str] = ()) -> Schema:
+def host_entry_shape(stem: str, also_required: Sequence[str] = ()) -> Schema:
     """A host's entry in a per-host document: the `{stem}Outcome`, or with several deployments
     one such entry for each under `deployments` and no error or code of its own."""
     return obj(
@@ -277,7 +277,7 @@ DEFINITIONS: dict[str, Schema] = {
         ],
         description="deployctl bench --suggest-threshold BASELINE SPEC --json",
     ),
-    "benchHost": host_entry("bench"),
+    "benchHost": host_entry_shape("bench"),
     "benchDeployment": deployment_entry("bench"),
     "benchOutcome": obj(
         {
@@ -362,7 +362,7 @@ DEFINITIONS: dict[str, Schema] = {
         required=["crashes"],
         description="deployctl crash --file FILE --json",
     ),
-    "scanHost": host_entry("scan", also_required=["log", "crashes"]),
+    "scanHost": host_entry_shape("scan", also_required=["log", "crashes"]),
     "scanDeployment": deployment_entry("scan"),
     "scanOutcome": obj(
         {
@@ -404,7 +404,7 @@ DEFINITIONS: dict[str, Schema] = {
     ),
     "note": obj({"note": string()}, required=["note"], description="What --new-token did."),
     "gpus": obj({"hosts": map_of(ref("gpusHost"))}, required=["hosts"]),
-    "gpusHost": host_entry("gpus"),
+    "gpusHost": host_entry_shape("gpus"),
     "gpusDeployment": deployment_entry("gpus"),
     "gpusOutcome": obj(
         {
@@ -492,7 +492,7 @@ DEFINITIONS: dict[str, Schema] = {
         required=["started", "dry_run", "hosts"],
         description="A launch: every host's preflight and, once started, how its run came up.",
     ),
-    "launchHost": host_entry("launch"),
+    "launchHost": host_entry_shape("launch"),
     "launchDeployment": deployment_entry("launch"),
     "launchOutcome": obj(
         {
@@ -612,7 +612,7 @@ DEFINITIONS: dict[str, Schema] = {
         description="A lost connection is back.",
     ),
     "patchActions": obj({"hosts": map_of(ref("patchesHost"))}, required=["hosts"]),
-    "patchesHost": host_entry("patches"),
+    "patchesHost": host_entry_shape("patches"),
     "patchesDeployment": deployment_entry("patches"),
     "patchesOutcome": obj(
         {**OUTCOME, "patches": array(ref("action"))}, required=["ok"], required_when_ok=["patches"]
@@ -716,7 +716,7 @@ DEFINITIONS: dict[str, Schema] = {
         },
     ),
     "audit": obj({"hosts": map_of(ref("auditHost"))}, required=["hosts"]),
-    "auditHost": host_entry("audit"),
+    "auditHost": host_entry_shape("audit"),
     "auditDeployment": deployment_entry("audit"),
     "auditOutcome": obj(
         {**OUTCOME, "sglang_version": nullable("string"), "patches": map_of(ref("setState"))},
@@ -795,7 +795,7 @@ DEFINITIONS: dict[str, Schema] = {
         required=["hosts"],
         description="deployctl render --check --json",
     ),
-    "renderedHost": host_entry("rendered"),
+    "renderedHost": host_entry_shape("rendered"),
     "renderedDeployment": deployment_entry("rendered"),
     "renderedOutcome": obj(
         {
@@ -814,7 +814,7 @@ DEFINITIONS: dict[str, Schema] = {
         required=["ok"],
         required_when_ok=["command", "env", "threshold_mode", "files"],
     ),
-    "checkedHost": host_entry("checked"),
+    "checkedHost": host_entry_shape("checked"),
     "checkedDeployment": deployment_entry("checked"),
     "checkedOutcome": obj(
         {
@@ -839,7 +839,7 @@ DEFINITIONS: dict[str, Schema] = {
         required=["restarted", "hosts"],
         description="No run needed a restart.",
     ),
-    "statusHost": host_entry("status"),
+    "statusHost": host_entry_shape("status"),
     "statusDeployment": deployment_entry("status"),
     "statusOutcome": obj(
         {
@@ -960,7 +960,7 @@ DEFINITIONS: dict[str, Schema] = {
         description="A live router's worker list, and its drift from the inventory: `unregistered` (worker → URL) serve but are not listed; `stray` URLs are listed where a worker of ours is known not to serve. Not drift, and removed by `router sync` only with --force: `unknown` (URL → worker) are listed where a worker of ours may serve but its host cannot be read (`unread`: worker → why); `not_ours` URLs are listed where no worker of the inventory is.",
     ),
     "sync": obj({"hosts": map_of(ref("syncHost"))}, required=["hosts"]),
-    "syncHost": host_entry("sync"),
+    "syncHost": host_entry_shape("sync"),
     "syncDeployment": deployment_entry("sync"),
     "syncOutcome": obj(
         {
@@ -1017,7 +1017,7 @@ DEFINITIONS: dict[str, Schema] = {
         description="A multi-node server as a whole, its nodes in rank order.",
     ),
     "stop": obj({"hosts": map_of(ref("stopHost"))}, required=["hosts"]),
-    "stopHost": host_entry("stop"),
+    "stopHost": host_entry_shape("stop"),
     "stopDeployment": deployment_entry("stop"),
     "stopOutcome": obj(
         {
