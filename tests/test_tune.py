@@ -312,19 +312,23 @@ def test_tune_finds_the_crossover_and_leaves_the_tuned_run_serving(
     variables = {**prepare(alpha, tp=1, **model, **NO_DRAIN), "template": "baseline"}
     variables["python"] = install_on(alpha, sglang_template, standin=STANDIN)
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
-    # 4 and 9 bracket the crossover: one round of 3 new levels (5, 6, 7) narrows it down
-    # (1,4,16 took a launch and 6 levels more for the same check).
-    code, doc, err = tune_json(cli, inv, "--concurrency", "4,9", output_len=OUTPUT_LEN[6.5])
+    # 4 and 12 bracket the crossover (1,4,16 measured 4 levels more for the same check); 12
+    # loses clearly (9, a third short, measured a win on a machine at load 30). --min-ratio
+    # 0.9: the tuned run once measured 0.94 at 5 there (the ratio's own check is
+    # test_a_tune_below_min_ratio_at_one_level_does_not_hold).
+    code, doc, err = tune_json(
+        cli, inv, "--concurrency", "4,12", "--min-ratio", "0.9", output_len=OUTPUT_LEN[6.5]
+    )
     entry = doc["hosts"]["alpha"]
     assert code == 0, (err, entry["envelope_ratio"], verdicts(entry))
     t = entry["threshold"]
     assert t in NEAR_6_5, verdicts(entry)
     assert entry["outcome"] == "tuned" and entry["held"]
-    assert min(entry["envelope_ratio"].values()) >= 0.95
+    assert min(entry["envelope_ratio"].values()) >= 0.9
     assert entry["serving"] == entry["phases"]["tuned"]["run"] == f"eagle3_t{t}_v1"
     assert entry["patches"] == ["spec-disable 1.2.0 (applied)"]
     # Narrowed to adjacent levels: T and the level above it were both measured.
-    assert {t, t + 1} - {4, 9} <= set(entry["refined_levels"])
+    assert {t, t + 1} - {4, 12} <= set(entry["refined_levels"])
     status = status_of(cli, inv, "alpha")
     assert status["run"] == f"eagle3_t{t}_v1" and status["state"] == "ready"
     kept = Path(entry["phases"]["baseline"]["sweeps"][0])
@@ -351,10 +355,8 @@ def test_tune_in_adaptive_mode_finds_a_crossover_near_24_at_cuda_graph_sizes(
     )
     # --min-ratio 0.9: at 26-32 streams a loaded 2-core machine moves the plain server's
     # curve by up to 10 % between two sweeps (CI once saw the tune not hold at 0.95).
-    # 20 and 28 bracket the crossover with three CUDA-graph sizes between (22, 24, 26): one
-    # round (16,32 took a launch more); a search blind to graph sizes would go on to 23 or 25.
     code, doc, err = tune_json(
-        cli, inv, "--concurrency", "20,28", "--min-ratio", "0.9", output_len=OUTPUT_LEN[24.5]
+        cli, inv, "--concurrency", "16,32", "--min-ratio", "0.9", output_len=OUTPUT_LEN[24.5]
     )
     entry = doc["hosts"]["bravo"]
     assert code == 0, (err, entry["envelope_ratio"], verdicts(entry))
@@ -526,7 +528,11 @@ def test_keep_none_leaves_the_deployment_as_tune_found_it(
     launched = cli("launch", "-i", str(inv), "--json", "--timeout", "60")
     before = json.loads(launched.stdout)["hosts"]["alpha"]["run"]
     # Speculation wins at both levels: no threshold is needed, the tuned run speculates.
-    code, doc, err = tune_json(cli, inv, "--concurrency", "1,2", "--keep", "none")
+    # --min-ratio 0.9: the tuned run is the speculative phase's configuration measured again,
+    # and a loaded machine had it at 0.94 of itself (twice); what is pinned here is --keep.
+    code, doc, err = tune_json(
+        cli, inv, "--concurrency", "1,2", "--keep", "none", "--min-ratio", "0.9"
+    )
     entry = doc["hosts"]["alpha"]
     assert code == 0, (err, json.dumps(entry)[:3000])
     assert entry["threshold"] is None and entry["speculation"] == "always"
