@@ -248,22 +248,32 @@ def test_a_second_ctrl_c_during_a_start_leaves_at_once(
     rewrite(inv, {"mem_fraction_static": 0.8})
     rolling = cli.popen("rollout", "-i", str(inv), "--timeout", "120", "--drain-timeout", "5")
     runs = hosts.hosts["alpha"].home / ".deployctl" / "runs"
-    deadline = time.monotonic() + 60
-    while not list(runs.glob("w1_baseline_v2*.json")) and time.monotonic() < deadline:
-        time.sleep(0.2)  # w1's new run is starting (40 s to its ready line)
-    time.sleep(1)
-    rolling.send_signal(signal.SIGINT)
-    time.sleep(0.5)
-    began = time.monotonic()
-    rolling.send_signal(signal.SIGINT)
+    # w1's new run is starting (40 s to its ready line)
+    interrupt_twice_during_a_start(cli, inv, rolling, runs / "w1_baseline_v2*.json")
+
+
+def interrupt_twice_during_a_start(
+    cli: CLI, inv: Path, proc: subprocess.Popen[str], run: Path
+) -> None:
+    """Ctrl-C once a run record matching `run` (a glob) is written, its start under way, and
+    again half a second later: the second must end the command at once (exit 130, within
+    5 s). The inventory's runs are stopped afterwards."""
     try:
-        _, err = rolling.communicate(timeout=60)
+        deadline = time.monotonic() + 60
+        while not list(run.parent.glob(run.name)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        began = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
         left = time.monotonic() - began
-        assert rolling.returncode == 130, err
+        assert proc.returncode == 130, err
         assert left < 5, f"the second Ctrl-C took {left:.1f}s to leave: {err}"
     finally:
-        if rolling.poll() is None:
-            rolling.kill()
+        if proc.poll() is None:
+            proc.kill()
         cli("stop", "-i", str(inv))
 
 

@@ -491,31 +491,16 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
 def test_a_second_ctrl_c_during_a_start_leaves_at_once(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    import signal
-    import time
+    """rollout's twin: tests/test_rollout.py (the driver alone: tests/test_driver.py)."""
+    from tests.test_rollout import interrupt_twice_during_a_start
 
     slow = {**adaptive_host(hosts, "delta", model_for(6.5)), "template": "baseline"}
     (Path(str(slow["model_path"])) / "standin.json").write_text(json.dumps({"startup_s": 40}))
     inv = hosts.inventory(tmp_path / "inv.yml", ["delta"], {"delta": slow})
     tune = cli.popen("tune", "-i", str(inv), "--concurrency", "1,4", "--timeout", "120")
     runs = hosts.hosts["delta"].home / ".deployctl" / "runs"
-    deadline = time.monotonic() + 60
-    while not list(runs.glob("baseline_v*.json")) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the baseline phase is starting (40 s to its ready line)
-    time.sleep(1)
-    tune.send_signal(signal.SIGINT)
-    time.sleep(0.5)
-    began = time.monotonic()
-    tune.send_signal(signal.SIGINT)
-    try:
-        _, err = tune.communicate(timeout=60)
-        left = time.monotonic() - began
-        assert tune.returncode == 130, err
-        assert left < 5, f"the second Ctrl-C took {left:.1f}s to leave: {err}"
-    finally:
-        if tune.poll() is None:
-            tune.kill()
-        cli("stop", "-i", str(inv))
+    # the baseline phase is starting (40 s to its ready line)
+    interrupt_twice_during_a_start(cli, inv, tune, runs / "baseline_v*.json")
 
 
 def test_keep_none_leaves_the_deployment_as_tune_found_it(
