@@ -237,6 +237,46 @@ def test_ctrl_c_while_a_worker_drains_puts_it_back_in_its_router_and_starts_no_o
     cli("stop", "-i", str(inv))
 
 
+def test_a_second_ctrl_c_during_a_start_leaves_at_once(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """The first Ctrl-C lets the unit in hand finish its start (40 s here); the second leaves
+    at once, with the router lock's release on the way out (tune's twin: test_tune.py)."""
+    inv, _ = serving(hosts, cli, tmp_path, 2)
+    knobs = hosts.hosts["alpha"].home / "model" / "standin.json"
+    knobs.write_text(json.dumps({**json.loads(knobs.read_text()), "startup_s": 40}))
+    rewrite(inv, {"mem_fraction_static": 0.8})
+    rolling = cli.popen("rollout", "-i", str(inv), "--timeout", "120", "--drain-timeout", "5")
+    runs = hosts.hosts["alpha"].home / ".deployctl" / "runs"
+    # w1's new run is starting (40 s to its ready line)
+    interrupt_twice_during_a_start(cli, inv, rolling, runs / "w1_baseline_v2*.json")
+
+
+def interrupt_twice_during_a_start(
+    cli: CLI, inv: Path, proc: subprocess.Popen[str], run: Path
+) -> None:
+    """Ctrl-C once a run record matching `run` (a glob) is written, its start under way, and
+    again half a second later: the second must end the command at once (exit 130, within
+    5 s). The inventory's runs are stopped afterwards."""
+    try:
+        deadline = time.monotonic() + 60
+        while not list(run.parent.glob(run.name)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        began = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        left = time.monotonic() - began
+        assert proc.returncode == 130, err
+        assert left < 5, f"the second Ctrl-C took {left:.1f}s to leave: {err}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        cli("stop", "-i", str(inv))
+
+
 def registered(router: str) -> list[str]:
     """The URLs the router lists (0.3's /workers, else the legacy /list_workers)."""
     try:

@@ -1,0 +1,58 @@
+"""ops/driver.py: the Ctrl-C driver rollout and tune share (no host needed)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from tests.sshd_hosts import REPO
+
+# A unit that starts for 30 s, driven as rollout and tune drive theirs; the process then ends
+# the ordinary way (no os._exit, which main() uses and which hid an executor's join).
+STARTING = textwrap.dedent(
+    """
+    import signal, threading, time
+    from deployctl.ops.driver import drive
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a background shell ignores it
+
+    def starting() -> None:
+        print("starting", flush=True)
+        time.sleep(30)
+
+    try:
+        drive([starting], 1, threading.Event(), lambda: print("first", flush=True))
+    except KeyboardInterrupt:
+        print("second", flush=True)
+    """
+)
+
+
+def test_a_second_ctrl_c_leaves_at_once_and_nothing_joins_the_unit_that_is_starting() -> None:
+    """The first Ctrl-C waits for the unit (it puts back what it changed); the second leaves,
+    and the interpreter's exit does not wait for the start either (an executor's workers are
+    joined at exit: the wait of about 40 s reported, one start long)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STARTING],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        assert proc.stdout.readline() == "starting\n"
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline() == "first\n"
+        began = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline() == "second\n"
+        proc.wait(timeout=60)
+        left = time.monotonic() - began
+        assert left < 5, f"the second Ctrl-C took {left:.1f}s to leave"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
