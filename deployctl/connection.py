@@ -43,6 +43,8 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 # sshd drops connections that arrive while too many handshakes are pending (MaxStartups), as
 # a burst of a few hundred hosts at once can make it; such a drop gets one more try.
 HANDSHAKE_RETRY_DELAY = (0.5, 1.0)  # seconds, drawn at random so retries do not bunch up
+# How long close() waits for a command holding the connection; a connect under way is not waited for.
+CLOSE_WAIT = 1.0
 DEFAULT_COMMAND_TIMEOUT = 120.0
 _STDERR_TAIL = 400
 # accept-new appends to one known_hosts file from many threads.
@@ -351,6 +353,8 @@ class SSHConnection(Connection):
         # From dial(): the fabric connection, its socket still connecting, and its deadline.
         self._dialed: tuple[fabric.Connection, socket.socket, float] | None = None
         self._lock = threading.Lock()
+        # Counts close() calls: a connect under way when one comes closes what it opened.
+        self._closes = 0
 
     def _known_hosts_path(self, ssh_config: dict[str, Any]) -> Path:
         configured = self.host.settings.known_hosts_file or self.options.known_hosts
@@ -498,7 +502,12 @@ class SSHConnection(Connection):
                 self._client.close()
                 self._client = None
             if self._client is None:
-                self._client = self._connect_or_retry()
+                closes = self._closes
+                client = self._connect_or_retry()
+                if self._closes != closes:  # closed while connecting: its caller has gone
+                    client.close()
+                    raise ConnectError(f"{self.name}: the connection was closed")
+                self._client = client
             return self._client
 
     def _exec(
@@ -613,13 +622,21 @@ class SSHConnection(Connection):
         return _SSHHeld(channel, out, ended)
 
     def close(self) -> None:
-        with self._lock:
+        self._closes += 1
+        # A connect holds the lock for its whole handshake (TCP, banner, auth, one retry: up
+        # to ~4 connect timeouts); a command leaving on Ctrl-C must not wait for it, and that
+        # connect closes its own client when it ends. Other holders keep it for microseconds.
+        if not self._lock.acquire(timeout=CLOSE_WAIT):
+            return
+        try:
             if self._dialed is not None:  # dialed, never used
                 self._dialed[1].close()
                 self._dialed = None
             if self._client is not None:
                 self._client.close()
                 self._client = None
+        finally:
+            self._lock.release()
 
 
 def _wait_for(fd: int, event: int, timeout: float) -> bool:

@@ -443,3 +443,42 @@ def test_a_host_known_by_name_is_not_dialed_ahead(hosts: SSHLab) -> None:
     conn.dial()
     assert conn._dialed is None
     conn.close()
+
+
+def test_closing_does_not_wait_for_a_connect_under_way(tmp_path: Path) -> None:
+    """A second Ctrl-C closes the fleet while a worker thread is connecting to a silent host
+    (TCP up, no SSH banner): the close must not wait out the handshake's timeouts."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    host = Host(
+        "silent",
+        {
+            "ansible_host": "127.0.0.1",
+            "ansible_port": port,
+            "ansible_user": "nobody",
+            "connect_timeout": 20,
+            "known_hosts_file": str(tmp_path / "known_hosts"),
+        },
+    )
+    conn = SSHConnection(host, ConnectOptions())
+    failures: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            conn.run("true")
+        except BaseException as exc:  # kept for the assertion below
+            failures.append(exc)
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    accepted, _ = listener.accept()  # the worker is now waiting for the banner
+    try:
+        start = time.monotonic()
+        conn.close()
+        assert time.monotonic() - start < 2
+    finally:
+        accepted.close()  # the handshake fails now, and the worker ends
+        listener.close()
+    worker.join(10)
+    assert not worker.is_alive()
+    assert failures and isinstance(failures[0], ConnectError)
