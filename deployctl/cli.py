@@ -438,7 +438,7 @@ def render(
     ] = False,
 ) -> Reply:
     """Print, per host, the exact shell command that `launch` will run."""
-    from deployctl.ops.launch import render_commands
+    from deployctl.ops.plan import render_commands
     from deployctl.present import views
 
     patch_sets = session.patch_sets()
@@ -671,7 +671,7 @@ def launch(
     ] = False,
 ) -> Reply:
     """Preflight every host, start the server detached with a versioned log, wait until ready."""
-    from deployctl.ops import launch as ops
+    from deployctl.ops import plan as ops
     from deployctl.ops.runs import launch as launch_runs
     from deployctl.ops.runs import stop_live_runs
     from deployctl.present import live, views
@@ -766,7 +766,7 @@ def router_sync(
 ) -> Reply:
     """Mend each selected router's list: add the workers of ours that serve and are missing,
     remove what it lists where a worker of ours is known not to serve."""
-    from deployctl.ops.launch import routers_among
+    from deployctl.ops.plan import routers_among
     from deployctl.ops.router import sync_router
     from deployctl.present import views
 
@@ -1241,7 +1241,7 @@ def _rolling(
 ) -> Reply:
     """rollout, restart --rolling and patch apply|revert --rolling: plan every unit, then
     replace them unit by unit. `forced`: the patch sets every unit applies (or reverts)."""
-    from deployctl.ops import launch as ops
+    from deployctl.ops import plan as ops
     from deployctl.ops.rollout import PatchChange, RolloutReport, plan_rollout, rollout
     from deployctl.patchset import select_sets
     from deployctl.present import live, views

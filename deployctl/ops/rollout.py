@@ -27,8 +27,8 @@ from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.ops.driver import drive
-from deployctl.ops.launch import Plan
 from deployctl.ops.patch import PatchAction, apply_patches, patch_facts, revert_patches, set_state
+from deployctl.ops.plan import Plan
 from deployctl.ops.router import (
     change_registration,
     registered_url,

@@ -56,7 +56,7 @@ from deployctl.host_agent import (
 from deployctl.inventory import Host, mask_log, secret_values
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
-from deployctl.ops.launch import Plan, Preflight, release_lock, routing_problems, run_preflight
+from deployctl.ops.plan import Plan, Preflight, release_lock, routing_problems, run_preflight
 from deployctl.ops.router import (
     Registration,
     RouterState,

@@ -20,7 +20,7 @@ from deployctl.host_agent import (
     RunsArgs,
 )
 from deployctl.inventory import MASK, Host
-from deployctl.ops.launch import Plan
+from deployctl.ops.plan import Plan
 from deployctl.ops.router import Registration, change_registration, registered_url
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,

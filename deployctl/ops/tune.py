@@ -32,8 +32,8 @@ from deployctl.host_agent import ReleaseArgs, TuneLockArgs, TuneRecordsArgs, Tun
 from deployctl.ops.bench import BenchPlan, per_token_ms, run_bench
 from deployctl.ops.driver import drive
 from deployctl.ops.flags import server_argv
-from deployctl.ops.launch import Plan, client_identity, is_stale, plan_launch
 from deployctl.ops.patch import apply_patches
+from deployctl.ops.plan import Plan, client_identity, is_stale, plan_launch
 from deployctl.ops.router import router_lock_of
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
