@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from deployctl import agent
 from deployctl import events as ev
@@ -37,6 +39,8 @@ from deployctl.patchset import PatchSet, sets_for_flags
 from deployctl.render import RenderedCommand, command_secrets
 from deployctl.shell import split
 from deployctl.slurm import time_limit_s
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,42 @@ def masked_values(shown: str, argv: Sequence[str]) -> list[str]:
 TOP_TAIL_BYTES = 16 * 1024
 
 
+def metrics_round(
+    fleet: Fleet, catalog: Catalog, tail_bytes: int = TOP_TAIL_BYTES
+) -> FleetResult[RunStatus]:
+    """Every deployment's status with metrics, over the fleet's open connections (a host
+    that dropped its connection keeps its error and is reconnected with backoff:
+    Fleet.poll)."""
+    return fleet.poll(
+        lambda host, conn: run_status(host, conn, catalog, metrics=True, tail_bytes=tail_bytes)
+    )
+
+
+def status_rounds(
+    step: Callable[[], T],
+    interval: float,
+    rounds: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    stop: threading.Event | None = None,
+    pace: bool = True,
+) -> Iterator[T]:
+    """`step`'s result every `interval` seconds (less the round's own time when `pace`),
+    `rounds` times (None: until stopped). The one status-rounds loop: `top`, `watch` and the
+    dashboard's collector. `stop` ends the rounds, also in the middle of a wait."""
+    done = 0
+    while (rounds is None or done < rounds) and not (stop is not None and stop.is_set()):
+        started = time.monotonic()
+        result = step()
+        done += 1
+        yield result
+        if rounds is None or done < rounds:
+            left = max(0.0, interval - (time.monotonic() - started)) if pace else interval
+            if stop is not None:
+                stop.wait(left)
+            else:
+                sleep(left)
+
+
 def metrics_rounds(
     fleet: Fleet,
     catalog: Catalog,
@@ -136,21 +176,8 @@ def metrics_rounds(
     rounds: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[FleetResult[RunStatus]]:
-    """Every deployment's status with metrics, every `interval` seconds, over the fleet's
-    open connections (a host that dropped its connection is reconnected with backoff:
-    Fleet.poll)."""
-    done = 0
-    while rounds is None or done < rounds:
-        started = time.monotonic()
-        results = fleet.poll(
-            lambda host, conn: run_status(
-                host, conn, catalog, metrics=True, tail_bytes=TOP_TAIL_BYTES
-            )
-        )
-        done += 1
-        yield results
-        if rounds is None or done < rounds:
-            sleep(max(0.0, interval - (time.monotonic() - started)))
+    """`top`'s rounds: a metrics round every `interval` seconds."""
+    return status_rounds(lambda: metrics_round(fleet, catalog), interval, rounds, sleep)
 
 
 def restart(
@@ -409,10 +436,12 @@ def watch(
     renewals = None if renew_before is None else Renewals(renew_before)
     if renewals is not None:
         check_renew_window(fleet.hosts, renewals.window)
-    done = 0
-    while rounds is None or done < rounds:
-        done += 1
-        statuses = fleet.poll(lambda host, conn: run_status(host, conn, catalog))
+
+    # A full interval after each round: one that restarted a unit waits before the next look.
+    def statuses_now() -> FleetResult[RunStatus]:
+        return fleet.poll(lambda host, conn: run_status(host, conn, catalog))
+
+    for statuses in status_rounds(statuses_now, interval, rounds, sleep, pace=False):
         for result in statuses:
             if result.exception is not None:
                 events.emit(ev.HostFailed(target=result.name, exception=result.exception))
@@ -476,6 +505,4 @@ def watch(
         if watched and watched <= given_up:
             events.emit(ev.WatchStopped(target="", gave_up=True))
             return WatchEnded(ok=False)
-        if rounds is None or done < rounds:
-            sleep(interval)
     return WatchEnded()
