@@ -45,7 +45,7 @@ from deployctl.ops.runs import (
     stop_run,
 )
 from deployctl.ops.runs import Outcome as RunOutcome
-from deployctl.ops.server import recorded_plan
+from deployctl.ops.serving import Serving, capture, relaunch
 from deployctl.ops.tune.search import (
     DEFAULT_MAX_GRAPH_BS,
     Levels,
@@ -283,10 +283,10 @@ class Tuner:
     def run(self) -> TuneResult:
         mode = self.options.threshold_mode or str(self.host.settings.value("threshold_mode"))
         result = TuneResult(self.host.name, self.host.deployment, mode, self.options)
-        previous: tuple[Plan, str] | None = None
+        previous: Serving | None = None
         try:
             previous = self._previous()
-            result.previous = previous[1] if previous else None
+            result.previous = previous.run if previous else None
             self._search(result)
             self._tune(result)
             self._keep(result, previous)
@@ -328,12 +328,12 @@ class Tuner:
         result.serving_known = True
         result.note += f"; the host answered again: {result.serving or 'nothing'} serving"
 
-    def _previous(self) -> tuple[Plan, str] | None:
-        """The run serving before tune started, as the plan that puts it back."""
+    def _previous(self) -> Serving | None:
+        """The run serving before tune started, captured to be put back."""
         status = run_status(self.host, self.conn, self.catalog)
         if status.run is None or status.state is not RunState.READY:
             return None
-        return recorded_plan(self.host, status, self.patch_sets), status.run["id"]
+        return capture(self.host, status, self.patch_sets)
 
     # -- the phases ----------------------------------------------------------------------------
 
@@ -420,7 +420,7 @@ class Tuner:
             low, high = (middle, high) if meets(middle) else (low, middle)
         return low
 
-    def _keep(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
+    def _keep(self, result: TuneResult, previous: Serving | None) -> None:
         keep = self.options.keep
         if keep is Keep.BASELINE:
             self._step(Phase.BASELINE, "keeping")
@@ -430,7 +430,7 @@ class Tuner:
 
     # -- when it goes wrong ----------------------------------------------------------------
 
-    def _fall_back(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
+    def _fall_back(self, result: TuneResult, previous: Serving | None) -> None:
         """After a crash: relaunch the best configuration that did not crash (no threshold),
         else put back what was serving before."""
         best = best_stable(result)
@@ -443,7 +443,7 @@ class Tuner:
         except (DeployctlError, PhaseFailed) as exc:
             result.note += f"; relaunching {best} failed: {exc}"
 
-    def _put_back(self, result: TuneResult, previous: tuple[Plan, str] | None) -> None:
+    def _put_back(self, result: TuneResult, previous: Serving | None) -> None:
         """Relaunch the run that was serving before tune (or stop tune's own run), trying
         again while the host cannot be reached (the reason we may be here). A host tune has
         not changed yet is left alone."""
@@ -459,12 +459,16 @@ class Tuner:
                     )
                 result.serving = None
                 return
-            plan, run_id = previous
+            run_id = previous.run
             self._step("previous", "restoring")
             _reconnecting(
                 lambda: recorded_run(self.host, self.conn), self.options.reconnect_window
             )  # until it answers
-            replaced = self._replace(plan, {self.host.label: run_id})
+            replaced = relaunch(
+                self.fleet, [previous], self.catalog, restart_of={self.host.label: run_id},
+                timeout=self.options.timeout, stop_timeout=self.options.stop_timeout,
+                events=self.events, drain_timeout=self.options.drain_timeout,
+            )  # fmt: skip
             outcome = _outcome(replaced.launch)
             result.launches += 1
             result.serving = outcome.run["id"] if outcome is not None and outcome.ok else None
