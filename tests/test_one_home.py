@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import ast
+import threading
 from collections.abc import Iterator
 
+from deployctl.ops.server import status_rounds
 from tests.test_layers import PACKAGE
 
 # Where the steps would be written again: the operations and the dashboard's collector.
@@ -147,3 +149,19 @@ def test_tunes_search_does_no_io() -> None:
     assert not {"time", "threading", "subprocess", "socket"} & {
         name.split(".")[0] for name in imported
     }
+
+
+def test_status_rounds_pace_count_and_stop() -> None:
+    waits: list[float] = []
+    assert list(status_rounds(lambda: "r", 5.0, 3, waits.append)) == ["r", "r", "r"]
+    assert len(waits) == 2 and all(4.0 < w <= 5.0 for w in waits)  # less the round's time
+    waits.clear()
+    list(status_rounds(lambda: "r", 5.0, 2, waits.append, pace=False))
+    assert waits == [5.0]  # watch: a full interval after each round
+    stop = threading.Event()
+    seen = []
+    for result in status_rounds(lambda: len(seen), 60.0, stop=stop):
+        seen.append(result)
+        if len(seen) == 2:
+            stop.set()  # the wait returns at once and no round follows
+    assert seen == [0, 1]
