@@ -1,6 +1,6 @@
 """The ceiling of `deployctl bench`'s built-in load generator on one core.
 
-Runs the generator (deployctl.host_agent.cmd_bench, exactly what the host agent runs) in
+Runs the generator (deployctl.remote.bench.cmd_bench, exactly what the host agent runs) in
 this process against the stand-in server started beside it, with a decode model fast
 enough (1 ms steps, one token per chunk: the worst case) that the generator works flat out,
 and measures the CPU seconds this process spends per streamed token. tokens / CPU seconds
@@ -27,7 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from deployctl.host_agent import BenchArgs, cmd_bench, health  # noqa: E402
+from deployctl.remote.bench import cmd_bench  # noqa: E402
+from deployctl.remote.protocol import BenchArgs  # noqa: E402
+from deployctl.remote.runs import health  # noqa: E402
 from tests.sshd_hosts import STANDIN, free_port  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -44,16 +44,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from deployctl.agent import AGENT_FILE, agent_hash  # noqa: E402 - needs the path above
+from deployctl.agent import agent_bundle, agent_hash  # noqa: E402 - needs the path above
 from deployctl.connection import Connection  # noqa: E402
 from deployctl.facts import GPUS_COMMAND  # noqa: E402
-from deployctl.host_agent import AGENT_DIR  # noqa: E402
 from deployctl.inventory import load_inventory  # noqa: E402
 from deployctl.ops.gpus import check_gpus  # noqa: E402
 from deployctl.ops.patch import audit_host  # noqa: E402
 from deployctl.ops.runs import run_status  # noqa: E402
 from deployctl.patchset import load_patch_sets  # noqa: E402
 from deployctl.project import SHIPPED_DATA  # noqa: E402
+from deployctl.remote.bootstrap import UNPACK  # noqa: E402
+from deployctl.remote.protocol import AGENT_DIR  # noqa: E402
 from tests.sglang_wheel import build_template, install_on  # noqa: E402
 from tests.sshd_hosts import SSHLab, TestHost, sh, start_lab, stop_lab  # noqa: E402
 
@@ -102,10 +103,10 @@ def setup_hosts(base: Path, count: int, sglang: bool) -> tuple[SSHLab, dict[str,
     for name, host in lab.hosts.items():
         cached_nvidia_smi(host)
         pythons[name] = install_on(host, template) if template else "/usr/bin/python3"
-        # deployctl keeps its agent on each host; the other contenders run that same copy.
-        copy = host.home / ".deployctl" / AGENT_DIR / f"{agent_hash()}.py"
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_bytes(AGENT_FILE.read_bytes())
+        # deployctl keeps its agent on each host, unpacked; the other contenders run that copy.
+        folder = host.home / ".deployctl" / AGENT_DIR / agent_hash()
+        unpack = [sys.executable, "-c", UNPACK, str(folder)]
+        subprocess.run(unpack, input=agent_bundle(), check=True)
         sh("chown", "-R", f"{host.user}:{host.user}", host.home / ".deployctl")
     log(f"{count} hosts ready in {time.monotonic() - started:.1f} s")
     return lab, pythons

@@ -199,24 +199,21 @@ runpy.run_module("deployctl", run_name="__main__", alter_sys=True)
 # ---------------------------------------------------------------------------------------------
 
 AGENT_PIECES = r"""import json, sys, time
-t0 = time.perf_counter()
-source = open(sys.argv[1]).read()
-code = compile(source, "<string>", "exec")
 t1 = time.perf_counter()
-ns = {"__name__": "agent"}
-exec(code, ns)  # the agent's top-level imports
+sys.path.insert(0, sys.argv[1])
+from deployctl_remote import dispatch, runs  # the agent's modules and their imports
 t2 = time.perf_counter()
 args = json.loads(sys.argv[2])
-members = ns["process_group"](args["pgid"], args["sid"])
+members = runs.process_group(args["pgid"], args["sid"])
 t3 = time.perf_counter()
-ns["read_from"](args["log"], args["offset"], 1 << 20)
+runs.read_from(args["log"], args["offset"], 1 << 20)
 t4 = time.perf_counter()
-ns["health"](args["bind_host"], args["port"])  # first call imports urllib.request
+runs.health(args["bind_host"], args["port"])
 t5 = time.perf_counter()
-ns["health"](args["bind_host"], args["port"])
+runs.health(args["bind_host"], args["port"])
 t6 = time.perf_counter()
 print(json.dumps({
-    "compile_ms": (t1 - t0) * 1e3, "module_imports_ms": (t2 - t1) * 1e3,
+    "module_imports_ms": (t2 - t1) * 1e3,
     "process_group_ms": (t3 - t2) * 1e3, "read_log_ms": (t4 - t3) * 1e3,
     "health_first_ms": (t5 - t4) * 1e3, "health_again_ms": (t6 - t5) * 1e3,
     "alive": bool(members),
@@ -502,11 +499,12 @@ def split_trace(events: list[dict[str, Any]], written: float, exit_time: float) 
 
 def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
     """Time one poll's parts over the same sshd while a (ready) server runs."""
-    from deployctl.agent import AGENT_FILE, agent_command, agent_hash, install_agent
+    from deployctl.agent import agent_bundle, agent_command, agent_hash, install_agent
     from deployctl.connection import ConnectOptions, open_connection
-    from deployctl.host_agent import BOOTSTRAP
     from deployctl.inventory import load_inventory
-    from deployctl.ops.runs import POLL_WAIT, poll_args
+    from deployctl.ops.runs import POLL_LIMIT_BYTES, POLL_WAIT
+    from deployctl.remote.bootstrap import BOOTSTRAP, UNPACK
+    from deployctl.remote.protocol import poll_args
 
     model = bench.model
     for name in ("go", "written"):
@@ -534,7 +532,7 @@ def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
         "bind_host": host.vars["bind_host"],
     }
     size = Path(entry["log"]).stat().st_size
-    args = poll_args(run, size)  # a steady-state poll: nothing new in the log
+    args = poll_args(host.settings.state_dir, run, size, POLL_LIMIT_BYTES, 0)  # nothing new
     commands = {
         "ssh exec `true`": "true",
         "ssh + python3 -c pass": f"{HOST_PYTHON} -c pass",
@@ -554,9 +552,9 @@ def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
     finally:
         conn.close()
     local: dict[str, list[float]] = {"python3 -c pass": [], "python3 agent poll": []}
-    copy = bench.work / f"{agent_hash()}.py"  # run as on a host: hash checked, then run
-    copy.write_bytes(AGENT_FILE.read_bytes())
-    poll_argv = [HOST_PYTHON, "-c", BOOTSTRAP, str(copy), "poll", json.dumps(args)]
+    folder = str(bench.work / "agent" / agent_hash())  # run as on a host: unpacked once
+    subprocess.run([HOST_PYTHON, "-c", UNPACK, folder], input=agent_bundle(), check=True)
+    poll_argv = [HOST_PYTHON, "-c", BOOTSTRAP, folder, "poll", json.dumps(args)]
     for _ in range(samples):
         for name, argv in (
             ("python3 -c pass", [HOST_PYTHON, "-c", "pass"]),
@@ -568,7 +566,7 @@ def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
     pieces = [
         json.loads(
             subprocess.run(
-                [HOST_PYTHON, "-c", AGENT_PIECES, str(AGENT_FILE), json.dumps(args)],
+                [HOST_PYTHON, "-c", AGENT_PIECES, folder, json.dumps(args)],
                 check=True,
                 capture_output=True,
                 text=True,

@@ -1,147 +1,124 @@
 """The client of the host agent: run its calls on a host and check each reply's shape.
 
-The agent (`host_agent.py`) is kept on the host under its content hash and sent again only
-when that copy is missing or altered, so no call carries the agent's source in its argv
-(except on a host where the copy cannot be written: a full disk must not stop a `stop`).
+The agent is the package `deployctl/remote/`, shipped as one bundle (a deterministic zip of
+its modules) named by the sha256 of its bytes. A host unpacks it once per state_dir into
+`<state_dir>/agent/<sha256>/`; each call then imports it from there (with its bytecode kept)
+through a short bootstrap. The bundle is sent again only when that folder is missing,
+incomplete or not private, so no call carries the agent in its argv (except on a host where
+nothing can be written: a full disk must not stop a `stop`; the bundle then rides in argv
+and is imported from memory).
 Every reply is checked against the call's declared reply type; a reply that lacks a key is
 an error, never read as a default.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import json
 import types
 import typing
+import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, TypeVar, cast
 
-from deployctl import host_agent as proto
 from deployctl.connection import CommandResult, Connection, Held
 from deployctl.errors import AgentError, CommandError, HostError, InventoryError, PatchError
 from deployctl.facts import ProbeOutput, run_probes
 from deployctl.inventory import Host
+from deployctl.remote import bootstrap
+from deployctl.remote import protocol as proto
+from deployctl.remote.protocol import (
+    APPLY,
+    BENCH,
+    BENCH_RESULTS,
+    BENCH_SAVE,
+    CALLS,
+    CHECK_ARGS,
+    HOLD,
+    POINT,
+    POLL,
+    PREFLIGHT,
+    PROBE,
+    READ,
+    RELEASE,
+    REVERT,
+    ROUTER,
+    RUNS,
+    START,
+    STATUS,
+    STOP,
+    TUNE_LOCK,
+    TUNE_RECORDS,
+    TUNE_SAVE,
+    TUNE_UNLOCK,
+    Call,
+)  # fmt: skip
 from deployctl.shell import join
 
-AGENT_FILE = Path(proto.__file__).resolve()
+# The calls, as the protocol declares them: `agent.STATUS` is `protocol.STATUS`.
+__all__ = [
+    "APPLY", "BENCH", "BENCH_RESULTS", "BENCH_SAVE", "CALLS", "CHECK_ARGS", "HOLD", "POINT",
+    "POLL", "PREFLIGHT", "PROBE", "READ", "RELEASE", "REVERT", "ROUTER", "RUNS", "START",
+    "STATUS", "STOP", "TUNE_LOCK", "TUNE_RECORDS", "TUNE_SAVE", "TUNE_UNLOCK", "Call",
+    "agent_bundle", "agent_command", "agent_folder", "agent_hash", "call", "call_beside",
+    "hold", "install_agent", "parse_reply", "shape_problems",
+]  # fmt: skip
+
+REMOTE_DIR = Path(proto.__file__).resolve().parent
 A = TypeVar("A", bound=Mapping[str, Any])
 R = TypeVar("R")
+# Every entry's date: the bundle's bytes (so its hash) depend only on the modules' text.
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
-@dataclass(frozen=True)
-class Call(Generic[A, R]):
-    """One agent call: its name on the wire, the TypedDict it takes and the one it answers.
-
-    mypy infers `call`'s types from a typed value, not from a dict literal: pass a variable
-    annotated with the args type, or build it with that type, e.g. `ReadArgs(base=…, paths=…)`.
-    """
-
-    name: str
-    args: type[A]
-    reply: type[R]
-    what: str = ""  # what the call asks of the host, in words, for a timeout's message
-
-    @property
-    def purpose(self) -> str:
-        return f"deployctl's host agent was asked to {self.what or self.name}"
-
-
-# Every call the agent answers (host_agent.main's handlers), typed by host_agent's declarations.
-PROBE = Call(
-    "probe",
-    proto.ProbeArgs,
-    proto.ProbeReply,
-    "read the host's facts (SGLang install, GPUs, ports)",
-)
-READ = Call("read", proto.ReadArgs, proto.ReadReply, "read files of the SGLang install")
-APPLY = Call("apply", proto.ApplyArgs, proto.ApplyReply, "apply a patch set")
-REVERT = Call("revert", proto.RevertArgs, proto.RevertReply, "revert a patch set")
-PREFLIGHT = Call(
-    "preflight",
-    proto.PreflightArgs,
-    proto.PreflightReply,
-    "check the host before a launch (GPUs, ports, lock, log name)",
-)
-CHECK_ARGS = Call(
-    "check_args",
-    proto.CheckArgsArgs,
-    proto.CheckArgsReply,
-    "ask the host's SGLang whether it accepts the command's flags",
-)
-START = Call("start", proto.StartArgs, proto.StartReply, "start the server")
-POLL = Call(
-    "poll", proto.PollArgs, proto.PollReply, "wait for the server to be ready, watching its log"
-)
-STATUS = Call(
-    "status",
-    proto.StatusArgs,
-    proto.StatusReply,
-    "read the deployments' status (run records, processes, GPUs, log)",
-)
-STOP = Call(
-    "stop", proto.StopArgs, proto.StopReply, "stop the server and wait for its GPUs to be clean"
-)
-RELEASE = Call("release", proto.ReleaseArgs, proto.ReleaseReply, "release the launch lock")
-POINT = Call("point", proto.PointArgs, proto.PointReply, "make a run the deployment's current run")
-RUNS = Call("runs", proto.RunsArgs, proto.RunsReply, "list the deployment's runs")
-BENCH = Call("bench", proto.BenchArgs, proto.BenchLevel, "run a benchmark level against the server")
-BENCH_SAVE = Call(
-    "bench_save", proto.BenchSaveArgs, proto.BenchSaveReply, "keep a benchmark's results"
-)
-BENCH_RESULTS = Call(
-    "bench_results", proto.BenchResultsArgs, proto.BenchResultsReply, "read kept benchmark results"
-)
-TUNE_SAVE = Call("tune_save", proto.TuneSaveArgs, proto.TuneSaveReply, "keep a tune's record")
-TUNE_RECORDS = Call(
-    "tune_records", proto.TuneRecordsArgs, proto.TuneRecordsReply, "read kept tune records"
-)
-TUNE_LOCK = Call("tune_lock", proto.TuneLockArgs, proto.LockReply, "take the tune lock")
-TUNE_UNLOCK = Call("tune_unlock", proto.ReleaseArgs, proto.ReleaseReply, "release the tune lock")
-ROUTER = Call(
-    "router", proto.RouterArgs, proto.RouterReply, "ask the router for its workers or change them"
-)
-# Through `hold`: it stays running, holding the lock, until its client goes.
-HOLD = Call("hold", proto.HoldArgs, proto.HoldReply, "take a router's rollout lock")
-CALLS: tuple[Call[Any, Any], ...] = (
-    PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
-    BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, TUNE_LOCK, TUNE_UNLOCK, ROUTER,
-    POINT, HOLD,
-)  # fmt: skip
+def bundle_files() -> list[Path]:
+    """The modules the bundle holds: every module of `deployctl/remote/`, by name."""
+    return sorted(REMOTE_DIR.glob("*.py"))
 
 
 @cache
-def agent_source() -> bytes:
-    return AGENT_FILE.read_bytes()
+def agent_bundle() -> bytes:
+    """The agent as one zip: `deployctl_remote/<module>.py`, sorted, with fixed dates."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        for path in bundle_files():
+            entry = zipfile.ZipInfo(f"{bootstrap.PACKAGE}/{path.name}", date_time=_ZIP_EPOCH)
+            entry.compress_type = zipfile.ZIP_DEFLATED  # small enough to ride in one argument
+            entry.external_attr = 0o600 << 16
+            bundle.writestr(entry, path.read_bytes(), compresslevel=9)
+    return buffer.getvalue()
 
 
 @cache
 def agent_hash() -> str:
-    return hashlib.sha256(agent_source()).hexdigest()
+    return hashlib.sha256(agent_bundle()).hexdigest()
 
 
-# (host, agent path) where the agent could not be written in this invocation.
+# (host, agent folder) where the bundle could not be unpacked in this invocation.
 _NOT_KEPT: set[tuple[str, str]] = set()
 
 
-def agent_path(host: Host) -> str:
-    """Where the host keeps this version of the agent."""
+def agent_folder(host: Host) -> str:
+    """Where the host keeps this version of the agent, unpacked."""
     state_dir = host.settings.state_dir
     if not state_dir.strip():
         raise InventoryError(
             f"{host.name}: state_dir is empty", hint="set it to a folder, e.g. ~/.deployctl"
         )
-    return f"{state_dir.rstrip('/')}/{proto.AGENT_DIR}/{agent_hash()}.py"
+    return f"{state_dir.rstrip('/')}/{proto.AGENT_DIR}/{agent_hash()}"
 
 
 def agent_command(host: Host, call: str, args: Mapping[str, Any]) -> str:
     """The shell line that runs one agent call with the host's python."""
-    python, path = host.settings.python, agent_path(host)
-    if (host.name, path) in _NOT_KEPT:  # the source rides in argv where nothing can be written
-        return join([python, "-c", agent_source().decode(), call, json.dumps(args)])
-    return join([python, "-c", proto.BOOTSTRAP, path, call, json.dumps(args)])
+    python, folder = host.settings.python, agent_folder(host)
+    if (host.name, folder) in _NOT_KEPT:  # the bundle rides in argv where it cannot be kept
+        carried = base64.b64encode(agent_bundle()).decode()
+        return join([python, "-c", bootstrap.IN_MEMORY, carried, call, json.dumps(args)])
+    return join([python, "-c", bootstrap.BOOTSTRAP, folder, call, json.dumps(args)])
 
 
 def _agent_missing(exit_code: int, stdout: str) -> bool:
@@ -149,14 +126,15 @@ def _agent_missing(exit_code: int, stdout: str) -> bool:
 
 
 def install_agent(host: Host, conn: Connection) -> None:
-    """Put this version of the agent on the host (one round trip)."""
-    path = agent_path(host)
+    """Unpack this version of the agent on the host (one round trip)."""
+    folder = agent_folder(host)
+    command = join([host.settings.python, "-c", bootstrap.UNPACK, folder])
     try:
-        conn.write_file(path, agent_source())
+        conn.run(command, stdin=agent_bundle(), purpose="keep deployctl's agent").check(host.name)
     except CommandError as exc:
         raise HostError(
-            f"cannot keep deployctl's agent at {path} on {host.name}: {exc.output}",
-            hint="state_dir must be a folder the login user can write",
+            f"cannot keep deployctl's agent at {folder} on {host.name}: {exc.output}",
+            hint="state_dir must be a folder the login user owns and can write",
         ) from None
 
 
@@ -165,7 +143,7 @@ def _send_agent(host: Host, conn: Connection) -> None:
     try:
         install_agent(host, conn)
     except HostError:
-        _NOT_KEPT.add((host.name, agent_path(host)))
+        _NOT_KEPT.add((host.name, agent_folder(host)))
 
 
 def parse_reply(

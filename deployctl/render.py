@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from deployctl import slurm
+from deployctl.choices import ThresholdMode, spelled
 from deployctl.deployments import server_env
 from deployctl.errors import TemplateError, UsageError
 from deployctl.inventory import (
@@ -26,10 +27,10 @@ from deployctl.shell import join, quote, split
 
 TEMPLATE_SUFFIX = ".j2"
 THRESHOLD_FLAG = "--speculative-disable-batch-threshold"
-# `threshold_mode`: how --threshold N reaches SGLang. `patch`: the spec-disable set's flag.
-# `adaptive`: stock SGLang's adaptive speculation, configured to draft S steps for batches up
-# to N and none above (one candidate per batch-size slot, so acceptance never moves it).
-THRESHOLD_MODES = ("patch", "adaptive")
+# `threshold_mode` (`ThresholdMode`): how --threshold N reaches SGLang. `patch`: the
+# spec-disable set's flag. `adaptive`: stock SGLang's adaptive speculation, configured to draft
+# S steps for batches up to N and none above (one candidate per batch-size slot, so acceptance
+# never moves it).
 ADAPTIVE_FLAG = "--speculative-adaptive"
 ADAPTIVE_CONFIG_FLAG = "--speculative-adaptive-config"
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -46,7 +47,9 @@ class RenderedCommand:
     env: dict[str, str] = field(default_factory=dict)  # for the server only, over the login's
     deployment: str | None = None
     files: dict[str, str] = field(default_factory=dict)  # written on the host before it starts
-    threshold_mode: str | None = None  # how the threshold reaches SGLang (None: no threshold)
+    threshold_mode: ThresholdMode | None = (
+        None  # how the threshold reaches SGLang (None: no threshold)
+    )
     job_script: str = ""  # a Slurm job's batch script, masked (`launcher: slurm`); "" otherwise
 
     @property
@@ -226,7 +229,7 @@ class TemplateSet:
         mode, files = None, {}
         if threshold is not None:
             mode = threshold_mode(host, variables)
-            if mode == "adaptive":
+            if mode == ThresholdMode.ADAPTIVE:
                 files = adaptive_threshold(host, variables, argv, threshold)
             elif not any(a.split("=", 1)[0] == THRESHOLD_FLAG for a in argv):
                 argv.append(f"{THRESHOLD_FLAG}={threshold}")
@@ -237,15 +240,15 @@ class TemplateSet:
         )
 
 
-def threshold_mode(host: Host, variables: Mapping[str, Any]) -> str:
+def threshold_mode(host: Host, variables: Mapping[str, Any]) -> ThresholdMode:
     mode = str(Settings(variables, f"host {host.label}").value("threshold_mode"))
-    if mode not in THRESHOLD_MODES:
+    if mode not in set(ThresholdMode):
         raise TemplateError(
-            f"host {host.label}: threshold_mode {mode!r} is not patch or adaptive",
+            f"host {host.label}: threshold_mode {mode!r} is not {spelled(ThresholdMode)}",
             hint="patch: the spec-disable set's flag; adaptive: stock SGLang's "
             "--speculative-adaptive, no patch needed",
         )
-    return mode
+    return ThresholdMode(mode)
 
 
 def adaptive_config_path(state_dir: str, threshold: int, steps: int) -> str:

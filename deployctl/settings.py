@@ -19,6 +19,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from deployctl.choices import ThresholdMode, spelled
 from deployctl.errors import InventoryError
 from deployctl.text import is_number
 
@@ -138,7 +139,10 @@ _DECLARED = [
         wanted="a batch size (1 or more)",
     ),
     Setting(
-        "threshold_mode", str, "how `--threshold N` reaches SGLang: patch or adaptive", "patch"
+        "threshold_mode",
+        str,
+        f"how `--threshold N` reaches SGLang: {spelled(ThresholdMode)}",
+        ThresholdMode.PATCH,
     ),
     Setting("check_flags", bool, "check the command's flags against the host's SGLang", True),
     Setting(

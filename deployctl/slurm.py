@@ -6,7 +6,7 @@ deployment's `env`, a check on every allocated node that its GPUs are clean and 
 free, then one `srun` step per node running the server. A multi-node server
 (`slurm_nodes` > 1) reads its node rank inside the step, where `$SLURM_NODEID` is that
 node's (the batch shell's is 0 on every node), and meets at the first allocated node.
-Pure: the agent submits the script and reads the job's state (host_agent.py).
+Pure: the agent submits the script and reads the job's state (deployctl/remote/slurm_jobs.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deployctl.errors import TemplateError
-from deployctl.host_agent import ACTIVE_JOB_STATES, JobInfo, LiveRun, RunRecord
+from deployctl.remote.protocol import ACTIVE_JOB_STATES, JobInfo, LiveRun, RunRecord
 from deployctl.settings import Settings
 from deployctl.shell import quote
 

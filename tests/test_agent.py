@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from deployctl import agent, host_agent
+from deployctl import agent
 from deployctl.connection import ConnectOptions, LocalConnection, open_connection
 from deployctl.crash import load_catalog
 from deployctl.errors import AgentError, HostError, PatchError
-from deployctl.host_agent import PollReply, PreflightReply, ReleaseReply, StatusArgs
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import runs as launch_ops
 from deployctl.ops.runs import run_status
+from deployctl.remote import bootstrap, protocol
+from deployctl.remote.protocol import PollReply, PreflightReply, ReleaseReply, StatusArgs
 from tests.sshd_hosts import SSHLab
 
 STATUS_ARGS: StatusArgs = {
@@ -39,7 +46,7 @@ def local_host(tmp_path: Path) -> Host:
 
 
 def reply(host: Host, document: object, reply_type: type) -> object:
-    text = "Welcome!\n" + host_agent.REPLY_MARK + json.dumps(document) + "\n"
+    text = "Welcome!\n" + protocol.REPLY_MARK + json.dumps(document) + "\n"
     return agent.parse_reply(host, "test", 0, text, "", reply_type)
 
 
@@ -113,30 +120,103 @@ def test_the_agents_own_refusal_and_garbage_are_errors(tmp_path: Path) -> None:
         agent.parse_reply(host, "x", 1, "", "Traceback (most recent call last): ...", ReleaseReply)
 
 
-# ---- the agent lives on the host under its content hash ------------------------------------
+# ---- the agent lives on the host as one bundle, unpacked once under its hash ---------------
 
 
-def test_the_agent_is_sent_once_then_run_from_its_hash_named_copy(tmp_path: Path) -> None:
+def unpacked_files(folder: Path) -> dict[str, bytes]:
+    """The modules an unpacked bundle holds, by name (its bytecode cache left out)."""
+    package = folder / bootstrap.PACKAGE
+    return {p.name: p.read_bytes() for p in sorted(package.glob("*.py"))}
+
+
+def shipped_files() -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in agent.bundle_files()}
+
+
+def test_the_bundle_is_the_remote_package_and_the_same_bytes_every_time() -> None:
+    with zipfile.ZipFile(io.BytesIO(agent.agent_bundle())) as bundle:
+        names = bundle.namelist()
+        assert names == sorted(names)
+        assert {n.split("/", 1)[1] for n in names} == set(shipped_files())
+        assert {i.date_time for i in bundle.infolist()} == {(1980, 1, 1, 0, 0, 0)}
+    agent.agent_bundle.cache_clear()
+    agent.agent_hash.cache_clear()
+    assert hashlib.sha256(agent.agent_bundle()).hexdigest() == agent.agent_hash()
+
+
+def test_the_agent_is_sent_once_then_run_from_its_unpacked_folder(tmp_path: Path) -> None:
     host, conn = local_host(tmp_path), LocalConnection("here", 30)
-    copy = tmp_path / "state" / "agent" / f"{agent.agent_hash()}.py"
+    folder = tmp_path / "state" / "agent" / agent.agent_hash()
     command = agent.agent_command(host, "status", STATUS_ARGS)
-    # The source never rides in the command line (one argument is capped at 128 KiB).
-    assert len(command) < 1000 and "def cmd_status" not in command
+    # The bundle never rides in the command line (one argument is capped at 128 KiB).
+    assert len(command) < 2000 and bootstrap.PACKAGE + ".dispatch" in command
 
     assert agent.call(host, conn, agent.STATUS, STATUS_ARGS)["run"] is None
-    assert copy.read_bytes() == Path(host_agent.__file__).read_bytes()
-    assert conn.round_trips == 3  # the miss, the copy, the call
+    assert unpacked_files(folder) == shipped_files()
+    assert conn.round_trips == 3  # the miss, the bundle, the call
     agent.call(host, conn, agent.STATUS, STATUS_ARGS)
     assert conn.round_trips == 4
+    # Private, complete, and imported normally: Python kept the modules' bytecode there.
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(folder.parent.stat().st_mode) == 0o700
+    assert (folder / "complete").read_text() == agent.agent_hash()
+    assert list((folder / bootstrap.PACKAGE / "__pycache__").glob("dispatch.*.pyc"))
+    assert sorted(p.name for p in folder.parent.iterdir()) == [agent.agent_hash()]
 
 
-def test_an_altered_copy_is_replaced_not_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["marker", "mode", "module"])
+def test_an_incomplete_or_open_folder_is_unpacked_again_not_run(
+    tmp_path: Path, damage: str
+) -> None:
     host, conn = local_host(tmp_path), LocalConnection("here", 30)
     agent.install_agent(host, conn)
-    copy = tmp_path / "state" / "agent" / f"{agent.agent_hash()}.py"
-    copy.write_text('import json; print(json.dumps({"run": None}))\n')  # not what the name says
+    folder = tmp_path / "state" / "agent" / agent.agent_hash()
+    if damage == "marker":  # as if an unpack had stopped half-way
+        (folder / "complete").unlink()
+        (folder / bootstrap.PACKAGE / "dispatch.py").write_text("raise SystemExit(3)\n")
+    elif damage == "mode":  # anyone may change what it runs
+        folder.chmod(0o777)
+        (folder / bootstrap.PACKAGE / "dispatch.py").write_text("raise SystemExit(3)\n")
+    else:  # the marker is there: a module changed by its owner is the owner's business
+        (folder / bootstrap.PACKAGE / "dispatch.py").write_text("raise SystemExit(3)\n")
+    before = conn.round_trips
+    if damage == "module":
+        with pytest.raises(AgentError):
+            agent.call(host, conn, agent.STATUS, STATUS_ARGS)
+        return
     assert agent.call(host, conn, agent.STATUS, STATUS_ARGS)["run"] is None
-    assert copy.read_bytes() == Path(host_agent.__file__).read_bytes()
+    assert conn.round_trips == before + 3
+    assert unpacked_files(folder) == shipped_files()
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+def test_two_first_calls_at_once_both_unpack_and_both_answer(tmp_path: Path) -> None:
+    host = local_host(tmp_path)
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(
+            pool.map(
+                lambda _: agent.call(host, LocalConnection("here", 30), agent.STATUS, STATUS_ARGS)[
+                    "run"
+                ],
+                range(8),
+            )
+        )
+    assert replies == [None] * 8
+    folder = tmp_path / "state" / "agent" / agent.agent_hash()
+    assert unpacked_files(folder) == shipped_files()
+    assert sorted(p.name for p in folder.parent.iterdir()) == [agent.agent_hash()]
+
+
+def test_a_folder_others_can_write_is_never_run(tmp_path: Path) -> None:
+    """Only its owner may change what a call runs: a group-writable folder is sent again."""
+    host, conn = local_host(tmp_path), LocalConnection("here", 30)
+    folder = tmp_path / "state" / "agent" / agent.agent_hash()
+    folder.mkdir(parents=True, mode=0o700)
+    (folder / "complete").write_text(agent.agent_hash())
+    folder.chmod(0o770)  # group-writable: as good as another's
+    result = conn.run(agent.agent_command(host, "status", STATUS_ARGS))
+    assert result.exit_code == protocol.AGENT_MISSING_EXIT
+    assert protocol.AGENT_MISSING in result.stdout
 
 
 def test_status_over_ssh_sends_the_agent_once_per_host(hosts: SSHLab, tmp_path: Path) -> None:
@@ -152,7 +232,7 @@ def test_status_over_ssh_sends_the_agent_once_per_host(hosts: SSHLab, tmp_path: 
     finally:
         conn.close()
     copies = list((alpha.home / ".deployctl" / "agent").iterdir())
-    assert [p.name for p in copies] == [f"{agent.agent_hash()}.py"]
+    assert [p.name for p in copies] == [agent.agent_hash()]
 
 
 # ---- the launch poll decodes the log as one stream -----------------------------------------
@@ -163,21 +243,21 @@ def test_a_character_split_between_polls_stays_whole(
 ) -> None:
     host, conn = local_host(tmp_path), LocalConnection("here", 30)
     log = tmp_path / "server.log"
-    line = "naïve café → 東京 ready soon"
+    line = "é→東京"  # 12 bytes with its newline: few polls, so a loaded machine reads it all
     log.write_text(line + "\n", encoding="utf-8")
     server = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    run: host_agent.RunRecord = {
+    run: protocol.RunRecord = {
         "template": "baseline", "threshold": None, "command": "sleep 30", "port": 1,
         "bind_host": "127.0.0.1", "tp": 1, "patches": {}, "deployctl_version": "test",
         "started_by": "test", "restart_of": None, "id": "x_v1", "log": str(log),
         "pid": server.pid, "pgid": server.pid, "sid": server.pid, "started_at": time.time(),
         "status": "running",
     }  # fmt: skip
-    # Polls of 3 bytes cut most of those characters in two.
+    # Polls of 3 bytes cut every one of those characters in two.
     monkeypatch.setattr(launch_ops, "POLL_LIMIT_BYTES", 3)
     monkeypatch.setattr(launch_ops, "POLL_WAIT", 0.0)
     try:
-        outcome = launch_ops.wait_ready(host, conn, run, load_catalog(), timeout=3)
+        outcome = launch_ops.wait_ready(host, conn, run, load_catalog(), timeout=4)
     finally:
         os.killpg(server.pid, 9)
         server.wait()
@@ -193,9 +273,11 @@ def test_a_host_where_the_agent_cannot_be_kept_changes_no_other_host(tmp_path: P
     conn = LocalConnection("first", 30)
     with pytest.raises(HostError, match="Not a directory"):
         agent.call(first, conn, agent.STATUS, {**STATUS_ARGS, "state_dir": str(blocked)})
-    # The source rode in argv for `first`; `second` still gets the short command.
-    assert "def cmd_status" in agent.agent_command(first, "status", STATUS_ARGS)
-    assert "def cmd_status" not in agent.agent_command(second, "status", STATUS_ARGS)
+    # The bundle rode in argv for `first` (imported from memory); `second` still gets the
+    # short command.
+    carried = base64.b64encode(agent.agent_bundle()).decode()
+    assert carried in agent.agent_command(first, "status", STATUS_ARGS)
+    assert carried not in agent.agent_command(second, "status", STATUS_ARGS)
 
 
 def test_an_agent_call_that_breaks_on_the_host_is_one_line_without_a_traceback(

@@ -1,7 +1,7 @@
 """Preflight asks the host's own SGLang whether it accepts the command.
 
 The option names come from the real SGLang 0.5.23 wheel's declarations, read statically by the
-agent (deployctl.host_agent.declared_options); tests/data/sglang/sglang-0.5.23-options.json is
+agent (deployctl.remote.sglang_options.declared_options); tests/data/sglang/sglang-0.5.23-options.json is
 SGLang's own parser for the same wheel, captured on the device machine with
 scripts/capture-sglang-options, and the two must agree.
 """
@@ -14,11 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from deployctl import host_agent
-from deployctl.host_agent import OptionSpec, check_server_argv, declared_options, sglang_options
 from deployctl.inventory import load_inventory
 from deployctl.ops.flags import server_argv
 from deployctl.project import SHIPPED_DATA
+from deployctl.remote import protocol
+from deployctl.remote import sglang_options as remote_options
+from deployctl.remote.sglang_options import (
+    OptionSpec,
+    check_server_argv,
+    declared_options,
+    sglang_options,
+)
 from deployctl.render import TemplateSet
 from tests.conftest import CLI
 from tests.sglang_wheel import SGLANG_VERSION, extract_site, install_on
@@ -76,8 +82,8 @@ def test_declarations_agree_with_sglangs_own_parser(options: dict[str, OptionSpe
 
 
 def test_reading_the_declarations_takes_milliseconds(pristine: Path) -> None:
-    install: host_agent.SglangInstall = {"site": str(pristine), "version": SGLANG_VERSION}
-    check = host_agent.argv_check(["--model-path=/m"], install)
+    install: protocol.SglangInstall = {"site": str(pristine), "version": SGLANG_VERSION}
+    check = remote_options.argv_check(["--model-path=/m"], install)
     assert check["method"] == "declarations" and check["options"] > 500
     assert check["findings"] == []
     assert check["seconds"] < 2.0  # about 30 ms here; the bound only catches a runaway
@@ -300,8 +306,8 @@ def test_a_checker_that_fails_does_not_stop_the_launch(monkeypatch: pytest.Monke
     def broken(install: object) -> None:
         raise RuntimeError("unexpected layout")
 
-    monkeypatch.setattr(host_agent, "sglang_options", broken)
-    check = host_agent.argv_check(["--tp-size=2"], {"site": "/x", "version": "9"})
+    monkeypatch.setattr(remote_options, "sglang_options", broken)
+    check = remote_options.argv_check(["--tp-size=2"], {"site": "/x", "version": "9"})
     assert check["method"] == "none" and check["findings"] == []
     assert "could not be checked: RuntimeError: unexpected layout" in check["note"]
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deployctl.host_agent import AGENT_DIR
+from deployctl.remote.protocol import AGENT_DIR
 from deployctl.text import one_line
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from deployctl.errors import DeployctlError, UsageError
-from deployctl.host_agent import bench_serving_module, percentile
 from deployctl.ops.bench import Comparison, parse_levels, suggest_threshold
 from deployctl.present.views import COMPARISON, SUGGESTION, render_result
+from deployctl.remote.bench import bench_serving_module, percentile
 from tests.conftest import CLI
 from tests.sglang_wheel import bench_serving_venv, write_tokenizer
 from tests.sshd_hosts import SSHLab, sh

@@ -25,7 +25,6 @@ from deployctl.facts import (
     probe_script,
     run_probes,
 )
-from deployctl.host_agent import REPLY_MARK
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops.gpus import (
     DEFAULT_MAX_USED_MIB,
@@ -35,6 +34,7 @@ from deployctl.ops.gpus import (
     gpu_report,
 )
 from deployctl.present.documents import gpus_json
+from deployctl.remote.protocol import REPLY_MARK
 
 CAPTURES = Path(__file__).resolve().parent / "data" / "nvidia-smi" / "h200-1gpu"
 UUID_A = "GPU-0f384172-4faf-f5c3-14fd-9c3861703c69"  # the machine of idle/busy captures

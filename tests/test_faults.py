@@ -28,11 +28,11 @@ import pytest
 from deployctl import agent
 from deployctl.connection import ConnectOptions, open_connection
 from deployctl.errors import CommandTimeoutError, PatchError
-from deployctl.host_agent import BOOTSTRAP
 from deployctl.inventory import load_inventory
 from deployctl.ops import patch as patch_ops
 from deployctl.patchset import PatchSet, load_patch_sets
 from deployctl.project import SHIPPED_DATA
+from deployctl.remote.bootstrap import BOOTSTRAP
 from tests.conftest import CLI
 from tests.sglang_wheel import SITE, install_on, site_file
 from tests.sshd_hosts import SSHLab, TestHost, sh

@@ -24,10 +24,22 @@ def imported_names(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (module := absolute_module(path, node)):
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)
     return found
+
+
+def absolute_module(path: Path, node: ast.ImportFrom) -> str | None:
+    """The module a `from … import` names; a relative one (`from .protocol import X`, as
+    deployctl/remote/ writes them) resolved against `path`'s package."""
+    if not node.level:
+        return node.module
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -41,8 +53,8 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_the_known_imports() -> None:
     graph = import_graph()
-    assert "deployctl.ops.plan" in graph["deployctl.cli"]
-    assert "deployctl.present.views" in graph["deployctl.cli"]
+    assert "deployctl.ops.plan" in graph["deployctl.cli.runs"]
+    assert "deployctl.present.views" in graph["deployctl.cli.session"]
     assert "deployctl.agent" in graph["deployctl.ops.runs"]
     assert "deployctl.crash.model" in graph["deployctl.present.terminal"]
 
@@ -70,13 +82,17 @@ def test_there_is_no_import_cycle() -> None:
 
 
 PRESENTATION = "deployctl.present"
-FRONT_ENDS = {"deployctl.cli", "deployctl.__main__"}
+CLI = "deployctl.cli"
 # The web dashboard is a front end too: it serves the documents the CLI prints.
 DASHBOARD = "deployctl.dashboard"
 
 
+def in_package(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
 def is_front_end(name: str) -> bool:
-    return name in FRONT_ENDS or name == DASHBOARD or name.startswith(DASHBOARD + ".")
+    return name == "deployctl.__main__" or in_package(name, CLI) or in_package(name, DASHBOARD)
 
 
 def is_presentation(name: str) -> bool:
@@ -101,7 +117,8 @@ def test_presentation_is_imported_only_by_front_ends_and_never_imports_them() ->
 
 def test_nothing_but_the_entry_point_imports_the_cli() -> None:
     for name, deps in import_graph().items():
-        assert "deployctl.cli" not in deps or name == "deployctl.__main__", name
+        if name != "deployctl.__main__" and not in_package(name, CLI):
+            assert not {d for d in deps if in_package(d, CLI)}, name
 
 
 def test_operations_never_print() -> None:
@@ -112,10 +129,49 @@ def test_operations_never_print() -> None:
             assert word not in source, (path.name, word)
 
 
-def test_the_host_agent_imports_only_the_standard_library() -> None:
-    # It runs on hosts, with their own python and nothing of deployctl installed.
-    tops = {name.split(".")[0] for name in imported_names(PACKAGE / "host_agent.py")}
-    assert tops <= {"__future__", *sys.stdlib_module_names}, tops - set(sys.stdlib_module_names)
+REMOTE = "deployctl.remote"
+# Beside `protocol`, the client may import these remote modules, and why: agent.py builds the
+# bundle and runs the bootstrap scripts; ops/port.py runs a patch set's verify scripts on
+# this machine exactly as a host does (remote.patches).
+REMOTE_IMPORTERS = {"deployctl.agent": {"*"}, "deployctl.ops.port": {"deployctl.remote.patches"}}
+
+
+def remote_imports(path: Path) -> list[tuple[int, str]]:
+    """Each import in a module of deployctl/remote/: (level, module), level 0 = absolute."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(0, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module or ""))
+    return found
+
+
+def test_the_host_agent_imports_only_the_standard_library_and_itself() -> None:
+    # It runs on hosts, with their own python and nothing of deployctl installed, under the
+    # package name the bundle gives it: so itself only relatively, from its own folder.
+    paths = sorted((PACKAGE / "remote").glob("*.py"))
+    assert len(paths) > 5, "no deployctl/remote/ package found"
+    for path in paths:
+        for level, module in remote_imports(path):
+            if level:
+                assert level == 1, (path.name, module)  # nothing above deployctl/remote/
+            else:
+                top = module.split(".")[0]
+                assert top in {"__future__", *sys.stdlib_module_names}, (path.name, module)
+
+
+def test_outside_the_agent_only_its_protocol_is_imported() -> None:
+    # The client and presentation read the protocol's types; the handlers run on hosts.
+    graph = import_graph()
+    assert "deployctl.remote.protocol" in graph["deployctl.ops.runs"]
+    for name, deps in graph.items():
+        if name == REMOTE or name.startswith(REMOTE + "."):
+            continue
+        allowed = REMOTE_IMPORTERS.get(name, set())
+        for dep in deps:
+            if dep.startswith(REMOTE + ".") and dep != REMOTE + ".protocol":
+                assert "*" in allowed or dep in allowed, (name, dep)
 
 
 def test_only_the_connection_module_imports_fabric_or_paramiko() -> None:
@@ -128,7 +184,7 @@ SHARED_FLAGS = ["--inventory", "--hosts", "--forks", "--accept-new-host-keys", "
 
 
 def test_the_cli_declares_each_shared_option_once() -> None:
-    source = (PACKAGE / "cli.py").read_text(encoding="utf-8")
+    source = "".join(p.read_text(encoding="utf-8") for p in (PACKAGE / "cli").glob("*.py"))
     for flag in [*SHARED_FLAGS, "--json", "--project"]:
         assert source.count(f'"{flag}"') == 1, flag
 
@@ -158,3 +214,34 @@ def test_the_wheel_lists_every_package_of_the_source_tree() -> None:
     listed = set(config["tool"]["setuptools"]["packages"])
     found = {module_name(p.parent / "__init__.py") for p in PACKAGE.rglob("__init__.py")}
     assert listed == found
+
+
+def layer_table() -> list[str]:
+    """The rows of README's layer table (its header row first)."""
+    readme = (PACKAGE.parent / "README.md").read_text(encoding="utf-8").splitlines()
+    start = readme.index("| layer | modules | what it does | may import |")
+    rows = []
+    for line in readme[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return rows
+
+
+def test_the_readme_layer_table_names_every_module() -> None:
+    # A module of the top level is named `name.py`; a package `name/`, in a row that names
+    # each of its modules, `module` or `module.py`.
+    table = layer_table()
+    missing = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        if path.name != "__init__.py" and f"`{path.name}`" not in "".join(table):
+            missing.append(path.name)
+    for package in sorted(p.parent for p in PACKAGE.glob("*/__init__.py")):
+        rows = [row for row in table if f"`{package.name}/" in row]
+        if not rows:
+            missing.append(f"{package.name}/")
+        for module in sorted(package.glob("*.py")):
+            named = (f"`{module.stem}`", f"`{module.name}`")
+            if module.name != "__init__.py" and not any(n in r for n in named for r in rows):
+                missing.append(f"{package.name}/{module.name}")
+    assert not missing, f"README's layer table does not name: {', '.join(missing)}"

@@ -4,7 +4,7 @@ For each shipped set and each SGLang version it has a variant for: the diffs app
 pristine wheel's files with GNU patch as deployctl runs it (fuzz 0) and at their stated line
 numbers, every patched Python file compiles, and every verify script passes on the patched
 tree and fails on the pristine one. The scripts run as the host agent runs them
-(host_agent.run_verify_scripts: a copy in a temporary folder, DEPLOYCTL_SITE=<site-packages>).
+(remote.patches.run_verify_scripts: a copy in a temporary folder, DEPLOYCTL_SITE=<site-packages>).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from deployctl.host_agent import run_verify_scripts
 from deployctl.ops.patch import PATCH_ARGS
 from deployctl.patchset import PatchSet, Variant, load_patch_sets
 from deployctl.project import SHIPPED_DATA
+from deployctl.remote.patches import run_verify_scripts
 from tests.sglang_wheel import extract_site
 
 SHIPPED = load_patch_sets([SHIPPED_DATA / "patches"])

@@ -12,13 +12,13 @@ import pytest
 
 from deployctl.events import WaitEnded
 from deployctl.fanout import FleetResult, HostResult
-from deployctl.host_agent import RunRecord
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import runs
 from deployctl.ops.plan import Plan, Preflight
 from deployctl.ops.runs import LaunchReport, Outcome, RunState, RunStatus, UnitState
 from deployctl.present import documents, views
 from deployctl.present.live import watch_text
+from deployctl.remote.protocol import RunRecord
 from deployctl.render import RenderedCommand
 
 HOST = Host("alpha", dict(DEFAULT_VARS))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from deployctl import agent
 from deployctl.connection import Held, LocalConnection
-from deployctl.host_agent import HoldArgs, HoldReply
 from deployctl.inventory import Host
+from deployctl.remote.protocol import HoldArgs, HoldReply
 from tests.test_agent import local_host
 
 REPO = Path(__file__).resolve().parent.parent

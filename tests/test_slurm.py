@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from deployctl.errors import InventoryError
-from deployctl.host_agent import (
+from deployctl.inventory import Host
+from deployctl.remote.slurm_jobs import (
     parse_node_address,
     parse_sacct,
     parse_slurm_duration,
     parse_squeue,
 )
-from deployctl.inventory import Host
 from deployctl.settings import Settings, check_settings
 from deployctl.slurm import (
     batch_script,
@@ -227,9 +227,9 @@ def fake_tools(folder: Path, **scripts: str) -> dict[str, str]:
 
 
 def query(env: dict[str, str], known: dict[str, object] | None) -> subprocess.CompletedProcess[str]:
-    """host_agent.query_job in a process of its own (a failure ends the agent's process)."""
+    """remote.slurm_jobs.query_job in a process of its own (a failure ends the agent's process)."""
     code = (
-        "import json, sys; from deployctl.host_agent import query_job; "
+        "import json, sys; from deployctl.remote.slurm_jobs import query_job; "
         "print(json.dumps(query_job('12', json.loads(sys.argv[1]))))"
     )
     return subprocess.run(

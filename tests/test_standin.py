@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from deployctl.host_agent import BenchLevel, cmd_bench
 from deployctl.ops.tune import speculative_graph_sizes
+from deployctl.remote.bench import cmd_bench
+from deployctl.remote.protocol import BenchLevel
 from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
 from tests.standin.sglang_standin import (
     adaptive_steps,

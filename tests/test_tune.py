@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from deployctl.host_agent import BenchLevel
 from deployctl.ops.bench import per_token_ms
 from deployctl.ops.tune import (
     Levels,
@@ -32,6 +31,7 @@ from deployctl.ops.tune import (
     spaced,
     speculative_graph_sizes,
 )
+from deployctl.remote.protocol import BenchLevel
 from tests.conftest import CLI
 from tests.sshd_hosts import STANDIN, SSHLab, TestHost
 from tests.test_lifecycle import prepare

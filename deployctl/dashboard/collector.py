@@ -24,7 +24,6 @@ from deployctl.connection import Connection
 from deployctl.crash import Catalog
 from deployctl.deployments import group_of
 from deployctl.fanout import Fleet, FleetResult, HostResult
-from deployctl.host_agent import BenchResultsArgs
 from deployctl.inventory import Host
 from deployctl.ops.patch import AuditReport, audit_host
 from deployctl.ops.runs import RunStatus, with_router_states
@@ -32,6 +31,7 @@ from deployctl.ops.server import metrics_round, status_rounds
 from deployctl.ops.tune import find_tunes
 from deployctl.patchset import PatchSet
 from deployctl.present.documents import audit_json, hosts_document, status_document
+from deployctl.remote.protocol import BenchResultsArgs
 from deployctl.schema import versioned
 
 # Throughput points kept per deployment: ten minutes at the default 2 s.

@@ -12,21 +12,23 @@ from typing import Any
 
 from deployctl import __version__, agent
 from deployctl import events as ev
+from deployctl.choices import BenchTool
 from deployctl.connection import Connection
 from deployctl.deployments import node_rank
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult
-from deployctl.host_agent import (
+from deployctl.inventory import Host
+from deployctl.ops.runs import recorded_run
+from deployctl.patchset import speculates
+from deployctl.remote.protocol import (
     BenchArgs,
     BenchLevel,
     BenchResultsArgs,
     BenchResultsReply,
     BenchSaveArgs,
+    answers_at,
 )
-from deployctl.inventory import Host
-from deployctl.ops.runs import recorded_run
-from deployctl.patchset import speculates
 from deployctl.shell import split
 
 
@@ -39,7 +41,7 @@ class BenchPlan:
     output_len: int = 128
     per_stream: int = 4  # requests per level: this many per concurrent stream
     level_timeout: float = 900
-    tool: str = "builtin"  # or "sglang": SGLang's serving benchmark on the host
+    tool: BenchTool = BenchTool.BUILTIN
 
     def prompts_for(self, concurrency: int) -> int:
         return self.per_stream * concurrency
@@ -128,7 +130,7 @@ def run_bench(
         )
         level_args: BenchArgs = {
             # A Slurm job serves on its head node: the load goes there from the login node.
-            "bind_host": status["job"]["head"] if status["job"] else run["bind_host"],
+            "bind_host": answers_at(run["bind_host"], status["job"]),
             "port": run["port"],
             "concurrency": concurrency,
             "prompts": plan.prompts_for(concurrency),

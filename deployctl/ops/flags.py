@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.fanout import Fleet, FleetResult, HostResult
-from deployctl.host_agent import ArgvCheck, CheckArgsArgs, SglangInstall
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet
+from deployctl.remote.protocol import ArgvCheck, CheckArgsArgs, SglangInstall
 from deployctl.render import RenderedCommand
 
 ROUTER_MODULE = "sglang_router.launch_router"

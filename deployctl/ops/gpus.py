@@ -9,8 +9,8 @@ from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.errors import DeployctlError
 from deployctl.facts import GPUS_COMMAND, Gpu, GpuProcess, GpuState, parse_gpus_command, run_probes
-from deployctl.host_agent import RunsArgs
 from deployctl.inventory import Host
+from deployctl.remote.protocol import RunsArgs
 
 DEFAULT_MAX_USED_MIB = 16
 

@@ -22,7 +22,9 @@ from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.errors import PatchError
 from deployctl.fanout import Fleet, FleetResult, HostResult
-from deployctl.host_agent import (
+from deployctl.inventory import Host
+from deployctl.patchset import PatchSet, Variant, select_sets, version_key
+from deployctl.remote.protocol import (
     ApplyArgs,
     Manifest,
     PatchRecord,
@@ -31,8 +33,6 @@ from deployctl.host_agent import (
     ReadArgs,
     RevertArgs,
 )
-from deployctl.inventory import Host
-from deployctl.patchset import PatchSet, Variant, select_sets, version_key
 
 T = TypeVar("T")
 

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 from deployctl import agent, slurm
+from deployctl.choices import ThresholdMode
 from deployctl.connection import Connection
 from deployctl.deployments import (
     GroupKey,
@@ -28,14 +29,6 @@ from deployctl.deployments import (
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, attempt
-from deployctl.host_agent import (
-    ClientIdentity,
-    LiveRun,
-    PreflightArgs,
-    PreflightReply,
-    ReleaseArgs,
-    shares_gpus,
-)
 from deployctl.inventory import Host
 from deployctl.ops.flags import FlagReport, checked_argv, flag_report, runs_router
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
@@ -49,6 +42,14 @@ from deployctl.patchset import (
     speculates,
 )
 from deployctl.project import Project
+from deployctl.remote.protocol import (
+    ClientIdentity,
+    LiveRun,
+    PreflightArgs,
+    PreflightReply,
+    ReleaseArgs,
+    shares_gpus,
+)
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
 from deployctl.settings import check_layer, overlay, own_layer
 from deployctl.text import is_number
@@ -66,12 +67,16 @@ def render_commands(
     set_pairs: Sequence[str],
     patch_sets: Mapping[str, PatchSet] | None = None,
     inventory_threshold: bool = True,
+    threshold_mode: ThresholdMode | None = None,
 ) -> FleetResult[RenderedCommand]:
     """Render the launch command for each host locally; check patch-set flag constraints.
 
     Without `threshold`, a host's `threshold` variable is used where the command speculates
-    (unless `inventory_threshold` is off: tune's unthrottled phases)."""
+    (unless `inventory_threshold` is off: tune's unthrottled phases). `threshold_mode`
+    overrides each host's, as `--set threshold_mode=…` would."""
     overrides = parse_overrides(set_pairs)
+    if threshold_mode is not None:
+        overrides["threshold_mode"] = threshold_mode
     reached = sorted(k for k in overrides if k.startswith("ansible_"))
     if reached:
         raise UsageError(
@@ -512,11 +517,13 @@ def plan_launch(
     set_pairs: Sequence[str],
     patch_sets: Mapping[str, PatchSet],
     inventory_threshold: bool = True,
+    threshold_mode: ThresholdMode | None = None,
 ) -> list[Plan]:
     """Render and check every host's command locally; refuse before any host is touched."""
     rendered = render_commands(
-        project, hosts, template, threshold, set_pairs, patch_sets, inventory_threshold
-    )
+        project, hosts, template, threshold, set_pairs, patch_sets, inventory_threshold,
+        threshold_mode,
+    )  # fmt: skip
     failed = [r for r in rendered if r.failed]
     for result in failed:
         if result.is_bug and result.exception is not None:

@@ -24,10 +24,10 @@ from typing import Any
 
 from deployctl.connection import Connection
 from deployctl.errors import PatchError
-from deployctl.host_agent import dist_version, run_verify_scripts
 from deployctl.inventory import Host
 from deployctl.localfiles import check_folder, write_folder
 from deployctl.patchset import PatchSet, Variant, diff_hunks, diff_targets, version_key
+from deployctl.remote.patches import dist_version, run_verify_scripts
 from deployctl.schema import versioned
 
 PORT_ARGS = ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "--fuzz=3"]

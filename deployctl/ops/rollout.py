@@ -51,6 +51,7 @@ from deployctl.ops.runs import (
 )
 from deployctl.ops.serving import capture, relaunch
 from deployctl.patchset import PatchSet, select_sets
+from deployctl.remote.protocol import job_head
 from deployctl.shell import split
 
 
@@ -100,7 +101,7 @@ class UnitPlan:
     def head(self) -> str:
         """The head node of the Slurm job its current run is; "" for a process on its host."""
         job = self.statuses[0].job if self.statuses else None
-        return job["head"] if job else ""
+        return job_head(job)
 
     @property
     def url(self) -> str:

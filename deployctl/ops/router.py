@@ -27,9 +27,16 @@ from deployctl.deployments import address_of, deployment_targets, is_loopback, n
 from deployctl.errors import BusyError, DeployctlError, InventoryError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet
-from deployctl.host_agent import HoldArgs, RouterArgs, RouterReply, RunRecord, StatusArgs
 from deployctl.inventory import Host
 from deployctl.ops.flags import ROUTER_MODULE
+from deployctl.remote.protocol import (
+    HoldArgs,
+    RouterArgs,
+    RouterReply,
+    RunRecord,
+    StatusArgs,
+    job_head,
+)
 
 # Seconds a router may take to show an addition (healthy) or a removal in its list.
 REGISTRATION_WAIT = 30.0
@@ -290,7 +297,7 @@ def _serving(worker: Host, conn: Connection) -> tuple[bool, str]:
     run = reply["run"]
     if run is None:
         return False, ""
-    head = reply["job"]["head"] if reply["job"] else ""
+    head = job_head(reply["job"])
     url = registered_url(worker, run, head)
     return bool(reply["alive"]) and reply["health"] == 200, url
 

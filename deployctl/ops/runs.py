@@ -39,20 +39,6 @@ from deployctl.fanout import (
     HostResult,
     next_backoff,
 )
-from deployctl.host_agent import (
-    JobInfo,
-    MetricsPage,
-    PollArgs,
-    PollReply,
-    RunInfo,
-    RunRecord,
-    StartArgs,
-    StatusArgs,
-    StatusReply,
-    StopArgs,
-    StopReply,
-    job_ref,
-)
 from deployctl.inventory import Host, mask_log, secret_values
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
@@ -67,6 +53,20 @@ from deployctl.ops.router import (
     register_workers_of,
     registered_url,
     router_state,
+)
+from deployctl.remote.protocol import (
+    JobInfo,
+    MetricsPage,
+    PollReply,
+    RunInfo,
+    RunRecord,
+    StartArgs,
+    StatusArgs,
+    StatusReply,
+    StopArgs,
+    StopReply,
+    job_head,
+    poll_args,
 )
 from deployctl.slurm import WAITING_JOB_STATES, job_words, latest_start
 from deployctl.text import plain
@@ -204,25 +204,6 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.state in (RunState.READY, RunState.STARTED)
-
-
-def poll_args(state_dir: str, run: RunRecord, offset: int, wait: float = 0) -> PollArgs:
-    args: PollArgs = {
-        "pgid": run["pgid"],
-        "sid": run["sid"],
-        "log": run["log"],
-        "port": run["port"],
-        "bind_host": run["bind_host"],
-        "offset": offset,
-        "limit": POLL_LIMIT_BYTES,
-        "wait": wait,
-    }
-    if "starttime" in run:
-        args["starttime"] = run["starttime"]
-    ref = job_ref(state_dir, run)
-    if ref is not None:
-        args["job"] = ref
-    return args
 
 
 class GroupWatch:
@@ -366,7 +347,12 @@ def poll(
     host: Host, conn: Connection, run: RunRecord, offset: int, wait: float = POLL_WAIT
 ) -> PollReply:
     """What the run's log gained since `offset`, and whether it is alive and healthy."""
-    return agent.call(host, conn, agent.POLL, poll_args(host.settings.state_dir, run, offset, wait))
+    return agent.call(
+        host,
+        conn,
+        agent.POLL,
+        poll_args(host.settings.state_dir, run, offset, POLL_LIMIT_BYTES, wait),
+    )
 
 
 @dataclass
@@ -504,7 +490,7 @@ def launch(
     ready = [
         by_name[r.name] for r in outcomes if r.value is not None and r.value.state is RunState.READY
     ]
-    heads = {r.name: r.value.job["head"] for r in outcomes if r.value and r.value.job}
+    heads = {r.name: job_head(r.value.job) for r in outcomes if r.value and r.value.job}
     registrations = register_ready(fleet, ready, events, heads)
     return LaunchReport(
         preflights, outcomes, refused=False, cleanup=cleanup, registrations=registrations
@@ -871,7 +857,7 @@ def stop_serving(
     if host.settings.router is not None and node_rank(host) == 0:
         # The URL the run was registered at: the inventory's may name another server now.
         recorded = recorded_run(host, conn)
-        head = recorded["job"]["head"] if recorded["job"] else ""  # a job: at its head node
+        head = job_head(recorded["job"])  # a job: at its head node
         url = registered_url(host, recorded["run"], head) if recorded["run"] else ""
     removed = change_registration(fleet, host, add=False, head=head, url=url)
     drained = None

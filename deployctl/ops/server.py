@@ -15,9 +15,6 @@ from deployctl.crash import Catalog
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
-from deployctl.host_agent import (
-    RunsArgs,
-)
 from deployctl.inventory import Host
 from deployctl.ops.router import Registration, change_registration
 from deployctl.ops.runs import (
@@ -33,6 +30,7 @@ from deployctl.ops.runs import (
 )
 from deployctl.ops.serving import capture, point_back, recorded_plan
 from deployctl.patchset import PatchSet
+from deployctl.remote.protocol import RunsArgs
 from deployctl.slurm import time_limit_s
 
 T = TypeVar("T")

@@ -17,12 +17,12 @@ from deployctl.crash import Catalog
 from deployctl.errors import DeployctlError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet
-from deployctl.host_agent import PointArgs, RunRecord
 from deployctl.inventory import MASK, Host
 from deployctl.ops.plan import Plan
 from deployctl.ops.router import registered_url
 from deployctl.ops.runs import DEFAULT_STOP_TIMEOUT, Replacement, RunStatus, end_run, replace
 from deployctl.patchset import PatchSet, sets_for_flags
+from deployctl.remote.protocol import PointArgs, RunRecord, job_head
 from deployctl.render import RenderedCommand, command_secrets
 from deployctl.shell import split
 
@@ -98,7 +98,7 @@ def capture(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchSet]) -
     """The run `status` read on `host`, as what puts it back (DeployctlError: no recorded
     command to relaunch it with)."""
     assert status.run is not None
-    head = status.job["head"] if status.job else ""
+    head = job_head(status.job)
     return Serving(
         recorded_plan(host, status, patch_sets),
         status.run["id"],

@@ -19,7 +19,6 @@ from deployctl.errors import DeployctlError, ServerError, error_code, explain
 if TYPE_CHECKING:
     from deployctl.events import Event
     from deployctl.fanout import FleetResult, HostResult
-    from deployctl.host_agent import JobInfo
     from deployctl.inventory import GroupNode, Host
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
     from deployctl.ops.flags import CheckedCommand, FlagReport
@@ -33,6 +32,7 @@ if TYPE_CHECKING:
     from deployctl.ops.server import RestartReport
     from deployctl.ops.tune import KeptTune, TunePlan, TuneReport, TuneResult
     from deployctl.patchset import PatchSet
+    from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
 
 T = TypeVar("T")

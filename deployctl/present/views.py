@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from deployctl.choices import ThresholdMode
 from deployctl.errors import explain
 from deployctl.localfiles import write_file
 from deployctl.present import documents as docs
 from deployctl.present.terminal import (
     console,
     crash_lines,
+    duration_text,
     escaped,
     print_command,
     print_error,
@@ -36,7 +38,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from deployctl.fanout import FleetResult, HostResult
-    from deployctl.host_agent import JobInfo
     from deployctl.inventory import GroupNode, Host
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
     from deployctl.ops.flags import CheckedCommand
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from deployctl.ops.server import RestartReport, Stray
     from deployctl.ops.tune import KeptTune, TunePlan, TuneReport
     from deployctl.patchset import PatchSet
+    from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
 
 R = TypeVar("R")
@@ -99,14 +101,14 @@ GRAPH: View[tuple[list[str], dict[str, GroupNode]]] = View(
 
 def _threshold_line(rendered: RenderedCommand) -> str | None:
     """Say how the command gets its --threshold (a shell comment)."""
-    if rendered.threshold_mode == "adaptive":
+    if rendered.threshold_mode == ThresholdMode.ADAPTIVE:
         [(path, text)] = rendered.files.items()
         return (
             f"# --threshold {rendered.threshold}: stock SGLang's adaptive speculation, no patch "
             f"(batches are padded to a CUDA-graph size first); launch writes {path}: "
             f"{text.strip()}"
         )
-    if rendered.threshold_mode == "patch":
+    if rendered.threshold_mode == ThresholdMode.PATCH:
         return f"# --threshold {rendered.threshold}: the spec-disable patch set's flag"
     return None
 
@@ -583,16 +585,6 @@ def job_row(name: str, job: JobInfo) -> list[str]:
         ",".join(job["nodes"]) or "-",
         "-" if left is None else duration_text(left),
     ]
-
-
-def duration_text(seconds: float) -> str:
-    """`2h05m`, `9m30s`, `45s`: a time left, at a glance."""
-    whole = int(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def print_router(state: RouterState) -> None:

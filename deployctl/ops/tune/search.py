@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from deployctl.ops.bench import per_token_ms
 
 if TYPE_CHECKING:
-    from deployctl.host_agent import BenchLevel
+    from deployctl.remote.protocol import BenchLevel
 
 
 class Phase(StrEnum):

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from deployctl import agent
 from deployctl import events as ev
+from deployctl.choices import Keep, ThresholdMode
 from deployctl.errors import CommandTimeoutError, ConnectError, DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult, next_backoff
-from deployctl.host_agent import ReleaseArgs, TuneLockArgs, TuneRecordsArgs, TuneSaveArgs
 from deployctl.ops.bench import BenchPlan, run_bench
 from deployctl.ops.driver import drive
 from deployctl.ops.flags import server_argv
@@ -60,16 +60,17 @@ from deployctl.ops.tune.search import (
     tps,
 )
 from deployctl.patchset import command_flags, speculates
+from deployctl.remote.protocol import ReleaseArgs, TuneLockArgs, TuneRecordsArgs, TuneSaveArgs
 from deployctl.text import is_number
 
 if TYPE_CHECKING:
     from deployctl.connection import Connection
     from deployctl.crash import Catalog
     from deployctl.crash.model import CrashReport
-    from deployctl.host_agent import BenchLevel
     from deployctl.inventory import Host
     from deployctl.patchset import PatchSet
     from deployctl.project import Project
+    from deployctl.remote.protocol import BenchLevel
 
 T = TypeVar("T")
 
@@ -79,12 +80,6 @@ class Outcome(StrEnum):
     CRASHED = "crashed"  # a phase's server crashed: the best stable one was relaunched
     FAILED = "failed"  # a step failed (a host, a launch, requests): the previous run put back
     INTERRUPTED = "interrupted"  # Ctrl-C: the previous run put back
-
-
-class Keep(StrEnum):
-    TUNED = "tuned"
-    BASELINE = "baseline"
-    NONE = "none"  # leave the deployment as tune found it (its previous run, or nothing)
 
 
 # ---- driving one deployment --------------------------------------------------------------
@@ -105,7 +100,7 @@ class TuneOptions:
     noise: float = 0.03
     repeats: int = 3
     points: int = 3
-    threshold_mode: str | None = None  # None: each host's `threshold_mode`
+    threshold_mode: ThresholdMode | None = None  # None: each host's `threshold_mode`
     baseline_template: str = "baseline"
     speculative_template: str | None = None  # None: the deployment's, when it speculates
     timeout: float = 900  # seconds for each launch to get ready
@@ -744,7 +739,6 @@ def plan_tune(
     options: TuneOptions,
 ) -> list[TunePlan]:
     """Render every phase's command for every deployment; refuse before any host is touched."""
-    pairs = [f"threshold_mode={options.threshold_mode}"] if options.threshold_mode else []
     found = []
     for host in targets:
         if host.settings.nnodes > 1:
@@ -754,8 +748,9 @@ def plan_tune(
 
         def plan(template: str, threshold: int | None, host: Host = host) -> Plan:
             [made] = plan_launch(
-                project, [host], template, threshold, pairs, patch_sets, inventory_threshold=False
-            )
+                project, [host], template, threshold, [], patch_sets, inventory_threshold=False,
+                threshold_mode=options.threshold_mode,
+            )  # fmt: skip
             return made
 
         if host.settings.template:  # what serves there now must be an SGLang server

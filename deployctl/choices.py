@@ -1,0 +1,38 @@
+"""The choices a user names, on the command line or in the inventory, each declared once.
+
+The CLI offers these enums as its options' choices, the settings and `render` check a host's
+values against them, and the operations take them as values. No imports: the CLI reads them
+without loading what acts on them (`deployctl --help` stays fast).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ThresholdMode(StrEnum):
+    """How `--threshold N` reaches SGLang (`render` says what each renders)."""
+
+    PATCH = "patch"  # the spec-disable set's flag
+    ADAPTIVE = "adaptive"  # stock SGLang's adaptive speculation, no patch needed
+
+
+class Keep(StrEnum):
+    """What serves after a tune."""
+
+    TUNED = "tuned"
+    BASELINE = "baseline"
+    NONE = "none"  # leave the deployment as tune found it (its previous run, or nothing)
+
+
+class BenchTool(StrEnum):
+    """The load generator of a bench."""
+
+    BUILTIN = "builtin"  # the host agent's own, standard library only
+    SGLANG = "sglang"  # SGLang's serving benchmark on the host
+
+
+def spelled(choice: type[StrEnum]) -> str:
+    """The choices as a sentence says them: `patch or adaptive`."""
+    values = [str(c) for c in choice]
+    return ", ".join(values[:-1]) + " or " + values[-1] if len(values) > 1 else values[0]

@@ -1,0 +1,105 @@
+"""A run's life cycle: launch, stop, status."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from deployctl.cli.options import NoWaitOpt, RunOpt, SetOpt, TemplateOpt, ThresholdOpt, TimeoutOpt
+from deployctl.cli.session import SERVERS, Reply, Session, app, fleet_command
+
+
+@fleet_command(app, options=SERVERS)
+def launch(
+    session: Session,
+    template: TemplateOpt = None,
+    threshold: ThresholdOpt = None,
+    set_: SetOpt = None,
+    no_wait: NoWaitOpt = False,
+    timeout: TimeoutOpt = 900,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Preflight and show the commands only.")
+    ] = False,
+    replace: Annotated[
+        bool,
+        typer.Option("--replace", help="Stop a host's running server first (else: refused)."),
+    ] = False,
+) -> Reply:
+    """Preflight every host, start the server detached with a versioned log, wait until ready."""
+    from deployctl.ops import plan as ops
+    from deployctl.ops.runs import launch as launch_runs
+    from deployctl.ops.runs import stop_live_runs
+    from deployctl.present import live, views
+
+    catalog, patch_sets = session.catalog(), session.patch_sets()
+    plans = ops.plan_launch(
+        session.project, session.targets, template, threshold, set_ or [], patch_sets
+    )
+    with session.fleet() as fleet, live.Progress(enabled=not session.options.json) as progress:
+        if replace and not dry_run:
+            # A stop that fails leaves its run alive, and the preflight then refuses that host.
+            stop_live_runs(fleet, [p.host for p in plans])
+        result = launch_runs(
+            fleet,
+            plans,
+            catalog,
+            wait=not no_wait,
+            timeout=timeout,
+            dry_run=dry_run,
+            events=progress,
+        )
+    return views.LAUNCH, result
+
+
+@fleet_command(app, options=SERVERS)
+def stop(
+    session: Session,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0, help="Seconds between SIGTERM and SIGKILL.")
+    ] = 30,
+    orphans: Annotated[
+        bool,
+        typer.Option(
+            "--orphans",
+            help="Also end runs on these hosts that the inventory does not name, whoever "
+            "launched them (listed first).",
+        ),
+    ] = False,
+) -> Reply:
+    """End each deployment's run (its whole process group); wait until its GPUs are clean.
+
+    Without -d it also ends this inventory's own leftovers (a run it launched that it no
+    longer names); runs another inventory launched are listed and left alone (--orphans)."""
+    from deployctl.ops.runs import stop_serving
+    from deployctl.ops.server import stray_runs
+    from deployctl.present import views
+
+    with session.fleet() as fleet:
+        targets = fleet.hosts
+        if session.options.deployment is None:
+            strays = stray_runs(fleet)
+            views.print_strays(strays, ending_others=orphans)
+            targets = [*targets, *(s.host for s in strays if s.ours or orphans)]
+            views.print_stopping(targets)
+        return views.STOP, fleet.run(
+            lambda host, conn: stop_serving(fleet, host, conn, timeout), targets
+        )
+
+
+@fleet_command(app, options=SERVERS)
+def status(
+    session: Session,
+    run: RunOpt = None,
+    metrics: Annotated[
+        bool, typer.Option("--metrics", help="Also read each server's /metrics.")
+    ] = False,
+) -> Reply:
+    """Show each host's current run: alive, ready, uptime, log, crash, GPU memory."""
+    from deployctl.ops.runs import run_status, with_router_states
+    from deployctl.present import views
+
+    catalog = session.catalog()
+    with session.fleet() as fleet:
+        results = fleet.run(lambda host, conn: run_status(host, conn, catalog, run, metrics))
+        return views.STATUS, with_router_states(fleet, results)

@@ -1,0 +1,16 @@
+"""deployctl's agent: the package that runs ON a host, with the host's python (stdlib only).
+
+`protocol` (the wire: each call's arguments and reply, the call table, the state_dir layout),
+one module per concern (`files`, `patches`, `sglang_options`, `locks`, `runs`, `slurm_jobs`,
+`bench`, `records`, `router`) and `dispatch`, which maps each call to its handler. Only
+`protocol` is imported by the client (tests/test_layers.py).
+
+deployctl ships the package as one bundle (a deterministic zip of its modules) named by the
+sha256 of its bytes, unpacked once per host and state_dir into a private folder, and runs
+each call through `bootstrap.BOOTSTRAP` as `python -c BOOTSTRAP FOLDER CALL JSON-ARGS`, with
+any payload on stdin; it reads one JSON document from stdout. A folder that is missing,
+incomplete or writable by others answers `AGENT_MISSING` instead, and the client sends the
+bundle again. Each call is one round trip; the client checks every reply against its
+declared type. Apply and revert read their whole input before touching anything, ignore a
+dropped connection, and restore every file on failure, so a host is never left half-patched.
+"""

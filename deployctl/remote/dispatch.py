@@ -1,0 +1,99 @@
+"""The agent's entry point: one call's name and JSON arguments in, one reply out."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .bench import cmd_bench
+from .files import cmd_read, fail
+from .locks import cmd_release, cmd_tune_lock, cmd_tune_unlock
+from .patches import cmd_apply, cmd_probe, cmd_revert
+from .protocol import (
+    APPLY,
+    BENCH,
+    BENCH_RESULTS,
+    BENCH_SAVE,
+    CHECK_ARGS,
+    HOLD,
+    POINT,
+    POLL,
+    PREFLIGHT,
+    PROBE,
+    READ,
+    RELEASE,
+    REPLY_MARK,
+    REVERT,
+    ROUTER,
+    RUNS,
+    START,
+    STATUS,
+    STOP,
+    TUNE_LOCK,
+    TUNE_RECORDS,
+    TUNE_SAVE,
+    TUNE_UNLOCK,
+)
+from .records import cmd_bench_results, cmd_bench_save, cmd_tune_records, cmd_tune_save
+from .router import cmd_hold, cmd_router, held, hold_until_eof
+from .runs import cmd_point, cmd_poll, cmd_preflight, cmd_runs, cmd_start, cmd_status, cmd_stop
+from .sglang_options import cmd_check_args
+
+# Each call's handler, by the call's name on the wire (protocol.CALLS names the same calls):
+# it takes the call's args (and `apply` its payload, read from stdin) and returns the reply.
+HANDLERS: dict[str, Callable[..., Any]] = {
+    PROBE.name: cmd_probe,
+    READ.name: cmd_read,
+    APPLY.name: cmd_apply,
+    REVERT.name: cmd_revert,
+    PREFLIGHT.name: cmd_preflight,
+    CHECK_ARGS.name: cmd_check_args,
+    START.name: cmd_start,
+    POLL.name: cmd_poll,
+    STATUS.name: cmd_status,
+    STOP.name: cmd_stop,
+    RELEASE.name: cmd_release,
+    POINT.name: cmd_point,
+    RUNS.name: cmd_runs,
+    BENCH.name: cmd_bench,
+    BENCH_SAVE.name: cmd_bench_save,
+    BENCH_RESULTS.name: cmd_bench_results,
+    TUNE_SAVE.name: cmd_tune_save,
+    TUNE_RECORDS.name: cmd_tune_records,
+    TUNE_LOCK.name: cmd_tune_lock,
+    TUNE_UNLOCK.name: cmd_tune_unlock,
+    ROUTER.name: cmd_router,
+    HOLD.name: cmd_hold,
+}
+
+
+def main() -> None:
+    # A dropped connection must not interrupt a change half-way: finish or roll back.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # The server runs `python -m` from the home folder (cmd_start): look for modules there,
+    # not in the working folder (`python -c` puts "" on the path).
+    home = os.path.expanduser("~")
+    sys.path[:] = [home if entry == "" else entry for entry in sys.path]
+    call, args = sys.argv[1], json.loads(sys.argv[2])
+    payload = sys.stdin.buffer.read() if call == APPLY.name else b""
+    if call not in HANDLERS:
+        fail(f"unknown agent call {call!r}", "agent")
+    try:
+        result = HANDLERS[call](args, payload) if call == APPLY.name else HANDLERS[call](args)
+    except OSError as exc:  # a missing home, a state_dir that is a file, a read-only disk
+        where = f": {exc.filename}" if exc.filename else ""
+        fail(f"{call} failed on the host: {exc.strerror or exc}{where}", "host")
+    except Exception as exc:  # one line for the client, never a traceback on its screen
+        fail(f"{call} failed on the host: {type(exc).__name__}: {exc}", "agent")
+    try:
+        sys.stdout.write(REPLY_MARK + json.dumps(result) + "\n")
+        sys.stdout.flush()
+    except OSError:
+        pass
+    if held:
+        hold_until_eof()

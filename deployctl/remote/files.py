@@ -1,0 +1,101 @@
+"""Files on the host: read, write atomically, put back; the state_dir's paths."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from typing import Any, NoReturn
+
+from .protocol import REPLY_MARK, ReadArgs, ReadReply
+
+
+def digest(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def sha256(path: str) -> str | None:
+    return digest(read_bytes(path))
+
+
+def read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def write_atomic(path: str, data: bytes, mode: int | None = None) -> None:
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    if mode is None:
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except OSError:
+            mode = 0o644
+    fd, tmp = tempfile.mkstemp(prefix=".deployctl.", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str, document: Any, mode: int | None = None) -> None:
+    write_atomic(path, json.dumps(document, indent=2).encode(), mode)
+
+
+def put_back(target: str, data: bytes | None) -> bool:
+    """Give `target` its original bytes again (None: it did not exist); True when done."""
+    try:
+        if data is None:
+            if os.path.lexists(target):
+                os.unlink(target)
+            return True
+        try:
+            write_atomic(target, data)
+        except OSError:
+            # A full disk has no room for a second copy: drop ours first, then write.
+            mode = os.stat(target).st_mode & 0o7777
+            os.unlink(target)
+            write_atomic(target, data, mode)
+    except OSError:
+        return False
+    return True
+
+
+def state_path(state_dir: str, *parts: str) -> str:
+    return os.path.join(os.path.expanduser(state_dir), *parts)
+
+
+def fail(message: str, code: str = "patch") -> NoReturn:
+    """Answer with an error instead of a reply; `code` says what kind (see the client)."""
+    sys.stdout.write(REPLY_MARK + json.dumps({"error": message, "code": code}) + "\n")
+    sys.exit(1)
+
+
+def cmd_read(args: ReadArgs) -> ReadReply:
+    """Return the named files under `base` as base64 (None for a file that does not exist)."""
+    contents: dict[str, str | None] = {}
+    for path in args["paths"]:
+        data = read_bytes(os.path.join(args["base"], path))
+        contents[path] = None if data is None else base64.b64encode(data).decode()
+    return {"files": contents}

@@ -1,0 +1,643 @@
+"""The wire protocol between deployctl and its agent on a host (stdlib only): each call's
+arguments and reply (`*Args`, `*Reply`), the call table (`CALLS`), the constants and the pure
+helpers both sides use. How the agent is shipped and run: deployctl/remote/__init__.py.
+
+Everything deployctl keeps on a host lives under `state_dir` (default ~/.deployctl), laid
+out here and nowhere else:
+
+    agent/                                mode 0700, the login user's
+    agent/<sha256>/                       the agent's bundle, unpacked (mode 0700), named by
+                                          the hash of the bundle; its modules and their
+                                          __pycache__ under deployctl_remote/
+    agent/<sha256>/complete               the folder's name, written last: it is complete
+    agent/<sha256>.py                     (older deployctl: the agent as one file)
+    lock                                  held while a launch changes the host
+    tune-lock[-<deployment>]              held while a tune replaces the deployment's runs
+    runs/<run-id>.json                    one record per launch (run id = log name); kept
+    runs/<run-id>.cmd                     the unmasked command, mode 0600, for restart
+    runs/<run-id>.env                     the server's own environment (JSON), mode 0600
+    runs/current                          id of the host's current run
+    patches/sites/<key>/<set>.json        what is applied now to one SGLang installation (key:
+                                          sha256 of its site-packages path): version, hash,
+                                          files, sha256s (patches/<set>.json: the same, as
+                                          written before records were kept per installation)
+    patches/.lock                         serialises patch changes (flock, dies with us)
+    router-locks/<deployment>             serialises the rollouts through one router (flock,
+                                          held by a `hold` call until its client goes; the
+                                          holder's identity as JSON inside)
+    patches/history/<set>-<id>-<why>.json records of reverted or replaced applies
+    patches/backups/<set>/<id>/<relpath>  originals saved by one apply; never overwritten
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Generic, TypedDict, TypeVar
+
+AGENT_DIR = "agent"
+# Written last into an unpacked bundle's folder, holding the folder's name (the hash).
+BUNDLE_COMPLETE = "complete"
+# Printed (with exit status AGENT_MISSING_EXIT) when the bundle's folder is absent, incomplete
+# or writable by others than its owner.
+AGENT_MISSING = "@@deployctl-agent-missing@@"
+AGENT_MISSING_EXIT = 97
+# Starts the line that holds a reply: what a login prints (motd, an rc file) is never read.
+REPLY_MARK = "@@deployctl-reply@@ "
+
+
+class SglangInstall(TypedDict, total=False):
+    version: str | None
+    site: str
+    python: str
+    error: str
+
+
+class FileSums(TypedDict):
+    original_sha256: str | None
+    patched_sha256: str | None
+
+
+class AppliedSet(TypedDict):
+    """Which set, which version of it, on which SGLang, applied when and by whom."""
+
+    set: str
+    version: str
+    hash: str
+    variant: str
+    sglang_version: str
+    site: str
+    apply_id: str
+    applied_at: str
+    applied_by: str
+
+
+class PatchRecord(AppliedSet):
+    """patches/sites/<key>/<set>.json: an applied set, its backups and the sha256 of each of
+    its files."""
+
+    backup_dir: str
+    files: dict[str, FileSums]
+
+
+class ProbeArgs(TypedDict):
+    state_dir: str
+    paths: list[str]
+
+
+class ProbeReply(TypedDict):
+    sglang: SglangInstall
+    records: dict[str, PatchRecord]
+    files: dict[str, str | None]
+
+
+class ReadArgs(TypedDict):
+    base: str
+    paths: list[str]
+
+
+class ReadReply(TypedDict):
+    files: dict[str, str | None]  # base64, or None for a file that does not exist
+
+
+class ApplyArgs(TypedDict):
+    state_dir: str
+    payload_sha256: str
+    payload_size: int
+
+
+class Manifest(AppliedSet):
+    """manifest.json inside an apply's payload (a tar on stdin)."""
+
+    files: list[str]
+    expect: dict[str, str | None]
+    verify: list[str]
+
+
+class ApplyReply(TypedDict):
+    record: PatchRecord
+
+
+class RevertArgs(TypedDict):
+    state_dir: str
+    set: str
+    force: bool
+
+
+class RevertReply(TypedDict):
+    reverted: bool
+    files: list[str]
+
+
+class ClientIdentity(TypedDict):
+    host: str
+    pid: int
+    user: str
+    op: str
+    expires: float
+
+
+class LockReply(TypedDict):
+    acquired: bool
+    token: str | None
+    holder: dict[str, Any] | None  # the lock file as found; its "token" is always set
+
+
+class PreflightArgs(ProbeArgs):
+    deployment: str | None
+    gpus: list[int] | None  # None: every GPU
+    port: int
+    also_ports: list[int]  # more ports the server will listen on (a multi-node rank 0's)
+    bind_host: str
+    check_paths: list[str]
+    module: str | None
+    log_dir: str
+    log_stem: str
+    client: ClientIdentity
+    break_lock: str | None
+    server_argv: list[str] | None  # checked against the installation's options; None: not
+
+
+class LiveRunOrigin(TypedDict, total=False):
+    origin: str | None  # the inventory that launched it; None (or absent): not recorded
+    job: str  # the Slurm job it is (no members here: its processes are on the job's nodes)
+
+
+class LiveRun(LiveRunOrigin):
+    id: str
+    pid: int
+    deployment: str | None
+    gpus: list[int] | None
+    port: int
+    members: list[int]
+
+
+class ArgFinding(TypedDict):
+    level: str  # error (refuses the launch) or warning
+    flag: str
+    message: str
+    candidates: list[str]
+
+
+class ArgvCheck(TypedDict):
+    method: str  # declarations (read statically), parser (SGLang's own), none
+    note: str
+    options: int  # how many option names the installation has
+    findings: list[ArgFinding]
+    seconds: float
+
+
+class CheckArgsArgs(TypedDict):
+    server_argv: list[str] | None
+
+
+class CheckArgsReply(TypedDict):
+    sglang: SglangInstall
+    check: ArgvCheck
+
+
+class PreflightReply(ProbeReply):
+    live_runs: list[LiveRun]  # every deployment's current run whose processes are still there
+    module_found: bool
+    port_free: bool
+    port_error: str
+    busy_ports: dict[str, str]  # of also_ports: port → why it cannot be bound
+    argv_check: ArgvCheck
+    paths: dict[str, bool]
+    log_dir_writable: bool
+    log_dir_error: str
+    next_log: str
+    next_version: int
+    lock: LockReply
+    sbatch: str | None  # where sbatch is (a Slurm login node); None: not on the PATH
+
+
+class RunShown(TypedDict, total=False):
+    # Records before 0.2 lack these.
+    env: dict[str, str]  # the server's environment, secrets masked
+    deployment: str | None
+    gpus: list[int] | None
+    origin: str  # the inventory that launched it (its sources' paths); older records lack it
+    # Where its router lists it, as its launch computed it: a stop removes this one, whatever
+    # the inventory says since. "": a Slurm job's head node's (known once it runs).
+    worker_url: str
+
+
+class RunInfo(RunShown):
+    template: str
+    threshold: int | None
+    command: str  # as shown to people: secrets masked
+    port: int
+    bind_host: str
+    tp: int
+    patches: dict[str, str]
+    deployctl_version: str
+    started_by: str
+    restart_of: str | None
+
+
+class LeaderIdentity(TypedDict, total=False):
+    # The leader's start time in clock ticks since boot (/proc/PID/stat field 22): with it, a
+    # PID that now names another process is never taken for the run. Older records lack it.
+    starttime: int
+
+
+class JobInfo(TypedDict):
+    """A Slurm job as squeue (or, once slurmctld forgot it, sacct) last saw it."""
+
+    id: str
+    state: str  # Slurm's: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, …; UNKNOWN
+    reason: str  # why it waits (squeue's %r: Resources, Priority, BeginTime…); "" otherwise
+    nodes: list[str]  # its nodes, the first one the head
+    head: str  # the head node's address (its NodeAddr): where the server answers
+    time_left: float | None  # seconds to its time limit; None: no limit, or not running
+    exit_code: str  # "code:signal" once it ended, as sacct and scontrol give it; "" before
+
+
+class JobRecord(TypedDict, total=False):
+    job: JobInfo  # a run that is a Slurm job (`launcher: slurm`); its last known state
+
+
+class RunRecord(RunInfo, LeaderIdentity, JobRecord):
+    # A stop also writes `stop_requested_at` before it signals the run (a launch waiting for
+    # it then knows why it died) and `stopped_at` once it has ended.
+    id: str
+    log: str
+    pid: int
+    pgid: int
+    sid: int
+    started_at: float
+    status: str  # running | stopped
+
+
+class StartArgs(TypedDict):
+    state_dir: str
+    deployment: str | None
+    log_dir: str
+    log_stem: str
+    command: str  # the real command, secrets included
+    env: dict[str, str]  # the real environment for the server, over the login's
+    min_version: int  # the log version to use at least (one N on every node of a group)
+    run: RunInfo
+    lock_token: str | None
+    files: dict[str, str]  # path (from the home folder, or absolute) → text, written first
+    batch: str | None  # a Slurm batch script to submit instead of starting `command` here
+
+
+class JobRef(TypedDict):
+    id: str
+    state_dir: str
+    run: str  # the run whose record keeps the job's last known state
+
+
+class JobIdentity(TypedDict, total=False):
+    job: JobRef  # the run is this Slurm job: liveness from squeue, health at its head node
+
+
+class StartReply(TypedDict):
+    run: RunRecord
+
+
+class PollArgs(LeaderIdentity, JobIdentity):
+    pgid: int
+    sid: int
+    log: str
+    port: int
+    bind_host: str
+    offset: int  # negative: the last `limit` bytes
+    limit: int
+    wait: float
+
+
+class PollReply(TypedDict):
+    alive: bool
+    members: list[int]
+    health: int | None
+    size: int
+    data: str  # base64
+    job: JobInfo | None  # a Slurm job's state; None for a process on this host
+
+
+class StatusArgs(TypedDict):
+    state_dir: str
+    deployment: str | None
+    run: str | None
+    tail_bytes: int
+    metrics_bytes: int  # > 0: also GET /metrics from a live server, at most this much
+
+
+class MetricsPage(TypedDict):
+    status: int | None  # the HTTP status; None when nothing answered
+    text: str
+
+
+class StatusReply(PollReply):
+    run: RunRecord | None
+    command: str | None
+    env: dict[str, str] | None
+    metrics: MetricsPage | None  # asked for and the server alive
+
+
+class StopArgs(TypedDict):
+    state_dir: str
+    deployment: str | None
+    timeout: float
+    run: str | None  # a run of the deployment by id (a renewed job's predecessor); None: current
+
+
+class PointArgs(TypedDict):
+    state_dir: str
+    deployment: str | None
+    run: str  # make this recorded run the deployment's current one again
+
+
+class PointReply(TypedDict):
+    pointed: bool  # False: no such run is recorded
+
+
+class StopReply(TypedDict):
+    run: RunRecord | None
+    ended: list[int]
+    killed: list[int]
+    left: list[int]
+    job: JobInfo | None  # a Slurm job as the stop left it
+
+
+class ReleaseArgs(TypedDict):
+    state_dir: str
+    deployment: str | None
+    token: str
+
+
+class ReleaseReply(TypedDict):
+    released: bool
+
+
+class RunsArgs(TypedDict):
+    state_dir: str
+
+
+class RunsReply(TypedDict):
+    live_runs: list[LiveRun]
+
+
+LOCK_PREFIX = "lock"
+
+
+POINTER = "current"
+
+
+# On a login node (`launcher: slurm`) a run is a batch job: sbatch starts it, squeue (then
+# sacct, once slurmctld has forgotten it) says whether it lives, and its server answers on
+# the head node. The state it ended in is kept in its record: MinJobAge purges it from
+# slurmctld, and a cluster need not keep accounting.
+
+# States in which a job holds (or waits for) its allocation.
+ACTIVE_JOB_STATES = frozenset(
+    {
+        "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+        "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED",
+        "RESV_DEL_HOLD",
+    }
+)  # fmt: skip
+
+
+class TuneLockArgs(TypedDict):
+    state_dir: str
+    deployment: str | None
+    client: ClientIdentity
+    break_lock: str | None  # the token of a stale holder to replace
+
+
+# The load generator runs here, on the server's own host: the network and the bind address
+# then do not matter, and the metric definitions live in one place.
+
+
+class BenchArgs(TypedDict):
+    bind_host: str
+    port: int
+    concurrency: int
+    prompts: int
+    input_len: int
+    output_len: int
+    flush: bool
+    timeout: float
+    tool: str  # "builtin" (this agent's generator) or "sglang" (SGLang's serving benchmark)
+    env: dict[str, str]  # the run's own variables (HF_HOME, …): the sglang tool runs with them
+
+
+class Spread(TypedDict):
+    p50: float | None
+    p99: float | None
+
+
+class BenchLevel(TypedDict):
+    concurrency: int
+    prompts: int
+    completed: int
+    failed: int
+    errors: list[str]  # the first few
+    duration_s: float
+    output_tokens: int
+    output_tokens_per_s: float
+    requests_per_s: float
+    ttft_ms: Spread
+    itl_ms: Spread  # builtin: gaps between streamed chunks (bench_serving's OpenAI backends);
+    # sglang: per token, a chunk's gap divided by the tokens it brought (its native backend)
+    e2e_ms: Spread
+
+
+class BenchSaveArgs(TypedDict):
+    state_dir: str
+    run: str
+    result: dict[str, Any]
+
+
+class BenchSaveReply(TypedDict):
+    path: str
+
+
+class BenchResultsArgs(TypedDict):
+    state_dir: str
+    runs: list[str]
+
+
+class BenchResultsReply(TypedDict):
+    results: dict[str, list[dict[str, Any]]]  # run id → its bench results, oldest first
+    unreadable: list[str]  # kept files that are not JSON or not a sweep: skipped
+
+
+class TuneSaveArgs(TypedDict):
+    state_dir: str
+    record: dict[str, Any]
+
+
+class TuneSaveReply(TypedDict):
+    number: int
+    path: str
+
+
+class TuneRecordsArgs(TypedDict):
+    state_dir: str
+    number: int | None  # None: the newest
+    deployment: str | None
+
+
+class TuneRecordsReply(TypedDict):
+    record: dict[str, Any] | None
+    numbers: list[int]  # every kept tune of the deployment, oldest first
+    unreadable: list[str]
+
+
+class RouterArgs(TypedDict):
+    bind_host: str  # the router's --host and --port, reached from its own host
+    port: int
+    action: str  # "list", "add", "remove" or "health" (does `url` answer /health now?)
+    url: str | None  # the worker to add or remove
+    wait: float  # seconds to wait for the change to show in the router's list
+
+
+class RouterWorker(TypedDict):
+    id: str | None  # None on a legacy router (it names workers by URL)
+    url: str
+    healthy: bool | None  # None: the router does not say
+    load: int | None
+
+
+class RouterReply(TypedDict):
+    api: str | None  # "workers" (0.3 and later), "legacy" (up to 0.2.1), None: no router answers
+    # Why the action did not happen ("" when it did); not `error`, which is the agent's own
+    # failure answer.
+    problem: str
+    workers: list[RouterWorker]  # the list after the action
+
+
+class HoldArgs(TypedDict):
+    state_dir: str
+    name: str  # the lock: a router deployment's name
+    holder: dict[str, Any]  # who takes it, kept in the file for the next taker to name
+
+
+class HoldReply(TypedDict):
+    acquired: bool
+    holder: dict[str, Any] | None  # who holds it, when not acquired ({} if it does not say)
+
+
+ROUTER_LOCKS = "router-locks"
+
+
+# ---- pure helpers both sides use ----------------------------------------------------------
+
+
+def shares_gpus(first: list[int] | None, second: list[int] | None) -> bool:
+    """Do two GPU sets share a GPU? None stands for every GPU of the host; [] for none (a
+    router's)."""
+    if first == [] or second == []:
+        return False
+    return first is None or second is None or bool(set(first) & set(second))
+
+
+def job_ref(state_dir: str, run: RunRecord) -> JobRef | None:
+    """What a poll of the run needs to ask Slurm about it (None: a process on this host)."""
+    if "job" not in run:
+        return None
+    return {"id": run["job"]["id"], "state_dir": state_dir, "run": run["id"]}
+
+
+def answers_at(bind_host: str, job: JobInfo | None) -> str:
+    """Where a run's server answers, from the host that launched it: a Slurm job at its head
+    node's address ("" until it is known), a process on the host at its `bind_host`."""
+    return job["head"] if job is not None else bind_host
+
+
+def job_head(job: JobInfo | None) -> str:
+    """The head node's address of the Slurm job a run is; "" for a process on its host."""
+    return job["head"] if job is not None else ""
+
+
+def poll_args(state_dir: str, run: RunRecord, offset: int, limit: int, wait: float) -> PollArgs:
+    """What a poll of `run` asks: its processes (or its job), its log from `offset` (negative:
+    the last `limit` bytes), its health; waiting up to `wait` seconds for a change."""
+    args: PollArgs = {
+        "pgid": run["pgid"],
+        "sid": run["sid"],
+        "log": run["log"],
+        "port": run["port"],
+        "bind_host": run["bind_host"],
+        "offset": offset,
+        "limit": limit,
+        "wait": wait,
+    }
+    if "starttime" in run:
+        args["starttime"] = run["starttime"]
+    ref = job_ref(state_dir, run)
+    if ref is not None:
+        args["job"] = ref
+    return args
+
+
+# ---- the calls ----------------------------------------------------------------------------
+
+A = TypeVar("A", bound=Mapping[str, Any])
+R = TypeVar("R")
+
+
+class Call(Generic[A, R]):
+    """One agent call: its name on the wire, the TypedDict it takes and the one it answers.
+
+    mypy infers a call's types from a typed value, not from a dict literal: pass a variable
+    annotated with the args type, or build it with that type, e.g. `ReadArgs(base=…, paths=…)`.
+    (A plain class: the host imports this module on every call, and `dataclasses` would
+    import `inspect` with it.)
+    """
+
+    __slots__ = ("args", "name", "reply", "what")
+
+    def __init__(self, name: str, args: type[A], reply: type[R], what: str = "") -> None:
+        self.name = name
+        self.args = args
+        self.reply = reply
+        self.what = what  # what the call asks of the host, in words, for a timeout's message
+
+    def __repr__(self) -> str:
+        return f"Call({self.name!r})"
+
+    @property
+    def purpose(self) -> str:
+        return f"deployctl's host agent was asked to {self.what or self.name}"
+
+
+# Every call the agent answers (dispatch.HANDLERS), typed by the declarations above.
+# fmt: off
+PROBE = Call("probe", ProbeArgs, ProbeReply, "read the host's facts (SGLang install, GPUs, ports)")
+READ = Call("read", ReadArgs, ReadReply, "read files of the SGLang install")
+APPLY = Call("apply", ApplyArgs, ApplyReply, "apply a patch set")
+REVERT = Call("revert", RevertArgs, RevertReply, "revert a patch set")
+PREFLIGHT = Call("preflight", PreflightArgs, PreflightReply,
+                 "check the host before a launch (GPUs, ports, lock, log name)")
+CHECK_ARGS = Call("check_args", CheckArgsArgs, CheckArgsReply,
+                  "ask the host's SGLang whether it accepts the command's flags")
+START = Call("start", StartArgs, StartReply, "start the server")
+POLL = Call("poll", PollArgs, PollReply, "wait for the server to be ready, watching its log")
+STATUS = Call("status", StatusArgs, StatusReply,
+              "read the deployments' status (run records, processes, GPUs, log)")
+STOP = Call("stop", StopArgs, StopReply, "stop the server and wait for its GPUs to be clean")
+RELEASE = Call("release", ReleaseArgs, ReleaseReply, "release the launch lock")
+POINT = Call("point", PointArgs, PointReply, "make a run the deployment's current run")
+RUNS = Call("runs", RunsArgs, RunsReply, "list the deployment's runs")
+BENCH = Call("bench", BenchArgs, BenchLevel, "run a benchmark level against the server")
+BENCH_SAVE = Call("bench_save", BenchSaveArgs, BenchSaveReply, "keep a benchmark's results")
+BENCH_RESULTS = Call("bench_results", BenchResultsArgs, BenchResultsReply,
+                     "read kept benchmark results")
+TUNE_SAVE = Call("tune_save", TuneSaveArgs, TuneSaveReply, "keep a tune's record")
+TUNE_RECORDS = Call("tune_records", TuneRecordsArgs, TuneRecordsReply, "read kept tune records")
+TUNE_LOCK = Call("tune_lock", TuneLockArgs, LockReply, "take the tune lock")
+TUNE_UNLOCK = Call("tune_unlock", ReleaseArgs, ReleaseReply, "release the tune lock")
+ROUTER = Call("router", RouterArgs, RouterReply, "ask the router for its workers or change them")
+# Through `hold`: it stays running, holding the lock, until its client goes.
+HOLD = Call("hold", HoldArgs, HoldReply, "take a router's rollout lock")
+CALLS: tuple[Call[Any, Any], ...] = (
+    PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
+    BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, TUNE_LOCK, TUNE_UNLOCK, ROUTER,
+    POINT, HOLD,
+)
+# fmt: on

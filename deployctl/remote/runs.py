@@ -1,0 +1,461 @@
+"""Server runs as processes on this host: preflight, start, poll, status, stop, point, runs."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from typing import cast
+
+from .files import read_bytes, read_json, state_path, write_atomic, write_json
+from .locks import release_lock, take_lock
+from .patches import cmd_probe
+from .protocol import (
+    POINTER,
+    JobInfo,
+    LeaderIdentity,
+    LiveRun,
+    MetricsPage,
+    PointArgs,
+    PointReply,
+    PollArgs,
+    PollReply,
+    PreflightArgs,
+    PreflightReply,
+    RunRecord,
+    RunsArgs,
+    RunsReply,
+    StartArgs,
+    StartReply,
+    StatusArgs,
+    StatusReply,
+    StopArgs,
+    StopReply,
+    answers_at,
+)
+from .protocol import (
+    poll_args as protocol_poll_args,
+)
+from .sglang_options import argv_check
+from .slurm_jobs import SLURM_QUERY_EVERY, job_alive, query_job, remember_job, stop_job, submit_job
+
+LOG_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.log\Z")
+RUN_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.json\Z")
+
+
+def next_log_version(log_dir: str, stem: str, runs_dir: str) -> int:
+    """One more than the highest version of `stem` among the logs and the run records.
+
+    Run records count too: a log deleted to save space must not let its run id, and so its
+    record, be reused.
+    """
+    highest = 0
+    for folder, pattern in ((log_dir, LOG_NAME), (runs_dir, RUN_NAME)):
+        if os.path.isdir(folder):
+            for name in os.listdir(folder):
+                match = pattern.match(name)
+                if match and match.group("stem") == stem:
+                    highest = max(highest, int(match.group("n")))
+    return highest + 1
+
+
+def module_found(module: str | None) -> bool:
+    """Can `python -m module` find the module's top-level package (without importing it)?"""
+    import importlib.util
+
+    if not module:
+        return True
+    try:
+        return importlib.util.find_spec(module.split(".")[0]) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def port_free(host: str, port: int) -> tuple[bool, str]:
+    import socket
+
+    address = "0.0.0.0" if host in ("", "0.0.0.0") else host
+    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
+        # Like the server will: connections in TIME_WAIT do not make the port busy.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, int(port)))
+        except OSError as exc:
+            return False, str(exc)
+    return True, ""
+
+
+def writable_dir(path: str) -> tuple[bool, str]:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        return False, str(exc)
+    return os.access(path, os.W_OK | os.X_OK), "not writable"
+
+
+def cmd_preflight(args: PreflightArgs) -> PreflightReply:
+    """Everything a launch needs to know, and the host lock, in one round trip."""
+    probe = cmd_probe(args)
+    log_dir = os.path.expanduser(args["log_dir"])
+    free, port_error = port_free(args["bind_host"], args["port"])
+    busy = {str(p): why for p in args["also_ports"] for ok, why in [port_free("", p)] if not ok}
+    writable, log_dir_error = writable_dir(log_dir)
+    version = next_log_version(log_dir, args["log_stem"], state_path(args["state_dir"], "runs"))
+    return {
+        **probe,
+        "live_runs": live_runs(args["state_dir"]),
+        "module_found": module_found(args["module"]),
+        "port_free": free,
+        "port_error": port_error,
+        "busy_ports": busy,
+        # As the server will see them: it runs from the home folder, and no shell expands a
+        # `~` inside `--flag=~/x` for it.
+        "paths": {
+            p: os.path.exists(os.path.join(os.path.expanduser("~"), p)) for p in args["check_paths"]
+        },
+        "log_dir_writable": writable,
+        "log_dir_error": log_dir_error,
+        "next_log": os.path.join(log_dir, f"{args['log_stem']}_v{version}.log"),
+        "next_version": version,
+        "argv_check": argv_check(args["server_argv"], probe["sglang"]),
+        "lock": take_lock(
+            args["state_dir"], args["client"], args["break_lock"], args["deployment"], args["gpus"]
+        ),
+        "sbatch": shutil.which("sbatch"),
+    }
+
+
+def stat_fields(pid: int | str) -> list[bytes] | None:
+    """/proc/PID/stat after the command name: [state, ppid, pgrp, session, …]; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def process_starttime(pid: int) -> int | None:
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[19])
+
+
+def process_group(pgid: int, sid: int) -> list[int]:
+    """PIDs whose process group and session are the run's (never anyone else's)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = stat_fields(entry)
+        if fields and int(fields[2]) == pgid and int(fields[3]) == sid and fields[0] != b"Z":
+            members.append(int(entry))
+    return sorted(members)
+
+
+def run_members(run: PollArgs | RunRecord) -> list[int]:
+    """The run's live processes; none when its leader's PID now names another process.
+
+    While any process of the run is left, Linux does not give its group id (the leader's
+    PID) to a new process; so a process with that PID and another start time means the
+    whole run is gone, and what shares that group now belongs to someone else.
+    """
+    recorded = run.get("starttime")
+    if recorded is not None:
+        now = process_starttime(run["pgid"])
+        if now is not None and now != recorded:
+            return []
+    return process_group(run["pgid"], run["sid"])
+
+
+def cmd_start(args: StartArgs) -> StartReply:
+    """Start the server detached in its own session, logging to a new versioned file."""
+    state_dir, log_dir = args["state_dir"], os.path.expanduser(args["log_dir"])
+    runs = state_path(state_dir, "runs")
+    os.makedirs(log_dir, exist_ok=True)
+    for path, text in args["files"].items():  # what the command names, e.g. its config
+        target = os.path.join(os.path.expanduser("~"), os.path.expanduser(path))
+        if read_bytes(target) != text.encode():
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            write_atomic(target, text.encode(), mode=0o644)
+    version = max(next_log_version(log_dir, args["log_stem"], runs), args["min_version"])
+    while True:  # O_EXCL: a log is never reused, even by a racing start
+        run_id = f"{args['log_stem']}_v{version}"
+        log_path = os.path.join(log_dir, run_id + ".log")
+        if os.path.exists(os.path.join(runs, run_id + ".json")):
+            version += 1
+            continue
+        try:
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            break
+        except FileExistsError:
+            version += 1
+    record: RunRecord
+    if args["batch"] is not None:
+        os.close(log_fd)
+        record = submit_job(args, run_id, log_path)
+    else:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", "exec " + args["command"]],
+            stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True, cwd=os.path.expanduser("~"),
+            env={**os.environ, **args["env"]},
+        )  # fmt: skip
+        os.close(log_fd)
+        identity: LeaderIdentity = {}
+        starttime = process_starttime(proc.pid)
+        if starttime is not None:
+            identity["starttime"] = starttime
+        record = cast(RunRecord, {
+            **args["run"],
+            **identity,
+            "id": run_id,
+            "log": log_path,
+            "pid": proc.pid,
+            "pgid": proc.pid,
+            "sid": proc.pid,
+            "started_at": time.time(),
+            "status": "running",
+        })  # fmt: skip
+    # Private: the record shows the (masked) command, and the .cmd file the real one.
+    write_atomic(os.path.join(runs, run_id + ".cmd"), args["command"].encode(), mode=0o600)
+    write_json(os.path.join(runs, run_id + ".env"), args["env"], mode=0o600)
+    write_json(os.path.join(runs, run_id + ".json"), record, mode=0o600)
+    write_atomic(os.path.join(runs, pointer_name(args["deployment"])), run_id.encode())
+    if args["lock_token"]:
+        release_lock(state_dir, args["lock_token"], args["deployment"])
+    return {"run": record}
+
+
+def server_address(bind_host: str) -> str:
+    """Where a client on this host reaches a server bound to `bind_host` (any address: loopback)."""
+    return "127.0.0.1" if bind_host in ("", "0.0.0.0", "::") else bind_host
+
+
+def http_get(
+    host: str, port: int, path: str, limit: int = 0, timeout: float = 0.5, method: str = "GET"
+) -> tuple[int | None, bytes]:
+    """GET `path` from the server on this host: the status code (None when nothing answers)
+    and up to `limit` bytes of the body."""
+    import socket
+
+    address = server_address(host)
+    try:
+        with socket.create_connection((address, int(port)), timeout=timeout) as sock:
+            request = f"{method} {path} HTTP/1.0\r\nHost: {address}\r\nContent-Length: 0\r\n\r\n"
+            sock.sendall(request.encode())
+            reply = sock.makefile("rb")
+            status_line = reply.readline().split()
+            while limit and reply.readline().strip():  # the headers
+                pass
+            body = reply.read(limit) if limit else b""
+    except OSError:
+        return None, b""
+    code = int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else None
+    return code, body
+
+
+# Real SGLang's /health (0.5.17: the same handler as /health_generate) sends a 1-token request
+# to the scheduler and answers 200 only after a 1 s sleep, under load too: 0.5 s never saw it.
+HEALTH_TIMEOUT = 5.0
+
+
+def health(host: str, port: int) -> int | None:
+    """GET /health on the host itself: the status code, or None when nothing answers."""
+    return http_get(host, port, "/health", timeout=HEALTH_TIMEOUT)[0]
+
+
+def read_from(path: str, offset: int, limit: int) -> tuple[int, bytes]:
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = size - limit if offset < 0 else offset
+            handle.seek(max(0, min(start, size)))
+            data = handle.read(limit)
+    except OSError:
+        return 0, b""
+    return size, data
+
+
+def cmd_poll(args: PollArgs) -> PollReply:
+    """Is the run alive, is it healthy, and what did its log gain since `offset`.
+
+    With `wait`, keep watching (in this one process) until something changes, so the
+    caller learns of a ready line or a crash within ~50 ms instead of a poll interval. A
+    Slurm job is asked of slurmctld at most every SLURM_QUERY_EVERY seconds meanwhile.
+    """
+    deadline = time.monotonic() + float(args["wait"])
+    ref = args.get("job")
+    job: JobInfo | None = None
+    if ref is not None:
+        recorded = current_run(ref["state_dir"], ref["run"])
+        job = recorded.get("job") if recorded else None
+    first, asked = job, 0.0
+    while True:
+        if ref is None:
+            members = run_members(args)
+            alive, address = bool(members), args["bind_host"]
+        else:
+            if time.monotonic() >= asked + SLURM_QUERY_EVERY:
+                job, asked = query_job(ref["id"], job), time.monotonic()
+            assert job is not None
+            members, alive, address = [], job_alive(job), answers_at(args["bind_host"], job)
+        size, data = read_from(args["log"], args["offset"], args["limit"])
+        serving = alive and (ref is None or (job is not None and job["state"] == "RUNNING"))
+        code = health(address, args["port"]) if serving and address else None
+        if data or not alive or code == 200 or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    if ref is not None and job is not None and _changed(first, job):
+        remember_job(ref["state_dir"], ref["run"], job)
+    return {
+        "alive": alive,
+        "members": members,
+        "health": code,
+        "size": size,
+        "data": base64.b64encode(data).decode(),
+        "job": job,
+    }
+
+
+def _changed(before: JobInfo | None, now: JobInfo) -> bool:
+    """Worth writing to the record: anything but the time left, which changes every second."""
+    if before is None:
+        return True
+    return {**before, "time_left": None} != {**now, "time_left": None}
+
+
+def pointer_name(deployment: str | None) -> str:
+    """The file naming a deployment's current run: `current`, or `current-NAME`."""
+    return POINTER if deployment is None else f"{POINTER}-{deployment}"
+
+
+def current_run(
+    state_dir: str, run_id: str | None = None, deployment: str | None = None
+) -> RunRecord | None:
+    runs = state_path(state_dir, "runs")
+    if run_id is None:
+        current = read_bytes(os.path.join(runs, pointer_name(deployment)))
+        if current is None:
+            return None
+        run_id = current.decode().strip()
+    record: RunRecord | None = read_json(os.path.join(runs, run_id + ".json"))
+    return record
+
+
+def live_runs(state_dir: str) -> list[LiveRun]:
+    """Every deployment's current run on this host that still has processes."""
+    runs = state_path(state_dir, "runs")
+    names = sorted(os.listdir(runs)) if os.path.isdir(runs) else []
+    found: list[LiveRun] = []
+    for name in names:
+        if name != POINTER and not name.startswith(POINTER + "-"):
+            continue
+        deployment = name[len(POINTER) + 1 :] or None
+        run = current_run(state_dir, deployment=deployment)
+        if not run or run["status"] != "running":
+            continue
+        job = query_job(run["job"]["id"], run["job"]) if "job" in run else None
+        members = [] if job is not None else run_members(run)
+        if members or (job is not None and job_alive(job)):
+            live: LiveRun = {
+                "id": run["id"],
+                "pid": run["pid"],
+                "deployment": deployment,
+                "gpus": run.get("gpus"),
+                "port": run["port"],
+                "members": members,
+                "origin": run.get("origin"),
+            }
+            if job is not None:
+                live["job"] = job["id"]
+            found.append(live)
+    return found
+
+
+def cmd_runs(args: RunsArgs) -> RunsReply:
+    return {"live_runs": live_runs(args["state_dir"])}
+
+
+def cmd_status(args: StatusArgs) -> StatusReply:
+    """The current (or named) run with liveness, health and the tail of its log."""
+    run = current_run(args["state_dir"], args["run"], args["deployment"])
+    if run is None:
+        nothing: PollReply = {
+            "alive": False, "members": [], "health": None, "size": 0, "data": "", "job": None,
+        }  # fmt: skip
+        return {**nothing, "run": None, "command": None, "env": None, "metrics": None}
+    poll_args = protocol_poll_args(args["state_dir"], run, -1, args["tail_bytes"], wait=0)
+    poll = cmd_poll(poll_args)
+    command = read_bytes(state_path(args["state_dir"], "runs", run["id"] + ".cmd"))
+    env = read_json(state_path(args["state_dir"], "runs", run["id"] + ".env"))
+    metrics: MetricsPage | None = None
+    if args["metrics_bytes"] > 0 and poll["alive"]:
+        address = answers_at(run["bind_host"], poll["job"])
+        code, body = http_get(address, run["port"], "/metrics", args["metrics_bytes"], 2.0)
+        metrics = {"status": code, "text": body.decode("utf-8", "replace")}
+    return {
+        **poll,
+        "run": run,
+        "command": None if command is None else command.decode(),
+        "env": env if isinstance(env, dict) else None,
+        "metrics": metrics,
+    }
+
+
+def cmd_stop(args: StopArgs) -> StopReply:
+    """SIGTERM the run's process group, SIGKILL what is left after the timeout."""
+    state_dir = args["state_dir"]
+    run = current_run(state_dir, args["run"], args["deployment"])
+    if run is None:
+        return {"run": None, "ended": [], "killed": [], "left": [], "job": None}
+    if "job" in run:
+        return stop_job_run(state_dir, run, float(args["timeout"]))
+    members = run_members(run)
+    killed: list[int] = []
+    record = state_path(state_dir, "runs", run["id"] + ".json")
+    if members and run["status"] == "running":
+        run = cast(RunRecord, dict(run, stop_requested_at=time.time()))
+        write_json(record, run)
+    if members:
+        os.killpg(run["pgid"], signal.SIGTERM)
+        deadline = time.monotonic() + float(args["timeout"])
+        while run_members(run) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        killed = run_members(run)
+        if killed:
+            os.killpg(run["pgid"], signal.SIGKILL)
+            while run_members(run) and time.monotonic() < deadline + 10:
+                time.sleep(0.05)
+    if run["status"] == "running":
+        run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
+        write_json(record, run)
+    left = run_members(run)
+    return {"run": run, "ended": members, "killed": killed, "left": left, "job": None}
+
+
+def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
+    """cmd_stop for a run that is a Slurm job: scancel, then the record as cmd_stop keeps it."""
+    record = state_path(state_dir, "runs", run["id"] + ".json")
+    was = query_job(run["job"]["id"], run["job"])
+    if job_alive(was) and run["status"] == "running":
+        run = cast(RunRecord, dict(run, stop_requested_at=time.time(), job=was))
+        write_json(record, run, mode=0o600)
+    job = stop_job(state_dir, run, timeout) if job_alive(was) else was
+    run = cast(RunRecord, dict(current_run(state_dir, run["id"]) or run, job=job))
+    if run["status"] == "running":
+        run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
+    write_json(record, run, mode=0o600)
+    return {"run": run, "ended": [], "killed": [], "left": [], "job": job}
+
+
+def cmd_point(args: PointArgs) -> PointReply:
+    """Make a recorded run the deployment's current one (a successor that failed gives way
+    to the run it was to replace)."""
+    if current_run(args["state_dir"], args["run"]) is None:
+        return {"pointed": False}
+    runs = state_path(args["state_dir"], "runs")
+    write_atomic(os.path.join(runs, pointer_name(args["deployment"])), args["run"].encode())
+    return {"pointed": True}

@@ -1,0 +1,208 @@
+"""Slurm jobs"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import time
+from typing import cast
+
+from .files import fail, read_json, state_path, write_atomic, write_json
+from .protocol import ACTIVE_JOB_STATES, JobInfo, RunRecord, StartArgs
+
+SQUEUE_FORMAT = "%i|%T|%r|%N|%L"
+# The longest a query of slurmctld may take before the job's state counts as unknown.
+SLURM_TIMEOUT = 30.0
+# The least time between two queries of one job inside one poll: slurmctld serves everyone.
+SLURM_QUERY_EVERY = 0.5
+
+
+def slurm(*argv: str) -> tuple[int, str]:
+    """Run a Slurm client command: its exit status and its output (stderr after stdout)."""
+    try:
+        done = subprocess.run(
+            list(argv), check=False, capture_output=True, text=True, timeout=SLURM_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except FileNotFoundError:
+        return 127, f"{argv[0]}: command not found"
+    except subprocess.TimeoutExpired:
+        return 124, f"{argv[0]} did not answer within {SLURM_TIMEOUT:.0f} s"
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+def parse_slurm_duration(text: str) -> float | None:
+    """Seconds in squeue's `[days-]hours:minutes:seconds` (or `minutes:seconds`); None for
+    UNLIMITED, NOT_SET, INVALID and anything else that is no duration."""
+    match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
+    if match is None:
+        return None
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def parse_squeue(text: str, job_id: str) -> JobInfo | None:
+    """The job's line of `squeue --format=SQUEUE_FORMAT --noheader`; None when absent."""
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 5 or fields[0] != job_id:
+            continue
+        _, state, reason, nodelist, left = fields
+        running = state in ACTIVE_JOB_STATES and state != "PENDING"
+        return {
+            "id": job_id,
+            "state": state,
+            "reason": "" if reason in ("None", "(null)") else reason,
+            "nodes": [nodelist] if nodelist and nodelist != "(null)" else [],
+            "head": "",
+            "time_left": parse_slurm_duration(left) if running else None,
+            "exit_code": "",
+        }
+    return None
+
+
+def parse_sacct(text: str, job_id: str) -> JobInfo | None:
+    """The job's last line of `sacct [--completion] -X -n -P -o JobID,State,ExitCode,NodeList`
+    (the completion log has a line per start of a requeued job); None when absent. sacct
+    writes `CANCELLED by 1000`: the state is the first word."""
+    found: JobInfo | None = None
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 4 or fields[0] != job_id:
+            continue
+        _, state, exit_code, nodelist = fields
+        found = {
+            "id": job_id,
+            "state": state.split()[0] if state.split() else "UNKNOWN",
+            "reason": "",
+            "nodes": [nodelist] if nodelist not in ("", "None assigned", "(null)") else [],
+            "head": "",
+            "time_left": None,
+            "exit_code": exit_code,
+        }
+    return found
+
+
+def parse_node_address(text: str) -> str:
+    """`NodeAddr=` of `scontrol show node NAME`; "" when it has none."""
+    match = re.search(r"(?:^|\s)NodeAddr=(\S+)", text)
+    return match.group(1) if match else ""
+
+
+def query_job(job_id: str, known: JobInfo | None) -> JobInfo:
+    """The job's state now: squeue, else sacct, else what its record last knew (UNKNOWN if
+    nothing did). Its node list is expanded and its head node's address looked up."""
+    code, out = slurm("squeue", f"--jobs={job_id}", "--states=all", "--noheader",
+                      f"--format={SQUEUE_FORMAT}")  # fmt: skip
+    if code and "Invalid job id" not in out:
+        # slurmctld did not answer: that says nothing of the job, which must not be taken
+        # for dead (and restarted beside itself).
+        last = out.splitlines()[-1] if out else f"exit status {code}"
+        fail(f"squeue failed on the login node: {last}", "host")
+    found = parse_squeue(out, job_id) if code == 0 else None
+    # Forgotten by slurmctld (MinJobAge): accounting, else the job completion log, which a
+    # cluster without accounting (slurmdbd) may keep.
+    for source in ([], ["--completion"]):
+        if found is None:
+            code, out = slurm("sacct", *source, f"--jobs={job_id}", "-X", "-n", "-P",
+                              "--format=JobID,State,ExitCode,NodeList")  # fmt: skip
+            found = parse_sacct(out, job_id) if code == 0 else None
+    if found is None:
+        if known is not None and known["state"] not in ACTIVE_JOB_STATES:
+            return known  # ended, and forgotten since: its record remembers how
+        # Ended some way nobody kept. Where it ran stays known: a router lists it at its head.
+        last = f"last seen {known['state']}; " if known is not None else ""
+        unknown: JobInfo = {
+            "id": job_id, "state": "UNKNOWN",
+            "reason": f"{last}Slurm no longer knows the job and keeps no record of its end",
+            "nodes": known["nodes"] if known else [], "head": known["head"] if known else "",
+            "time_left": None, "exit_code": "",
+        }  # fmt: skip
+        return unknown
+    if found["nodes"]:
+        if known is not None and known["nodes"] and known["head"]:
+            found["nodes"], found["head"] = known["nodes"], known["head"]
+        else:
+            code, out = slurm("scontrol", "show", "hostnames", found["nodes"][0])
+            names = out.split() if code == 0 and out else found["nodes"]
+            found["nodes"] = names
+            code, out = slurm("scontrol", "show", "node", names[0])
+            found["head"] = (parse_node_address(out) if code == 0 else "") or names[0]
+    if found["state"] not in ACTIVE_JOB_STATES and not found["exit_code"]:
+        code, out = slurm("scontrol", "show", "job", job_id)
+        match = re.search(r"(?:^|\s)ExitCode=(\S+)", out) if code == 0 else None
+        found["exit_code"] = match.group(1) if match else ""
+    return found
+
+
+def job_alive(job: JobInfo) -> bool:
+    return job["state"] in ACTIVE_JOB_STATES
+
+
+def remember_job(state_dir: str, run_id: str, job: JobInfo) -> None:
+    """Keep the job's state in its run's record when it changed (its end, its nodes)."""
+    path = state_path(state_dir, "runs", run_id + ".json")
+    record = read_json(path)
+    if isinstance(record, dict) and record.get("job") != job:
+        write_json(path, dict(record, job=job), mode=0o600)
+
+
+def submit_job(args: StartArgs, run_id: str, log_path: str) -> RunRecord:
+    """sbatch the batch script, logging to the run's (new, empty) log; the run's record."""
+    runs = state_path(args["state_dir"], "runs")
+    os.makedirs(runs, exist_ok=True)
+    script = os.path.join(runs, run_id + ".sbatch")
+    write_atomic(script, (args["batch"] or "").encode(), mode=0o600)
+    code, out = slurm(
+        "sbatch", "--parsable", f"--job-name={run_id}", f"--output={log_path}",
+        "--open-mode=append", f"--chdir={os.path.expanduser('~')}", script,
+    )  # fmt: skip
+    job_id = out.splitlines()[-1].split(";")[0].strip() if code == 0 and out else ""
+    if not job_id.isdigit():
+        # Nothing was started: the empty log and the script are ours to take back.
+        for path in (log_path, script):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        last = out.splitlines()[-1] if out else f"exit status {code}"
+        fail(f"sbatch refused the job: {last}", "host")
+    job: JobInfo = {
+        "id": job_id, "state": "PENDING", "reason": "", "nodes": [], "head": "",
+        "time_left": None, "exit_code": "",
+    }  # fmt: skip
+    # pid, pgid and sid 0: no process here is the run's (run_members is never asked).
+    return cast(RunRecord, {
+        **args["run"],
+        "job": job,
+        "id": run_id,
+        "log": log_path,
+        "pid": 0,
+        "pgid": 0,
+        "sid": 0,
+        "started_at": time.time(),
+        "status": "running",
+    })  # fmt: skip
+
+
+def stop_job(state_dir: str, run: RunRecord, timeout: float) -> JobInfo:
+    """SIGTERM the job's steps (the server shuts down as it would here), cancel it outright
+    after `timeout`, and wait until Slurm says it has ended."""
+    known = run["job"]
+    job = query_job(known["id"], known)
+    if job["state"] == "PENDING":
+        slurm("scancel", job["id"])
+    elif job_alive(job):
+        slurm("scancel", "--signal=TERM", job["id"])
+    deadline = time.monotonic() + timeout
+    cancelled = job["state"] == "PENDING"
+    while job_alive(job):
+        if not cancelled and time.monotonic() >= deadline:
+            slurm("scancel", job["id"])  # TERM again, then KILL after the cluster's KillWait
+            cancelled = True
+        if time.monotonic() >= deadline + 120:
+            break
+        time.sleep(0.25)
+        job = query_job(job["id"], job)
+    remember_job(state_dir, run["id"], job)
+    return job
