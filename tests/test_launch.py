@@ -1,4 +1,4 @@
-"""Preflight (ops/launch.py) over real sshd hosts: each problem is said once, with its hint."""
+"""Preflight (ops/plan.py) over real sshd hosts: each problem is said once, with its hint."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from deployctl.deployments import deployment_targets
 from deployctl.errors import PreflightError
 from deployctl.inventory import DEFAULT_VARS, Host, Inventory
-from deployctl.ops.launch import Plan, plan_launch
+from deployctl.ops.plan import Plan, plan_launch
 from deployctl.project import Project
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab

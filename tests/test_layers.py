@@ -53,7 +53,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_the_known_imports() -> None:
     graph = import_graph()
-    assert "deployctl.ops.launch" in graph["deployctl.cli.runs"]
+    assert "deployctl.ops.plan" in graph["deployctl.cli.runs"]
     assert "deployctl.present.views" in graph["deployctl.cli.session"]
     assert "deployctl.agent" in graph["deployctl.ops.runs"]
     assert "deployctl.crash.model" in graph["deployctl.present.terminal"]

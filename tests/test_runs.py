@@ -19,7 +19,7 @@ from deployctl.fanout import Fleet
 from deployctl.inventory import Host, load_inventory
 from deployctl.ops import runs
 from deployctl.ops.runs import RunState, replace, run_status
-from deployctl.ops.server import recorded_plan
+from deployctl.ops.serving import recorded_plan
 from deployctl.patchset import load_patch_sets
 from deployctl.project import SHIPPED_DATA
 from tests.conftest import CLI

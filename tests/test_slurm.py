@@ -271,7 +271,7 @@ def test_a_controller_that_does_not_answer_is_an_error_not_a_dead_job(tmp_path: 
 
 
 def test_the_script_people_see_masks_secrets_and_the_one_sbatch_gets_has_them() -> None:
-    from deployctl.ops.launch import Plan
+    from deployctl.ops.plan import Plan
     from deployctl.render import RenderedCommand
 
     host = Host("login", {"launcher": "slurm", "bind_host": "0.0.0.0", "port": 30000})

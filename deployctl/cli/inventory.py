@@ -41,7 +41,7 @@ def render(
     ] = False,
 ) -> Reply:
     """Print, per host, the exact shell command that `launch` will run."""
-    from deployctl.ops.launch import render_commands
+    from deployctl.ops.plan import render_commands
     from deployctl.present import views
 
     patch_sets = session.patch_sets()

@@ -39,7 +39,7 @@ def router_sync(
 ) -> Reply:
     """Mend each selected router's list: add the workers of ours that serve and are missing,
     remove what it lists where a worker of ours is known not to serve."""
-    from deployctl.ops.launch import routers_among
+    from deployctl.ops.plan import routers_among
     from deployctl.ops.router import sync_router
     from deployctl.present import views
 
@@ -138,7 +138,7 @@ def roll_out(
 ) -> Reply:
     """rollout, restart --rolling and patch apply|revert --rolling: plan every unit, then
     replace them unit by unit. `forced`: the patch sets every unit applies (or reverts)."""
-    from deployctl.ops import launch as ops
+    from deployctl.ops import plan as ops
     from deployctl.ops.rollout import PatchChange, RolloutReport, plan_rollout, rollout
     from deployctl.patchset import select_sets
     from deployctl.present import live, views

@@ -27,7 +27,7 @@ def launch(
     ] = False,
 ) -> Reply:
     """Preflight every host, start the server detached with a versioned log, wait until ready."""
-    from deployctl.ops import launch as ops
+    from deployctl.ops import plan as ops
     from deployctl.ops.runs import launch as launch_runs
     from deployctl.ops.runs import stop_live_runs
     from deployctl.present import live, views

@@ -26,7 +26,8 @@ from deployctl.deployments import group_of
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.ops.patch import AuditReport, audit_host
-from deployctl.ops.runs import RunStatus, run_status, with_router_states
+from deployctl.ops.runs import RunStatus, with_router_states
+from deployctl.ops.server import metrics_round, status_rounds
 from deployctl.ops.tune import find_tunes
 from deployctl.patchset import PatchSet
 from deployctl.present.documents import audit_json, hosts_document, status_document
@@ -110,10 +111,8 @@ class Collector:
 
     def _loop(self) -> None:
         try:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                self.refresh()
-                self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            for _ in status_rounds(self.refresh, self.interval, stop=self._stop):
+                pass
         except BaseException as exc:  # the page shows it; the server stays up to say so
             self.failure = exc
             self._notify()
@@ -121,12 +120,9 @@ class Collector:
     def refresh(self) -> Snapshot:
         """One round: every deployment's status with metrics, and the records when due."""
         started = time.monotonic()
-        results = self.fleet.poll(
-            lambda host, conn: run_status(
-                host, conn, self.catalog, metrics=True, tail_bytes=TAIL_BYTES
-            )
+        results = with_router_states(
+            self.fleet, metrics_round(self.fleet, self.catalog, TAIL_BYTES)
         )
-        results = with_router_states(self.fleet, results)
         now = self.clock()
         self._remember(results, now)
         status = versioned(status_document(results))

@@ -27,8 +27,8 @@ from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.ops.driver import drive
-from deployctl.ops.launch import Plan
 from deployctl.ops.patch import PatchAction, apply_patches, patch_facts, revert_patches, set_state
+from deployctl.ops.plan import Plan
 from deployctl.ops.router import (
     change_registration,
     registered_url,
@@ -42,13 +42,14 @@ from deployctl.ops.runs import (
     DrainSignal,
     LaunchReport,
     RunStatus,
+    StopResult,
     drain,
-    launch,
+    replace,
     run_status,
     stop_run,
     units,
 )
-from deployctl.ops.server import recorded_plan
+from deployctl.ops.serving import capture, relaunch
 from deployctl.patchset import PatchSet, select_sets
 from deployctl.remote.protocol import job_head
 from deployctl.shell import split
@@ -471,34 +472,35 @@ class Rollout:
         self._step(unit, "stopping", started)
         t = time.monotonic()
         progress.add("stopped")  # from here on, a failure goes back to the previous run
-        for plan in unit.plans:
-            stop = stop_run(plan.host, self.fleet.connection(plan.host), self.options.stop_timeout)
-            if stop.gpus_clean is not None:
-                result.gpus_clean = stop.gpus_clean and result.gpus_clean is not False
-            if stop.gpus_clean is False:
+
+        def patch_between(stops: FleetResult[StopResult]) -> bool:
+            """After the stops, before the start: the GPUs must be clean, then the unit's
+            patch change (False: start nothing)."""
+            nonlocal t
+            for stop in stops.succeeded.values():
+                if stop.gpus_clean is not None:
+                    result.gpus_clean = stop.gpus_clean and result.gpus_clean is not False
+            unclean = next((r.name for r in stops if r.value and r.value.gpus_clean is False), None)
+            if unclean is not None:
                 result.outcome = UnitOutcome.FAILED
-                result.error = f"{plan.host.label}: GPUs not clean after the stop"
-                return
-        timings["stop"] = time.monotonic() - t
-        if unit.patches:
-            self._step(unit, "patching", started)
+                result.error = f"{unclean}: GPUs not clean after the stop"
+                return False
+            timings["stop"] = time.monotonic() - t
+            self._patch(unit, result, started)
+            self._step(unit, "starting", started)
             t = time.monotonic()
-            for plan in unit.plans:
-                change = unit.patches.get(plan.host.label)
-                if change is None:
-                    continue
-                conn = self.fleet.connection(plan.host)
-                if change.revert:
-                    result.patches += revert_patches(plan.host, conn, change.revert)
-                if change.apply:
-                    result.patches += apply_patches(plan.host, conn, change.apply)
-            timings["patches"] = time.monotonic() - t
-        self._step(unit, "starting", started)
-        t = time.monotonic()
-        report = launch(
+            return True
+
+        replaced = replace(
             self.fleet, unit.plans, self.catalog, timeout=self.options.timeout, events=self.events,
             restart_of={p.host.label: s.run["id"] for p, s in zip(unit.plans, unit.statuses, strict=False) if s.run},
+            stop_timeout=self.options.stop_timeout, checked=True, out_of_router=True,
+            between=patch_between,
         )  # fmt: skip
+        _raise_failed_stop(replaced.stops)
+        if replaced.launch is None:  # the GPUs were not clean: `result` says so
+            return
+        report = replaced.launch
         timings["launch"] = time.monotonic() - t
         timings["server_start"] = _server_start(report)
         if report.ok:
@@ -512,6 +514,23 @@ class Rollout:
             result.warnings.append("add it once the router is back: deployctl router sync")
         else:
             self._fail(unit, report, result, started)
+
+    def _patch(self, unit: UnitPlan, result: UnitResult, started: float) -> None:
+        """Apply and revert each node's sets (between its stop and its start)."""
+        if not unit.patches:
+            return
+        self._step(unit, "patching", started)
+        t = time.monotonic()
+        for plan in unit.plans:
+            change = unit.patches.get(plan.host.label)
+            if change is None:
+                continue
+            conn = self.fleet.connection(plan.host)
+            if change.revert:
+                result.patches += revert_patches(plan.host, conn, change.revert)
+            if change.apply:
+                result.patches += apply_patches(plan.host, conn, change.apply)
+        result.timings["patches"] = time.monotonic() - t
 
     def _drain(self, unit: UnitPlan, result: UnitResult, started: float) -> bool | None:
         """Wait until rank 0 runs no request: True; False at --drain-timeout; None on Ctrl-C.
@@ -538,37 +557,54 @@ class Rollout:
     def _back_to_previous(self, unit: UnitPlan, result: UnitResult, started: float) -> None:
         """End what is left of the new configuration; relaunch the previous one (which
         puts it back in its router)."""
-        for plan in unit.plans:
-            try:
-                stop_run(plan.host, self.fleet.connection(plan.host), self.options.stop_timeout)
-            except DeployctlError as exc:
-                result.warnings.append(
-                    f"{plan.host.label}: the failed run not stopped: {exc.message}"
-                )
-        if not all(s.run is not None for s in unit.statuses):
-            return  # nothing ran before: nothing to go back to
-        self._step(unit, "starting the previous configuration", started)
         try:
-            old = [
-                recorded_plan(p.host, s, self.available)
-                for p, s in zip(unit.plans, unit.statuses, strict=True)
-            ]
+            previous = (
+                [capture(p.host, s, self.available) for p, s in zip(unit.plans, unit.statuses, strict=True)]
+                if all(s.run is not None for s in unit.statuses)
+                else None  # nothing ran before: nothing to go back to
+            )  # fmt: skip
         except DeployctlError as exc:
             result.warnings.append(f"previous configuration not relaunched: {exc.message}")
+            previous = None
+        if previous is None:
+            for plan in unit.plans:
+                try:
+                    stop_run(plan.host, self.fleet.connection(plan.host), self.options.stop_timeout)
+                except DeployctlError as exc:
+                    result.warnings.append(
+                        f"{plan.host.label}: the failed run not stopped: {exc.message}"
+                    )
             return
+        self._step(unit, "starting the previous configuration", started)
         try:
-            back = launch(
-                self.fleet, old, self.catalog, timeout=self.options.timeout, events=self.events
-            )
+            back = relaunch(
+                self.fleet, previous, self.catalog, restart_of={}, timeout=self.options.timeout,
+                stop_timeout=self.options.stop_timeout, events=self.events, checked=True,
+                out_of_router=True,
+            )  # fmt: skip
         except DeployctlError as exc:
             result.state = "down"
             result.warnings.append(f"previous configuration not relaunched: {exc.message}")
             return
-        result.new_run, result.state = _new_run(back), "ready" if back.ok else "down"
-        if not back.ok:
+        for stop in back.stops:
+            if stop.exception is not None:
+                result.warnings.append(f"{stop.name}: the failed run not stopped: {stop.error}")
+        if back.launch is None:
+            result.state = "down"
+            result.warnings.append("previous configuration not relaunched: its stop failed")
+            return
+        result.new_run, result.state = _new_run(back.launch), "ready" if back.launch.ok else "down"
+        if not back.launch.ok:
             result.warnings.append(
-                f"the previous configuration did not come back either: {_why_failed(back)[0]}"
+                f"the previous configuration did not come back either: {_why_failed(back.launch)[0]}"
             )
+
+
+def _raise_failed_stop(stops: FleetResult[StopResult]) -> None:
+    """A stop that raised fails the unit as it did when it raised here."""
+    failed = next((r.exception for r in stops if r.exception is not None), None)
+    if failed is not None:
+        raise failed
 
 
 def _run_id(unit: UnitPlan) -> str | None:

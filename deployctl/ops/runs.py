@@ -42,7 +42,7 @@ from deployctl.fanout import (
 from deployctl.inventory import Host, mask_log, secret_values
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
-from deployctl.ops.launch import Plan, Preflight, release_lock, routing_problems, run_preflight
+from deployctl.ops.plan import Plan, Preflight, release_lock, routing_problems, run_preflight
 from deployctl.ops.router import (
     Registration,
     RouterState,
@@ -965,29 +965,39 @@ def replace(
     timeout: float = 900,
     events: EventSink = DISCARD,
     drain_timeout: float = 0.0,
+    checked: bool = False,
+    out_of_router: bool = False,
+    between: Callable[[FleetResult[StopResult]], bool] | None = None,
 ) -> Replacement:
     """Check the plans, stop each plan's current run, then launch the plan (preflight,
-    start, wait).
+    start, wait). The one stop-then-start: restart, watch, rollout and tune's put-back.
 
     A plan refused before the stop (SGLang missing, a patch set not applied, a path that
     does not exist) stops nothing: the launch says why and no stop is made. A stop that
     fails keeps its plan out; a multi-node server relaunches whole or not at all (a lone
     rank never rejoins its group). `restart_of` names each target's old run; a worker
     behind a router is drained up to `drain_timeout` once taken out of it.
+
+    `checked`: the caller checked the plans already (a rollout, which applies patch sets
+    between the stop and the start); `out_of_router`: the caller took the workers out of
+    their routers itself, so the stop leaves the routers alone; `between`: run once the
+    stops held, before the start (a rollout's patch change); False from it starts nothing.
     """
-    checked = launch(fleet, plans, catalog, dry_run=True, replacing=True, timeout=timeout)
-    if checked.refused:
-        return Replacement(FleetResult([]), checked)
+    if not checked:
+        check = launch(fleet, plans, catalog, dry_run=True, replacing=True, timeout=timeout)
+        if check.refused:
+            return Replacement(FleetResult([]), check)
+
+    def stop(host: Host, conn: Connection) -> StopResult:
+        if out_of_router:
+            return stop_run(host, conn, stop_timeout)
+        return stop_serving(fleet, host, conn, stop_timeout, drain_timeout=drain_timeout)
+
     # A failed stop is not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
-    stops = fleet.run(
-        lambda host, conn: stop_serving(
-            fleet, host, conn, stop_timeout, drain_timeout=drain_timeout
-        ),
-        [p.host for p in plans],
-    )
+    stops = fleet.run(stop, [p.host for p in plans])
     broken = {p.group for p in plans if p.host.label in stops.failed and p.group is not None}
     kept = [p for p in plans if p.host.label not in stops.failed and p.group not in broken]
-    if not kept:
+    if not kept or (between is not None and not between(stops)):
         return Replacement(stops, None)
     report = launch(
         fleet, kept, catalog, wait=wait, timeout=timeout, events=events, restart_of=restart_of

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from deployctl import agent
 from deployctl import events as ev
@@ -14,9 +15,8 @@ from deployctl.crash import Catalog
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
-from deployctl.inventory import MASK, Host
-from deployctl.ops.launch import Plan
-from deployctl.ops.router import Registration, change_registration, registered_url
+from deployctl.inventory import Host
+from deployctl.ops.router import Registration, change_registration
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
     LaunchReport,
@@ -28,11 +28,12 @@ from deployctl.ops.runs import (
     run_status,
     units,
 )
-from deployctl.patchset import PatchSet, sets_for_flags
-from deployctl.remote.protocol import PointArgs, RunRecord, RunsArgs
-from deployctl.render import RenderedCommand, command_secrets
-from deployctl.shell import split
+from deployctl.ops.serving import capture, point_back, recorded_plan
+from deployctl.patchset import PatchSet
+from deployctl.remote.protocol import RunsArgs
 from deployctl.slurm import time_limit_s
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -71,58 +72,43 @@ def stray_runs(fleet: Fleet) -> list[Stray]:
     return [stray for result in fleet.run(strays, hosts) for stray in result.value or []]
 
 
-def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchSet]) -> Plan:
-    """The plan to relaunch a recorded run with the same rendered command."""
-    if status.run is None or not status.command:
-        raise DeployctlError(
-            f"{host.label}: no recorded run to restart", hint="deployctl launch first"
-        )
-    argv = split(status.command)
-    # Secrets given with --set at launch are not in the inventory: find them where the
-    # recorded (masked) command hides them.
-    hidden = masked_values(status.run["command"], argv)
-    secrets = tuple(
-        sorted({*command_secrets(host.vars, argv), *hidden}, key=lambda v: (-len(v), v))
-    )
-    env = status.env or {}
-    secrets = tuple(
-        sorted({*secrets, *masked_env_values(status.run, env)}, key=lambda v: (-len(v), v))
-    )
-    rendered = RenderedCommand(
-        status.run["template"], status.run["threshold"], argv, secrets, env, host.deployment
-    )
-    # The run's own GPUs, which its recorded environment pins it to, whatever the inventory
-    # says now.
-    # A Slurm job's GPUs are its nodes', never the login node's.
-    pinned = {} if "job" in status.run else {"gpus": status.run.get("gpus")}
-    recorded = Host(host.name, {**host.vars, **pinned}, host.deployment)
-    return Plan(recorded, rendered, sets_for_flags(argv, patch_sets))
-
-
-def masked_env_values(run: RunRecord, env: Mapping[str, str]) -> list[str]:
-    """The real values of the environment variables the run record shows masked."""
-    shown = run.get("env", {})
-    return [value for name, value in env.items() if MASK in shown.get(name, "") and value]
-
-
-def masked_values(shown: str, argv: Sequence[str]) -> list[str]:
-    """Return the parts of `argv` that the masked command line `shown` replaced by the mask."""
-    try:
-        words = split(shown)
-    except ValueError:
-        return []
-    if len(words) != len(argv):
-        return []
-    found: list[str] = []
-    for word, real in zip(words, argv, strict=True):
-        if MASK in word:
-            pattern = "(.+?)".join(re.escape(part) for part in word.split(MASK))
-            match = re.fullmatch(pattern, real, re.DOTALL)
-            found += list(match.groups()) if match else [real]
-    return found
-
-
 TOP_TAIL_BYTES = 16 * 1024
+
+
+def metrics_round(
+    fleet: Fleet, catalog: Catalog, tail_bytes: int = TOP_TAIL_BYTES
+) -> FleetResult[RunStatus]:
+    """Every deployment's status with metrics, over the fleet's open connections (a host
+    that dropped its connection keeps its error and is reconnected with backoff:
+    Fleet.poll)."""
+    return fleet.poll(
+        lambda host, conn: run_status(host, conn, catalog, metrics=True, tail_bytes=tail_bytes)
+    )
+
+
+def status_rounds(
+    step: Callable[[], T],
+    interval: float,
+    rounds: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    stop: threading.Event | None = None,
+    pace: bool = True,
+) -> Iterator[T]:
+    """`step`'s result every `interval` seconds (less the round's own time when `pace`),
+    `rounds` times (None: until stopped). The one status-rounds loop: `top`, `watch` and the
+    dashboard's collector. `stop` ends the rounds, also in the middle of a wait."""
+    done = 0
+    while (rounds is None or done < rounds) and not (stop is not None and stop.is_set()):
+        started = time.monotonic()
+        result = step()
+        done += 1
+        yield result
+        if rounds is None or done < rounds:
+            left = max(0.0, interval - (time.monotonic() - started)) if pace else interval
+            if stop is not None:
+                stop.wait(left)
+            else:
+                sleep(left)
 
 
 def metrics_rounds(
@@ -132,21 +118,8 @@ def metrics_rounds(
     rounds: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[FleetResult[RunStatus]]:
-    """Every deployment's status with metrics, every `interval` seconds, over the fleet's
-    open connections (a host that dropped its connection is reconnected with backoff:
-    Fleet.poll)."""
-    done = 0
-    while rounds is None or done < rounds:
-        started = time.monotonic()
-        results = fleet.poll(
-            lambda host, conn: run_status(
-                host, conn, catalog, metrics=True, tail_bytes=TOP_TAIL_BYTES
-            )
-        )
-        done += 1
-        yield results
-        if rounds is None or done < rounds:
-            sleep(max(0.0, interval - (time.monotonic() - started)))
+    """`top`'s rounds: a metrics round every `interval` seconds."""
+    return status_rounds(lambda: metrics_round(fleet, catalog), interval, rounds, sleep)
 
 
 def restart(
@@ -241,32 +214,23 @@ def renew(
     the router and cancel it. A successor that does not come up is cancelled and the old
     job stays the deployment's current run, serving until its limit."""
     assert status.run is not None and status.job is not None
-    old = status.run
-    plan = recorded_plan(host, status, patch_sets)
+    old = capture(host, status, patch_sets)
     report = launch(
-        fleet, [plan], catalog, timeout=timeout, restart_of={host.label: old["id"]},
-        beside={host.label: old["id"]},
+        fleet, [old.plan], catalog, timeout=timeout, restart_of={host.label: old.run},
+        beside={host.label: old.run},
     )  # fmt: skip
-    renewal = Renewal(old["id"], report)
+    renewal = Renewal(old.run, report)
     conn = fleet.connection(host)
     if not report.ok:
         renewal.error = _renewal_failure(report)
         if report.started:
             try:  # what is left of the successor, then the old job is current again
-                end_run(host, conn, stop_timeout)
-                back: PointArgs = {
-                    "state_dir": host.settings.state_dir,
-                    "deployment": host.deployment,
-                    "run": old["id"],
-                }
-                agent.call(host, conn, agent.POINT, back)
+                point_back(host, conn, old, stop_timeout)
             except DeployctlError as exc:
-                renewal.error += f"; {old['id']} not made current again: {exc.message}"
+                renewal.error += f"; {old.run} not made current again: {exc.message}"
         return renewal
-    head = status.job["head"]
-    url = registered_url(host, old, head)
-    renewal.removal = change_registration(fleet, host, False, old["port"], events, head, url)
-    end_run(host, conn, stop_timeout, run_id=old["id"])
+    renewal.removal = change_registration(fleet, host, False, old.port, events, old.head, old.url)
+    end_run(host, conn, stop_timeout, run_id=old.run)
     return renewal
 
 
@@ -405,10 +369,12 @@ def watch(
     renewals = None if renew_before is None else Renewals(renew_before)
     if renewals is not None:
         check_renew_window(fleet.hosts, renewals.window)
-    done = 0
-    while rounds is None or done < rounds:
-        done += 1
-        statuses = fleet.poll(lambda host, conn: run_status(host, conn, catalog))
+
+    # A full interval after each round: one that restarted a unit waits before the next look.
+    def statuses_now() -> FleetResult[RunStatus]:
+        return fleet.poll(lambda host, conn: run_status(host, conn, catalog))
+
+    for statuses in status_rounds(statuses_now, interval, rounds, sleep, pace=False):
         for result in statuses:
             if result.exception is not None:
                 events.emit(ev.HostFailed(target=result.name, exception=result.exception))
@@ -472,6 +438,4 @@ def watch(
         if watched and watched <= given_up:
             events.emit(ev.WatchStopped(target="", gave_up=True))
             return WatchEnded(ok=False)
-        if rounds is None or done < rounds:
-            sleep(interval)
     return WatchEnded()

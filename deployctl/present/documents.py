@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
     from deployctl.ops.flags import CheckedCommand, FlagReport
     from deployctl.ops.gpus import GpuReport
-    from deployctl.ops.launch import Preflight
     from deployctl.ops.logs import LocalCrashes, LogScan
     from deployctl.ops.patch import AuditReport, PatchAction, SetState
+    from deployctl.ops.plan import Preflight
     from deployctl.ops.rollout import RolloutReport, UnitPlan, UnitResult
     from deployctl.ops.router import Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit

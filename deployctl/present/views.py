@@ -42,9 +42,9 @@ if TYPE_CHECKING:
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
     from deployctl.ops.flags import CheckedCommand
     from deployctl.ops.gpus import GpuReport
-    from deployctl.ops.launch import Preflight
     from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
     from deployctl.ops.patch import AuditReport, PatchAction
+    from deployctl.ops.plan import Preflight
     from deployctl.ops.port import PortReport
     from deployctl.ops.rollout import RolloutReport, UnitPlan
     from deployctl.ops.router import ListedWorker, Registration, RouterState, SyncResult

@@ -1,0 +1,167 @@
+"""Each life-cycle step is written once (read from the code, not run): the stop-then-start
+(`runs.replace`), the capture and restore of what serves (`ops/serving.py`), the Ctrl-C driver
+(`ops/driver.py`), the status-rounds loop (`server.status_rounds`) and tune's pure search."""
+
+from __future__ import annotations
+
+import ast
+import threading
+from collections.abc import Iterator
+
+from deployctl.ops.server import status_rounds
+from tests.test_layers import PACKAGE
+
+# Where the steps would be written again: the operations and the dashboard's collector.
+SCANNED = ("ops", "dashboard")
+
+STOPS = {"stop_run", "stop_serving", "end_run", "stop_live_runs"}
+STARTS = {"launch", "start_run"}
+
+
+def sources() -> Iterator[tuple[str, ast.Module]]:
+    for folder in SCANNED:
+        for path in sorted((PACKAGE / folder).rglob("*.py")):
+            name = path.relative_to(PACKAGE).as_posix()
+            yield name, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def functions(tree: ast.AST) -> Iterator[ast.FunctionDef]:
+    yield from (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+
+
+def called(node: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, name) of each call in `node`: `f(...)` and `x.f(...)` are both `f`."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            func = n.func
+            name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+            yield n.lineno, name
+
+
+def stops_then_starts(tree: ast.AST) -> set[str]:
+    """The functions that call a stop and, later in their text, a start."""
+    found = set()
+    for function in functions(tree):
+        calls = sorted(called(function))
+        first_stop = min((line for line, name in calls if name in STOPS), default=None)
+        if first_stop is not None and any(
+            line > first_stop and name in STARTS for line, name in calls
+        ):
+            found.add(function.name)
+    return found
+
+
+def test_only_replace_stops_a_run_and_then_starts_one() -> None:
+    found = {(module, f) for module, tree in sources() for f in stops_then_starts(tree)}
+    assert found == {("ops/runs.py", "replace")}
+
+
+def test_the_rule_sees_a_stop_then_start_written_again() -> None:
+    again = ast.parse(
+        "def put_back(host, conn, plans):\n"
+        "    stop_run(host, conn, 30)\n"
+        "    return launch(fleet, plans, catalog)\n"
+    )
+    assert stops_then_starts(again) == {"put_back"}
+
+
+def test_what_serves_is_captured_and_pointed_back_at_in_one_module() -> None:
+    """The relaunch plan of a recorded run is built by the capture (restart and watch
+    relaunch what they just read crashed, through the same function); only the capture
+    module makes a run current again."""
+    plans, points = set(), set()
+    for module, tree in sources():
+        for function in functions(tree):
+            names = {name for _, name in called(function)}
+            if "recorded_plan" in names:
+                plans.add((module, function.name))
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and n.attr == "POINT":
+                points.add(module)
+    assert plans == {
+        ("ops/serving.py", "capture"),
+        ("ops/server.py", "restart"),
+        ("ops/server.py", "watch"),
+    }
+    assert points == {"ops/serving.py"}
+
+
+def test_only_the_driver_waits_for_ctrl_c_among_rollout_and_tune() -> None:
+    for module, tree in sources():
+        if module.startswith(("ops/rollout", "ops/tune")):
+            handled = [
+                n
+                for n in ast.walk(tree)
+                if isinstance(n, ast.ExceptHandler)
+                and isinstance(n.type, ast.Name)
+                and n.type.id == "KeyboardInterrupt"
+            ]
+            assert not handled, module
+        if module in ("ops/rollout.py", "ops/tune/tuner.py"):
+            assert "drive" in {name for _, name in called(tree)}, module
+
+
+def round_loops(tree: ast.AST) -> set[str]:
+    """Functions with a loop that polls the fleet, or that waits out an `interval`."""
+    found = set()
+    for function in functions(tree):
+        for loop in (n for n in ast.walk(function) if isinstance(n, ast.While | ast.For)):
+            names = {name for _, name in called(loop)}
+            mentions = {
+                n.id if isinstance(n, ast.Name) else n.attr
+                for n in ast.walk(loop)
+                if isinstance(n, ast.Name | ast.Attribute)
+            }
+            if "poll" in names and "fleet" in mentions:
+                found.add(function.name)
+            if names & {"sleep", "wait"} and "interval" in mentions:
+                found.add(function.name)
+    return found
+
+
+def test_status_rounds_are_looped_once() -> None:
+    found = {(module, f) for module, tree in sources() for f in round_loops(tree)}
+    assert found == {("ops/server.py", "status_rounds")}
+
+
+def test_the_rule_sees_a_rounds_loop_written_again() -> None:
+    again = ast.parse(
+        "def loop(self):\n"
+        "    while not self.stop.is_set():\n"
+        "        self.fleet.poll(step)\n"
+        "        self.stop.wait(self.interval)\n"
+    )
+    assert round_loops(again) == {"loop"}
+
+
+def test_tunes_search_does_no_io() -> None:
+    """The search decides from numbers: no connection, agent, fleet, clock or thread."""
+    path = PACKAGE / "ops" / "tune" / "search.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module:
+            imported |= {f"{n.module}.{a.name}" for a in n.names}
+        elif isinstance(n, ast.Import):
+            imported |= {a.name for a in n.names}
+    ours = {name for name in imported if name.startswith("deployctl")}
+    assert ours <= {"deployctl.ops.bench.per_token_ms", "deployctl.remote.protocol.BenchLevel"}
+    assert not {"time", "threading", "subprocess", "socket"} & {
+        name.split(".")[0] for name in imported
+    }
+
+
+def test_status_rounds_pace_count_and_stop() -> None:
+    waits: list[float] = []
+    assert list(status_rounds(lambda: "r", 5.0, 3, waits.append)) == ["r", "r", "r"]
+    assert len(waits) == 2 and all(4.0 < w <= 5.0 for w in waits)  # less the round's time
+    waits.clear()
+    list(status_rounds(lambda: "r", 5.0, 2, waits.append, pace=False))
+    assert waits == [5.0]  # watch: a full interval after each round
+    stop = threading.Event()
+    seen = []
+    for result in status_rounds(lambda: len(seen), 60.0, stop=stop):
+        seen.append(result)
+        if len(seen) == 2:
+            stop.set()  # the wait returns at once and no round follows
+    assert seen == [0, 1]
