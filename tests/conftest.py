@@ -35,13 +35,15 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark `lab` every test that reaches the sshd test hosts through any chain of fixtures,
-    and `browser` every test that reaches chromium."""
+    and `browser` every test that reaches chromium; a browser test is a lab test too (it needs
+    what ./scripts/test installs), so the fast tier `-m 'not lab'` runs on a plain install."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
+        if BROWSER_FIXTURES.intersection(fixtures) or item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.lab)
         if LAB_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.lab)
-        if BROWSER_FIXTURES.intersection(fixtures):
-            item.add_marker(pytest.mark.browser)
 
 
 @pytest.fixture(scope="session")
