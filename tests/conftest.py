@@ -26,6 +26,9 @@ HOST_NAMES = ["alpha", "bravo", "charlie", "delta"]
 LAB_FIXTURES = frozenset({"lab", "hosts", "sglang_template", "slurm", "slurm_lab"})
 # Fixtures that drive the real chromium; a test needing any of them is a `browser` test.
 BROWSER_FIXTURES = frozenset({"browser", "page"})
+# Fixtures of the session's Slurm cluster: under xdist (`--dist loadgroup`) their tests share
+# one worker, so one cluster starts, not one per worker.
+SLURM_FIXTURES = frozenset({"slurm", "slurm_lab"})
 
 # A harness that starts the suite in the background can hand it SIGINT ignored, and ignored
 # signals stay ignored in children: tests that end `logs -f` and `watch` with Ctrl-C need it.
@@ -33,15 +36,20 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark `lab` every test that reaches the sshd test hosts through any chain of fixtures,
-    and `browser` every test that reaches chromium."""
+    and `browser` every test that reaches chromium; a browser test is a lab test too (it needs
+    what ./scripts/test installs), so the fast tier `-m 'not lab'` runs on a plain install."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
+        if BROWSER_FIXTURES.intersection(fixtures) or item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.browser)
+            item.add_marker(pytest.mark.lab)
         if LAB_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.lab)
-        if BROWSER_FIXTURES.intersection(fixtures):
-            item.add_marker(pytest.mark.browser)
+        if SLURM_FIXTURES.intersection(fixtures):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="session")

@@ -9,27 +9,31 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
-from tests.sshd_hosts import HOST_PYTHON, REPO, TestHost, sh
+from tests.sshd_hosts import HOST_PYTHON, REPO, TestHost, locked, sh
 
 SGLANG_VERSION = "0.5.23"
 WHEELS = REPO / ".cache" / "wheels"
+WHEELS_LOCK = REPO / ".cache" / "wheels.lock"
 SITE = "lib/python3.11/site-packages"
 
 
 def ensure_wheels() -> list[Path]:
     """Download the SGLang and msgspec wheels once (scripts/test does it too)."""
     wanted = [f"sglang-{SGLANG_VERSION}-*.whl", "msgspec-*.whl"]
-    if not all(list(WHEELS.glob(p)) for p in wanted):
-        WHEELS.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            ["python3", "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             "--python-version", "3.11", "-d", str(WHEELS), f"sglang=={SGLANG_VERSION}", "msgspec"],
-            check=True,
-        )  # fmt: skip
+    with locked(WHEELS_LOCK):  # pip writes a wheel in place: another worker must not see half
+        if not all(list(WHEELS.glob(p)) for p in wanted):
+            WHEELS.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["python3", "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                 "--python-version", "3.11", "-d", str(WHEELS), f"sglang=={SGLANG_VERSION}",
+                 "msgspec"],
+                check=True,
+            )  # fmt: skip
     return [next(WHEELS.glob(p)) for p in wanted]
 
 
@@ -39,14 +43,36 @@ def sglang_wheel(version: str) -> Path:
     The patch-set variant tests unzip it; pip fetches one version of a package per call.
     """
     pattern = f"sglang-{version}-*.whl"
-    if not list(WHEELS.glob(pattern)):
-        WHEELS.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             "--python-version", "3.11", "-d", str(WHEELS), f"sglang=={version}"],
-            check=True,
-        )  # fmt: skip
+    with locked(WHEELS_LOCK):
+        if not list(WHEELS.glob(pattern)):
+            WHEELS.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                 "--python-version", "3.11", "-d", str(WHEELS), f"sglang=={version}"],
+                check=True,
+            )  # fmt: skip
     return next(WHEELS.glob(pattern))
+
+
+def built_once(venv: Path, wanted: str, build: Callable[[Path], None]) -> Path:
+    """`venv`, built by `build` unless its stamp already says `wanted` (then left as it is).
+
+    A lock beside it: two xdist workers may ask for it at once, and one must not delete or
+    use the other's half-built venv.
+    """
+    stamp = venv / "deployctl-stamp"
+
+    def current() -> bool:
+        return stamp.exists() and stamp.read_text() == wanted
+
+    if current():
+        return venv
+    with locked(venv.with_name(f"{venv.name}.lock")):
+        if not current():
+            shutil.rmtree(venv, ignore_errors=True)
+            build(venv)
+            stamp.write_text(wanted)
+    return venv
 
 
 _unzipped: dict[str, Path] = {}
@@ -104,20 +130,17 @@ def bench_serving_venv() -> Path:
     Test hosts share it read-only: its python runs the agent, the stand-in server and
     `python -m sglang.benchmark.serving`.
     """
-    venv = REPO / ".cache" / "bench-serving-venv"
-    stamp = venv / "deployctl-stamp"
+
+    def build(venv: Path) -> None:
+        sh(HOST_PYTHON, "-m", "venv", venv)
+        pip = [venv / "bin" / "pip", "install", "-q", "--disable-pip-version-check"]
+        sh(*pip, *BENCH_SERVING_DEPS)
+        sh(*pip, "--no-deps", "--no-index", ensure_wheels()[0])
+        shutil.copy(BENCH_SHIM, venv / SITE / BENCH_SHIM.name)
+        (venv / SITE / "deployctl_bench_shim.pth").write_text(f"import {BENCH_SHIM.stem}\n")
+
     wanted = "\n".join([*BENCH_SERVING_DEPS, BENCH_SHIM.read_text()])
-    if stamp.exists() and stamp.read_text() == wanted:
-        return venv
-    shutil.rmtree(venv, ignore_errors=True)
-    sh(HOST_PYTHON, "-m", "venv", venv)
-    pip = [venv / "bin" / "pip", "install", "-q", "--disable-pip-version-check"]
-    sh(*pip, *BENCH_SERVING_DEPS)
-    sh(*pip, "--no-deps", "--no-index", ensure_wheels()[0])
-    shutil.copy(BENCH_SHIM, venv / SITE / BENCH_SHIM.name)
-    (venv / SITE / "deployctl_bench_shim.pth").write_text(f"import {BENCH_SHIM.stem}\n")
-    stamp.write_text(wanted)
-    return venv
+    return built_once(REPO / ".cache" / "bench-serving-venv", wanted, build)
 
 
 TOKENIZER = """

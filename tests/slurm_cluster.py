@@ -17,11 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.sshd_hosts import free_port, sh
+from tests.sshd_hosts import address_block, free_port, sh
 
 CLUSTER_NAME = "dctlab"
-# The sshd lab uses 127.0.0.2 … 127.0.1.x; the nodes sit past it.
-NODE_ADDRESSES = {"n1": "127.0.3.1", "n2": "127.0.3.2"}
+# The sshd lab uses 127.B.0.2 … 127.B.1.x; the nodes sit past it, in the same worker's block.
+NODE_ADDRESSES = {"n1": f"127.{address_block()}.3.1", "n2": f"127.{address_block()}.3.2"}
 GPUS_PER_NODE = 2
 START_TIMEOUT_S = 30.0
 # Job states after which slurmctld runs nothing more for the job.

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,11 +30,35 @@ HOST_PYTHON = "/usr/bin/python3"
 SLURM_FOLDER = "slurm"
 
 
+# Serialises useradd/usermod/userdel across test processes (xdist workers): they lock
+# /etc/passwd and fail rather than wait when another holds it.
+USERS_LOCK = Path("/tmp/deployctl-lab-users.lock")
+
+
+def address_block() -> int:
+    """The second byte of this test process's loopback addresses: 0 alone, 10 + N in xdist
+    worker gwN, so two workers never share an address (nor a port on it)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return 10 + int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+
+
 def loopback_address(index: int) -> str:
-    """The index-th lab host's address: 127.0.0.2 … 127.0.0.254, then 127.0.1.2 … (the
-    fleet benchmark runs 256 hosts)."""
+    """The index-th lab host's address: 127.B.0.2 … 127.B.0.254, then 127.B.1.2 … (the
+    fleet benchmark runs 256 hosts), B this process's `address_block()`."""
     high, low = divmod(index, 253)
-    return f"127.0.{high}.{low + 2}"
+    return f"127.{address_block()}.{high}.{low + 2}"
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing) across test processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def free_port(address: str) -> int:
@@ -121,15 +147,17 @@ Subsystem sftp internal-sftp
         self.start()
 
     def _ensure_user(self) -> None:
-        exists = sh("id", "-u", self.user, check=False).returncode == 0
-        if not exists:
-            sh("useradd", "--no-create-home", "--user-group", "--shell", "/bin/sh", self.user)
-        # '*' (not '!'): no password, yet not locked, so sshd without PAM lets keys in.
-        sh("usermod", "--home", self.home, "--password", "*", self.user)
+        with locked(USERS_LOCK):
+            exists = sh("id", "-u", self.user, check=False).returncode == 0
+            if not exists:
+                sh("useradd", "--no-create-home", "--user-group", "--shell", "/bin/sh", self.user)
+            # '*' (not '!'): no password, yet not locked, so sshd without PAM lets keys in.
+            sh("usermod", "--home", self.home, "--password", "*", self.user)
         sh("chown", "-R", f"{self.user}:{self.user}", self.home)
 
     def remove_user(self) -> None:
-        sh("userdel", self.user, check=False)
+        with locked(USERS_LOCK):
+            sh("userdel", self.user, check=False)
 
     def start(self) -> None:
         self.proc = subprocess.Popen(

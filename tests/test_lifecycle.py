@@ -129,7 +129,7 @@ def test_port_in_use_is_refused(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None
 
     port = yaml.safe_load(inv.read_text())["all"]["hosts"]["alpha"]["port"]
     with socket.socket() as sock:
-        sock.bind(("127.0.0.2", port))
+        sock.bind((hosts.hosts["alpha"].address, port))
         sock.listen()
         code, doc, _ = launch_json(cli, inv)
     assert code == 1
