@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -83,10 +84,14 @@ def test_declarations_agree_with_sglangs_own_parser(options: dict[str, OptionSpe
 
 def test_reading_the_declarations_takes_milliseconds(pristine: Path) -> None:
     install: protocol.SglangInstall = {"site": str(pristine), "version": SGLANG_VERSION}
+    cpu_started = time.process_time()
     check = remote_options.argv_check(["--model-path=/m"], install)
+    cpu = time.process_time() - cpu_started
     assert check["method"] == "declarations" and check["options"] > 500
     assert check["findings"] == []
-    assert check["seconds"] < 2.0  # about 30 ms here; the bound only catches a runaway
+    assert check["seconds"] >= 0
+    # About 30 ms; CPU time, as a loaded machine stretches the wall time many times over.
+    assert cpu < 1.0  # the bound only catches a runaway (an import of SGLang, a re-read)
 
 
 def test_every_shipped_template_passes_for_every_example_host(

@@ -794,9 +794,9 @@ def test_healthy_log_scans_fast() -> None:
     )
     text = line * 100_000 + read_log("healthy_warnings.log") * 20
 
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a loaded machine stretches the wall time
     assert scan_text(text) == []
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
 
     assert len(text) / 1e6 / elapsed > 10
 
