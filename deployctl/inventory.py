@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
+import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -518,11 +519,23 @@ def build(data: InventoryData, vault: VaultOptions) -> Inventory:
 
     resolved, broken = _resolve_templates(raw, magic)
     hosts = {name: Host(name, variables) for name, variables in resolved.items()}
+    # The hosts of a range share their variables: each distinct set is checked once, and read
+    # for warnings once while it has none (100,000 hosts took seconds checked one by one).
+    checked: set[str] = set()
+    quiet: set[str] = set()
+    warnings: list[Misspelling | ForeignValue] = []
     for each in hosts.values():
-        if each.name not in broken:  # a broken one fails when selected, with its own error
-            _check_host(each, data.source)
+        key = _variables_key(each.vars)
+        if each.name not in broken and (key is None or key not in checked):
+            _check_host(each, data.source)  # a broken one fails when selected, on its own
+            if key is not None:
+                checked.add(key)
+        if key is None or key not in quiet:
+            found = host_warnings(each.name, each.vars)
+            warnings += found
+            if key is not None and not found:
+                quiet.add(key)
     tree = {n: GroupNode(list(g.children), list(g.hosts)) for n, g in data.groups.items()}
-    warnings = [w for each in hosts.values() for w in host_warnings(each.name, each.vars)]
     return Inventory(hosts, groups, data.source, tree, broken, warnings)
 
 
@@ -596,6 +609,14 @@ def merge_layers(layers: Sequence[Mapping[str, Any]], where: str) -> dict[str, A
             else:
                 merged[key] = value
     return merged
+
+
+def _variables_key(variables: Mapping[str, Any]) -> str | None:
+    """Variables as exact text, to tell equal sets apart; None for values JSON cannot hold."""
+    try:
+        return json.dumps(variables, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
 
 
 def _check_host(host: Host, source: str) -> None:

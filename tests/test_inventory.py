@@ -847,3 +847,21 @@ def test_secret_texts_are_masked_inside_nested_mappings_too() -> None:
     assert mask_secrets(variables, ["sk-abcd"]) == {
         "env": {"LAUNCH": f"serve --api-key {MASK}", "inner": {"cmd": f"x {MASK}"}}
     }
+
+
+def test_hosts_sharing_variables_are_each_checked_and_warned_about(tmp_path: Path) -> None:
+    # Equal variables are checked once: every host of a range still gets its own warning,
+    # and a host whose variables differ is checked on its own.
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  children:\n    gpu:\n      vars:\n        treshold: 5\n"
+        "      hosts:\n        gpu[1:3]:\n        odd:\n          port: 70000\n"
+    )
+    with pytest.raises(InventoryError, match="host odd"):
+        load_inventory(inv)
+    inv.write_text(
+        "all:\n  children:\n    gpu:\n      vars:\n        treshold: 5\n"
+        "      hosts:\n        gpu[1:3]:\n        odd:\n          port: 8000\n"
+    )
+    warned = [(w.host, w.variable) for w in load_inventory(inv).warnings]
+    assert warned == [(f"{h}", "treshold") for h in ("gpu1", "gpu2", "gpu3", "odd")]
