@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import random
 import shutil
 import signal
 import socket
@@ -61,10 +62,25 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# Ports handed to servers that bind later: below the ephemeral range (32768-60999), where an
+# outbound connection's source port could take one between the choice and the bind.
+TEST_PORTS = range(20000, 32768)
+_next_port = [random.randrange(len(TEST_PORTS))]
+
+
 def free_port(address: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
+    """A port free on `address` now, never the same twice in a row in one process."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    for _ in range(len(TEST_PORTS)):
+        _next_port[0] = (_next_port[0] + 1) % len(TEST_PORTS)
+        port = TEST_PORTS[_next_port[0]]
+        with socket.socket(family) as sock:
+            try:
+                sock.bind((address, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free test port on {address}")
 
 
 def sh(*argv: str | Path, check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,9 @@ def home_snapshot(lab: SSHLab) -> dict[str, tuple[Any, ...]]:
 
 
 def is_agent_copy(path: str) -> bool:
-    return Path(path).parent.name == AGENT_DIR and Path(path).parent.parent.name == ".deployctl"
+    """A file of the agent's bundle, unpacked under ~/.deployctl/agent/<sha256>/."""
+    parts = Path(path).parts
+    return any(pair == (".deployctl", AGENT_DIR) for pair in pairwise(parts))
 
 
 def assert_homes_unchanged(before: dict[str, tuple[Any, ...]], lab: SSHLab) -> None:
@@ -61,7 +64,7 @@ def assert_homes_unchanged(before: dict[str, tuple[Any, ...]], lab: SSHLab) -> N
 
     A refused launch may leave deployctl's own empty folders (~/.deployctl, the log folder)
     behind: preflight creates them to take the host lock and to test the log folder. A command
-    that reached a host may leave deployctl's host agent there (~/.deployctl/agent/<sha256>.py):
+    that reached a host may leave deployctl's host agent there (~/.deployctl/agent/<sha256>/):
     a copy of deployctl's own code, kept so that it is not sent again.
     """
     after = home_snapshot(lab)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -71,7 +72,7 @@ def test_a_group_launches_to_ready_with_its_ranks_and_one_init_address(
 ) -> None:
     inv = group_inventory(hosts, tmp_path, names)
     code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    assert code == 0, (err, doc)
     entries = node_entries(doc, names)
     assert {n: e["state"] for n, e in entries.items()} == dict.fromkeys(names, "ready")
     assert {e["run"] for e in entries.values()} == {"kimi_baseline_v1"}
@@ -176,7 +177,10 @@ def test_watch_restarts_the_whole_group_when_one_node_dies(
     inv, doc = launched_group(hosts, cli, tmp_path, names)
     os.killpg(node_entries(doc, names)["bravo"]["pid"], signal.SIGKILL)
     text, err = watch_until(cli, inv, "restarted as")
-    assert "kimi (alpha, bravo): kimi_baseline_v1 crashed on bravo" in text, text + err
+    # Alpha's rank may die of bravo's death before the round that sees it (as NCCL peers do).
+    assert re.search(r"kimi \(alpha, bravo\): kimi_baseline_v1 crashed on (alpha, )?bravo", text), (
+        text + err
+    )
     assert "kimi (alpha, bravo): restarted as kimi_baseline_v2: ready" in text
     for name in names:
         logs = sorted(p.name for p in (hosts.hosts[name].home / "logs").iterdir())
