@@ -14,6 +14,7 @@ from typing import cast
 from .files import read_bytes, read_json, state_path, write_atomic, write_json
 from .locks import release_lock, take_lock
 from .patches import cmd_probe
+from .processes import process_starttime, run_members
 from .protocol import (
     POINTER,
     JobInfo,
@@ -41,7 +42,14 @@ from .protocol import (
     poll_args as protocol_poll_args,
 )
 from .sglang_options import argv_check
-from .slurm_jobs import SLURM_QUERY_EVERY, job_alive, query_job, remember_job, stop_job, submit_job
+from .slurm_jobs import (
+    SLURM_QUERY_EVERY,
+    job_alive,
+    query_job,
+    remember_job,
+    stop_job_run,
+    submit_job,
+)
 
 LOG_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.log\Z")
 RUN_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.json\Z")
@@ -127,47 +135,6 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
         ),
         "sbatch": shutil.which("sbatch"),
     }
-
-
-def stat_fields(pid: int | str) -> list[bytes] | None:
-    """/proc/PID/stat after the command name: [state, ppid, pgrp, session, …]; None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def process_starttime(pid: int) -> int | None:
-    fields = stat_fields(pid)
-    return None if fields is None else int(fields[19])
-
-
-def process_group(pgid: int, sid: int) -> list[int]:
-    """PIDs whose process group and session are the run's (never anyone else's)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        fields = stat_fields(entry)
-        if fields and int(fields[2]) == pgid and int(fields[3]) == sid and fields[0] != b"Z":
-            members.append(int(entry))
-    return sorted(members)
-
-
-def run_members(run: PollArgs | RunRecord) -> list[int]:
-    """The run's live processes; none when its leader's PID now names another process.
-
-    While any process of the run is left, Linux does not give its group id (the leader's
-    PID) to a new process; so a process with that PID and another start time means the
-    whole run is gone, and what shares that group now belongs to someone else.
-    """
-    recorded = run.get("starttime")
-    if recorded is not None:
-        now = process_starttime(run["pgid"])
-        if now is not None and now != recorded:
-            return []
-    return process_group(run["pgid"], run["sid"])
 
 
 def cmd_start(args: StartArgs) -> StartReply:
@@ -434,21 +401,6 @@ def cmd_stop(args: StopArgs) -> StopReply:
         write_json(record, run)
     left = run_members(run)
     return {"run": run, "ended": members, "killed": killed, "left": left, "job": None}
-
-
-def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
-    """cmd_stop for a run that is a Slurm job: scancel, then the record as cmd_stop keeps it."""
-    record = state_path(state_dir, "runs", run["id"] + ".json")
-    was = query_job(run["job"]["id"], run["job"])
-    if job_alive(was) and run["status"] == "running":
-        run = cast(RunRecord, dict(run, stop_requested_at=time.time(), job=was))
-        write_json(record, run, mode=0o600)
-    job = stop_job(state_dir, run, timeout) if job_alive(was) else was
-    run = cast(RunRecord, dict(current_run(state_dir, run["id"]) or run, job=job))
-    if run["status"] == "running":
-        run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
-    write_json(record, run, mode=0o600)
-    return {"run": run, "ended": [], "killed": [], "left": [], "job": job}
 
 
 def cmd_point(args: PointArgs) -> PointReply:

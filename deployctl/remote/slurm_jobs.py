@@ -10,7 +10,7 @@ import time
 from typing import cast
 
 from .files import fail, read_json, state_path, write_atomic, write_json
-from .protocol import ACTIVE_JOB_STATES, JobInfo, RunRecord, StartArgs
+from .protocol import ACTIVE_JOB_STATES, JobInfo, RunRecord, StartArgs, StopReply
 
 SQUEUE_FORMAT = "%i|%T|%r|%N|%L"
 # The longest a query of slurmctld may take before the job's state counts as unknown.
@@ -206,3 +206,18 @@ def stop_job(state_dir: str, run: RunRecord, timeout: float) -> JobInfo:
         job = query_job(job["id"], job)
     remember_job(state_dir, run["id"], job)
     return job
+
+
+def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
+    """cmd_stop for a run that is a Slurm job: scancel, then the record as cmd_stop keeps it."""
+    record = state_path(state_dir, "runs", run["id"] + ".json")
+    was = query_job(run["job"]["id"], run["job"])
+    if job_alive(was) and run["status"] == "running":
+        run = cast(RunRecord, dict(run, stop_requested_at=time.time(), job=was))
+        write_json(record, run, mode=0o600)
+    job = stop_job(state_dir, run, timeout) if job_alive(was) else was
+    run = cast(RunRecord, dict(read_json(record) or run, job=job))
+    if run["status"] == "running":
+        run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
+    write_json(record, run, mode=0o600)
+    return {"run": run, "ended": [], "killed": [], "left": [], "job": job}
