@@ -1,10 +1,16 @@
-"""A run as a process group on this host: its members, found through /proc."""
+"""The process launcher's host side: a run is a process group started here (its own
+session), found through /proc, ended by signals."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
+from typing import cast
 
-from .protocol import PollArgs, RunRecord
+from .files import state_path, write_json
+from .protocol import JobInfo, LeaderIdentity, PollArgs, RunRecord, StartArgs, StopReply
 
 
 def stat_fields(pid: int | str) -> list[bytes] | None:
@@ -46,3 +52,83 @@ def run_members(run: PollArgs | RunRecord) -> list[int]:
         if now is not None and now != recorded:
             return []
     return process_group(run["pgid"], run["sid"])
+
+
+class ProcessWatch:
+    """One poll's look at a process run: its group's members, at its `bind_host`."""
+
+    def __init__(self, args: PollArgs) -> None:
+        self.args = args
+        self.job: JobInfo | None = None
+
+    def look(self) -> tuple[list[int], bool, str, bool]:
+        """Its members, whether it lives, where it answers, whether it may serve now."""
+        members = run_members(self.args)
+        return members, bool(members), self.args["bind_host"], bool(members)
+
+    def end(self) -> None:
+        """Nothing to keep: the processes are the record."""
+
+
+class ProcessLauncher:
+    """Servers as process groups on this host (`launcher: ssh`)."""
+
+    def facts(self) -> dict[str, object]:
+        return {}
+
+    def start(self, args: StartArgs, run_id: str, log_path: str, log_fd: int) -> RunRecord:
+        """Start the command detached in its own session, logging to `log_fd`."""
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", "exec " + args["command"]],
+            stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True, cwd=os.path.expanduser("~"),
+            env={**os.environ, **args["env"]},
+        )  # fmt: skip
+        os.close(log_fd)
+        identity: LeaderIdentity = {}
+        starttime = process_starttime(proc.pid)
+        if starttime is not None:
+            identity["starttime"] = starttime
+        return cast(RunRecord, {
+            **args["run"],
+            **identity,
+            "id": run_id,
+            "log": log_path,
+            "pid": proc.pid,
+            "pgid": proc.pid,
+            "sid": proc.pid,
+            "started_at": time.time(),
+            "status": "running",
+        })  # fmt: skip
+
+    def watch(self, args: PollArgs) -> ProcessWatch:
+        return ProcessWatch(args)
+
+    def liveness(self, run: RunRecord) -> tuple[list[int], bool, str | None]:
+        """Its members, whether it lives, and its job (none)."""
+        members = run_members(run)
+        return members, bool(members), None
+
+    def stop(self, state_dir: str, run: RunRecord, timeout: float) -> StopReply:
+        """SIGTERM the run's process group, SIGKILL what is left after the timeout."""
+        members = run_members(run)
+        killed: list[int] = []
+        record = state_path(state_dir, "runs", run["id"] + ".json")
+        if members and run["status"] == "running":
+            run = cast(RunRecord, dict(run, stop_requested_at=time.time()))
+            write_json(record, run)
+        if members:
+            os.killpg(run["pgid"], signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while run_members(run) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            killed = run_members(run)
+            if killed:
+                os.killpg(run["pgid"], signal.SIGKILL)
+                while run_members(run) and time.monotonic() < deadline + 10:
+                    time.sleep(0.05)
+        if run["status"] == "running":
+            run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
+            write_json(record, run)
+        left = run_members(run)
+        return {"run": run, "ended": members, "killed": killed, "left": left, "job": None}
