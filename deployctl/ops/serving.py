@@ -18,6 +18,7 @@ from deployctl.errors import DeployctlError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet
 from deployctl.inventory import MASK, Host
+from deployctl.launchers import launcher_of
 from deployctl.ops.plan import Plan
 from deployctl.ops.router import registered_url
 from deployctl.ops.runs import DEFAULT_STOP_TIMEOUT, Replacement, RunStatus, end_run, replace
@@ -49,8 +50,8 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
     )
     # The run's own GPUs, which its recorded environment pins it to, whatever the inventory
     # says now.
-    # A Slurm job's GPUs are its nodes', never the login node's.
-    pinned = {} if "job" in status.run else {"gpus": status.run.get("gpus")}
+    # A job's GPUs are its nodes', never the login node's.
+    pinned = {"gpus": status.run.get("gpus")} if launcher_of(status.run).checks_host else {}
     recorded = Host(host.name, {**host.vars, **pinned}, host.deployment)
     return Plan(recorded, rendered, sets_for_flags(argv, patch_sets))
 
