@@ -97,6 +97,16 @@ class Launcher(Protocol):
         """What the launcher itself needs of the host and the settings."""
         ...
 
+    def answers_at(self, run: Mapping[str, Any], job: JobInfo | None) -> str:
+        """Where the run's server answers, from the host that launched it ("": not known
+        yet, a job not placed)."""
+        ...
+
+    def head(self, job: JobInfo | None) -> str:
+        """The address its router reaches it at when that is not the host's ("": the
+        host's, or `worker_url`)."""
+        ...
+
     def handle(self, run: Mapping[str, Any]) -> str:
         """How people find a run: `pid 4321`, `job 1234`."""
         ...

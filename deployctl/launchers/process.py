@@ -50,6 +50,12 @@ class ProcessLauncher:
     def preflight(self, host: Host, tp: int, bind_host: str, reply: PreflightReply) -> Findings:
         return Findings()  # the host's GPUs and ports: checks_host
 
+    def answers_at(self, run: Mapping[str, Any], job: JobInfo | None) -> str:
+        return str(run["bind_host"])
+
+    def head(self, job: JobInfo | None) -> str:
+        return ""
+
     def handle(self, run: Mapping[str, Any]) -> str:
         return f"pid {run['pid']}"
 

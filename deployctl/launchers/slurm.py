@@ -11,7 +11,7 @@ from deployctl import slurm
 from deployctl.deployments import is_loopback
 from deployctl.inventory import Host
 from deployctl.launchers.base import Findings, LaunchKind, Lease
-from deployctl.remote.protocol import JobInfo, PreflightReply
+from deployctl.remote.protocol import JobInfo, PreflightReply, answers_at
 from deployctl.settings import Settings
 
 
@@ -73,6 +73,12 @@ class SlurmJobLauncher:
                 f"{slurm.gpus_per_node(host.settings, tp)} GPUs (slurm_gpus_per_node)"
             )
         return found
+
+    def answers_at(self, run: Mapping[str, Any], job: JobInfo | None) -> str:
+        return answers_at(str(run["bind_host"]), job)  # at its head node, once placed
+
+    def head(self, job: JobInfo | None) -> str:
+        return job["head"] if job is not None else ""
 
     def handle(self, run: Mapping[str, Any]) -> str:
         job = run["job"]

@@ -26,6 +26,7 @@ from deployctl.errors import DeployctlError, PatchError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
+from deployctl.launchers import launcher_of
 from deployctl.ops.driver import drive
 from deployctl.ops.patch import PatchAction, apply_patches, patch_facts, revert_patches, set_state
 from deployctl.ops.plan import Plan, Role
@@ -51,7 +52,6 @@ from deployctl.ops.runs import (
 )
 from deployctl.ops.serving import capture, relaunch
 from deployctl.patchset import PatchSet, select_sets
-from deployctl.remote.protocol import job_head
 from deployctl.shell import split
 
 
@@ -100,8 +100,10 @@ class UnitPlan:
     @property
     def head(self) -> str:
         """The head node of the Slurm job its current run is; "" for a process on its host."""
-        job = self.statuses[0].job if self.statuses else None
-        return job_head(job)
+        if not self.statuses:
+            return ""
+        first = self.statuses[0]
+        return launcher_of(first.run).head(first.job)
 
     @property
     def url(self) -> str:

@@ -28,7 +28,7 @@ from deployctl.errors import BusyError, DeployctlError, InventoryError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet
 from deployctl.inventory import Host
-from deployctl.launchers import launcher_for
+from deployctl.launchers import launcher_for, launcher_of
 from deployctl.ops.flags import ROUTER_MODULE
 from deployctl.remote.protocol import (
     HoldArgs,
@@ -36,7 +36,6 @@ from deployctl.remote.protocol import (
     RouterReply,
     RunRecord,
     StatusArgs,
-    job_head,
 )
 
 # Seconds a router may take to show an addition (healthy) or a removal in its list.
@@ -299,7 +298,7 @@ def _serving(worker: Host, conn: Connection) -> tuple[bool, str]:
     run = reply["run"]
     if run is None:
         return False, ""
-    head = job_head(reply["job"])
+    head = launcher_of(run).head(reply["job"])
     url = registered_url(worker, run, head)
     return bool(reply["alive"]) and reply["health"] == 200, url
 

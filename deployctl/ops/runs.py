@@ -66,7 +66,6 @@ from deployctl.remote.protocol import (
     StatusReply,
     StopArgs,
     StopReply,
-    job_head,
     poll_args,
 )
 from deployctl.text import plain
@@ -490,7 +489,7 @@ def launch(
     ready = [
         by_name[r.name] for r in outcomes if r.value is not None and r.value.state is RunState.READY
     ]
-    heads = {r.name: job_head(r.value.job) for r in outcomes if r.value}
+    heads = {r.name: launcher_of(r.value.run).head(r.value.job) for r in outcomes if r.value}
     registrations = register_ready(fleet, ready, events, heads)
     return LaunchReport(
         preflights, outcomes, refused=False, cleanup=cleanup, registrations=registrations
@@ -855,7 +854,7 @@ def stop_serving(
     if host.settings.router is not None and node_rank(host) == 0:
         # The URL the run was registered at: the inventory's may name another server now.
         recorded = recorded_run(host, conn)
-        head = job_head(recorded["job"])  # a job: at its head node
+        head = launcher_of(recorded["run"]).head(recorded["job"])  # a job: at its head node
         url = registered_url(host, recorded["run"], head) if recorded["run"] else ""
     removed = change_registration(fleet, host, add=False, head=head, url=url)
     drained = None

@@ -23,7 +23,7 @@ from deployctl.ops.plan import Plan
 from deployctl.ops.router import registered_url
 from deployctl.ops.runs import DEFAULT_STOP_TIMEOUT, Replacement, RunStatus, end_run, replace
 from deployctl.patchset import PatchSet, sets_for_flags
-from deployctl.remote.protocol import PointArgs, RunRecord, job_head
+from deployctl.remote.protocol import PointArgs, RunRecord
 from deployctl.render import RenderedCommand, command_secrets
 from deployctl.shell import split
 
@@ -99,7 +99,7 @@ def capture(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchSet]) -
     """The run `status` read on `host`, as what puts it back (DeployctlError: no recorded
     command to relaunch it with)."""
     assert status.run is not None
-    head = job_head(status.job)
+    head = launcher_of(status.run).head(status.job)
     return Serving(
         recorded_plan(host, status, patch_sets),
         status.run["id"],
