@@ -4,14 +4,14 @@ and its preflight `facts` — and this module is the one place that says which l
 run, a start or a poll is (SkyPilot's `sky/provision/__init__.py` routes the same way).
 
 A third launcher is a module beside `processes.py` and `slurm_jobs.py` with one class, and
-a line in each `*_of` below."""
+its entry in `LAUNCHERS`."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 from .processes import ProcessLauncher
-from .protocol import JobInfo, PollArgs, RunRecord, StartArgs, StopReply
+from .protocol import JobInfo, LiveRunOrigin, PollArgs, RunRecord, StartArgs, StopReply
 from .slurm_jobs import SlurmJobLauncher
 
 
@@ -24,35 +24,40 @@ class Watch(Protocol):
 
 
 class HostLauncher(Protocol):
+    def owns_run(self, run: RunRecord) -> bool: ...
+
+    def owns_start(self, args: StartArgs) -> bool: ...
+
+    def owns_poll(self, args: PollArgs) -> bool: ...
+
     def facts(self) -> dict[str, object]: ...
 
     def start(self, args: StartArgs, run_id: str, log_path: str, log_fd: int) -> RunRecord: ...
 
     def watch(self, args: PollArgs) -> Watch: ...
 
-    def liveness(self, run: RunRecord) -> tuple[list[int], bool, str | None]: ...
+    def liveness(self, run: RunRecord) -> tuple[list[int], bool, LiveRunOrigin]: ...
 
     def stop(self, state_dir: str, run: RunRecord, timeout: float) -> StopReply: ...
 
 
-PROCESS = ProcessLauncher()
-SLURM_JOB = SlurmJobLauncher()
-LAUNCHERS: tuple[HostLauncher, ...] = (PROCESS, SLURM_JOB)
+# The process launcher last: it claims whatever no other launcher does (older records too).
+LAUNCHERS: tuple[HostLauncher, ...] = (SlurmJobLauncher(), ProcessLauncher())
 
 
 def launcher_of(run: RunRecord) -> HostLauncher:
-    """The launcher that started a recorded run: a job's record names its job."""
-    return SLURM_JOB if "job" in run else PROCESS
+    """The launcher that started a recorded run."""
+    return next(launcher for launcher in LAUNCHERS if launcher.owns_run(run))
 
 
 def launcher_to_start(args: StartArgs) -> HostLauncher:
-    """The launcher a start asks for: a batch script is submitted, a command started here."""
-    return SLURM_JOB if args["batch"] is not None else PROCESS
+    """The launcher a start asks for."""
+    return next(launcher for launcher in LAUNCHERS if launcher.owns_start(args))
 
 
 def launcher_to_poll(args: PollArgs) -> HostLauncher:
-    """The launcher of the run a poll watches: a job's poll names its job."""
-    return SLURM_JOB if "job" in args else PROCESS
+    """The launcher of the run a poll watches."""
+    return next(launcher for launcher in LAUNCHERS if launcher.owns_poll(args))
 
 
 def preflight_facts() -> dict[str, object]:

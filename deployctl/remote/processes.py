@@ -10,7 +10,15 @@ import time
 from typing import cast
 
 from .files import state_path, write_json
-from .protocol import JobInfo, LeaderIdentity, PollArgs, RunRecord, StartArgs, StopReply
+from .protocol import (
+    JobInfo,
+    LeaderIdentity,
+    LiveRunOrigin,
+    PollArgs,
+    RunRecord,
+    StartArgs,
+    StopReply,
+)
 
 
 def stat_fields(pid: int | str) -> list[bytes] | None:
@@ -71,7 +79,17 @@ class ProcessWatch:
 
 
 class ProcessLauncher:
-    """Servers as process groups on this host (`launcher: ssh`)."""
+    """Servers as process groups on this host (`launcher: ssh`): registered last, it owns
+    every run, start and poll no other launcher claims."""
+
+    def owns_run(self, run: RunRecord) -> bool:
+        return True
+
+    def owns_start(self, args: StartArgs) -> bool:
+        return True
+
+    def owns_poll(self, args: PollArgs) -> bool:
+        return True
 
     def facts(self) -> dict[str, object]:
         return {}
@@ -104,10 +122,10 @@ class ProcessLauncher:
     def watch(self, args: PollArgs) -> ProcessWatch:
         return ProcessWatch(args)
 
-    def liveness(self, run: RunRecord) -> tuple[list[int], bool, str | None]:
-        """Its members, whether it lives, and its job (none)."""
+    def liveness(self, run: RunRecord) -> tuple[list[int], bool, LiveRunOrigin]:
+        """Its members, whether it lives, and what a live run says besides (nothing)."""
         members = run_members(run)
-        return members, bool(members), None
+        return members, bool(members), {}
 
     def stop(self, state_dir: str, run: RunRecord, timeout: float) -> StopReply:
         """SIGTERM the run's process group, SIGKILL what is left after the timeout."""

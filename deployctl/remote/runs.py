@@ -264,7 +264,7 @@ def live_runs(state_dir: str) -> list[LiveRun]:
         run = current_run(state_dir, deployment=deployment)
         if not run or run["status"] != "running":
             continue
-        members, alive, job = launcher_of(run).liveness(run)
+        members, alive, said = launcher_of(run).liveness(run)
         if alive:
             live: LiveRun = {
                 "id": run["id"],
@@ -274,9 +274,8 @@ def live_runs(state_dir: str) -> list[LiveRun]:
                 "port": run["port"],
                 "members": members,
                 "origin": run.get("origin"),
+                **said,  # a job's id
             }
-            if job is not None:
-                live["job"] = job
             found.append(live)
     return found
 

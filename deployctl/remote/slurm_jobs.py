@@ -15,6 +15,7 @@ from .files import fail, read_json, state_path, write_atomic, write_json
 from .protocol import (
     ACTIVE_JOB_STATES,
     JobInfo,
+    LiveRunOrigin,
     PollArgs,
     RunRecord,
     StartArgs,
@@ -278,6 +279,15 @@ def _changed(before: JobInfo | None, now: JobInfo) -> bool:
 class SlurmJobLauncher:
     """Servers as Slurm batch jobs from this login node (`launcher: slurm`)."""
 
+    def owns_run(self, run: RunRecord) -> bool:
+        return "job" in run  # a job's record names its job
+
+    def owns_start(self, args: StartArgs) -> bool:
+        return args["batch"] is not None  # a batch script to submit
+
+    def owns_poll(self, args: PollArgs) -> bool:
+        return "job" in args  # a job's poll names it
+
     def facts(self) -> dict[str, object]:
         return {"sbatch": shutil.which("sbatch")}
 
@@ -288,10 +298,10 @@ class SlurmJobLauncher:
     def watch(self, args: PollArgs) -> JobWatch:
         return JobWatch(args)
 
-    def liveness(self, run: RunRecord) -> tuple[list[int], bool, str | None]:
-        """Its members (none here: they are on its nodes), whether it lives, its job's id."""
+    def liveness(self, run: RunRecord) -> tuple[list[int], bool, LiveRunOrigin]:
+        """Its members (none here: they are on its nodes), whether it lives, its job."""
         job = query_job(run["job"]["id"], run["job"])
-        return [], job_alive(job), job["id"]
+        return [], job_alive(job), {"job": job["id"]}
 
     def stop(self, state_dir: str, run: RunRecord, timeout: float) -> StopReply:
         return stop_job_run(state_dir, run, timeout)
