@@ -54,12 +54,19 @@ def names_one_launcher(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id in LAUNCHER_CLASSES
 
 
+def is_launch_kind(node: ast.AST) -> bool:
+    """`LaunchKind.X`: asks something only in a comparison (a default names one, asking none)."""
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in LAUNCHER_KINDS
+    )
+
+
 def is_kind_of_launcher(node: ast.AST) -> bool:
-    """`LaunchKind.X`, `<…launcher…>.kind`, `settings.launcher`."""
+    """`<…launcher…>.kind`, `settings.launcher`: which launcher it is."""
     if not isinstance(node, ast.Attribute):
         return False
-    if isinstance(node.value, ast.Name) and node.value.id in LAUNCHER_KINDS:
-        return True
     if node.attr == "kind" and "launcher" in ast.unparse(node.value):
         return True
     return node.attr == "launcher" and "settings" in ast.unparse(node.value)
@@ -76,7 +83,8 @@ def questions(tree: ast.AST) -> list[tuple[int, str]]:
             operands = [node.left, *node.comparators]
             membership = any(isinstance(op, ast.In | ast.NotIn) for op in node.ops)
             asks_key = isinstance(node.left, ast.Constant) and node.left.value == "job"
-            if (membership and asks_key) or any(is_job_value(o) for o in operands):
+            asks_kind = any(is_job_value(o) or is_launch_kind(o) for o in operands)
+            if (membership and asks_key) or asks_kind:
                 found.append(node)
         elif isinstance(node, ast.If | ast.IfExp | ast.While | ast.Assert):
             tests.append(node.test)
@@ -120,13 +128,18 @@ def test_the_count_sees_each_kind_of_question() -> None:
         "ok = [r for r in rs if r.value.job]",
         'job = run.get("job") or None',
         "if plan.launcher.kind is LaunchKind.SLURM_JOB: pass",
+        "slurm = kind == LaunchKind.SLURM_JOB",
         'if host.settings.launcher == "slurm": pass',
         "if isinstance(launcher, SlurmJobLauncher): pass",
     ]
     for code in branches:
         assert questions(ast.parse(code)), code
     # Reading the launcher's verbs, or passing a job along, asks nothing.
-    calm = ["pinned = plan.launcher.host_gpus(host)", 'head = job_head(reply["job"])']
+    calm = [
+        "pinned = plan.launcher.host_gpus(host)",
+        'head = job_head(reply["job"])',
+        "default = LaunchKind.PROCESS",
+    ]
     for code in calm:
         assert not questions(ast.parse(code)), code
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from deployctl.launchers.base import Findings, Launcher, LaunchKind, Lease
+from deployctl.choices import LaunchKind
+from deployctl.launchers.base import Findings, Launcher, Lease, ServerCommand
 from deployctl.launchers.process import ProcessLauncher
 from deployctl.launchers.slurm import SlurmJobLauncher
 from deployctl.settings import Settings
@@ -20,6 +21,7 @@ __all__ = [
     "LaunchKind",
     "Launcher",
     "Lease",
+    "ServerCommand",
     "launcher_for",
     "launcher_of",
 ]

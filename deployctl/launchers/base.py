@@ -1,4 +1,5 @@
-"""The launcher seam's declarations: the kinds of launcher and the verbs each one answers.
+"""The launcher seam's declarations: the verbs each launcher answers (which launcher a host
+uses is a user's choice, `choices.LaunchKind`).
 
 A launcher is how a deployment's server starts and ends: a process group on the host over
 SSH, or a Slurm job from a login node. Everything that differs between them is a verb here;
@@ -9,19 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol
 
+from deployctl.choices import LaunchKind
 from deployctl.inventory import Host
 from deployctl.remote.protocol import JobInfo, PreflightReply
 from deployctl.settings import Settings
 
 
-class LaunchKind(StrEnum):
-    """How a deployment's server starts: the inventory's `launcher` setting."""
+@dataclass(frozen=True)
+class ServerCommand:
+    """The server's command as a launcher wraps it (the real one, or the one people see)."""
 
-    PROCESS = "ssh"  # a process group on the host, started over SSH
-    SLURM_JOB = "slurm"  # a batch job submitted from the host, a Slurm login node
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    tp: int
+    port: int
+    bind_host: str
 
 
 @dataclass
@@ -78,17 +83,7 @@ class Launcher(Protocol):
         a value)."""
         ...
 
-    def script(
-        self,
-        settings: Settings,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        *,
-        tp: int,
-        port: int,
-        bind_host: str,
-        max_used_mib: int,
-    ) -> str | None:
+    def script(self, settings: Settings, server: ServerCommand, max_used_mib: int) -> str | None:
         """The command wrapper the host is given (a batch script); None: the command runs
         as it is."""
         ...

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from deployctl.choices import LaunchKind
 from deployctl.deployments import gpu_set
 from deployctl.inventory import Host
-from deployctl.launchers.base import Findings, LaunchKind, Lease
+from deployctl.launchers.base import Findings, Lease, ServerCommand
 from deployctl.remote.protocol import JobInfo, PreflightReply
 from deployctl.settings import Settings
 
@@ -34,17 +35,7 @@ class ProcessLauncher:
     def checked_form(self, argv: Sequence[str]) -> list[str]:
         return list(argv)
 
-    def script(
-        self,
-        settings: Settings,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        *,
-        tp: int,
-        port: int,
-        bind_host: str,
-        max_used_mib: int,
-    ) -> str | None:
+    def script(self, settings: Settings, server: ServerCommand, max_used_mib: int) -> str | None:
         return None
 
     def preflight(self, host: Host, tp: int, bind_host: str, reply: PreflightReply) -> Findings:

@@ -8,9 +8,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deployctl import slurm
+from deployctl.choices import LaunchKind
 from deployctl.deployments import is_loopback
 from deployctl.inventory import Host
-from deployctl.launchers.base import Findings, LaunchKind, Lease
+from deployctl.launchers.base import Findings, Lease, ServerCommand
 from deployctl.remote.protocol import JobInfo, PreflightReply, answers_at
 from deployctl.settings import Settings
 
@@ -36,20 +37,11 @@ class SlurmJobLauncher:
     def checked_form(self, argv: Sequence[str]) -> list[str]:
         return slurm.checked_form(argv)
 
-    def script(
-        self,
-        settings: Settings,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        *,
-        tp: int,
-        port: int,
-        bind_host: str,
-        max_used_mib: int,
-    ) -> str | None:
+    def script(self, settings: Settings, server: ServerCommand, max_used_mib: int) -> str | None:
         return slurm.batch_script(
-            settings, argv, env, tp=tp, port=port, bind_host=bind_host, max_used_mib=max_used_mib
-        )
+            settings, server.argv, server.env, tp=server.tp, port=server.port,
+            bind_host=server.bind_host, max_used_mib=max_used_mib,
+        )  # fmt: skip
 
     def preflight(self, host: Host, tp: int, bind_host: str, reply: PreflightReply) -> Findings:
         """What a Slurm job needs of its login node and its settings."""

@@ -29,7 +29,7 @@ from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, attempt
 from deployctl.inventory import Host
-from deployctl.launchers import Launcher, launcher_for, launcher_of
+from deployctl.launchers import Launcher, ServerCommand, launcher_for, launcher_of
 from deployctl.ops.flags import FlagReport, checked_argv, flag_report, runs_router
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
@@ -186,15 +186,14 @@ class Plan:
         """What the launcher is given instead of the command (a job's batch script): shown
         masked, or real for the host; None: the command runs as it is."""
         rendered = self.rendered
-        return self.launcher.script(
-            self.host.settings,
+        server = ServerCommand(
             rendered.argv_shown if masked else rendered.argv,
             rendered.env_shown if masked else rendered.env,
-            tp=self.tp,
-            port=self.port,
-            bind_host=self.bind_host,
-            max_used_mib=max_used_mib,
+            self.tp,
+            self.port,
+            self.bind_host,
         )
+        return self.launcher.script(self.host.settings, server, max_used_mib)
 
     @property
     def role(self) -> Role:
