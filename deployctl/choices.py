@@ -32,6 +32,14 @@ class BenchTool(StrEnum):
     SGLANG = "sglang"  # SGLang's serving benchmark on the host
 
 
+class LaunchKind(StrEnum):
+    """How a deployment's servers start (the `launcher` setting); each is a launcher of
+    deployctl/launchers/."""
+
+    PROCESS = "ssh"  # a process group on the host, started over SSH
+    SLURM_JOB = "slurm"  # a batch job submitted from the host, a Slurm login node
+
+
 def spelled(choice: type[StrEnum]) -> str:
     """The choices as a sentence says them: `patch or adaptive`."""
     values = [str(c) for c in choice]

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployctl import slurm
 from deployctl.choices import ThresholdMode, spelled
 from deployctl.deployments import server_env
 from deployctl.errors import TemplateError, UsageError
@@ -22,6 +21,7 @@ from deployctl.inventory import (
     mask_values,
     secret_values,
 )
+from deployctl.launchers import launcher_for
 from deployctl.settings import PREFIX, Settings, overlay
 from deployctl.shell import join, quote, split
 
@@ -186,10 +186,11 @@ class TemplateSet:
         self.check(host, template)
         where = f"host {host.label}"
         variables = Settings(overlay(host.vars, overrides or {}, where), where).context()
+        settings = Settings(variables, where)
         context = {
             **variables,
-            # A multi-node Slurm job's rank and meeting point, read inside its steps.
-            **slurm.template_context(Settings(variables, where)),
+            # What the launcher fills in (a multi-node job's rank and meeting point).
+            **launcher_for(settings).template_context(settings),
             "inventory_hostname": host.name,
             "deployment": host.deployment,
             "template": template,

@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deployctl.choices import ThresholdMode, spelled
+from deployctl.choices import LaunchKind, ThresholdMode, spelled
 from deployctl.errors import InventoryError
 from deployctl.text import is_number
 
@@ -214,9 +214,9 @@ _DECLARED = [
         "launcher",
         str,
         "how servers start: `ssh` (a process on the host) or `slurm` (a job from this login node)",
-        "ssh",
-        choices=("ssh", "slurm"),
-        wanted="ssh or slurm",
+        LaunchKind.PROCESS,
+        choices=tuple(LaunchKind),
+        wanted=spelled(LaunchKind),
     ),
     Setting("slurm_partition", str, "the job's partition (`#SBATCH --partition`)", **_ONE_WORD),
     Setting("slurm_account", str, "the job's account", **_ONE_WORD),

@@ -19,6 +19,7 @@ from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult
 from deployctl.inventory import Host
+from deployctl.launchers import launcher_of
 from deployctl.ops.runs import recorded_run
 from deployctl.patchset import speculates
 from deployctl.remote.protocol import (
@@ -27,7 +28,6 @@ from deployctl.remote.protocol import (
     BenchResultsArgs,
     BenchResultsReply,
     BenchSaveArgs,
-    answers_at,
 )
 from deployctl.shell import split
 
@@ -130,7 +130,7 @@ def run_bench(
         )
         level_args: BenchArgs = {
             # A Slurm job serves on its head node: the load goes there from the login node.
-            "bind_host": answers_at(run["bind_host"], status["job"]),
+            "bind_host": launcher_of(run).answers_at(run, status["job"]),
             "port": run["port"],
             "concurrency": concurrency,
             "prompts": plan.prompts_for(concurrency),

@@ -12,24 +12,24 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import partial
 from typing import Any
 
-from deployctl import agent, slurm
+from deployctl import agent
 from deployctl.choices import ThresholdMode
 from deployctl.connection import Connection
 from deployctl.deployments import (
     GroupKey,
     describe_gpus,
-    gpu_set,
     group_of,
-    is_loopback,
     node_rank,
 )
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, attempt
 from deployctl.inventory import Host
+from deployctl.launchers import Launcher, ServerCommand, launcher_for, launcher_of
 from deployctl.ops.flags import FlagReport, checked_argv, flag_report, runs_router
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
@@ -115,8 +115,9 @@ def render_commands(
                     problems[0],
                     hint="change the template's values with --set, e.g. --set speculative_eagle_topk=1",
                 )
-        if host.settings.slurm:  # what sbatch is given, shown wherever the command is
-            script = Plan(host, rendered, []).batch_script(masked=True)
+        # What the launcher is given (a batch script), shown wherever the command is.
+        script = Plan(host, rendered, []).batch_script(masked=True)
+        if script is not None:
             rendered = dataclasses.replace(rendered, job_script=script)
         return rendered
 
@@ -135,6 +136,14 @@ def number_problems(host: Host, argv: Sequence[str]) -> list[str]:
         if value is not None and not (is_number(value) and int(value) >= 1):
             problems.append(f"{flag} {value!r} is not a number of GPUs")
     return problems
+
+
+class Role(StrEnum):
+    """What a plan's command serves, whichever launcher starts it (`Plan.launcher`): the
+    two are orthogonal, a router may run as a process or as a job."""
+
+    SERVER = "server"  # an SGLang server: GPUs, SGLang flags checked
+    ROUTER = "router"  # SGLang's router: no GPU, no SGLang flags, a Prometheus port of its own
 
 
 @dataclass
@@ -164,35 +173,36 @@ class Plan:
     @property
     def local_tp(self) -> int:
         """The GPUs this host gives the server: its share of the tensor parallelism."""
-        return 0 if self.is_router or self.is_job else self.tp // self.host.settings.nnodes
+        if self.role is Role.ROUTER:
+            return 0
+        return self.launcher.host_share(self.tp, self.host.settings.nnodes)
 
     @property
-    def is_job(self) -> bool:
-        """A Slurm job from this login node: its GPUs and ports are on nodes Slurm picks."""
-        return self.host.settings.slurm
+    def launcher(self) -> Launcher:
+        """How the server starts (`launcher`): a process on the host, a Slurm job, …"""
+        return launcher_for(self.host.settings)
 
-    def batch_script(self, masked: bool, max_used_mib: int = DEFAULT_MAX_USED_MIB) -> str:
-        """The job's batch script (a job's plan only): shown masked, or real for sbatch."""
+    def batch_script(self, masked: bool, max_used_mib: int = DEFAULT_MAX_USED_MIB) -> str | None:
+        """What the launcher is given instead of the command (a job's batch script): shown
+        masked, or real for the host; None: the command runs as it is."""
         rendered = self.rendered
-        return slurm.batch_script(
-            self.host.settings,
+        server = ServerCommand(
             rendered.argv_shown if masked else rendered.argv,
             rendered.env_shown if masked else rendered.env,
-            tp=self.tp,
-            port=self.port,
-            bind_host=self.bind_host,
-            max_used_mib=max_used_mib,
+            self.tp,
+            self.port,
+            self.bind_host,
         )
+        return self.launcher.script(self.host.settings, server, max_used_mib)
 
     @property
-    def is_router(self) -> bool:
-        """SGLang's router: no GPU, no SGLang flags to check, a Prometheus port of its own."""
-        return runs_router(self.rendered.argv)
+    def role(self) -> Role:
+        return Role.ROUTER if runs_router(self.rendered.argv) else Role.SERVER
 
     @property
     def extra_ports(self) -> dict[int, str]:
         """The ports it listens on besides its server port, and what each is for."""
-        if self.is_router:
+        if self.role is Role.ROUTER:
             return {
                 self.host.settings.router_metrics_port: "router_metrics_port, its Prometheus port"
             }
@@ -213,7 +223,7 @@ class Plan:
     def gpus(self) -> list[int] | None:
         """The GPUs the server may use (None: all of the host's; a router, or a job whose
         GPUs are on its nodes: none of this host's)."""
-        return [] if self.is_router or self.is_job else gpu_set(self.host)
+        return [] if self.role is Role.ROUTER else self.launcher.host_gpus(self.host)
 
     @property
     def launch_module(self) -> str | None:
@@ -277,8 +287,8 @@ def preflight_args(
         "client": client_identity("launch", hold_for),
         "break_lock": break_lock,
         "server_argv": None
-        if plan.is_router
-        else checked_argv(host, slurm.checked_form(plan.rendered.argv)),
+        if plan.role is Role.ROUTER
+        else checked_argv(host, plan.launcher.checked_form(plan.rendered.argv)),
     }
 
 
@@ -346,22 +356,25 @@ def run_preflight(
             f"another deployctl {holder.get('op', 'operation')} is in progress on {host.name} "
             f"(pid {holder.get('pid')} on {holder.get('host')})"
         )
-    if plan.is_job:  # its nodes' GPUs and ports are checked by the job itself
-        job_problems(plan, doc["sbatch"], problems, hints, result.warnings)
-    elif not replacing:
+    own = plan.launcher.preflight(host, plan.tp, plan.bind_host, doc)
+    problems += own.problems
+    hints += own.hints
+    result.warnings += own.warnings
+    checks_host = plan.launcher.checks_host
+    if checks_host and not replacing:
         gpus = outputs["gpus"]
         try:
             state = parse_gpus_command(gpus.exit_code, gpus.output, gpus.stderr)
         except DeployctlError as exc:
-            if not plan.is_router:  # a router needs no GPU, nor nvidia-smi
+            if plan.role is not Role.ROUTER:  # a router needs no GPU, nor nvidia-smi
                 problems.append(f"GPUs cannot be checked: {exc.message}")
             state = None
-        if state is not None and not plan.is_router:
+        if state is not None and plan.role is not Role.ROUTER:
             result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints)
     live = [r for r in doc["live_runs"] if r["id"] != beside]
     if not replacing:
         live_run_problems(plan, live, problems, hints)
-    if not plan.is_job and not replacing:
+    if checks_host and not replacing:
         for port, why in doc["busy_ports"].items():
             what = plan.extra_ports.get(int(port), "")
             problems.append(f"port {port} ({what}) is in use on {host.name} ({why})")
@@ -401,31 +414,6 @@ def run_preflight(
         )
     result.hints = list(dict.fromkeys(hints))  # two runs in the way: one hint
     return result
-
-
-def job_problems(
-    plan: Plan, sbatch: str | None, problems: list[str], hints: list[str], warnings: list[str]
-) -> None:
-    """What a Slurm job needs of its login node and its settings."""
-    host = plan.host
-    if sbatch is None:
-        problems.append(f"sbatch is not on the PATH of {host.name} (launcher: slurm)")
-        hints.append("run deployctl against a Slurm login node, or set launcher: ssh")
-    if is_loopback(plan.bind_host):
-        problems.append(
-            f"bind_host {plan.bind_host} is loopback: the server on its Slurm node could not "
-            f"be reached from {host.name}"
-        )
-        hints.append("set bind_host: 0.0.0.0 for deployments run as Slurm jobs")
-    nodes = host.settings.slurm_nodes
-    if plan.tp % nodes:
-        problems.append(f"tensor parallelism {plan.tp} is not divisible by its {nodes} nodes")
-        hints.append("tp is the total over all nodes, e.g. tp: 16 with slurm_nodes: 2")
-    if host.settings.given("gpus"):
-        warnings.append(
-            "gpus does not apply to a Slurm job: Slurm gives each node "
-            f"{slurm.gpus_per_node(host.settings, plan.tp)} GPUs (slurm_gpus_per_node)"
-        )
 
 
 def gpu_problems(
@@ -471,11 +459,12 @@ def live_run_problems(
     for run in live:
         if run["deployment"] == host.deployment:
             problems.append(
-                f"run {run['id']} ({slurm.run_handle(run)}) is still running on {host.name}"
+                f"run {run['id']} ({launcher_of(run).handle(run)}) is still running on {host.name}"
             )
             hints.append(f"stop it first (deployctl stop {select}), or launch with --replace")
             continue
-        if plan.is_job or "job" in run:  # Slurm places jobs: nothing of this host is shared
+        # A job's scheduler places it: nothing of this host is shared.
+        if not (plan.launcher.checks_host and launcher_of(run).checks_host):
             continue
         other = _deployment_words(run["deployment"])
         if shares_gpus(plan.gpus, run["gpus"]):

@@ -26,9 +26,10 @@ from deployctl.errors import DeployctlError, PatchError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
+from deployctl.launchers import launcher_of
 from deployctl.ops.driver import drive
 from deployctl.ops.patch import PatchAction, apply_patches, patch_facts, revert_patches, set_state
-from deployctl.ops.plan import Plan
+from deployctl.ops.plan import Plan, Role
 from deployctl.ops.router import (
     change_registration,
     registered_url,
@@ -51,7 +52,6 @@ from deployctl.ops.runs import (
 )
 from deployctl.ops.serving import capture, relaunch
 from deployctl.patchset import PatchSet, select_sets
-from deployctl.remote.protocol import job_head
 from deployctl.shell import split
 
 
@@ -100,8 +100,10 @@ class UnitPlan:
     @property
     def head(self) -> str:
         """The head node of the Slurm job its current run is; "" for a process on its host."""
-        job = self.statuses[0].job if self.statuses else None
-        return job_head(job)
+        if not self.statuses:
+            return ""
+        first = self.statuses[0]
+        return launcher_of(first.run).head(first.job)
 
     @property
     def url(self) -> str:
@@ -315,7 +317,7 @@ def plan_rollout(
         found.append(planned)
     # Routers last: their workers are replaced through them first, and a router's own
     # replacement (down meanwhile, as it has no router) comes once they are done.
-    return sorted(found, key=lambda u: u.plans[0].is_router)
+    return sorted(found, key=lambda u: u.plans[0].role is Role.ROUTER)
 
 
 # ---- replacing one unit ----------------------------------------------------------------
@@ -660,7 +662,7 @@ def rollout(
     # One change through a router at a time: a second one is refused before anything moves.
     changing = [u for u in unit_plans if u.changes and not u.blocked]
     routers = [u.router for u in changing if u.router is not None]
-    routers += [u.rank0 for u in changing if u.plans[0].is_router]
+    routers += [u.rank0 for u in changing if u.plans[0].role is Role.ROUTER]
     with router_locks(fleet, routers, options.what):
         driven = drive(
             [engine.run], 1, cancel,

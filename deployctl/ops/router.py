@@ -28,6 +28,7 @@ from deployctl.errors import BusyError, DeployctlError, InventoryError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet
 from deployctl.inventory import Host
+from deployctl.launchers import launcher_for, launcher_of
 from deployctl.ops.flags import ROUTER_MODULE
 from deployctl.remote.protocol import (
     HoldArgs,
@@ -35,7 +36,6 @@ from deployctl.remote.protocol import (
     RouterReply,
     RunRecord,
     StatusArgs,
-    job_head,
 )
 
 # Seconds a router may take to show an addition (healthy) or a removal in its list.
@@ -87,10 +87,10 @@ def worker_url(worker: Host, port: int | None = None, head: str = "") -> str:
     return f"http://{address or address_of(worker)}:{port or worker.settings.server_port}"
 
 
-def launch_url(worker: Host, port: int, job: bool) -> str:
+def launch_url(worker: Host, port: int, address_known: bool) -> str:
     """The URL a run keeps in its record when it starts: where its router will list it. A
     Slurm job's (without `worker_url`) depends on its head node: "" (known once it runs)."""
-    return "" if job and not worker.settings.worker_url else worker_url(worker, port)
+    return "" if not address_known and not worker.settings.worker_url else worker_url(worker, port)
 
 
 def registered_url(worker: Host, run: RunRecord, head: str = "") -> str:
@@ -113,7 +113,8 @@ def check_worker_urls(select: Select) -> None:
         for target in targets:
             if node_rank(target) != 0 or target.settings.router is None:
                 continue
-            if target.settings.slurm and not target.settings.worker_url:
+            known = launcher_for(target.settings).address_known_at_start
+            if not known and not target.settings.worker_url:
                 continue  # at its job's head node, which changes from job to job
             url = worker_url(target)
             other = seen.setdefault(url, target.label)
@@ -297,7 +298,7 @@ def _serving(worker: Host, conn: Connection) -> tuple[bool, str]:
     run = reply["run"]
     if run is None:
         return False, ""
-    head = job_head(reply["job"])
+    head = launcher_of(run).head(reply["job"])
     url = registered_url(worker, run, head)
     return bool(reply["alive"]) and reply["health"] == 200, url
 

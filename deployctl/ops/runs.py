@@ -40,9 +40,10 @@ from deployctl.fanout import (
     next_backoff,
 )
 from deployctl.inventory import Host, mask_log, secret_values
+from deployctl.launchers import launcher_of
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
-from deployctl.ops.plan import Plan, Preflight, release_lock, routing_problems, run_preflight
+from deployctl.ops.plan import Plan, Preflight, Role, release_lock, routing_problems, run_preflight
 from deployctl.ops.router import (
     Registration,
     RouterState,
@@ -65,10 +66,8 @@ from deployctl.remote.protocol import (
     StatusReply,
     StopArgs,
     StopReply,
-    job_head,
     poll_args,
 )
-from deployctl.slurm import WAITING_JOB_STATES, job_words, latest_start
 from deployctl.text import plain
 
 # Seconds a replaced run gets between SIGTERM and SIGKILL unless the caller says otherwise.
@@ -169,7 +168,7 @@ def start_run(
         "started_by": f"{getpass.getuser()}@{socket.gethostname()}",
         "restart_of": restart_of,
         "origin": origin,
-        "worker_url": launch_url(host, plan.port, plan.is_job),
+        "worker_url": launch_url(host, plan.port, plan.launcher.address_known_at_start),
     }
     args: StartArgs = {
         "state_dir": host.settings.state_dir,
@@ -182,7 +181,7 @@ def start_run(
         "run": run,
         "files": rendered.files,
         "lock_token": lock_token,
-        "batch": plan.batch_script(masked=False) if plan.is_job else None,
+        "batch": plan.batch_script(masked=False),
     }
     return agent.call(host, conn, agent.START, args)["run"]
 
@@ -274,6 +273,7 @@ def _wait_ready(
     secrets = log_secrets(host)
     backoff = 0.0  # > 0 while the connection is lost: the wait before the next try
     job: JobInfo | None = None
+    launcher = launcher_of(run)
     while True:
         try:
             doc = poll(host, conn, run, offset, POLL_WAIT if serves_api else NODE_POLL_WAIT)
@@ -311,7 +311,7 @@ def _wait_ready(
         if crashes and (doc["health"] != 200 or not serves_api):
             return Outcome(run, RunState.CRASHED, elapsed, scanner.reports, last_line, job=job)
         # A job's ready line is written on its node before the login node can reach it.
-        ready_line = job is None and any(READY_LINE in line for line in lines)
+        ready_line = launcher.trusts_ready_line and any(READY_LINE in line for line in lines)
         if serves_api and (doc["health"] == 200 or ready_line):
             return Outcome(
                 run, RunState.READY, elapsed, [], last_line, warnings=scanner.reports, job=job
@@ -319,10 +319,9 @@ def _wait_ready(
         if not doc["alive"]:
             crashes = scanner.finish() or scanner.reports
             state = RunState.STOPPED if was_stopped(host, conn, run) else RunState.DIED
-            note = job_words(job) if job is not None else ""
+            note = launcher.words(job)
             return Outcome(run, state, elapsed, crashes, last_line, note=note, job=job)
-        if job is not None and job["state"] == "PENDING":
-            last_line = job_words(job)
+        last_line = launcher.waiting_line(job) or last_line
         if group is not None and group.state is not None:
             if group.state is not Verdict.FAILED:  # a timeout leaves every node running
                 state = RunState(group.state.value)
@@ -490,7 +489,7 @@ def launch(
     ready = [
         by_name[r.name] for r in outcomes if r.value is not None and r.value.state is RunState.READY
     ]
-    heads = {r.name: job_head(r.value.job) for r in outcomes if r.value and r.value.job}
+    heads = {r.name: launcher_of(r.value.run).head(r.value.job) for r in outcomes if r.value}
     registrations = register_ready(fleet, ready, events, heads)
     return LaunchReport(
         preflights, outcomes, refused=False, cleanup=cleanup, registrations=registrations
@@ -505,7 +504,7 @@ def register_ready(
 ) -> list[Registration]:
     """Add each ready worker to its router; a router that came up adds the workers of ours
     that name it and serve. `heads`: the head node of each worker that is a Slurm job."""
-    workers = {p.host.label: p for p in ready if not p.is_router}
+    workers = {p.host.label: p for p in ready if p.role is not Role.ROUTER}
 
     def add(host: Host, conn: Connection) -> Registration | None:
         head = (heads or {}).get(host.label, "")
@@ -517,7 +516,8 @@ def register_ready(
         for r in added
         if r.value is not None or r.failed
     ]
-    return found + register_workers_of(fleet, [p.host for p in ready if p.is_router], events)
+    routers = [p.host for p in ready if p.role is Role.ROUTER]
+    return found + register_workers_of(fleet, routers, events)
 
 
 def recorded_run(
@@ -602,7 +602,7 @@ class RunStatus:
         to start again after a requeue)."""
         if self.run is None or not self.alive:
             return None
-        if self.job is not None and self.job["state"] in WAITING_JOB_STATES:
+        if launcher_of(self.run).waiting(self.job):
             return None
         return self.run["started_at"]
 
@@ -655,8 +655,8 @@ def run_status(
     outputs, doc = agent.call_beside(host, conn, probes, agent.STATUS, args)
     run = doc["run"]
     try:  # a host without working GPUs still has a status
-        if run is not None and "job" in run:
-            raise DeployctlError("a Slurm job's GPUs are on its nodes, not on the login node")
+        if not launcher_of(run).checks_host:
+            raise DeployctlError("the run's GPUs are on the nodes its launcher picked")
         gpu_probe = outputs["gpus"]
         state = parse_gpus_command(gpu_probe.exit_code, gpu_probe.output, gpu_probe.stderr)
         only = run.get("gpus") if run else gpu_set(host)
@@ -674,12 +674,9 @@ def run_status(
     )
     lines = [line for line in tail.splitlines() if line.strip()]
     job = doc["job"]
-    if job is not None and job["state"] in WAITING_JOB_STATES:
-        crashes = []  # its server is not up: the log is an earlier start's (requeued)
-    elif run["status"] == "running":
-        crashes = scan_text(tail if job is None else latest_start(tail), catalog)
-    else:
-        crashes = []
+    # A run waiting to (re)start has an earlier start's log (requeued): none of its crashes.
+    latest = launcher_of(run).current_log(tail, job)
+    crashes = scan_text(latest, catalog) if run["status"] == "running" and latest else []
     status = RunStatus(
         run,
         alive=doc["alive"],
@@ -757,9 +754,9 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
     if doc["left"]:
         raise DeployctlError(f"{host.label}: processes {doc['left']} survived SIGKILL")
     note = "" if doc["ended"] else "was not running"
-    if doc["job"] is not None:  # its GPUs were its nodes': Slurm gives them back
-        result = StopResult(run["id"], [], [], None, job_words(doc["job"]), job=doc["job"])
-        return result
+    launcher = launcher_of(run)
+    if not launcher.checks_host:  # its GPUs were its nodes': its scheduler gives them back
+        return StopResult(run["id"], [], [], None, launcher.words(doc["job"]), job=doc["job"])
     if run.get("gpus") == []:  # a router: it held no GPU
         return StopResult(run["id"], doc["ended"], doc["killed"], None, note or "holds no GPU")
     deadline = time.monotonic() + gpu_timeout
@@ -857,7 +854,7 @@ def stop_serving(
     if host.settings.router is not None and node_rank(host) == 0:
         # The URL the run was registered at: the inventory's may name another server now.
         recorded = recorded_run(host, conn)
-        head = job_head(recorded["job"])  # a job: at its head node
+        head = launcher_of(recorded["run"]).head(recorded["job"])  # a job: at its head node
         url = registered_url(host, recorded["run"], head) if recorded["run"] else ""
     removed = change_registration(fleet, host, add=False, head=head, url=url)
     drained = None

@@ -16,6 +16,7 @@ from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
+from deployctl.launchers import launcher_for, launcher_of
 from deployctl.ops.router import Registration, change_registration
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
@@ -31,7 +32,6 @@ from deployctl.ops.runs import (
 from deployctl.ops.serving import capture, point_back, recorded_plan
 from deployctl.patchset import PatchSet
 from deployctl.remote.protocol import RunsArgs
-from deployctl.slurm import time_limit_s
 
 T = TypeVar("T")
 
@@ -213,7 +213,7 @@ def renew(
     beside it; once the successor serves and its router lists it, take the old job out of
     the router and cancel it. A successor that does not come up is cancelled and the old
     job stays the deployment's current run, serving until its limit."""
-    assert status.run is not None and status.job is not None
+    assert status.run is not None
     old = capture(host, status, patch_sets)
     report = launch(
         fleet, [old.plan], catalog, timeout=timeout, restart_of={host.label: old.run},
@@ -270,9 +270,11 @@ def check_renew_window(hosts: Sequence[Host], window: float) -> None:
     """Refuse a window that is not shorter than a Slurm deployment's time limit (slurm_time),
     before anything is touched."""
     for host in hosts:
-        text = host.settings.optional_text("slurm_time") if host.settings.slurm else None
-        limit = None if text is None else time_limit_s(text)
-        if limit is not None and window >= limit:
+        found = launcher_for(host.settings).time_limit(host.settings)
+        if found is None:
+            continue
+        text, limit = found
+        if window >= limit:
             raise UsageError(
                 f"--renew-before {window:g}s is not shorter than {host.label}'s time limit "
                 f"(slurm_time {text}: {limit:g}s): each successor would be renewed as soon "
@@ -294,21 +296,22 @@ def renew_if_near(
     events: EventSink,
 ) -> None:
     """watch's look at one Slurm job's time limit: renew it once within the window."""
-    job, run = status.job, status.run
-    left = job["time_left"] if job else None
-    if job is None or run is None or job["state"] != "RUNNING" or left is None:
+    run = status.run
+    lease = launcher_of(run).lease(status.job)
+    if lease is None or run is None:
         return
+    job, left = lease.id, lease.time_left
     if left > renewals.window:
-        renewals.far.add(job["id"])
+        renewals.far.add(job)
         return
-    if job["id"] in renewals.done or not status.ready:
+    if job in renewals.done or not status.ready:
         return
-    renewals.done.add(job["id"])
-    if run["id"] in renewals.successors and job["id"] not in renewals.far:
+    renewals.done.add(job)
+    if run["id"] in renewals.successors and job not in renewals.far:
         events.emit(
             ev.Renewed(
                 target=host.label, old_run=run["id"], new_run=None, state="refused",
-                error=f"job {job['id']} had {left:.0f}s left as soon as it served, within "
+                error=f"job {job} had {left:.0f}s left as soon as it served, within "
                 f"--renew-before {renewals.window:g}s: its time limit is not longer than "
                 "the window, so it is not renewed again",
             )
@@ -317,7 +320,7 @@ def renew_if_near(
     renewing = host.settings.router is not None
     events.emit(
         ev.TimeLimitNear(
-            target=host.label, run=run["id"], job=job["id"], time_left_s=left, renewing=renewing
+            target=host.label, run=run["id"], job=job, time_left_s=left, renewing=renewing
         )
     )
     if not renewing:

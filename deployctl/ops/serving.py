@@ -18,11 +18,12 @@ from deployctl.errors import DeployctlError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet
 from deployctl.inventory import MASK, Host
+from deployctl.launchers import launcher_of
 from deployctl.ops.plan import Plan
 from deployctl.ops.router import registered_url
 from deployctl.ops.runs import DEFAULT_STOP_TIMEOUT, Replacement, RunStatus, end_run, replace
 from deployctl.patchset import PatchSet, sets_for_flags
-from deployctl.remote.protocol import PointArgs, RunRecord, job_head
+from deployctl.remote.protocol import PointArgs, RunRecord
 from deployctl.render import RenderedCommand, command_secrets
 from deployctl.shell import split
 
@@ -49,8 +50,8 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
     )
     # The run's own GPUs, which its recorded environment pins it to, whatever the inventory
     # says now.
-    # A Slurm job's GPUs are its nodes', never the login node's.
-    pinned = {} if "job" in status.run else {"gpus": status.run.get("gpus")}
+    # A job's GPUs are its nodes', never the login node's.
+    pinned = {"gpus": status.run.get("gpus")} if launcher_of(status.run).checks_host else {}
     recorded = Host(host.name, {**host.vars, **pinned}, host.deployment)
     return Plan(recorded, rendered, sets_for_flags(argv, patch_sets))
 
@@ -98,7 +99,7 @@ def capture(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchSet]) -
     """The run `status` read on `host`, as what puts it back (DeployctlError: no recorded
     command to relaunch it with)."""
     assert status.run is not None
-    head = job_head(status.job)
+    head = launcher_of(status.run).head(status.job)
     return Serving(
         recorded_plan(host, status, patch_sets),
         status.run["id"],

@@ -231,7 +231,7 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
         "env": run.get("env", {}),
         "note": outcome.note,
         "connection_losses": outcome.connection_losses,
-        **({"job": job_json(outcome.job)} if outcome.job else {}),
+        **job_fields(outcome.job),
     }
 
 
@@ -347,8 +347,14 @@ def stop_json(stop: StopResult) -> dict[str, Any]:
         "gpus_clean": stop.gpus_clean,
         "note": stop.note,
         **({"router": registration_json(stop.router)} if stop.router else {}),
-        **({"job": job_json(stop.job)} if stop.job else {}),
+        **job_fields(stop.job),
     }
+
+
+def job_fields(job: JobInfo | None) -> dict[str, Any]:
+    """The document's `job` key: a job's, only where the run is one (the contract's optional
+    `job` object)."""
+    return {"job": job_json(job)} if job is not None else {}
 
 
 def job_json(job: JobInfo) -> dict[str, Any]:
@@ -390,7 +396,7 @@ def run_status_json(status: RunStatus) -> dict[str, Any]:
             else {"metrics": status.metrics, "metrics_note": status.metrics_note}
         ),
         **({"router": router_state_json(status.router)} if status.router else {}),
-        **({"job": job_json(status.job)} if status.job else {}),
+        **job_fields(status.job),
     }
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from deployctl.choices import ThresholdMode
 from deployctl.errors import explain
+from deployctl.launchers import launcher_of
 from deployctl.localfiles import write_file
 from deployctl.present import documents as docs
 from deployctl.present.terminal import (
@@ -31,7 +32,6 @@ from deployctl.present.terminal import (
     tagged,
 )
 from deployctl.schema import versioned
-from deployctl.slurm import job_words, run_handle
 from deployctl.text import one_line
 
 if TYPE_CHECKING:
@@ -394,8 +394,9 @@ def outcome_text(outcome: Outcome) -> str:
         "aborted": f"stopped after {elapsed:.1f}s: {outcome.note}",
     }
     text = special.get(outcome.state.value, f"{outcome.state.value} after {elapsed:.1f}s")
-    if outcome.job is not None and outcome.state.value != "aborted":  # what Slurm says of it
-        text += f" ({job_words(outcome.job)})"
+    said = launcher_of(outcome.run).words(outcome.job)  # what Slurm says of it
+    if said and outcome.state.value != "aborted":
+        text += f" ({said})"
     return text
 
 
@@ -427,7 +428,8 @@ def _launch(result: LaunchReport) -> None:
         outcome = out.value
         run = outcome.run
         out_console.print(
-            f"{out.name}: {run['id']} {run_handle(run)} — {outcome_text(outcome)}", markup=False
+            f"{out.name}: {run['id']} {launcher_of(run).handle(run)} — {outcome_text(outcome)}",
+            markup=False,
         )
         out_console.print(f"  log: {run['log']}", markup=False)
         for crash in outcome.crashes:
@@ -551,12 +553,13 @@ def _status_table(results: FleetResult[RunStatus]) -> None:
         mem = f"{d['gpu_memory_used_mib']} MiB" if d["gpu_memory_used_mib"] is not None else "-"
         warning = f"warning: {d['warning']}" if d["warning"] else ""
         detail = d["crash"] or warning or d["last_line"] or ""
-        job = r.value.job
+        launcher, job = launcher_of(r.value.run), r.value.job
         pid = str(d["pid"] or "-")
-        if job is not None:
-            pid = f"job {job['id']}"
-            if r.value.crashed or job["state"] == "PENDING":  # Slurm's word first
-                detail = job_words(job) + (f": {detail}" if detail else "")
+        said = launcher.words(job)
+        if said and r.value.run is not None:
+            pid = launcher.handle(r.value.run)
+            if r.value.crashed or launcher.waiting_line(job):  # Slurm's word first
+                detail = said + (f": {detail}" if detail else "")
         row = [r.name, d["run"] or "-", pid, d["state"] or "-", uptime, mem]
         rows.append([*row, d["log"] or "-", detail[:160]])
     columns = ["host", "run", "pid", "state", "uptime", "GPU mem", "log", "crash / last line"]

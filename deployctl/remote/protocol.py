@@ -549,11 +549,6 @@ def answers_at(bind_host: str, job: JobInfo | None) -> str:
     return job["head"] if job is not None else bind_host
 
 
-def job_head(job: JobInfo | None) -> str:
-    """The head node's address of the Slurm job a run is; "" for a process on its host."""
-    return job["head"] if job is not None else ""
-
-
 def poll_args(state_dir: str, run: RunRecord, offset: int, limit: int, wait: float) -> PollArgs:
     """What a poll of `run` asks: its processes (or its job), its log from `offset` (negative:
     the last `limit` bytes), its health; waiting up to `wait` seconds for a change."""

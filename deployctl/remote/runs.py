@@ -1,23 +1,19 @@
-"""Server runs as processes on this host: preflight, start, poll, status, stop, point, runs."""
+"""A deployment's runs on this host, whichever launcher starts them (remote/launchers.py):
+preflight, start, poll, status, stop, point, runs."""
 
 from __future__ import annotations
 
 import base64
 import os
 import re
-import shutil
-import signal
-import subprocess
 import time
-from typing import cast
 
 from .files import read_bytes, read_json, state_path, write_atomic, write_json
+from .launchers import launcher_of, launcher_to_poll, launcher_to_start, preflight_facts
 from .locks import release_lock, take_lock
 from .patches import cmd_probe
 from .protocol import (
     POINTER,
-    JobInfo,
-    LeaderIdentity,
     LiveRun,
     MetricsPage,
     PointArgs,
@@ -41,7 +37,6 @@ from .protocol import (
     poll_args as protocol_poll_args,
 )
 from .sglang_options import argv_check
-from .slurm_jobs import SLURM_QUERY_EVERY, job_alive, query_job, remember_job, stop_job, submit_job
 
 LOG_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.log\Z")
 RUN_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.json\Z")
@@ -125,49 +120,8 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
         "lock": take_lock(
             args["state_dir"], args["client"], args["break_lock"], args["deployment"], args["gpus"]
         ),
-        "sbatch": shutil.which("sbatch"),
+        **preflight_facts(),  # type: ignore[typeddict-item]
     }
-
-
-def stat_fields(pid: int | str) -> list[bytes] | None:
-    """/proc/PID/stat after the command name: [state, ppid, pgrp, session, …]; None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def process_starttime(pid: int) -> int | None:
-    fields = stat_fields(pid)
-    return None if fields is None else int(fields[19])
-
-
-def process_group(pgid: int, sid: int) -> list[int]:
-    """PIDs whose process group and session are the run's (never anyone else's)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        fields = stat_fields(entry)
-        if fields and int(fields[2]) == pgid and int(fields[3]) == sid and fields[0] != b"Z":
-            members.append(int(entry))
-    return sorted(members)
-
-
-def run_members(run: PollArgs | RunRecord) -> list[int]:
-    """The run's live processes; none when its leader's PID now names another process.
-
-    While any process of the run is left, Linux does not give its group id (the leader's
-    PID) to a new process; so a process with that PID and another start time means the
-    whole run is gone, and what shares that group now belongs to someone else.
-    """
-    recorded = run.get("starttime")
-    if recorded is not None:
-        now = process_starttime(run["pgid"])
-        if now is not None and now != recorded:
-            return []
-    return process_group(run["pgid"], run["sid"])
 
 
 def cmd_start(args: StartArgs) -> StartReply:
@@ -192,33 +146,7 @@ def cmd_start(args: StartArgs) -> StartReply:
             break
         except FileExistsError:
             version += 1
-    record: RunRecord
-    if args["batch"] is not None:
-        os.close(log_fd)
-        record = submit_job(args, run_id, log_path)
-    else:
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", "exec " + args["command"]],
-            stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
-            start_new_session=True, close_fds=True, cwd=os.path.expanduser("~"),
-            env={**os.environ, **args["env"]},
-        )  # fmt: skip
-        os.close(log_fd)
-        identity: LeaderIdentity = {}
-        starttime = process_starttime(proc.pid)
-        if starttime is not None:
-            identity["starttime"] = starttime
-        record = cast(RunRecord, {
-            **args["run"],
-            **identity,
-            "id": run_id,
-            "log": log_path,
-            "pid": proc.pid,
-            "pgid": proc.pid,
-            "sid": proc.pid,
-            "started_at": time.time(),
-            "status": "running",
-        })  # fmt: skip
+    record = launcher_to_start(args).start(args, run_id, log_path, log_fd)
     # Private: the record shows the (masked) command, and the .cmd file the real one.
     write_atomic(os.path.join(runs, run_id + ".cmd"), args["command"].encode(), mode=0o600)
     write_json(os.path.join(runs, run_id + ".env"), args["env"], mode=0o600)
@@ -287,44 +215,23 @@ def cmd_poll(args: PollArgs) -> PollReply:
     Slurm job is asked of slurmctld at most every SLURM_QUERY_EVERY seconds meanwhile.
     """
     deadline = time.monotonic() + float(args["wait"])
-    ref = args.get("job")
-    job: JobInfo | None = None
-    if ref is not None:
-        recorded = current_run(ref["state_dir"], ref["run"])
-        job = recorded.get("job") if recorded else None
-    first, asked = job, 0.0
+    watch = launcher_to_poll(args).watch(args)
     while True:
-        if ref is None:
-            members = run_members(args)
-            alive, address = bool(members), args["bind_host"]
-        else:
-            if time.monotonic() >= asked + SLURM_QUERY_EVERY:
-                job, asked = query_job(ref["id"], job), time.monotonic()
-            assert job is not None
-            members, alive, address = [], job_alive(job), answers_at(args["bind_host"], job)
+        members, alive, address, serving = watch.look()
         size, data = read_from(args["log"], args["offset"], args["limit"])
-        serving = alive and (ref is None or (job is not None and job["state"] == "RUNNING"))
         code = health(address, args["port"]) if serving and address else None
         if data or not alive or code == 200 or time.monotonic() >= deadline:
             break
         time.sleep(0.05)
-    if ref is not None and job is not None and _changed(first, job):
-        remember_job(ref["state_dir"], ref["run"], job)
+    watch.end()
     return {
         "alive": alive,
         "members": members,
         "health": code,
         "size": size,
         "data": base64.b64encode(data).decode(),
-        "job": job,
+        "job": watch.job,
     }
-
-
-def _changed(before: JobInfo | None, now: JobInfo) -> bool:
-    """Worth writing to the record: anything but the time left, which changes every second."""
-    if before is None:
-        return True
-    return {**before, "time_left": None} != {**now, "time_left": None}
 
 
 def pointer_name(deployment: str | None) -> str:
@@ -357,9 +264,8 @@ def live_runs(state_dir: str) -> list[LiveRun]:
         run = current_run(state_dir, deployment=deployment)
         if not run or run["status"] != "running":
             continue
-        job = query_job(run["job"]["id"], run["job"]) if "job" in run else None
-        members = [] if job is not None else run_members(run)
-        if members or (job is not None and job_alive(job)):
+        members, alive, said = launcher_of(run).liveness(run)
+        if alive:
             live: LiveRun = {
                 "id": run["id"],
                 "pid": run["pid"],
@@ -368,9 +274,8 @@ def live_runs(state_dir: str) -> list[LiveRun]:
                 "port": run["port"],
                 "members": members,
                 "origin": run.get("origin"),
+                **said,  # a job's id
             }
-            if job is not None:
-                live["job"] = job["id"]
             found.append(live)
     return found
 
@@ -406,49 +311,12 @@ def cmd_status(args: StatusArgs) -> StatusReply:
 
 
 def cmd_stop(args: StopArgs) -> StopReply:
-    """SIGTERM the run's process group, SIGKILL what is left after the timeout."""
+    """End the current (or named) run as its launcher does."""
     state_dir = args["state_dir"]
     run = current_run(state_dir, args["run"], args["deployment"])
     if run is None:
         return {"run": None, "ended": [], "killed": [], "left": [], "job": None}
-    if "job" in run:
-        return stop_job_run(state_dir, run, float(args["timeout"]))
-    members = run_members(run)
-    killed: list[int] = []
-    record = state_path(state_dir, "runs", run["id"] + ".json")
-    if members and run["status"] == "running":
-        run = cast(RunRecord, dict(run, stop_requested_at=time.time()))
-        write_json(record, run)
-    if members:
-        os.killpg(run["pgid"], signal.SIGTERM)
-        deadline = time.monotonic() + float(args["timeout"])
-        while run_members(run) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        killed = run_members(run)
-        if killed:
-            os.killpg(run["pgid"], signal.SIGKILL)
-            while run_members(run) and time.monotonic() < deadline + 10:
-                time.sleep(0.05)
-    if run["status"] == "running":
-        run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
-        write_json(record, run)
-    left = run_members(run)
-    return {"run": run, "ended": members, "killed": killed, "left": left, "job": None}
-
-
-def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
-    """cmd_stop for a run that is a Slurm job: scancel, then the record as cmd_stop keeps it."""
-    record = state_path(state_dir, "runs", run["id"] + ".json")
-    was = query_job(run["job"]["id"], run["job"])
-    if job_alive(was) and run["status"] == "running":
-        run = cast(RunRecord, dict(run, stop_requested_at=time.time(), job=was))
-        write_json(record, run, mode=0o600)
-    job = stop_job(state_dir, run, timeout) if job_alive(was) else was
-    run = cast(RunRecord, dict(current_run(state_dir, run["id"]) or run, job=job))
-    if run["status"] == "running":
-        run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
-    write_json(record, run, mode=0o600)
-    return {"run": run, "ended": [], "killed": [], "left": [], "job": job}
+    return launcher_of(run).stop(state_dir, run, float(args["timeout"]))
 
 
 def cmd_point(args: PointArgs) -> PointReply:

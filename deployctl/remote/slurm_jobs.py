@@ -1,16 +1,27 @@
-"""Slurm jobs"""
+"""The Slurm launcher's host side: a run is a batch job submitted from this login node, its
+state asked of slurmctld (squeue, else sacct), ended by scancel."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import time
 from typing import cast
 
 from .files import fail, read_json, state_path, write_atomic, write_json
-from .protocol import ACTIVE_JOB_STATES, JobInfo, RunRecord, StartArgs
+from .protocol import (
+    ACTIVE_JOB_STATES,
+    JobInfo,
+    LiveRunOrigin,
+    PollArgs,
+    RunRecord,
+    StartArgs,
+    StopReply,
+    answers_at,
+)
 
 SQUEUE_FORMAT = "%i|%T|%r|%N|%L"
 # The longest a query of slurmctld may take before the job's state counts as unknown.
@@ -206,3 +217,91 @@ def stop_job(state_dir: str, run: RunRecord, timeout: float) -> JobInfo:
         job = query_job(job["id"], job)
     remember_job(state_dir, run["id"], job)
     return job
+
+
+def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
+    """cmd_stop for a run that is a Slurm job: scancel, then the record as cmd_stop keeps it."""
+    record = state_path(state_dir, "runs", run["id"] + ".json")
+    was = query_job(run["job"]["id"], run["job"])
+    if job_alive(was) and run["status"] == "running":
+        run = cast(RunRecord, dict(run, stop_requested_at=time.time(), job=was))
+        write_json(record, run, mode=0o600)
+    job = stop_job(state_dir, run, timeout) if job_alive(was) else was
+    run = cast(RunRecord, dict(read_json(record) or run, job=job))
+    if run["status"] == "running":
+        run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
+    write_json(record, run, mode=0o600)
+    return {"run": run, "ended": [], "killed": [], "left": [], "job": job}
+
+
+class JobWatch:
+    """One poll's look at a job: slurmctld asked at most every SLURM_QUERY_EVERY seconds; it
+    answers at its head node, and serves only while RUNNING."""
+
+    def __init__(self, args: PollArgs) -> None:
+        self.args = args
+        ref = args["job"]
+        self.record = state_path(ref["state_dir"], "runs", ref["run"] + ".json")
+        recorded = read_json(self.record)
+        known = recorded.get("job") if isinstance(recorded, dict) else None
+        self.job: JobInfo | None = known
+        self.first, self.asked = known, 0.0
+
+    def look(self) -> tuple[list[int], bool, str, bool]:
+        """Its members (none here), whether it lives, where it answers, whether it may
+        serve now."""
+        if time.monotonic() >= self.asked + SLURM_QUERY_EVERY:
+            self.job, self.asked = query_job(self.args["job"]["id"], self.job), time.monotonic()
+        job = self.job
+        assert job is not None
+        alive = job_alive(job)
+        return (
+            [],
+            alive,
+            answers_at(self.args["bind_host"], job),
+            alive and job["state"] == "RUNNING",
+        )
+
+    def end(self) -> None:
+        """Keep what changed of the job (its end, its nodes) in the run's record."""
+        if self.job is not None and _changed(self.first, self.job):
+            ref = self.args["job"]
+            remember_job(ref["state_dir"], ref["run"], self.job)
+
+
+def _changed(before: JobInfo | None, now: JobInfo) -> bool:
+    """Worth writing to the record: anything but the time left, which changes every second."""
+    if before is None:
+        return True
+    return {**before, "time_left": None} != {**now, "time_left": None}
+
+
+class SlurmJobLauncher:
+    """Servers as Slurm batch jobs from this login node (`launcher: slurm`)."""
+
+    def owns_run(self, run: RunRecord) -> bool:
+        return "job" in run  # a job's record names its job
+
+    def owns_start(self, args: StartArgs) -> bool:
+        return args["batch"] is not None  # a batch script to submit
+
+    def owns_poll(self, args: PollArgs) -> bool:
+        return "job" in args  # a job's poll names it
+
+    def facts(self) -> dict[str, object]:
+        return {"sbatch": shutil.which("sbatch")}
+
+    def start(self, args: StartArgs, run_id: str, log_path: str, log_fd: int) -> RunRecord:
+        os.close(log_fd)  # sbatch's job appends to it
+        return submit_job(args, run_id, log_path)
+
+    def watch(self, args: PollArgs) -> JobWatch:
+        return JobWatch(args)
+
+    def liveness(self, run: RunRecord) -> tuple[list[int], bool, LiveRunOrigin]:
+        """Its members (none here: they are on its nodes), whether it lives, its job."""
+        job = query_job(run["job"]["id"], run["job"])
+        return [], job_alive(job), {"job": job["id"]}
+
+    def stop(self, state_dir: str, run: RunRecord, timeout: float) -> StopReply:
+        return stop_job_run(state_dir, run, timeout)

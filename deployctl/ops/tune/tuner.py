@@ -31,7 +31,7 @@ from deployctl.ops.bench import BenchPlan, run_bench
 from deployctl.ops.driver import drive
 from deployctl.ops.flags import server_argv
 from deployctl.ops.patch import apply_patches
-from deployctl.ops.plan import Plan, client_identity, is_stale, plan_launch
+from deployctl.ops.plan import Plan, Role, client_identity, is_stale, plan_launch
 from deployctl.ops.router import router_lock_of
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
@@ -791,7 +791,7 @@ def plan_tune(
 def _refuse_non_server(plan: Plan, what: str) -> None:
     """Tune replaces an SGLang server by SGLang servers: never a router, nor another program."""
     host, template = plan.host, plan.rendered.template
-    if plan.is_router:
+    if plan.role is Role.ROUTER:
         raise UsageError(
             f"{host.label} is a router ({what} {template!r}): tune measures SGLang servers",
             hint="tune the router's workers (-H WORKER)",
