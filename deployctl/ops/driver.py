@@ -49,15 +49,23 @@ def drive(
             except BaseException as exc:  # the caller reads it from the future
                 future.set_exception(exc)
 
-    for job, future in zip(jobs, futures, strict=True):
-        threading.Thread(target=run, args=(job, future), daemon=True).start()
+    threads = [
+        threading.Thread(target=run, args=(job, future), daemon=True)
+        for job, future in zip(jobs, futures, strict=True)
+    ]
     interrupted = False
     try:
+        for thread in threads:
+            thread.start()
         while wait(futures, timeout=POLL_S).not_done:
             pass
     except KeyboardInterrupt:
         interrupted = True
         cancel.set()
+        # A Ctrl-C while the jobs were being started: the rest start too, and see `cancel`.
+        for thread in threads:
+            if thread.ident is None:
+                thread.start()
         on_interrupt()
         while wait(futures, timeout=POLL_S).not_done:  # a second Ctrl-C leaves from here
             pass
