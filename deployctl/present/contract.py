@@ -173,6 +173,26 @@ def command(title: str, description: str, *documents: Schema) -> Schema:
     }
 
 
+# What one look at a run says, in `status`'s entries and in a run's status.
+RUN_LOOK: dict[str, Schema] = {
+    "alive": boolean(),
+    "ready": boolean(),
+    "crashed": boolean(),
+    "status": nullable("string", "The run record's status (running, stopped, …)."),
+    "uptime_s": nullable("integer"),
+    "log": nullable("string"),
+    "gpus": nullable("array", items=integer()),
+    "last_line": string(),
+    "crash": nullable("string"),
+    "warning": nullable("string"),
+    "gpu_memory_used_mib": nullable("integer"),
+    "metrics": {"oneOf": [ref("metrics"), {"type": "null"}]},
+    "metrics_note": string("Why there are no metrics; empty when there are."),
+    "router": ref("router"),
+    "job": ref("job"),
+}
+
+
 DEFINITIONS: dict[str, Schema] = {
     "job": obj(
         {
@@ -846,21 +866,7 @@ DEFINITIONS: dict[str, Schema] = {
             **OUTCOME,
             "run": nullable("string"),
             "pid": nullable("integer"),
-            "alive": boolean(),
-            "ready": boolean(),
-            "crashed": boolean(),
-            "status": nullable("string", "The run record's status (running, stopped, …)."),
-            "uptime_s": nullable("integer"),
-            "log": nullable("string"),
-            "gpus": nullable("array", items=integer()),
-            "last_line": string(),
-            "crash": nullable("string"),
-            "warning": nullable("string"),
-            "gpu_memory_used_mib": nullable("integer"),
-            "metrics": {"oneOf": [ref("metrics"), {"type": "null"}]},
-            "metrics_note": string("Why there are no metrics; empty when there are."),
-            "router": ref("router"),
-            "job": ref("job"),
+            **RUN_LOOK,
         },
         required=["ok"],
         dependentRequired={"metrics": ["metrics_note"], "metrics_note": ["metrics"]},
@@ -888,21 +894,7 @@ DEFINITIONS: dict[str, Schema] = {
                 "string",
                 "The run's state as this look saw it (ready, starting, crashed, stopped, …); null without a run.",
             ),
-            "alive": boolean(),
-            "ready": boolean(),
-            "crashed": boolean(),
-            "status": nullable("string", "The run record's status (running, stopped, …)."),
-            "uptime_s": nullable("integer"),
-            "log": nullable("string"),
-            "gpus": nullable("array", items=integer()),
-            "last_line": string(),
-            "crash": nullable("string"),
-            "warning": nullable("string"),
-            "gpu_memory_used_mib": nullable("integer"),
-            "metrics": {"oneOf": [ref("metrics"), {"type": "null"}]},
-            "metrics_note": string("Why there are no metrics; empty when there are."),
-            "router": ref("router"),
-            "job": ref("job"),
+            **RUN_LOOK,
         },
         dependentRequired={"metrics": ["metrics_note"], "metrics_note": ["metrics"]},
     ),
