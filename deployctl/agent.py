@@ -14,20 +14,31 @@ an error, never read as a default.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
+import sys
+import threading
 import types
 import typing
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from deployctl.connection import CommandResult, Connection, Held
-from deployctl.errors import AgentError, CommandError, HostError, InventoryError, PatchError
-from deployctl.facts import ProbeOutput, run_probes
+from deployctl.connection import DEFAULT_COMMAND_TIMEOUT, CommandResult, Connection, Held
+from deployctl.errors import (
+    AgentError,
+    CommandError,
+    CommandTimeoutError,
+    ConnectError,
+    HostError,
+    InventoryError,
+    PatchError,
+)
+from deployctl.facts import ProbeOutput, parse_probe_output, probe_script, run_probes
 from deployctl.inventory import Host
 from deployctl.remote import bootstrap
 from deployctl.remote import protocol as proto
@@ -64,8 +75,9 @@ __all__ = [
     "APPLY", "BENCH", "BENCH_RESULTS", "BENCH_SAVE", "CALLS", "CHECK_ARGS", "HOLD", "POINT",
     "POLL", "PREFLIGHT", "PROBE", "READ", "RELEASE", "REVERT", "ROUTER", "RUNS", "START",
     "STATUS", "STOP", "TUNE_LOCK", "TUNE_RECORDS", "TUNE_SAVE", "TUNE_UNLOCK", "Call",
-    "agent_bundle", "agent_command", "agent_folder", "agent_hash", "call", "call_beside",
-    "hold", "install_agent", "parse_reply", "shape_problems",
+    "KeptAgent", "agent_bundle", "agent_command", "agent_folder", "agent_hash", "call",
+    "call_beside", "check_reply", "hold", "install_agent", "kept_agent", "note", "parse_reply",
+    "shape_problems", "through_kept_agent",
 ]  # fmt: skip
 
 REMOTE_DIR = Path(proto.__file__).resolve().parent
@@ -150,13 +162,24 @@ def parse_reply(
     host: Host, call: str, exit_code: int, stdout: str, stderr: str, reply_type: type[R]
 ) -> R:
     """Read the agent's JSON answer and check it has every key its type declares."""
-    lines = [line for line in stdout.splitlines() if line.startswith(proto.REPLY_MARK)]
+    doc = _reply_document(stdout)
+    detail = (stderr.strip() or stdout.strip())[-300:] or f"exit {exit_code}"
+    return check_reply(host, call, doc, detail, reply_type)
+
+
+def _reply_document(output: str) -> Any:
+    """The JSON document on the output's last reply line (None: none, or not JSON)."""
+    lines = [line for line in output.splitlines() if line.startswith(proto.REPLY_MARK)]
     try:
-        doc = json.loads(lines[-1][len(proto.REPLY_MARK) :]) if lines else None
+        return json.loads(lines[-1][len(proto.REPLY_MARK) :]) if lines else None
     except ValueError:
-        doc = None
+        return None
+
+
+def check_reply(host: Host, call: str, doc: Any, detail: str, reply_type: type[R]) -> R:
+    """The reply if it has every key its type declares; the host's error as ours; `detail`:
+    what the host printed, for an answer that is no JSON object."""
     if not isinstance(doc, dict):
-        detail = (stderr.strip() or stdout.strip())[-300:] or f"exit {exit_code}"
         raise AgentError(f"{host.settings.python} on {host.name} failed: {detail}")
     if "error" in doc:
         error_type = {"patch": PatchError, "host": HostError}.get(str(doc.get("code")), AgentError)
@@ -187,6 +210,9 @@ def call(
         command = agent_command(host, spec.name, args)
         return conn.run(command, stdin=stdin, timeout=timeout, purpose=spec.purpose)
 
+    kept = through_kept_agent(host, conn, spec, args, timeout=timeout) if stdin is None else None
+    if kept is not None:
+        return kept[0]
     result = run()
     if _agent_missing(result.exit_code, result.stdout):
         _send_agent(host, conn)
@@ -227,6 +253,14 @@ def call_beside(
         asked = {**probes, "agent": agent_command(host, spec.name, args)}
         return run_probes(conn, asked, purpose=spec.purpose)
 
+    kept = through_kept_agent(host, conn, spec, args, shell=probe_script(probes))
+    if kept is not None:
+        reply, shell = kept
+        assert shell is not None
+        # Probes killed at the agent's timeout (a wedged nvidia-smi) fail; the call stands.
+        outputs = parse_probe_output(shell.stdout)
+        failed = ProbeOutput(shell.exit_code, "", shell.stderr.strip()[-300:])
+        return {name: outputs.get(name, failed) for name in probes}, reply
     outputs = run()
     if _agent_missing(outputs["agent"].exit_code, outputs["agent"].output):
         _send_agent(host, conn)
@@ -235,6 +269,156 @@ def call_beside(
     return outputs, parse_reply(
         host, spec.name, agent.exit_code, agent.output, agent.stderr, spec.reply
     )
+
+
+# ---- the kept agent: one process per host for the front ends that poll --------------------
+
+# (host, its python, agent folder) where no agent can be kept: one process per call there.
+_NO_KEPT_AGENT: set[tuple[str, str, str]] = set()
+
+
+def _note_to_stderr(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
+
+
+# Where the note goes that a host answers one process per call (a front end may redirect it).
+note: Callable[[str], None] = _note_to_stderr
+
+
+class KeptAgent:
+    """One agent process on a host that answers calls over the connection (remote/session.py)
+    until it is closed, its connection ends, or a call times out (then it is closed: the
+    next call starts another)."""
+
+    def __init__(self, host: Host, held: Held, bundle: str, pid: int) -> None:
+        self.host, self.held, self.bundle = host, held, bundle
+        self.pid = pid  # its process id on the host
+        self.answered = 0
+        self.ended = False
+        self._lock = threading.Lock()
+
+    def call(
+        self,
+        spec: Call[A, R],
+        args: A,
+        shell: str | None = None,
+        timeout: float | None = None,
+    ) -> tuple[R, CommandResult | None]:
+        """The call's checked reply, and the result of `shell` run before it (if given)."""
+        timeout = timeout or self.host.settings.command_timeout or DEFAULT_COMMAND_TIMEOUT
+        late = f"{self.host.name}: no answer within {timeout:g}s: {spec.purpose}"
+        request = {"call": spec.name, "args": args, "shell": shell, "shell_timeout": timeout / 2}
+        with self._lock:
+            if self.ended:
+                raise ConnectError(f"{self.host.name}: the kept agent has ended")
+            try:
+                self.held.send(json.dumps(request).encode() + b"\n")
+                output = self.held.read_until(proto.REPLY_MARK.encode(), timeout, late)
+            except (ConnectError, CommandTimeoutError):
+                self.close()  # the next call starts a fresh one; this one ends with its stdin
+                raise
+            self.answered += 1
+        doc = _reply_document(output.decode(errors="replace"))
+        if not isinstance(doc, dict) or "reply" not in doc:
+            raise AgentError(f"{self.host.name}: the kept agent answered no reply")
+        ran = doc.get("shell")
+        result = None
+        if isinstance(ran, dict):
+            out, err = str(ran.get("stdout", "")), str(ran.get("stderr", ""))
+            result = CommandResult(
+                shell or "", int(ran.get("exit_code", -1)), out.encode(), err.encode()
+            )
+        reply = check_reply(self.host, spec.name, doc["reply"], "no JSON object", spec.reply)
+        return reply, result
+
+    def close(self) -> None:
+        self.ended = True
+        # Its stdin closed is its end (also mid-call): no need to wait for it here.
+        with contextlib.suppress(Exception):
+            self.held.close(wait=0)
+
+
+def through_kept_agent(
+    host: Host,
+    conn: Connection,
+    spec: Call[A, R],
+    args: A,
+    shell: str | None = None,
+    timeout: float | None = None,
+) -> tuple[R, CommandResult | None] | None:
+    """The call answered by the host's kept agent (see KeptAgent.call); None: make it one
+    process per call. A kept agent found ended is replaced once; one that ends by itself
+    before its first answer means the host's python cannot keep one (a note says so)."""
+    for retry in (False, True):
+        kept = kept_agent(host, conn, spec)
+        if kept is None:
+            return None
+        first = kept.answered == 0
+        try:
+            return kept.call(spec, args, shell, timeout)
+        except ConnectError:
+            if first and kept.held.exit_code() is not None:
+                _cannot_keep(host, "it ended before its first answer")
+                return None
+            if first or retry:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _cannot_keep_key(host: Host) -> tuple[str, str, str]:
+    return host.name, host.settings.python, agent_folder(host)
+
+
+def _cannot_keep(host: Host, why: str) -> None:
+    _NO_KEPT_AGENT.add(_cannot_keep_key(host))
+    note(
+        f"{host.name}: {host.settings.python} cannot keep deployctl's agent running ({why}); "
+        "one process per call there"
+    )
+
+
+def kept_agent(host: Host, conn: Connection, spec: Call[Any, Any]) -> KeptAgent | None:
+    """The host's kept agent for this call, started if need be; None: one process per call
+    (not a front end that polls, a call that changes something, or a host that cannot)."""
+    if not conn.keeps_agent or spec.name not in proto.SESSION_CALLS:
+        return None
+    with conn.kept_lock:
+        if _cannot_keep_key(host) in _NO_KEPT_AGENT:
+            return None
+        kept = conn.kept
+        if isinstance(kept, KeptAgent) and not kept.ended and kept.bundle == agent_hash():
+            return kept
+        if kept is not None:  # ended, or another version of deployctl's agent: a new one
+            conn.kept = None
+            kept.close()
+        kept = _start_kept_agent(host, conn)
+        conn.kept = kept
+        return kept
+
+
+def _start_kept_agent(host: Host, conn: Connection) -> KeptAgent | None:
+    """Start the agent as a kept process; None (with a note) where the host's python
+    answers no request stream."""
+    mark = proto.REPLY_MARK.encode()
+
+    def start() -> Held:  # the command is built anew: a failed send changes it
+        command = "exec " + agent_command(host, proto.SESSION, {})
+        return conn.start(command, mark, purpose="start deployctl's kept host agent")
+
+    held = start()
+    if held.ended and proto.AGENT_MISSING.encode() in held.output:
+        held.close()
+        _send_agent(host, conn)
+        held = start()
+    ready = _reply_document(held.output.decode(errors="replace"))
+    # Its folder's name is the hash it runs; from memory (_NOT_KEPT) its modules are "<bundle>".
+    in_memory = (host.name, agent_folder(host)) in _NOT_KEPT
+    expected = {agent_hash(), "<bundle>"} if in_memory else {agent_hash()}
+    if held.ended or not isinstance(ready, dict) or ready.get("session") not in expected:
+        held.close(wait=0)
+        _cannot_keep(host, f"it said: {held.output.decode(errors='replace').strip()[-200:]}")
+        return None
+    return KeptAgent(host, held, agent_hash(), int(ready.get("pid") or 0))
 
 
 # ---- reply shapes --------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from deployctl.errors import CommandError, CommandTimeoutError, ConnectError, HostKeyError
 from deployctl.localfiles import append_file
@@ -168,6 +168,10 @@ class ConnectOptions:
     files: SSHFiles = field(default_factory=SSHFiles, compare=False, repr=False)
 
 
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
 class Connection(ABC):
     """Run commands and read or write files on one host; counts round trips."""
 
@@ -175,6 +179,11 @@ class Connection(ABC):
         self.name = name
         self.command_timeout = command_timeout
         self.round_trips = 0
+        # Front ends that poll keep one agent process over the connection (agent.py): they
+        # set `keeps_agent`; the agent kept, once started, is closed with the connection.
+        self.keeps_agent = False
+        self.kept: Closable | None = None
+        self.kept_lock = threading.Lock()  # held while the kept agent is started or replaced
 
     def run(
         self,
@@ -232,8 +241,15 @@ class Connection(ABC):
     def dial(self) -> None:  # noqa: B027 - optional hook
         """Start connecting now and return at once; the first command finishes the connect."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Release the connection."""
+    def close(self) -> None:
+        """Release the connection, and first what is kept over it (agent.KeptAgent)."""
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            kept.close()
+        self._disconnect()
+
+    def _disconnect(self) -> None:  # noqa: B027 - optional hook
+        """Release the connection itself."""
 
 
 class Held(ABC):
@@ -244,8 +260,34 @@ class Held(ABC):
         self.ended = ended  # it ended before that line: it holds nothing
 
     @abstractmethod
-    def close(self) -> None:
-        """Close its stdin and let it end."""
+    def close(self, wait: float = 10) -> None:
+        """Close its stdin and let it end (waiting up to `wait` seconds for it)."""
+
+    @abstractmethod
+    def send(self, data: bytes) -> None:
+        """Write to its stdin (a kept agent's next request)."""
+
+    def read_until(self, until: bytes, timeout: float, late: str) -> bytes:
+        """Its output from here up to the end of the next line holding `until` (a kept
+        agent's reply); ConnectError if it ended first, CommandTimeoutError (`late`) at
+        `timeout`."""
+        out, ended = _read_until(
+            self._read, self._fileno(), until, time.monotonic() + timeout, late
+        )
+        if ended:
+            raise ConnectError("the kept command ended")
+        return out
+
+    @abstractmethod
+    def exit_code(self) -> int | None:
+        """Its exit status once it has ended by itself; None while it runs, or when its
+        connection (not the command) ended it."""
+
+    @abstractmethod
+    def _read(self) -> bytes: ...
+
+    @abstractmethod
+    def _fileno(self) -> int: ...
 
 
 def _read_until(read: Any, fd: int, until: bytes, deadline: float, late: str) -> tuple[bytes, bool]:
@@ -272,16 +314,35 @@ class _LocalHeld(Held):
         super().__init__(output, ended)
         self.proc = proc
 
-    def close(self) -> None:
+    def close(self, wait: float = 10) -> None:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         try:
-            self.proc.wait(10)
+            self.proc.wait(wait)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.proc.stdout.close()
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except OSError as exc:
+            raise ConnectError(f"the kept command ended: {exc}") from None
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    def _read(self) -> bytes:
+        assert self.proc.stdout is not None
+        return os.read(self.proc.stdout.fileno(), 1 << 16)
+
+    def _fileno(self) -> int:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.fileno()
 
 
 class _SSHHeld(Held):
@@ -289,11 +350,30 @@ class _SSHHeld(Held):
         super().__init__(output, ended)
         self.channel = channel
 
-    def close(self) -> None:
+    def close(self, wait: float = 10) -> None:
         with contextlib.suppress(OSError, EOFError):
             self.channel.shutdown_write()
-            self.channel.status_event.wait(10)
+            if wait > 0:
+                self.channel.status_event.wait(wait)
         self.channel.close()
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.channel.sendall(data)
+        except (OSError, EOFError) as exc:
+            raise ConnectError(f"the kept command ended: {exc or type(exc).__name__}") from None
+
+    def exit_code(self) -> int | None:
+        if not self.channel.status_event.wait(0.5):
+            return None
+        code = self.channel.recv_exit_status()
+        return None if code == -1 else code
+
+    def _read(self) -> bytes:
+        return bytes(self.channel.recv(1 << 16))
+
+    def _fileno(self) -> int:
+        return int(self.channel.fileno())
 
 
 class LocalConnection(Connection):
@@ -621,7 +701,7 @@ class SSHConnection(Connection):
             raise
         return _SSHHeld(channel, out, ended)
 
-    def close(self) -> None:
+    def _disconnect(self) -> None:
         self._closes += 1
         # A connect holds the lock for its whole handshake (TCP, banner, auth, one retry: up
         # to ~4 connect timeouts); a command leaving on Ctrl-C must not wait for it, and that

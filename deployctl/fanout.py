@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 from deployctl import DEFAULT_FORKS
@@ -121,6 +122,15 @@ def attempt(host: Host, operation: Callable[[], T]) -> HostResult[T]:
         return HostResult(host, exception=exc)
 
 
+def _still_waiting(host: Host, within: float) -> HostResult[Any]:
+    return HostResult(
+        host,
+        exception=CommandTimeoutError(
+            f"{host.label}: no answer within {within:g}s (its last call is still running)"
+        ),
+    )
+
+
 def _no_inventory(pattern: str) -> list[Host]:
     raise InventoryError(f"no inventory to find {pattern!r} in")
 
@@ -148,12 +158,28 @@ class Fleet:
         self._lock = threading.Lock()
         # label -> (when to try again, the wait, the failure that stands meanwhile)
         self._waiting: dict[str, tuple[float, float, HostResult[Any]]] = {}
+        # Front ends that poll keep one agent process per host (agent.KeptAgent).
+        self.keeps_agents = False
+        # label -> a poll's call still running on that host after its round went on
+        self._unanswered: dict[str, Future[HostResult[Any]]] = {}
+        self._poll_pool: ThreadPoolExecutor | None = None
+
+    def keep_agents(self) -> None:
+        """Let each host's reading calls go through one kept agent process (top, watch, the
+        dashboard: see agent.KeptAgent) instead of a Python process per call."""
+        with self._lock:
+            self.keeps_agents = True
+            for conn in self._connections.values():
+                conn.keeps_agent = True
 
     def connection(self, host: Host) -> Connection:
         """Return the host's connection, opened on first use and reused afterwards."""
         with self._lock:
             if host.name not in self._connections:
-                self._connections[host.name] = open_connection(host, self.options)
+                conn = open_connection(host, self.options)
+                if self.keeps_agents:
+                    conn.keeps_agent = True
+                self._connections[host.name] = conn
             return self._connections[host.name]
 
     def round_trips(self) -> dict[str, int]:
@@ -188,16 +214,31 @@ class Fleet:
         self,
         operation: Callable[[Host, Connection], T],
         clock: Callable[[], float] = time.monotonic,
+        answer_within: float | None = None,
     ) -> FleetResult[T]:
         """One round of a long-lived loop: `run` on every host, except that a host whose
         connection failed is tried again only after a backoff; until then its last failure
-        stands for it."""
+        stands for it.
+
+        `answer_within`: the round ends then; a host still at work (a wedged nvidia-smi, a
+        hung file system) is reported as not answering, its call goes on meanwhile (until its
+        own timeout), and it is asked again once that call has ended."""
         now = clock()
-        due = [h for h in self.hosts if self._waiting.get(h.label, (0.0,))[0] <= now]
-        fresh = {r.name: r for r in self.run(operation, due)}
+        due = [
+            h
+            for h in self.hosts
+            if self._waiting.get(h.label, (0.0,))[0] <= now and h.label not in self._unanswered
+        ]
+        if answer_within is None:
+            fresh = {r.name: r for r in self.run(operation, due)}
+        else:
+            fresh = self._run_within(operation, due, answer_within)
         results: list[HostResult[T]] = []
         for host in self.hosts:
             result = fresh.get(host.label)
+            if result is None and host.label in self._unanswered:
+                results.append(_still_waiting(host, answer_within or 0))
+                continue
             if result is None:  # still waiting out its backoff
                 results.append(self._waiting[host.label][2])
                 continue
@@ -210,11 +251,39 @@ class Fleet:
             results.append(result)
         return FleetResult(results)
 
+    def _run_within(
+        self, operation: Callable[[Host, Connection], T], hosts: list[Host], within: float
+    ) -> dict[str, HostResult[T]]:
+        """`operation` on each host, in a pool kept across rounds; the results that came
+        within `within` seconds, and the calls still running kept in `_unanswered`."""
+        if self._poll_pool is None:
+            self._poll_pool = ThreadPoolExecutor(max_workers=self.forks)
+
+        def one(host: Host) -> HostResult[T]:
+            return attempt(host, lambda: operation(host, self.connection(host)))
+
+        started = {host.label: self._poll_pool.submit(one, host) for host in hosts}
+        wait(started.values(), timeout=within)
+        answered: dict[str, HostResult[T]] = {}
+        for label, future in started.items():
+            if future.done():
+                answered[label] = future.result()
+            else:
+                self._unanswered[label] = future
+                future.add_done_callback(partial(self._answered_late, label))
+        return answered
+
+    def _answered_late(self, label: str, _: object) -> None:
+        self._unanswered.pop(label, None)
+
     def close(self) -> None:
         """Close every connection opened."""
         for conn in self._connections.values():
             conn.close()
         self._connections.clear()
+        if self._poll_pool is not None:  # a call still at work ends with its connection
+            self._poll_pool.shutdown(wait=False, cancel_futures=True)
+            self._poll_pool = None
 
     def __enter__(self) -> Fleet:
         return self

@@ -277,6 +277,7 @@ Subsystem sftp internal-sftp
         """Put the host back to a clean, empty state between tests."""
         self.ensure_running()
         self.kill_processes()
+        (self.bin / "nvidia-smi").unlink(missing_ok=True)  # a test may have replaced it
         self.set_gpus("clean", 1)
         shutil.rmtree(self.etc / "nodes", ignore_errors=True)
         # Renaming is instant; the old home (a venv copy, logs) is deleted in the background.

@@ -27,7 +27,7 @@ from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.ops.patch import AuditReport, audit_host
 from deployctl.ops.runs import RunStatus, with_router_states
-from deployctl.ops.server import metrics_round, status_rounds
+from deployctl.ops.server import answer_within, metrics_round, status_rounds
 from deployctl.ops.tune import find_tunes
 from deployctl.patchset import PatchSet
 from deployctl.present.documents import audit_json, hosts_document, status_document
@@ -90,6 +90,7 @@ class Collector:
             wake()
 
     def start(self) -> None:
+        self.fleet.keep_agents()  # one agent process per host for as long as the page polls
         self._thread.start()
 
     def request_stop(self) -> None:
@@ -121,7 +122,8 @@ class Collector:
         """One round: every deployment's status with metrics, and the records when due."""
         started = time.monotonic()
         results = with_router_states(
-            self.fleet, metrics_round(self.fleet, self.catalog, TAIL_BYTES)
+            self.fleet,
+            metrics_round(self.fleet, self.catalog, TAIL_BYTES, answer_within(self.interval)),
         )
         now = self.clock()
         self._remember(results, now)

@@ -75,14 +75,28 @@ def stray_runs(fleet: Fleet) -> list[Stray]:
 TOP_TAIL_BYTES = 16 * 1024
 
 
+# A round of a front end that polls waits this long at least for a host's answer (else its
+# interval): a host still at work then is shown as not answering, and the others go on.
+ROUND_ANSWER_MIN = 2.0
+
+
+def answer_within(interval: float) -> float:
+    """How long a polling round waits for its slowest host (Fleet.poll's `answer_within`)."""
+    return max(interval, ROUND_ANSWER_MIN)
+
+
 def metrics_round(
-    fleet: Fleet, catalog: Catalog, tail_bytes: int = TOP_TAIL_BYTES
+    fleet: Fleet,
+    catalog: Catalog,
+    tail_bytes: int = TOP_TAIL_BYTES,
+    within: float | None = None,
 ) -> FleetResult[RunStatus]:
     """Every deployment's status with metrics, over the fleet's open connections (a host
-    that dropped its connection keeps its error and is reconnected with backoff:
-    Fleet.poll)."""
+    that dropped its connection keeps its error and is reconnected with backoff; one still
+    at work after `within` seconds is shown as not answering: Fleet.poll)."""
     return fleet.poll(
-        lambda host, conn: run_status(host, conn, catalog, metrics=True, tail_bytes=tail_bytes)
+        lambda host, conn: run_status(host, conn, catalog, metrics=True, tail_bytes=tail_bytes),
+        answer_within=within,
     )
 
 
@@ -118,8 +132,14 @@ def metrics_rounds(
     rounds: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[FleetResult[RunStatus]]:
-    """`top`'s rounds: a metrics round every `interval` seconds."""
-    return status_rounds(lambda: metrics_round(fleet, catalog), interval, rounds, sleep)
+    """`top`'s rounds: a metrics round every `interval` seconds; over more than one round,
+    through one kept agent per host (agent.KeptAgent)."""
+    if rounds != 1:
+        fleet.keep_agents()
+    within = answer_within(interval)
+    return status_rounds(
+        lambda: metrics_round(fleet, catalog, within=within), interval, rounds, sleep
+    )
 
 
 def restart(
@@ -374,8 +394,11 @@ def watch(
         check_renew_window(fleet.hosts, renewals.window)
 
     # A full interval after each round: one that restarted a unit waits before the next look.
+    fleet.keep_agents()
+    within = answer_within(interval)
+
     def statuses_now() -> FleetResult[RunStatus]:
-        return fleet.poll(lambda host, conn: run_status(host, conn, catalog))
+        return fleet.poll(lambda host, conn: run_status(host, conn, catalog), answer_within=within)
 
     for statuses in status_rounds(statuses_now, interval, rounds, sleep, pace=False):
         for result in statuses:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .bench import cmd_bench
-from .files import cmd_read, fail
+from .files import cmd_read
 from .locks import cmd_release, cmd_tune_lock, cmd_tune_unlock
 from .patches import cmd_apply, cmd_probe, cmd_revert
 from .protocol import (
@@ -30,6 +30,7 @@ from .protocol import (
     REVERT,
     ROUTER,
     RUNS,
+    SESSION,
     START,
     STATUS,
     STOP,
@@ -41,6 +42,7 @@ from .protocol import (
 from .records import cmd_bench_results, cmd_bench_save, cmd_tune_records, cmd_tune_save
 from .router import cmd_hold, cmd_router, held, hold_until_eof
 from .runs import cmd_point, cmd_poll, cmd_preflight, cmd_runs, cmd_start, cmd_status, cmd_stop
+from .session import handle, serve
 from .sglang_options import cmd_check_args
 
 # Each call's handler, by the call's name on the wire (protocol.CALLS names the same calls):
@@ -71,6 +73,14 @@ HANDLERS: dict[str, Callable[..., Any]] = {
 }
 
 
+def answer(document: Any) -> None:
+    try:
+        sys.stdout.write(REPLY_MARK + json.dumps(document) + "\n")
+        sys.stdout.flush()
+    except OSError:
+        pass
+
+
 def main() -> None:
     # A dropped connection must not interrupt a change half-way: finish or roll back.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -79,21 +89,14 @@ def main() -> None:
     # not in the working folder (`python -c` puts "" on the path).
     home = os.path.expanduser("~")
     sys.path[:] = [home if entry == "" else entry for entry in sys.path]
+    if sys.argv[1] == SESSION:  # a kept agent: calls on stdin until the client goes
+        serve(HANDLERS, os.path.basename(os.path.dirname(os.path.dirname(__file__))))
+        return
     call, args = sys.argv[1], json.loads(sys.argv[2])
-    payload = sys.stdin.buffer.read() if call == APPLY.name else b""
-    if call not in HANDLERS:
-        fail(f"unknown agent call {call!r}", "agent")
-    try:
-        result = HANDLERS[call](args, payload) if call == APPLY.name else HANDLERS[call](args)
-    except OSError as exc:  # a missing home, a state_dir that is a file, a read-only disk
-        where = f": {exc.filename}" if exc.filename else ""
-        fail(f"{call} failed on the host: {exc.strerror or exc}{where}", "host")
-    except Exception as exc:  # one line for the client, never a traceback on its screen
-        fail(f"{call} failed on the host: {type(exc).__name__}: {exc}", "agent")
-    try:
-        sys.stdout.write(REPLY_MARK + json.dumps(result) + "\n")
-        sys.stdout.flush()
-    except OSError:
-        pass
+    payload = sys.stdin.buffer.read() if call == APPLY.name else None
+    reply = handle(HANDLERS, call, args, payload)
+    answer(reply)
+    if "error" in reply:
+        sys.exit(1)
     if held:
         hold_until_eof()

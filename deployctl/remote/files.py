@@ -6,11 +6,10 @@ import base64
 import hashlib
 import json
 import os
-import sys
 import tempfile
 from typing import Any, NoReturn
 
-from .protocol import REPLY_MARK, ReadArgs, ReadReply
+from .protocol import ReadArgs, ReadReply
 
 
 def digest(data: bytes | None) -> str | None:
@@ -86,10 +85,18 @@ def state_path(state_dir: str, *parts: str) -> str:
     return os.path.join(os.path.expanduser(state_dir), *parts)
 
 
+class CallFailed(BaseException):
+    """A call's answer is an error (raised by `fail`). A BaseException, as the exit it
+    replaced was: a handler's `except Exception` never swallows it."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
 def fail(message: str, code: str = "patch") -> NoReturn:
     """Answer with an error instead of a reply; `code` says what kind (see the client)."""
-    sys.stdout.write(REPLY_MARK + json.dumps({"error": message, "code": code}) + "\n")
-    sys.exit(1)
+    raise CallFailed(message, code)
 
 
 def cmd_read(args: ReadArgs) -> ReadReply:

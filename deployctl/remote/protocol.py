@@ -636,3 +636,27 @@ CALLS: tuple[Call[Any, Any], ...] = (
     POINT, HOLD,
 )
 # fmt: on
+
+
+# ---- the kept agent (remote/session.py) ---------------------------------------------------
+
+# The call name that starts a kept agent instead of answering one call.
+SESSION = "--session"
+
+
+class EchoArgs(TypedDict):
+    pass
+
+
+class EchoReply(TypedDict):
+    pid: int
+    rss_kib: int  # the kept agent's resident memory now
+    cpu_s: float  # its user+system CPU seconds so far
+    answered: int  # the calls it answered
+
+
+# A trivial answer through a kept agent: the floor a round's cost is measured against.
+ECHO = Call("echo", EchoArgs, EchoReply, "answer through the kept agent")
+# What a kept agent answers: the calls that only read, which front ends repeat every round.
+SESSION_CALLS = frozenset({STATUS.name, RUNS.name, BENCH_RESULTS.name, TUNE_RECORDS.name,
+                           READ.name, PROBE.name, ECHO.name})  # fmt: skip

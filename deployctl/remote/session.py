@@ -1,0 +1,148 @@
+"""A kept agent: one process that answers calls read from stdin until its client goes.
+
+The front ends that poll (`top`, `watch`, the dashboard) start it once per host over their
+open connection (`python -c BOOTSTRAP FOLDER --session`) instead of a Python process per
+call. It first prints a ready line (`REPLY_MARK` + {"session": bundle hash, "pid": …}), then
+answers each request line, one at a time, with one reply line:
+
+    request  {"call": NAME, "args": {...}, "shell": SCRIPT or null, "shell_timeout": S}
+    reply    REPLY_MARK {"reply": the call's reply or {"error", "code"},
+                         "shell": {"exit_code", "stdout", "stderr"} or null}
+
+`shell` is run first, as a one-shot call runs its probes beside the agent (the GPU query of
+a status). Only the calls in SESSION_CALLS are answered here: they read, never change.
+
+It ends as soon as stdin ends: its client closed it, or the client or its connection died
+(sshd then closes the pipes), even while a call hangs on a wedged file system, so it never
+outlives its client. A shell that runs past its timeout is killed with its process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .files import CallFailed
+from .protocol import ECHO, REPLY_MARK, SESSION_CALLS, EchoReply
+
+# The process group of the shell now running, if any: ended with us.
+_running: list[int] = []
+_answered = [0]
+
+
+def serve(handlers: dict[str, Callable[..., Any]], bundle: str) -> None:
+    """Answer request lines until stdin ends; then end at once."""
+    requests: queue.Queue[bytes] = queue.Queue()
+    threading.Thread(target=_read_requests, args=(requests,), daemon=True).start()
+    _write({"session": bundle, "pid": os.getpid()})
+    while True:
+        line = requests.get()
+        try:
+            request = json.loads(line)
+            call, args = request["call"], request["args"]
+            script, timeout = request.get("shell"), float(request.get("shell_timeout") or 60)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            _write({"reply": _error(f"a malformed session request: {exc}", "agent"), "shell": None})
+            continue
+        shell = _run_shell(script, timeout) if script else None
+        _write({"reply": _answer(handlers, call, args), "shell": shell})
+        _answered[0] += 1
+
+
+def _read_requests(requests: queue.Queue[bytes]) -> None:
+    """Queue each request line; at EOF (the client went), end the process now."""
+    try:
+        for line in sys.stdin.buffer:
+            if line.strip():
+                requests.put(line)
+    except OSError:
+        pass
+    for group in _running:
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
+    os._exit(0)
+
+
+def _answer(handlers: dict[str, Callable[..., Any]], call: str, args: Any) -> Any:
+    if call == ECHO.name:
+        return _echo()
+    if call not in SESSION_CALLS:
+        return _error(f"{call!r} is not answered by a kept agent", "agent")
+    return handle(handlers, call, args)
+
+
+def handle(
+    handlers: dict[str, Callable[..., Any]], call: str, args: Any, payload: bytes | None = None
+) -> Any:
+    """One call's reply, or its error as `{"error", "code"}` (one line for the client, never
+    a traceback on its screen); `payload`: the input of a call that reads one (apply)."""
+    try:
+        if call not in handlers:
+            return _error(f"unknown agent call {call!r}", "agent")
+        return handlers[call](args) if payload is None else handlers[call](args, payload)
+    except CallFailed as failed:
+        return _error(failed.message, failed.code)
+    except OSError as exc:  # a missing home, a state_dir that is a file, a read-only disk
+        where = f": {exc.filename}" if exc.filename else ""
+        return _error(f"{call} failed on the host: {exc.strerror or exc}{where}", "host")
+    except Exception as exc:
+        return _error(f"{call} failed on the host: {type(exc).__name__}: {exc}", "agent")
+
+
+def _run_shell(script: str, timeout: float) -> dict[str, Any]:
+    """Run the probes' script as a one-shot call's login shell would; a probe that hangs
+    (a wedged nvidia-smi) is killed at `timeout` and reported, and the session goes on."""
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", script],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    _running.append(proc.pid)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        code, err = 124, err + f"\nkilled after {timeout:g}s".encode()
+    finally:
+        _running.remove(proc.pid)
+    return {
+        "exit_code": code,
+        "stdout": out.decode("utf-8", "replace"),
+        "stderr": err.decode("utf-8", "replace"),
+    }
+
+
+def _echo() -> EchoReply:
+    """The floor's trivial answer, with what this process costs so far."""
+    rss = 0
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+    except OSError:
+        pass
+    times = os.times()
+    return {"pid": os.getpid(), "rss_kib": rss, "cpu_s": times.user + times.system,
+            "answered": _answered[0]}  # fmt: skip
+
+
+def _error(message: str, code: str) -> dict[str, str]:
+    return {"error": message, "code": code}
+
+
+def _write(document: Any) -> None:
+    sys.stdout.write(REPLY_MARK + json.dumps(document) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,242 @@
+"""The kept agent: front ends that poll (top, watch, the dashboard) keep one agent process
+per host over their connection, and it never outlives them.
+
+Real sshd hosts on loopback (tests/sshd_hosts.py). A host's `python` can be a wrapper that
+logs each start of the host's Python, which is what a round costs on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployctl import agent
+from deployctl.connection import ConnectOptions
+from deployctl.crash.catalog import Catalog, default_catalog
+from deployctl.errors import CommandTimeoutError
+from deployctl.fanout import Fleet
+from deployctl.inventory import Host, load_inventory
+from deployctl.ops.runs import run_status
+from deployctl.ops.server import metrics_round
+from deployctl.remote import protocol as proto
+from tests.conftest import CLI
+from tests.sshd_hosts import HOST_PYTHON, SSHLab, TestHost, sh
+
+pytestmark = pytest.mark.lab
+
+
+def counting_python(host: TestHost) -> str:
+    """A `python` for the host that logs each start to ~/python-starts, then runs Python."""
+    wrapper = host.home / "counting-python"
+    wrapper.write_text(f'#!/bin/sh\necho "$$" >>"$HOME/python-starts"\nexec {HOST_PYTHON} "$@"\n')
+    wrapper.chmod(0o755)
+    sh("chown", f"{host.user}:{host.user}", wrapper)
+    return str(wrapper)
+
+
+def python_starts(host: TestHost) -> int:
+    path = host.home / "python-starts"
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+def kept_agents(host: TestHost) -> list[int]:
+    """The host user's kept agent processes (the agent started with --session)."""
+    found = sh("pgrep", "-u", host.user, "-f", f" {proto.SESSION} ", check=False).stdout
+    return [int(pid) for pid in found.split()]
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
+
+
+def counted_inventory(hosts: SSHLab, tmp_path: Path, names: list[str], **common: Any) -> Path:
+    host_vars = {name: {"python": counting_python(hosts.hosts[name])} for name in names}
+    return hosts.inventory(tmp_path / "inv.yml", names, host_vars, **common)
+
+
+@pytest.fixture
+def fleet_of(tmp_path: Path) -> Iterator[Callable[[Path], Fleet]]:
+    opened: list[Fleet] = []
+
+    def open_fleet(inv: Path) -> Fleet:
+        fleet = Fleet(load_inventory(inv).select(None), ConnectOptions(), forks=4)
+        opened.append(fleet)
+        return fleet
+
+    yield open_fleet
+    for fleet in opened:
+        fleet.close()
+
+
+def top_rounds(cli: CLI, inv: Path, rounds: int) -> subprocess.Popen[str]:
+    """`top --json` started, after `rounds` of its documents were read."""
+    proc = cli.popen("top", "--json", "-i", str(inv), "--interval", "0.2")
+    assert proc.stdout is not None
+    for _ in range(rounds):
+        doc = json.loads(proc.stdout.readline())
+        assert all(entry["ok"] for entry in doc["hosts"].values()), doc
+    return proc
+
+
+def test_top_keeps_one_agent_per_host_and_none_outlives_a_sigkilled_client(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    names = ["alpha", "bravo"]
+    inv = counted_inventory(hosts, tmp_path, names)
+    proc = top_rounds(cli, inv, 20)
+    try:
+        for name in names:
+            host = hosts.hosts[name]
+            # One Python per host for 20 rounds, besides the first start's miss and the
+            # unpacking of the agent: one process per call would be 20 or more.
+            assert python_starts(host) <= 3, (name, python_starts(host))
+            assert len(kept_agents(host)) == 1, name
+    finally:
+        proc.kill()  # SIGKILL: no clean-up of ours runs
+        proc.communicate(timeout=10)
+    for host in (hosts.hosts[name] for name in names):
+        assert wait_until(lambda host=host: not kept_agents(host)), host.name
+
+
+def test_a_kept_agent_ends_when_its_sshd_is_killed(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    inv = counted_inventory(hosts, tmp_path, ["alpha"])
+    alpha = hosts.hosts["alpha"]
+    proc = top_rounds(cli, inv, 3)
+    try:
+        [kept] = kept_agents(alpha)
+        # The sshd of our session only (the listener stays): the connection is cut.
+        session_sshd = int(sh("ps", "-o", "ppid=", "-p", str(kept)).stdout.strip() or 0)
+        while session_sshd and b"sshd" not in Path(f"/proc/{session_sshd}/cmdline").read_bytes():
+            session_sshd = int(sh("ps", "-o", "ppid=", "-p", str(session_sshd)).stdout.strip())
+        os.kill(session_sshd, signal.SIGKILL)
+        assert wait_until(lambda: kept not in kept_agents(alpha))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    assert wait_until(lambda: not kept_agents(alpha))
+
+
+def test_rounds_go_on_while_a_host_hangs_and_its_agent_is_restarted(
+    hosts: SSHLab, tmp_path: Path, fleet_of: Callable[[Path], Fleet]
+) -> None:
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], command_timeout=3)
+    fleet = fleet_of(inv)
+    fleet.keep_agents()
+    catalog = load_catalog()
+    first = metrics_round(fleet, catalog, within=2)
+    assert first.ok, [r.error for r in first]
+    bravo = hosts.hosts["bravo"]
+    old = fleet.connection(bravo_host(fleet)).kept
+    assert isinstance(old, agent.KeptAgent)
+    # A hung read on bravo (an NFS state_dir): its runs/current is a FIFO nobody writes.
+    runs = bravo.home / ".deployctl" / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(runs / "current")
+    sh("chown", "-R", f"{bravo.user}:{bravo.user}", bravo.home / ".deployctl")
+    started = time.monotonic()
+    hung = metrics_round(fleet, catalog, within=1)
+    took = time.monotonic() - started
+    by_name = {r.name: r for r in hung}
+    assert by_name["alpha"].ok and took < 2.5, took  # alpha's round did not wait for bravo
+    assert isinstance(by_name["bravo"].exception, CommandTimeoutError)
+    # bravo's call times out (command_timeout 3 s): its agent is closed and ends on the host,
+    # though its call still hangs there.
+    assert wait_until(lambda: old.pid not in kept_agents(bravo), timeout=10)
+    (runs / "current").unlink()
+    fleet._waiting.clear()  # no backoff wait in a test
+    again = metrics_round(fleet, catalog, within=5)
+    assert again.ok, [r.error for r in again]
+    new = fleet.connection(bravo_host(fleet)).kept
+    assert isinstance(new, agent.KeptAgent) and new.pid != old.pid
+    assert kept_agents(bravo) == [new.pid]
+
+
+def test_a_wedged_probe_is_killed_on_the_host_and_the_agent_goes_on(
+    hosts: SSHLab, tmp_path: Path, fleet_of: Callable[[Path], Fleet]
+) -> None:
+    inv = hosts.inventory(tmp_path / "inv.yml", ["bravo"], command_timeout=2)
+    bravo = hosts.hosts["bravo"]
+    smi = bravo.bin / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nsleep 600\n")
+    fleet = fleet_of(inv)
+    fleet.keep_agents()
+    host = bravo_host(fleet)
+    status = run_status(host, fleet.connection(host), load_catalog())
+    assert status.gpus is None  # the GPU query was killed after 1 s (half the timeout)
+    kept = fleet.connection(host).kept
+    assert isinstance(kept, agent.KeptAgent) and kept.answered == 1
+    assert wait_until(lambda: "sleep 600" not in sh("ps", "-u", bravo.user, "-o", "args").stdout)
+    assert kept_agents(bravo) == [kept.pid]
+
+
+def test_a_new_agent_version_starts_a_new_kept_agent(
+    hosts: SSHLab, tmp_path: Path, fleet_of: Callable[[Path], Fleet], monkeypatch: Any
+) -> None:
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"])
+    alpha = hosts.hosts["alpha"]
+    fleet = fleet_of(inv)
+    fleet.keep_agents()
+    host = bravo_host(fleet, "alpha")
+    conn = fleet.connection(host)
+    run_status(host, conn, load_catalog())
+    old = conn.kept
+    assert isinstance(old, agent.KeptAgent)
+    # An upgrade of deployctl: the bundle (so its hash) changes under a running front end.
+    extra = tmp_path / "zz_upgrade.py"
+    extra.write_text("# a newer agent\n")
+    files = agent.bundle_files()
+    monkeypatch.setattr(agent, "bundle_files", lambda: [*files, extra])
+    agent.agent_bundle.cache_clear()
+    agent.agent_hash.cache_clear()
+    try:
+        run_status(host, conn, load_catalog())
+        new = conn.kept
+        assert isinstance(new, agent.KeptAgent) and new.pid != old.pid
+        assert new.bundle == agent.agent_hash() != old.bundle
+        assert wait_until(lambda: kept_agents(alpha) == [new.pid])
+    finally:
+        monkeypatch.undo()
+        agent.agent_bundle.cache_clear()
+        agent.agent_hash.cache_clear()
+
+
+def test_a_python_that_cannot_keep_an_agent_answers_one_process_per_call_with_a_note(
+    hosts: SSHLab, tmp_path: Path, fleet_of: Callable[[Path], Fleet], monkeypatch: Any
+) -> None:
+    bravo = hosts.hosts["bravo"]
+    # Its python gets no input: a kept agent ends at once, a one-shot call needs none.
+    wrapper = bravo.home / "no-input-python"
+    wrapper.write_text(f'#!/bin/sh\nexec {HOST_PYTHON} "$@" </dev/null\n')
+    wrapper.chmod(0o755)
+    sh("chown", f"{bravo.user}:{bravo.user}", wrapper)
+    inv = hosts.inventory(tmp_path / "inv.yml", ["bravo"], {"bravo": {"python": str(wrapper)}})
+    notes: list[str] = []
+    monkeypatch.setattr(agent, "note", notes.append)
+    fleet = fleet_of(inv)
+    fleet.keep_agents()
+    for _ in range(3):
+        result = metrics_round(fleet, load_catalog(), within=10)
+        assert result.ok, [r.error for r in result]
+    assert len(notes) == 1 and "one process per call" in notes[0], notes
+    assert fleet.connection(bravo_host(fleet)).kept is None
+
+
+def bravo_host(fleet: Fleet, name: str = "bravo") -> Host:
+    return next(h for h in fleet.hosts if h.name == name)
+
+
+def load_catalog() -> Catalog:
+    return default_catalog()
