@@ -38,7 +38,7 @@ from deployctl.errors import (
     InventoryError,
     PatchError,
 )
-from deployctl.facts import ProbeOutput, parse_probe_output, probe_script, run_probes
+from deployctl.facts import ProbeOutput, run_probes
 from deployctl.inventory import Host
 from deployctl.remote import bootstrap
 from deployctl.remote import protocol as proto
@@ -253,14 +253,9 @@ def call_beside(
         asked = {**probes, "agent": agent_command(host, spec.name, args)}
         return run_probes(conn, asked, purpose=spec.purpose)
 
-    kept = through_kept_agent(host, conn, spec, args, shell=probe_script(probes))
+    kept = through_kept_agent(host, conn, spec, args, probes=probes)
     if kept is not None:
-        reply, shell = kept
-        assert shell is not None
-        # Probes killed at the agent's timeout (a wedged nvidia-smi) fail; the call stands.
-        outputs = parse_probe_output(shell.stdout)
-        failed = ProbeOutput(shell.exit_code, "", shell.stderr.strip()[-300:])
-        return {name: outputs.get(name, failed) for name in probes}, reply
+        return kept[1], kept[0]
     outputs = run()
     if _agent_missing(outputs["agent"].exit_code, outputs["agent"].output):
         _send_agent(host, conn)
@@ -301,13 +296,14 @@ class KeptAgent:
         self,
         spec: Call[A, R],
         args: A,
-        shell: str | None = None,
+        probes: Mapping[str, str] | None = None,
         timeout: float | None = None,
-    ) -> tuple[R, CommandResult | None]:
-        """The call's checked reply, and the result of `shell` run before it (if given)."""
+    ) -> tuple[R, dict[str, ProbeOutput]]:
+        """The call's checked reply, and the outputs of `probes` (shell commands) run on
+        the host before it; a probe still running at half the timeout is killed there."""
         timeout = timeout or self.host.settings.command_timeout or DEFAULT_COMMAND_TIMEOUT
         late = f"{self.host.name}: no answer within {timeout:g}s: {spec.purpose}"
-        request = {"call": spec.name, "args": args, "shell": shell, "shell_timeout": timeout / 2}
+        request = {"call": spec.name, "args": args, "probes": probes, "timeout": timeout / 2}
         with self._lock:
             if self.ended:
                 raise ConnectError(f"{self.host.name}: the kept agent has ended")
@@ -319,17 +315,21 @@ class KeptAgent:
                 raise
             self.answered += 1
         doc = _reply_document(output.decode(errors="replace"))
-        if not isinstance(doc, dict) or "reply" not in doc:
-            raise AgentError(f"{self.host.name}: the kept agent answered no reply")
-        ran = doc.get("shell")
-        result = None
-        if isinstance(ran, dict):
-            out, err = str(ran.get("stdout", "")), str(ran.get("stderr", ""))
-            result = CommandResult(
-                shell or "", int(ran.get("exit_code", -1)), out.encode(), err.encode()
-            )
-        reply = check_reply(self.host, spec.name, doc["reply"], "no JSON object", spec.reply)
-        return reply, result
+        try:
+            ran = doc["probes"] or {}
+            outputs = {
+                name: ProbeOutput(
+                    int(ran[name]["exit_code"]), ran[name]["output"], ran[name]["stderr"]
+                )
+                for name in probes or {}
+            }
+            reply_doc = doc["reply"]
+        except (KeyError, TypeError, ValueError):
+            raise AgentError(
+                f"{self.host.name}: the kept agent's {spec.name} reply is malformed"
+            ) from None
+        reply = check_reply(self.host, spec.name, reply_doc, "no JSON object", spec.reply)
+        return reply, outputs
 
     def close(self) -> None:
         self.ended = True
@@ -343,9 +343,9 @@ def through_kept_agent(
     conn: Connection,
     spec: Call[A, R],
     args: A,
-    shell: str | None = None,
+    probes: Mapping[str, str] | None = None,
     timeout: float | None = None,
-) -> tuple[R, CommandResult | None] | None:
+) -> tuple[R, dict[str, ProbeOutput]] | None:
     """The call answered by the host's kept agent (see KeptAgent.call); None: make it one
     process per call. A kept agent found ended is replaced once; one that ends by itself
     before its first answer means the host's python cannot keep one (a note says so)."""
@@ -355,7 +355,7 @@ def through_kept_agent(
             return None
         first = kept.answered == 0
         try:
-            return kept.call(spec, args, shell, timeout)
+            return kept.call(spec, args, probes, timeout)
         except ConnectError:
             if first and kept.held.exit_code() is not None:
                 _cannot_keep(host, "it ended before its first answer")

@@ -5,16 +5,17 @@ open connection (`python -c BOOTSTRAP FOLDER --session`) instead of a Python pro
 call. It first prints a ready line (`REPLY_MARK` + {"session": bundle hash, "pid": …}), then
 answers each request line, one at a time, with one reply line:
 
-    request  {"call": NAME, "args": {...}, "shell": SCRIPT or null, "shell_timeout": S}
+    request  {"call": NAME, "args": {...}, "probes": {NAME: COMMAND} or null, "timeout": S}
     reply    REPLY_MARK {"reply": the call's reply or {"error", "code"},
-                         "shell": {"exit_code", "stdout", "stderr"} or null}
+                         "probes": {NAME: {"exit_code", "output", "stderr"}} or null}
 
-`shell` is run first, as a one-shot call runs its probes beside the agent (the GPU query of
-a status). Only the calls in SESSION_CALLS are answered here: they read, never change.
+The probes (shell commands: the GPU query of a status) run first, each as `sh -c`, as a
+one-shot call runs them beside the agent. Only the calls in SESSION_CALLS are answered
+here: they read, never change.
 
 It ends as soon as stdin ends: its client closed it, or the client or its connection died
 (sshd then closes the pipes), even while a call hangs on a wedged file system, so it never
-outlives its client. A shell that runs past its timeout is killed with its process group.
+outlives its client. A probe that runs past the timeout is killed with its process group.
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ def serve(handlers: dict[str, Callable[..., Any]], bundle: str) -> None:
         line = requests.get()
         try:
             request = json.loads(line)
-            call, args = request["call"], request["args"]
-            script, timeout = request.get("shell"), float(request.get("shell_timeout") or 60)
+            call, args, probes = request["call"], request["args"], request.get("probes") or {}
+            timeout = float(request.get("timeout") or 60)
+            ran = {name: _run_probe(str(command), timeout) for name, command in probes.items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            _write({"reply": _error(f"a malformed session request: {exc}", "agent"), "shell": None})
+            _write(
+                {"reply": _error(f"a malformed session request: {exc}", "agent"), "probes": None}
+            )
             continue
-        shell = _run_shell(script, timeout) if script else None
-        _write({"reply": _answer(handlers, call, args), "shell": shell})
+        _write({"reply": _answer(handlers, call, args), "probes": ran})
         _answered[0] += 1
 
 
@@ -97,11 +100,11 @@ def handle(
         return _error(f"{call} failed on the host: {type(exc).__name__}: {exc}", "agent")
 
 
-def _run_shell(script: str, timeout: float) -> dict[str, Any]:
-    """Run the probes' script as a one-shot call's login shell would; a probe that hangs
-    (a wedged nvidia-smi) is killed at `timeout` and reported, and the session goes on."""
+def _run_probe(command: str, timeout: float) -> dict[str, Any]:
+    """Run one probe as a one-shot call's shell would; one that hangs (a wedged nvidia-smi)
+    is killed at `timeout` and reported, and the session goes on."""
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", script],
+        ["/bin/sh", "-c", command],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -114,12 +117,12 @@ def _run_shell(script: str, timeout: float) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        code, err = 124, err + f"\nkilled after {timeout:g}s".encode()
+        code, err = 124, err + f"killed after {timeout:g}s".encode()
     finally:
         _running.remove(proc.pid)
     return {
         "exit_code": code,
-        "stdout": out.decode("utf-8", "replace"),
+        "output": out.decode("utf-8", "replace"),
         "stderr": err.decode("utf-8", "replace"),
     }
 

@@ -1,0 +1,197 @@
+"""What a polling round (`top`, the dashboard) costs with a kept agent per host, against one
+Python process per call, and against the floor of the same hosts echoing through kept agents.
+
+Sets up N real sshd hosts on loopback as fleet.py does (setup_hosts: one login user each with
+/bin/sh, fleet.py's cheap fake nvidia-smi answering 8 H200 GPUs, the agent unpacked; no
+server runs, so each status answers "no run" with its GPUs). Then, in this process, three
+fleets over connections kept open, their order rotating every round:
+
+  per call   a `top` round as before the kept agent: metrics_round, one Python per host
+  kept       the same round through one kept agent per host (Fleet.keep_agents)
+  floor      each host's kept agent answers `echo` (no status read, no GPU query)
+
+For each: the round's wall time, and the remote CPU per host per round: the CPU seconds of
+every process of the hosts' login users and of their sshd sessions (utime+stime, children
+included: /proc/PID/stat), read before and after each round, over N. Medians of --rounds.
+
+Then the kept agent's resident memory over --long-rounds `top` rounds of --long-hosts hosts
+(echo answers it at rounds 10 and the last).
+
+Run: python benchmarks/kept_agent.py [--hosts 32,128,256] [--rounds 10] (needs root and
+openssh-server). Results: a table on stdout and benchmarks/results/kept_agent.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from fleet import setup_hosts  # noqa: E402
+
+from deployctl import agent  # noqa: E402
+from deployctl.connection import ConnectOptions  # noqa: E402
+from deployctl.crash.catalog import default_catalog  # noqa: E402
+from deployctl.fanout import Fleet  # noqa: E402
+from deployctl.inventory import load_inventory  # noqa: E402
+from deployctl.ops.server import metrics_round  # noqa: E402
+from deployctl.remote.protocol import ECHO, EchoArgs  # noqa: E402
+from tests.sshd_hosts import SSHLab, stop_lab  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def remote_cpu_s(uids: set[int], users: tuple[str, ...]) -> float:
+    """CPU seconds so far of the hosts' side: their users' processes and their sshd sessions
+    (children that were waited for included)."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid not in uids:
+                cmdline = Path(entry.path, "cmdline").read_bytes()
+                if not cmdline.startswith(b"sshd") or not any(u in cmdline for u in users):
+                    continue
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return total / TICK
+
+
+def echo_round(fleet: Fleet) -> None:
+    args: EchoArgs = {}
+    results = fleet.run(lambda host, conn: agent.through_kept_agent(host, conn, ECHO, args))
+    assert all(r.value is not None for r in results), [r.error for r in results]
+
+
+def bench_size(lab: SSHLab, inventory: Path, rounds: int) -> dict[str, Any]:
+    hosts = load_inventory(inventory).select(None)
+    catalog = default_catalog()
+    uids = {int(h.home.stat().st_uid) for h in lab.hosts.values()}
+    users = tuple(h.user.encode() for h in lab.hosts.values())
+    fleets = {
+        name: Fleet(hosts, ConnectOptions(), forks=32) for name in ("per call", "kept", "floor")
+    }
+    fleets["kept"].keep_agents()
+    fleets["floor"].keep_agents()
+
+    def top_round(fleet: Fleet) -> Callable[[], None]:
+        def run() -> None:
+            results = metrics_round(fleet, catalog, within=60)
+            assert results.ok, [r.error for r in results if r.error][:3]
+
+        return run
+
+    steps = {
+        "per call": top_round(fleets["per call"]),
+        "kept": top_round(fleets["kept"]),
+        "floor": lambda: echo_round(fleets["floor"]),
+    }
+    try:
+        for step in steps.values():  # connections opened, agents started: not measured
+            step()
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
+        order = list(steps)
+        for index in range(rounds):
+            for name in order[index % 3 :] + order[: index % 3]:
+                cpu0, began = remote_cpu_s(uids, users), time.perf_counter()
+                steps[name]()
+                wall, cpu1 = time.perf_counter() - began, remote_cpu_s(uids, users)
+                samples[name].append((wall, (cpu1 - cpu0) / len(hosts)))
+    finally:
+        for fleet in fleets.values():
+            fleet.close()
+    result: dict[str, Any] = {"hosts": len(hosts), "rounds": rounds}
+    for name, values in samples.items():
+        result[name] = {
+            "round_s": round(statistics.median(w for w, _ in values), 3),
+            "remote_cpu_ms_per_host": round(1000 * statistics.median(c for _, c in values), 2),
+        }
+    result["kept_vs_floor"] = round(result["kept"]["round_s"] / result["floor"]["round_s"], 2)
+    return result
+
+
+def memory_over_rounds(inventory: Path, rounds: int) -> dict[str, Any]:
+    """The kept agents' RSS (KiB, the largest host's) after 10 rounds and after `rounds`."""
+    hosts = load_inventory(inventory).select(None)
+    catalog = default_catalog()
+    seen: dict[int, int] = {}
+    args: EchoArgs = {}
+    with Fleet(hosts, ConnectOptions(), forks=32) as fleet:
+        fleet.keep_agents()
+        for index in range(1, rounds + 1):
+            assert metrics_round(fleet, catalog, within=60).ok
+            if index in (10, rounds):
+                echoes = fleet.run(
+                    lambda host, conn: agent.through_kept_agent(host, conn, ECHO, args)
+                )
+                seen[index] = max(r.value[0]["rss_kib"] for r in echoes if r.value)
+    return {"hosts": len(hosts), "rounds": rounds, "rss_kib": seen}
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "hosts | per call: round s, remote CPU ms/host | kept: round s, ms/host | "
+        "floor: round s, ms/host | kept / floor",
+        "---|---|---|---|---",
+    ]
+    for r in results:
+        cells = [
+            f"{r[n]['round_s']:.3f} s, {r[n]['remote_cpu_ms_per_host']:.1f} ms"
+            for n in ("per call", "kept", "floor")
+        ]
+        lines.append(f"{r['hosts']} | " + " | ".join(cells) + f" | {r['kept_vs_floor']:.2f}×")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hosts", default="32,128,256")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--long-hosts", type=int, default=4)
+    parser.add_argument("--long-rounds", type=int, default=1000)
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.hosts.split(",")]
+    base = Path(tempfile.mkdtemp(prefix="deployctl-kept-", dir="/tmp"))
+    base.chmod(0o755)
+    lab, _ = setup_hosts(base / "lab", max(sizes), sglang=False)
+    results = []
+    try:
+        for size in sizes:
+            names = list(lab.hosts)[:size]
+            inventory = lab.inventory(base / f"inv-{size}.yml", names, command_timeout=120)
+            results.append(bench_size(lab, inventory, args.rounds))
+            print(json.dumps(results[-1]), flush=True)
+        names = list(lab.hosts)[: args.long_hosts]
+        memory = memory_over_rounds(lab.inventory(base / "inv-long.yml", names), args.long_rounds)
+    finally:
+        stop_lab(lab)
+    document = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "load_after": os.getloadavg(),
+        "sizes": results,
+        "memory": memory,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "kept_agent.json").write_text(json.dumps(document, indent=2) + "\n")
+    print(table(results))
+    print(json.dumps(memory))
+
+
+if __name__ == "__main__":
+    main()
