@@ -46,7 +46,6 @@ sys.path.insert(0, str(REPO))
 
 from deployctl.agent import agent_bundle, agent_hash  # noqa: E402 - needs the path above
 from deployctl.connection import Connection  # noqa: E402
-from deployctl.facts import GPUS_COMMAND  # noqa: E402
 from deployctl.inventory import load_inventory  # noqa: E402
 from deployctl.ops.gpus import check_gpus  # noqa: E402
 from deployctl.ops.patch import audit_host  # noqa: E402
@@ -54,7 +53,7 @@ from deployctl.ops.runs import run_status  # noqa: E402
 from deployctl.patchset import load_patch_sets  # noqa: E402
 from deployctl.project import SHIPPED_DATA  # noqa: E402
 from deployctl.remote.bootstrap import UNPACK  # noqa: E402
-from deployctl.remote.protocol import AGENT_DIR  # noqa: E402
+from deployctl.remote.protocol import AGENT_DIR, GPUS_COMMAND  # noqa: E402
 from tests.sglang_wheel import build_template, install_on  # noqa: E402
 from tests.sshd_hosts import SSHLab, TestHost, sh, start_lab, stop_lab  # noqa: E402
 

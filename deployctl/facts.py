@@ -13,19 +13,8 @@ from deployctl.connection import Connection
 from deployctl.errors import ParseError
 from deployctl.text import is_number
 
-# The exact queries whose real output is captured under tests/data/nvidia-smi/.
-GPU_QUERY = (
-    "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,"
-    "temperature.gpu,compute_cap,driver_version --format=csv"
-)
-GPU_APPS_QUERY = (
-    "nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_uuid --format=csv"
-)
-# Both queries in one round trip; a missing nvidia-smi is reported as exit 127.
-GPUS_COMMAND = (
-    "command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found'; exit 127; }; "
-    f"{GPU_QUERY} && echo @@apps && {GPU_APPS_QUERY}"
-)
+# The GPU queries (GPUS_COMMAND, whose real output is captured under tests/data/nvidia-smi/)
+# are on the wire: remote.protocol, since a kept agent answers them through NVML.
 _PROBE_MARK = "@@deployctl-probe@@"
 
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field, replace
 from deployctl import agent
 from deployctl.connection import Connection
 from deployctl.errors import DeployctlError
-from deployctl.facts import GPUS_COMMAND, Gpu, GpuProcess, GpuState, parse_gpus_command, run_probes
+from deployctl.facts import Gpu, GpuProcess, GpuState, parse_gpus_command, run_probes
 from deployctl.inventory import Host
-from deployctl.remote.protocol import RunsArgs
+from deployctl.remote.protocol import GPUS_COMMAND, RunsArgs
 
 DEFAULT_MAX_USED_MIB = 16
 

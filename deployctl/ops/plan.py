@@ -26,7 +26,7 @@ from deployctl.deployments import (
     node_rank,
 )
 from deployctl.errors import DeployctlError, PreflightError, UsageError
-from deployctl.facts import GPUS_COMMAND, GpuState, ProbeOutput, parse_gpus_command
+from deployctl.facts import GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import Fleet, FleetResult, attempt
 from deployctl.inventory import Host
 from deployctl.launchers import Launcher, ServerCommand, launcher_for, launcher_of
@@ -43,6 +43,7 @@ from deployctl.patchset import (
 )
 from deployctl.project import Project
 from deployctl.remote.protocol import (
+    GPUS_COMMAND,
     ClientIdentity,
     LiveRun,
     PreflightArgs,

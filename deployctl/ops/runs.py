@@ -30,7 +30,7 @@ from deployctl.crash import Catalog, CrashReport, CrashScanner, scan_text
 from deployctl.deployments import GroupKey, gpu_set, group_of, node_rank
 from deployctl.errors import ConnectError, DeployctlError, HostKeyError, MetricsError
 from deployctl.events import DISCARD, EventSink
-from deployctl.facts import GPUS_COMMAND, parse_gpus_command
+from deployctl.facts import parse_gpus_command
 from deployctl.fanout import (
     POLL_RETRY_FIRST,
     RECONNECT_BACKOFF_MAX,
@@ -56,6 +56,7 @@ from deployctl.ops.router import (
     router_state,
 )
 from deployctl.remote.protocol import (
+    GPUS_COMMAND,
     JobInfo,
     MetricsPage,
     PollReply,

@@ -44,6 +44,20 @@ AGENT_MISSING_EXIT = 97
 # Starts the line that holds a reply: what a login prints (motd, an rc file) is never read.
 REPLY_MARK = "@@deployctl-reply@@ "
 
+# The GPUs' state: nvidia-smi's two queries in one probe (a missing nvidia-smi is exit 127).
+# A kept agent answers it through NVML where the library loads (remote/gpus.py).
+GPU_QUERY = (
+    "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,"
+    "temperature.gpu,compute_cap,driver_version --format=csv"
+)
+GPU_APPS_QUERY = (
+    "nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_uuid --format=csv"
+)
+GPUS_COMMAND = (
+    "command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found'; exit 127; }; "
+    f"{GPU_QUERY} && echo @@apps && {GPU_APPS_QUERY}"
+)
+
 
 class SglangInstall(TypedDict, total=False):
     version: str | None

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .files import CallFailed
-from .protocol import ECHO, REPLY_MARK, SESSION_CALLS, EchoReply
+from .gpus import gpus_answer
+from .protocol import ECHO, GPUS_COMMAND, REPLY_MARK, SESSION_CALLS, EchoReply
 
 # The process group of the shell now running, if any: ended with us.
 _running: list[int] = []
@@ -50,7 +51,7 @@ def serve(handlers: dict[str, Callable[..., Any]], bundle: str) -> None:
             request = json.loads(line)
             call, args, probes = request["call"], request["args"], request.get("probes") or {}
             timeout = float(request.get("timeout") or 60)
-            ran = {name: _run_probe(str(command), timeout) for name, command in probes.items()}
+            ran = {name: _probe(str(command), timeout) for name, command in probes.items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             _write(
                 {"reply": _error(f"a malformed session request: {exc}", "agent"), "probes": None}
@@ -98,6 +99,14 @@ def handle(
         return _error(f"{call} failed on the host: {exc.strerror or exc}{where}", "host")
     except Exception as exc:
         return _error(f"{call} failed on the host: {type(exc).__name__}: {exc}", "agent")
+
+
+def _probe(command: str, timeout: float) -> dict[str, Any]:
+    """A probe's answer; the GPU query from NVML where it answers (no process started)."""
+    answer = gpus_answer() if command == GPUS_COMMAND else None
+    if answer is not None:
+        return {"exit_code": 0, "output": answer, "stderr": ""}
+    return _run_probe(command, timeout)
 
 
 def _run_probe(command: str, timeout: float) -> dict[str, Any]:
