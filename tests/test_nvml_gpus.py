@@ -30,7 +30,7 @@ INSUFFICIENT_SIZE = 7
 @dataclass
 class FakeGpu:
     uuid: str
-    used_mib: int
+    used_mib: float
     utilization: int | None = 0
     temperature: int | None = 38
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, MiB)
@@ -73,7 +73,7 @@ class FakeNvml:
         assert memory._obj.version == ctypes.sizeof(memory._obj) | (2 << 24)
         memory._obj.total = 143771 * MIB
         memory._obj.reserved = 615 * MIB
-        memory._obj.used = self._gpu(handle).used_mib * MIB
+        memory._obj.used = int(self._gpu(handle).used_mib * MIB)
         return 0
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any, rates: Any) -> int:
@@ -166,6 +166,14 @@ def test_two_busy_gpus_with_their_processes_read_as_nvidia_smi_writes_them(
     assert answer == expected
     state = parse_gpus_command(0, answer or "")
     assert [p.used_memory_mib for p in state.processes] == [3682, 3682]
+
+
+def test_memory_is_rounded_up_to_a_mib_as_nvidia_smi_shows_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Seen on an H200 in one moment: NVML's 22027239424 bytes used, nvidia-smi's 21007 MiB.
+    nvml = FakeNvml([FakeGpu("GPU-x", 22027239424 / MIB)])
+    assert ", 21007 MiB, 143771 MiB," in (answer_of(nvml, monkeypatch) or "")
 
 
 def test_figures_a_gpu_does_not_report_are_not_available_and_a_long_process_list_is_read_whole(
