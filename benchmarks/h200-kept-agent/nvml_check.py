@@ -7,12 +7,19 @@ the GPU probe's text through NVML with nvidia-smi's own, idle and with a process
 nvidia-smi (50 calls), and NVML's raw bytes against nvidia-smi's MiB (rounding).
 """
 
-import json, os, subprocess, sys, time, ctypes
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from deployctl import agent
-from deployctl.remote import bootstrap, protocol as proto
 from deployctl.facts import parse_gpus_command
+from deployctl.remote import bootstrap
+from deployctl.remote import protocol as proto
 
 OUT = os.environ.get("OUT", "/tmp/out")
 os.makedirs(OUT, exist_ok=True)
@@ -57,12 +64,17 @@ def compare(label):
     )["probes"]["gpus"]
     a = parse_gpus_command(smi.returncode, smi.stdout, smi.stderr)
     b = parse_gpus_command(kept["exit_code"], kept["output"], kept["stderr"])
-    strip = lambda s: [(g.index, g.uuid, g.name, g.memory_total_mib, g.compute_cap) for g in s.gpus]
+
+    def strip(s):
+        return [(g.index, g.uuid, g.name, g.memory_total_mib, g.compute_cap) for g in s.gpus]
+
     report[label] = {
         "smi_text": smi.stdout,
         "kept_text": kept["output"],
         "same_static": strip(a) == strip(b),
-        "used_mib": [(x.memory_used_mib, y.memory_used_mib) for x, y in zip(a.gpus, b.gpus)],
+        "used_mib": [
+            (x.memory_used_mib, y.memory_used_mib) for x, y in zip(a.gpus, b.gpus, strict=False)
+        ],
         "procs": [[(p.pid, p.name, p.used_memory_mib) for p in s.processes] for s in (a, b)],
     }
     print(label, json.dumps(report[label], indent=1))
@@ -73,7 +85,7 @@ def cost(label, command, rounds=50):
 
     # children's CPU (nvidia-smi) shows in the session's children times: read via /proc
     def children():
-        f = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+        f = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(f[13]) + int(f[14])) / os.sysconf("SC_CLK_TCK")
 
     c0 = children()
@@ -146,4 +158,4 @@ holder.kill()
 proc.stdin.close()
 proc.wait(10)
 print("session exit", proc.returncode)
-open(os.path.join(OUT, "nvml_check.json"), "w").write(json.dumps(report, indent=1))
+Path(OUT, "nvml_check.json").write_text(json.dumps(report, indent=1))
