@@ -531,6 +531,11 @@ DEFINITIONS: dict[str, Schema] = {
             "note": string(),
             "connection_losses": array(string()),
             "job": ref("job"),
+            "stopped": ref(
+                "stopOutcome",
+                "launch --replace: its live run, stopped first; a stop that failed kept it from"
+                " starting (then no preflight).",
+            ),
         },
         required=["ok"],
         dependentRequired={

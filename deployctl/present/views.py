@@ -403,6 +403,7 @@ def outcome_text(outcome: Outcome) -> str:
 def _launch(result: LaunchReport) -> None:
     """Preflight problems (and, for a dry run, the commands), or each host's run."""
     out_console = console()
+    _stop_lines(result)
     if result.refused or result.dry_run:
         for pre in result.preflights:
             if pre.value is None:
@@ -417,7 +418,9 @@ def _launch(result: LaunchReport) -> None:
             for hint in pre.value.hints:
                 sys.stderr.write(tagged("hint", hint, pre.name))
         if result.refused:
-            sys.stderr.write("nothing was started on any host\n")
+            # Refused after --replace's stops held (GPUs not clean after them): they stay stopped.
+            stopped = " (the runs stopped above stay stopped)" if result.stops.succeeded else ""
+            sys.stderr.write(f"nothing was started on any host{stopped}\n")
         return
     for pre in result.preflights:
         _preflight_warnings(pre)
@@ -469,6 +472,22 @@ def print_registration(change: Registration) -> None:
 def _preflight_warnings(pre: HostResult[Preflight]) -> None:
     for warning in pre.value.warnings if pre.value is not None else []:
         sys.stderr.write(tagged("warning", warning, pre.name))
+
+
+def _stop_lines(result: LaunchReport) -> None:
+    """launch --replace: each live run stopped first, and each target a stop kept from
+    starting, with why."""
+    checked = {pre.name for pre in result.preflights}
+    for stop in result.stops:
+        if stop.value is not None:
+            pids = ", ".join(map(str, stop.value.ended))
+            ended = f"pids {pids}" if pids else "nothing left running"
+            console().print(f"{stop.name}: stopped {stop.value.run} ({ended})", markup=False)
+            if stop.value.router is not None:
+                print_registration(stop.value.router)
+        if stop.name not in checked:
+            error, _, hint = docs.kept_out(stop)
+            print_error(error, hint, stop.name)
 
 
 def _cleanup_lines(result: LaunchReport) -> None:
