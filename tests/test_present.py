@@ -188,7 +188,9 @@ def test_launch_replace_shows_each_stop_and_what_a_failed_stop_kept_from_startin
     # Refused after the stops held (GPUs not clean after them): they stay stopped, and say so.
     refused = launched(RunState.READY)
     refused.outcomes, refused.refused, refused.stops = FleetResult([]), True, stops
-    refused.preflights[0].value.problems.append("GPUs are not clean")  # type: ignore[union-attr]
+    checked = refused.preflights[0].value
+    assert checked is not None
+    checked.problems.append("GPUs are not clean")
     views.render_result(views.LAUNCH, refused, as_json=False)
     err = capsys.readouterr().err
     assert "nothing was started on any host (the runs stopped above stay stopped)" in err
