@@ -14,6 +14,8 @@ from deployctl.localfiles import write_file
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
+    from deployctl.remote.measures import TuneRecord
+
 FORMATS = (".png", ".svg")
 TUNE_PHASES = ("baseline", "speculative", "tuned")
 # No date and no URLs: the same record draws the same file, and an inlined SVG names nothing
@@ -45,42 +47,44 @@ def plot_runs(runs: Mapping[str, Mapping[str, Any]], path: Path) -> None:
     write_file(path, _draw(curves, _format(path)))
 
 
-def plot_tune(record: Mapping[str, Any], path: Path) -> None:
+def plot_tune(record: TuneRecord, path: Path) -> None:
     """Draw a tune record's phases, T and crossover into `path`, replacing it whole."""
     write_file(path, _draw_tune(record, _format(path)))
 
 
-def tune_svg(record: Mapping[str, Any]) -> str:
+def tune_svg(record: TuneRecord) -> str:
     """Return the figure `plot_tune` draws, as SVG text."""
     return _draw_tune(record, "svg").decode("utf-8")
 
 
-def tune_title(record: Mapping[str, Any]) -> str:
+def tune_title(record: TuneRecord) -> str:
     """Return `tune N · host / deployment`, the name of a tune record's figure and page."""
-    where = str(record.get("host", "?"))
-    if record.get("deployment") is not None:
+    where = record["host"]
+    if record["deployment"] is not None:
         where += f" / {record['deployment']}"
-    return f"tune {record.get('tune', '?')} · {where}"
+    return f"tune {record['tune']} · {where}"
 
 
 def _format(path: Path) -> str:
     return path.suffix.lower()[1:]
 
 
-def _draw_tune(record: Mapping[str, Any], fmt: str) -> bytes:
-    phases = record.get("phases") or {}
+def _draw_tune(record: TuneRecord, fmt: str) -> bytes:
+    phases = record["phases"]
     curves: list[Curve] = []
     for phase in TUNE_PHASES:
         if phase in phases:
-            label = phase if phases[phase].get("state") != "crashed" else f"{phase} (crashed)"
-            curves.append((label, phases[phase].get("levels") or [], _PHASE_STYLE[phase]))
+            label = phase if phases[phase]["state"] != "crashed" else f"{phase} (crashed)"
+            curves.append((label, phases[phase]["levels"], _PHASE_STYLE[phase]))
     title = tune_title(record)
-    if record.get("outcome") not in (None, "tuned"):
+    if record["outcome"] != "tuned":
         title += f" — {record['outcome']}"
 
     def mark(axes: Axes) -> None:
-        crossover = record.get("crossover") or {}
-        last_win, first_loss = crossover.get("last_win"), crossover.get("first_loss")
+        crossover = record.get("crossover")
+        last_win, first_loss = (
+            (crossover["last_win"], crossover["first_loss"]) if crossover else (None, None)
+        )
         if last_win is not None and first_loss is not None:
             label = f"crossover {last_win}–{first_loss}"
             axes.axvspan(last_win, first_loss, color="tab:green", alpha=0.15, label=label)
@@ -89,8 +93,8 @@ def _draw_tune(record: Mapping[str, Any], fmt: str) -> bytes:
         elif first_loss is not None:
             label = f"first loss {first_loss}"
             axes.axvline(first_loss, color="tab:red", linestyle="--", label=label)
-        if record.get("threshold") is not None:
-            threshold = record["threshold"]
+        threshold = record["threshold"]
+        if threshold is not None:
             axes.axvline(threshold, color="black", linestyle=":", label=f"T = {threshold}")
 
     return _draw(curves, fmt, title=title, mark=mark)
