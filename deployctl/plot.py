@@ -65,6 +65,12 @@ def tune_title(record: TuneRecord) -> str:
     return f"tune {record['tune']} · {where}"
 
 
+def crossover_ends(record: TuneRecord) -> tuple[int | None, int | None]:
+    """The crossover's last win and first loss (both None when nothing was compared)."""
+    crossover = record.get("crossover")
+    return (crossover["last_win"], crossover["first_loss"]) if crossover else (None, None)
+
+
 def _format(path: Path) -> str:
     return path.suffix.lower()[1:]
 
@@ -81,10 +87,7 @@ def _draw_tune(record: TuneRecord, fmt: str) -> bytes:
         title += f" — {record['outcome']}"
 
     def mark(axes: Axes) -> None:
-        crossover = record.get("crossover")
-        last_win, first_loss = (
-            (crossover["last_win"], crossover["first_loss"]) if crossover else (None, None)
-        )
+        last_win, first_loss = crossover_ends(record)
         if last_win is not None and first_loss is not None:
             label = f"crossover {last_win}–{first_loss}"
             axes.axvspan(last_win, first_loss, color="tab:green", alpha=0.15, label=label)

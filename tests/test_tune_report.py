@@ -316,7 +316,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "deployctl"
 READERS: dict[str, set[str] | None] = {
     "present/views.py": {"_tune_record"},
     "present/tune_report.py": None,
-    "plot.py": {"tune_title", "_draw_tune"},
+    "plot.py": {"tune_title", "_draw_tune", "crossover_ends"},
 }
 
 

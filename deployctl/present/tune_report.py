@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deployctl.localfiles import write_file
-from deployctl.plot import TUNE_PHASES, tune_svg, tune_title
+from deployctl.plot import TUNE_PHASES, crossover_ends, tune_svg, tune_title
 from deployctl.present.terminal import duration_text
 
 if TYPE_CHECKING:
@@ -181,10 +181,7 @@ def _facts(record: TuneRecord) -> str:
 
 def _threshold(record: TuneRecord) -> str:
     threshold = record["threshold"]
-    crossover = record.get("crossover")
-    last_win, first_loss = (
-        (crossover["last_win"], crossover["first_loss"]) if crossover else (None, None)
-    )
+    last_win, first_loss = crossover_ends(record)
     lines = []
     if threshold is None:
         lines.append("<p><strong>No threshold</strong>.</p>")

@@ -885,13 +885,11 @@ SUGGESTION: View[Suggestion] = View(_suggestion, docs.suggestion_document)
 
 def _tune_record(record: TuneRecord, label: str) -> None:
     """A tune record as people read it: T, the gain table, what serves now."""
+    from deployctl.plot import crossover_ends
     from deployctl.present.tune_report import gain_rows, keep_variables
 
     threshold, speculation = record["threshold"], record.get("speculation")
-    crossover = record.get("crossover")
-    last_win, first_loss = (
-        (crossover["last_win"], crossover["first_loss"]) if crossover else (None, None)
-    )
+    last_win, first_loss = crossover_ends(record)
     title = f"{label}: tune {record['tune'] or '-'} ({record['outcome']})"
     if threshold is not None:
         title += (
