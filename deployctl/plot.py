@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.localfiles import write_file
+from deployctl.remote.measures import BenchLevel
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -28,7 +29,7 @@ _PHASE_STYLE: dict[str, dict[str, Any]] = {
 }
 
 # A line: its legend label, its bench levels and how it is drawn (matplotlib line keywords).
-Curve = tuple[str, Sequence[Mapping[str, Any]], Mapping[str, Any]]
+Curve = tuple[str, Sequence[BenchLevel], Mapping[str, Any]]
 
 
 def check_plot_path(path: Path) -> None:
@@ -127,7 +128,7 @@ def _draw(
     for label, levels, style in curves:
         ordered = sorted(levels, key=lambda lv: lv["concurrency"])
         x = [lv["concurrency"] for lv in ordered]
-        tokens = [lv.get("output_tokens_per_s") for lv in ordered]
+        tokens = [lv["output_tokens_per_s"] for lv in ordered]
         itl = [per_token_ms(lv) for lv in ordered]
         line = {"marker": "o", **style, "label": label}
         throughput.plot(x, [_nan_for_none(v) for v in tokens], **line)
