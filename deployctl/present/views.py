@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from deployctl.ops.server import RestartReport, Stray
     from deployctl.ops.tune import KeptTune, TunePlan, TuneReport
     from deployctl.patchset import PatchSet
+    from deployctl.remote.measures import TuneRecord
     from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
 
@@ -901,18 +902,18 @@ def _levels(levels: list[int]) -> str:
 SUGGESTION: View[Suggestion] = View(_suggestion, docs.suggestion_document)
 
 
-def _tune_record(record: dict[str, Any], label: str) -> None:
+def _tune_record(record: TuneRecord, label: str) -> None:
     """A tune record as people read it: T, the gain table, what serves now."""
+    from deployctl.plot import crossover_ends
     from deployctl.present.tune_report import gain_rows, keep_variables
 
     threshold, speculation = record["threshold"], record.get("speculation")
-    crossover = record.get("crossover") or {}
-    mode = record.get("threshold_mode", "patch")
-    title = f"{label}: tune {record.get('tune') or '-'} ({record['outcome']})"
+    last_win, first_loss = crossover_ends(record)
+    title = f"{label}: tune {record['tune'] or '-'} ({record['outcome']})"
     if threshold is not None:
         title += (
-            f": T = {threshold} ({mode}): speculation wins up to concurrency "
-            f"{crossover.get('last_win')}, not at {crossover.get('first_loss')}"
+            f": T = {threshold} ({record['threshold_mode']}): speculation wins up to "
+            f"concurrency {last_win}, not at {first_loss}"
         )
     elif speculation == "never":
         title += ": speculation never beats the baseline here"
@@ -947,14 +948,15 @@ def _tune_record(record: dict[str, Any], label: str) -> None:
         write(
             f"note: speculation wins again at {again}, measured again: a threshold cannot use it\n"
         )
-    if record.get("capacity") is not None:
-        write(f"the tuned run meets the latency bound up to concurrency {record['capacity']}\n")
+    capacity = record.get("capacity")
+    if capacity is not None:
+        write(f"the tuned run meets the latency bound up to concurrency {capacity}\n")
     crash = record.get("crash")
     if crash:
         print_error(
             f"{crash['exception']}: {one_line(crash['message'])}", crash["hint"], host=label
         )
-    if record["outcome"] != "tuned" and record.get("outcome_note"):
+    if record["outcome"] != "tuned" and record["outcome_note"]:
         print_error(record["outcome_note"], host=label)
     elif record["envelope_ratio"] and not record["held"]:
         low = [c for c, r in record["envelope_ratio"].items() if r < record["min_ratio"]]
@@ -964,7 +966,7 @@ def _tune_record(record: dict[str, Any], label: str) -> None:
             "measure again with more --requests-per-stream, or lower --min-ratio",
             host=label,
         )
-    serving = record.get("serving")
+    serving = record["serving"]
     if record.get("serving_known") is False:
         write("serving: unknown (the host did not answer)\n")
     else:
