@@ -47,7 +47,8 @@ from deployctl.crash.catalog import default_catalog  # noqa: E402
 from deployctl.fanout import Fleet  # noqa: E402
 from deployctl.inventory import load_inventory  # noqa: E402
 from deployctl.ops.server import metrics_round  # noqa: E402
-from deployctl.remote.protocol import ECHO, EchoArgs  # noqa: E402
+from deployctl.remote.measures import EchoArgs  # noqa: E402
+from deployctl.remote.protocol import ECHO  # noqa: E402
 from tests.sshd_hosts import SSHLab, stop_lab  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

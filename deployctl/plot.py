@@ -10,9 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.localfiles import write_file
+from deployctl.remote.measures import BenchLevel
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+
+    from deployctl.remote.measures import TuneRecord
 
 FORMATS = (".png", ".svg")
 TUNE_PHASES = ("baseline", "speculative", "tuned")
@@ -26,7 +29,7 @@ _PHASE_STYLE: dict[str, dict[str, Any]] = {
 }
 
 # A line: its legend label, its bench levels and how it is drawn (matplotlib line keywords).
-Curve = tuple[str, Sequence[Mapping[str, Any]], Mapping[str, Any]]
+Curve = tuple[str, Sequence[BenchLevel], Mapping[str, Any]]
 
 
 def check_plot_path(path: Path) -> None:
@@ -45,42 +48,47 @@ def plot_runs(runs: Mapping[str, Mapping[str, Any]], path: Path) -> None:
     write_file(path, _draw(curves, _format(path)))
 
 
-def plot_tune(record: Mapping[str, Any], path: Path) -> None:
+def plot_tune(record: TuneRecord, path: Path) -> None:
     """Draw a tune record's phases, T and crossover into `path`, replacing it whole."""
     write_file(path, _draw_tune(record, _format(path)))
 
 
-def tune_svg(record: Mapping[str, Any]) -> str:
+def tune_svg(record: TuneRecord) -> str:
     """Return the figure `plot_tune` draws, as SVG text."""
     return _draw_tune(record, "svg").decode("utf-8")
 
 
-def tune_title(record: Mapping[str, Any]) -> str:
+def tune_title(record: TuneRecord) -> str:
     """Return `tune N · host / deployment`, the name of a tune record's figure and page."""
-    where = str(record.get("host", "?"))
-    if record.get("deployment") is not None:
+    where = record["host"]
+    if record["deployment"] is not None:
         where += f" / {record['deployment']}"
-    return f"tune {record.get('tune', '?')} · {where}"
+    return f"tune {record['tune']} · {where}"
+
+
+def crossover_ends(record: TuneRecord) -> tuple[int | None, int | None]:
+    """The crossover's last win and first loss (both None when nothing was compared)."""
+    crossover = record.get("crossover")
+    return (crossover["last_win"], crossover["first_loss"]) if crossover else (None, None)
 
 
 def _format(path: Path) -> str:
     return path.suffix.lower()[1:]
 
 
-def _draw_tune(record: Mapping[str, Any], fmt: str) -> bytes:
-    phases = record.get("phases") or {}
+def _draw_tune(record: TuneRecord, fmt: str) -> bytes:
+    phases = record["phases"]
     curves: list[Curve] = []
     for phase in TUNE_PHASES:
         if phase in phases:
-            label = phase if phases[phase].get("state") != "crashed" else f"{phase} (crashed)"
-            curves.append((label, phases[phase].get("levels") or [], _PHASE_STYLE[phase]))
+            label = phase if phases[phase]["state"] != "crashed" else f"{phase} (crashed)"
+            curves.append((label, phases[phase]["levels"], _PHASE_STYLE[phase]))
     title = tune_title(record)
-    if record.get("outcome") not in (None, "tuned"):
+    if record["outcome"] != "tuned":
         title += f" — {record['outcome']}"
 
     def mark(axes: Axes) -> None:
-        crossover = record.get("crossover") or {}
-        last_win, first_loss = crossover.get("last_win"), crossover.get("first_loss")
+        last_win, first_loss = crossover_ends(record)
         if last_win is not None and first_loss is not None:
             label = f"crossover {last_win}–{first_loss}"
             axes.axvspan(last_win, first_loss, color="tab:green", alpha=0.15, label=label)
@@ -89,8 +97,8 @@ def _draw_tune(record: Mapping[str, Any], fmt: str) -> bytes:
         elif first_loss is not None:
             label = f"first loss {first_loss}"
             axes.axvline(first_loss, color="tab:red", linestyle="--", label=label)
-        if record.get("threshold") is not None:
-            threshold = record["threshold"]
+        threshold = record["threshold"]
+        if threshold is not None:
             axes.axvline(threshold, color="black", linestyle=":", label=f"T = {threshold}")
 
     return _draw(curves, fmt, title=title, mark=mark)
@@ -120,7 +128,7 @@ def _draw(
     for label, levels, style in curves:
         ordered = sorted(levels, key=lambda lv: lv["concurrency"])
         x = [lv["concurrency"] for lv in ordered]
-        tokens = [lv.get("output_tokens_per_s") for lv in ordered]
+        tokens = [lv["output_tokens_per_s"] for lv in ordered]
         itl = [per_token_ms(lv) for lv in ordered]
         line = {"marker": "o", **style, "label": label}
         throughput.plot(x, [_nan_for_none(v) for v in tokens], **line)

@@ -161,17 +161,47 @@ def test_the_host_agent_imports_only_the_standard_library_and_itself() -> None:
                 assert top in {"__future__", *sys.stdlib_module_names}, (path.name, module)
 
 
+# The protocol's declarations, one module per concern: the wire (`protocol`) and what is
+# measured and kept (`measures`). The client and presentation import only these.
+PROTOCOL = {f"{REMOTE}.protocol", f"{REMOTE}.measures"}
+
+
 def test_outside_the_agent_only_its_protocol_is_imported() -> None:
     # The client and presentation read the protocol's types; the handlers run on hosts.
     graph = import_graph()
     assert "deployctl.remote.protocol" in graph["deployctl.ops.runs"]
+    assert "deployctl.remote.measures" in graph["deployctl.ops.bench"]
     for name, deps in graph.items():
         if name == REMOTE or name.startswith(REMOTE + "."):
             continue
         allowed = REMOTE_IMPORTERS.get(name, set())
         for dep in deps:
-            if dep.startswith(REMOTE + ".") and dep != REMOTE + ".protocol":
+            if dep.startswith(REMOTE + ".") and dep not in PROTOCOL:
                 assert "*" in allowed or dep in allowed, (name, dep)
+
+
+def test_the_protocol_modules_declare_and_do_nothing() -> None:
+    # What the client may import of the agent holds types, constants and pure helpers: it
+    # imports no handler (its own kind only) and nothing that reaches the host (os, subprocess).
+    for name in PROTOCOL:
+        path = PACKAGE / "remote" / f"{name.rsplit('.', 1)[1]}.py"
+        for level, module in remote_imports(path):
+            if level:
+                assert f"{REMOTE}.{module}" in PROTOCOL, (path.name, module)
+            else:
+                assert module in {"__future__", "typing", "collections.abc"}, (path.name, module)
+
+
+# Issue 40: each module of the agent stays small enough to read whole; past this, split one
+# concern out (as measures.py was out of protocol.py).
+REMOTE_MAX_LINES = 600
+
+
+def test_each_module_of_the_agent_is_under_600_lines() -> None:
+    paths = sorted((PACKAGE / "remote").glob("*.py"))
+    assert paths
+    sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in paths}
+    assert not {n: s for n, s in sizes.items() if s >= REMOTE_MAX_LINES}, sizes
 
 
 def test_only_the_connection_module_imports_fabric_or_paramiko() -> None:

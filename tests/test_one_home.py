@@ -12,9 +12,13 @@ from collections.abc import Iterator
 from deployctl.ops.server import status_rounds
 from tests.test_layers import PACKAGE
 
-# Where the steps would be written again: the operations and the dashboard's collector.
-SCANNED = ("ops", "dashboard")
+# Where the steps would be written again: the operations, the dashboard's collector and the
+# CLI's commands.
+SCANNED = ("ops", "dashboard", "cli")
+# The front ends: they call a step, never write one of their own out of its parts.
+FRONT_ENDS = ("cli/", "dashboard/")
 
+# stop_live_runs: the CLI's own stop, which launch --replace once called before launching.
 STOPS = {"stop_run", "stop_serving", "end_run", "stop_live_runs"}
 STARTS = {"launch", "start_run"}
 
@@ -30,20 +34,47 @@ def functions(tree: ast.AST) -> Iterator[ast.FunctionDef]:
     yield from (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
 
 
-def called(node: ast.AST) -> Iterator[tuple[int, str]]:
-    """(line, name) of each call in `node`: `f(...)` and `x.f(...)` are both `f`."""
+def aliases(tree: ast.AST) -> dict[str, str]:
+    """The names a module imports under another (`from m import launch as launch_runs`):
+    alias → the imported name, so that the alias's calls count as the name's."""
+    return {
+        a.asname: a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom)
+        for a in n.names
+        if a.asname
+    }
+
+
+def called(node: ast.AST, renamed: dict[str, str] | None = None) -> Iterator[tuple[int, str]]:
+    """(line, name) of each call in `node`: `f(...)` and `x.f(...)` are both `f`; a call of
+    an alias in `renamed` is one of the name it stands for."""
     for n in ast.walk(node):
         if isinstance(n, ast.Call):
             func = n.func
             name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-            yield n.lineno, name
+            yield n.lineno, (renamed or {}).get(name, name)
+
+
+def mentioned(node: ast.AST) -> set[str]:
+    """Every name `node` imports, reads or calls (`x.f` mentions `f`), aliases as the name."""
+    found = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.ImportFrom):
+            found |= {a.name for a in n.names}
+        elif isinstance(n, ast.Name):
+            found.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            found.add(n.attr)
+    return found
 
 
 def stops_then_starts(tree: ast.AST) -> set[str]:
     """The functions that call a stop and, later in their text, a start."""
     found = set()
+    renamed = aliases(tree)
     for function in functions(tree):
-        calls = sorted(called(function))
+        calls = sorted(called(function, renamed))
         first_stop = min((line for line, name in calls if name in STOPS), default=None)
         if first_stop is not None and any(
             line > first_stop and name in STARTS for line, name in calls
@@ -64,6 +95,39 @@ def test_the_rule_sees_a_stop_then_start_written_again() -> None:
         "    return launch(fleet, plans, catalog)\n"
     )
     assert stops_then_starts(again) == {"put_back"}
+
+
+def front_end_steps(tree: ast.AST) -> set[str]:
+    """The functions that use both a stop and a start: a stop-then-start of their own,
+    whatever the order of their text or the names they call them by."""
+    return {f.name for f in functions(tree) if mentioned(f) & STOPS and mentioned(f) & STARTS}
+
+
+def test_a_front_end_never_stops_and_starts_by_itself() -> None:
+    """`launch --replace` is `runs.replace`'s stop-then-start: no command stops runs and
+    then launches (nor imports the two together)."""
+    found = {
+        (module, f)
+        for module, tree in sources()
+        if module.startswith(FRONT_ENDS)
+        for f in front_end_steps(tree)
+    }
+    assert found == set()
+
+
+def test_the_rules_see_the_cli_stop_then_launch_it_once_had() -> None:
+    """launch --replace as it was: the CLI stopped the live runs, then launched."""
+    once = ast.parse(
+        "def launch(session, replace):\n"
+        "    from deployctl.ops.runs import launch as launch_runs\n"
+        "    from deployctl.ops.runs import stop_serving\n"
+        "    with session.fleet() as fleet:\n"
+        "        if replace:\n"
+        "            fleet.run(lambda host, conn: stop_serving(fleet, host, conn, 30))\n"
+        "        return launch_runs(fleet, plans, catalog)\n"
+    )
+    assert stops_then_starts(once) == {"launch"}
+    assert front_end_steps(once) == {"launch"}
 
 
 def test_what_serves_is_captured_and_pointed_back_at_in_one_module() -> None:
@@ -146,7 +210,8 @@ def test_tunes_search_does_no_io() -> None:
         elif isinstance(n, ast.Import):
             imported |= {a.name for a in n.names}
     ours = {name for name in imported if name.startswith("deployctl")}
-    assert ours <= {"deployctl.ops.bench.per_token_ms", "deployctl.remote.protocol.BenchLevel"}
+    types = {"deployctl.remote.measures.BenchLevel", "deployctl.remote.measures.ObjectiveShown"}
+    assert ours <= {"deployctl.ops.bench.per_token_ms", *types}
     assert not {"time", "threading", "subprocess", "socket"} & {
         name.split(".")[0] for name in imported
     }

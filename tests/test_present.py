@@ -148,3 +148,49 @@ def test_host_text_reaches_the_terminal_with_its_control_characters_escaped(
     assert tagged("error", hostile, "h1") == "h1: error: a\\x1b]0;title\\x07b\\x1b[2Jc d\\x9be\n"
     out = capsys.readouterr().out
     assert "\\x1b]0;title\\x07" in out and "\x1b" not in out and "\x07" not in out
+
+
+def test_launch_replace_shows_each_stop_and_what_a_failed_stop_kept_from_starting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A multi-node server whose node bravo could not be stopped: neither node starts (a lone
+    rank never rejoins its group); alpha's stop held and says so; the document validates."""
+    from deployctl.errors import ConnectError
+    from deployctl.ops.runs import StopResult
+    from deployctl.schema import versioned
+    from tests.json_contract import check_agreement, problem, validator
+
+    bravo = Host("bravo", dict(DEFAULT_VARS))
+    stops = FleetResult(
+        [
+            HostResult(HOST, StopResult("baseline_v1", [4242], [], True)),
+            HostResult(bravo, exception=ConnectError("bravo: the SSH connection was lost")),
+        ]
+    )
+    report = LaunchReport(FleetResult([]), FleetResult([]), refused=False, stops=stops)
+    assert not report.ok
+    document = views.LAUNCH.document(report)
+    alpha_entry, bravo_entry = document["hosts"]["alpha"], document["hosts"]["bravo"]
+    assert alpha_entry["ok"] is False and alpha_entry["stopped"]["run"] == "baseline_v1"
+    assert alpha_entry["error"] == "not started: another node of its server could not be stopped"
+    assert bravo_entry["ok"] is False and bravo_entry["code"] == "connect"
+    stop = bravo_entry["stopped"]
+    assert (stop["ok"], stop["code"]) == (False, "connect")
+    assert bravo_entry["error"] == f"could not stop its run: {stop['error']}"
+    assert problem(versioned(document), validator(["launch", "--json"])) is None
+    check_agreement(["launch", "--json"], 1, versioned(document))
+    views.render_result(views.LAUNCH, report, as_json=False)
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == "alpha: stopped baseline_v1 (pids 4242)"
+    assert "alpha: error: not started: another node of its server could not be stopped" in err
+    assert "bravo: error: could not stop its run: " in err
+
+    # Refused after the stops held (GPUs not clean after them): they stay stopped, and say so.
+    refused = launched(RunState.READY)
+    refused.outcomes, refused.refused, refused.stops = FleetResult([]), True, stops
+    checked = refused.preflights[0].value
+    assert checked is not None
+    checked.problems.append("GPUs are not clean")
+    views.render_result(views.LAUNCH, refused, as_json=False)
+    err = capsys.readouterr().err
+    assert "nothing was started on any host (the runs stopped above stay stopped)" in err

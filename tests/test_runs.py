@@ -23,9 +23,10 @@ from deployctl.ops.serving import recorded_plan
 from deployctl.patchset import load_patch_sets
 from deployctl.project import SHIPPED_DATA
 from tests.conftest import CLI
-from tests.sshd_hosts import SSHLab
+from tests.sshd_hosts import SSHLab, TestHost
 from tests.test_layers import PACKAGE
 from tests.test_lifecycle import inventory, launch_json, rank_pids
+from tests.test_safety import running
 
 
 def test_a_stop_that_fails_on_one_host_keeps_only_that_host_from_relaunching(
@@ -120,3 +121,110 @@ def test_stop_returns_only_once_a_group_killed_with_sigkill_is_gone(
     entry = json.loads(stopped.stdout)["hosts"]["alpha"]
     assert stopped.returncode == 0, stopped.stderr
     assert set(ranks) <= set(entry["killed"]), entry
+
+
+# ---- launch --replace: the same replace step -------------------------------------------------
+
+
+def run_record(host: TestHost, run_id: str) -> dict[str, Any]:
+    record: dict[str, Any] = json.loads(
+        (host.home / ".deployctl" / "runs" / f"{run_id}.json").read_text()
+    )
+    return record
+
+
+def serving(cli: CLI, inv: Path, name: str) -> dict[str, Any]:
+    entry: dict[str, Any] = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"][
+        name
+    ]
+    return entry
+
+
+def alpha_serving(hosts: SSHLab, cli: CLI, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    """An inventory of alpha and bravo, alpha serving (its launch entry), bravo nothing."""
+    inv = inventory(hosts, tmp_path, ["alpha", "bravo"])
+    code, first, err = launch_json(cli, inv, "--template", "baseline", "-H", "alpha")
+    assert code == 0, err
+    return inv, first["hosts"]["alpha"]
+
+
+def test_launch_replace_refused_by_preflight_stops_nothing(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, old = alpha_serving(hosts, cli, tmp_path)
+    # A plan the host refuses whatever runs there: its model folder does not exist.
+    code, doc, err = launch_json(
+        cli, inv, "--template", "baseline", "-H", "alpha", "--replace",
+        "--set", "model_path=/no/such/model",
+    )  # fmt: skip
+    assert code == 1 and doc["started"] is False and doc["dry_run"] is False, err
+    entry = doc["hosts"]["alpha"]
+    assert entry["ok"] is False and entry["code"] == "preflight"
+    assert "/no/such/model does not exist on alpha" in entry["preflight"]["problems"]
+    assert "stopped" not in entry
+    assert running(old["pid"])
+    # A host with nothing alive is checked in full: bravo's GPUs are taken, so alpha's live
+    # run is not stopped for a launch that could not start on bravo.
+    hosts.hosts["bravo"].set_gpus("busy", 2)
+    code, doc, err = launch_json(cli, inv, "--template", "baseline", "--replace")
+    assert code == 1 and doc["started"] is False, err
+    assert "not clean" in doc["hosts"]["bravo"]["error"]
+    assert doc["hosts"]["alpha"]["preflight"]["ready"] is True
+    assert running(old["pid"])
+    status = serving(cli, inv, "alpha")
+    assert status["run"] == old["run"] and status["ready"] is True
+    cli("stop", "-i", str(inv))
+
+
+def test_launch_replace_replaces_a_live_run_and_starts_where_none_lives(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, old = alpha_serving(hosts, cli, tmp_path)
+    # A dry run is the check --replace makes first: alpha's live run is no refusal; it stops
+    # nothing.
+    code, doc, err = launch_json(cli, inv, "--template", "baseline", "--replace", "--dry-run")
+    assert code == 0 and doc["dry_run"] is True and doc["started"] is False, err
+    assert "stopped" not in doc["hosts"]["alpha"] and running(old["pid"])
+    code, doc, err = launch_json(cli, inv, "--template", "baseline", "--replace")
+    assert code == 0, err
+    alpha, bravo = doc["hosts"]["alpha"], doc["hosts"]["bravo"]
+    assert alpha["state"] == "ready" and alpha["run"] == "baseline_v2"
+    assert alpha["stopped"]["run"] == old["run"] and old["pid"] in alpha["stopped"]["ended"]
+    assert not running(old["pid"])
+    assert bravo["state"] == "ready" and bravo["run"] == "baseline_v1"
+    assert "stopped" not in bravo  # nothing lived there: nothing was stopped
+    # The new run says which run it replaced; a first run replaced none.
+    assert run_record(hosts.hosts["alpha"], "baseline_v2")["restart_of"] == old["run"]
+    assert run_record(hosts.hosts["bravo"], "baseline_v1")["restart_of"] is None
+    # For people: the stop, then the run that took its place.
+    human = cli("launch", "-i", str(inv), "--template", "baseline", "--replace", "-H", "bravo")
+    assert human.returncode == 0, human.stderr
+    assert "bravo: stopped baseline_v1" in human.stdout
+    assert "bravo: baseline_v2" in human.stdout and "ready in" in human.stdout
+    cli("stop", "-i", str(inv))
+
+
+def test_launch_replace_one_host_failing_its_stop_keeps_only_it_from_relaunching(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv = inventory(hosts, tmp_path, ["alpha", "bravo"])
+    code, first, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    # bravo's run records cannot be written: its stop fails before it signals anything (the
+    # check made before any stop only reads them).
+    runs_dir = hosts.hosts["bravo"].home / ".deployctl" / "runs"
+    runs_dir.chmod(0o555)
+    try:
+        code, doc, err = launch_json(cli, inv, "--template", "baseline", "--replace")
+    finally:
+        runs_dir.chmod(0o700)
+    assert code == 1 and doc["started"] is True, err
+    alpha, bravo = doc["hosts"]["alpha"], doc["hosts"]["bravo"]
+    assert alpha["ok"] is True and alpha["state"] == "ready" and alpha["run"] == "baseline_v2"
+    assert not running(first["hosts"]["alpha"]["pid"])
+    assert bravo["ok"] is False and bravo["stopped"]["ok"] is False
+    assert bravo["error"].startswith("could not stop its run"), bravo
+    assert "run" not in bravo  # not started
+    assert running(first["hosts"]["bravo"]["pid"])  # what it served still serves
+    assert serving(cli, inv, "bravo")["run"] == "baseline_v1"
+    cli("stop", "-i", str(inv))

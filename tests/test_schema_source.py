@@ -137,3 +137,19 @@ def test_an_outcome_code_keeps_its_pattern(code: str) -> None:
     entry = {"ok": False, "error": "down", "code": code}
     assert list(shape_check("stop", "stopOutcome").iter_errors(entry))
     assert not list(shape_check("stop", "stopOutcome").iter_errors({**entry, "code": "connect"}))
+
+
+def test_the_tune_record_schema_takes_its_keys_from_the_protocol() -> None:
+    # The record is kept on the host and declared once, as TypedDicts (remote/measures.py):
+    # the schema's keys and required keys are the declaration's, and a key declared without
+    # a schema (or the other way round) stops the generator.
+    from deployctl.remote.measures import PhaseRecord, TuneRecord
+
+    for name, typed in (("record", TuneRecord), ("phase", PhaseRecord)):
+        shape = contract.DEFINITIONS[name]
+        assert set(shape["properties"]) == typed.__required_keys__ | typed.__optional_keys__
+        assert set(shape["required"]) == typed.__required_keys__, name
+    properties = dict(contract.DEFINITIONS["record"]["properties"])
+    del properties["narrowed"]
+    with pytest.raises(TypeError, match="'narrowed'"):
+        contract.declared(TuneRecord, properties)

@@ -27,7 +27,7 @@ import pytest
 
 from deployctl.ops.tune import speculative_graph_sizes
 from deployctl.remote.bench import cmd_bench
-from deployctl.remote.protocol import BenchLevel
+from deployctl.remote.measures import BenchLevel
 from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
 from tests.standin.sglang_standin import (
     adaptive_steps,

@@ -31,7 +31,7 @@ from deployctl.ops.tune import (
     spaced,
     speculative_graph_sizes,
 )
-from deployctl.remote.protocol import BenchLevel
+from deployctl.remote.measures import BenchLevel
 from tests.conftest import CLI
 from tests.sshd_hosts import STANDIN, SSHLab, TestHost
 from tests.test_lifecycle import prepare

@@ -43,8 +43,15 @@ def level(b: int, per_stream: float) -> dict[str, Any]:
 
 
 def phase(run: str, template: str, threshold: int | None, levels: list[dict[str, Any]]) -> Any:
-    return {"run": run, "template": template, "threshold": threshold, "state": "ready",
-            "levels": levels}  # fmt: skip
+    return {"run": run, "runs": [run], "template": template, "threshold": threshold,
+            "state": "ready", "levels": levels, "samples": {}, "sweeps": []}  # fmt: skip
+
+
+PARAMS = {
+    "concurrency": LEVELS, "input_len": 512, "output_len": 128, "requests_per_stream": 4,
+    "objective": {"kind": "max_itl_ms", "bound": 25.0}, "keep": "tuned", "min_ratio": 0.95,
+    "noise": 0.03, "repeats": 3,
+}  # fmt: skip
 
 
 def tuned_record(deployment: str | None = "chat") -> dict[str, Any]:
@@ -62,8 +69,8 @@ def tuned_record(deployment: str | None = "chat") -> dict[str, Any]:
         for t in tuned
     }  # fmt: skip
     return {
-        "tune": 3, "deployment": deployment, "host": "alpha",
-        "objective": {"kind": "throughput"}, "threshold_mode": "patch", "threshold": T,
+        "tune": 3, "deployment": deployment, "host": "alpha", "params": PARAMS,
+        "threshold_mode": "patch", "threshold": T,
         "crossover": {"last_win": 6, "first_loss": 7},
         "phases": {
             "baseline": phase("baseline_v3", "baseline", None, baseline),
@@ -71,7 +78,7 @@ def tuned_record(deployment: str | None = "chat") -> dict[str, Any]:
             "tuned": phase("eagle3_t6_v4", "eagle3", T, tuned),
         },
         "refined_levels": REFINED, "envelope_ratio": envelope, "min_ratio": 0.95,
-        "outcome": "tuned", "outcome_note": "speculation wins up to concurrency 6",
+        "outcome": "tuned", "outcome_note": "speculation wins up to concurrency 6", "held": False,
         "serving": "eagle3_t6_v4", "crash": None,
         "started_at": 1764590000.0, "wall_s": 312.4, "launches": 3, "levels_measured": 24,
     }  # fmt: skip
@@ -202,6 +209,21 @@ def test_the_page_shows_t_its_inventory_line_and_a_row_per_level() -> None:
     assert [r[6] for r in rows].count("0.900 below 0.95") == 1
 
 
+def test_the_page_says_the_objective_the_tune_was_asked_for() -> None:
+    # It is kept under `params`, as `tune --json` prints it.
+    page = tune_html(tuned_record())
+    assert "highest concurrency with time per output token ≤ 25.0 ms" in page
+    throughput = {**PARAMS, "objective": {"kind": "throughput", "bound": None}}
+    assert "<dd>throughput</dd>" in tune_html({**tuned_record(), "params": throughput})
+
+
+def test_the_records_drawn_here_are_whole_records() -> None:
+    # As the host checks a kept one: the drawings are tested on what tune really keeps.
+    from deployctl.remote.records import is_tune_record
+
+    assert is_tune_record(tuned_record()) and is_tune_record(kept(1))
+
+
 def test_every_string_from_the_record_is_escaped() -> None:
     page = tune_html(tuned_record(deployment="<script>alert(1)</script>"))
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -234,10 +256,7 @@ def test_the_page_is_written_whole_in_place_of_the_old(tmp_path: Path) -> None:
 
 def kept(number: int) -> dict[str, Any]:
     """A whole record as tune keeps it."""
-    record = {**tuned_record(None), "tune": number, "held": True}
-    for entry in record["phases"].values():
-        entry |= {"runs": [entry["run"]], "sweeps": [], "samples": {}}
-    return record
+    return {**tuned_record(None), "tune": number, "held": True}
 
 
 def local_inventory(tmp_path: Path, records: dict[int, Any]) -> Path:
@@ -271,14 +290,102 @@ def test_a_missing_tune_record_fails_in_json_as_its_exit_status_says(
 def test_a_tune_record_of_the_wrong_shape_is_named_and_skipped(cli: CLI, tmp_path: Path) -> None:
     good = kept(1)
     bad = {k: v for k, v in good.items() if k != "held"} | {"tune": 2}  # valid JSON, a key short
-    inv = str(local_inventory(tmp_path, {1: good, 2: bad, 3: {**good, "phases": []}}))
+    # Checked as declared, nested parts and the keys a record may lack included: a phase
+    # without its levels, a crash that is a string.
+    phases = {**good["phases"], "tuned": {**good["phases"]["tuned"]}}
+    del phases["tuned"]["levels"]
+    records = {1: good, 2: bad, 3: {**good, "phases": []}, 4: {**good, "phases": phases}}
+    records[5] = {**good, "crash": "RuntimeError"}
+    inv = str(local_inventory(tmp_path, records))
     shown = cli("tune", "-i", inv, "--report")
     assert shown.returncode == 0, shown.stderr
     assert "internal error" not in shown.stderr and "Traceback" not in shown.stderr
-    for number in (2, 3):
+    for number in (2, 3, 4, 5):
         assert f"tunes/{number}.json is not a readable tune record" in shown.stderr
     assert "localhost: tune 1 (tuned)" in shown.stdout  # the newest good one
     doc = json.loads(cli("tune", "-i", inv, "--report", "--json").stdout)["hosts"]["localhost"]
-    assert doc["record"]["tune"] == 1 and doc["numbers"] == [1] and len(doc["unreadable"]) == 2
+    assert doc["record"]["tune"] == 1 and doc["numbers"] == [1] and len(doc["unreadable"]) == 4
     asked = cli("tune", "-i", inv, "--report", "2")
     assert asked.returncode == 1 and "no tune 2 is kept here (kept: 1)" in asked.stderr
+
+
+# ---- the record's keys: declared once (remote/measures.py), read by name ---------------------
+
+PACKAGE = Path(__file__).resolve().parent.parent / "deployctl"
+# Where the tune record is read: the functions, or (None) every function of the file.
+READERS: dict[str, set[str] | None] = {
+    "present/views.py": {"_tune_record"},
+    "present/tune_report.py": None,
+    "plot.py": {"tune_title", "_draw_tune", "crossover_ends"},
+}
+
+
+def declared_keys() -> set[str]:
+    """Every key the tune record and the parts nested in it declare."""
+    import typing
+
+    from deployctl.remote import measures
+
+    found: set[str] = set()
+    seen: set[type] = set()
+
+    def visit(hint: Any) -> None:
+        if typing.is_typeddict(hint) and hint not in seen:
+            seen.add(hint)
+            found.update(hint.__required_keys__ | hint.__optional_keys__)
+            for item in typing.get_type_hints(hint).values():
+                visit(item)
+        for arg in typing.get_args(hint):
+            visit(arg)
+
+    visit(measures.TuneRecord)
+    return found
+
+
+def keys_read(source: str, functions: set[str] | None) -> dict[str, set[str]]:
+    """The string keys a module reads in `functions` (`x["key"]`, `x.get("key")`), by what
+    they are read from: `record` itself, or anything else ("")."""
+    import ast
+
+    found: dict[str, set[str]] = {"record": set(), "": set()}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef) or (functions and node.name not in functions):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Subscript):
+                owner, key = inner.value, inner.slice
+            elif (
+                isinstance(inner, ast.Call)
+                and isinstance(inner.func, ast.Attribute)
+                and inner.func.attr == "get"
+                and inner.args
+            ):
+                owner, key = inner.func.value, inner.args[0]
+            else:
+                continue
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                of = "record" if isinstance(owner, ast.Name) and owner.id == "record" else ""
+                found[of].add(key.value)
+    return found
+
+
+def test_every_key_a_reader_of_the_record_reads_is_declared() -> None:
+    from deployctl.remote.measures import TuneRecord
+
+    declared = declared_keys()
+    top = TuneRecord.__required_keys__ | TuneRecord.__optional_keys__
+    assert {"host", "phases", "levels", "output_tokens_per_s", "last_win", "kind"} <= declared
+    for name, functions in READERS.items():
+        read = keys_read((PACKAGE / name).read_text(encoding="utf-8"), functions)
+        assert read["record"], name
+        assert read["record"] <= top, f"{name}: not keys of a record: {read['record'] - top}"
+        assert read[""] <= declared, f"{name} reads undeclared keys: {read[''] - declared}"
+    # The dashboard's page draws a deployment's newest record.
+    script = (PACKAGE / "dashboard" / "static" / "app.js").read_text(encoding="utf-8")
+    body = script[script.index("function curves(") :]
+    body = body[: body.index("\n}\n")]
+    tune = set(re.findall(r"\btune\.(\w+)", body))
+    read = set(re.findall(r"\b[pl]\.(\w+)", body)) | set(re.findall(r"\bl\.\w+\.(\w+)", body))
+    assert {"phases", "crossover", "threshold", "tune"} <= tune and {"levels", "p50"} <= read
+    assert tune <= top, f"app.js: not keys of a record: {tune - top}"
+    assert read <= declared, f"app.js reads undeclared keys: {read - declared}"

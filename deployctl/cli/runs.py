@@ -23,24 +23,26 @@ def launch(
     ] = False,
     replace: Annotated[
         bool,
-        typer.Option("--replace", help="Stop a host's running server first (else: refused)."),
+        typer.Option(
+            "--replace",
+            help="Stop a host's running server first (else: refused); a plan its host "
+            "refuses stops nothing.",
+        ),
     ] = False,
 ) -> Reply:
     """Preflight every host, start the server detached with a versioned log, wait until ready."""
     from deployctl.ops import plan as ops
-    from deployctl.ops.runs import launch as launch_runs
-    from deployctl.ops.runs import stop_live_runs
+    from deployctl.ops import runs
     from deployctl.present import live, views
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
     plans = ops.plan_launch(
         session.project, session.targets, template, threshold, set_ or [], patch_sets
     )
+    # --replace is runs.replace's stop-then-start, checked before anything stops.
+    start = runs.launch_replacing if replace else runs.launch
     with session.fleet() as fleet, live.Progress(enabled=not session.options.json) as progress:
-        if replace and not dry_run:
-            # A stop that fails leaves its run alive, and the preflight then refuses that host.
-            stop_live_runs(fleet, [p.host for p in plans])
-        result = launch_runs(
+        result = start(
             fleet,
             plans,
             catalog,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,6 +13,9 @@ from deployctl.choices import BenchTool, Keep, ThresholdMode
 from deployctl.cli.options import DrainTimeoutOpt, StopTimeoutOpt, TimeoutOpt
 from deployctl.cli.session import SERVERS, Reply, Session, app, fleet_command
 from deployctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from deployctl.remote.measures import TuneRecord
 
 # The load of one level, as bench and tune take it.
 ConcurrencyOpt = Annotated[
@@ -239,7 +242,7 @@ def tune(
 
 def _drawing(
     session: Session, plot: Path | None, html: Path | None
-) -> Callable[[dict[str, Any] | None], None]:
+) -> Callable[[TuneRecord | None], None]:
     """Check --plot and --html before any host is touched; return what draws a record."""
     from deployctl import plot as plots
 
@@ -254,7 +257,7 @@ def _drawing(
             "--plot and --html draw one tune", hint="select one deployment with -H (and -d)"
         )
 
-    def draw(record: dict[str, Any] | None) -> None:
+    def draw(record: TuneRecord | None) -> None:
         if record is None:
             return
         if plot is not None:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from deployctl.text import one_line
+
+if TYPE_CHECKING:
+    from deployctl.remote.measures import CrashRecord
 
 _MESSAGE_CAP = 500
 
@@ -25,7 +29,7 @@ class CrashReport:
     title: str
     hint: str
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> CrashRecord:
         """Return the report as a JSON-ready dict."""
         return {
             "exception": self.exception,

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from deployctl import agent
 from deployctl.connection import Connection
@@ -31,7 +31,7 @@ from deployctl.ops.server import answer_within, metrics_round, status_rounds
 from deployctl.ops.tune import find_tunes
 from deployctl.patchset import PatchSet
 from deployctl.present.documents import audit_json, hosts_document, status_document
-from deployctl.remote.protocol import BenchResultsArgs
+from deployctl.remote.measures import BenchResultsArgs, TuneRecord
 from deployctl.schema import versioned
 
 # Throughput points kept per deployment: ten minutes at the default 2 s.
@@ -40,6 +40,14 @@ HISTORY_POINTS = 300
 RECORDS_EVERY = 60.0
 # The log read with each status: enough for the detail view's tail.
 TAIL_BYTES = 32 * 1024
+
+
+class Records(TypedDict):
+    """What the page reads besides the statuses, refreshed every RECORDS_EVERY seconds."""
+
+    audit: dict[str, Any] | None  # the patch-audit document
+    tunes: dict[str, TuneRecord]  # deployment → its newest kept tune (app.js draws it)
+    bench: dict[str, list[dict[str, Any]]]  # deployment → its current run's kept sweeps
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,7 @@ class Collector:
         self.groups = groups or {}
         self.clock = clock
         self.history: dict[str, deque[tuple[float, float | None]]] = {}
-        self._records: dict[str, Any] = {"audit": None, "tunes": {}, "bench": {}}
+        self._records: Records = {"audit": None, "tunes": {}, "bench": {}}
         self.records_every = records_every
         self._records_at: float | None = None  # when the records were last read
         self._listeners: list[Callable[[], None]] = []
@@ -189,7 +197,7 @@ class Collector:
         )
         return row
 
-    def _read_records(self, results: FleetResult[RunStatus]) -> dict[str, Any]:
+    def _read_records(self, results: FleetResult[RunStatus]) -> Records:
         """Patch audits, each deployment's newest tune and its current run's bench sweeps,
         of the hosts that answered this round (one that did not would stall it)."""
         answered = [r.host for r in results if not r.failed]

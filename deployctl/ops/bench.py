@@ -22,7 +22,7 @@ from deployctl.inventory import Host
 from deployctl.launchers import launcher_of
 from deployctl.ops.runs import recorded_run
 from deployctl.patchset import speculates
-from deployctl.remote.protocol import (
+from deployctl.remote.measures import (
     BenchArgs,
     BenchLevel,
     BenchResultsArgs,

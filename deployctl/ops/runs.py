@@ -4,8 +4,9 @@ stopping it and replacing it.
 A *deployment* is one server; a *run* is one start of it (its record, its versioned log);
 a *unit* is what starts and stops as one: a single server, or every node of a multi-node
 server. Everything a command does to a server is a step here: `launch` starts runs and
-waits for them, `run_status` reads one, `stop_run` ends one, and `replace` (stop, preflight,
-start, wait) is the one step `restart` and `watch` use, as rollouts and tuning will.
+waits for them, `run_status` reads one, `stop_run` ends one, and `replace` (check, stop,
+preflight, start, wait) is the one step `restart`, `watch`, rollouts, tuning and
+`launch --replace` use.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import getpass
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -371,6 +372,9 @@ class LaunchReport:
     cleanup: FleetResult[StopReply] = field(default_factory=lambda: FleetResult([]))
     # Ready workers added to their routers, and workers added to routers that came up.
     registrations: list[Registration] = field(default_factory=list)
+    # `launch --replace`: the live runs stopped first, per target (a failed stop kept its
+    # plan from starting).
+    stops: FleetResult[StopResult] = field(default_factory=lambda: FleetResult([]))
 
     @property
     def started(self) -> bool:
@@ -378,7 +382,12 @@ class LaunchReport:
 
     @property
     def ok(self) -> bool:
-        return not self.refused and self.outcomes.ok and all(r.ok for r in self.registrations)
+        return (
+            not self.refused
+            and not self.stops.failed
+            and self.outcomes.ok
+            and all(r.ok for r in self.registrations)
+        )
 
 
 def launch(
@@ -393,11 +402,12 @@ def launch(
     events: EventSink = DISCARD,
     restart_of: Mapping[str, str] | None = None,
     beside: Mapping[str, str] | None = None,
-    replacing: bool = False,
+    replacing: Collection[str] = (),
 ) -> LaunchReport:
     """Preflight all hosts; start on all only if every one passed; then wait for ready.
     `beside`: per target, a live run the new one starts beside (a Slurm job's successor).
-    `replacing` (with `dry_run`): check what does not depend on the runs still serving."""
+    `replacing` (with `dry_run`): the targets whose run still serves and is stopped after
+    this check; theirs checks only what does not depend on that run."""
     by_name = {p.host.label: p for p in plans}
 
     def preflight(host: Host, conn: Connection) -> Preflight:
@@ -405,7 +415,9 @@ def launch(
         # The lock is held until the wait ends: a second launch must not slip in while
         # the first server has not yet bound its port.
         alongside = (beside or {}).get(host.label)
-        result = run_preflight(plan, conn, max_used_mib, timeout + 120, alongside, replacing)
+        result = run_preflight(
+            plan, conn, max_used_mib, timeout + 120, alongside, host.label in replacing
+        )
         problems, hints = routing_problems(fleet, plan)
         result.problems += problems
         result.hints += hints
@@ -866,19 +878,6 @@ def stop_serving(
     return result
 
 
-def stop_live_runs(
-    fleet: Fleet, hosts: Sequence[Host], timeout: float = 30
-) -> FleetResult[StopResult | None]:
-    """Stop the runs still alive on `hosts` (launch --replace); None where none was."""
-
-    def stop_if_alive(host: Host, conn: Connection) -> StopResult | None:
-        # Only whether it lives: no log tail to scan, no GPU query (stop_run checks those).
-        alive = recorded_run(host, conn)["alive"]
-        return stop_serving(fleet, host, conn, timeout) if alive else None
-
-    return fleet.run(stop_if_alive, hosts)
-
-
 @dataclass
 class Unit:
     """What restarts as one: a single server, or every node of a multi-node server."""
@@ -935,7 +934,7 @@ def units(results: FleetResult[RunStatus]) -> list[Unit]:
     return list(found.values())
 
 
-# ---- replacing runs: restart, watch (and next rollout, tune) --------------------------
+# ---- replacing runs: restart, watch, rollout, tune, launch --replace -------------------
 
 
 @dataclass
@@ -966,6 +965,7 @@ def replace(
     checked: bool = False,
     out_of_router: bool = False,
     between: Callable[[FleetResult[StopResult]], bool] | None = None,
+    stopping: Collection[str] | None = None,
 ) -> Replacement:
     """Check the plans, stop each plan's current run, then launch the plan (preflight,
     start, wait). The one stop-then-start: restart, watch, rollout and tune's put-back.
@@ -979,10 +979,14 @@ def replace(
     `checked`: the caller checked the plans already (a rollout, which applies patch sets
     between the stop and the start); `out_of_router`: the caller took the workers out of
     their routers itself, so the stop leaves the routers alone; `between`: run once the
-    stops held, before the start (a rollout's patch change); False from it starts nothing.
+    stops held, before the start (a rollout's patch change); False from it starts nothing;
+    `stopping`: the targets whose run is stopped (None: every plan's); the others only
+    start, so their check is a plain launch's.
     """
+    stopped = [p.host for p in plans if stopping is None or p.host.label in stopping]
     if not checked:
-        check = launch(fleet, plans, catalog, dry_run=True, replacing=True, timeout=timeout)
+        replacing = {h.label for h in stopped}
+        check = launch(fleet, plans, catalog, dry_run=True, replacing=replacing, timeout=timeout)
         if check.refused:
             return Replacement(FleetResult([]), check)
 
@@ -992,7 +996,7 @@ def replace(
         return stop_serving(fleet, host, conn, stop_timeout, drain_timeout=drain_timeout)
 
     # A failed stop is not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
-    stops = fleet.run(stop, [p.host for p in plans])
+    stops = fleet.run(stop, stopped)
     broken = {p.group for p in plans if p.host.label in stops.failed and p.group is not None}
     kept = [p for p in plans if p.host.label not in stops.failed and p.group not in broken]
     if not kept or (between is not None and not between(stops)):
@@ -1018,3 +1022,42 @@ def with_router_states(fleet: Fleet, results: FleetResult[RunStatus]) -> FleetRe
         status = live[found.name]
         status.router = found.value or RouterState(found.name, None, error=found.error or "")
     return results
+
+
+def launch_replacing(
+    fleet: Fleet,
+    plans: Sequence[Plan],
+    catalog: Catalog,
+    *,
+    wait: bool = True,
+    timeout: float = 900,
+    dry_run: bool = False,
+    events: EventSink = DISCARD,
+) -> LaunchReport:
+    """`launch --replace`: `replace` each plan whose deployment has a live run (out of its
+    router, stopped, started again), and start the others; checked before anything stops,
+    so a plan refused stops nothing. A dry run is that check.
+
+    The new run names the one it replaced (`restart_of`), as restart's do; a run already
+    dead is not replaced, only followed, as by a plain launch."""
+    # Only whether each lives: no log tail, no GPU query. A host that cannot say is taken
+    # for one with nothing alive: its check is then a plain launch's, which refuses a live run.
+    read = fleet.run(recorded_run, [p.host for p in plans])
+    live = {
+        r.name: r.value["run"]["id"]
+        for r in read
+        if r.value is not None and r.value["alive"] and r.value["run"] is not None
+    }
+    if dry_run:
+        return launch(
+            fleet, plans, catalog, timeout=timeout, dry_run=True, replacing=live, events=events
+        )
+    replaced = replace(
+        fleet, plans, catalog, restart_of=live, stopping=live, wait=wait, timeout=timeout,
+        events=events,
+    )  # fmt: skip
+    # None: every stop failed, so nothing was left to start.
+    report = replaced.launch or LaunchReport(FleetResult([]), FleetResult([]), refused=False)
+    report.dry_run = False  # a refusal by the check, itself a dry run, refused this launch
+    report.stops = replaced.stops
+    return report

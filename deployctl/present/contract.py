@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from deployctl.metrics import GAUGES, HISTOGRAMS
+from deployctl.remote.measures import Crossover, PhaseRecord, TuneRecord, Verdict
 
 Schema = dict[str, Any]
 
@@ -89,6 +90,22 @@ def obj(
         schema["if"] = {"required": ["error"], "properties": {"error": {"type": "null"}}}
         schema["then"] = {"required": list(required_when_ok)}
     return schema
+
+
+def declared(
+    typed: type, properties: dict[str, Schema], description: str | None = None, **keywords: Any
+) -> Schema:
+    """An object the protocol declares as a TypedDict (the tune record, kept on the host):
+    its keys and which are required come from the declaration, so the schema and what the
+    host and the readers check cannot drift; `properties` give each key's JSON shape."""
+    keys: frozenset[str] = typed.__required_keys__ | typed.__optional_keys__  # type: ignore[attr-defined]
+    if set(properties) != keys:
+        raise TypeError(
+            f"{typed.__name__}: the schema's keys differ from the declaration's: "
+            f"{sorted(set(properties) ^ keys)}"
+        )
+    required = [key for key in properties if key in typed.__required_keys__]  # type: ignore[attr-defined]
+    return obj(properties, required=required, description=description, **keywords)
 
 
 # What every outcome says: a host's, a deployment's, a unit's.
@@ -531,6 +548,11 @@ DEFINITIONS: dict[str, Schema] = {
             "note": string(),
             "connection_losses": array(string()),
             "job": ref("job"),
+            "stopped": ref(
+                "stopOutcome",
+                "launch --replace: its live run, stopped first; a stop that failed kept it from"
+                " starting (then no preflight).",
+            ),
         },
         required=["ok"],
         dependentRequired={
@@ -1084,7 +1106,8 @@ DEFINITIONS: dict[str, Schema] = {
         ],
         allOf=[{"anyOf": [{"properties": {"ok": {"const": False}}}, ref("kept")]}],
     ),
-    "record": obj(
+    "record": declared(
+        TuneRecord,
         {
             "host": string(),
             "deployment": nullable("string"),
@@ -1097,10 +1120,13 @@ DEFINITIONS: dict[str, Schema] = {
             ),
             "threshold_mode": {"enum": ["patch", "adaptive"]},
             "speculation": {"enum": ["never", "always", "up_to", ""]},
-            "crossover": nullable(
-                "object",
-                properties={"last_win": nullable("integer"), "first_loss": nullable("integer")},
-            ),
+            "crossover": {
+                **declared(
+                    Crossover,
+                    {"last_win": nullable("integer"), "first_loss": nullable("integer")},
+                ),
+                "type": ["object", "null"],
+            },
             "phases": obj(
                 {"baseline": ref("phase"), "speculative": ref("phase"), "tuned": ref("phase")},
                 additionalProperties=False,
@@ -1108,7 +1134,8 @@ DEFINITIONS: dict[str, Schema] = {
             "refined_levels": array(integer()),
             "wins_again": array(integer()),
             "verdicts": map_of(
-                obj(
+                declared(
+                    Verdict,
                     {
                         "verdict": {"enum": ["win", "loss", "tie"]},
                         "baseline": number(),
@@ -1116,7 +1143,6 @@ DEFINITIONS: dict[str, Schema] = {
                         "spread": map_of(number()),
                         "samples": map_of(integer()),
                     },
-                    required=["verdict", "baseline", "speculative", "spread", "samples"],
                 )
             ),
             "envelope_ratio": map_of(
@@ -1143,23 +1169,9 @@ DEFINITIONS: dict[str, Schema] = {
                 "The crossover's bracket ends are adjacent levels (false: --max-launches stopped the search first).",
             ),
         },
-        required=[
-            "host",
-            "deployment",
-            "tune",
-            "outcome",
-            "threshold",
-            "threshold_mode",
-            "phases",
-            "refined_levels",
-            "envelope_ratio",
-            "held",
-            "serving",
-            "launches",
-            "levels_measured",
-        ],
     ),
-    "phase": obj(
+    "phase": declared(
+        PhaseRecord,
         {
             "run": nullable("string"),
             "template": string(),
@@ -1181,7 +1193,6 @@ DEFINITIONS: dict[str, Schema] = {
                 description="The phase's runs, one per visit of its server (the search comes back to it).",
             ),
         },
-        required=["run", "template", "threshold", "state", "levels", "samples", "sweeps", "runs"],
     ),
     "plan": obj(
         {

@@ -237,6 +237,7 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
 
 def launch_document(result: LaunchReport) -> dict[str, Any]:
     outcomes = {r.name: r for r in result.outcomes}
+    stops = {r.name: r for r in result.stops}
     hosts: dict[str, Any] = {}
     for pre in result.preflights:
         entry = host_entry(pre, lambda p: {"preflight": preflight_json(p)})
@@ -247,7 +248,14 @@ def launch_document(result: LaunchReport) -> dict[str, Any]:
             entry.update(host_entry(out, outcome_json))
             if out.value is not None and not out.value.ok:
                 entry.update(ok=False, error=start_failure(out.value), code=ServerError.code)
+        stop = stops.pop(pre.name, None)
+        if stop is not None:
+            entry["stopped"] = host_entry(stop, stop_json)
         place(hosts, pre.host, entry)
+    for stop in stops.values():  # stopped (or not), then kept from starting
+        error, code, hint = kept_out(stop)
+        entry = {"ok": False, "error": error, "code": code, "stopped": host_entry(stop, stop_json)}
+        place(hosts, stop.host, {**entry, **({"hint": hint} if hint else {})})
     ended = {r.name: r.value["ended"] for r in result.cleanup if r.value is not None}
     document: dict[str, Any] = {
         "started": result.started,
@@ -257,6 +265,14 @@ def launch_document(result: LaunchReport) -> dict[str, Any]:
     if result.registrations:
         document["registrations"] = [registration_json(r) for r in result.registrations]
     return {**document, "group_failed_ended": ended} if result.cleanup.results else document
+
+
+def kept_out(stop: HostResult[StopResult]) -> tuple[str, str, str | None]:
+    """Why a target of `launch --replace` was not started: its stop failed, or another
+    node's of its multi-node server did (error, code, hint)."""
+    if stop.failed:
+        return f"could not stop its run: {stop.error}", stop.code or "error", stop.hint
+    return "not started: another node of its server could not be stopped", "error", None
 
 
 def start_failure(outcome: Outcome) -> str:

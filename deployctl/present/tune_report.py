@@ -4,17 +4,19 @@ to attach to a ticket, and the gain table's rows that the terminal view shares."
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deployctl.localfiles import write_file
-from deployctl.plot import TUNE_PHASES, tune_svg, tune_title
+from deployctl.plot import TUNE_PHASES, crossover_ends, tune_svg, tune_title
 from deployctl.present.terminal import duration_text
 
-DEFAULT_MIN_RATIO = 0.95
+if TYPE_CHECKING:
+    from deployctl.remote.measures import CrashRecord, ObjectiveShown, TuneRecord
+
 _NONE = "—"
 
 _STYLE = """
@@ -57,12 +59,12 @@ class GainRow:
     refined: bool  # measured to find the crossover, not one of the requested levels
 
 
-def gain_rows(record: Mapping[str, Any]) -> list[GainRow]:
+def gain_rows(record: TuneRecord) -> list[GainRow]:
     """Return the gain table of a tune record: one row per level any phase measured."""
     tokens = {phase: _tokens_per_level(record, phase) for phase in TUNE_PHASES}
-    ratios = {int(c): float(r) for c, r in (record.get("envelope_ratio") or {}).items()}
-    minimum = _min_ratio(record)
-    refined = set(record.get("refined_levels") or [])
+    ratios = {int(c): float(r) for c, r in record["envelope_ratio"].items()}
+    minimum = record["min_ratio"]
+    refined = set(record["refined_levels"])
     rows = []
     for level in sorted(set().union(*tokens.values())):
         baseline, speculative, tuned = (tokens[phase].get(level) for phase in TUNE_PHASES)
@@ -83,7 +85,7 @@ def gain_rows(record: Mapping[str, Any]) -> list[GainRow]:
     return rows
 
 
-def tune_html(record: Mapping[str, Any]) -> str:
+def tune_html(record: TuneRecord) -> str:
     """Return a tune record as one self-contained HTML page."""
     title = escape(tune_title(record))
     parts = [
@@ -105,20 +107,15 @@ def tune_html(record: Mapping[str, Any]) -> str:
     return "\n".join(part for part in parts if part is not None)
 
 
-def write_tune_html(record: Mapping[str, Any], path: Path) -> None:
+def write_tune_html(record: TuneRecord, path: Path) -> None:
     """Write a tune record's page into `path`, replacing it whole (as --plot does)."""
     write_file(path, tune_html(record).encode("utf-8"))
 
 
-def _tokens_per_level(record: Mapping[str, Any], phase: str) -> dict[int, float | None]:
-    levels = ((record.get("phases") or {}).get(phase) or {}).get("levels") or []
+def _tokens_per_level(record: TuneRecord, phase: str) -> dict[int, float | None]:
+    found = record["phases"].get(phase)
     # One level per concurrency (a level measured again is its median sample).
-    return {lv["concurrency"]: lv.get("output_tokens_per_s") for lv in levels}
-
-
-def _min_ratio(record: Mapping[str, Any]) -> float:
-    value = record.get("min_ratio")
-    return DEFAULT_MIN_RATIO if value is None else float(value)
+    return {lv["concurrency"]: lv["output_tokens_per_s"] for lv in found["levels"]} if found else {}
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -143,10 +140,10 @@ def _text(value: Any) -> str:
     return _NONE if value is None else escape(str(value))
 
 
-def _objective(objective: Mapping[str, Any] | None) -> str:
+def _objective(objective: ObjectiveShown | None) -> str:
     if not objective:
         return _NONE
-    kind, bound = objective.get("kind"), objective.get("bound")
+    kind, bound = objective["kind"], objective["bound"]
     if kind == "max_itl_ms":
         return f"highest concurrency with time per output token ≤ {_text(bound)} ms"
     if kind == "max_ttft_ms":
@@ -154,16 +151,17 @@ def _objective(objective: Mapping[str, Any] | None) -> str:
     return _text(kind)
 
 
-def _facts(record: Mapping[str, Any]) -> str:
+def _facts(record: TuneRecord) -> str:
     started = record.get("started_at")
     wall = record.get("wall_s")
-    outcome = record.get("outcome")
+    outcome = record["outcome"]
     outcome_text = _text(outcome)
-    if record.get("outcome_note"):
+    if record["outcome_note"]:
         outcome_text += f": {_text(record['outcome_note'])}"
+    params = record.get("params")
     facts = [
-        ("host", _text(record.get("host"))),
-        ("deployment", _text(record.get("deployment") or "(the host's default)")),
+        ("host", _text(record["host"])),
+        ("deployment", _text(record["deployment"] or "(the host's default)")),
         (
             "started",
             _NONE
@@ -172,19 +170,18 @@ def _facts(record: Mapping[str, Any]) -> str:
         ),
         ("wall time", _NONE if wall is None else duration_text(wall)),
         ("outcome", f'<span class="outcome-{_text(outcome)}">{outcome_text}</span>'),
-        ("objective", _objective(record.get("objective"))),
-        ("threshold mode", _text(record.get("threshold_mode"))),
-        ("serving now", _text(record.get("serving"))),
-        ("launches", _text(record.get("launches"))),
-        ("levels measured", _text(record.get("levels_measured"))),
+        ("objective", _objective(params["objective"] if params else None)),
+        ("threshold mode", _text(record["threshold_mode"])),
+        ("serving now", _text(record["serving"])),
+        ("launches", _text(record["launches"])),
+        ("levels measured", _text(record["levels_measured"])),
     ]
     return _definitions(facts)
 
 
-def _threshold(record: Mapping[str, Any]) -> str:
-    threshold = record.get("threshold")
-    crossover = record.get("crossover") or {}
-    last_win, first_loss = crossover.get("last_win"), crossover.get("first_loss")
+def _threshold(record: TuneRecord) -> str:
+    threshold = record["threshold"]
+    last_win, first_loss = crossover_ends(record)
     lines = []
     if threshold is None:
         lines.append("<p><strong>No threshold</strong>.</p>")
@@ -197,39 +194,39 @@ def _threshold(record: Mapping[str, Any]) -> str:
         )
     keep = keep_variables(record)
     if keep:
-        where = "deployment's" if record.get("deployment") is not None else "host's"
+        where = "deployment's" if record["deployment"] is not None else "host's"
         code = "</code> and <code>".join(_text(v) for v in keep)
         lines.append(f"<p>Kept by the {where} inventory variables <code>{code}</code></p>")
     return "<h2>Threshold</h2>\n" + "\n".join(lines)
 
 
-def keep_variables(record: Mapping[str, Any]) -> list[str]:
+def keep_variables(record: TuneRecord) -> list[str]:
     """The inventory lines that keep a tune's T, when it found one that held (else none).
     In adaptive mode T is a CUDA-graph size, and means that only there."""
-    threshold = record.get("threshold")
-    if record.get("outcome") != "tuned" or not record.get("held") or threshold is None:
+    threshold = record["threshold"]
+    if record["outcome"] != "tuned" or not record["held"] or threshold is None:
         return []
     lines = [f"threshold: {threshold}"]
-    if record.get("threshold_mode") == "adaptive":
+    if record["threshold_mode"] == "adaptive":
         lines.append("threshold_mode: adaptive")
     return lines
 
 
-def _phases(record: Mapping[str, Any]) -> str:
-    phases = record.get("phases") or {}
+def _phases(record: TuneRecord) -> str:
+    phases = record["phases"]
     rows = []
     for phase in TUNE_PHASES:
         if phase in phases:
             run = phases[phase]
-            fields = [run.get(key) for key in ("run", "template", "threshold", "state")]
-            cells = [phase, *map(_text, fields), str(len(run.get("levels") or []))]
+            fields = [run["run"], run["template"], run["threshold"], run["state"]]
+            cells = [phase, *map(_text, fields), str(len(run["levels"]))]
             rows.append(_row(cells))
     head = ("phase", "run", "template", "threshold", "state", "levels")
     return "<h2>Runs</h2>\n" + _table(head, rows)
 
 
-def _gain_table(record: Mapping[str, Any]) -> str:
-    minimum = _min_ratio(record)
+def _gain_table(record: TuneRecord) -> str:
+    minimum = record["min_ratio"]
     rows = []
     for row in gain_rows(record):
         level = str(row.concurrency)
@@ -277,18 +274,18 @@ def _number(value: float | None, fmt: str) -> str:
     return _NONE if value is None else format(value, fmt)
 
 
-def _crash(record: Mapping[str, Any]) -> str | None:
-    crash = record.get("crash")
+def _crash(record: TuneRecord) -> str | None:
+    crash: CrashRecord | None = record.get("crash")
     if not crash:
         return None
     first = ("title", "exception", "message", "hint")
     lines = ['<section class="crash"><h2>Crash</h2>']
-    if crash.get("title"):
+    if crash["title"]:
         lines.append(f"<p><strong>{_text(crash['title'])}</strong></p>")
-    if crash.get("exception") or crash.get("message"):
-        said = ": ".join(_text(crash[k]) for k in ("exception", "message") if crash.get(k))
+    if crash["exception"] or crash["message"]:
+        said = ": ".join(_text(text) for text in (crash["exception"], crash["message"]) if text)
         lines.append(f"<pre>{said}</pre>")
-    if crash.get("hint"):
+    if crash["hint"]:
         lines.append(f"<p>hint: {_text(crash['hint'])}</p>")
     rest = [(key, value) for key, value in crash.items() if key not in first]
     if rest:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from deployctl.ops.server import RestartReport, Stray
     from deployctl.ops.tune import KeptTune, TunePlan, TuneReport
     from deployctl.patchset import PatchSet
+    from deployctl.remote.measures import TuneRecord
     from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
 
@@ -403,6 +404,7 @@ def outcome_text(outcome: Outcome) -> str:
 def _launch(result: LaunchReport) -> None:
     """Preflight problems (and, for a dry run, the commands), or each host's run."""
     out_console = console()
+    _stop_lines(result)
     if result.refused or result.dry_run:
         for pre in result.preflights:
             if pre.value is None:
@@ -417,7 +419,9 @@ def _launch(result: LaunchReport) -> None:
             for hint in pre.value.hints:
                 sys.stderr.write(tagged("hint", hint, pre.name))
         if result.refused:
-            sys.stderr.write("nothing was started on any host\n")
+            # Refused after --replace's stops held (GPUs not clean after them): they stay stopped.
+            stopped = " (the runs stopped above stay stopped)" if result.stops.succeeded else ""
+            sys.stderr.write(f"nothing was started on any host{stopped}\n")
         return
     for pre in result.preflights:
         _preflight_warnings(pre)
@@ -469,6 +473,22 @@ def print_registration(change: Registration) -> None:
 def _preflight_warnings(pre: HostResult[Preflight]) -> None:
     for warning in pre.value.warnings if pre.value is not None else []:
         sys.stderr.write(tagged("warning", warning, pre.name))
+
+
+def _stop_lines(result: LaunchReport) -> None:
+    """launch --replace: each live run stopped first, and each target a stop kept from
+    starting, with why."""
+    checked = {pre.name for pre in result.preflights}
+    for stop in result.stops:
+        if stop.value is not None:
+            pids = ", ".join(map(str, stop.value.ended))
+            ended = f"pids {pids}" if pids else "nothing left running"
+            console().print(f"{stop.name}: stopped {stop.value.run} ({ended})", markup=False)
+            if stop.value.router is not None:
+                print_registration(stop.value.router)
+        if stop.name not in checked:
+            error, _, hint = docs.kept_out(stop)
+            print_error(error, hint, stop.name)
 
 
 def _cleanup_lines(result: LaunchReport) -> None:
@@ -882,18 +902,18 @@ def _levels(levels: list[int]) -> str:
 SUGGESTION: View[Suggestion] = View(_suggestion, docs.suggestion_document)
 
 
-def _tune_record(record: dict[str, Any], label: str) -> None:
+def _tune_record(record: TuneRecord, label: str) -> None:
     """A tune record as people read it: T, the gain table, what serves now."""
+    from deployctl.plot import crossover_ends
     from deployctl.present.tune_report import gain_rows, keep_variables
 
     threshold, speculation = record["threshold"], record.get("speculation")
-    crossover = record.get("crossover") or {}
-    mode = record.get("threshold_mode", "patch")
-    title = f"{label}: tune {record.get('tune') or '-'} ({record['outcome']})"
+    last_win, first_loss = crossover_ends(record)
+    title = f"{label}: tune {record['tune'] or '-'} ({record['outcome']})"
     if threshold is not None:
         title += (
-            f": T = {threshold} ({mode}): speculation wins up to concurrency "
-            f"{crossover.get('last_win')}, not at {crossover.get('first_loss')}"
+            f": T = {threshold} ({record['threshold_mode']}): speculation wins up to "
+            f"concurrency {last_win}, not at {first_loss}"
         )
     elif speculation == "never":
         title += ": speculation never beats the baseline here"
@@ -928,14 +948,15 @@ def _tune_record(record: dict[str, Any], label: str) -> None:
         write(
             f"note: speculation wins again at {again}, measured again: a threshold cannot use it\n"
         )
-    if record.get("capacity") is not None:
-        write(f"the tuned run meets the latency bound up to concurrency {record['capacity']}\n")
+    capacity = record.get("capacity")
+    if capacity is not None:
+        write(f"the tuned run meets the latency bound up to concurrency {capacity}\n")
     crash = record.get("crash")
     if crash:
         print_error(
             f"{crash['exception']}: {one_line(crash['message'])}", crash["hint"], host=label
         )
-    if record["outcome"] != "tuned" and record.get("outcome_note"):
+    if record["outcome"] != "tuned" and record["outcome_note"]:
         print_error(record["outcome_note"], host=label)
     elif record["envelope_ratio"] and not record["held"]:
         low = [c for c, r in record["envelope_ratio"].items() if r < record["min_ratio"]]
@@ -945,7 +966,7 @@ def _tune_record(record: dict[str, Any], label: str) -> None:
             "measure again with more --requests-per-stream, or lower --min-ratio",
             host=label,
         )
-    serving = record.get("serving")
+    serving = record["serving"]
     if record.get("serving_known") is False:
         write("serving: unknown (the host did not answer)\n")
     else:

@@ -1,9 +1,11 @@
 """deployctl's agent: the package that runs ON a host, with the host's python (stdlib only).
 
-`protocol` (the wire: each call's arguments and reply, the call table, the state_dir layout),
-one module per concern (`files`, `patches`, `sglang_options`, `locks`, `runs`, `slurm_jobs`,
-`bench`, `records`, `router`) and `dispatch`, which maps each call to its handler. Only
-`protocol` is imported by the client (tests/test_layers.py).
+`protocol` (the wire: each call's arguments and reply, the call table, the state_dir layout)
+with `measures` (the types of what is measured and kept: bench levels, the tune record),
+`shapes` (the shape check of a value against its TypedDict), one module per concern
+(`files`, `patches`, `sglang_options`, `locks`, `runs`, `slurm_jobs`, `bench`, `records`,
+`router`) and `dispatch`, which maps each call to its handler. Only `protocol` and `measures`
+are imported by the client (tests/test_layers.py).
 
 deployctl ships the package as one bundle (a deterministic zip of its modules) named by the
 sha256 of its bytes, unpacked once per host and state_dir into a private folder, and runs

@@ -11,8 +11,8 @@ import time
 from typing import Any, TypedDict
 
 from .files import fail, read_bytes
+from .measures import BenchArgs, BenchLevel, Spread
 from .patches import sglang_install
-from .protocol import BenchArgs, BenchLevel, Spread
 from .runs import http_get, server_address
 
 

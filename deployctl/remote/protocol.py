@@ -1,6 +1,7 @@
 """The wire protocol between deployctl and its agent on a host (stdlib only): each call's
 arguments and reply (`*Args`, `*Reply`), the call table (`CALLS`), the constants and the pure
-helpers both sides use. How the agent is shipped and run: deployctl/remote/__init__.py.
+helpers both sides use. The types of what is measured and kept (bench levels, tune records)
+are declared in `measures`. How the agent is shipped and run: deployctl/remote/__init__.py.
 
 Everything deployctl keeps on a host lives under `state_dir` (default ~/.deployctl), laid
 out here and nowhere else:
@@ -33,6 +34,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Generic, TypedDict, TypeVar
+
+from .measures import (
+    BenchArgs,
+    BenchLevel,
+    BenchResultsArgs,
+    BenchResultsReply,
+    BenchSaveArgs,
+    BenchSaveReply,
+    EchoArgs,
+    EchoReply,
+    TuneRecordsArgs,
+    TuneRecordsReply,
+    TuneSaveArgs,
+    TuneSaveReply,
+)  # fmt: skip
 
 AGENT_DIR = "agent"
 # Written last into an unpacked bundle's folder, holding the folder's name (the hash).
@@ -422,86 +438,6 @@ class TuneLockArgs(TypedDict):
     break_lock: str | None  # the token of a stale holder to replace
 
 
-# The load generator runs here, on the server's own host: the network and the bind address
-# then do not matter, and the metric definitions live in one place.
-
-
-class BenchArgs(TypedDict):
-    bind_host: str
-    port: int
-    concurrency: int
-    prompts: int
-    input_len: int
-    output_len: int
-    flush: bool
-    timeout: float
-    tool: str  # "builtin" (this agent's generator) or "sglang" (SGLang's serving benchmark)
-    env: dict[str, str]  # the run's own variables (HF_HOME, …): the sglang tool runs with them
-
-
-class Spread(TypedDict):
-    p50: float | None
-    p99: float | None
-
-
-class BenchLevel(TypedDict):
-    concurrency: int
-    prompts: int
-    completed: int
-    failed: int
-    errors: list[str]  # the first few
-    duration_s: float
-    output_tokens: int
-    output_tokens_per_s: float
-    requests_per_s: float
-    ttft_ms: Spread
-    itl_ms: Spread  # builtin: gaps between streamed chunks (bench_serving's OpenAI backends);
-    # sglang: per token, a chunk's gap divided by the tokens it brought (its native backend)
-    e2e_ms: Spread
-
-
-class BenchSaveArgs(TypedDict):
-    state_dir: str
-    run: str
-    result: dict[str, Any]
-
-
-class BenchSaveReply(TypedDict):
-    path: str
-
-
-class BenchResultsArgs(TypedDict):
-    state_dir: str
-    runs: list[str]
-
-
-class BenchResultsReply(TypedDict):
-    results: dict[str, list[dict[str, Any]]]  # run id → its bench results, oldest first
-    unreadable: list[str]  # kept files that are not JSON or not a sweep: skipped
-
-
-class TuneSaveArgs(TypedDict):
-    state_dir: str
-    record: dict[str, Any]
-
-
-class TuneSaveReply(TypedDict):
-    number: int
-    path: str
-
-
-class TuneRecordsArgs(TypedDict):
-    state_dir: str
-    number: int | None  # None: the newest
-    deployment: str | None
-
-
-class TuneRecordsReply(TypedDict):
-    record: dict[str, Any] | None
-    numbers: list[int]  # every kept tune of the deployment, oldest first
-    unreadable: list[str]
-
-
 class RouterArgs(TypedDict):
     bind_host: str  # the router's --host and --port, reached from its own host
     port: int
@@ -654,21 +590,7 @@ CALLS: tuple[Call[Any, Any], ...] = (
 
 # ---- the kept agent (remote/session.py) ---------------------------------------------------
 
-# The call name that starts a kept agent instead of answering one call.
-SESSION = "--session"
-
-
-class EchoArgs(TypedDict):
-    pass
-
-
-class EchoReply(TypedDict):
-    pid: int
-    rss_kib: int  # the kept agent's resident memory now
-    cpu_s: float  # its user+system CPU seconds so far
-    answered: int  # the calls it answered
-
-
+SESSION = "--session"  # the call name that starts a kept agent instead of answering a call
 # A trivial answer through a kept agent: the floor a round's cost is measured against.
 ECHO = Call("echo", EchoArgs, EchoReply, "answer through the kept agent")
 # What a kept agent answers: the calls that only read, which front ends repeat every round.

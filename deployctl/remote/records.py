@@ -8,16 +8,18 @@ from collections.abc import Callable
 from typing import Any
 
 from .files import read_json, state_path
-from .protocol import (
+from .measures import (
     BenchResultsArgs,
     BenchResultsReply,
     BenchSaveArgs,
     BenchSaveReply,
+    TuneRecord,
     TuneRecordsArgs,
     TuneRecordsReply,
     TuneSaveArgs,
     TuneSaveReply,
 )
+from .shapes import shape_problems
 
 
 def bench_dir(state_dir: str, run: str) -> str:
@@ -110,27 +112,15 @@ def cmd_tune_save(args: TuneSaveArgs) -> TuneSaveReply:
     return {"number": number, "path": path}
 
 
-NONE = type(None)
-# What every reader of a tune record indexes (tune.json's `record` requires these too), and
-# its types: a record without one is named as unreadable and skipped, never shown half.
-TUNE_RECORD_KEYS: dict[str, tuple[type, ...]] = {
-    "host": (str,), "deployment": (str, NONE), "tune": (int, NONE), "outcome": (str,),
-    "outcome_note": (str,), "threshold": (int, NONE), "threshold_mode": (str,),
-    "phases": (dict,), "refined_levels": (list,), "envelope_ratio": (dict,),
-    "min_ratio": (int, float), "held": (bool,), "serving": (str, NONE), "launches": (int,),
-    "levels_measured": (int,),
-}  # fmt: skip
-
-
 def is_tune_record(document: Any) -> bool:
-    return isinstance(document, dict) and all(
-        key in document and isinstance(document[key], kinds)
-        for key, kinds in TUNE_RECORD_KEYS.items()
-    )
+    """A kept record with every key TuneRecord requires, each value (and those of the keys it
+    may lack) of its declared type: as the client checks the reply, so one record of the
+    wrong shape is named as unreadable and skipped, never shown half nor failing the rest."""
+    return not shape_problems(document, TuneRecord, "record")
 
 
 def cmd_tune_records(args: TuneRecordsArgs) -> TuneRecordsReply:
-    kept: dict[int, dict[str, Any]] = {}
+    kept: dict[int, TuneRecord] = {}
     unreadable: list[str] = []
     for number, path in numbered_files(tune_dir(args["state_dir"])):
         document = read_json(path)

@@ -33,7 +33,8 @@ from typing import Any
 
 from .files import CallFailed
 from .gpus import gpus_answer
-from .protocol import ECHO, GPUS_COMMAND, REPLY_MARK, SESSION_CALLS, EchoReply
+from .measures import EchoReply
+from .protocol import ECHO, GPUS_COMMAND, REPLY_MARK, SESSION_CALLS
 
 # The process group of the shell now running, if any: ended with us.
 _running: list[int] = []

@@ -10,12 +10,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from deployctl.ops.bench import per_token_ms
 
 if TYPE_CHECKING:
-    from deployctl.remote.protocol import BenchLevel
+    from deployctl.remote.measures import BenchLevel, ObjectiveShown
 
 
 class Phase(StrEnum):
@@ -67,7 +67,7 @@ class Objective:
         latency = self.median_latency(samples)
         return latency is None or abs(latency - self.bound) < noise * self.bound
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ObjectiveShown:
         return {"kind": self.kind, "bound": self.bound}
 
 

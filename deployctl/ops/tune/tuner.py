@@ -60,7 +60,16 @@ from deployctl.ops.tune.search import (
     tps,
 )
 from deployctl.patchset import command_flags, speculates
-from deployctl.remote.protocol import ReleaseArgs, TuneLockArgs, TuneRecordsArgs, TuneSaveArgs
+from deployctl.remote.measures import (
+    CrashRecord,
+    PhaseRecord,
+    TuneParams,
+    TuneRecord,
+    TuneRecordsArgs,
+    TuneSaveArgs,
+    Verdict,
+)
+from deployctl.remote.protocol import ReleaseArgs, TuneLockArgs
 from deployctl.text import is_number
 
 if TYPE_CHECKING:
@@ -70,7 +79,7 @@ if TYPE_CHECKING:
     from deployctl.inventory import Host
     from deployctl.patchset import PatchSet
     from deployctl.project import Project
-    from deployctl.remote.protocol import BenchLevel
+    from deployctl.remote.measures import BenchLevel
 
 T = TypeVar("T")
 
@@ -118,7 +127,7 @@ class TuneOptions:
             list(levels), self.input_len, self.output_len, self.per_stream, self.level_timeout
         )
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> TuneParams:
         return {
             "concurrency": self.levels,
             "input_len": self.input_len,
@@ -637,12 +646,12 @@ def _failure(
 # ---- the record kept on the host (and printed by --json) ----------------------------------
 
 
-def tune_record(result: TuneResult) -> dict[str, Any]:
+def tune_record(result: TuneResult) -> TuneRecord:
     """The tune as one document: what `tune --json` prints for the deployment and what is
     kept on its host for `tune --report`."""
     search = result.search
     judged = search.judged() if search else {}
-    phases = {
+    phases: dict[str, PhaseRecord] = {
         str(phase): {
             "run": run.run,
             "runs": run.runs,
@@ -655,6 +664,17 @@ def tune_record(result: TuneResult) -> dict[str, Any]:
         }
         for phase, run in result.phases.items()
     }
+    verdicts: dict[str, Verdict] = {
+        str(c): {
+            "verdict": str(j.verdict),
+            "baseline": j.baseline,
+            "speculative": j.speculative,
+            "spread": j.spread,
+            "samples": j.samples,
+        }
+        for c, j in judged.items()
+    }
+    crash: CrashRecord | None = result.crash.to_json() if result.crash else None
     last_win, first_loss = search.bracket() if search else (0, None)
     return {
         "host": result.host,
@@ -670,16 +690,7 @@ def tune_record(result: TuneResult) -> dict[str, Any]:
         "refined_levels": search.refined if search else [],
         "narrowed": search.narrowed if search else None,
         "wins_again": search.wins_again() if search else [],
-        "verdicts": {
-            str(c): {
-                "verdict": str(j.verdict),
-                "baseline": j.baseline,
-                "speculative": j.speculative,
-                "spread": j.spread,
-                "samples": j.samples,
-            }
-            for c, j in judged.items()
-        },
+        "verdicts": verdicts,
         "envelope_ratio": {str(c): r for c, r in sorted(result.envelope_ratio.items())},
         "min_ratio": result.options.min_ratio,
         "held": result.held,
@@ -687,7 +698,7 @@ def tune_record(result: TuneResult) -> dict[str, Any]:
         "serving": result.serving,
         "serving_known": result.serving_known,
         "previous": result.previous,
-        "crash": result.crash.to_json() if result.crash else None,
+        "crash": crash,
         "patches": result.patches,
         "params": result.options.describe(),
         "started_at": result.started_at,
@@ -905,7 +916,7 @@ def _take_tune_lock(host: Host, conn: Connection) -> str:
 class KeptTune:
     """A deployment's tune record as kept on its host (None: no such tune)."""
 
-    record: dict[str, Any] | None
+    record: TuneRecord | None
     numbers: list[int]
     unreadable: list[str]
     wanted: int | None = None

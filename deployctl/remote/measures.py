@@ -1,0 +1,208 @@
+"""The protocol's types of what is measured on a host and kept there (stdlib only, types
+only): a bench level and the kept sweeps, the tune record. `protocol` declares the calls that
+carry them; the client, the views, the HTML report and the dashboard read these keys.
+
+Split from protocol.py by concern (each module of deployctl/remote/ stays under 600 lines).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+# The load generator runs here, on the server's own host: the network and the bind address
+# then do not matter, and the metric definitions live in one place.
+
+
+class BenchArgs(TypedDict):
+    bind_host: str
+    port: int
+    concurrency: int
+    prompts: int
+    input_len: int
+    output_len: int
+    flush: bool
+    timeout: float
+    tool: str  # "builtin" (this agent's generator) or "sglang" (SGLang's serving benchmark)
+    env: dict[str, str]  # the run's own variables (HF_HOME, …): the sglang tool runs with them
+
+
+class Spread(TypedDict):
+    p50: float | None
+    p99: float | None
+
+
+class BenchLevel(TypedDict):
+    concurrency: int
+    prompts: int
+    completed: int
+    failed: int
+    errors: list[str]  # the first few
+    duration_s: float
+    output_tokens: int
+    output_tokens_per_s: float
+    requests_per_s: float
+    ttft_ms: Spread
+    itl_ms: Spread  # builtin: gaps between streamed chunks (bench_serving's OpenAI backends);
+    # sglang: per token, a chunk's gap divided by the tokens it brought (its native backend)
+    e2e_ms: Spread
+
+
+class BenchSaveArgs(TypedDict):
+    state_dir: str
+    run: str
+    result: dict[str, Any]
+
+
+class BenchSaveReply(TypedDict):
+    path: str
+
+
+class BenchResultsArgs(TypedDict):
+    state_dir: str
+    runs: list[str]
+
+
+class BenchResultsReply(TypedDict):
+    results: dict[str, list[dict[str, Any]]]  # run id → its bench results, oldest first
+    unreadable: list[str]  # kept files that are not JSON or not a sweep: skipped
+
+
+class TuneSaveArgs(TypedDict):
+    state_dir: str
+    record: TuneRecord
+
+
+class TuneSaveReply(TypedDict):
+    number: int
+    path: str
+
+
+class TuneRecordsArgs(TypedDict):
+    state_dir: str
+    number: int | None  # None: the newest
+    deployment: str | None
+
+
+class TuneRecordsReply(TypedDict):
+    record: TuneRecord | None
+    numbers: list[int]  # every kept tune of the deployment, oldest first
+    unreadable: list[str]
+
+
+# ---- the tune record: tunes/<n>.json on the host, and `tune --json`'s entry ---------------
+# Its keys are read by views.py, present/tune_report.py, plot.py and the dashboard's app.js;
+# the host (records.is_tune_record) and the client (agent.shape_problems) check a kept one
+# against these declarations, and tune.json's `record` is generated from them (contract.py).
+
+
+class Crossover(TypedDict):
+    last_win: int | None  # the last level where speculation wins before its first non-win
+    first_loss: int | None  # that first non-win; None: it wins at every level measured
+
+
+class PhaseRecord(TypedDict):
+    """One phase's server (baseline, speculative, tuned) and what it measured."""
+
+    run: str | None  # its latest run
+    runs: list[str]  # one per visit of its server (the search comes back to it)
+    template: str
+    threshold: int | None
+    state: str
+    levels: list[BenchLevel]  # one per concurrency: the median sample
+    samples: dict[str, list[float]]  # concurrency → every output tok/s measured there
+    sweeps: list[str]  # its kept bench files on the host
+
+
+class Verdict(TypedDict):
+    verdict: str  # win, loss or tie
+    baseline: float  # median output tok/s
+    speculative: float
+    spread: dict[str, float]  # phase → its samples' range ÷ their median
+    samples: dict[str, int]  # phase → how many
+
+
+class ObjectiveShown(TypedDict):
+    kind: str  # throughput, max_itl_ms or max_ttft_ms
+    bound: float | None
+
+
+class TuneParams(TypedDict):
+    """What the tune was asked to measure and how it decided (also `tune --dry-run`'s)."""
+
+    concurrency: list[int]
+    input_len: int
+    output_len: int
+    requests_per_stream: int
+    objective: ObjectiveShown
+    keep: str
+    min_ratio: float
+    noise: float
+    repeats: int
+
+
+class CrashRecord(TypedDict):
+    """A crash found in a log, as `crash --json` shows it (CrashReport.to_json)."""
+
+    exception: str
+    message: str
+    file: str | None
+    line: int | None
+    function: str | None
+    ranks: list[str]
+    signature: str
+    title: str
+    hint: str
+    log_line: int
+
+
+class TuneRecordMore(TypedDict, total=False):
+    # Readers do without these: a kept record is not refused for lacking one (tune.json
+    # does not require them).
+    speculation: str  # never, always, up_to, or ""
+    crossover: Crossover | None  # None: nothing compared
+    narrowed: bool | None  # the bracket's ends are adjacent levels; None: nothing compared
+    wins_again: list[int]  # levels above the first non-win where speculation wins again
+    verdicts: dict[str, Verdict]  # concurrency → speculation against the baseline there
+    capacity: int | None  # with a latency bound: the highest tuned level meeting it
+    serving_known: bool  # False: the host did not answer when tune last asked
+    previous: str | None  # the run serving before the tune
+    crash: CrashRecord | None
+    patches: list[str]  # sets tune applied for T
+    params: TuneParams
+    started_at: float
+    wall_s: float
+
+
+class TuneRecord(TuneRecordMore):
+    """One tune of one deployment. A kept record lacking one of these keys, or with a value
+    of another type, is named as unreadable and skipped."""
+
+    host: str
+    deployment: str | None
+    tune: int | None  # its number on the host; None before it is kept
+    outcome: str  # tuned, crashed, failed or interrupted
+    outcome_note: str
+    threshold: int | None  # T; None when speculation never wins or always does
+    threshold_mode: str  # patch or adaptive
+    phases: dict[str, PhaseRecord]  # by phase name
+    refined_levels: list[int]  # measured to find the crossover
+    envelope_ratio: dict[str, float]  # concurrency → tuned ÷ the better of the two curves
+    min_ratio: float
+    held: bool
+    serving: str | None
+    launches: int
+    levels_measured: int
+
+
+# ---- what a kept agent costs (remote/session.py: its `echo` call) ---------------------------
+
+
+class EchoArgs(TypedDict):
+    pass
+
+
+class EchoReply(TypedDict):
+    pid: int
+    rss_kib: int  # the kept agent's resident memory now
+    cpu_s: float  # its user+system CPU seconds so far
+    answered: int  # the calls it answered
