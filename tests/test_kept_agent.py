@@ -28,7 +28,7 @@ from deployctl.ops.runs import run_status
 from deployctl.ops.server import metrics_round
 from deployctl.remote import protocol as proto
 from tests.conftest import CLI
-from tests.sshd_hosts import HOST_PYTHON, SSHLab, TestHost, sh
+from tests.sshd_hosts import HOST_PYTHON, SSHLab, TestHost, free_port, sh
 
 pytestmark = pytest.mark.lab
 
@@ -106,6 +106,30 @@ def test_top_keeps_one_agent_per_host_and_none_outlives_a_sigkilled_client(
             assert len(kept_agents(host)) == 1, name
     finally:
         proc.kill()  # SIGKILL: no clean-up of ours runs
+        proc.communicate(timeout=10)
+    for host in (hosts.hosts[name] for name in names):
+        assert wait_until(lambda host=host: not kept_agents(host)), host.name
+
+
+@pytest.mark.parametrize("front_end", ["watch", "dashboard"])
+def test_watch_and_the_dashboard_keep_one_agent_per_host_and_none_outlives_them(
+    hosts: SSHLab, cli: CLI, tmp_path: Path, front_end: str
+) -> None:
+    names = ["alpha", "bravo"]
+    inv = counted_inventory(hosts, tmp_path, names)
+    interval = 0.5 if front_end == "dashboard" else 0.2  # the least each allows
+    extra = ["--port", str(free_port("127.0.0.1"))] if front_end == "dashboard" else []
+    proc = cli.popen(front_end, "-i", str(inv), "--interval", str(interval), *extra)
+    try:
+        # 20 rounds at least, once both hosts answer through kept agents.
+        assert wait_until(lambda: all(kept_agents(hosts.hosts[n]) for n in names), timeout=30)
+        time.sleep(20 * interval)
+        for name in names:
+            host = hosts.hosts[name]
+            assert python_starts(host) <= 3, (front_end, name, python_starts(host))
+            assert len(kept_agents(host)) == 1, name
+    finally:
+        proc.kill()
         proc.communicate(timeout=10)
     for host in (hosts.hosts[name] for name in names):
         assert wait_until(lambda host=host: not kept_agents(host)), host.name
