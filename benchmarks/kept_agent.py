@@ -8,11 +8,14 @@ fleets over connections kept open, their order rotating every round:
 
   per call   a `top` round as before the kept agent: metrics_round, one Python per host
   kept       the same round through one kept agent per host (Fleet.keep_agents)
+  no GPUs    the kept round without the GPU query (what a host whose NVML answers it costs,
+             about: remote/gpus.py; the lab's hosts have no NVML, so nvidia-smi's fake runs)
   floor      each host's kept agent answers `echo` (no status read, no GPU query)
 
-For each: the round's wall time, and the remote CPU per host per round: the CPU seconds of
-every process of the hosts' login users and of their sshd sessions (utime+stime, children
-included: /proc/PID/stat), read before and after each round, over N. Medians of --rounds.
+For each: the round's wall time, this process's CPU per round (the client), and the remote
+CPU per host per round: the CPU seconds of every process of the hosts' login users and of
+their sshd sessions (utime+stime, children included: /proc/PID/stat), read before and after
+each round, over N. Medians of --rounds.
 
 Then the kept agent's resident memory over --long-rounds `top` rounds of --long-hosts hosts
 (echo answers it at rounds 10 and the last).
@@ -42,20 +45,24 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from fleet import setup_hosts  # noqa: E402
 
 from deployctl import agent  # noqa: E402
-from deployctl.connection import ConnectOptions  # noqa: E402
+from deployctl.connection import Connection, ConnectOptions  # noqa: E402
 from deployctl.crash.catalog import default_catalog  # noqa: E402
 from deployctl.fanout import Fleet  # noqa: E402
-from deployctl.inventory import load_inventory  # noqa: E402
-from deployctl.ops.server import metrics_round  # noqa: E402
+from deployctl.inventory import Host, load_inventory  # noqa: E402
+from deployctl.ops.server import TOP_TAIL_BYTES, metrics_round  # noqa: E402
 from deployctl.remote.measures import EchoArgs  # noqa: E402
-from deployctl.remote.protocol import ECHO  # noqa: E402
+from deployctl.remote.protocol import (  # noqa: E402
+    ECHO,
+    StatusArgs,
+    StatusReply,
+)
 from tests.sshd_hosts import SSHLab, stop_lab  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def remote_cpu_s(uids: set[int], users: tuple[str, ...]) -> float:
+def remote_cpu_s(uids: set[int], users: tuple[bytes, ...]) -> float:
     """CPU seconds so far of the hosts' side: their users' processes and their sshd sessions
     (children that were waited for included)."""
     total = 0
@@ -85,11 +92,10 @@ def bench_size(lab: SSHLab, inventory: Path, rounds: int) -> dict[str, Any]:
     catalog = default_catalog()
     uids = {int(h.home.stat().st_uid) for h in lab.hosts.values()}
     users = tuple(h.user.encode() for h in lab.hosts.values())
-    fleets = {
-        name: Fleet(hosts, ConnectOptions(), forks=32) for name in ("per call", "kept", "floor")
-    }
-    fleets["kept"].keep_agents()
-    fleets["floor"].keep_agents()
+    names = ("per call", "kept", "no GPUs", "floor")
+    fleets = {name: Fleet(hosts, ConnectOptions(), forks=32) for name in names}
+    for name in names[1:]:
+        fleets[name].keep_agents()
 
     def top_round(fleet: Fleet) -> Callable[[], None]:
         def run() -> None:
@@ -98,32 +104,47 @@ def bench_size(lab: SSHLab, inventory: Path, rounds: int) -> dict[str, Any]:
 
         return run
 
+    def status_only() -> None:
+        def read(host: Host, conn: Connection) -> StatusReply:
+            args: StatusArgs = {"state_dir": host.settings.state_dir, "deployment": None,
+                                "run": None, "tail_bytes": TOP_TAIL_BYTES, "metrics_bytes": 0}  # fmt: skip
+            return agent.call(host, conn, agent.STATUS, args)
+
+        results = fleets["no GPUs"].run(read)
+        assert results.ok, [r.error for r in results if r.error][:3]
+
     steps = {
         "per call": top_round(fleets["per call"]),
         "kept": top_round(fleets["kept"]),
+        "no GPUs": status_only,
         "floor": lambda: echo_round(fleets["floor"]),
     }
     try:
         for step in steps.values():  # connections opened, agents started: not measured
             step()
-        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
+        samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in steps}
         order = list(steps)
         for index in range(rounds):
-            for name in order[index % 3 :] + order[: index % 3]:
-                cpu0, began = remote_cpu_s(uids, users), time.perf_counter()
+            for name in order[index % 4 :] + order[: index % 4]:
+                cpu0 = remote_cpu_s(uids, users)
+                began, client0 = time.perf_counter(), time.process_time()
                 steps[name]()
-                wall, cpu1 = time.perf_counter() - began, remote_cpu_s(uids, users)
-                samples[name].append((wall, (cpu1 - cpu0) / len(hosts)))
+                wall, client = time.perf_counter() - began, time.process_time() - client0
+                cpu1 = remote_cpu_s(uids, users)
+                samples[name].append((wall, (cpu1 - cpu0) / len(hosts), client))
     finally:
         for fleet in fleets.values():
             fleet.close()
     result: dict[str, Any] = {"hosts": len(hosts), "rounds": rounds}
     for name, values in samples.items():
         result[name] = {
-            "round_s": round(statistics.median(w for w, _ in values), 3),
-            "remote_cpu_ms_per_host": round(1000 * statistics.median(c for _, c in values), 2),
+            "round_s": round(statistics.median(v[0] for v in values), 3),
+            "remote_cpu_ms_per_host": round(1000 * statistics.median(v[1] for v in values), 2),
+            "client_cpu_s": round(statistics.median(v[2] for v in values), 3),
         }
-    result["kept_vs_floor"] = round(result["kept"]["round_s"] / result["floor"]["round_s"], 2)
+    for name in ("kept", "no GPUs"):
+        ratio = result[name]["round_s"] / result["floor"]["round_s"]
+        result[name]["vs_floor"] = round(ratio, 2)
     return result
 
 
@@ -146,17 +167,21 @@ def memory_over_rounds(inventory: Path, rounds: int) -> dict[str, Any]:
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    names = ("per call", "kept", "no GPUs", "floor")
     lines = [
-        "hosts | per call: round s, remote CPU ms/host | kept: round s, ms/host | "
-        "floor: round s, ms/host | kept / floor",
-        "---|---|---|---|---",
+        "hosts | "
+        + " | ".join(f"{n}: round s, remote CPU ms/host, client CPU s" for n in names)
+        + " | kept / floor | no GPUs / floor",
+        "---|---|---|---|---|---|---",
     ]
     for r in results:
         cells = [
-            f"{r[n]['round_s']:.3f} s, {r[n]['remote_cpu_ms_per_host']:.1f} ms"
-            for n in ("per call", "kept", "floor")
+            f"{r[n]['round_s']:.3f}, {r[n]['remote_cpu_ms_per_host']:.1f}, "
+            f"{r[n]['client_cpu_s']:.3f}"
+            for n in names
         ]
-        lines.append(f"{r['hosts']} | " + " | ".join(cells) + f" | {r['kept_vs_floor']:.2f}×")
+        ratios = f" | {r['kept']['vs_floor']:.2f}× | {r['no GPUs']['vs_floor']:.2f}×"
+        lines.append(f"{r['hosts']} | " + " | ".join(cells) + ratios)
     return "\n".join(lines)
 
 
@@ -165,7 +190,7 @@ def main() -> None:
     parser.add_argument("--hosts", default="32,128,256")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--long-hosts", type=int, default=4)
-    parser.add_argument("--long-rounds", type=int, default=1000)
+    parser.add_argument("--long-rounds", type=int, default=1000, help="0: skip")
     args = parser.parse_args()
     sizes = [int(n) for n in args.hosts.split(",")]
     base = Path(tempfile.mkdtemp(prefix="deployctl-kept-", dir="/tmp"))
@@ -179,7 +204,8 @@ def main() -> None:
             results.append(bench_size(lab, inventory, args.rounds))
             print(json.dumps(results[-1]), flush=True)
         names = list(lab.hosts)[: args.long_hosts]
-        memory = memory_over_rounds(lab.inventory(base / "inv-long.yml", names), args.long_rounds)
+        long_inventory = lab.inventory(base / "inv-long.yml", names)
+        memory = memory_over_rounds(long_inventory, args.long_rounds) if args.long_rounds else {}
     finally:
         stop_lab(lab)
     document = {
