@@ -20,8 +20,9 @@ import io
 import json
 import sys
 import threading
+import time
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -30,7 +31,6 @@ from deployctl.connection import DEFAULT_COMMAND_TIMEOUT, CommandResult, Connect
 from deployctl.errors import (
     AgentError,
     CommandError,
-    CommandTimeoutError,
     ConnectError,
     HostError,
     InventoryError,
@@ -75,7 +75,8 @@ __all__ = [
     "POLL", "PREFLIGHT", "PROBE", "READ", "RELEASE", "REVERT", "ROUTER", "RUNS", "START",
     "STATUS", "STOP", "TUNE_LOCK", "TUNE_RECORDS", "TUNE_SAVE", "TUNE_UNLOCK", "Call",
     "KeptAgent", "agent_bundle", "agent_command", "agent_folder", "agent_hash", "call",
-    "call_beside", "check_reply", "hold", "install_agent", "kept_agent", "note", "parse_reply",
+    "call_beside", "check_reply", "hold", "install_agent", "kept_agent", "note", "notes_held",
+    "parse_reply",
     "shape_problems", "through_kept_agent",
 ]  # fmt: skip
 
@@ -110,7 +111,7 @@ def agent_hash() -> str:
 
 
 # (host, agent folder) where the bundle could not be unpacked in this invocation.
-_NOT_KEPT: set[tuple[str, str]] = set()
+_BUNDLE_IN_MEMORY: set[tuple[str, str]] = set()
 
 
 def agent_folder(host: Host) -> str:
@@ -126,7 +127,7 @@ def agent_folder(host: Host) -> str:
 def agent_command(host: Host, call: str, args: Mapping[str, Any]) -> str:
     """The shell line that runs one agent call with the host's python."""
     python, folder = host.settings.python, agent_folder(host)
-    if (host.name, folder) in _NOT_KEPT:  # the bundle rides in argv where it cannot be kept
+    if (host.name, folder) in _BUNDLE_IN_MEMORY:  # the bundle rides in argv where it cannot be kept
         carried = base64.b64encode(agent_bundle()).decode()
         return join([python, "-c", bootstrap.IN_MEMORY, carried, call, json.dumps(args)])
     return join([python, "-c", bootstrap.BOOTSTRAP, folder, call, json.dumps(args)])
@@ -154,7 +155,7 @@ def _send_agent(host: Host, conn: Connection) -> None:
     try:
         install_agent(host, conn)
     except HostError:
-        _NOT_KEPT.add((host.name, agent_folder(host)))
+        _BUNDLE_IN_MEMORY.add((host.name, agent_folder(host)))
 
 
 def parse_reply(
@@ -267,16 +268,35 @@ def call_beside(
 
 # ---- the kept agent: one process per host for the front ends that poll --------------------
 
-# (host, its python, agent folder) where no agent can be kept: one process per call there.
-_NO_KEPT_AGENT: set[tuple[str, str, str]] = set()
+# (host, its python, agent folder) where no agent could be kept, and until when one process
+# per call answers there (a crash of the agent's, say, is not held against a host for ever).
+_NO_KEPT_AGENT: dict[tuple[str, str, str], float] = {}
+NO_KEPT_AGENT_FOR = 600.0  # seconds
 
 
-def _note_to_stderr(text: str) -> None:
-    print(f"note: {text}", file=sys.stderr)
+# Notes held while a full screen shows (notes_held); else they go to stderr at once.
+_HELD_NOTES: list[list[str]] = []
 
 
-# Where the note goes that a host answers one process per call (a front end may redirect it).
-note: Callable[[str], None] = _note_to_stderr
+def note(text: str) -> None:
+    """Say that a host answers one process per call."""
+    if _HELD_NOTES:
+        _HELD_NOTES[-1].append(text)
+    else:
+        print(f"note: {text}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def notes_held() -> Iterator[list[str]]:
+    """Hold the notes while a full screen is shown (they would garble it); then print them."""
+    held: list[str] = []
+    _HELD_NOTES.append(held)
+    try:
+        yield held
+    finally:
+        _HELD_NOTES.remove(held)
+        for text in held:
+            note(text)
 
 
 class KeptAgent:
@@ -309,12 +329,15 @@ class KeptAgent:
             try:
                 self.held.send(json.dumps(request).encode() + b"\n")
                 output = self.held.read_until(proto.REPLY_MARK.encode(), timeout, late)
-            except (ConnectError, CommandTimeoutError):
-                self.close()  # the next call starts a fresh one; this one ends with its stdin
+            except BaseException:  # a timeout, its end, Ctrl-C: no later call may read
+                self.close()  # this call's reply; the next starts a fresh agent
                 raise
             self.answered += 1
         doc = _reply_document(output.decode(errors="replace"))
-        try:
+        if not isinstance(doc, dict) or "reply" not in doc:
+            raise AgentError(f"{self.host.name}: the kept agent's {spec.name} reply is malformed")
+        reply = check_reply(self.host, spec.name, doc["reply"], "no JSON object", spec.reply)
+        try:  # the reply is good: so are the probes' answers beside it
             ran = doc["probes"] or {}
             outputs = {
                 name: ProbeOutput(
@@ -322,12 +345,10 @@ class KeptAgent:
                 )
                 for name in probes or {}
             }
-            reply_doc = doc["reply"]
         except (KeyError, TypeError, ValueError):
             raise AgentError(
                 f"{self.host.name}: the kept agent's {spec.name} reply is malformed"
             ) from None
-        reply = check_reply(self.host, spec.name, reply_doc, "no JSON object", spec.reply)
         return reply, outputs
 
     def close(self) -> None:
@@ -348,20 +369,21 @@ def through_kept_agent(
     """The call answered by the host's kept agent (see KeptAgent.call); None: make it one
     process per call. A kept agent found ended is replaced once; one that ends by itself
     before its first answer means the host's python cannot keep one (a note says so)."""
-    for retry in (False, True):
-        kept = kept_agent(host, conn, spec)
-        if kept is None:
+    kept = kept_agent(host, conn, spec)
+    if kept is None:
+        return None
+    first = kept.answered == 0
+    try:
+        return kept.call(spec, args, probes, timeout)
+    except ConnectError:
+        if first and kept.held.exit_code() is not None:
+            _cannot_keep(host, "it ended before its first answer")
             return None
-        first = kept.answered == 0
-        try:
-            return kept.call(spec, args, probes, timeout)
-        except ConnectError:
-            if first and kept.held.exit_code() is not None:
-                _cannot_keep(host, "it ended before its first answer")
-                return None
-            if first or retry:
-                raise
-    raise AssertionError("unreachable")
+        if first:
+            raise
+    # One that had answered ended (its connection dropped and came back): once more, anew.
+    again = kept_agent(host, conn, spec)
+    return None if again is None else again.call(spec, args, probes, timeout)
 
 
 def _cannot_keep_key(host: Host) -> tuple[str, str, str]:
@@ -369,7 +391,7 @@ def _cannot_keep_key(host: Host) -> tuple[str, str, str]:
 
 
 def _cannot_keep(host: Host, why: str) -> None:
-    _NO_KEPT_AGENT.add(_cannot_keep_key(host))
+    _NO_KEPT_AGENT[_cannot_keep_key(host)] = time.monotonic() + NO_KEPT_AGENT_FOR
     note(
         f"{host.name}: {host.settings.python} cannot keep deployctl's agent running ({why}); "
         "one process per call there"
@@ -382,7 +404,7 @@ def kept_agent(host: Host, conn: Connection, spec: Call[Any, Any]) -> KeptAgent 
     if not conn.keeps_agent or spec.name not in proto.SESSION_CALLS:
         return None
     with conn.kept_lock:
-        if _cannot_keep_key(host) in _NO_KEPT_AGENT:
+        if _NO_KEPT_AGENT.get(_cannot_keep_key(host), 0.0) > time.monotonic():
             return None
         kept = conn.kept
         if isinstance(kept, KeptAgent) and not kept.ended and kept.bundle == agent_hash():
@@ -410,8 +432,8 @@ def _start_kept_agent(host: Host, conn: Connection) -> KeptAgent | None:
         _send_agent(host, conn)
         held = start()
     ready = _reply_document(held.output.decode(errors="replace"))
-    # Its folder's name is the hash it runs; from memory (_NOT_KEPT) its modules are "<bundle>".
-    in_memory = (host.name, agent_folder(host)) in _NOT_KEPT
+    # Its folder's name is the hash it runs; from memory its modules are "<bundle>".
+    in_memory = (host.name, agent_folder(host)) in _BUNDLE_IN_MEMORY
     expected = {agent_hash(), "<bundle>"} if in_memory else {agent_hash()}
     if held.ended or not isinstance(ready, dict) or ready.get("session") not in expected:
         held.close(wait=0)

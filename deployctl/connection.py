@@ -242,7 +242,9 @@ class Connection(ABC):
         """Start connecting now and return at once; the first command finishes the connect."""
 
     def close(self) -> None:
-        """Release the connection, and first what is kept over it (agent.KeptAgent)."""
+        """Release the connection, and first what is kept over it (agent.KeptAgent); a
+        call still at work then fails, and starts no other kept agent."""
+        self.keeps_agent = False
         kept, self.kept = self.kept, None
         if kept is not None:
             kept.close()
@@ -280,8 +282,8 @@ class Held(ABC):
 
     @abstractmethod
     def exit_code(self) -> int | None:
-        """Its exit status once it has ended by itself; None while it runs, or when its
-        connection (not the command) ended it."""
+        """Its exit status once it has ended; None while it runs, or when its SSH
+        connection (not the command itself) ended it."""
 
     @abstractmethod
     def _read(self) -> bytes: ...

@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Generic, TypeVar
 
 from deployctl import DEFAULT_FORKS
@@ -162,6 +161,7 @@ class Fleet:
         self.keeps_agents = False
         # label -> a poll's call still running on that host after its round went on
         self._unanswered: dict[str, Future[HostResult[Any]]] = {}
+        self._polled = False  # a first round was made
         self._poll_pool: ThreadPoolExecutor | None = None
 
     def keep_agents(self) -> None:
@@ -220,23 +220,33 @@ class Fleet:
         connection failed is tried again only after a backoff; until then its last failure
         stands for it.
 
-        `answer_within`: the round ends then; a host still at work (a wedged nvidia-smi, a
-        hung file system) is reported as not answering, its call goes on meanwhile (until its
-        own timeout), and it is asked again once that call has ended."""
+        `answer_within`: after the first round (which waits for every host: connections and
+        agents are set up then), a round ends after that long; a host still at work (a
+        wedged nvidia-smi, a hung file system) is shown as not answering while its call goes
+        on (until its own timeout), and the answer it gives late stands for the next round."""
         now = clock()
+        late: dict[str, HostResult[T]] = {}
+        for label, future in list(self._unanswered.items()):
+            if future.done():
+                late[label] = future.result()
+                del self._unanswered[label]
+        still = set(self._unanswered)
         due = [
             h
             for h in self.hosts
-            if self._waiting.get(h.label, (0.0,))[0] <= now and h.label not in self._unanswered
+            if self._waiting.get(h.label, (0.0,))[0] <= now and h.label not in still | set(late)
         ]
-        if answer_within is None:
+        if answer_within is None or not self._polled:
             fresh = {r.name: r for r in self.run(operation, due)}
         else:
-            fresh = self._run_within(operation, due, answer_within)
+            fresh, unanswered = self._run_within(operation, due, answer_within)
+            still |= unanswered
+        self._polled = True
+        fresh.update(late)
         results: list[HostResult[T]] = []
         for host in self.hosts:
             result = fresh.get(host.label)
-            if result is None and host.label in self._unanswered:
+            if host.label in still:
                 results.append(_still_waiting(host, answer_within or 0))
                 continue
             if result is None:  # still waiting out its backoff
@@ -253,9 +263,10 @@ class Fleet:
 
     def _run_within(
         self, operation: Callable[[Host, Connection], T], hosts: list[Host], within: float
-    ) -> dict[str, HostResult[T]]:
-        """`operation` on each host, in a pool kept across rounds; the results that came
-        within `within` seconds, and the calls still running kept in `_unanswered`."""
+    ) -> tuple[dict[str, HostResult[T]], set[str]]:
+        """`operation` on each host, in a pool kept across rounds: the results that came
+        within `within` seconds, and the hosts whose calls still run (kept in
+        `_unanswered` until a later round takes their answer)."""
         if self._poll_pool is None:
             self._poll_pool = ThreadPoolExecutor(max_workers=self.forks)
 
@@ -264,26 +275,19 @@ class Fleet:
 
         started = {host.label: self._poll_pool.submit(one, host) for host in hosts}
         wait(started.values(), timeout=within)
-        answered: dict[str, HostResult[T]] = {}
-        for label, future in started.items():
-            if future.done():
-                answered[label] = future.result()
-            else:
-                self._unanswered[label] = future
-                future.add_done_callback(partial(self._answered_late, label))
-        return answered
-
-    def _answered_late(self, label: str, _: object) -> None:
-        self._unanswered.pop(label, None)
+        answered = {label: f.result() for label, f in started.items() if f.done()}
+        unanswered = {label: f for label, f in started.items() if label not in answered}
+        self._unanswered.update(unanswered)
+        return answered, set(unanswered)
 
     def close(self) -> None:
         """Close every connection opened."""
+        if self._poll_pool is not None:  # no new call; one still at work fails with its connection
+            self._poll_pool.shutdown(wait=False, cancel_futures=True)
+            self._poll_pool = None
         for conn in self._connections.values():
             conn.close()
         self._connections.clear()
-        if self._poll_pool is not None:  # a call still at work ends with its connection
-            self._poll_pool.shutdown(wait=False, cancel_futures=True)
-            self._poll_pool = None
 
     def __enter__(self) -> Fleet:
         return self

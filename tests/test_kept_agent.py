@@ -180,6 +180,9 @@ def test_rounds_go_on_while_a_host_hangs_and_its_agent_is_restarted(
     # though its call still hangs there.
     assert wait_until(lambda: old.pid not in kept_agents(bravo), timeout=10)
     (runs / "current").unlink()
+    late = {r.name: r for r in metrics_round(fleet, catalog, within=5)}
+    assert isinstance(late["bravo"].exception, CommandTimeoutError)  # its call's own end
+    assert "within 3s" in str(late["bravo"].exception)
     fleet._waiting.clear()  # no backoff wait in a test
     again = metrics_round(fleet, catalog, within=5)
     assert again.ok, [r.error for r in again]

@@ -41,8 +41,14 @@ class FakeNvml:
 
     def __init__(self, devices: list[FakeGpu], driver: str = "580.159.04") -> None:
         self.devices, self.driver = devices, driver
+        self.open = 0  # initialised and not shut down yet
 
     def nvmlInit_v2(self) -> int:
+        self.open += 1
+        return 0
+
+    def nvmlShutdown(self) -> int:
+        self.open -= 1
         return 0
 
     def nvmlDeviceGetCount_v2(self, count: Any) -> int:
@@ -100,7 +106,7 @@ class FakeNvml:
             count._obj.value = len(found)
             return INSUFFICIENT_SIZE
         for slot, (pid, mib) in zip(table, found, strict=False):
-            slot.pid, slot.used = pid, mib * MIB
+            slot.pid, slot.used = pid, (mib * MIB if mib >= 0 else 0xFFFFFFFFFFFFFFFF)
         count._obj.value = len(found)
         return 0
 
@@ -139,6 +145,7 @@ def test_an_idle_gpu_reads_as_nvidia_smi_writes_it(monkeypatch: pytest.MonkeyPat
     answer = answer_of(nvml, monkeypatch)
     expected = capture("h200-deployctl", "idle")
     assert answer == expected
+    assert nvml.open == 0  # no GPU device is held open between rounds
 
 
 def test_two_busy_gpus_with_their_processes_read_as_nvidia_smi_writes_them(
@@ -179,10 +186,12 @@ def test_memory_is_rounded_up_to_a_mib_as_nvidia_smi_shows_it(
 def test_figures_a_gpu_does_not_report_are_not_available_and_a_long_process_list_is_read_whole(
     monkeypatch: pytest.MonkeyPatch, named_process: int
 ) -> None:
-    many = [(named_process, 10)] * 70  # more than the first table holds
+    many = [(named_process, 10)] * 69 + [(named_process, -1)]  # more than the first table holds
     nvml = FakeNvml([FakeGpu("GPU-x", 700, None, None, many)])
     answer = answer_of(nvml, monkeypatch) or ""
     assert "GPU-x, NVIDIA H200, 700 MiB, 143771 MiB, [N/A], [N/A], 9.0" in answer
+    # NVML_VALUE_NOT_AVAILABLE for a process's memory: [N/A], as nvidia-smi shows it.
+    assert answer.endswith(", [N/A], GPU-x\n")
     state = parse_gpus_command(0, answer)
     assert state.gpus[0].utilization_pct is None and len(state.processes) == 70
 
@@ -195,3 +204,26 @@ def test_without_nvml_or_after_a_failed_query_nvidia_smi_answers(
     broken = FakeNvml([FakeGpu("GPU-x", 0)])
     monkeypatch.setattr(broken, "nvmlDeviceGetMemoryInfo_v2", lambda handle, memory: 15)
     assert answer_of(broken, monkeypatch) is None
+    assert broken.open == 0
+    surprising = FakeNvml([FakeGpu("GPU-x", 0)])
+    monkeypatch.setattr(surprising, "nvmlDeviceGetUUID", lambda *args: 1 / 0)
+    assert answer_of(surprising, monkeypatch) is None
+
+
+class OldDriverNvml(FakeNvml):
+    """A driver older than R510: no nvmlDeviceGetMemoryInfo_v2 (ctypes: AttributeError)."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "nvmlDeviceGetMemoryInfo_v2":
+            raise AttributeError("undefined symbol: nvmlDeviceGetMemoryInfo_v2")
+        return super().__getattribute__(name)
+
+
+def test_a_driver_without_a_function_read_is_left_to_nvidia_smi(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    old = OldDriverNvml([FakeGpu("GPU-x", 0)])
+    monkeypatch.setattr(gpus.ctypes, "CDLL", lambda name: old)
+    monkeypatch.setattr(gpus, "_loaded", [])
+    assert gpus.gpus_answer() is None and gpus._loaded == [None]
+    assert old.open == 0

@@ -3,6 +3,7 @@ unpacked into a private folder, `python -c BOOTSTRAP FOLDER --session`, requests
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -20,9 +21,14 @@ from deployctl.remote import protocol as proto
 
 
 class Session:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path | None) -> None:
+        if folder is None:  # where nothing can be kept: the bundle rides in argv
+            bundle = base64.b64encode(agent.agent_bundle()).decode()
+            argv = [sys.executable, "-c", bootstrap.IN_MEMORY, bundle, proto.SESSION, "{}"]
+        else:
+            argv = [sys.executable, "-c", bootstrap.BOOTSTRAP, str(folder), proto.SESSION, "{}"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", bootstrap.BOOTSTRAP, str(folder), proto.SESSION, "{}"],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -68,11 +74,24 @@ def test_it_says_which_bundle_it_runs_and_answers_echo(session: Session) -> None
     assert second["answered"] == first["answered"] + 1 and first["rss_kib"] > 0
 
 
+def test_a_bundle_carried_in_argv_keeps_an_agent_too() -> None:
+    session = Session(None)
+    try:
+        assert session.ready == {"session": "<bundle>", "pid": session.proc.pid}
+        assert session.ask({"call": "echo", "args": {}})["reply"]["answered"] == 0
+    finally:
+        session.proc.kill()
+        session.proc.wait()
+
+
 def test_it_answers_a_status_with_its_probes_and_goes_on_after_bad_requests(
     session: Session, tmp_path: Path
 ) -> None:
-    bad = session.ask("not json")
-    assert "malformed" in bad["reply"]["error"]
+    for bad in ("not json", '{"call": [1], "args": {}}', "[" * 100_000 + "]" * 100_000):
+        answer = session.ask(bad)
+        assert "malformed" in answer["reply"]["error"], answer
+    nan = session.ask({"call": "echo", "args": {}, "probes": {"p": "echo ok"}, "timeout": "nan"})
+    assert nan["probes"]["p"] == {"exit_code": 0, "output": "ok\n", "stderr": ""}
     refused = session.ask({"call": "apply", "args": {}})  # it changes things: never kept
     assert refused["reply"] == {
         "error": "'apply' is not answered by a kept agent",

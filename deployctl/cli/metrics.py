@@ -37,6 +37,7 @@ def top(
     once: Annotated[bool, typer.Option("--once", help="Show one refresh and exit.")] = False,
 ) -> Reply:
     """Live metrics of every deployment: requests, tok/s, KV usage, latencies; q or Ctrl-C ends."""
+    from deployctl import agent
     from deployctl.ops.server import WatchEnded, metrics_rounds
     from deployctl.present import live, views
 
@@ -44,7 +45,7 @@ def top(
     with session.fleet() as fleet:
         if once:
             return views.STATUS, next(metrics_rounds(fleet, catalog, interval, 1))
-        with live.TopScreen(session.options.json) as screen:
+        with agent.notes_held(), live.TopScreen(session.options.json) as screen:
             try:
                 for results in metrics_rounds(fleet, catalog, interval, sleep=screen.wait):
                     screen.show(results)

@@ -26,7 +26,6 @@ from .protocol import (
     PROBE,
     READ,
     RELEASE,
-    REPLY_MARK,
     REVERT,
     ROUTER,
     RUNS,
@@ -42,7 +41,7 @@ from .protocol import (
 from .records import cmd_bench_results, cmd_bench_save, cmd_tune_records, cmd_tune_save
 from .router import cmd_hold, cmd_router, held, hold_until_eof
 from .runs import cmd_point, cmd_poll, cmd_preflight, cmd_runs, cmd_start, cmd_status, cmd_stop
-from .session import handle, serve
+from .session import handle, serve, write_reply
 from .sglang_options import cmd_check_args
 
 # Each call's handler, by the call's name on the wire (protocol.CALLS names the same calls):
@@ -73,14 +72,6 @@ HANDLERS: dict[str, Callable[..., Any]] = {
 }
 
 
-def answer(document: Any) -> None:
-    try:
-        sys.stdout.write(REPLY_MARK + json.dumps(document) + "\n")
-        sys.stdout.flush()
-    except OSError:
-        pass
-
-
 def main() -> None:
     # A dropped connection must not interrupt a change half-way: finish or roll back.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -90,12 +81,18 @@ def main() -> None:
     home = os.path.expanduser("~")
     sys.path[:] = [home if entry == "" else entry for entry in sys.path]
     if sys.argv[1] == SESSION:  # a kept agent: calls on stdin until the client goes
-        serve(HANDLERS, os.path.basename(os.path.dirname(os.path.dirname(__file__))))
+        # The folder the bundle was unpacked into is named by its hash; a bundle imported
+        # from memory (bootstrap.IN_MEMORY) has no file, and says "<bundle>".
+        where = globals().get("__file__")
+        serve(
+            HANDLERS,
+            os.path.basename(os.path.dirname(os.path.dirname(where))) if where else "<bundle>",
+        )
         return
     call, args = sys.argv[1], json.loads(sys.argv[2])
     payload = sys.stdin.buffer.read() if call == APPLY.name else None
     reply = handle(HANDLERS, call, args, payload)
-    answer(reply)
+    write_reply(reply)
     if "error" in reply:
         sys.exit(1)
     if held:

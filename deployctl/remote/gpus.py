@@ -2,8 +2,9 @@
 `GPUS_COMMAND`, in its own CSV, without starting nvidia-smi.
 
 Measured on an H200 host (driver 580): the two nvidia-smi queries of a status cost 33–41 ms
-of CPU each round; NVML, loaded once by the kept agent, answers the same text in about
-0.15 ms. Where the library cannot be loaded or a query fails, nvidia-smi answers as before.
+of CPU each round; NVML answers the same text in about 0.15 ms once initialised (about 2 ms
+to initialise again). Where the library cannot be loaded or a query fails, nvidia-smi answers
+as before.
 """
 
 from __future__ import annotations
@@ -46,14 +47,25 @@ class _Process(ctypes.Structure):
 
 
 _MEMORY_V2 = ctypes.sizeof(_MemoryV2) | (2 << 24)  # NVML_STRUCT_VERSION(Memory, 2)
-_loaded: list[Any] = []  # the library, initialised; [None] once it could not be
+_NOT_AVAILABLE_BYTES = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE: a process's memory unknown
+# Every function read, so a driver older than one of them (R510 for the _v2/_v3 ones) is
+# seen at load, and nvidia-smi answers instead.
+_FUNCTIONS = (
+    "nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetCount_v2", "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetUUID", "nvmlDeviceGetName",
+    "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetComputeRunningProcesses_v3",
+)  # fmt: skip
+_loaded: list[Any] = []  # the library once loaded; [None] when it cannot be
 
 
 def _library() -> Any:
     if not _loaded:
         try:
             nvml = ctypes.CDLL("libnvidia-ml.so.1")
-            _loaded.append(nvml if nvml.nvmlInit_v2() == _SUCCESS else None)
+            for name in _FUNCTIONS:
+                getattr(nvml, name)
+            _loaded.append(nvml)
         except (OSError, AttributeError):
             _loaded.append(None)
     return _loaded[0]
@@ -81,14 +93,19 @@ def _optional(read: Any, handle: Any, value: Any, *args: Any) -> Any:
 
 def gpus_answer() -> str | None:
     """GPUS_COMMAND's output (both queries, `@@apps` between) read through NVML; None where
-    NVML cannot answer (no library, a GPU that fails a query): run nvidia-smi then."""
+    NVML cannot answer (no library, an old driver, a GPU that fails a query): nvidia-smi
+    answers then. NVML is shut down after each answer, so the kept agent holds no GPU device
+    open between rounds (a GPU reset or a MIG change is never blocked by it); initialising
+    it again costs about 2 ms of CPU, against 33-41 ms for nvidia-smi."""
     nvml = _library()
-    if nvml is None:
+    if nvml is None or nvml.nvmlInit_v2() != _SUCCESS:
         return None
     try:
         return _read(nvml)
-    except _Failed:
+    except Exception:  # _Failed, or anything the library did that we did not expect
         return None
+    finally:
+        nvml.nvmlShutdown()
 
 
 def _read(nvml: Any) -> str:
@@ -131,7 +148,7 @@ def _read(nvml: Any) -> str:
 
 def _mib(size: int) -> str:
     # nvidia-smi rounds up (seen on an H200: 22027239424 bytes used shown as 21007 MiB).
-    return f"{-(-size // _MIB)} MiB"
+    return _NOT_AVAILABLE if size == _NOT_AVAILABLE_BYTES else f"{-(-size // _MIB)} MiB"
 
 
 def _processes(nvml: Any, handle: Any) -> list[_Process]:

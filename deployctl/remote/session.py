@@ -36,30 +36,40 @@ from .gpus import gpus_answer
 from .measures import EchoReply
 from .protocol import ECHO, GPUS_COMMAND, REPLY_MARK, SESSION_CALLS
 
-# The process group of the shell now running, if any: ended with us.
+# The process groups of the probes now running: ended with us.
 _running: list[int] = []
 _answered = [0]
+_LONGEST = 86400.0  # a probe timeout beyond this (or not a number) is the default's
 
 
 def serve(handlers: dict[str, Callable[..., Any]], bundle: str) -> None:
-    """Answer request lines until stdin ends; then end at once."""
+    """Answer request lines until stdin ends; then end at once. Never returns: every end
+    is `os._exit`, as an interpreter's own shutdown could stall on the reader thread."""
     requests: queue.Queue[bytes] = queue.Queue()
     threading.Thread(target=_read_requests, args=(requests,), daemon=True).start()
-    _write({"session": bundle, "pid": os.getpid()})
-    while True:
-        line = requests.get()
-        try:
-            request = json.loads(line)
-            call, args, probes = request["call"], request["args"], request.get("probes") or {}
-            timeout = float(request.get("timeout") or 60)
-            ran = {name: _probe(str(command), timeout) for name, command in probes.items()}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            _write(
-                {"reply": _error(f"a malformed session request: {exc}", "agent"), "probes": None}
-            )
-            continue
-        _write({"reply": _answer(handlers, call, args), "probes": ran})
-        _answered[0] += 1
+    try:
+        _write({"session": bundle, "pid": os.getpid()})
+        while True:
+            _write(_request(handlers, requests.get()))
+            _answered[0] += 1
+    except BaseException:  # a bug of ours: end, and let the client start another
+        _end(1)
+
+
+def _request(handlers: dict[str, Callable[..., Any]], line: bytes) -> dict[str, Any]:
+    """One request line's reply line; a malformed request is answered, never fatal."""
+    try:
+        request = json.loads(line)
+        call, args = request["call"], request["args"]
+        probes = request.get("probes") or {}
+        timeout = float(request.get("timeout") or 60)
+        if not isinstance(call, str) or not isinstance(probes, dict):
+            raise TypeError("call must be a name and probes an object")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        return {"reply": _error(f"a malformed session request: {exc}", "agent"), "probes": None}
+    timeout = timeout if 0 < timeout <= _LONGEST else 60.0  # NaN too
+    ran = {str(name): _probe(str(command), timeout) for name, command in probes.items()}
+    return {"reply": _answer(handlers, call, args), "probes": ran}
 
 
 def _read_requests(requests: queue.Queue[bytes]) -> None:
@@ -70,10 +80,14 @@ def _read_requests(requests: queue.Queue[bytes]) -> None:
                 requests.put(line)
     except OSError:
         pass
+    _end(0)
+
+
+def _end(code: int) -> None:
     for group in _running:
         with contextlib.suppress(OSError):
             os.killpg(group, signal.SIGKILL)
-    os._exit(0)
+    os._exit(code)
 
 
 def _answer(handlers: dict[str, Callable[..., Any]], call: str, args: Any) -> Any:
@@ -107,7 +121,10 @@ def _probe(command: str, timeout: float) -> dict[str, Any]:
     answer = gpus_answer() if command == GPUS_COMMAND else None
     if answer is not None:
         return {"exit_code": 0, "output": answer, "stderr": ""}
-    return _run_probe(command, timeout)
+    try:
+        return _run_probe(command, timeout)
+    except (OSError, ValueError) as exc:  # no /bin/sh, no process left to start
+        return {"exit_code": 126, "output": "", "stderr": f"the probe did not start: {exc}"}
 
 
 def _run_probe(command: str, timeout: float) -> dict[str, Any]:
@@ -122,13 +139,17 @@ def _run_probe(command: str, timeout: float) -> dict[str, Any]:
     )
     _running.append(proc.pid)
     try:
-        out, err = proc.communicate(timeout=timeout)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        code, err = 124, err + f"killed after {timeout:g}s".encode()
+        try:
+            out, err = proc.communicate(timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate(timeout=5)
+            code, err = 124, err + f"killed after {timeout:g}s".encode()
     finally:
+        if proc.poll() is None:  # ended by anything else: its group goes with it
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
         _running.remove(proc.pid)
     return {
         "exit_code": code,
@@ -156,6 +177,16 @@ def _error(message: str, code: str) -> dict[str, str]:
     return {"error": message, "code": code}
 
 
+def write_reply(document: Any) -> bool:
+    """One reply line on stdout; False where it cannot be written (the client went)."""
+    try:
+        sys.stdout.write(REPLY_MARK + json.dumps(document) + "\n")
+        sys.stdout.flush()
+    except OSError:
+        return False
+    return True
+
+
 def _write(document: Any) -> None:
-    sys.stdout.write(REPLY_MARK + json.dumps(document) + "\n")
-    sys.stdout.flush()
+    if not write_reply(document):
+        _end(0)
