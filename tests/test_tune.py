@@ -220,6 +220,26 @@ def test_a_latency_bound_makes_the_one_that_meets_it_win() -> None:
     assert judged.verdict is LevelVerdict.WIN
 
 
+def test_with_no_launch_left_the_server_up_measures_only_what_the_other_measured() -> None:
+    """--max-launches reached: the bracket's split measured on one server alone would never
+    be compared (the tuned run measured it again, to no end), so it is not asked for; a
+    level inside the noise still is (the other server measured it)."""
+    search = Search([4, 10])
+    curves = analytic(model_for(6.5))
+    for phase in (Phase.BASELINE, Phase.SPECULATIVE):
+        search.add(phase, [level(c, curves[phase](c)) for c in search.owed(phase)])
+    split = search.owed(Phase.SPECULATIVE)
+    assert split and all(4 < c < 10 for c in split)  # with a launch left: the split
+    assert search.owed(Phase.SPECULATIVE, last_visit=True) == []
+    search.stop()
+    assert search.planned == [4, 10] and search.refined == []
+    assert search.threshold == 4 and not search.narrowed
+    close = Search([4])
+    close.add(Phase.BASELINE, [level(4, 100.0)])
+    close.add(Phase.SPECULATIVE, [level(4, 101.0)])
+    assert close.owed(Phase.SPECULATIVE, last_visit=True) == [4]
+
+
 def searched(base: dict[int, float], spec: dict[int, float]) -> Search:
     """A search whose two servers measured these throughputs (one sample a level)."""
     search = Search(sorted(base))
@@ -386,6 +406,9 @@ def test_a_tuned_server_that_crashes_over_t_is_replaced_by_the_best_stable_one(
     assert code == 1, (err, json.dumps(entry)[:3000])
     assert entry["outcome"] == "crashed" and entry["threshold"] == 4, verdicts(entry)
     assert entry["phases"]["tuned"]["state"] == "crashed"
+    # No launch was left for the baseline: the speculative server measured no split.
+    assert set(entry["phases"]["speculative"]["samples"]) == {"4", "10"}
+    assert entry["refined_levels"] == [] and entry["narrowed"] is False
     crash = entry["crash"]
     assert crash["exception"] == "RuntimeError" and "(160) must match" in crash["message"]
     assert crash["hint"]
@@ -442,6 +465,8 @@ def test_a_tune_below_min_ratio_at_one_level_does_not_hold(
     assert entry["outcome"] == "tuned" and entry["held"] is False
     ratios = entry["envelope_ratio"]
     assert ratios["4"] < 0.95 <= ratios["10"], ratios
+    # The tuned run measured the levels compared, not the split no launch was left for.
+    assert set(entry["phases"]["tuned"]["samples"]) == {"4", "10"}
     cli("stop", "-i", str(inv))
 
 
