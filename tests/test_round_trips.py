@@ -122,6 +122,39 @@ def test_launch_preflight_costs_one_round_trip_two_to_break_a_stale_lock(
     assert all(not (hosts.hosts[n].home / ".deployctl" / "lock").exists() for n in NAMES)
 
 
+def test_a_lock_this_process_lost_track_of_is_broken_one_it_holds_is_respected(
+    hosts: SSHLab, tmp_path: Path
+) -> None:
+    """A launch cut off by a lost connection leaves a lock of this very process that it
+    never learnt of (the answer naming it was lost) or could not give back: its next launch
+    there breaks it (tune's put-back was refused by one). A lock it holds for a launch under
+    way is respected."""
+    import os
+
+    alpha = hosts.hosts["alpha"]
+    selected = fleet_hosts(hosts, tmp_path, {"alpha": prepare(alpha)})
+    sets = load_patch_sets([SHIPPED_DATA / "patches"])
+    [plan] = plan_launch(Project(None), selected, None, None, [], sets)
+    lock = alpha.home / ".deployctl" / "lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    ours = {"host": socket.gethostname(), "pid": os.getpid(), "user": "root", "op": "launch",
+            "expires": time.time() + 3600, "token": "lost-token", "since": time.time()}  # fmt: skip
+    lock.write_text(json.dumps(ours))
+    sh("chown", "-R", f"{alpha.user}:{alpha.user}", lock.parent)
+    with Fleet(selected, ConnectOptions()) as fleet:
+        conn = fleet.connection(selected[0])
+        taken = run_preflight(plan, conn, 16)
+        assert taken.ok and taken.lock_token, taken.problems
+        held = run_preflight(plan, conn, 16)  # a second launch meanwhile, as from another thread
+        assert not held.ok and held.lock_token is None
+        assert (
+            f"another deployctl launch is in progress on alpha (pid {os.getpid()}"
+            in (held.problems[0])
+        )
+        release_lock(plan, conn, taken.lock_token)
+    assert not lock.exists()
+
+
 def test_a_poll_tries_an_unreachable_host_again_only_after_a_backoff(
     hosts: SSHLab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -57,28 +57,29 @@ def model_for(cross: float, scale: float = 1.0) -> dict[str, float]:
             "spec_per_req_ms": (0.3 + 28.0 / cross) * scale, "accept_len": 3}  # fmt: skip
 
 
-# Each test model's time scale and output length. Past about 16 streams a 2-core machine
-# cannot carry a plain server's one-token chunks at 10 ms a step (measured: the baseline fell
-# 10-30 % below its curve at 25-32 streams, and T moved by up to 3; a loaded machine had the
-# tune at 6.5 not hold, 0.82 of the better curve): both models step 3 times slower, with
-# shorter answers, for a third of the chunks a second.
-SCALE = {6.5: 3.0, 24.5: 3.0}
-OUTPUT_LEN = {6.5: 21, 24.5: 30}
+# The lab tests' models step 3 times slower than model_for's times, with answers of 21
+# tokens (a multiple of 3): a level takes about 1.3 s, with a third of the chunks a second.
+# Past about 16 streams a 2-core machine cannot carry a plain server's one-token chunks at
+# 10 ms a step (measured: the baseline fell 10-30 % below its curve at 25-32 streams, and T
+# moved by up to 3; a loaded machine had the tune at 6.5 not hold, 0.82 of the better
+# curve): the search tests bracket crossovers at 2.5 and 9, at 12 streams at most, and
+# narrow them down with one round of splits (at 6.5 and 24.5, up to 32 streams and two
+# rounds, they took 45 and 65 s).
+SCALE = 3.0
+OUTPUT_LEN = 21
 # The tests that are not about the search itself take its shortest form: speculation wins
 # at 4 by half and loses at 10 by a third (model_for(6.5)), and no launch is left to narrow
-# that down, so T is 4 at once.
+# that down, so T is 4 at once (the speculative server does not measure the split: the
+# baseline's could not be compared with it).
 QUICK = ("--concurrency", "4,10", "--max-launches", "2")
-# Their model steps 3 times slower, as the search tests' do, with answers a third as long:
-# a level takes as long, with a third of the chunks (a loaded machine once had a tune of
-# model_for(6.5) at 1,2 streams not hold, below 0.95 of the better curve).
-QUICK_MODEL = model_for(6.5, SCALE[6.5])
-QUICK_OUTPUT_LEN = OUTPUT_LEN[6.5]
+QUICK_MODEL = model_for(6.5, SCALE)
 # A stopped stand-in exits at once (SGLang's drain has nothing in flight to finish here).
 NO_DRAIN = {"drain_s": 0.0}
-# T within one measured level of the crossover at 6.5 (6 exactly). A busy machine slows the
-# plain server's one-token chunks more than the speculative server's (measured in CI: 570
-# against 580 tok/s at 7, where the curves give 654 against 613), so 7 can measure a win.
-NEAR_6_5 = (5, 6, 7)
+# T within one measured level of the crossover at 2.5 (2 exactly: speculation wins there by
+# 22 % and loses at 3 by 15 %). A busy machine slows the plain server's one-token chunks
+# more than the speculative server's (measured in CI: 570 against 580 tok/s at 7, where the
+# curves of model_for(6.5) give 654 against 613), so 3 can measure a win.
+NEAR_2_5 = (1, 2, 3)
 
 
 def level(concurrency: int, tokens_per_s: float) -> BenchLevel:
@@ -220,6 +221,26 @@ def test_a_latency_bound_makes_the_one_that_meets_it_win() -> None:
     assert judged.verdict is LevelVerdict.WIN
 
 
+def test_with_no_launch_left_the_server_up_measures_only_what_the_other_measured() -> None:
+    """--max-launches reached: the bracket's split measured on one server alone would never
+    be compared (the tuned run measured it again, to no end), so it is not asked for; a
+    level inside the noise still is (the other server measured it)."""
+    search = Search([4, 10])
+    curves = analytic(model_for(6.5))
+    for phase in (Phase.BASELINE, Phase.SPECULATIVE):
+        search.add(phase, [level(c, curves[phase](c)) for c in search.owed(phase)])
+    split = search.owed(Phase.SPECULATIVE)
+    assert split and all(4 < c < 10 for c in split)  # with a launch left: the split
+    assert search.owed(Phase.SPECULATIVE, last_visit=True) == []
+    search.stop()
+    assert search.planned == [4, 10] and search.refined == []
+    assert search.threshold == 4 and not search.narrowed
+    close = Search([4])
+    close.add(Phase.BASELINE, [level(4, 100.0)])
+    close.add(Phase.SPECULATIVE, [level(4, 101.0)])
+    assert close.owed(Phase.SPECULATIVE, last_visit=True) == [4]
+
+
 def searched(base: dict[int, float], spec: dict[int, float]) -> Search:
     """A search whose two servers measured these throughputs (one sample a level)."""
     search = Search(sorted(base))
@@ -292,7 +313,7 @@ def assert_put_back(
 
 
 def tune_json(
-    cli: CLI, inv: Path, *extra: str, output_len: int = QUICK_OUTPUT_LEN
+    cli: CLI, inv: Path, *extra: str, output_len: int = OUTPUT_LEN
 ) -> tuple[int, dict[str, Any], str]:
     result = cli(
         "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", str(output_len),
@@ -307,28 +328,27 @@ def test_tune_finds_the_crossover_and_leaves_the_tuned_run_serving(
 ) -> None:
     from tests.sglang_wheel import install_on
 
-    model = model_for(6.5, SCALE[6.5])
+    model = model_for(2.5, SCALE)
     alpha = hosts.hosts["alpha"]
     variables = {**prepare(alpha, tp=1, **model, **NO_DRAIN), "template": "baseline"}
     variables["python"] = install_on(alpha, sglang_template, standin=STANDIN)
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
-    # 4 and 12 bracket the crossover (1,4,16 measured 4 levels more for the same check); 12
-    # loses clearly (9, a third short, measured a win on a machine at load 30). --min-ratio
-    # 0.9: the tuned run once measured 0.94 at 5 there (the ratio's own check is
+    # 1 and 4 bracket the crossover and one round of splits, 2 and 3, narrows it down: 4
+    # launches and 12 levels at 4 streams at most (4,12 around 6.5 took 5 and 18, 12 being
+    # where a loss was clear: 9 measured a win on a machine at load 30). --min-ratio 0.9:
+    # the tuned run once measured 0.94 at 5 there (the ratio's own check is
     # test_a_tune_below_min_ratio_at_one_level_does_not_hold).
-    code, doc, err = tune_json(
-        cli, inv, "--concurrency", "4,12", "--min-ratio", "0.9", output_len=OUTPUT_LEN[6.5]
-    )
+    code, doc, err = tune_json(cli, inv, "--concurrency", "1,4", "--min-ratio", "0.9")
     entry = doc["hosts"]["alpha"]
     assert code == 0, (err, entry["envelope_ratio"], verdicts(entry))
     t = entry["threshold"]
-    assert t in NEAR_6_5, verdicts(entry)
+    assert t in NEAR_2_5, verdicts(entry)
     assert entry["outcome"] == "tuned" and entry["held"]
     assert min(entry["envelope_ratio"].values()) >= 0.9
     assert entry["serving"] == entry["phases"]["tuned"]["run"] == f"eagle3_t{t}_v1"
     assert entry["patches"] == ["spec-disable 1.2.0 (applied)"]
     # Narrowed to adjacent levels: T and the level above it were both measured.
-    assert {t, t + 1} - {4, 12} <= set(entry["refined_levels"])
+    assert {t, t + 1} - {1, 4} <= set(entry["refined_levels"])
     status = status_of(cli, inv, "alpha")
     assert status["run"] == f"eagle3_t{t}_v1" and status["state"] == "ready"
     kept = Path(entry["phases"]["baseline"]["sweeps"][0])
@@ -346,25 +366,27 @@ def adaptive_host(
             "template": "baseline", "threshold_mode": "adaptive"}  # fmt: skip
 
 
-def test_tune_in_adaptive_mode_finds_a_crossover_near_24_at_cuda_graph_sizes(
+def test_tune_in_adaptive_mode_finds_a_crossover_near_9_at_cuda_graph_sizes(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    model = model_for(24.5, SCALE[24.5])
+    model = model_for(9.0, SCALE)
     inv = hosts.inventory(
         tmp_path / "inv.yml", ["bravo"], {"bravo": adaptive_host(hosts, "bravo", model)}
     )
-    # --min-ratio 0.9: at 26-32 streams a loaded 2-core machine moves the plain server's
-    # curve by up to 10 % between two sweeps (CI once saw the tune not hold at 0.95).
-    code, doc, err = tune_json(
-        cli, inv, "--concurrency", "16,32", "--min-ratio", "0.9", output_len=OUTPUT_LEN[24.5]
-    )
+    # 6 and 12 bracket the crossover. The CUDA-graph sizes between them are 7, 8 and 10 (9
+    # pads to 10, 11 to 12): one round of splits measures the three, where every batch size
+    # (patch mode) would split 7..11 at 7, 9 and 10. --min-ratio 0.9: a loaded 2-core
+    # machine moves the plain server's curve between two sweeps (CI once saw a tune at
+    # 16-32 streams not hold at 0.95).
+    code, doc, err = tune_json(cli, inv, "--concurrency", "6,12", "--min-ratio", "0.9")
     entry = doc["hosts"]["bravo"]
     assert code == 0, (err, entry["envelope_ratio"], verdicts(entry))
     sizes = speculative_graph_sizes(256)
-    # Within one measured level of the analytic crossover (24.5), and a CUDA-graph size: 24,
-    # or the size on either side (CI measured 612 against 634 tok/s at 26, where the curves
-    # give 688 against 657: a busy machine slows the plain server's one-token chunks most).
-    assert entry["threshold"] in (22, 24, 26), verdicts(entry)
+    # Within one measured level of the analytic crossover (9, a tie: 8 wins by 11 %, 10 loses
+    # by 9 %), and a CUDA-graph size: 8, or the size on either side (CI measured 612 against
+    # 634 tok/s at 26 where the curves gave 688 against 657: a busy machine slows the plain
+    # server's one-token chunks most).
+    assert entry["threshold"] in (7, 8, 10), verdicts(entry)
     assert entry["threshold"] in sizes and set(entry["refined_levels"]) <= set(sizes)
     assert entry["held"] and min(entry["envelope_ratio"].values()) >= 0.9
     assert entry["threshold_mode"] == "adaptive" and entry["patches"] == []
@@ -386,6 +408,10 @@ def test_a_tuned_server_that_crashes_over_t_is_replaced_by_the_best_stable_one(
     assert code == 1, (err, json.dumps(entry)[:3000])
     assert entry["outcome"] == "crashed" and entry["threshold"] == 4, verdicts(entry)
     assert entry["phases"]["tuned"]["state"] == "crashed"
+    # No launch was left for the baseline: the speculative server measured no split.
+    assert set(entry["phases"]["speculative"]["samples"]) == {"4", "10"}
+    assert entry["refined_levels"] == [] and entry["narrowed"] is False
+    assert entry["min_ratio"] == 0.95  # the default
     crash = entry["crash"]
     assert crash["exception"] == "RuntimeError" and "(160) must match" in crash["message"]
     assert crash["hint"]
@@ -424,24 +450,28 @@ def test_a_tune_below_min_ratio_at_one_level_does_not_hold(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     """The tuned run's speculative steps (up to T = 4) take 1.5 times longer: at 4 it falls
-    below the curves, above T it keeps up. One level short is enough: exit 1, and no
-    inventory line is offered."""
+    below the curves (about 0.66), above T it keeps up. One level short is enough: exit 1,
+    and no inventory line is offered. --min-ratio 0.8: a loaded machine measured the plain
+    steps above T at 0.90 of the baseline's (the median of three samples)."""
     model = QUICK_MODEL
     variables = adaptive_host(hosts, "alpha", model, threshold_slowdown=1.5)
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
     result = cli(
-        "tune", "-i", str(inv), "--input-len", "8", "--output-len", str(QUICK_OUTPUT_LEN),
-        "--requests-per-stream", "2", "--timeout", "60", *QUICK, timeout=600,
+        "tune", "-i", str(inv), "--input-len", "8", "--output-len", str(OUTPUT_LEN),
+        "--requests-per-stream", "2", "--timeout", "60", "--min-ratio", "0.8", *QUICK,
+        timeout=600,
     )  # fmt: skip
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
-    assert "the tuned run fell below 0.95 of the better curve at concurrency" in result.stderr
+    assert "the tuned run fell below 0.8 of the better curve at concurrency 4" in result.stderr
     assert "keep it:" not in result.stdout and "threshold: 4" not in result.stdout
     shown = cli("tune", "-i", str(inv), "--report", "--json")
     entry = json.loads(shown.stdout)["hosts"]["alpha"]["record"]
     assert entry["outcome"] == "tuned" and entry["held"] is False
     ratios = entry["envelope_ratio"]
-    assert ratios["4"] < 0.95 <= ratios["10"], ratios
+    assert ratios["4"] < 0.8 <= ratios["10"], ratios
+    # The tuned run measured the levels compared, not the split no launch was left for.
+    assert set(entry["phases"]["tuned"]["samples"]) == {"4", "10"}
     cli("stop", "-i", str(inv))
 
 
@@ -465,7 +495,7 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
                                 "user": "x", "op": "tune", "expires": time.time() + 3600,
                                 "token": "dead"}))  # fmt: skip
     tune = cli.popen(
-        "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", str(QUICK_OUTPUT_LEN),
+        "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", str(OUTPUT_LEN),
         "--requests-per-stream", "2", "--timeout", "60", *QUICK,
     )  # fmt: skip
     runs = delta.home / ".deployctl" / "runs"
@@ -513,10 +543,10 @@ def test_keep_none_leaves_the_deployment_as_tune_found_it(
     launched = cli("launch", "-i", str(inv), "--json", "--timeout", "60")
     before = json.loads(launched.stdout)["hosts"]["alpha"]["run"]
     # Speculation wins at both levels: no threshold is needed, the tuned run speculates.
-    # --min-ratio 0.9: the tuned run is the speculative phase's configuration measured again,
+    # --min-ratio 0: the tuned run is the speculative phase's configuration measured again,
     # and a loaded machine had it at 0.94 of itself (twice); what is pinned here is --keep.
     code, doc, err = tune_json(
-        cli, inv, "--concurrency", "1,2", "--keep", "none", "--min-ratio", "0.9"
+        cli, inv, "--concurrency", "1,2", "--keep", "none", "--min-ratio", "0"
     )
     entry = doc["hosts"]["alpha"]
     assert code == 0, (err, json.dumps(entry)[:3000])
@@ -586,10 +616,15 @@ def test_a_lost_connection_stops_the_tune_and_puts_back_the_previous_run(
         tmp_path / "inv.yml", ["bravo"], {"bravo": adaptive_host(hosts, "bravo", model)}
     )
     before = json.loads(cli("launch", "-i", str(inv), "--json", "--timeout", "60").stdout)
+    # Gone as the tuned run's launch begins (most often): the launch lock it took cannot be
+    # given back, and the put-back's launch breaks it (tune's own; it refused the put-back,
+    # in 3 runs of 4).
     code, doc, err = tune_with_host_away(cli, inv, bravo, 3)
     entry = doc["hosts"]["bravo"]
     assert code == 1, (err, json.dumps(entry)[:3000])
-    assert entry["outcome"] == "failed" and "Connection refused" in entry["outcome_note"]
+    # Refused when tune connects again, or lost under a call in flight: where it was then.
+    lost = ("Connection refused", "the SSH connection was lost")
+    assert entry["outcome"] == "failed" and any(w in entry["outcome_note"] for w in lost)
     assert entry["previous"] == before["hosts"]["bravo"]["run"]
     status = status_of(cli, inv, "bravo")
     assert status["run"] == entry["serving"] and status["state"] == "ready"
@@ -628,8 +663,8 @@ def test_a_worker_behind_a_router_is_drained_as_rollout_does_and_loses_no_reques
 ) -> None:
     """Each of tune's replacements takes w1 out of the real router, waits for its requests
     to finish, and adds the new run once ready; w2 serves meanwhile. Streamed load through
-    the router (answers of 200 tokens: 4 s each, far longer than the stand-in's own drain
-    after SIGTERM) loses nothing."""
+    the router (answers of 100 tokens: 2 s each, far longer than the stand-in's own drain
+    after SIGTERM; checked: --drain-timeout 0 cuts some) loses nothing."""
     from tests.test_rollout import Load
     from tests.test_router import fleet
 
@@ -638,7 +673,7 @@ def test_a_worker_behind_a_router_is_drained_as_rollout_does_and_loses_no_reques
     launched = cli("launch", "-i", str(inv), "--timeout", "60")
     assert launched.returncode == 0, launched.stderr
     # Speculation wins at 1 and 2 with these knobs: baseline, speculative, tuned: 3 swaps.
-    with Load(hosts.hosts["alpha"].address, table["router"]["port"], max_tokens=200) as load:
+    with Load(hosts.hosts["alpha"].address, table["router"]["port"], max_tokens=100) as load:
         code, doc, err = tune_json(
             cli, inv, "-d", "w1", "--concurrency", "1,2", "--min-ratio", "0", output_len=9
         )
@@ -737,15 +772,17 @@ def test_a_dry_run_merges_and_bounds_levels_and_its_estimate_keeps_to_max_launch
 def test_a_latency_bound_finds_the_highest_concurrency_that_meets_it(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    """Per output token the plain server takes 10 + 0.1 b ms: within 11.5 ms up to b = 15
-    (the speculative one only up to b = 7, where speculation still wins anyway)."""
-    model = model_for(6.5)
+    """Per output token the plain server takes 30 + 0.3 b ms: within 34.5 ms up to b = 15
+    (the speculative one only up to b = 7, where speculation still wins anyway). 20 misses
+    the bound by more than the noise (16, 0.3 ms over it, would be measured 3 times on each
+    server). --min-ratio 0: the tuned run's throughput is not what is pinned here."""
+    model = QUICK_MODEL
     inv = hosts.inventory(
         tmp_path / "inv.yml", ["charlie"], {"charlie": adaptive_host(hosts, "charlie", model)}
     )
     code, doc, err = tune_json(
-        cli, inv, "--concurrency", "4,16", "--max-launches", "2", "--max-itl-ms", "11.5",
-        "--keep", "baseline", output_len=63,
+        cli, inv, "--concurrency", "4,20", "--max-launches", "2", "--max-itl-ms", "34.5",
+        "--keep", "baseline", "--min-ratio", "0",
     )  # fmt: skip
     entry = doc["hosts"]["charlie"]
     assert code == 0, (
@@ -758,13 +795,13 @@ def test_a_latency_bound_finds_the_highest_concurrency_that_meets_it(
     assert entry["serving"].startswith("baseline_v")
     status = status_of(cli, inv, "charlie")
     assert status["run"] == entry["serving"] and status["state"] == "ready"
-    assert entry["params"]["objective"] == {"kind": "max_itl_ms", "bound": 11.5}
+    assert entry["params"]["objective"] == {"kind": "max_itl_ms", "bound": 34.5}
     assert entry["threshold"] == 4, verdicts(entry)  # QUICK's: not narrowed down
     per_token = {lv["concurrency"]: per_token_ms(lv) for lv in entry["phases"]["tuned"]["levels"]}
-    # Past T the tuned run is plain: 10 + 0.1 b ms a token, 11.5 at 15, plus the stand-in's
+    # Past T the tuned run is plain: 30 + 0.3 b ms a token, 34.5 at 15, plus the stand-in's
     # own overhead (0.3-1 ms a token, more on a busy machine), so the edge is where measured.
     capacity = entry["capacity"]
     assert 6 < capacity < 16, per_token
     # Narrowed down to adjacent levels on the tuned run: one meets the bound, the next not.
-    assert per_token[capacity] <= 11.5 < per_token[capacity + 1], per_token
+    assert per_token[capacity] <= 34.5 < per_token[capacity + 1], per_token
     cli("stop", "-i", str(inv))

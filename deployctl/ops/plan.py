@@ -343,10 +343,12 @@ def run_preflight(
     host = plan.host
     outputs, doc = _preflight_call(plan, conn, None, hold_for)
     lock = doc["lock"]
-    if not lock["acquired"] and is_stale(lock["holder"] or {}):
-        token = (lock["holder"] or {}).get("token")
-        outputs, doc = _preflight_call(plan, conn, token, hold_for)
+    holder = lock["holder"] or {}
+    if not lock["acquired"] and (is_stale(holder) or _orphaned(holder)):
+        outputs, doc = _preflight_call(plan, conn, holder.get("token"), hold_for)
         lock = doc["lock"]
+    if lock["token"] is not None:
+        _HELD.add(lock["token"])
     result = Preflight(
         plan, next_log=doc["next_log"], next_version=doc["next_version"], lock_token=lock["token"]
     )
@@ -490,13 +492,31 @@ def _deployment_words(name: str | None) -> str:
     return f"deployment {name}" if name else "the host's default deployment"
 
 
+# The launch locks this process holds (their tokens). A lock of this process that is not
+# among them is an orphan: its launch is over, but the host stopped answering before the
+# lock was given back, or before its answer naming the lock came (tune's put-back after a
+# lost connection was refused by one); a later launch of ours breaks it.
+_HELD: set[str] = set()
+
+
+def _orphaned(holder: Mapping[str, Any]) -> bool:
+    return (
+        holder.get("host") == socket.gethostname()
+        and holder.get("pid") == os.getpid()
+        and holder.get("token") not in _HELD
+    )
+
+
 def release_lock(plan: Plan, conn: Connection, token: str) -> None:
     args: ReleaseArgs = {
         "state_dir": plan.host.settings.state_dir,
         "deployment": plan.host.deployment,
         "token": token,
     }
-    agent.call(plan.host, conn, agent.RELEASE, args)
+    try:
+        agent.call(plan.host, conn, agent.RELEASE, args)
+    finally:
+        _HELD.discard(token)  # given back, or orphaned: the launch holding it is over
 
 
 def plan_launch(

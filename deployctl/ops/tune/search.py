@@ -273,10 +273,24 @@ class Search:
             if c in base and c in spec
         }
 
-    def owed(self, phase: Phase) -> list[int]:
-        """The levels `phase`'s server should measure now (empty: nothing more from it)."""
+    def owed(self, phase: Phase, last_visit: bool = False) -> list[int]:
+        """The levels `phase`'s server should measure now (empty: nothing more from it).
+        `last_visit`: the other server is not launched again, so only levels it measured are
+        owed (a level one server alone measured is never compared)."""
         self._advance()
-        return [c for c in self.planned if self._short(phase, c)]
+        owed = [c for c in self.planned if self._short(phase, c)]
+        if last_visit:
+            other = Phase.SPECULATIVE if phase is Phase.BASELINE else Phase.BASELINE
+            owed = [c for c in owed if c in self.samples[other]]
+        return owed
+
+    def stop(self) -> None:
+        """The search ends before it is narrowed down (no launch is left): levels planned
+        that no server measured are dropped, so the tuned run does not measure them and the
+        record does not call them measured."""
+        measured = {c for found in self.samples.values() for c in found}
+        self.planned = [c for c in self.planned if c in measured]
+        self.refined = [c for c in self.refined if c in measured]
 
     def bracket(self) -> tuple[int, int | None]:
         """The last level where speculation wins before its first non-win (0: none), and

@@ -360,17 +360,21 @@ class Tuner:
         visits = 0
         up: Phase | None = None
         while True:
-            nxt = next((p for p in ([up] if up else []) + order if search.owed(p)), None)
+            # No launch left: the server that is up measures only what the other one did.
+            last = visits >= options.max_visits
+            owing = ([up] if up else []) + order
+            nxt = next((p for p in owing if search.owed(p, last and p is up)), None)
             if nxt is None:
                 break
             if nxt is not up:
-                if visits >= options.max_visits:
+                if last:
                     result.note = f"the search stopped at --max-launches {visits}"
+                    search.stop()
                     break
                 self._launch(result, nxt, self.plans[nxt])
                 visits += 1
                 up = nxt
-            while wanted := search.owed(nxt):
+            while wanted := search.owed(nxt, visits >= options.max_visits):
                 search.add(nxt, self._measure(result, nxt, wanted))
             order = [p for p in order if p is not nxt] + [nxt]  # the other one next
         result.threshold = search.threshold
