@@ -22,8 +22,13 @@ if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
 
 HOST_NAMES = ["alpha", "bravo", "charlie", "delta"]
-# Fixtures that start or use the sshd test hosts; a test needing any of them is a `lab` test.
-LAB_FIXTURES = frozenset({"lab", "hosts", "sglang_template", "slurm", "slurm_lab"})
+# Fixtures that start or use the sshd test hosts, need root (`full_disk` mounts a tmpfs) or
+# start a listening service (`standin`: the stand-in SGLang server); a test needing any of them
+# is a `lab` test, so the fast tier starts no service and runs without root. A test that starts
+# a service some other way (the dashboard, a router) is marked `lab` where it is written.
+LAB_FIXTURES = frozenset(
+    {"lab", "hosts", "sglang_template", "slurm", "slurm_lab", "full_disk", "standin"}
+)
 # Fixtures that drive the real chromium; a test needing any of them is a `browser` test.
 BROWSER_FIXTURES = frozenset({"browser", "page"})
 # Fixtures of the session's Slurm cluster: under xdist (`--dist loadgroup`) their tests share
