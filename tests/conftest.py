@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests import sglang_wheel
 from tests.browser import VIEWPORT, missing_browser, running_browser
 from tests.json_contract import CheckedPopen, check_output
 from tests.slurm_cluster import SlurmCluster, start_cluster, stop_cluster
@@ -22,8 +23,13 @@ if TYPE_CHECKING:
     from playwright.sync_api import Browser, Page
 
 HOST_NAMES = ["alpha", "bravo", "charlie", "delta"]
-# Fixtures that start or use the sshd test hosts; a test needing any of them is a `lab` test.
-LAB_FIXTURES = frozenset({"lab", "hosts", "sglang_template", "slurm", "slurm_lab"})
+# Fixtures that start or use the sshd test hosts, need root (`full_disk` mounts a tmpfs) or
+# start a listening service (`standin`: the stand-in SGLang server); a test needing any of them
+# is a `lab` test, so the fast tier starts no service and runs without root. A test that starts
+# a service some other way (the dashboard, a router) is marked `lab` where it is written.
+LAB_FIXTURES = frozenset(
+    {"lab", "hosts", "sglang_template", "slurm", "slurm_lab", "full_disk", "standin"}
+)
 # Fixtures that drive the real chromium; a test needing any of them is a `browser` test.
 BROWSER_FIXTURES = frozenset({"browser", "page"})
 # Fixtures of the session's Slurm cluster: under xdist (`--dist loadgroup`) their tests share
@@ -50,6 +56,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.lab)
         if SLURM_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _unzip_wheels_once_per_run(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The SGLang wheels are unzipped once per run, not once per xdist worker: in the run's
+    temporary folder (each worker's is a folder in it), which pytest removes with old runs."""
+    base = tmp_path_factory.getbasetemp()
+    sglang_wheel.UNZIP_ROOT = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
 
 
 @pytest.fixture(scope="session")

@@ -76,27 +76,43 @@ def built_once(venv: Path, wanted: str, build: Callable[[Path], None]) -> Path:
 
 
 _unzipped: dict[str, Path] = {}
+# Where the wheels are unzipped: set by tests/conftest.py to the run's temporary folder, shared
+# by its xdist workers (pytest removes it with old runs); None: a folder of this process's own.
+UNZIP_ROOT: Path | None = None
 
 
 def extract_site(version: str, target: Path) -> Path:
     """The real wheel's sglang/ package and dist-info under target (a site-packages folder).
 
-    The wheel (6,000 files, 120 MB) is unzipped once per test process; each target gets hard
-    links to those files, which is safe as long as nothing rewrites a file in place (GNU patch
-    and py_compile replace files by rename).
+    The wheel (6,000 files, 120 MB; 2-4 s of CPU) is unzipped once per test run, by the first
+    worker that needs it; each target gets hard links to those files, which is safe as long as
+    nothing rewrites a file in place (GNU patch and py_compile replace files by rename).
     """
     if version not in _unzipped:
-        unzipped = Path(tempfile.mkdtemp(prefix=f"deployctl-sglang-{version}-"))
-        atexit.register(shutil.rmtree, unzipped, ignore_errors=True)
-        wanted = ("sglang/", f"sglang-{version}.dist-info/")
-        with zipfile.ZipFile(sglang_wheel(version)) as archive:
-            metadata = archive.read(f"sglang-{version}.dist-info/METADATA").decode()
-            assert f"\nVersion: {version}\n" in metadata
-            archive.extractall(unzipped, [n for n in archive.namelist() if n.startswith(wanted)])
-        _unzipped[version] = unzipped
+        _unzipped[version] = _unzip_once(version)
     target.mkdir(parents=True, exist_ok=True)
     sh("cp", "-al", f"{_unzipped[version]}/.", target)
     return target
+
+
+def _unzip_once(version: str) -> Path:
+    root = UNZIP_ROOT
+    if root is None:
+        root = Path(tempfile.mkdtemp(prefix="deployctl-sglang-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+    unzipped = root / f"sglang-{version}-unzipped"
+    done = root / f"sglang-{version}-unzipped.done"  # beside it: `cp -al` copies what is in it
+    with locked(root / f"sglang-{version}-unzipped.lock"):
+        if not done.exists():
+            shutil.rmtree(unzipped, ignore_errors=True)  # a worker that died half way
+            wanted = ("sglang/", f"sglang-{version}.dist-info/")
+            with zipfile.ZipFile(sglang_wheel(version)) as archive:
+                metadata = archive.read(f"sglang-{version}.dist-info/METADATA").decode()
+                assert f"\nVersion: {version}\n" in metadata
+                names = [n for n in archive.namelist() if n.startswith(wanted)]
+                archive.extractall(unzipped, names)
+            done.touch()
+    return unzipped
 
 
 def build_template(base: Path) -> Path:

@@ -46,6 +46,7 @@ def run_planted(
         "PYTHONPATH": str(REPO),
         "COLUMNS": "200",
         "PATH": "/usr/bin:/bin",
+        "TMPDIR": tempfile.gettempdir(),  # the fallback for tracebacks: the same as the test's
         **(env or {}),
     }
     return subprocess.run(

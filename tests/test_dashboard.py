@@ -284,6 +284,7 @@ def unreachable(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.lab  # serves the dashboard: a service
 @pytest.mark.parametrize("bind", ["localhost", "127.0.0.2", "[::1]"])
 def test_every_loopback_address_serves_without_a_token_and_head_is_a_read(
     cli: CLI, tmp_path: Path, bind: str
@@ -296,6 +297,7 @@ def test_every_loopback_address_serves_without_a_token_and_head_is_a_read(
         assert served.get("/api/status", method="DELETE")[0] == 405
 
 
+@pytest.mark.lab  # serves the dashboard: a service
 def test_a_request_by_a_name_the_server_does_not_answer_to_is_refused(
     cli: CLI, tmp_path: Path
 ) -> None:
@@ -312,6 +314,7 @@ def test_a_request_by_a_name_the_server_does_not_answer_to_is_refused(
             assert served.get("/api/status", Host=host)[0] == 200, host
 
 
+@pytest.mark.lab  # serves the dashboard: a service
 def test_a_non_ascii_token_is_a_401_not_a_500(cli: CLI, tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     assert cli("dashboard", "--new-token", str(token_file)).returncode == 0
@@ -348,6 +351,7 @@ def open_stream(base: str) -> socket.socket:
     return sock
 
 
+@pytest.mark.lab  # serves the dashboard: a service
 def test_open_event_streams_hold_no_thread_and_the_page_loads_at_once(
     cli: CLI, tmp_path: Path
 ) -> None:

@@ -55,15 +55,27 @@ def test_an_inventory_template_cannot_run_code(
         assert not mark.exists()
 
 
+def cli_argv(render_seconds: float | None) -> list[str]:
+    """`python -m deployctl`, or the same CLI with another render time limit (RENDER_SECONDS)."""
+    if render_seconds is None:
+        return [sys.executable, "-m", "deployctl"]
+    main = (
+        "import sys; import deployctl.inventory_vars as v; "
+        f"v.RENDER_SECONDS = {render_seconds!r}; "
+        "sys.argv = ['deployctl', *sys.argv[1:]]; from deployctl.cli import main; main()"
+    )
+    return [sys.executable, "-c", main]
+
+
 def run_measured(
-    cli: CLI, tmp_path: Path, *args: str
+    cli: CLI, tmp_path: Path, *args: str, render_seconds: float | None = None
 ) -> tuple[subprocess.CompletedProcess[str], float, int]:
     """Run the CLI; return its result, its wall time and its peak memory in MiB."""
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     started = time.monotonic()
     with out.open("w") as stdout, err.open("w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "deployctl", *args],
+            [*cli_argv(render_seconds), *args],
             cwd=cli.cwd, env=cli.env(), stdout=stdout, stderr=stderr,
         )  # fmt: skip
     while True:  # wait4, not wait: it gives the child's own peak memory
@@ -101,8 +113,9 @@ HUGE = [
     "{{ '{:>999999999}'.format(1) }}",
     "{{ 10 ** 100000000 }}",
     "{{ range(100000) | join('x' * 100000) }}",
-    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
 ]
+# Nothing grows, so only the time limit stops it (tested below with a shorter limit).
+ENDLESS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 
 
 @pytest.mark.parametrize("template", HUGE)
@@ -119,6 +132,26 @@ def test_a_huge_value_fails_fast_naming_host_and_variable(
     assert "internal error" not in result.stderr and len(lines) <= 2, lines
     assert seconds < 20 and mib < 400, (seconds, mib)
     assert cli("hosts", "-i", str(inventory), "-H", "h2").returncode == 0  # only h1 is broken
+
+
+def test_an_endless_loop_stops_at_the_time_limit_naming_host_and_variable(
+    tmp_path: Path, cli: CLI
+) -> None:
+    # The limit is RENDER_SECONDS (5 s); the same CLI with 0.5 s shows the same stop without
+    # waiting 5 s twice (every host is resolved, so `-H h2` renders h1's loop too).
+    inventory = write_json(
+        tmp_path / "fleet.yml", {"all": {"hosts": {"h1": {"big": ENDLESS}, "h2": {}}}}
+    )
+    args = ("hosts", "-i", str(inventory))
+    result, seconds, mib = run_measured(cli, tmp_path, *args, "-H", "h1", render_seconds=0.5)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.splitlines() == [
+        "error: host h1: variable big: takes longer than 0.5s to render",
+        "hint: an inventory template must not loop for long",
+    ]
+    assert seconds < 10 and mib < 400, (seconds, mib)
+    h2, _, _ = run_measured(cli, tmp_path, *args, "-H", "h2", render_seconds=0.5)
+    assert h2.returncode == 0, h2.stderr  # only h1 is broken
 
 
 def test_values_under_the_caps_render(tmp_path: Path, cli: CLI) -> None:

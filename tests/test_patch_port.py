@@ -4,6 +4,7 @@ on the real 0.5.23 and 0.5.22 wheels (no host is touched)."""
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import subprocess
 from pathlib import Path
@@ -85,11 +86,20 @@ def test_port_to_the_same_release_is_all_exact(cli: CLI) -> None:
     assert set(report["verify"].values()) == {"passed"}
 
 
+def children_cpu() -> float:
+    """CPU seconds of this process's children that have ended (the CLI runs we waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def test_port_refuses_the_wrong_release_and_an_existing_candidate(cli: CLI) -> None:
+    before = children_cpu()
     result = cli("patch", "port", "spec-disable", "--to", "0.5.21",
                  "--from", str(sglang_wheel("0.5.22")))  # fmt: skip
     assert result.returncode == 1
     assert "holds SGLang 0.5.22, not 0.5.21" in result.stderr
+    # Told by the wheel's METADATA before its ~6,000 files are unpacked (~3 s of CPU here).
+    assert children_cpu() - before < 1.5
     (cli.cwd / "spec-disable-0.5.23-candidate").mkdir()
     (cli.cwd / "spec-disable-0.5.23-candidate" / "mine.diff").write_text("keep me\n")
     code, _, stderr = port(cli, "spec-disable", "0.5.23")

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deployctl.crash import scan_text
@@ -22,7 +23,7 @@ from deployctl.metrics import GAUGES, HISTOGRAMS, PREFIX, parse_metrics
 from deployctl.ops.logs import LogScan, stop_effect
 from deployctl.ops.runs import READY_LINE
 from tests.conftest import CLI
-from tests.test_standin import Launch, free_port, launch, wait_for  # noqa: F401 (the fixture)
+from tests.test_standin import Launch, free_port, standin, wait_for  # noqa: F401 (the fixture)
 
 REAL = Path(__file__).parent / "data" / "real-sglang-0.5.17"
 
@@ -151,8 +152,8 @@ def label_shapes(text: str) -> dict[str, set[str]]:
     return shapes
 
 
-def test_standin_matches_the_real_server(launch: Launch) -> None:  # noqa: F811 (the fixture)
-    server = launch(None, "--enable-metrics", tp=1, knobs={"startup_s": 0.3, "health_s": 1.0})
+def test_standin_matches_the_real_server(standin: Launch) -> None:  # noqa: F811 (the fixture)
+    server = standin(None, "--enable-metrics", tp=1, knobs={"startup_s": 0.3, "health_s": 1.0})
     wait_for(lambda: server.status() == 200, 8, "/health 200")
     log = server.text()
 
@@ -205,6 +206,7 @@ def local_host(tmp_path: Path, knobs: dict[str, object]) -> tuple[Path, dict[str
     return inv, {"PATH": f"{smi / 'bin'}:{os.environ['PATH']}"}
 
 
+@pytest.mark.lab  # launches the stand-in server on this machine: a service
 def test_a_server_whose_health_takes_a_second_is_ready_in_status(cli: CLI, tmp_path: Path) -> None:
     inv, env = local_host(tmp_path, {"startup_s": 0.3, "health_s": 1.0})
     launched = cli("launch", "-i", str(inv), "--timeout", "60", env=env)
@@ -216,6 +218,7 @@ def test_a_server_whose_health_takes_a_second_is_ready_in_status(cli: CLI, tmp_p
         cli("stop", "-i", str(inv), env=env)
 
 
+@pytest.mark.lab  # launches the stand-in server on this machine: a service
 def test_crash_after_a_stop_reports_no_crash(cli: CLI, tmp_path: Path) -> None:
     inv, env = local_host(tmp_path, {"startup_s": 0.3})
     assert cli("launch", "-i", str(inv), "--timeout", "60", env=env).returncode == 0

@@ -24,6 +24,10 @@ import pytest
 from tests.router_venv import legacy_router_python, router_venv
 from tests.test_standin import STANDIN, free_port, wait_for
 
+# Every test here starts routers and stand-in workers (services; the real router's venv
+# comes from PyPI): lab tests, outside the fast tier.
+pytestmark = pytest.mark.lab
+
 
 @dataclass
 class Process:

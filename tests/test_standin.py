@@ -127,7 +127,7 @@ Launch = Callable[..., Server]
 
 
 @pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Launch]:
+def standin(tmp_path: Path) -> Iterator[Launch]:
     """Start stand-ins like deployctl does (own session, log file); kill their groups after."""
     started: list[subprocess.Popen[bytes]] = []
 
@@ -170,8 +170,8 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
         wait_for(lambda: not group_members(pgid), 5, "the group to die")  # noqa: B023
 
 
-def test_health_is_503_while_starting_then_200_with_the_ready_line(launch: Launch) -> None:
-    server = launch(knobs={"startup_s": 0.8})
+def test_health_is_503_while_starting_then_200_with_the_ready_line(standin: Launch) -> None:
+    server = standin(knobs={"startup_s": 0.8})
     wait_for(lambda: server.status() is not None, 3, "the HTTP port")
     assert server.status() == 503
     assert READY not in server.text()
@@ -199,8 +199,8 @@ def test_health_is_503_while_starting_then_200_with_the_ready_line(launch: Launc
     assert json.loads(models[1])["data"][0]["id"] == str(server.model)
 
 
-def test_one_scheduler_per_rank_in_the_launch_process_group(launch: Launch) -> None:
-    server = launch(tp=4)
+def test_one_scheduler_per_rank_in_the_launch_process_group(standin: Launch) -> None:
+    server = standin(tp=4)
     server.wait_log(READY)
     titles = sorted(server.schedulers().values())
     assert titles == [f"sglang::scheduler_TP{i}" for i in range(4)]
@@ -217,9 +217,9 @@ def test_one_scheduler_per_rank_in_the_launch_process_group(launch: Launch) -> N
 
 
 def test_killing_only_the_parent_leaves_the_ranks_and_the_group_kill_ends_them(
-    launch: Launch,
+    standin: Launch,
 ) -> None:
-    server = launch()
+    server = standin()
     server.wait_log(READY)
     ranks = list(server.schedulers())
     assert len(ranks) == 2
@@ -232,8 +232,8 @@ def test_killing_only_the_parent_leaves_the_ranks_and_the_group_kill_ends_them(
     wait_for(lambda: not any(alive(pid) for pid in ranks), 5, "the ranks to die")
 
 
-def test_sigterm_to_the_group_ends_everything_like_sglang(launch: Launch) -> None:
-    server = launch()
+def test_sigterm_to_the_group_ends_everything_like_sglang(standin: Launch) -> None:
+    server = standin()
     server.wait_log(READY)
     os.killpg(server.pid, signal.SIGTERM)
     server.proc.wait(timeout=5)
@@ -244,8 +244,8 @@ def test_sigterm_to_the_group_ends_everything_like_sglang(launch: Launch) -> Non
     assert re.search(r"Subprocess scheduler_\d \(pid=\d+\) crashed with exit code -15", log)
 
 
-def test_ranks_that_ignore_sigterm_need_sigkill(launch: Launch) -> None:
-    server = launch(knobs={"startup_s": 0.3, "ignore_sigterm": True, "drain_s": 0.2})
+def test_ranks_that_ignore_sigterm_need_sigkill(standin: Launch) -> None:
+    server = standin(knobs={"startup_s": 0.3, "ignore_sigterm": True, "drain_s": 0.2})
     server.wait_log(READY)
     ranks = list(server.schedulers())
     os.killpg(server.pid, signal.SIGTERM)
@@ -257,9 +257,9 @@ def test_ranks_that_ignore_sigterm_need_sigkill(launch: Launch) -> None:
     wait_for(lambda: not any(alive(pid) for pid in ranks), 5, "the ranks to die")
 
 
-def test_startup_crash_prints_one_traceback_per_rank_then_sigquit(launch: Launch) -> None:
+def test_startup_crash_prints_one_traceback_per_rank_then_sigquit(standin: Launch) -> None:
     message = "The size of tensor a (160) must match the size of tensor b (2)"
-    server = launch(tp=4, knobs={"startup_s": 0.4, "crash": "startup", "crash_message": message})
+    server = standin(tp=4, knobs={"startup_s": 0.4, "crash": "startup", "crash_message": message})
     assert server.proc.wait(timeout=8) != 0
     wait_for(lambda: not group_members(server.pid), 5, "the group to end")
     log = server.text()
@@ -276,11 +276,11 @@ def test_startup_crash_prints_one_traceback_per_rank_then_sigquit(launch: Launch
     assert READY not in log
 
 
-def test_generate_and_completions_stream_the_decode_models_tokens(launch: Launch) -> None:
+def test_generate_and_completions_stream_the_decode_models_tokens(standin: Launch) -> None:
     import http.client
 
     knobs = {"startup_s": 0.2, "accept_len": 3}
-    server = launch(None, "--speculative-algorithm", "EAGLE3", tp=1, knobs=knobs)
+    server = standin(None, "--speculative-algorithm", "EAGLE3", tp=1, knobs=knobs)
     server.wait_log(READY)
     answers = {}
     for path, body in (
@@ -307,8 +307,8 @@ def test_generate_and_completions_stream_the_decode_models_tokens(launch: Launch
     assert completions[-1]["usage"]["completion_tokens"] == 10
 
 
-def test_ranks_beyond_the_visible_gpus_fail_like_cuda(launch: Launch) -> None:
-    server = launch(tp=2, env={"CUDA_VISIBLE_DEVICES": "3"})
+def test_ranks_beyond_the_visible_gpus_fail_like_cuda(standin: Launch) -> None:
+    server = standin(tp=2, env={"CUDA_VISIBLE_DEVICES": "3"})
     assert server.proc.wait(timeout=8) != 0
     log = server.text()
     assert "[standin] CUDA_VISIBLE_DEVICES=3: 1 visible GPUs" in log
@@ -317,21 +317,21 @@ def test_ranks_beyond_the_visible_gpus_fail_like_cuda(launch: Launch) -> None:
     assert READY not in log
 
 
-def test_crash_after_ready_uses_the_running_phase_sigquit_line(launch: Launch) -> None:
+def test_crash_after_ready_uses_the_running_phase_sigquit_line(standin: Launch) -> None:
     knobs = {"startup_s": 0.3, "crash": "after_ready", "crash_after_s": 0.2}
-    server = launch(knobs=knobs)
+    server = standin(knobs=knobs)
     assert server.proc.wait(timeout=8) != 0
     log = server.text()
     assert log.index(READY) < log.index("Scheduler hit an exception") < log.index(RUNNING_SIGQUIT)
     assert log.count("in event_loop_overlap") == 2
 
 
-def test_port_in_use_logs_uvicorns_bind_error_and_exits_1(launch: Launch) -> None:
+def test_port_in_use_logs_uvicorns_bind_error_and_exits_1(standin: Launch) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        server = launch(port=port)
+        server = standin(port=port)
         assert server.proc.wait(timeout=5) == 1
     expected = (
         f"] ERROR:    [Errno 98] error while attempting to bind on address "
@@ -348,10 +348,10 @@ def answers_on(address: str, port: int) -> bool:
         return False
 
 
-def test_bind_by_node_binds_a_slurm_node_to_its_own_address(launch: Launch) -> None:
+def test_bind_by_node_binds_a_slurm_node_to_its_own_address(standin: Launch) -> None:
     knobs = {"startup_s": 0.3, "bind_by_node": {"n2": "127.0.3.2"}}
-    on_n2 = launch(knobs=knobs, env={"SLURMD_NODENAME": "n2"})
-    on_n1 = launch(knobs=knobs, env={"SLURMD_NODENAME": "n1"})  # not in the mapping: --host
+    on_n2 = standin(knobs=knobs, env={"SLURMD_NODENAME": "n2"})
+    on_n1 = standin(knobs=knobs, env={"SLURMD_NODENAME": "n1"})  # not in the mapping: --host
     on_n2.wait_log(READY)
     on_n1.wait_log(READY)
     assert answers_on("127.0.3.2", on_n2.port) and not answers_on("127.0.0.1", on_n2.port)
@@ -359,10 +359,10 @@ def test_bind_by_node_binds_a_slurm_node_to_its_own_address(launch: Launch) -> N
     assert answers_on("127.0.0.1", on_n1.port) and not answers_on("127.0.3.2", on_n1.port)
 
 
-def test_argv_is_recorded_exactly_for_a_hostile_model_dir(launch: Launch, tmp_path: Path) -> None:
+def test_argv_is_recorded_exactly_for_a_hostile_model_dir(standin: Launch, tmp_path: Path) -> None:
     hostile = tmp_path / "m o'd\"el;$(touch pwned)`id`\nnext line"
     extra = ["--trust-remote-code", "--mem-fraction-static", "0.85"]
-    server = launch(
+    server = standin(
         hostile,
         *extra,
         as_module=True,  # the way deployctl runs it: python -m <launch_module>
@@ -387,8 +387,8 @@ def test_argv_is_recorded_exactly_for_a_hostile_model_dir(launch: Launch, tmp_pa
         (["--cuda-graph-max-bs", "8"], "error: ambiguous option: --cuda-graph-max-bs could match"),
     ],
 )
-def test_unknown_flags_are_argparse_errors(launch: Launch, flag: list[str], error: str) -> None:
-    server = launch(None, *flag)
+def test_unknown_flags_are_argparse_errors(standin: Launch, flag: list[str], error: str) -> None:
+    server = standin(None, *flag)
     assert server.proc.wait(timeout=5) == 2
     assert f"sglang serve: {error}" in server.text()
 
@@ -404,12 +404,12 @@ def fake_sglang(root: Path, spec_source: str) -> Path:
 
 @pytest.mark.parametrize("patched", [False, True])
 def test_threshold_flag_follows_the_installed_sglang(
-    launch: Launch, tmp_path: Path, patched: bool
+    standin: Launch, tmp_path: Path, patched: bool
 ) -> None:
     field = "    speculative_disable_batch_threshold: A[Optional[int], 'x'] = None\n"
     source = "class Spec:\n    speculative_algorithm = None\n" + (field if patched else "")
     tree = fake_sglang(tmp_path / "site", source)
-    server = launch(
+    server = standin(
         None, "--speculative-disable-batch-threshold", "5", env={"PYTHONPATH": str(tree)}
     )
     if patched:
@@ -424,10 +424,10 @@ def test_threshold_flag_follows_the_installed_sglang(
         )
 
 
-def test_threshold_flag_is_accepted_without_any_sglang(launch: Launch) -> None:
+def test_threshold_flag_is_accepted_without_any_sglang(standin: Launch) -> None:
     # The stand-in's own contract (deployctl's side is in test_threshold_launch.py): with no
     # sglang installed, the patched flag is accepted, shown in server_args, and served.
-    server = launch(None, "--speculative-disable-batch-threshold", "3")
+    server = standin(None, "--speculative-disable-batch-threshold", "3")
     server.wait_log("speculative_disable_batch_threshold=3")
     server.wait_log("The server is fired up and ready to roll!")
     assert server.status() == 200
@@ -533,10 +533,10 @@ def test_adaptive_routing_pads_to_cuda_graph_sizes_like_sglang(tmp_path: Path) -
 
 
 def test_adaptive_speculation_drafts_up_to_the_threshold_then_steps_plain(
-    launch: Launch, tmp_path: Path
+    standin: Launch, tmp_path: Path
 ) -> None:
     config = adaptive_config(tmp_path / "adaptive.json", 4)
-    server = launch(
+    server = standin(
         None, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
         "--speculative-adaptive", "--speculative-adaptive-config", config,
         tp=1, knobs={"startup_s": 0.2, **MODEL},
@@ -550,7 +550,7 @@ def test_adaptive_speculation_drafts_up_to_the_threshold_then_steps_plain(
 
 @pytest.mark.parametrize("mode", ["patch", "adaptive"])
 def test_above_threshold_crash_comes_with_the_first_batch_past_it(
-    launch: Launch, tmp_path: Path, mode: str
+    standin: Launch, tmp_path: Path, mode: str
 ) -> None:
     threshold = (
         ["--speculative-disable-batch-threshold", "4"]
@@ -559,7 +559,7 @@ def test_above_threshold_crash_comes_with_the_first_batch_past_it(
               str(adaptive_config(tmp_path / "adaptive.json", 4))]
     )  # fmt: skip
     knobs = {"startup_s": 0.2, "crash": "above_threshold"}
-    server = launch(None, "--speculative-algorithm", "EAGLE3", *threshold, knobs=knobs)
+    server = standin(None, "--speculative-algorithm", "EAGLE3", *threshold, knobs=knobs)
     server.wait_log(READY)
     level = bench_level(server, 2, 30)
     assert level["failed"] == 0 and level["output_tokens"] == 60, level
@@ -583,9 +583,9 @@ def test_above_threshold_crash_comes_with_the_first_batch_past_it(
     ids=["no-threshold", "no-speculation"],
 )
 def test_above_threshold_crash_needs_speculation_and_a_threshold(
-    launch: Launch, flags: list[str]
+    standin: Launch, flags: list[str]
 ) -> None:
-    server = launch(None, *flags, knobs={"startup_s": 0.2, "crash": "above_threshold"})
+    server = standin(None, *flags, knobs={"startup_s": 0.2, "crash": "above_threshold"})
     server.wait_log(READY)
     level = bench_level(server, 8, 30)
     assert level["failed"] == 0 and level["output_tokens"] == 8 * 30, level

@@ -27,7 +27,7 @@ from deployctl.errors import PatchError
 from deployctl.inventory import Host
 from deployctl.localfiles import check_folder, write_folder
 from deployctl.patchset import PatchSet, Variant, diff_hunks, diff_targets, version_key
-from deployctl.remote.patches import dist_version, run_verify_scripts
+from deployctl.remote.patches import dist_version, metadata_version, run_verify_scripts
 from deployctl.schema import versioned
 
 PORT_ARGS = ["patch", "-p1", "--batch", "--forward", "--no-backup-if-mismatch", "--fuzz=3"]
@@ -91,13 +91,33 @@ def nearest_variant(patch_set: PatchSet, target: str) -> Variant:
     return patch_set.variants[below[-1] if below else ordered[0]]
 
 
-def pristine_from(source: Path, scratch: Path) -> Path:
+def check_release(found: str | None, target: str, source: Path) -> None:
+    """Refuse a source that holds another release than the one ported to."""
+    if found is not None and found != target:
+        raise PatchError(
+            f"{source} holds SGLang {found}, not {target}",
+            hint=f"port to {found} (--to {found}), or give the {target} release",
+        )
+
+
+def wheel_version(wheel: zipfile.ZipFile) -> str | None:
+    """The release a wheel holds, from its sglang dist-info's METADATA (nothing unpacked)."""
+    for name in sorted(wheel.namelist()):
+        if name.lower().startswith("sglang-") and name.endswith(".dist-info/METADATA"):
+            return metadata_version(wheel.read(name))
+    return None
+
+
+def pristine_from(source: Path, scratch: Path, target: str) -> Path:
     """A site folder holding the release's sglang/ package (and its dist-info): from a wheel
     or a site folder."""
     site = scratch / "site"
     if source.is_file() and source.suffix == ".whl":
         try:
             with zipfile.ZipFile(source) as wheel:
+                # Checked before the ~6,000 files are written (seconds of CPU): a wrong
+                # release is refused at once.
+                check_release(wheel_version(wheel), target, source)
                 # Compiled extensions (43 MB of 0.5.23's 117) need the release's CUDA stack,
                 # which no verify script here can load: the sources are what a port reads.
                 wanted = [
@@ -238,13 +258,8 @@ def port_set(patch_set: PatchSet, target: str, source: Path, out: Path) -> PortR
     _check_out(out)
     variant = nearest_variant(patch_set, target)
     with tempfile.TemporaryDirectory(prefix="deployctl-port-") as tmp:
-        site = pristine_from(source, Path(tmp))
-        found = release_version(site)
-        if found is not None and found != target:
-            raise PatchError(
-                f"{source} holds SGLang {found}, not {target}",
-                hint=f"port to {found} (--to {found}), or give the {target} release",
-            )
+        site = pristine_from(source, Path(tmp), target)
+        check_release(release_version(site), target, source)  # a site folder's
         report = PortReport(patch_set.name, variant.sglang_version, target, str(source), str(out))
         return _port(variant, site, Path(tmp), report, verify=True)
 

@@ -53,6 +53,14 @@ def sglang_install() -> SglangInstall:
     return {"version": dist_version(site, "sglang"), "site": site, "python": sys.executable}
 
 
+def metadata_version(metadata: bytes) -> str | None:
+    """The `Version:` of a dist-info's METADATA."""
+    for line in metadata.decode("utf-8", errors="replace").splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
 def dist_version(site: str, name: str) -> str | None:
     """The installed version from <site>/<name>-*.dist-info/METADATA.
 
@@ -61,10 +69,9 @@ def dist_version(site: str, name: str) -> str | None:
     """
     for entry in sorted(os.listdir(site)):
         if entry.lower().startswith(name + "-") and entry.endswith(".dist-info"):
-            metadata = read_bytes(os.path.join(site, entry, "METADATA")) or b""
-            for line in metadata.decode("utf-8", errors="replace").splitlines():
-                if line.startswith("Version:"):
-                    return line.split(":", 1)[1].strip()
+            found = metadata_version(read_bytes(os.path.join(site, entry, "METADATA")) or b"")
+            if found is not None:
+                return found
     import importlib.metadata  # an editable or unusual install: ask the slow way
 
     try:
