@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from deployctl.choices import LaunchKind
 from deployctl.inventory import Host
-from deployctl.remote.protocol import JobInfo, PreflightReply
+from deployctl.remote.protocol import JobInfo, JobRef, PreflightReply, RunRecord
 from deployctl.settings import Settings
 
 
@@ -104,6 +104,14 @@ class Launcher(Protocol):
 
     def handle(self, run: Mapping[str, Any]) -> str:
         """How people find a run: `pid 4321`, `job 1234`."""
+        ...
+
+    def job_ref(self, state_dir: str, run: RunRecord) -> JobRef | None:
+        """What a poll of the run names besides its processes (a Slurm job)."""
+        ...
+
+    def jobs(self, job: JobInfo | None) -> list[JobInfo]:
+        """The scheduler's jobs a status lists for the run (its `Slurm jobs` table)."""
         ...
 
     def words(self, job: JobInfo | None) -> str:

@@ -10,7 +10,7 @@ from deployctl.choices import LaunchKind
 from deployctl.deployments import gpu_set
 from deployctl.inventory import Host
 from deployctl.launchers.base import Findings, Lease, ServerCommand
-from deployctl.remote.protocol import JobInfo, PreflightReply
+from deployctl.remote.protocol import JobInfo, JobRef, PreflightReply, RunRecord
 from deployctl.settings import Settings
 
 
@@ -55,6 +55,12 @@ class ProcessLauncher:
 
     def waiting(self, job: JobInfo | None) -> bool:
         return False
+
+    def job_ref(self, state_dir: str, run: RunRecord) -> JobRef | None:
+        return None
+
+    def jobs(self, job: JobInfo | None) -> list[JobInfo]:
+        return []
 
     def waiting_line(self, job: JobInfo | None) -> str | None:
         return None

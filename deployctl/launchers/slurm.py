@@ -12,7 +12,8 @@ from deployctl.choices import LaunchKind
 from deployctl.deployments import is_loopback
 from deployctl.inventory import Host
 from deployctl.launchers.base import Findings, Lease, ServerCommand
-from deployctl.remote.protocol import JobInfo, PreflightReply, answers_at
+from deployctl.remote.protocol import JobInfo, JobRef, PreflightReply, RunRecord, answers_at
+from deployctl.remote.protocol import job_ref as protocol_job_ref
 from deployctl.settings import Settings
 
 
@@ -78,6 +79,12 @@ class SlurmJobLauncher:
 
     def words(self, job: JobInfo | None) -> str:
         return slurm.job_words(job) if job is not None else ""
+
+    def job_ref(self, state_dir: str, run: RunRecord) -> JobRef | None:
+        return protocol_job_ref(state_dir, run, run["job"])
+
+    def jobs(self, job: JobInfo | None) -> list[JobInfo]:
+        return [] if job is None else [job]
 
     def waiting(self, job: JobInfo | None) -> bool:
         return job is not None and job["state"] in slurm.WAITING_JOB_STATES

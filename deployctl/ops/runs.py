@@ -348,12 +348,8 @@ def poll(
     host: Host, conn: Connection, run: RunRecord, offset: int, wait: float = POLL_WAIT
 ) -> PollReply:
     """What the run's log gained since `offset`, and whether it is alive and healthy."""
-    return agent.call(
-        host,
-        conn,
-        agent.POLL,
-        poll_args(host.settings.state_dir, run, offset, POLL_LIMIT_BYTES, wait),
-    )
+    job = launcher_of(run).job_ref(host.settings.state_dir, run)
+    return agent.call(host, conn, agent.POLL, poll_args(run, job, offset, POLL_LIMIT_BYTES, wait))
 
 
 @dataclass

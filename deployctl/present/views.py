@@ -584,7 +584,12 @@ def _status_table(results: FleetResult[RunStatus]) -> None:
         rows.append([*row, d["log"] or "-", detail[:160]])
     columns = ["host", "run", "pid", "state", "uptime", "GPU mem", "log", "crash / last line"]
     print_table(None, columns, rows)
-    jobs = [(r.name, r.value.job) for r in results if r.value is not None and r.value.job]
+    jobs = [
+        (r.name, job)
+        for r in results
+        if r.value is not None
+        for job in launcher_of(r.value.run).jobs(r.value.job)
+    ]
     if jobs:
         print_table("Slurm jobs", JOB_COLUMNS, [job_row(name, job) for name, job in jobs])
     if any(r.value is not None and r.value.metrics_note is not None for r in results):

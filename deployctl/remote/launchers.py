@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .processes import ProcessLauncher
-from .protocol import JobInfo, LiveRunOrigin, PollArgs, RunRecord, StartArgs, StopReply
+from .protocol import JobInfo, JobRef, LiveRunOrigin, PollArgs, RunRecord, StartArgs, StopReply
 from .slurm_jobs import SlurmJobLauncher
 
 
@@ -29,6 +29,10 @@ class HostLauncher(Protocol):
     def owns_start(self, args: StartArgs) -> bool: ...
 
     def owns_poll(self, args: PollArgs) -> bool: ...
+
+    def job_ref(self, state_dir: str, run: RunRecord) -> JobRef | None:
+        """What a poll of the run names besides its processes (a Slurm job)."""
+        ...
 
     def facts(self) -> dict[str, object]: ...
 

@@ -12,6 +12,7 @@ from typing import cast
 from .files import state_path, write_json
 from .protocol import (
     JobInfo,
+    JobRef,
     LeaderIdentity,
     LiveRunOrigin,
     PollArgs,
@@ -84,6 +85,9 @@ class ProcessLauncher:
 
     def owns_run(self, run: RunRecord) -> bool:
         return True
+
+    def job_ref(self, state_dir: str, run: RunRecord) -> JobRef | None:
+        return None
 
     def owns_start(self, args: StartArgs) -> bool:
         return True

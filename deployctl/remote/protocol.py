@@ -486,11 +486,10 @@ def shares_gpus(first: list[int] | None, second: list[int] | None) -> bool:
     return first is None or second is None or bool(set(first) & set(second))
 
 
-def job_ref(state_dir: str, run: RunRecord) -> JobRef | None:
-    """What a poll of the run needs to ask Slurm about it (None: a process on this host)."""
-    if "job" not in run:
-        return None
-    return {"id": run["job"]["id"], "state_dir": state_dir, "run": run["id"]}
+def job_ref(state_dir: str, run: RunRecord, job: JobInfo) -> JobRef:
+    """What a poll of a Slurm job's run needs to ask Slurm about it (the Slurm launchers
+    say which runs are jobs, on each side of the wire)."""
+    return {"id": job["id"], "state_dir": state_dir, "run": run["id"]}
 
 
 def answers_at(bind_host: str, job: JobInfo | None) -> str:
@@ -499,9 +498,10 @@ def answers_at(bind_host: str, job: JobInfo | None) -> str:
     return job["head"] if job is not None else bind_host
 
 
-def poll_args(state_dir: str, run: RunRecord, offset: int, limit: int, wait: float) -> PollArgs:
-    """What a poll of `run` asks: its processes (or its job), its log from `offset` (negative:
-    the last `limit` bytes), its health; waiting up to `wait` seconds for a change."""
+def poll_args(run: RunRecord, job: JobRef | None, offset: int, limit: int, wait: float) -> PollArgs:
+    """What a poll of `run` asks: its processes (or `job`, as its launcher names it), its log
+    from `offset` (negative: the last `limit` bytes), its health; waiting up to `wait`
+    seconds for a change."""
     args: PollArgs = {
         "pgid": run["pgid"],
         "sid": run["sid"],
@@ -514,9 +514,8 @@ def poll_args(state_dir: str, run: RunRecord, offset: int, limit: int, wait: flo
     }
     if "starttime" in run:
         args["starttime"] = run["starttime"]
-    ref = job_ref(state_dir, run)
-    if ref is not None:
-        args["job"] = ref
+    if job is not None:
+        args["job"] = job
     return args
 
 

@@ -292,7 +292,8 @@ def cmd_status(args: StatusArgs) -> StatusReply:
             "alive": False, "members": [], "health": None, "size": 0, "data": "", "job": None,
         }  # fmt: skip
         return {**nothing, "run": None, "command": None, "env": None, "metrics": None}
-    poll_args = protocol_poll_args(args["state_dir"], run, -1, args["tail_bytes"], wait=0)
+    job = launcher_of(run).job_ref(args["state_dir"], run)
+    poll_args = protocol_poll_args(run, job, -1, args["tail_bytes"], wait=0)
     poll = cmd_poll(poll_args)
     command = read_bytes(state_path(args["state_dir"], "runs", run["id"] + ".cmd"))
     env = read_json(state_path(args["state_dir"], "runs", run["id"] + ".env"))

@@ -15,12 +15,14 @@ from .files import fail, read_json, state_path, write_atomic, write_json
 from .protocol import (
     ACTIVE_JOB_STATES,
     JobInfo,
+    JobRef,
     LiveRunOrigin,
     PollArgs,
     RunRecord,
     StartArgs,
     StopReply,
     answers_at,
+    job_ref,
 )
 
 SQUEUE_FORMAT = "%i|%T|%r|%N|%L"
@@ -281,6 +283,9 @@ class SlurmJobLauncher:
 
     def owns_run(self, run: RunRecord) -> bool:
         return "job" in run  # a job's record names its job
+
+    def job_ref(self, state_dir: str, run: RunRecord) -> JobRef | None:
+        return job_ref(state_dir, run, run["job"])
 
     def owns_start(self, args: StartArgs) -> bool:
         return args["batch"] is not None  # a batch script to submit
