@@ -227,10 +227,16 @@ def fake_tools(folder: Path, **scripts: str) -> dict[str, str]:
 
 
 def query(env: dict[str, str], known: dict[str, object] | None) -> subprocess.CompletedProcess[str]:
-    """remote.slurm_jobs.query_job in a process of its own (a failure ends the agent's process)."""
+    """remote.slurm_jobs.query_job in a process of its own, its failure (the agent's answer,
+    CallFailed) printed and exit 1, as the agent's dispatch answers it."""
     code = (
-        "import json, sys; from deployctl.remote.slurm_jobs import query_job; "
-        "print(json.dumps(query_job('12', json.loads(sys.argv[1]))))"
+        "import json, sys\n"
+        "from deployctl.remote.files import CallFailed\n"
+        "from deployctl.remote.slurm_jobs import query_job\n"
+        "try:\n"
+        "    print(json.dumps(query_job('12', json.loads(sys.argv[1]))))\n"
+        "except CallFailed as failed:\n"
+        "    sys.exit(print(failed.message) or 1)\n"
     )
     return subprocess.run(
         [sys.executable, "-c", code, json.dumps(known)],
