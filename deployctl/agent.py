@@ -378,6 +378,9 @@ def through_kept_agent(
     except ConnectError:
         if first and kept.held.exit_code() is not None:
             _cannot_keep(host, "it ended before its first answer")
+            with conn.kept_lock:
+                if conn.kept is kept:
+                    conn.kept = None
             return None
         if first:
             raise
