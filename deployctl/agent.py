@@ -334,8 +334,9 @@ class KeptAgent:
                 raise
             self.answered += 1
         doc = _reply_document(output.decode(errors="replace"))
+        malformed = AgentError(f"{self.host.name}: the kept agent's {spec.name} reply is malformed")
         if not isinstance(doc, dict) or "reply" not in doc:
-            raise AgentError(f"{self.host.name}: the kept agent's {spec.name} reply is malformed")
+            raise malformed
         reply = check_reply(self.host, spec.name, doc["reply"], "no JSON object", spec.reply)
         try:  # the reply is good: so are the probes' answers beside it
             ran = doc["probes"] or {}
@@ -346,9 +347,7 @@ class KeptAgent:
                 for name in probes or {}
             }
         except (KeyError, TypeError, ValueError):
-            raise AgentError(
-                f"{self.host.name}: the kept agent's {spec.name} reply is malformed"
-            ) from None
+            raise malformed from None
         return reply, outputs
 
     def close(self) -> None:

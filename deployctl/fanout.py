@@ -231,10 +231,11 @@ class Fleet:
                 late[label] = future.result()
                 del self._unanswered[label]
         still = set(self._unanswered)
+        busy = still | set(late)  # computed once: a round at 256 hosts reads it 256 times
         due = [
             h
             for h in self.hosts
-            if self._waiting.get(h.label, (0.0,))[0] <= now and h.label not in still | set(late)
+            if self._waiting.get(h.label, (0.0,))[0] <= now and h.label not in busy
         ]
         if answer_within is None or not self._polled:
             fresh = {r.name: r for r in self.run(operation, due)}

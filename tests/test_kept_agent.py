@@ -20,7 +20,7 @@ import pytest
 
 from deployctl import agent
 from deployctl.connection import ConnectOptions
-from deployctl.crash.catalog import Catalog, default_catalog
+from deployctl.crash.catalog import default_catalog
 from deployctl.errors import CommandTimeoutError
 from deployctl.fanout import Fleet
 from deployctl.inventory import Host, load_inventory
@@ -159,11 +159,11 @@ def test_rounds_go_on_while_a_host_hangs_and_its_agent_is_restarted(
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], command_timeout=3)
     fleet = fleet_of(inv)
     fleet.keep_agents()
-    catalog = load_catalog()
+    catalog = default_catalog()
     first = metrics_round(fleet, catalog, within=2)
     assert first.ok, [r.error for r in first]
     bravo = hosts.hosts["bravo"]
-    old = fleet.connection(bravo_host(fleet)).kept
+    old = fleet.connection(host_named(fleet, "bravo")).kept
     assert isinstance(old, agent.KeptAgent)
     # A hung read on bravo (an NFS state_dir): its runs/current is a FIFO nobody writes.
     runs = bravo.home / ".deployctl" / "runs"
@@ -186,7 +186,7 @@ def test_rounds_go_on_while_a_host_hangs_and_its_agent_is_restarted(
     fleet._waiting.clear()  # no backoff wait in a test
     again = metrics_round(fleet, catalog, within=5)
     assert again.ok, [r.error for r in again]
-    new = fleet.connection(bravo_host(fleet)).kept
+    new = fleet.connection(host_named(fleet, "bravo")).kept
     assert isinstance(new, agent.KeptAgent) and new.pid != old.pid
     assert kept_agents(bravo) == [new.pid]
 
@@ -200,8 +200,8 @@ def test_a_wedged_probe_is_killed_on_the_host_and_the_agent_goes_on(
     smi.write_text("#!/bin/sh\nsleep 600\n")
     fleet = fleet_of(inv)
     fleet.keep_agents()
-    host = bravo_host(fleet)
-    status = run_status(host, fleet.connection(host), load_catalog())
+    host = host_named(fleet, "bravo")
+    status = run_status(host, fleet.connection(host), default_catalog())
     assert status.gpus is None  # the GPU query was killed after 1 s (half the timeout)
     kept = fleet.connection(host).kept
     assert isinstance(kept, agent.KeptAgent) and kept.answered == 1
@@ -216,9 +216,9 @@ def test_a_new_agent_version_starts_a_new_kept_agent(
     alpha = hosts.hosts["alpha"]
     fleet = fleet_of(inv)
     fleet.keep_agents()
-    host = bravo_host(fleet, "alpha")
+    host = host_named(fleet, "alpha")
     conn = fleet.connection(host)
-    run_status(host, conn, load_catalog())
+    run_status(host, conn, default_catalog())
     old = conn.kept
     assert isinstance(old, agent.KeptAgent)
     # An upgrade of deployctl: the bundle (so its hash) changes under a running front end.
@@ -229,7 +229,7 @@ def test_a_new_agent_version_starts_a_new_kept_agent(
     agent.agent_bundle.cache_clear()
     agent.agent_hash.cache_clear()
     try:
-        run_status(host, conn, load_catalog())
+        run_status(host, conn, default_catalog())
         new = conn.kept
         assert isinstance(new, agent.KeptAgent) and new.pid != old.pid
         assert new.bundle == agent.agent_hash() != old.bundle
@@ -255,15 +255,11 @@ def test_a_python_that_cannot_keep_an_agent_answers_one_process_per_call_with_a_
     fleet = fleet_of(inv)
     fleet.keep_agents()
     for _ in range(3):
-        result = metrics_round(fleet, load_catalog(), within=10)
+        result = metrics_round(fleet, default_catalog(), within=10)
         assert result.ok, [r.error for r in result]
     assert len(notes) == 1 and "one process per call" in notes[0], notes
-    assert fleet.connection(bravo_host(fleet)).kept is None
+    assert fleet.connection(host_named(fleet, "bravo")).kept is None
 
 
-def bravo_host(fleet: Fleet, name: str = "bravo") -> Host:
+def host_named(fleet: Fleet, name: str) -> Host:
     return next(h for h in fleet.hosts if h.name == name)
-
-
-def load_catalog() -> Catalog:
-    return default_catalog()
