@@ -40,6 +40,18 @@ class LaunchKind(StrEnum):
     SLURM_JOB = "slurm"  # a batch job submitted from the host, a Slurm login node
 
 
+class PdRole(StrEnum):
+    """A server's part in prefill/decode disaggregation (the `role` setting): SGLang's
+    `--disaggregation-mode`. A deployment without one serves whole requests."""
+
+    PREFILL = "prefill"  # computes the prompt's KV and hands it over at its bootstrap port
+    DECODE = "decode"  # fetches the KV from a prefill, then generates
+
+
+# SGLang 0.5.23's `--disaggregation-transfer-backend` choices (arg_groups/choices.py).
+TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
+
+
 def spelled(choice: type[StrEnum]) -> str:
     """The choices as a sentence says them: `patch or adaptive`."""
     values = [str(c) for c in choice]

@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deployctl.choices import LaunchKind, ThresholdMode, spelled
+from deployctl.choices import TRANSFER_BACKENDS, LaunchKind, PdRole, ThresholdMode, spelled
 from deployctl.errors import InventoryError
 from deployctl.text import is_number
 
@@ -209,6 +209,42 @@ _DECLARED = [
         29000,
         layered=True,
         **_PORT,
+    ),
+    Setting(
+        "role",
+        str,
+        f"in prefill/decode disaggregation: {spelled(PdRole)} (`--disaggregation-mode`)",
+        shown_default="neither: the server serves whole requests",
+        choices=tuple(PdRole),
+        wanted=spelled(PdRole),
+    ),
+    Setting(
+        "bootstrap_port",
+        int,
+        "a prefill's KV bootstrap port, where its decodes fetch KV (unique per host)",
+        8998,
+        layered=True,
+        **_PORT,
+    ),
+    Setting(
+        "transfer_backend",
+        str,
+        "how KV moves from prefill to decode (`--disaggregation-transfer-backend`)",
+        "mooncake",
+        layered=True,
+        choices=TRANSFER_BACKENDS,
+        wanted="one of " + ", ".join(TRANSFER_BACKENDS),
+    ),
+    Setting(
+        "ib_device",
+        str,
+        "InfiniBand devices for the KV transfer (`--disaggregation-ib-device`), e.g. mlx5_0,mlx5_1",
+    ),
+    Setting(
+        "pd",
+        bool,
+        "in a router: route prefill/decode pairs (`--pd-disaggregation`)",
+        False,
     ),
     Setting(
         "launcher",
@@ -414,6 +450,8 @@ _HINTS = {
     "slurm_partition": "a name as sinfo lists it, e.g. gpu",
     "slurm_account": "an account as sacctmgr lists it, e.g. ml-team",
     "slurm_qos": "a QOS as sacctmgr lists it, e.g. high",
+    # Ansible inventories often have a `role` of their own.
+    "role": "role: prefill or role: decode; if role is your own variable, set deployctl_role: null",
 }
 
 
@@ -749,6 +787,25 @@ class Settings:
     @property
     def router_metrics_port(self) -> int:
         return self._int("router_metrics_port")
+
+    @property
+    def pd_role(self) -> PdRole | None:
+        """The server's part in prefill/decode disaggregation (`role`); None: whole requests."""
+        value = self.checked("role")
+        return PdRole(value) if value else None
+
+    @property
+    def bootstrap_port(self) -> int:
+        return self._int("bootstrap_port")
+
+    @property
+    def transfer_backend(self) -> str:
+        return self._text("transfer_backend")
+
+    @property
+    def pd_router(self) -> bool:
+        """A router that routes prefill/decode pairs (`pd`)."""
+        return bool(self.checked("pd"))
 
     @property
     def launcher(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import itertools
+import json
 import os
 import socket
 import time
@@ -17,23 +18,25 @@ from functools import partial
 from typing import Any
 
 from deployctl import agent
-from deployctl.choices import ThresholdMode
+from deployctl.choices import PdRole, ThresholdMode
 from deployctl.connection import Connection
 from deployctl.deployments import (
     GroupKey,
     describe_gpus,
     group_of,
+    is_loopback,
     node_rank,
 )
+from deployctl.disaggregation import PairCheck, PdServer, check_router, check_server
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GpuState, ProbeOutput, parse_gpus_command
-from deployctl.fanout import Fleet, FleetResult, attempt
+from deployctl.fanout import FleetResult, attempt
 from deployctl.inventory import Host
 from deployctl.launchers import Launcher, ServerCommand, launcher_for, launcher_of
 from deployctl.ops.flags import FlagReport, checked_argv, flag_report, runs_router
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
-from deployctl.ops.router import reachability_problem, router_of
+from deployctl.ops.router import Select, reachability_problem, router_of, workers_of
 from deployctl.patchset import (
     PatchSet,
     command_flags,
@@ -52,7 +55,7 @@ from deployctl.remote.protocol import (
     shares_gpus,
 )
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
-from deployctl.settings import check_layer, overlay, own_layer
+from deployctl.settings import SETTINGS, check_layer, overlay, own_layer
 from deployctl.text import is_number
 
 # How long a lock may be held when the holder says nothing shorter; past its expiry it is
@@ -201,15 +204,32 @@ class Plan:
         return Role.ROUTER if runs_router(self.rendered.argv) else Role.SERVER
 
     @property
+    def pd_role(self) -> PdRole | None:
+        """Its side of a prefill/decode pair, as the command says (`--disaggregation-mode`)."""
+        mode = command_flags(self.rendered.argv).get("--disaggregation-mode")
+        return PdRole(mode) if mode in tuple(PdRole) else None
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        """A prefill's KV bootstrap port (SGLang's default 8998 when the command sets none)."""
+        if self.pd_role is not PdRole.PREFILL:
+            return None
+        value = command_flags(self.rendered.argv).get("--disaggregation-bootstrap-port")
+        return int(value) if value is not None and is_number(value) else DEFAULT_BOOTSTRAP_PORT
+
+    @property
     def extra_ports(self) -> dict[int, str]:
         """The ports it listens on besides its server port, and what each is for."""
         if self.role is Role.ROUTER:
             return {
                 self.host.settings.router_metrics_port: "router_metrics_port, its Prometheus port"
             }
+        found = {}
         if self.group and self.node_rank == 0:  # rank 0 also listens for the other nodes
-            return {self.host.settings.dist_port: "dist_port, where the other nodes join"}
-        return {}
+            found[self.host.settings.dist_port] = "dist_port, where the other nodes join"
+        if self.bootstrap_port is not None and self.node_rank == 0:
+            found[self.bootstrap_port] = "bootstrap_port, where decodes fetch KV"
+        return found
 
     @property
     def group(self) -> GroupKey | None:
@@ -232,9 +252,37 @@ class Plan:
         return argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
 
     def check_paths(self) -> list[str]:
+        """Paths the command needs on the host: its models, and the InfiniBand devices its
+        KV transfer names (SGLang reads them from /sys/class/infiniband)."""
         flags = command_flags(self.rendered.argv)
         keys = ("--model-path", "--speculative-draft-model-path")
-        return [str(flags[k]) for k in keys if flags.get(k)]
+        paths = [str(flags[k]) for k in keys if flags.get(k)]
+        return paths + ib_device_paths(flags.get("--disaggregation-ib-device"))
+
+
+DEFAULT_BOOTSTRAP_PORT: int = SETTINGS["bootstrap_port"].default
+IB_DEVICES = "/sys/class/infiniband"
+
+
+def ib_device_paths(value: str | None) -> list[str]:
+    """Where the host shows each device `--disaggregation-ib-device` names: a comma list
+    (mlx5_0,mlx5_1), a JSON mapping of GPU to such a list, or the path of a JSON file with
+    that mapping (the file itself is what must exist then)."""
+    if not value:
+        return []
+    text = value.strip()
+    if text.startswith("{"):
+        try:
+            mapping = json.loads(text)
+        except ValueError:
+            return []  # SGLang refuses it with its own words
+        groups = [str(v) for v in mapping.values()] if isinstance(mapping, dict) else []
+    elif "/" in text:
+        return [text]
+    else:
+        groups = [text]
+    devices = [d.strip() for g in groups for d in g.split(",") if d.strip()]
+    return [f"{IB_DEVICES}/{d}" for d in dict.fromkeys(devices)]
 
 
 def client_identity(op: str, hold_for: float = LOCK_STALE_AFTER) -> ClientIdentity:
@@ -409,7 +457,13 @@ def run_preflight(
     hints += result.flags.hints
     result.warnings += result.flags.warnings
     for path, exists in doc["paths"].items():
-        if not exists:
+        if exists:
+            continue
+        if path.startswith(IB_DEVICES + "/"):
+            device = path.removeprefix(IB_DEVICES + "/")
+            problems.append(f"InfiniBand device {device} (ib_device) is not on {host.name}")
+            hints.append(f"{IB_DEVICES} on {host.name} lists the devices it has")
+        else:
             problems.append(f"{path} does not exist on {host.name}")
     if not doc["log_dir_writable"]:
         problems.append(
@@ -569,6 +623,7 @@ def check_placement(plans: Sequence[Plan]) -> None:
                         f"join, is {taken.host.label}'s server port",
                         hint="give the group a dist_port no server on that host uses",
                     )
+        check_extra_ports(same_machine)
         for first, second in itertools.combinations(same_machine, 2):
             pair = f"{first.host.label} and {second.host.label}"
             if shares_gpus(first.gpus, second.gpus):
@@ -584,6 +639,22 @@ def check_placement(plans: Sequence[Plan]) -> None:
                 )
 
 
+def check_extra_ports(same_machine: Sequence[Plan]) -> None:
+    """Refuse two of one machine's deployments listening on one port besides their server
+    ports (two prefills' bootstrap ports), or one such port that is a server port."""
+    taken: dict[int, str] = {p.port: f"{p.host.label}'s server port" for p in same_machine}
+    for plan in same_machine:
+        for port, why in plan.extra_ports.items():
+            name = why.split(",")[0]
+            other = taken.get(port)
+            if other is not None:
+                raise PreflightError(
+                    f"{plan.host.label}'s {name} {port} is also {other}",
+                    hint=f"give each deployment on a host its own {name}",
+                )
+            taken[port] = f"{plan.host.label}'s {name}"
+
+
 def machine(host: Host) -> tuple[str, str, int]:
     """What makes two inventory hosts one machine: how and where they are reached."""
     if host.is_local:
@@ -591,22 +662,69 @@ def machine(host: Host) -> tuple[str, str, int]:
     return (host.connection, host.address, host.port or 22)
 
 
-def routing_problems(fleet: Fleet, plan: Plan) -> tuple[list[str], list[str]]:
-    """Problems and hints for a worker whose router is not in the inventory, or could not
-    reach it where it binds (checked before anything starts)."""
+def routing_check(select: Select, plan: Plan) -> PairCheck:
+    """Problems, hints and warnings for a worker whose router is not in the inventory or
+    could not reach it where it binds, and for a router's prefill/decode servers that do not
+    make pairs (checked before anything starts)."""
+    found = PairCheck()
+    if plan.role is Role.ROUTER:
+        if plan.host.settings.pd_router:
+            workers = workers_of(plan.host, select)
+            return check_router(plan.host.label, [pd_server(w) for w in workers])
+        return found
     if plan.node_rank != 0 or plan.host.settings.router is None:
-        return [], []
+        if plan.pd_role is not None and plan.node_rank == 0:
+            found.problems.append(f"{plan.host.label} is a {plan.pd_role} but names no router")
+            found.hints.append("a prefill and its decodes meet at a router with pd: true")
+        return found
     try:
-        router = router_of(plan.host, fleet.select)
+        router = router_of(plan.host, select)
     except DeployctlError as exc:
-        return [exc.message], [exc.hint] if exc.hint else []
+        found.problems.append(exc.message)
+        found.hints += [exc.hint] if exc.hint else []
+        return found
     if router is None:
-        return [], []
+        return found
     problem = reachability_problem(plan.host, router, plan.bind_host)
-    if problem is None:
-        return [], []
-    hint = "bind the worker where its router reaches it (bind_host: 0.0.0.0), or set worker_url"
-    return [problem], [hint]
+    if problem is not None:
+        found.problems.append(problem)
+        found.hints.append(
+            "bind the worker where its router reaches it (bind_host: 0.0.0.0), or set worker_url"
+        )
+    others = [pd_server(w) for w in workers_of(router, select)]
+    pairs = check_server(
+        pd_server(plan.host, plan), others, router.label, router.address,
+        router.settings.pd_router,
+    )  # fmt: skip
+    found.problems += pairs.problems
+    found.hints += pairs.hints
+    found.warnings += pairs.warnings
+    return found
+
+
+def pd_server(host: Host, plan: Plan | None = None) -> PdServer:
+    """A worker as its router's pair checks see it: from its command when this launch plans
+    it (what --set changed included), else from its settings."""
+    settings = host.settings
+    if plan is None:
+        role, tp, bind = settings.pd_role, settings.tp, settings.bind_host
+        model, backend = str(settings.value("model_path")), settings.transfer_backend
+        pp = _pp_size(settings.context().get("extra_args"))
+    else:
+        flags = command_flags(plan.rendered.argv)
+        role, tp, bind = plan.pd_role, plan.tp, plan.bind_host
+        model = str(flags.get("--model-path"))
+        backend = str(flags.get("--disaggregation-transfer-backend") or "mooncake")
+        pp = _pp_size(plan.rendered.argv)
+    return PdServer(host.label, role, model, tp, pp, backend, host.address, is_loopback(bind))
+
+
+def _pp_size(argv: Any) -> int:
+    """Pipeline parallelism as a command (or `extra_args`) sets it; 1 when it does not."""
+    words = argv.split() if isinstance(argv, str) else [str(w) for w in argv or []]
+    flags = command_flags(words)
+    value = flags.get("--pp-size") or flags.get("--pipeline-parallel-size")
+    return int(value) if value is not None and is_number(value) else 1
 
 
 def routers_among(project: Project, targets: Sequence[Host]) -> list[Host]:

@@ -44,7 +44,7 @@ from deployctl.inventory import Host, mask_log, secret_values
 from deployctl.launchers import launcher_of
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
-from deployctl.ops.plan import Plan, Preflight, Role, release_lock, routing_problems, run_preflight
+from deployctl.ops.plan import Plan, Preflight, Role, release_lock, routing_check, run_preflight
 from deployctl.ops.router import (
     Registration,
     RouterState,
@@ -414,9 +414,10 @@ def launch(
         result = run_preflight(
             plan, conn, max_used_mib, timeout + 120, alongside, host.label in replacing
         )
-        problems, hints = routing_problems(fleet, plan)
-        result.problems += problems
-        result.hints += hints
+        routing = routing_check(fleet.select, plan)
+        result.problems += routing.problems
+        result.hints = list(dict.fromkeys(result.hints + routing.hints))
+        result.warnings += routing.warnings
         return result
 
     preflights = fleet.run(preflight, [p.host for p in plans])

@@ -1,0 +1,131 @@
+"""Prefill/decode disaggregation: what the servers behind one router must agree on (pure).
+
+A prefill (`role: prefill`) computes a prompt's KV and hands it over at its bootstrap server
+(`--host`:`bootstrap_port`); a decode (`role: decode`) fetches it there, at the prefill's
+address as the router gives it, then generates. SGLang checks little of this itself, and
+late: a mismatch shows as a failed or hanging request under load. So launch refuses, before
+anything starts, what SGLang 0.5.23 refuses, and warns where users saw it break.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from deployctl.choices import PdRole
+
+# Where users of SGLang's disaggregation saw each failure (named in the warnings).
+LOOPBACK_BOOTSTRAP_ISSUE = "sglang#10001"
+TP_MISMATCH_ISSUE = "sglang#15674"
+PREFILL_PP_ISSUE = "sglang#8424"
+
+
+@dataclass(frozen=True)
+class PdServer:
+    """One server behind a router, as launch would start it."""
+
+    label: str
+    role: PdRole | None
+    model: str
+    tp: int
+    pp: int
+    backend: str
+    address: str  # where it is reached: its machine, for reachability
+    loopback: bool  # its `--host` is a loopback address (its bootstrap server binds there)
+
+
+@dataclass
+class PairCheck:
+    problems: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_server(
+    me: PdServer, others: Sequence[PdServer], router: str, router_address: str, pd: bool
+) -> PairCheck:
+    """What is wrong with `me` beside the other servers of its router (`pd`: the router routes
+    pairs). Each problem is about `me`, so a launch of several servers says each once."""
+    found = PairCheck()
+    if pd and me.role is None:
+        found.problems.append(
+            f"{me.label} has no role, but its router {router} routes prefill/decode pairs"
+        )
+        found.hints.append("set role: prefill or role: decode, or name a router without pd: true")
+        return found
+    if not pd:
+        if me.role is not None:
+            found.problems.append(
+                f"{me.label} is a {me.role}, but its router {router} does not route "
+                "prefill/decode pairs"
+            )
+            found.hints.append(f"set pd: true on {router}")
+        return found
+    opposite = PdRole.DECODE if me.role is PdRole.PREFILL else PdRole.PREFILL
+    peers = [o for o in others if o.label != me.label and o.role is opposite]
+    if not peers:
+        found.problems.append(
+            f"{me.label} is a {me.role}, but no {opposite} names its router {router}: "
+            "nothing would serve"
+        )
+        return found
+    for other in (o for o in others if o.label != me.label and o.role is not None):
+        if other.model != me.model:
+            found.problems.append(
+                f"{me.label} serves {me.model} but {other.label}, behind the same router, "
+                f"serves {other.model}"
+            )
+        if other.backend != me.backend:
+            found.problems.append(
+                f"{me.label} moves KV with {me.backend} but {other.label} with {other.backend}"
+            )
+            found.hints.append("set one transfer_backend for every server behind a router")
+    if me.role is PdRole.PREFILL and me.backend == "fake":
+        # SGLang asserts it at startup (arg_groups/pd_disaggregation_hook.py).
+        found.problems.append(f"{me.label}: a prefill cannot use the fake transfer backend")
+    for peer in peers:
+        prefill, decode = (me, peer) if me.role is PdRole.PREFILL else (peer, me)
+        # SGLang's KV receiver asserts it on the first transfer (disaggregation/common/conn.py).
+        if decode.pp not in (prefill.pp, 1):
+            found.problems.append(
+                f"{decode.label} has pipeline parallelism {decode.pp}, but its prefill "
+                f"{prefill.label} has {prefill.pp}: a decode's must be the prefill's or 1"
+            )
+        if peer.tp != me.tp:
+            found.warnings.append(
+                f"{me.label} has TP {me.tp} and {peer.label} TP {peer.tp}: unless the model "
+                f"uses MLA (DeepSeek, Kimi), different TP crashes under load ({TP_MISMATCH_ISSUE})"
+            )
+        if prefill.loopback and prefill.address != decode.address:
+            found.problems.append(
+                f"{decode.label} cannot fetch KV from {prefill.label}: its bootstrap server "
+                f"binds to loopback ({LOOPBACK_BOOTSTRAP_ISSUE})"
+            )
+            found.hints.append(
+                f"bind {prefill.label} where its decodes reach it (bind_host: 0.0.0.0)"
+            )
+    if me.role is PdRole.PREFILL and me.pp > 1:
+        found.warnings.append(
+            f"{me.label}: pipeline parallelism on a prefill has crashed ({PREFILL_PP_ISSUE})"
+        )
+    if me.role is PdRole.PREFILL and me.loopback and me.address != router_address:
+        found.problems.append(
+            f"{me.label}'s bootstrap server binds to loopback, which its router {router} "
+            f"(on {router_address}) passes to decodes ({LOOPBACK_BOOTSTRAP_ISSUE})"
+        )
+    found.hints = list(dict.fromkeys(found.hints))
+    found.warnings = list(dict.fromkeys(found.warnings))
+    return found
+
+
+def check_router(label: str, workers: Sequence[PdServer]) -> PairCheck:
+    """A router in PD mode serves only with a prefill and a decode behind it."""
+    found = PairCheck()
+    for role in PdRole:
+        if not any(w.role is role for w in workers):
+            found.problems.append(
+                f"{label} routes prefill/decode pairs, but no {role} names it: nothing would serve"
+            )
+    if found.problems:
+        found.hints.append(f"give servers role: prefill and role: decode with router: {label}")
+    return found

@@ -1,0 +1,223 @@
+"""Prefill/decode pairs: roles render SGLang's flags, and what SGLang would refuse (or break on
+under load) is refused or warned about before anything starts. Pure: no host is touched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deployctl.choices import PdRole
+from deployctl.deployments import deployment_targets
+from deployctl.disaggregation import PdServer, check_router, check_server
+from deployctl.errors import InventoryError, PreflightError
+from deployctl.inventory import DEFAULT_VARS, Host, Inventory
+from deployctl.ops.plan import Plan, ib_device_paths, plan_launch, routing_check
+from deployctl.patchset import command_flags
+from deployctl.project import Project
+
+ROUTER = {"template": "router", "pd": True, "port": 8000, "bind_host": "0.0.0.0"}
+
+
+def fleet(
+    gpu1: dict[str, dict[str, Any]], gpu2: dict[str, dict[str, Any]] | None = None, **shared: Any
+) -> tuple[Inventory, list[Plan]]:
+    """Plan every deployment of `gpu1` (and `gpu2`) with a PD router on `edge`."""
+    base = {**DEFAULT_VARS, "model_path": "/models/m", "tp": 4, "bind_host": "0.0.0.0", **shared}
+    hosts = [
+        Host("gpu1", {**base, "ansible_host": "10.0.0.5", "deployments": gpu1}),
+        Host("edge", {**DEFAULT_VARS, "ansible_host": "10.0.0.9",
+                      "deployments": {"router": dict(ROUTER)}}),
+    ]  # fmt: skip
+    if gpu2 is not None:
+        hosts.append(Host("gpu2", {**base, "ansible_host": "10.0.0.6", "deployments": gpu2}))
+    inv = Inventory({h.name: h for h in hosts}, {"all": [h.name for h in hosts]}, "test")
+    targets = deployment_targets(hosts, resolve=inv.select)
+    return inv, plan_launch(Project(None), targets, None, None, [], {})
+
+
+def pair(**decode: Any) -> dict[str, dict[str, Any]]:
+    return {
+        "p0": {"role": "prefill", "port": 30001, "gpus": [0, 1, 2, 3], "router": "edge/router"},
+        "d0": {"role": "decode", "port": 30002, "gpus": [4, 5, 6, 7], "router": "edge/router",
+               **decode},
+    }  # fmt: skip
+
+
+def plan_of(plans: list[Plan], label: str) -> Plan:
+    return next(p for p in plans if p.host.label == label)
+
+
+def test_roles_render_sglangs_disaggregation_flags_and_a_pd_router_its_mode() -> None:
+    _, plans = fleet(pair(ib_device="mlx5_0,mlx5_1"), bootstrap_port=9100)
+    prefill = command_flags(plan_of(plans, "gpu1/p0").rendered.argv)
+    decode = command_flags(plan_of(plans, "gpu1/d0").rendered.argv)
+    router = plan_of(plans, "edge/router").rendered.argv
+    assert prefill["--disaggregation-mode"] == "prefill"
+    assert prefill["--disaggregation-bootstrap-port"] == "9100"
+    assert prefill["--disaggregation-transfer-backend"] == "mooncake"
+    assert decode["--disaggregation-mode"] == "decode"
+    # A decode learns the prefill's bootstrap port from the router, per request.
+    assert "--disaggregation-bootstrap-port" not in decode
+    assert decode["--disaggregation-ib-device"] == "mlx5_0,mlx5_1"
+    assert "--pd-disaggregation" in router
+    assert plan_of(plans, "gpu1/p0").extra_ports == {9100: "bootstrap_port, where decodes fetch KV"}
+    assert plan_of(plans, "gpu1/d0").extra_ports == {}
+
+
+def test_a_server_without_a_role_renders_no_disaggregation_flag() -> None:
+    hosts = [Host("gpu1", {**DEFAULT_VARS, "model_path": "/m", "tp": 1})]
+    plans = plan_launch(Project(None), hosts, None, None, [], {})
+    assert not [a for a in plans[0].rendered.argv if "disaggregation" in a]
+    assert plans[0].pd_role is None and plans[0].extra_ports == {}
+
+
+def test_a_role_that_is_not_prefill_or_decode_is_refused_naming_the_variable() -> None:
+    with pytest.raises(
+        InventoryError, match=r"host gpu1, deployment p0: role 'prefil' is not prefill or decode"
+    ):
+        fleet({"p0": {"role": "prefil", "router": "edge/router"}})
+
+
+def test_two_prefills_on_one_host_need_their_own_bootstrap_ports() -> None:
+    two = {
+        "p0": {"role": "prefill", "port": 30001, "gpus": [0, 1, 2, 3], "router": "edge/router"},
+        "p1": {"role": "prefill", "port": 30003, "gpus": [4, 5, 6, 7], "router": "edge/router"},
+    }
+    with pytest.raises(PreflightError, match="gpu1/p1's bootstrap_port 8998 is also gpu1/p0's"):
+        fleet(two)
+    two["p1"]["bootstrap_port"] = 8999
+    _, plans = fleet(two)
+    assert {p.bootstrap_port for p in plans if p.pd_role} == {8998, 8999}
+
+
+def test_a_bootstrap_port_that_is_a_server_port_on_the_host_is_refused() -> None:
+    with pytest.raises(PreflightError, match="gpu1/p0's bootstrap_port 30002 is also gpu1/d0's"):
+        fleet(pair(), bootstrap_port=30002)
+
+
+def test_prefills_on_two_hosts_may_use_the_same_bootstrap_port() -> None:
+    gpu2 = {"p1": {"role": "prefill", "port": 30001, "gpus": [0], "router": "edge/router"}}
+    _, plans = fleet(pair(), gpu2)
+    assert [p.bootstrap_port for p in plans if p.pd_role is PdRole.PREFILL] == [8998, 8998]
+
+
+def checked(inv: Inventory, plans: list[Plan], label: str) -> tuple[list[str], list[str]]:
+    found = routing_check(inv.select, plan_of(plans, label))
+    return found.problems, found.warnings
+
+
+def test_a_matching_pair_passes_and_a_pd_router_with_both_roles_too() -> None:
+    inv, plans = fleet(pair())
+    for label in ("gpu1/p0", "gpu1/d0", "edge/router"):
+        assert checked(inv, plans, label) == ([], []), label
+
+
+def test_a_loopback_prefill_is_refused_when_a_decode_is_on_another_host() -> None:
+    gpu2 = {"d1": {"role": "decode", "port": 30002, "gpus": [0], "router": "edge/router"}}
+    inv, plans = fleet(pair(), gpu2)
+    loopback = {"bind_host": "127.0.0.1", "worker_url": "http://10.0.0.5:30001"}
+    inv.hosts["gpu1"].vars["deployments"]["p0"].update(loopback)
+    _, plans = fleet(inv.hosts["gpu1"].vars["deployments"], gpu2)
+    problems, _ = checked(inv, plans, "gpu1/p0")
+    assert "gpu2/d1 cannot fetch KV from gpu1/p0: its bootstrap server binds to loopback" in (
+        " ".join(problems)
+    ), problems
+    assert any("sglang#10001" in p for p in problems)
+    # The decode on the prefill's own machine reaches a loopback bootstrap server...
+    problems, _ = checked(inv, plans, "gpu1/d0")
+    assert not [p for p in problems if "gpu1/d0 cannot fetch" in p], problems
+    # ...but not one whose router is elsewhere: the router hands decodes its URL's address.
+    inv2, plans2 = fleet(inv.hosts["gpu1"].vars["deployments"])
+    problems, _ = checked(inv2, plans2, "gpu1/p0")
+    assert any(
+        "which its router edge/router (on 10.0.0.9) passes to decodes" in p for p in problems
+    )
+
+
+def test_a_pair_serving_two_models_or_two_backends_is_refused() -> None:
+    inv, plans = fleet(pair(model_path="/models/other"))
+    problems, _ = checked(inv, plans, "gpu1/d0")
+    assert problems == [
+        "gpu1/d0 serves /models/other but gpu1/p0, behind the same router, serves /models/m"
+    ]
+    inv, plans = fleet(pair(transfer_backend="nixl"))
+    problems, _ = checked(inv, plans, "gpu1/p0")
+    assert problems == ["gpu1/p0 moves KV with mooncake but gpu1/d0 with nixl"]
+
+
+def test_a_decode_pp_other_than_the_prefills_or_1_is_refused_and_prefill_pp_warned() -> None:
+    inv, plans = fleet(pair(extra_args=["--pp-size", "4"]))
+    problems, _ = checked(inv, plans, "gpu1/d0")
+    assert problems == [
+        "gpu1/d0 has pipeline parallelism 4, but its prefill gpu1/p0 has 1: a decode's must be "
+        "the prefill's or 1"
+    ]
+    both = {name: {**vars_, "extra_args": ["--pp-size", "2"]} for name, vars_ in pair().items()}
+    inv, plans = fleet(both)
+    problems, warnings = checked(inv, plans, "gpu1/p0")
+    assert problems == [] and any("sglang#8424" in w for w in warnings), warnings
+
+
+def test_different_tp_on_the_two_sides_is_a_warning_naming_the_issue() -> None:
+    inv, plans = fleet(pair(tp=2))
+    problems, warnings = checked(inv, plans, "gpu1/d0")
+    assert problems == []
+    assert warnings == [
+        "gpu1/d0 has TP 2 and gpu1/p0 TP 4: unless the model uses MLA (DeepSeek, Kimi), "
+        "different TP crashes under load (sglang#15674)"
+    ]
+
+
+def test_roles_and_the_routers_mode_must_agree() -> None:
+    no_role = {"s0": {"port": 30003, "gpus": [7], "router": "edge/router"}}
+    inv, plans = fleet({**pair(gpus=[4, 5, 6]), **no_role})
+    problems, _ = checked(inv, plans, "gpu1/s0")
+    assert problems == [
+        "gpu1/s0 has no role, but its router edge/router routes prefill/decode pairs"
+    ]
+    inv, plans = fleet(pair())
+    inv.hosts["edge"].vars["deployments"]["router"]["pd"] = False
+    problems, _ = checked(inv, plans, "gpu1/p0")
+    assert problems == [
+        "gpu1/p0 is a prefill, but its router edge/router does not route prefill/decode pairs"
+    ]
+
+
+def test_a_pd_router_or_a_role_without_the_other_side_is_refused() -> None:
+    only_prefill = {k: v for k, v in pair().items() if k == "p0"}
+    inv, plans = fleet(only_prefill)
+    problems, _ = checked(inv, plans, "edge/router")
+    assert problems == [
+        "edge/router routes prefill/decode pairs, but no decode names it: nothing would serve"
+    ]
+    problems, _ = checked(inv, plans, "gpu1/p0")
+    assert problems == [
+        "gpu1/p0 is a prefill, but no decode names its router edge/router: nothing would serve"
+    ]
+
+
+def test_a_prefill_cannot_use_the_fake_transfer_backend() -> None:
+    server = PdServer("h/p", PdRole.PREFILL, "/m", 1, 1, "fake", "a", False)
+    decode = PdServer("h/d", PdRole.DECODE, "/m", 1, 1, "fake", "a", False)
+    assert check_server(server, [server, decode], "r", "a", True).problems == [
+        "h/p: a prefill cannot use the fake transfer backend"
+    ]
+    assert check_server(decode, [server, decode], "r", "a", True).problems == []
+    assert check_router("r", [server, decode]).problems == []
+
+
+def test_ib_devices_are_checked_as_paths_on_the_host_in_each_form_sglang_takes() -> None:
+    assert ib_device_paths("mlx5_0, mlx5_1,mlx5_0") == [
+        "/sys/class/infiniband/mlx5_0",
+        "/sys/class/infiniband/mlx5_1",
+    ]
+    assert ib_device_paths('{"0": "mlx5_0,mlx5_1", "1": "mlx5_2"}') == [
+        "/sys/class/infiniband/mlx5_0",
+        "/sys/class/infiniband/mlx5_1",
+        "/sys/class/infiniband/mlx5_2",
+    ]
+    assert ib_device_paths("/etc/ib.json") == ["/etc/ib.json"]
+    assert ib_device_paths(None) == []
+    _, plans = fleet(pair(ib_device="mlx5_3"))
+    assert "/sys/class/infiniband/mlx5_3" in plan_of(plans, "gpu1/d0").check_paths()
