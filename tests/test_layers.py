@@ -161,9 +161,10 @@ def test_the_host_agent_imports_only_the_standard_library_and_itself() -> None:
                 assert top in {"__future__", *sys.stdlib_module_names}, (path.name, module)
 
 
-# The protocol's declarations, one module per concern: the wire (`protocol`) and what is
-# measured and kept (`measures`). The client and presentation import only these.
-PROTOCOL = {f"{REMOTE}.protocol", f"{REMOTE}.measures"}
+# The protocol's declarations, one module per concern: the wire (`protocol`), what is
+# measured and kept (`measures`) and a router's list and locks (`routing`). The client and
+# presentation import only these.
+PROTOCOL = {f"{REMOTE}.protocol", f"{REMOTE}.measures", f"{REMOTE}.routing"}
 
 
 def test_outside_the_agent_only_its_protocol_is_imported() -> None:

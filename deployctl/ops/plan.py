@@ -36,7 +36,13 @@ from deployctl.launchers import Launcher, ServerCommand, launcher_for, launcher_
 from deployctl.ops.flags import FlagReport, checked_argv, flag_report, runs_router
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
-from deployctl.ops.router import Select, reachability_problem, router_of, workers_of
+from deployctl.ops.router import (
+    Select,
+    WorkerKind,
+    reachability_problem,
+    router_of,
+    workers_of,
+)
 from deployctl.patchset import (
     PatchSet,
     command_flags,
@@ -55,7 +61,7 @@ from deployctl.remote.protocol import (
     shares_gpus,
 )
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
-from deployctl.settings import SETTINGS, check_layer, overlay, own_layer
+from deployctl.settings import check_layer, overlay, own_layer
 from deployctl.text import is_number
 
 # How long a lock may be held when the holder says nothing shorter; past its expiry it is
@@ -204,18 +210,17 @@ class Plan:
         return Role.ROUTER if runs_router(self.rendered.argv) else Role.SERVER
 
     @property
+    def kind(self) -> WorkerKind:
+        """Its side of a prefill/decode pair and bootstrap port, as the command says."""
+        return WorkerKind.of_command(self.rendered.argv)
+
+    @property
     def pd_role(self) -> PdRole | None:
-        """Its side of a prefill/decode pair, as the command says (`--disaggregation-mode`)."""
-        mode = command_flags(self.rendered.argv).get("--disaggregation-mode")
-        return PdRole(mode) if mode in tuple(PdRole) else None
+        return self.kind.role
 
     @property
     def bootstrap_port(self) -> int | None:
-        """A prefill's KV bootstrap port (SGLang's default 8998 when the command sets none)."""
-        if self.pd_role is not PdRole.PREFILL:
-            return None
-        value = command_flags(self.rendered.argv).get("--disaggregation-bootstrap-port")
-        return int(value) if value is not None and is_number(value) else DEFAULT_BOOTSTRAP_PORT
+        return self.kind.bootstrap_port
 
     @property
     def extra_ports(self) -> dict[int, str]:
@@ -260,7 +265,6 @@ class Plan:
         return paths + ib_device_paths(flags.get("--disaggregation-ib-device"))
 
 
-DEFAULT_BOOTSTRAP_PORT: int = SETTINGS["bootstrap_port"].default
 IB_DEVICES = "/sys/class/infiniband"
 
 

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from deployctl import agent
 from deployctl import events as ev
+from deployctl.choices import PdRole
 from deployctl.connection import Connection, Held
 from deployctl.deployments import address_of, deployment_targets, is_loopback, node_rank
 from deployctl.errors import BusyError, DeployctlError, InventoryError
@@ -30,18 +32,67 @@ from deployctl.fanout import Fleet
 from deployctl.inventory import Host
 from deployctl.launchers import launcher_for, launcher_of
 from deployctl.ops.flags import ROUTER_MODULE
-from deployctl.remote.protocol import (
-    HoldArgs,
-    RouterArgs,
-    RouterReply,
-    RunRecord,
-    StatusArgs,
-)
+from deployctl.patchset import command_flags
+from deployctl.remote.protocol import RunRecord, StatusArgs
+from deployctl.remote.routing import HoldArgs, RouterArgs, RouterReply
+from deployctl.settings import SETTINGS
+from deployctl.text import is_number
 
 # Seconds a router may take to show an addition (healthy) or a removal in its list.
 REGISTRATION_WAIT = 30.0
+BOOTSTRAP_PORT: int = SETTINGS["bootstrap_port"].default  # SGLang's default too
 
 Select = Callable[[str], list[Host]]
+
+
+@dataclass(frozen=True)
+class WorkerKind:
+    """How a router lists a worker: its side of a prefill/decode pair (None: it serves whole
+    requests) and, for a prefill, the bootstrap port the router hands to decodes."""
+
+    role: PdRole | None = None
+    bootstrap_port: int | None = None
+
+    @classmethod
+    def of_command(cls, argv: Sequence[str]) -> WorkerKind:
+        """As the server's command says (SGLang's default bootstrap port when it sets none)."""
+        flags = command_flags(argv)
+        mode = flags.get("--disaggregation-mode")
+        if mode not in tuple(PdRole):
+            return cls()
+        role = PdRole(mode)
+        port = flags.get("--disaggregation-bootstrap-port")
+        if role is not PdRole.PREFILL:
+            return cls(role)
+        return cls(role, int(port) if port is not None and is_number(port) else BOOTSTRAP_PORT)
+
+    @classmethod
+    def of_run(cls, run: RunRecord, worker: Host) -> WorkerKind:
+        """As the run was started (its recorded command), else as the inventory says."""
+        try:
+            return cls.of_command(shlex.split(str(run.get("command", ""))))
+        except ValueError:
+            return cls.of_settings(worker)
+
+    @classmethod
+    def of_settings(cls, worker: Host) -> WorkerKind:
+        role = worker.settings.pd_role
+        port = worker.settings.bootstrap_port if role is PdRole.PREFILL else None
+        return cls(role, port)
+
+    @classmethod
+    def listed(cls, worker_type: str | None, bootstrap_port: int | None) -> WorkerKind | None:
+        """As a router lists it; None when the router does not say."""
+        if worker_type is None:
+            return None
+        role = PdRole(worker_type) if worker_type in tuple(PdRole) else None
+        return cls(role, bootstrap_port if role is PdRole.PREFILL else None)
+
+    def __str__(self) -> str:
+        if self.role is None:
+            return "a whole-request worker"
+        port = f" (bootstrap port {self.bootstrap_port})" if self.bootstrap_port else ""
+        return f"a {self.role}{port}"
 
 
 def is_router_run(run: RunRecord | None) -> bool:
@@ -149,6 +200,7 @@ class Registration:
     url: str
     added: bool  # True: an addition; False: a removal
     error: str = ""
+    kind: WorkerKind = WorkerKind()  # an addition: as what the router lists it
 
     @property
     def ok(self) -> bool:
@@ -156,7 +208,12 @@ class Registration:
 
 
 def _router_call(
-    fleet: Fleet, router: Host, action: str, url: str | None, wait: float = REGISTRATION_WAIT
+    fleet: Fleet,
+    router: Host,
+    action: str,
+    url: str | None,
+    wait: float = REGISTRATION_WAIT,
+    kind: WorkerKind = WorkerKind(),
 ) -> RouterReply:
     args: RouterArgs = {
         "bind_host": router.settings.bind_host,
@@ -164,6 +221,8 @@ def _router_call(
         "action": action,
         "url": url,
         "wait": wait,
+        "worker_type": kind.role,
+        "bootstrap_port": kind.bootstrap_port,
     }
     conn = fleet.connection(router)
     return agent.call(
@@ -179,11 +238,13 @@ def change_registration(
     events: EventSink = DISCARD,
     head: str = "",
     url: str = "",
+    kind: WorkerKind | None = None,
 ) -> Registration | None:
     """Add the worker to its router (or remove it) and wait until the router's list shows
     it; None when the worker names no router. Never raises: the error is in the result.
     `head`: the head node of the Slurm job the worker's run is; `url`: the one its run
-    recorded (`registered_url`), else the inventory's."""
+    recorded (`registered_url`), else the inventory's; `kind`: as what its run serves, else
+    as the inventory says."""
     if node_rank(worker) != 0:  # a multi-node server registers rank 0's URL only
         return None
     try:
@@ -194,12 +255,9 @@ def change_registration(
         return failed
     if router is None:
         return None
-    return _apply(
-        fleet,
-        router,
-        Registration(worker.label, router.label, url or worker_url(worker, port, head), add),
-        events,
-    )
+    change = Registration(worker.label, router.label, url or worker_url(worker, port, head), add)
+    change.kind = kind or WorkerKind.of_settings(worker)
+    return _apply(fleet, router, change, events)
 
 
 def _apply(
@@ -207,7 +265,8 @@ def _apply(
 ) -> Registration:
     """Make one change to the router's list; its error (if any) goes into it, and out as an event."""
     try:
-        reply = _router_call(fleet, router, "add" if change.added else "remove", change.url)
+        action = "add" if change.added else "remove"
+        reply = _router_call(fleet, router, action, change.url, kind=change.kind)
         # A router that does not answer lists nobody: there is nothing to remove from it.
         change.error = "" if reply["api"] is None and not change.added else reply["problem"]
     except DeployctlError as exc:
@@ -238,6 +297,7 @@ class ListedWorker:
     load: int | None
     worker: str | None
     owner: str = ""  # the worker of ours whose URL it is, serving or not ("": none)
+    kind: WorkerKind | None = None  # as the router lists it (None: it does not say)
 
 
 @dataclass
@@ -258,14 +318,28 @@ class RouterState:
     unread: dict[str, str] = field(default_factory=dict)
     not_ours: list[str] = field(default_factory=list)
     error: str = ""
+    # Our serving workers the router lists in another role (or with another bootstrap port)
+    # than their run serves as: URL -> (the worker, as what it serves).
+    miscast: dict[str, tuple[str, WorkerKind]] = field(default_factory=dict)
+    pd: bool = False  # the router routes prefill/decode pairs
+    kinds: dict[str, WorkerKind] = field(default_factory=dict)  # URL -> as what ours serves
 
     @property
     def drift(self) -> bool:
-        return bool(self.unregistered or self.stray)
+        return bool(self.unregistered or self.stray or self.miscast)
 
     @property
     def healthy(self) -> int:
         return sum(1 for w in self.workers if w.healthy is not False and w.worker is not None)
+
+    @property
+    def missing_roles(self) -> list[PdRole]:
+        """A PD router serves only with a healthy prefill and a healthy decode listed: the
+        roles it has none of (never any for a router of whole-request workers)."""
+        if not self.pd or self.api is None:
+            return []
+        healthy = {w.kind.role for w in self.workers if w.healthy is not False and w.kind}
+        return [role for role in PdRole if role not in healthy]
 
 
 def workers_of(router: Host, select: Select) -> list[Host]:
@@ -283,10 +357,10 @@ def workers_of(router: Host, select: Select) -> list[Host]:
     return found
 
 
-def _serving(worker: Host, conn: Connection) -> tuple[bool, str]:
-    """Is the worker's current run alive and answering /health, and at which URL is it
-    registered ("": no run)? (The call runs.recorded_run makes: ops.runs builds on this
-    module, not the other way.)"""
+def _serving(worker: Host, conn: Connection) -> tuple[bool, str, WorkerKind]:
+    """Is the worker's current run alive and answering /health, at which URL is it
+    registered ("": no run), and as what does it serve? (The call runs.recorded_run makes:
+    ops.runs builds on this module, not the other way.)"""
     args: StatusArgs = {
         "state_dir": worker.settings.state_dir,
         "deployment": worker.deployment,
@@ -297,16 +371,18 @@ def _serving(worker: Host, conn: Connection) -> tuple[bool, str]:
     reply = agent.call(worker, conn, agent.STATUS, args)
     run = reply["run"]
     if run is None:
-        return False, ""
+        return False, "", WorkerKind.of_settings(worker)
     head = launcher_of(run).head(reply["job"])
     url = registered_url(worker, run, head)
-    return bool(reply["alive"]) and reply["health"] == 200, url
+    return bool(reply["alive"]) and reply["health"] == 200, url, WorkerKind.of_run(run, worker)
 
 
 def router_state(fleet: Fleet, router: Host) -> RouterState:
     """Read the router's list and every worker of ours that names it; say the drift."""
     reply = _router_call(fleet, router, "list", None, 0)
-    state = RouterState(router.label, reply["api"], error=reply["problem"])
+    state = RouterState(
+        router.label, reply["api"], error=reply["problem"], pd=router.settings.pd_router
+    )
     read = fleet.run(_serving, workers_of(router, fleet.select))
     bug = next(
         (r.exception for r in read if r.failed and not isinstance(r.exception, DeployctlError)),
@@ -315,6 +391,7 @@ def router_state(fleet: Fleet, router: Host) -> RouterState:
     if bug is not None:
         raise bug
     ours: dict[str, str] = {}  # URL -> the worker of ours that serves there now
+    kinds = state.kinds  # URL -> as what ours serves there
     idle: dict[str, str] = {}  # URL -> a worker of ours, read, that does not serve there
     unread: dict[str, str] = {}  # the inventory's URL of a worker whose host cannot be read
     for r in read:
@@ -323,19 +400,26 @@ def router_state(fleet: Fleet, router: Host) -> RouterState:
             state.unread[r.name] = r.error or ""
         elif r.value[0]:
             ours[r.value[1]] = r.name
+            kinds[r.value[1]] = r.value[2]
         else:
             for url in filter(None, (r.value[1], worker_url(r.host))):
                 idle.setdefault(url, r.name)
     listed = {w["url"].rstrip("/"): w for w in reply["workers"]}
     state.workers = [
         ListedWorker(
-            url, w["healthy"], w["load"], ours.get(url), ours.get(url) or idle.get(url, "")
+            url, w["healthy"], w["load"], ours.get(url), ours.get(url) or idle.get(url, ""),
+            WorkerKind.listed(w["worker_type"], w["bootstrap_port"]),
         )
         for url, w in listed.items()
-    ]
+    ]  # fmt: skip
     if state.api is None:  # nothing answered: no list to judge, no drift
         return state
     state.unregistered = {label: url for url, label in ours.items() if url not in listed}
+    state.miscast = {
+        w.url: (str(w.worker), kinds[w.url])
+        for w in state.workers
+        if w.worker is not None and w.kind is not None and w.kind != kinds[w.url]
+    }
     for url in listed:
         if url in ours:
             continue
@@ -482,7 +566,15 @@ def sync_router(
     owners = {w.url: w.owner for w in state.workers}
     others = [*state.unknown, *state.not_ours]
     removed = [*state.stray, *(others if force else [])]
-    planned = [Registration(w, router.label, url, True) for w, url in state.unregistered.items()]
+    planned = [
+        Registration(w, router.label, url, True, kind=state.kinds[url])
+        for w, url in state.unregistered.items()
+    ]
+    # Listed in the wrong role: added anew as what it serves (the agent removes it first).
+    planned += [
+        Registration(w, router.label, url, True, kind=kind)
+        for url, (w, kind) in state.miscast.items()
+    ]
     planned += [Registration(owners.get(url, ""), router.label, url, False) for url in removed]
     kept = [] if force else others
     if dry_run or state.api is None:
@@ -503,7 +595,6 @@ def register_workers_of(
             changes.append(Registration("", router.label, "", True, exc.message))
             continue
         for label, url in state.unregistered.items():
-            changes.append(
-                _apply(fleet, router, Registration(label, router.label, url, True), events)
-            )
+            change = Registration(label, router.label, url, True, kind=state.kinds[url])
+            changes.append(_apply(fleet, router, change, events))
     return changes

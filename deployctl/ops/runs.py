@@ -518,7 +518,8 @@ def register_ready(
 
     def add(host: Host, conn: Connection) -> Registration | None:
         head = (heads or {}).get(host.label, "")
-        return change_registration(fleet, host, True, workers[host.label].port, events, head)
+        plan = workers[host.label]
+        return change_registration(fleet, host, True, plan.port, events, head, kind=plan.kind)
 
     added = fleet.run(add, [p.host for p in workers.values()])
     found = [

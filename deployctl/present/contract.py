@@ -948,8 +948,15 @@ DEFINITIONS: dict[str, Schema] = {
                         "healthy": nullable("boolean"),
                         "load": nullable("integer"),
                         "deployment": nullable("string", "Which worker of ours it is; null: none."),
+                        "role": {
+                            "enum": ["prefill", "decode", "regular", None],
+                            "description": "As the router lists it: a prefill or decode of a router in PD mode, `regular` for a whole-request worker; null: the router does not say (legacy API).",
+                        },
+                        "bootstrap_port": nullable(
+                            "integer", "A prefill's bootstrap port as the router lists it."
+                        ),
                     },
-                    required=["url", "healthy", "load", "deployment"],
+                    required=["url", "healthy", "load", "deployment", "role", "bootstrap_port"],
                 )
             ),
             "unregistered": map_of(string()),
@@ -957,7 +964,16 @@ DEFINITIONS: dict[str, Schema] = {
             "unknown": map_of(string()),
             "unread": map_of(string()),
             "not_ours": array(string()),
+            "miscast": map_of(
+                string(),
+                "URL → the worker of ours serving there as another role (or bootstrap port) than the router lists: drift, which `router sync` mends.",
+            ),
             "drift": boolean(),
+            "pd": boolean("The router routes prefill/decode pairs (`pd: true`)."),
+            "missing_roles": array(
+                {"enum": ["prefill", "decode"]},
+                "A router in PD mode serves only with a healthy prefill and a healthy decode listed: the roles it has none of.",
+            ),
         },
         required=[
             "router",
@@ -969,9 +985,12 @@ DEFINITIONS: dict[str, Schema] = {
             "unknown",
             "unread",
             "not_ours",
+            "miscast",
             "drift",
+            "pd",
+            "missing_roles",
         ],
-        description="A live router's worker list, and its drift from the inventory: `unregistered` (worker → URL) serve but are not listed; `stray` URLs are listed where a worker of ours is known not to serve. Not drift, and removed by `router sync` only with --force: `unknown` (URL → worker) are listed where a worker of ours may serve but its host cannot be read (`unread`: worker → why); `not_ours` URLs are listed where no worker of the inventory is.",
+        description="A live router's worker list, and its drift from the inventory: `unregistered` (worker → URL) serve but are not listed; `stray` URLs are listed where a worker of ours is known not to serve; `miscast` are listed in another role than they serve. Not drift, and removed by `router sync` only with --force: `unknown` (URL → worker) are listed where a worker of ours may serve but its host cannot be read (`unread`: worker → why); `not_ours` URLs are listed where no worker of the inventory is.",
     ),
     "sync": obj({"hosts": map_of(ref("syncHost"))}, required=["hosts"]),
     "syncHost": host_entry_shape("sync"),

@@ -310,7 +310,11 @@ def router_state_json(state: RouterState) -> dict[str, Any]:
         "api": state.api,
         "error": state.error,
         "workers": [
-            {"url": w.url, "healthy": w.healthy, "load": w.load, "deployment": w.worker}
+            {
+                "url": w.url, "healthy": w.healthy, "load": w.load, "deployment": w.worker,
+                "role": None if w.kind is None else str(w.kind.role or "regular"),
+                "bootstrap_port": None if w.kind is None else w.kind.bootstrap_port,
+            }
             for w in state.workers
         ],
         "unregistered": state.unregistered,
@@ -318,8 +322,11 @@ def router_state_json(state: RouterState) -> dict[str, Any]:
         "unknown": state.unknown,
         "unread": state.unread,
         "not_ours": state.not_ours,
+        "miscast": {url: worker for url, (worker, _) in state.miscast.items()},
         "drift": state.drift,
-    }
+        "pd": state.pd,
+        "missing_roles": [str(r) for r in state.missing_roles],
+    }  # fmt: skip
 
 
 def sync_json(result: SyncResult) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from deployctl.choices import ThresholdMode
+from deployctl.choices import PdRole, ThresholdMode
 from deployctl.errors import explain
 from deployctl.launchers import launcher_of
 from deployctl.localfiles import write_file
@@ -627,11 +627,33 @@ def print_router(state: RouterState) -> None:
         ]
         for w in state.workers
     ]
-    title = f"{state.router}: {len(state.workers)} workers, {state.healthy} of ours healthy{api}"
+    columns = ["worker URL", "deployment", "health", "load"]
+    counted = ""
+    if state.pd:  # a router in PD mode: each worker's role, as the router lists it
+        columns.insert(1, "role")
+        for row, w in zip(rows, state.workers, strict=True):
+            row.insert(1, _role_word(w))
+        roles = [w.kind.role for w in state.workers if w.kind]
+        counted = " (" + ", ".join(f"{roles.count(r)} {r}" for r in PdRole) + ")"
+    title = (
+        f"{state.router}: {len(state.workers)} workers{counted}, "
+        f"{state.healthy} of ours healthy{api}"
+    )
     if state.api is None:
         print_error(f"router not read: {state.error}", host=state.router)
         return
-    print_table(title, ["worker URL", "deployment", "health", "load"], rows)
+    print_table(title, columns, rows)
+    if state.missing_roles:
+        missing = " and no healthy ".join(str(r) for r in state.missing_roles)
+        sys.stderr.write(
+            tagged("warning", f"serves nothing: it lists no healthy {missing}", state.router)
+        )
+    for url, (worker, kind) in state.miscast.items():
+        sys.stderr.write(
+            tagged(
+                "drift", f"{worker} at {url} serves as {kind} but is listed otherwise", state.router
+            )
+        )
     for worker, url in state.unregistered.items():
         sys.stderr.write(
             tagged("drift", f"{worker} serves at {url} but is not registered", state.router)
@@ -664,6 +686,14 @@ def _listed_as(worker: ListedWorker, state: RouterState) -> str:
     if worker.url in state.unknown:
         return "(unknown: not read)"
     return f"({worker.owner} not serving)" if worker.owner else "(not ours)"
+
+
+def _role_word(worker: ListedWorker) -> str:
+    if worker.kind is None:
+        return "-"
+    if worker.kind.bootstrap_port:
+        return f"{worker.kind.role} :{worker.kind.bootstrap_port}"
+    return str(worker.kind.role or "regular")
 
 
 def _health_word(healthy: bool | None) -> str:

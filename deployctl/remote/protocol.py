@@ -1,7 +1,7 @@
 """The wire protocol between deployctl and its agent on a host (stdlib only): each call's
 arguments and reply (`*Args`, `*Reply`), the call table (`CALLS`), the constants and the pure
 helpers both sides use. The types of what is measured and kept (bench levels, tune records)
-are declared in `measures`. How the agent is shipped and run: deployctl/remote/__init__.py.
+are declared in `measures`, a router's list and locks in `routing`. How the agent is shipped and run: deployctl/remote/__init__.py.
 
 Everything deployctl keeps on a host lives under `state_dir` (default ~/.deployctl), laid
 out here and nowhere else:
@@ -49,6 +49,7 @@ from .measures import (
     TuneSaveArgs,
     TuneSaveReply,
 )  # fmt: skip
+from .routing import HoldArgs, HoldReply, RouterArgs, RouterReply
 
 AGENT_DIR = "agent"
 # Written last into an unpacked bundle's folder, holding the folder's name (the hash).
@@ -436,43 +437,6 @@ class TuneLockArgs(TypedDict):
     deployment: str | None
     client: ClientIdentity
     break_lock: str | None  # the token of a stale holder to replace
-
-
-class RouterArgs(TypedDict):
-    bind_host: str  # the router's --host and --port, reached from its own host
-    port: int
-    action: str  # "list", "add", "remove" or "health" (does `url` answer /health now?)
-    url: str | None  # the worker to add or remove
-    wait: float  # seconds to wait for the change to show in the router's list
-
-
-class RouterWorker(TypedDict):
-    id: str | None  # None on a legacy router (it names workers by URL)
-    url: str
-    healthy: bool | None  # None: the router does not say
-    load: int | None
-
-
-class RouterReply(TypedDict):
-    api: str | None  # "workers" (0.3 and later), "legacy" (up to 0.2.1), None: no router answers
-    # Why the action did not happen ("" when it did); not `error`, which is the agent's own
-    # failure answer.
-    problem: str
-    workers: list[RouterWorker]  # the list after the action
-
-
-class HoldArgs(TypedDict):
-    state_dir: str
-    name: str  # the lock: a router deployment's name
-    holder: dict[str, Any]  # who takes it, kept in the file for the next taker to name
-
-
-class HoldReply(TypedDict):
-    acquired: bool
-    holder: dict[str, Any] | None  # who holds it, when not acquired ({} if it does not say)
-
-
-ROUTER_LOCKS = "router-locks"
 
 
 # ---- pure helpers both sides use ----------------------------------------------------------

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .files import state_path
-from .protocol import ROUTER_LOCKS, HoldArgs, HoldReply, RouterArgs, RouterReply, RouterWorker
+from .routing import ROUTER_LOCKS, HoldArgs, HoldReply, RouterArgs, RouterReply, RouterWorker
 from .runs import server_address
 
 ROUTER_TIMEOUT = 5.0
@@ -44,6 +44,10 @@ def _json_or_none(body: bytes) -> Any:
         return None
 
 
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def router_list(host: str, port: int) -> tuple[str | None, list[RouterWorker], str]:
     """Which registration API the router speaks, its workers, and why none when it fails."""
     status, body = http_call(host, port, "GET", "/workers")
@@ -54,7 +58,9 @@ def router_list(host: str, port: int) -> tuple[str | None, list[RouterWorker], s
                 "id": str(w.get("id")) if w.get("id") is not None else None,
                 "url": str(w.get("url")),
                 "healthy": w.get("is_healthy") if isinstance(w.get("is_healthy"), bool) else None,
-                "load": w.get("load") if isinstance(w.get("load"), int) else None,
+                "load": _whole(w.get("load")),
+                "worker_type": str(w["worker_type"]) if w.get("worker_type") else None,
+                "bootstrap_port": _whole(w.get("bootstrap_port")),
             }
             for w in found["workers"]
             if isinstance(w, dict) and w.get("url")
@@ -66,8 +72,12 @@ def router_list(host: str, port: int) -> tuple[str | None, list[RouterWorker], s
     urls = _json_or_none(legacy_body) if legacy_status == 200 else None
     if isinstance(urls, dict) and isinstance(urls.get("urls"), list):
         listed: list[RouterWorker] = [
-            {"id": None, "url": str(u), "healthy": None, "load": None} for u in urls["urls"]
-        ]
+            {
+                "id": None, "url": str(u), "healthy": None, "load": None,
+                "worker_type": None, "bootstrap_port": None,
+            }
+            for u in urls["urls"]
+        ]  # fmt: skip
         return "legacy", listed, ""
     return None, [], f"no router API answers on port {port} (GET /workers: {status})"
 
@@ -78,13 +88,24 @@ def _router_change(args: RouterArgs, api: str, workers: list[RouterWorker]) -> s
 
     host, port, url = args["bind_host"], args["port"], str(args["url"])
     adding = args["action"] == "add"
+    ids = [w["id"] for w in workers if w["url"] == url and w["id"]]
+    if api == "legacy" and args["worker_type"]:
+        return f"this router's API (/add_worker) cannot register a {args['worker_type']}"
     if api == "legacy":
         path = f"/{'add' if adding else 'remove'}_worker?url={quote(url, safe='')}"
         status, body = http_call(host, port, "POST", path)
     elif adding:
-        status, body = http_call(host, port, "POST", "/workers", {"url": url})
+        if ids:  # listed in another role or with another bootstrap port: added anew
+            status, body = http_call(host, port, "DELETE", f"/workers/{ids[0]}")
+            if status is None or not 200 <= status < 300:
+                return f"{url} is listed as {_listed_role(workers, url)} and was not removed"
+        body_args: dict[str, Any] = {"url": url}
+        if args["worker_type"]:
+            body_args["worker_type"] = args["worker_type"]
+        if args["bootstrap_port"] is not None:
+            body_args["bootstrap_port"] = args["bootstrap_port"]
+        status, body = http_call(host, port, "POST", "/workers", body_args)
     else:
-        ids = [w["id"] for w in workers if w["url"] == url and w["id"]]
         if not ids:
             return ""
         status, body = http_call(host, port, "DELETE", f"/workers/{ids[0]}")
@@ -94,11 +115,27 @@ def _router_change(args: RouterArgs, api: str, workers: list[RouterWorker]) -> s
     return f"the router answered {status or 'nothing'}" + (f": {reason[0][:200]}" if reason else "")
 
 
+def _listed_role(workers: list[RouterWorker], url: str) -> str:
+    listed = next(w for w in workers if w["url"] == url)
+    port = listed["bootstrap_port"]
+    return f"{listed['worker_type'] or 'a worker'}" + (f" (bootstrap port {port})" if port else "")
+
+
 def _router_done(args: RouterArgs, workers: list[RouterWorker]) -> bool:
     listed = [w for w in workers if w["url"] == args["url"]]
     if args["action"] == "remove":
         return not listed
-    return bool(listed) and listed[0]["healthy"] is not False
+    return bool(listed) and listed[0]["healthy"] is not False and _as_asked(args, listed[0])
+
+
+def _as_asked(args: RouterArgs, listed: RouterWorker) -> bool:
+    """Listed in the role asked (a router that does not say is taken at its word)."""
+    wanted, port = args["worker_type"], args["bootstrap_port"]
+    if listed["worker_type"] is None:
+        return True
+    return (listed["worker_type"] == (wanted or "regular")) and (
+        port is None or listed["bootstrap_port"] == port
+    )
 
 
 def _generates(url: str, path: str = "/health_generate") -> str:
