@@ -254,10 +254,53 @@ def gpu_set(host: Host, variables: Mapping[str, Any] | None = None) -> list[int]
     return (host.settings if variables is None else Settings(variables, _where(host))).gpus
 
 
+# SGLang's heartbeat of a decode to its prefills (its defaults, rendered so that the command
+# says how long a decode may wait in all).
+PD_HEARTBEAT = {
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "5.0",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2",
+}
+
+
+def pd_env(settings: Settings) -> dict[str, str]:
+    """A prefill's or decode's timeouts for its other side, rendered together from
+    `pd_timeout`: the bootstrap (a decode reaching a prefill) and the wait for KV."""
+    if settings.pd_role is None:
+        return {}
+    timeout = str(settings.pd_timeout)
+    return {
+        "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": timeout,
+        "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": timeout,
+        **PD_HEARTBEAT,
+    }
+
+
+def pd_wait(env: Mapping[str, str]) -> float:
+    """The longest a server with this environment waits for its other side before it fails a
+    request: its bootstrap or waiting timeout, plus the heartbeats that find a peer gone."""
+
+    def number(name: str, default: float) -> float:
+        try:
+            return float(env.get(name, default))
+        except ValueError:
+            return default
+
+    waits = max(
+        number("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300),
+        number("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300),
+    )
+    beats = number("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", 5.0) * number(
+        "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", 2
+    )
+    return waits + beats
+
+
 def server_env(host: Host, variables: Mapping[str, Any]) -> dict[str, str]:
-    """The server's own environment: `env`, and with `gpus` the CUDA variables that pin the
-    server to those GPUs, numbered as nvidia-smi numbers them (PCI bus order)."""
-    env = Settings(variables, _where(host)).env
+    """The server's own environment: `env` (over a prefill's or decode's timeouts), and with
+    `gpus` the CUDA variables that pin the server to those GPUs, numbered as nvidia-smi
+    numbers them (PCI bus order)."""
+    settings = Settings(variables, _where(host))
+    env = {**pd_env(settings), **settings.env}
     indices = gpu_set(host, variables)
     if indices is None:
         return env

@@ -32,6 +32,7 @@ class PdServer:
     backend: str
     address: str  # where it is reached: its machine, for reachability
     loopback: bool  # its `--host` is a loopback address (its bootstrap server binds there)
+    waits: float = 0.0  # the longest it waits for its other side (deployments.pd_wait)
 
 
 @dataclass
@@ -41,11 +42,23 @@ class PairCheck:
     warnings: list[str] = field(default_factory=list)
 
 
-def check_server(
-    me: PdServer, others: Sequence[PdServer], router: str, router_address: str, pd: bool
-) -> PairCheck:
-    """What is wrong with `me` beside the other servers of its router (`pd`: the router routes
-    pairs). Each problem is about `me`, so a launch of several servers says each once."""
+@dataclass(frozen=True)
+class PdRouter:
+    """A worker's router, as the pair checks see it (shown by its label)."""
+
+    label: str
+    address: str
+    pd: bool  # it routes prefill/decode pairs
+    request_timeout: float  # seconds before it gives up on a request
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def check_server(me: PdServer, others: Sequence[PdServer], router: PdRouter) -> PairCheck:
+    """What is wrong with `me` beside the other servers of its router. Each problem is about
+    `me`, so a launch of several servers says each once."""
+    pd, router_address = router.pd, router.address
     found = PairCheck()
     if pd and me.role is None:
         found.problems.append(
@@ -108,6 +121,13 @@ def check_server(
         found.warnings.append(
             f"{me.label}: pipeline parallelism on a prefill has crashed ({PREFILL_PP_ISSUE})"
         )
+    if me.waits >= router.request_timeout:
+        # The client would see the router's timeout, never the failed transfer (sglang#24159).
+        found.problems.append(
+            f"{me.label} may wait {me.waits:g}s for its other side, but its router {router} "
+            f"gives a request only {router.request_timeout:g}s"
+        )
+        found.hints.append(f"lower pd_timeout, or raise request_timeout on {router}")
     if me.role is PdRole.PREFILL and me.loopback and me.address != router_address:
         found.problems.append(
             f"{me.label}'s bootstrap server binds to loopback, which its router {router} "

@@ -247,6 +247,27 @@ _DECLARED = [
         False,
     ),
     Setting(
+        "pd_timeout",
+        int,
+        "seconds a prefill or decode waits for its other side (SGLang's bootstrap and "
+        "waiting timeouts); less than its router's `request_timeout`",
+        300,
+        layered=True,
+        least=1,
+        most=_WEEK,
+        wanted="a number of seconds",
+    ),
+    Setting(
+        "request_timeout",
+        int,
+        "in a PD router: seconds a request may take (`--request-timeout-secs`)",
+        1800,
+        layered=True,
+        least=1,
+        most=_WEEK,
+        wanted="a number of seconds",
+    ),
+    Setting(
         "launcher",
         str,
         "how servers start: `ssh` (a process on the host) or `slurm` (a job from this login node)",
@@ -801,6 +822,14 @@ class Settings:
     @property
     def transfer_backend(self) -> str:
         return self._text("transfer_backend")
+
+    @property
+    def pd_timeout(self) -> int:
+        return self._int("pd_timeout")
+
+    @property
+    def request_timeout(self) -> int:
+        return self._int("request_timeout")
 
     @property
     def pd_router(self) -> bool:

@@ -9,7 +9,7 @@ import pytest
 
 from deployctl.choices import PdRole
 from deployctl.deployments import deployment_targets
-from deployctl.disaggregation import PdServer, check_router, check_server
+from deployctl.disaggregation import PdRouter, PdServer, check_router, check_server
 from deployctl.errors import InventoryError, PreflightError
 from deployctl.inventory import DEFAULT_VARS, Host, Inventory
 from deployctl.ops.plan import Plan, ib_device_paths, plan_launch, routing_check
@@ -200,10 +200,11 @@ def test_a_pd_router_or_a_role_without_the_other_side_is_refused() -> None:
 def test_a_prefill_cannot_use_the_fake_transfer_backend() -> None:
     server = PdServer("h/p", PdRole.PREFILL, "/m", 1, 1, "fake", "a", False)
     decode = PdServer("h/d", PdRole.DECODE, "/m", 1, 1, "fake", "a", False)
-    assert check_server(server, [server, decode], "r", "a", True).problems == [
+    router = PdRouter("r", "a", True, 1800)
+    assert check_server(server, [server, decode], router).problems == [
         "h/p: a prefill cannot use the fake transfer backend"
     ]
-    assert check_server(decode, [server, decode], "r", "a", True).problems == []
+    assert check_server(decode, [server, decode], router).problems == []
     assert check_router("r", [server, decode]).problems == []
 
 
@@ -221,3 +222,35 @@ def test_ib_devices_are_checked_as_paths_on_the_host_in_each_form_sglang_takes()
     assert ib_device_paths(None) == []
     _, plans = fleet(pair(ib_device="mlx5_3"))
     assert "/sys/class/infiniband/mlx5_3" in plan_of(plans, "gpu1/d0").check_paths()
+
+
+def test_both_sides_timeouts_are_rendered_together_and_under_the_routers() -> None:
+    _, plans = fleet(pair(), pd_timeout=120)
+    env = plan_of(plans, "gpu1/d0").rendered.env
+    assert env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] == "120"
+    assert env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "120"
+    assert env["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"] == "5.0"
+    assert env["SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"] == "2"
+    assert "--request-timeout-secs=1800" in plan_of(plans, "edge/router").rendered.argv
+    # A server without a role gets none of them.
+    hosts = [Host("gpu1", {**DEFAULT_VARS, "model_path": "/m", "tp": 1})]
+    plain = plan_launch(Project(None), hosts, None, None, [], {})[0]
+    assert not [k for k in plain.rendered.env if "DISAGGREGATION" in k]
+
+
+def test_a_side_that_would_wait_as_long_as_its_router_is_refused() -> None:
+    # 1790 s + two 5 s heartbeats = the router's 1800 s: the client would see the router's
+    # timeout, never the failed transfer.
+    inv, plans = fleet(pair(), pd_timeout=1790)
+    problems, _ = checked(inv, plans, "gpu1/d0")
+    assert problems == [
+        "gpu1/d0 may wait 1800s for its other side, but its router edge/router gives a "
+        "request only 1800s"
+    ]
+    inv, plans = fleet(pair(), pd_timeout=1789)
+    assert checked(inv, plans, "gpu1/d0") == ([], [])
+    # The user's own env wins over pd_timeout, and is what is checked.
+    inv, plans = fleet(pair(env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "5000"}))
+    assert plan_of(plans, "gpu1/d0").rendered.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "5000"
+    problems, _ = checked(inv, plans, "gpu1/d0")
+    assert problems and "may wait 5010s" in problems[0]

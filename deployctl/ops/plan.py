@@ -26,8 +26,10 @@ from deployctl.deployments import (
     group_of,
     is_loopback,
     node_rank,
+    pd_wait,
+    server_env,
 )
-from deployctl.disaggregation import PairCheck, PdServer, check_router, check_server
+from deployctl.disaggregation import PairCheck, PdRouter, PdServer, check_router, check_server
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import FleetResult, attempt
@@ -696,10 +698,9 @@ def routing_check(select: Select, plan: Plan) -> PairCheck:
             "bind the worker where its router reaches it (bind_host: 0.0.0.0), or set worker_url"
         )
     others = [pd_server(w) for w in workers_of(router, select)]
-    pairs = check_server(
-        pd_server(plan.host, plan), others, router.label, router.address,
-        router.settings.pd_router,
-    )  # fmt: skip
+    settings = router.settings
+    pd_router = PdRouter(router.label, router.address, settings.pd_router, settings.request_timeout)
+    pairs = check_server(pd_server(plan.host, plan), others, pd_router)
     found.problems += pairs.problems
     found.hints += pairs.hints
     found.warnings += pairs.warnings
@@ -714,13 +715,17 @@ def pd_server(host: Host, plan: Plan | None = None) -> PdServer:
         role, tp, bind = settings.pd_role, settings.tp, settings.bind_host
         model, backend = str(settings.value("model_path")), settings.transfer_backend
         pp = _pp_size(settings.context().get("extra_args"))
+        env = server_env(host, host.vars)
     else:
         flags = command_flags(plan.rendered.argv)
         role, tp, bind = plan.pd_role, plan.tp, plan.bind_host
         model = str(flags.get("--model-path"))
         backend = str(flags.get("--disaggregation-transfer-backend") or "mooncake")
         pp = _pp_size(plan.rendered.argv)
-    return PdServer(host.label, role, model, tp, pp, backend, host.address, is_loopback(bind))
+        env = plan.rendered.env
+    return PdServer(
+        host.label, role, model, tp, pp, backend, host.address, is_loopback(bind), pd_wait(env)
+    )
 
 
 def _pp_size(argv: Any) -> int:
