@@ -252,7 +252,6 @@ _DECLARED = [
         "seconds a prefill or decode waits for its other side (SGLang's bootstrap and "
         "waiting timeouts); less than its router's `request_timeout`",
         300,
-        layered=True,
         least=1,
         most=_WEEK,
         wanted="a number of seconds",

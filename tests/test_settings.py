@@ -78,7 +78,7 @@ def test_default_vars_are_the_layered_settings_and_still_importable_from_invento
     assert {n: s.default for n, s in SETTINGS.items() if s.layered} == DEFAULT_VARS
     assert set(DEFAULT_VARS) == {
         "python", "launch_module", "log_dir", "state_dir", "port", "bind_host", "tp",
-        "router_metrics_port",
+        "router_metrics_port", "bootstrap_port", "transfer_backend", "request_timeout",
     }  # fmt: skip
     assert DEFAULT_VARS["port"] == 30000 and DEFAULT_VARS["tp"] == 8
 
@@ -442,6 +442,9 @@ def test_every_number_has_its_bounds_where_it_is_declared() -> None:
         "nnodes": (1, None, None),
         "threshold": (1, None, None),
         "router_metrics_port": (1, 65535, None),
+        "bootstrap_port": (1, 65535, None),
+        "pd_timeout": (1, 7 * 24 * 3600, None),
+        "request_timeout": (1, 7 * 24 * 3600, None),
         "slurm_nodes": (1, None, None),
         "slurm_gpus_per_node": (1, None, None),
         "connect_timeout": (None, 7 * 24 * 3600, 0),
