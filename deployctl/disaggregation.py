@@ -149,3 +149,66 @@ def check_router(label: str, workers: Sequence[PdServer]) -> PairCheck:
     if found.problems:
         found.hints.append(f"give servers role: prefill and role: decode with router: {label}")
     return found
+
+
+# ---- supervision: what watch makes of a pair's failures ------------------------------------
+
+
+@dataclass
+class PrefillLoss:
+    """When watch last saw a prefill of each router down. A decode's health check fails for a
+    while after its prefill died (sglang#12779): within `window` of that, a decode failing
+    its health is the prefill's failure, not its own, and is not restarted."""
+
+    window: float
+    seen_down: dict[str, tuple[str, float]] = field(
+        default_factory=dict
+    )  # router -> (prefill, when)
+
+    def down(self, router: str, prefill: str, now: float) -> None:
+        self.seen_down[router] = (prefill, now)
+
+    def blames(self, router: str | None, now: float) -> tuple[str, float] | None:
+        """The prefill to blame for a decode's failure now, and how long ago it was seen down;
+        None when no prefill of the router was down within the window."""
+        if router is None or router not in self.seen_down:
+            return None
+        prefill, when = self.seen_down[router]
+        return (prefill, now - when) if now - when < self.window else None
+
+
+@dataclass
+class TransferWatch:
+    """Decodes whose requests wait for KV while no token comes out (a transfer stuck: the
+    prefill's side failed, or the transfer hangs): each episode reported once, once it lasted
+    `after` seconds."""
+
+    after: float
+    since: dict[str, tuple[float, float | None]] = field(
+        default_factory=dict
+    )  # target -> (since, tokens)
+    reported: set[str] = field(default_factory=set)
+
+    def look(
+        self, target: str, now: float, waiting: int, tokens: float | None, throughput: float | None
+    ) -> float | None:
+        """One status round of a decode: `waiting` requests (running or in its transfer queue),
+        `tokens` generated so far (None: not exported; then its throughput gauge says whether
+        tokens come out). How long it has been stuck, the first round that reaches `after`."""
+        previous = self.since.get(target)
+        if previous is not None and tokens is not None and previous[1] is not None:
+            progressed = tokens > previous[1]
+        else:
+            progressed = bool(throughput)
+        if waiting <= 0 or previous is None or progressed:
+            self.reported.discard(target)
+            if waiting > 0:
+                self.since[target] = (now, tokens)
+            else:
+                self.since.pop(target, None)
+            return None
+        stuck = now - previous[0]
+        if stuck < self.after or target in self.reported:
+            return None
+        self.reported.add(target)
+        return stuck

@@ -99,6 +99,28 @@ class CrashLoop(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class DecodeHeld(Event):
+    """A decode fails its health check but is not restarted: a prefill of its router was down
+    within the window, and a decode's health fails while its prefill is gone (sglang#12779)."""
+
+    kind: ClassVar[str] = "decode_held"
+    run: str
+    prefill: str  # the prefill seen down
+    down_s: float  # how long ago it was seen down
+    window_s: float  # past this after the prefill is back, a decode still failing is restarted
+
+
+@dataclass(frozen=True, kw_only=True)
+class StuckTransfer(Event):
+    """A decode has requests waiting for their KV and has sent no token for `stuck_s`."""
+
+    kind: ClassVar[str] = "stuck_transfer"
+    run: str
+    waiting: int
+    stuck_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class StopFailed(Event):
     """A run to be replaced could not be stopped; it is not relaunched."""
 

@@ -20,7 +20,11 @@ GAUGES = (
     "token_usage",
     "cache_hit_rate",
     "spec_accept_length",
+    # A decode's requests waiting for their KV from a prefill (disaggregation).
+    "num_decode_transfer_queue_reqs",
 )
+# Counters, summed over their label sets: tokens generated since the server started.
+COUNTERS = ("generation_tokens_total",)
 HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds")
 # What the agent brings back at most: SGLang's page is tens of KiB.
 METRICS_LIMIT_BYTES = 1 << 20
@@ -36,6 +40,7 @@ def parse_metrics(text: str) -> dict[str, Any]:
     from prometheus_client.parser import text_string_to_metric_families
 
     gauges: dict[str, float] = {}
+    counters: dict[str, float] = {}
     ranks: dict[str, str] = {}
     buckets: dict[str, dict[float, float]] = {}
     try:
@@ -48,6 +53,10 @@ def parse_metrics(text: str) -> dict[str, Any]:
                     rank = sample.labels.get("tp_rank", "0")
                     if name not in gauges or (rank == "0" and ranks[name] != "0"):
                         gauges[name], ranks[name] = sample.value, rank
+                elif name + "_total" in COUNTERS and sample.name == family.name + "_total":
+                    # (a counter family's name lacks the `_total` its samples have)
+                    key = name + "_total"
+                    counters[key] = counters.get(key, 0.0) + sample.value
                 elif name in HISTOGRAMS and sample.name == family.name + "_bucket":
                     bound = float(sample.labels["le"])
                     counts = buckets.setdefault(name, {})
@@ -55,6 +64,7 @@ def parse_metrics(text: str) -> dict[str, Any]:
     except (ValueError, KeyError, TypeError) as exc:
         raise MetricsError(f"the server's /metrics is not Prometheus text: {exc}") from None
     found: dict[str, Any] = {name: _finite(gauges.get(name)) for name in GAUGES}
+    found.update({name: _finite(counters.get(name)) for name in COUNTERS})
     if found["spec_accept_length"] == 0:
         # Real SGLang (0.5.17) exports it on a server that does not speculate too, as 0.0; a
         # speculating one reports at least 1 (the verified token counts).

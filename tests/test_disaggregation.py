@@ -9,9 +9,17 @@ import pytest
 
 from deployctl.choices import PdRole
 from deployctl.deployments import deployment_targets
-from deployctl.disaggregation import PdRouter, PdServer, check_router, check_server
+from deployctl.disaggregation import (
+    PdRouter,
+    PdServer,
+    PrefillLoss,
+    TransferWatch,
+    check_router,
+    check_server,
+)
 from deployctl.errors import InventoryError, PreflightError
 from deployctl.inventory import DEFAULT_VARS, Host, Inventory
+from deployctl.metrics import parse_metrics
 from deployctl.ops.plan import Plan, ib_device_paths, plan_launch, routing_check
 from deployctl.patchset import command_flags
 from deployctl.project import Project
@@ -254,3 +262,60 @@ def test_a_side_that_would_wait_as_long_as_its_router_is_refused() -> None:
     assert plan_of(plans, "gpu1/d0").rendered.env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] == "5000"
     problems, _ = checked(inv, plans, "gpu1/d0")
     assert problems and "may wait 5010s" in problems[0]
+
+
+# ---- supervision ---------------------------------------------------------------------------
+
+
+def test_a_decode_failing_is_blamed_on_its_prefill_only_within_the_window() -> None:
+    losses = PrefillLoss(window=60)
+    assert losses.blames("edge/router", 100.0) is None
+    losses.down("edge/router", "gpu1/p0", 100.0)
+    assert losses.blames("edge/router", 130.0) == ("gpu1/p0", 30.0)
+    assert losses.blames("edge/router", 159.9) == pytest.approx(("gpu1/p0", 59.9))
+    assert losses.blames("edge/router", 160.0) is None  # the prefill is back for a window
+    assert losses.blames("other/router", 130.0) is None  # another router's prefill
+    assert losses.blames(None, 130.0) is None
+    losses.down("edge/router", "gpu1/p0", 170.0)  # seen down again: the window starts anew
+    assert losses.blames("edge/router", 200.0) == ("gpu1/p0", 30.0)
+
+
+def test_a_transfer_is_stuck_once_requests_wait_with_no_token_out_for_the_time_set() -> None:
+    watch = TransferWatch(after=30)
+    assert watch.look("d", 0, waiting=2, tokens=100, throughput=0) is None  # first sight
+    assert watch.look("d", 29, waiting=2, tokens=100, throughput=0) is None
+    assert watch.look("d", 30, waiting=2, tokens=100, throughput=0) == 30
+    assert watch.look("d", 40, waiting=2, tokens=100, throughput=0) is None  # said once
+    # Tokens come out again: the episode ends, and a new one is reported anew.
+    assert watch.look("d", 50, waiting=2, tokens=101, throughput=0) is None
+    assert watch.look("d", 79, waiting=2, tokens=101, throughput=0) is None
+    assert watch.look("d", 80, waiting=2, tokens=101, throughput=0) == 30
+
+
+def test_a_busy_decode_or_an_idle_one_is_never_stuck() -> None:
+    watch = TransferWatch(after=30)
+    for t in range(0, 200, 10):  # tokens keep coming out
+        assert watch.look("busy", t, waiting=8, tokens=100.0 + t, throughput=50) is None
+        assert watch.look("idle", t, waiting=0, tokens=100, throughput=0) is None
+
+
+def test_without_the_token_counter_the_throughput_gauge_says_whether_tokens_come_out() -> None:
+    watch = TransferWatch(after=30)
+    for t in range(0, 100, 10):
+        assert watch.look("busy", t, waiting=4, tokens=None, throughput=120.0) is None
+    assert watch.look("stuck", 0, waiting=4, tokens=None, throughput=0.0) is None
+    assert watch.look("stuck", 30, waiting=4, tokens=None, throughput=0.0) == 30
+
+
+def test_the_metrics_read_a_decodes_transfer_queue_and_its_token_counter() -> None:
+    text = (
+        "# TYPE sglang:num_decode_transfer_queue_reqs gauge\n"
+        'sglang:num_decode_transfer_queue_reqs{tp_rank="0"} 3.0\n'
+        "# TYPE sglang:generation_tokens_total counter\n"
+        'sglang:generation_tokens_total{model_name="m",stream="a"} 12.0\n'
+        'sglang:generation_tokens_total{model_name="m",stream="b"} 3.0\n'
+    )
+    found = parse_metrics(text)
+    assert found["num_decode_transfer_queue_reqs"] == 3.0
+    assert found["generation_tokens_total"] == 15.0
+    assert parse_metrics("")["generation_tokens_total"] is None

@@ -180,6 +180,24 @@ def watch(
             "successor is swapped in at its router.",
         ),
     ] = None,
+    pd_window: Annotated[
+        float,
+        typer.Option(
+            "--pd-window",
+            min=0,
+            help="Seconds after a prefill was seen down during which a decode of its router "
+            "failing its health is held, not restarted.",
+        ),
+    ] = 60,
+    stuck_after: Annotated[
+        float,
+        typer.Option(
+            "--stuck-after",
+            min=1,
+            help="Seconds a decode's requests may wait for KV with no token out before "
+            "watch reports a stuck transfer.",
+        ),
+    ] = 60,
 ) -> Reply:
     """Supervise runs: restart crashed ones with backoff, stop at a crash loop; Ctrl-C ends
     (--json: one JSON object per line and event)."""
@@ -201,7 +219,7 @@ def watch(
             ended = watch_runs(
                 fleet, catalog, patch_sets, interval=interval, max_restarts=max_restarts,
                 window=window, timeout=timeout, stop_timeout=stop_timeout, events=sink,
-                renew_before=renew,
+                renew_before=renew, pd_window=pd_window, stuck_after=stuck_after,
             )  # fmt: skip
         except KeyboardInterrupt:
             sink.emit(WatchStopped(target=""))

@@ -10,19 +10,23 @@ from typing import TypeVar
 
 from deployctl import agent
 from deployctl import events as ev
+from deployctl.choices import PdRole
 from deployctl.connection import Connection
 from deployctl.crash import Catalog
+from deployctl.disaggregation import PrefillLoss, TransferWatch
 from deployctl.errors import DeployctlError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.launchers import launcher_for, launcher_of
-from deployctl.ops.router import Registration, change_registration
+from deployctl.ops.router import Registration, change_registration, router_of
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
     LaunchReport,
     RunState,
     RunStatus,
+    Unit,
+    UnitState,
     end_run,
     launch,
     replace,
@@ -359,6 +363,76 @@ def renew_if_near(
     )  # fmt: skip
 
 
+# How long after a prefill of its router was last seen down a decode's failing health is
+# blamed on the prefill (sglang#12779), and how long a decode's requests may wait for KV with
+# no token out before watch reports a stuck transfer.
+PD_WINDOW = 60.0
+STUCK_AFTER = 60.0
+
+
+def _pd_side(fleet: Fleet, unit: Unit) -> tuple[PdRole | None, str | None]:
+    """A unit's side of a prefill/decode pair and its router's label (None: neither)."""
+    host = unit.nodes[0].host
+    role = host.settings.pd_role
+    if role is None:
+        return None, None
+    try:
+        router = router_of(host, fleet.select)
+    except DeployctlError:
+        return role, None
+    return role, None if router is None else router.label
+
+
+def unit_run(unit: Unit) -> str:
+    status = unit.nodes[0].value
+    return status.run["id"] if status is not None and status.run else ""
+
+
+def watch_pair(
+    fleet: Fleet,
+    unit: Unit,
+    now: float,
+    losses: PrefillLoss,
+    transfers: TransferWatch,
+    events: EventSink,
+) -> None:
+    """Note a prefill seen down; report a decode whose transfers are stuck."""
+    role, router = _pd_side(fleet, unit)
+    if role is PdRole.PREFILL and router is not None and unit.state is not UnitState.READY:
+        losses.down(router, unit.name, now)
+    status = unit.nodes[0].value
+    if role is not PdRole.DECODE or status is None or not status.ready or not status.metrics:
+        return
+    metrics = status.metrics
+    waiting = int(
+        (metrics.get("num_running_reqs") or 0)
+        + (metrics.get("num_decode_transfer_queue_reqs") or 0)
+    )
+    stuck = transfers.look(
+        unit.name,
+        now,
+        waiting,
+        metrics.get("generation_tokens_total"),
+        metrics.get("gen_throughput"),
+    )
+    if stuck is not None:
+        events.emit(
+            ev.StuckTransfer(target=unit.name, run=unit_run(unit), waiting=waiting, stuck_s=stuck)
+        )
+
+
+def held_decode(
+    fleet: Fleet, unit: Unit, now: float, losses: PrefillLoss
+) -> tuple[str, float] | None:
+    """The prefill a crashed decode's failure is blamed on (and how long ago it was down), so
+    the decode is not restarted; None to restart it as any crashed unit. A decode whose
+    process died is restarted: that is its own failure."""
+    role, router = _pd_side(fleet, unit)
+    if role is not PdRole.DECODE or not all(n.value and n.value.alive for n in unit.nodes):
+        return None
+    return losses.blames(router, now)
+
+
 @dataclass
 class WatchEnded:
     """How a streaming command (`watch`, `top`) ended; its events were shown as they came.
@@ -381,12 +455,19 @@ def watch(
     rounds: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
     renew_before: float | None = None,
+    pd_window: float = PD_WINDOW,
+    stuck_after: float = STUCK_AFTER,
 ) -> WatchEnded:
     """Replace crashed runs with exponential backoff; give up on a crash loop. Ends (not ok)
     once it has given up on every unit, or after `rounds` checks. With `renew_before`, a
     Slurm job that has that little time left is renewed (one with a router) or its gap is
-    announced (one without)."""
+    announced (one without). Of a prefill/decode pair, a decode whose health fails within
+    `pd_window` of a prefill of its router being down is held, not restarted, and a decode
+    whose requests wait for KV with no token out for `stuck_after` is reported."""
     history: dict[str, list[tuple[float, str]]] = {}
+    losses = PrefillLoss(pd_window)
+    transfers = TransferWatch(stuck_after)
+    held: set[str] = set()  # decodes held since their prefill was last seen down
     next_try: dict[str, float] = {}
     given_up: set[str] = set()
     renewals = None if renew_before is None else Renewals(renew_before)
@@ -397,8 +478,13 @@ def watch(
     fleet.keep_agents()
     within = answer_within(interval)
 
+    def look(host: Host, conn: Connection) -> RunStatus:
+        # A decode's metrics say whether its transfers move.
+        decode = host.settings.pd_role is PdRole.DECODE
+        return run_status(host, conn, catalog, metrics=decode)
+
     def statuses_now() -> FleetResult[RunStatus]:
-        return fleet.poll(lambda host, conn: run_status(host, conn, catalog), answer_within=within)
+        return fleet.poll(look, answer_within=within)
 
     for statuses in status_rounds(statuses_now, interval, rounds, sleep, pace=False):
         for result in statuses:
@@ -409,10 +495,25 @@ def watch(
                     fleet, result.host, result.value, catalog, patch_sets, renewals,
                     timeout=timeout, stop_timeout=stop_timeout, events=events,
                 )  # fmt: skip
+        now = time.monotonic()
+        for unit in units(statuses):
+            watch_pair(fleet, unit, now, losses, transfers, events)
         for unit in units(statuses):
             name = unit.name
             if name in given_up or not unit.crashed or time.monotonic() < next_try.get(name, 0):
                 continue
+            blamed = held_decode(fleet, unit, now, losses)
+            if blamed is not None:
+                if name not in held:
+                    held.add(name)
+                    events.emit(
+                        ev.DecodeHeld(
+                            target=name, run=unit_run(unit), prefill=blamed[0],
+                            down_s=blamed[1], window_s=losses.window,
+                        )
+                    )  # fmt: skip
+                continue
+            held.discard(name)
             if not unit.restartable:
                 continue  # a node could not be read: its error is shown above
             signature = unit.crash_signature()

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from deployctl.metrics import GAUGES, HISTOGRAMS
+from deployctl.metrics import COUNTERS, GAUGES, HISTOGRAMS
 from deployctl.remote.measures import Crossover, PhaseRecord, TuneRecord, Verdict
 
 Schema = dict[str, Any]
@@ -923,11 +923,11 @@ DEFINITIONS: dict[str, Schema] = {
     # The keys the metrics module reads from SGLang: a metric added there changes the schema.
     "metrics": obj(
         {
-            **{gauge: nullable("number") for gauge in GAUGES},
+            **{gauge: nullable("number") for gauge in [*GAUGES, *COUNTERS]},
             **{histogram: ref("histogram") for histogram in HISTOGRAMS},
         },
-        required=[*GAUGES, *HISTOGRAMS],
-        description="SGLang's metrics keyed by their names without `sglang:`: gauges (null when not exported) and histograms in seconds.",
+        required=[*GAUGES, *COUNTERS, *HISTOGRAMS],
+        description="SGLang's metrics keyed by their names without `sglang:`: gauges and counters (null when not exported) and histograms in seconds.",
     ),
     "histogram": obj(
         {"p50": nullable("number"), "p99": nullable("number"), "count": integer()},
@@ -1258,6 +1258,23 @@ DEFINITIONS: dict[str, Schema] = {
         required=["run", "signature", "repeated", "crashes", "window_s"],
         description="A run crashed too often (or the same way twice): it is left down.",
     ),
+    "eventDecodeHeld": event(
+        "decode_held",
+        {
+            "run": string(),
+            "prefill": string("The prefill of its router seen down."),
+            "down_s": number("How long ago it was seen down."),
+            "window_s": number(),
+        },
+        required=["run", "prefill", "down_s", "window_s"],
+        description="A decode fails its health check but is not restarted: a prefill of its router was down within the window (a decode's health fails while its prefill is gone, sglang#12779).",
+    ),
+    "eventStuckTransfer": event(
+        "stuck_transfer",
+        {"run": string(), "waiting": integer(), "stuck_s": number()},
+        required=["run", "waiting", "stuck_s"],
+        description="A decode has requests waiting for their KV and has sent no token for `stuck_s` seconds.",
+    ),
     "eventStopFailed": event(
         "stop_failed",
         {
@@ -1485,6 +1502,8 @@ COMMANDS: dict[str, Schema] = {
             ref("eventHostFailed"),
             ref("eventRestarting"),
             ref("eventCrashLoop"),
+            ref("eventDecodeHeld"),
+            ref("eventStuckTransfer"),
             ref("eventStopFailed"),
             ref("eventReplaced"),
             ref("eventWatchStopped"),

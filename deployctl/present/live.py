@@ -240,6 +240,17 @@ def watch_text(event: ev.Event) -> str | None:
             else f"{event.crashes} crashes within {event.window_s:g}s"
         )
         return f"crash loop: {why}; not restarting {event.run}; last crash: {event.signature}"
+    if isinstance(event, ev.DecodeHeld):
+        return (
+            f"{event.run} fails its health check, but its prefill {event.prefill} was down "
+            f"{event.down_s:.0f}s ago: not restarting it (re-checked until {event.window_s:g}s "
+            "after the prefill is back)"
+        )
+    if isinstance(event, ev.StuckTransfer):
+        return (
+            f"stuck transfer: {event.waiting} requests of {event.run} have waited for their KV "
+            f"{event.stuck_s:.0f}s with no token out"
+        )
     if isinstance(event, ev.StopFailed):
         return f"stop failed: {explain(event.exception)[0]}"
     if isinstance(event, ev.Replaced):
