@@ -21,6 +21,8 @@ from deployctl.errors import InventoryError, PreflightError
 from deployctl.inventory import DEFAULT_VARS, Host, Inventory
 from deployctl.metrics import parse_metrics
 from deployctl.ops.plan import Plan, ib_device_paths, plan_launch, routing_check
+from deployctl.ops.rollout import UnitPlan, lacking_roles, rollout_order
+from deployctl.ops.router import ListedWorker, RouterState, WorkerKind
 from deployctl.patchset import command_flags
 from deployctl.project import Project
 
@@ -319,3 +321,38 @@ def test_the_metrics_read_a_decodes_transfer_queue_and_its_token_counter() -> No
     assert found["num_decode_transfer_queue_reqs"] == 3.0
     assert found["generation_tokens_total"] == 15.0
     assert parse_metrics("")["generation_tokens_total"] is None
+
+
+# ---- rollouts per role -----------------------------------------------------------------------
+
+
+def listed(url: str, role: PdRole | None) -> ListedWorker:
+    kind = WorkerKind(role, 8998 if role is PdRole.PREFILL else None)
+    return ListedWorker(url, True, 0, f"ours{url}", kind=kind)
+
+
+def test_a_pd_rollout_keeps_a_healthy_prefill_and_a_healthy_decode() -> None:
+    pd = RouterState("edge/router", "workers", pd=True)
+    prefill, decode = listed("p", PdRole.PREFILL), listed("d", PdRole.DECODE)
+    assert lacking_roles(pd, [prefill, decode]) == ""
+    assert lacking_roles(pd, [decode, decode]) == "prefill"
+    assert lacking_roles(pd, [prefill]) == "decode"
+    assert lacking_roles(pd, []) == "worker"
+    # A router that does not say a worker's role leaves no role known to be kept.
+    assert lacking_roles(pd, [ListedWorker("x", True, 0, "ours")]) == "prefill or decode"
+    # A router of whole-request workers needs any one.
+    plain = RouterState("edge/router", "workers")
+    assert lacking_roles(plain, [decode]) == ""
+    assert lacking_roles(plain, []) == "worker"
+
+
+def test_a_rollout_replaces_prefills_first_and_routers_last() -> None:
+    gpu2 = {"d1": {"role": "decode", "port": 30002, "gpus": [0], "router": "edge/router"}}
+    _, plans = fleet({"d0": pair()["d0"], "p0": pair()["p0"]}, gpu2)
+    by_label = {p.host.label: p for p in plans}
+    unit_plans = [
+        UnitPlan(label, [by_label[label]], [], [], [], [], {}, None)
+        for label in ("edge/router", "gpu1/d0", "gpu2/d1", "gpu1/p0")
+    ]
+    ordered = sorted(unit_plans, key=rollout_order)
+    assert [u.name for u in ordered] == ["gpu1/p0", "gpu1/d0", "gpu2/d1", "edge/router"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from deployctl import events as ev
+from deployctl.choices import PdRole
 from deployctl.connection import Connection
 from deployctl.crash import Catalog, CrashReport
 from deployctl.deployments import node_rank
@@ -31,6 +32,8 @@ from deployctl.ops.driver import drive
 from deployctl.ops.patch import PatchAction, apply_patches, patch_facts, revert_patches, set_state
 from deployctl.ops.plan import Plan, Role
 from deployctl.ops.router import (
+    ListedWorker,
+    RouterState,
     change_registration,
     registered_url,
     router_locks,
@@ -315,9 +318,28 @@ def plan_rollout(
         if refusal:
             planned.blocked = refusal
         found.append(planned)
-    # Routers last: their workers are replaced through them first, and a router's own
-    # replacement (down meanwhile, as it has no router) comes once they are done.
-    return sorted(found, key=lambda u: u.plans[0].role is Role.ROUTER)
+    return sorted(found, key=rollout_order)
+
+
+def lacking_roles(state: RouterState, left: Sequence[ListedWorker]) -> str:
+    """What the router would lack with only `left` serving ("": nothing): a worker, or for a
+    router in PD mode a prefill or a decode (each role must keep one healthy)."""
+    if not left:
+        return "worker"
+    if not state.pd:
+        return ""
+    roles = {w.kind.role for w in left if w.kind is not None}
+    return " or ".join(str(r) for r in PdRole if r not in roles)
+
+
+def rollout_order(unit: UnitPlan) -> int:
+    """Prefills first (a decode replaced next finds its new prefills serving), then the other
+    workers; routers last: their workers are replaced through them first, and a router's own
+    replacement (down meanwhile, as it has no router) comes once they are done."""
+    plan = unit.plans[0]
+    if plan.role is Role.ROUTER:
+        return 2
+    return 0 if plan.pd_role is PdRole.PREFILL else 1
 
 
 # ---- replacing one unit ----------------------------------------------------------------
@@ -397,7 +419,8 @@ class Rollout:
             except DeployctlError as exc:
                 why = f"router {router_label} not read: {exc.message}"
             else:
-                if left:
+                lacking = lacking_roles(state, left)
+                if not lacking:
                     continue
                 why = ""
             for unit in taking:
@@ -406,7 +429,8 @@ class Rollout:
                     UnitOutcome.REFUSED,
                     _run_id(unit),
                     error=why
-                    or f"{router_label} would have no healthy worker left while {unit.name} is replaced",
+                    or f"{router_label} would have no healthy {lacking} left while {unit.name} "
+                    "is replaced",
                 )
         return refused
 
