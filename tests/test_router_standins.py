@@ -51,11 +51,12 @@ def start(tmp_path: Path) -> Iterator[Start]:
     """Start processes in their own sessions, logging to files; kill their groups after."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def _start(name: str, *argv: object, port: int) -> Process:
+    def _start(name: str, *argv: object, port: int, env: dict[str, str] | None = None) -> Process:
         log = tmp_path / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [str(a) for a in argv],
+                env=None if env is None else {**os.environ, **env},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

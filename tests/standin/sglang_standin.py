@@ -91,6 +91,18 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # Speculative steps take this many times longer when speculation has a threshold (a
     # server tune relaunched with T): a tuned run that falls below its curves up to T.
     "threshold_slowdown": 1.0,
+    # PD disaggregation (--disaggregation-mode prefill|decode); see README.md.
+    # Prefill: "mid_transfer" crashes the schedulers while a room's KV is being handed over.
+    "pd_crash": None,
+    # Prefill: nothing listens on the bootstrap port (its server never came up).
+    "bootstrap_unreachable": False,
+    # Decode: the KV never arrives; the request waits in the transfer queue until it is
+    # aborted (the client goes) or SGLANG_DISAGGREGATION_WAITING_TIMEOUT passes.
+    "stuck_transfer": False,
+    # Decode: tries at the prefill's parallel info, one a second (decode.py's 15).
+    "handshake_attempts": 15,
+    # Decode: after it loses a prefill, /health and /health_generate fail this long (sglang#12779).
+    "pd_health_fail_s": 0.0,
 }
 # SGLang 0.5.23's buckets (srt/observability/metrics_collector.py).
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
@@ -99,6 +111,7 @@ ITL_BUCKETS = (
     0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
 )  # fmt: skip
 CRASH_MODES = (None, "startup", "after_ready", "above_threshold")
+PD_CRASH_MODES = (None, "mid_transfer")
 # The decode CUDA-graph max bs when --cuda-graph-max-bs-decode is not given (the capture_bs
 # the stand-in logs, and what adaptive speculation pads batches to, end there).
 DEFAULT_CUDA_GRAPH_MAX_BS = 256
@@ -283,7 +296,31 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--disable-cuda-graph",), {"action": "store_true"}),
     (("--enable-dp-attention",), {"action": "store_true"}),
     (("--enable-flashinfer-allreduce-fusion",), {"action": "store_true"}),
-]
+    # PD disaggregation: 0.5.23's arg_groups/fields/disagg.py, every field of its PD section
+    # (the parser's abbreviations then resolve as the real one's do).  There is no
+    # --disaggregation-decode-tp/-dp in 0.5.23: prefill learns the decode's TP at handshake.
+    (("--disaggregation-mode",), {"type": str, "default": "null",
+                                  "choices": ["null", "prefill", "decode"]}),
+    (("--disaggregation-decode-allocation-policy",),
+     {"type": str, "default": "early", "choices": ["early", "prefill_complete"]}),
+    # arg_groups/choices.py DISAGG_TRANSFER_BACKEND_CHOICES
+    (("--disaggregation-transfer-backend",),
+     {"type": str, "default": "mooncake",
+      "choices": ["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"]}),
+    (("--disaggregation-enable-kv-checksum",), {"action": "store_true"}),
+    (("--disaggregation-bootstrap-port",), {"type": int, "default": 8998}),
+    (("--disaggregation-ib-device",), {"type": str}),
+    (("--disaggregation-decode-enable-radix-cache",), {"action": "store_true"}),
+    (("--disaggregation-decode-enable-offload-kvcache",), {"action": "store_true"}),
+    (("--disaggregation-decode-retraction-backup",),
+     {"type": str, "choices": ["cpu_tensor", "host_pool", "none"]}),
+    (("--num-reserved-decode-tokens",), {"type": int, "default": 512}),
+    (("--disaggregation-decode-extra-slots",), {"type": int}),
+    (("--disaggregation-decode-polling-interval",), {"type": int, "default": 1}),
+    (("--enable-pd-role-switch",), {"action": "store_true"}),
+    (("--optimistic-prefill-attempts",), {"type": int, "default": 0}),
+    (("--disaggregation-decode-host-receive-threshold",), {"type": float, "default": 1.0}),
+]  # fmt: skip
 
 # Deprecated flags 0.5.23 warns about at parse time: flag -> replacement.
 _DEPRECATED = {
@@ -565,8 +602,9 @@ def _rank_main(cfg: dict[str, Any]) -> NoReturn:
     # memory, the orphaned-rank case that makes deployctl kill the group.
     with os.fdopen(cfg["ctl_fd"], "rb", buffering=0) as ctl:
         line = ctl.readline()
-        if line.startswith(b"serving ") and cfg["crash"] == "above_threshold":
-            # "crash <time>" comes once the decoder steps a batch above the threshold.
+        if line.startswith(b"serving ") and cfg["await_crash"]:
+            # "crash <time>" comes once the decoder steps a batch above the threshold, or
+            # once a prefill is mid-transfer (pd_crash).
             line = ctl.readline()
     if line.startswith(b"serving ") and cfg["crash"] == "after_ready":
         _crash(cfg, _RUNNING_FRAMES, float(line.split()[1]) + cfg["crash_after_s"])
@@ -608,85 +646,160 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
             else:
                 self._route()
 
+        def _pd_serve(self, request: dict[str, Any], rid: str) -> PDFailure | None:
+            """PD: the prefill computes and hands over the room's KV, the decode gets it."""
+            pd = self.server.launcher.pd
+            try:
+                if isinstance(pd, PrefillPD):
+                    pd.serve(request, rid, prompt_tokens(request))
+                elif isinstance(pd, DecodePD):
+                    pd.receive(request, rid, lambda: client_gone(self.connection))
+            except PDFailure as failure:
+                return failure
+            return None
+
+        def _start_stream(self) -> None:
+            # Starlette's StreamingResponse sends its headers before the first chunk.
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+
+        def _sse(self, doc: Any) -> None:
+            data = b"[DONE]" if doc is None else json.dumps(doc).encode()
+            self.wfile.write(b"data: " + data + b"\n\n")
+            self.wfile.flush()
+
+        def _send_abort(self, failure: PDFailure) -> None:
+            """A non-streamed request's abort: ValueError (400) or HTTPException (5xx)."""
+            if failure.status == 400 and self.path.startswith("/generate"):
+                self._send_json(400, {"error": {"message": str(failure)}})  # _create_error_response
+                return
+            kind = "BadRequestError" if failure.status == 400 else str(failure.status)
+            error = {"object": "error", "message": str(failure), "type": kind, "param": None,
+                     "code": failure.status}  # fmt: skip
+            self._send_json(failure.status, error)
+
         def _generate(self, request: dict[str, Any]) -> None:
             """SGLang's native /generate: cumulative text and meta_info per chunk when
             streaming, else one JSON answer."""
             launcher = self.server.launcher
             params = request.get("sampling_params") or {}
             wanted = int(params.get("max_new_tokens") or 16)
-            tokens = launcher.decoder.submit(wanted)
-            ids = request.get("input_ids")
-            prompt = (
-                len(ids) if isinstance(ids, list) else len(str(request.get("text", "")).split())
-            )
+            prompt = prompt_tokens(request)
+            prefill = isinstance(launcher.pd, PrefillPD)
+            stream = bool(request.get("stream"))
             sent, text = 0, ""
 
-            def answer(done: bool) -> dict[str, Any]:
-                finish = {"type": "length", "length": wanted} if done else None
+            def answer(done: bool, abort: PDFailure | None = None) -> dict[str, Any]:
+                finish: dict[str, Any] | None = None
+                if abort is not None:
+                    finish = {"type": "abort", "message": str(abort), "status_code": abort.status}
+                elif done:  # a prefill finishes with FINISH_LENGTH(length=0)
+                    finish = {"type": "length", "length": 0 if prefill else wanted}
                 meta = {"id": "standin", "finish_reason": finish, "prompt_tokens": prompt,
                         "completion_tokens": sent, "cached_tokens": 0}  # fmt: skip
                 return {"text": text, "meta_info": meta, "index": 0}
 
-            if not request.get("stream"):
+            if launcher.pd is not None:
+                if stream:
+                    self._start_stream()
+                failure = self._pd_serve(request, uuid_hex())
+                if failure is not None and not stream:
+                    self._send_abort(failure)
+                    return
+                if failure is not None or prefill:
+                    if failure is None:  # the prefill's one token; the decode goes on from it
+                        sent, text = 1, " tok"
+                    if not stream:
+                        self._send_json(200, answer(True))
+                        return
+                    self._sse(answer(True, failure))
+                    self._sse(None)
+                    return
+            tokens = launcher.decoder.submit(wanted)
+            if not stream:
                 while sent < wanted:
                     n = tokens.get()
                     sent, text = sent + n, text + " tok" * n
                 self._send_json(200, answer(True))
                 return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
+            if launcher.pd is None:
+                self._start_stream()
             while sent < wanted:
                 n = tokens.get()
                 sent, text = sent + n, text + " tok" * n
-                self.wfile.write(b"data: " + json.dumps(answer(sent >= wanted)).encode() + b"\n\n")
-                self.wfile.flush()
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+                self._sse(answer(sent >= wanted))
+            self._sse(None)
 
         def _stream_completion(self, request: dict[str, Any]) -> None:
             """OpenAI-style SSE chunks as the decode model produces tokens."""
             launcher = self.server.launcher
             wanted = int(request.get("max_tokens") or 16)
-            tokens = launcher.decoder.submit(wanted)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            self.close_connection = True
             created = int(time.time())
+            stream = bool(request.get("stream", True))
+            prefill = isinstance(launcher.pd, PrefillPD)
             sent = 0
 
-            def chunk(doc: dict[str, Any]) -> None:
-                self.wfile.write(b"data: " + json.dumps(doc).encode() + b"\n\n")
-                self.wfile.flush()
+            def chunk(text: str, finish: str | None) -> dict[str, Any]:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+                return {"id": "cmpl-standin", "object": "text_completion", "created": created,
+                        "model": launcher.served_model_name, "choices": [choice]}  # fmt: skip
 
+            def usage() -> dict[str, int]:
+                prompt = len(str(request.get("prompt", "")).split())
+                return {"prompt_tokens": prompt, "completion_tokens": sent,
+                        "total_tokens": prompt + sent}  # fmt: skip
+
+            if launcher.pd is not None:
+                if stream:
+                    self._start_stream()
+                failure = self._pd_serve(request, uuid_hex())
+                if failure is not None:
+                    if not stream:
+                        self._send_abort(failure)
+                        return
+                    # serving_completions: an abort with a status code is one error chunk.
+                    error = {"object": "error", "message": str(failure),
+                             "type": HTTPStatus(failure.status).name, "param": None,
+                             "code": failure.status}  # fmt: skip
+                    self._sse({"error": error})
+                    self._sse(None)
+                    return
+                if prefill:  # the prefill's reply: its one token, then done
+                    sent = 1
+                    if not stream:
+                        self._send_json(200, {**chunk(" tok", "length"), "usage": usage()})
+                        return
+                    self._sse(chunk(" tok", "length"))
+                    if (request.get("stream_options") or {}).get("include_usage"):
+                        self._sse({**chunk("", None), "choices": [], "usage": usage()})
+                    self._sse(None)
+                    return
+            tokens = launcher.decoder.submit(wanted)
+            if launcher.pd is None:
+                self._start_stream()
             while sent < wanted:
                 n = tokens.get()
                 sent += n
-                finish = "length" if sent >= wanted else None
-                choice = {"index": 0, "text": " tok" * n, "logprobs": None, "finish_reason": finish}
-                chunk({"id": "cmpl-standin", "object": "text_completion", "created": created,
-                       "model": launcher.served_model_name, "choices": [choice]})  # fmt: skip
+                self._sse(chunk(" tok" * n, "length" if sent >= wanted else None))
             if (request.get("stream_options") or {}).get("include_usage"):
-                prompt = len(str(request.get("prompt", "")).split())
-                usage = {"prompt_tokens": prompt, "completion_tokens": sent,
-                         "total_tokens": prompt + sent}  # fmt: skip
-                chunk({"id": "cmpl-standin", "object": "text_completion", "created": created,
-                       "model": launcher.served_model_name, "choices": [], "usage": usage})  # fmt: skip
-            self.wfile.write(b"data: [DONE]\n\n")
-            self.wfile.flush()
+                self._sse({**chunk("", None), "choices": [], "usage": usage()})
+            self._sse(None)
 
         def _route(self) -> None:
             launcher = self.server.launcher
             path = self.path.split("?", 1)[0]
             if path in ("/health", "/health_generate", "/ready", "/ping"):
-                if path in ("/health", "/health_generate") and launcher.healthy():
+                healthy = launcher.healthy()
+                if path in ("/health", "/health_generate") and healthy:
                     # SGLang runs a 1-token request and sleeps 1 s before it looks.
                     time.sleep(float(launcher.knobs["health_s"]))
-                self._send(200 if launcher.healthy() else 503)
+                    if isinstance(launcher.pd, DecodePD) and launcher.pd.health_failing():
+                        healthy = False
+                        launcher.log_health_check_failed()
+                self._send(200 if healthy else 503)
             elif launcher.node_rank > 0:  # 0.5.23's dummy health server serves nothing else
                 self._send_json(404, {"detail": "Not Found"})
             elif path == "/metrics" and launcher.args.enable_metrics:
@@ -756,6 +869,623 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
             self.server_address = self.socket.getsockname()
 
     return _HTTPServer(family, sockaddr, launcher)
+
+
+# --------------------------------------------------------------------------
+# PD disaggregation (--disaggregation-mode prefill|decode), after 0.5.23's
+# srt/disaggregation/: the prefill's bootstrap server (common/conn.py
+# CommonKVBootstrapServer, the class MooncakeKVBootstrapServer inherits), rank
+# registration (CommonKVManager.register_to_bootstrap), the decode's handshake
+# (try_ensure_parallel_info, _get_bootstrap_info_from_server), its timeouts and
+# heartbeat, and the log lines and aborts of prefill.py and decode.py.  The KV
+# "transfer" is one JSON line over TCP from the prefill's rank port to the decode
+# (the real one is ZMQ metadata plus RDMA); everything a client, the router or a
+# supervisor sees is the real shape.
+# --------------------------------------------------------------------------
+
+# disaggregation/utils.py: /health_generate's request carries this host and never transfers.
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+# environ.py defaults; read from the server's environment as SGLang does.
+PD_ENV_DEFAULTS = {
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": 300,
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": 300,
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": 5.0,
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": 2,
+}
+ENSURE_RETRY_INTERVAL_S = 1.0  # decode.py: _ensure_retry_interval
+REGISTER_RETRIES = 5  # common/conn.py _register_topology_row: 5 tries, 1 s backoff doubling
+BOOTSTRAP_HTTP_TIMEOUT_S = 5.0  # requests.get(url, timeout=5) on the decode side
+
+
+def pd_env(name: str) -> float:
+    """One of SGLang's PD timeouts from the environment, else its default."""
+    raw = os.environ.get(name)
+    return float(raw) if raw not in (None, "") else float(PD_ENV_DEFAULTS[name])
+
+
+def kv_error(room: int, reason: str) -> str:
+    """str(KVTransferError(room, reason)) as common/conn.py formats it."""
+    return f"KVTransferError(bootstrap_room={room}): {reason}"
+
+
+def _connect_host(host: str) -> str:
+    # register_to_bootstrap: a wildcard bind is reached through the same-family loopback.
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _http(method: str, addr: str, path: str, doc: Any = None) -> tuple[int, bytes]:
+    """One request to a bootstrap server (host:port); OSError when it cannot be reached."""
+    import http.client
+
+    host, _, port = addr.rpartition(":")
+    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=BOOTSTRAP_HTTP_TIMEOUT_S)
+    try:
+        body = None if doc is None else json.dumps(doc)
+        conn.request(method, path, body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _requests_error(exc: OSError, addr: str, path: str) -> str:
+    """How `requests` words a failed connection in SGLang's "Error fetching …" lines."""
+    host, _, port = addr.rpartition(":")
+    if isinstance(exc, TimeoutError):
+        return (
+            f"HTTPConnectionPool(host='{host}', port={port}): Read timed out. "
+            f"(read timeout={BOOTSTRAP_HTTP_TIMEOUT_S:g})"
+        )
+    return (
+        f"HTTPConnectionPool(host='{host}', port={port}): Max retries exceeded with url: {path} "
+        f"(Caused by NewConnectionError('<urllib3.connection.HTTPConnection object>: "
+        f"Failed to establish a new connection: [Errno {exc.errno}] {exc.strerror}'))"
+    )
+
+
+class PDFailure(Exception):
+    """A PD request aborted by the scheduler: prepare_abort(req, message, status_code)."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class PDState:
+    """What prefill and decode share: queues for /metrics, failure counters."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        self.launcher = launcher
+        self.args = launcher.args
+        self.knobs = launcher.knobs
+        self.lock = threading.Condition()
+        self.queues: dict[str, int] = {}  # SGLang gauge name -> requests in it
+        self.counters = {"num_bootstrap_failed_reqs_total": 0, "num_transfer_failed_reqs_total": 0}
+        self.warned: set[str] = set()
+
+    def enter(self, queue: str, delta: int) -> None:
+        with self.lock:
+            self.queues[queue] = self.queues.get(queue, 0) + delta
+
+    def count(self, counter: str) -> None:
+        with self.lock:
+            self.counters[counter] += 1
+
+    def warning_once(self, message: str) -> None:
+        with self.lock:
+            if message in self.warned:
+                return
+            self.warned.add(message)
+        log(message)
+
+
+class PrefillPD(PDState):
+    """The prefill side: bootstrap server, rank port, per-room KV hand-off."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        super().__init__(launcher)
+        self.queues = {"num_prefill_bootstrap_queue_reqs": 0, "num_prefill_inflight_queue_reqs": 0}
+        self.host = launcher.listen_host
+        self.port = int(self.args.disaggregation_bootstrap_port)
+        self.decodes: dict[int, socket.socket] = {}  # room -> the decode's transfer connection
+        # get_local_ip_auto: SGLANG_HOST_IP or HOST_IP, else the host's own address, which
+        # here is --host (a wildcard --host without either is taken for 127.0.0.1).
+        self.rank_ip = (
+            os.environ.get("SGLANG_HOST_IP")
+            or os.environ.get("HOST_IP")
+            or _connect_host(self.host)
+        )
+        self.rank_port = 0
+
+    # -- start-up --------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the bootstrap server (disagg_service.start_disagg_service) and the rank port."""
+        if not self.knobs["bootstrap_unreachable"]:
+            self.start_bootstrap_server()
+        transfer = socket.socket(socket.AF_INET6 if ":" in self.rank_ip else socket.AF_INET)
+        transfer.bind((self.rank_ip, 0))
+        transfer.listen(256)
+        self.rank_port = transfer.getsockname()[1]
+        threading.Thread(target=self.accept_decodes, args=(transfer,), daemon=True).start()
+
+    def start_bootstrap_server(self) -> None:
+        server = make_bootstrap_server(self.host, self.port)
+        try:
+            server.server_bind()
+            server.server_activate()
+        except OSError as exc:
+            # _run_server catches it in its thread: logged, and the server starts anyway,
+            # its ranks registering with whatever holds the port (sglang#5704).
+            server.server_close()
+            reason = (exc.strerror or str(exc)).lower()
+            error = (
+                f"[Errno {exc.errno}] error while attempting to bind on address "
+                f"{(self.host, self.port)!r}: {reason}"
+            )
+            root = sglang_root()
+            log(
+                f"Server error: {error}\nTraceback (most recent call last):\n"
+                f'  File "{root}/srt/disaggregation/common/conn.py", line 3320, in _run_server\n'
+                "    self._loop.run_until_complete(site.start())\n"
+                f"OSError: {error}"
+            )
+            return
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        log(f"CommonKVBootstrapServer started successfully on {self.host}:{self.port}")
+
+    def register_ranks(self) -> None:
+        """Each rank PUTs its row to the bootstrap server (register_to_bootstrap)."""
+        addr = _host_port(_connect_host(self.host), self.port)
+        for dp_rank, tp_rank in self.launcher.rank_layout():
+            prefix = self.launcher.rank_prefix(dp_rank, tp_rank)
+            row = {
+                "attn_tp_size": max(1, self.args.tp_size), "attn_tp_rank": tp_rank,
+                "attn_cp_size": 1, "attn_cp_rank": 0,
+                "attn_dp_size": 1, "attn_dp_rank": 0,
+                "pp_size": 1, "pp_rank": 0,
+                "system_dp_size": max(1, self.args.dp_size), "system_dp_rank": dp_rank or 0,
+                "rank_ip": self.rank_ip, "rank_port": self.rank_port,
+                "page_size": self.args.page_size or 1, "kv_cache_dtype": self.args.kv_cache_dtype,
+                "prefill_http_port": self.args.port,
+                "decode_allocation_policy": self.args.disaggregation_decode_allocation_policy,
+            }  # fmt: skip
+            for attempt in range(REGISTER_RETRIES):
+                try:
+                    status, _ = _http("PUT", addr, "/route", row)
+                    if status == 200:
+                        break
+                    cause = f"status {status}"
+                except OSError as exc:
+                    cause = f"[Errno {exc.errno}] {exc.strerror}" if exc.errno else str(exc)
+                log(
+                    f"Prefill register attempt {attempt + 1}/{REGISTER_RETRIES} failed: {cause}",
+                    prefix,
+                )
+                if attempt < REGISTER_RETRIES - 1:
+                    time.sleep(min(1.0 * 2**attempt, 30.0))
+            else:
+                log(
+                    f"Prefill instance failed to register to bootstrap server after "
+                    f"{REGISTER_RETRIES} retries",
+                    prefix,
+                )
+
+    def accept_decodes(self, listener: socket.socket) -> None:
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=self.read_decode, args=(conn,), daemon=True).start()
+
+    def read_decode(self, conn: socket.socket) -> None:
+        """A decode's metadata: the room it waits in (send_metadata's KV indices)."""
+        with contextlib.suppress(OSError, ValueError), conn.makefile("rb") as lines:
+            for line in lines:
+                room = int(json.loads(line)["room"])
+                with self.lock:
+                    self.decodes[room] = conn
+                    self.lock.notify_all()
+
+    # -- a request ----------------------------------------------------------------
+
+    def serve(self, request: dict[str, Any], rid: str, prompt_tokens: int) -> None:
+        """Prefill one request: compute its KV, wait for its decode, hand the KV over.
+
+        Raises PDFailure as prefill.py aborts the request; returns once the KV is sent.
+        """
+        room, host = request.get("bootstrap_room"), request.get("bootstrap_host")
+        if room is None:
+            # scheduler.py: a PD server refuses requests without a room.
+            message = (
+                "Invalid request: Disaggregated request received without bootstrap room id. "
+                f"req.rid={rid!r}"
+            )
+            log(message)
+            raise PDFailure(message, 400)
+        room = int(room)
+        start = time.time()
+        time.sleep(float(self.knobs["step_ms"]) / 1000)  # the forward pass
+        if host == FAKE_BOOTSTRAP_HOST:
+            return  # a health check's warmup: no decode waits for it
+        self.enter("num_prefill_bootstrap_queue_reqs", 1)
+        try:
+            conn = self.wait_for_decode(room, start + pd_env(
+                "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"))  # fmt: skip
+        finally:
+            self.enter("num_prefill_bootstrap_queue_reqs", -1)
+        if conn is None:
+            elapsed = time.time() - start
+            self.warning_once(
+                "Some requests timed out when bootstrapping, which means prefill instances fail "
+                "to receive the KV indices from the decode instance of this request. If a greater "
+                "mean TTFT is acceptable, you can 'export SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
+                "=600' (10 minutes) to relax the timeout condition. "
+            )
+            reason = f"Request {room} timed out after {elapsed:.1f}s in KVPoll.Bootstrapping"
+            message = (
+                f"Prefill bootstrap failed for request rank=0 req.rid={rid!r} "
+                f"req.bootstrap_room={room} with exception {kv_error(room, reason)}"
+            )
+            log(message)
+            self.count("num_bootstrap_failed_reqs_total")
+            raise PDFailure(message)
+        self.enter("num_prefill_inflight_queue_reqs", 1)
+        try:
+            if self.knobs["pd_crash"] == "mid_transfer":
+                # The schedulers die with this room's KV half sent: the tree goes down, the
+                # decode is left waiting (its heartbeat notices), the router's request breaks.
+                self.launcher.crash_schedulers()
+                threading.Event().wait()
+            kv = {"room": room, "prompt_tokens": prompt_tokens, "from": self.args.port}
+            try:
+                conn.sendall(json.dumps(kv).encode() + b"\n")
+                log(f"[standin] sent KV for bootstrap_room={room}")
+            except OSError as exc:
+                reason = "Aborted by AbortReq."  # the decode went away first
+                message = (
+                    f"Prefill transfer failed for request rank=0 req.rid={rid!r} "
+                    f"req.bootstrap_room={room} with exception {kv_error(room, reason)}"
+                )
+                log(message)
+                self.count("num_transfer_failed_reqs_total")
+                raise PDFailure(message) from exc
+        finally:
+            self.enter("num_prefill_inflight_queue_reqs", -1)
+            with self.lock:
+                self.decodes.pop(room, None)
+
+    def wait_for_decode(self, room: int, deadline: float) -> socket.socket | None:
+        with self.lock:
+            while room not in self.decodes:
+                left = deadline - time.time()
+                if left <= 0:
+                    return None
+                self.lock.wait(min(left, 0.5))
+            return self.decodes[room]
+
+
+def make_bootstrap_server(host: str, port: int) -> ThreadingHTTPServer:
+    """The prefill's bootstrap registry (CommonKVBootstrapServer's routes), unbound."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlsplit
+
+    table: dict[tuple[int, int, int, int], dict[str, Any]] = {}
+    info: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    class _Bootstrap(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def reply(self, code: int, body: Any) -> None:
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_PUT(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            row = json.loads(self.rfile.read(length) or b"{}")
+            with lock:
+                for key in ("attn_tp_size", "attn_cp_size", "pp_size", "page_size",
+                            "kv_cache_dtype", "prefill_http_port"):  # fmt: skip
+                    info.setdefault(key, row.get(key))
+                info.setdefault(
+                    "dp_size",
+                    row["attn_dp_size"] if row["system_dp_size"] == 1 else row["system_dp_size"],
+                )
+                dp = row["attn_dp_rank"] if row["system_dp_size"] == 1 else row["system_dp_rank"]
+                key4 = (dp, row["attn_cp_rank"], row["attn_tp_rank"], row["pp_rank"])
+                table[key4] = {"rank_ip": row["rank_ip"], "rank_port": int(row["rank_port"])}
+                info["registered"] = info.get("registered", 0) + 1
+            self.reply(200, "OK")
+
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            if url.path == "/health":
+                return self.reply(200, "OK")
+            if url.path != "/route":
+                return self.reply(404, "Not Found")
+            query = {k: v[0] for k, v in parse_qs(url.query).items()}
+            names = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
+            if not all(query.get(n) for n in names):
+                return self.reply(400, "Missing inputs for bootstrap server.")
+            wanted = tuple(int(query[n]) for n in names)
+            with lock:
+                expected = 0
+                if info:
+                    expected = info["dp_size"] * info["attn_cp_size"] * info["attn_tp_size"]
+                    expected *= info["pp_size"]
+                count = info.get("registered", 0)
+                if not info or count < expected:
+                    return self.reply(
+                        503,
+                        f"Prefill server not fully registered yet ({count} workers registered).",
+                    )
+                if wanted == (-1, -1, -1, -1):
+                    server = {k: info[k] for k in ("attn_tp_size", "attn_cp_size", "dp_size",
+                                                   "pp_size", "page_size", "kv_cache_dtype",
+                                                   "prefill_http_port")}  # fmt: skip
+                    server.update(follow_bootstrap_room=True, decode_allocation_policy="early")
+                    return self.reply(200, server)
+                row = table.get(wanted)  # type: ignore[arg-type]
+            if row is None:
+                dp, cp, tp, pp = wanted
+                return self.reply(
+                    404,
+                    f"Bootstrap info not found for dp_rank={dp} cp_rank={cp} "
+                    f"tp_rank={tp} pp_rank={pp}",
+                )
+            return self.reply(200, row)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # aiohttp's access log is off unless the logger is at DEBUG
+
+    class _Server(ThreadingHTTPServer):
+        daemon_threads = True
+
+        def server_bind(self) -> None:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.socket.bind(self.server_address)
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    _Server.address_family = family
+    return _Server((host or "0.0.0.0", port), _Bootstrap, bind_and_activate=False)
+
+
+class DecodePD(PDState):
+    """The decode side: per request, reach the room's prefill and wait for its KV."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        super().__init__(launcher)
+        self.queues = {"num_decode_prealloc_queue_reqs": 0, "num_decode_transfer_queue_reqs": 0}
+        self.parallel_info: dict[str, dict[str, Any]] = {}  # bootstrap addr -> prefill info
+        self.rooms: dict[str, set[int]] = {}  # bootstrap addr -> rooms in transfer
+        self.lost: dict[int, str] = {}  # room -> failure reason (a lost prefill)
+        self.unhealthy_until = 0.0  # sglang#12779: health fails for a while after a loss
+        threading.Thread(target=self.heartbeat, daemon=True).start()
+
+    def node_local(self, host: str) -> str:
+        """Where `host` leads from this decode's node.
+
+        Lab hosts are loopback addresses (127.0.0.2, 127.0.0.3, …), all on one machine; a
+        decode bound to one of them stands for a node of its own, where `localhost` is that
+        node itself.  So a prefill on 127.0.0.1 (the router beside it registered it there,
+        and sends bootstrap_host=127.0.0.1) is out of its reach, as across real nodes
+        (sglang#10001): the decode asks its own address.
+        """
+        own = self.launcher.listen_host
+        if host in ("127.0.0.1", "localhost") and own.startswith("127.") and own != "127.0.0.1":
+            return own
+        return host
+
+    def reach(self, addr: str) -> str:
+        host, _, port = addr.rpartition(":")
+        return _host_port(self.node_local(host.strip("[]")), int(port))
+
+    def health_failing(self) -> bool:
+        return time.time() < self.unhealthy_until
+
+    def fail(self, where: str, rid: str, room: int, reason: str, counter: str) -> PDFailure:
+        """Log and count the abort decode.py gives a failed handshake or transfer."""
+        message = (
+            f"Decode {where} failed for request rank=0 decode_req.req.rid={rid!r} "
+            f"decode_req.req.bootstrap_room={room} with exception {kv_error(room, reason)}"
+        )
+        log(message)
+        self.count(counter)
+        return PDFailure(message)
+
+    def receive(self, request: dict[str, Any], rid: str, gone: Callable[[], bool]) -> None:
+        """Get the request's KV from its prefill before it may decode; PDFailure if not."""
+        room, host = request.get("bootstrap_room"), request.get("bootstrap_host")
+        if room is None:
+            message = (
+                "Invalid request: Disaggregated request received without bootstrap room id. "
+                f"req.rid={rid!r}"
+            )
+            log(message)
+            raise PDFailure(message, 400)
+        room = int(room)
+        if host == FAKE_BOOTSTRAP_HOST:
+            return
+        addr = _host_port(str(host), int(request.get("bootstrap_port") or 8998))
+        self.enter("num_decode_prealloc_queue_reqs", 1)
+        try:
+            rank = self.handshake(addr, rid, room, gone)
+        finally:
+            self.enter("num_decode_prealloc_queue_reqs", -1)
+        self.enter("num_decode_transfer_queue_reqs", 1)
+        with self.lock:
+            self.rooms.setdefault(addr, set()).add(room)
+        try:
+            self.transfer(addr, rank, rid, room, gone)
+        finally:
+            self.enter("num_decode_transfer_queue_reqs", -1)
+            with self.lock:
+                self.rooms.get(addr, set()).discard(room)
+                self.lost.pop(room, None)
+
+    def handshake(self, addr: str, rid: str, room: int, gone: Callable[[], bool]) -> dict[str, Any]:
+        """The prefill's parallel info, then its rank's address (CommonKVReceiver init)."""
+        attempts = int(self.knobs["handshake_attempts"])
+        for attempt in range(1, attempts + 1):
+            if addr in self.parallel_info:
+                break
+            path = (
+                "/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
+            )
+            try:
+                status, body = _http("GET", self.reach(addr), path)
+                if status == 200:
+                    with self.lock:
+                        self.parallel_info[addr] = json.loads(body)
+                    break
+                log(f"Failed to get prefill server info: {status}, {body.decode(errors='replace')}")
+            except OSError as exc:
+                log(f"Error fetching prefill server info from bootstrap: "
+                    f"{_requests_error(exc, addr, path)}")  # fmt: skip
+            if attempt == attempts:
+                log(f"Could not fetch prefill parallel info from {addr} after {attempt} attempts")
+                raise self.fail("handshake", rid, room, "Aborted by AbortReq.",
+                                "num_bootstrap_failed_reqs_total")  # fmt: skip
+            deadline = time.time() + ENSURE_RETRY_INTERVAL_S
+            while time.time() < deadline:
+                if gone():
+                    raise self.fail("handshake", rid, room, "Aborted by AbortReq.",
+                                    "num_bootstrap_failed_reqs_total")  # fmt: skip
+                time.sleep(0.05)
+        path = "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
+        try:
+            status, body = _http("GET", self.reach(addr), path)
+            if status == 200:
+                return dict(json.loads(body))
+            log(f"Failed to get prefill server info: {status}, {body.decode(errors='replace')}")
+        except OSError as exc:
+            log(f"Error fetching prefill info from bootstrap: {_requests_error(exc, addr, path)}")
+        reason = (
+            "Could not fetch bootstrap info for: prefill_dp_rank: 0 prefill_cp_rank: 0 "
+            "target_tp_rank: 0 and target_pp_rank 0"
+        )
+        raise self.fail("handshake", rid, room, reason, "num_bootstrap_failed_reqs_total")
+
+    def transfer(
+        self, addr: str, rank: dict[str, Any], rid: str, room: int, gone: Callable[[], bool]
+    ) -> None:
+        """Send the room's metadata to the prefill rank and wait for its KV."""
+        start = time.time()
+        deadline = start + pd_env("SGLANG_DISAGGREGATION_WAITING_TIMEOUT")
+        conn: socket.socket | None = None
+        buffer = b""
+        try:
+            while True:
+                with self.lock:
+                    lost = self.lost.get(room)
+                if lost is not None:
+                    raise self.fail("transfer", rid, room, lost, "num_transfer_failed_reqs_total")
+                if gone():  # the client (the router) dropped it: AbortReq
+                    raise self.fail("transfer", rid, room, "Aborted by AbortReq.",
+                                    "num_transfer_failed_reqs_total")  # fmt: skip
+                if time.time() >= deadline:
+                    self.warning_once(
+                        "Some requests fail to receive KV Cache transfer done signal after "
+                        "bootstrapping. If a greater mean TTFT is acceptable, you can 'export "
+                        "SGLANG_DISAGGREGATION_WAITING_TIMEOUT=600' (10 minutes) to relax the "
+                        "timeout condition. "
+                    )
+                    reason = (
+                        f"Request {room} timed out after {time.time() - start:.1f}s in "
+                        "KVPoll.WaitingForInput"
+                    )
+                    raise self.fail("transfer", rid, room, reason,
+                                    "num_transfer_failed_reqs_total")  # fmt: skip
+                if conn is None:  # ZMQ connects lazily and retries: no error for a dead peer
+                    with contextlib.suppress(OSError):
+                        conn = socket.create_connection(
+                            (self.node_local(rank["rank_ip"]), int(rank["rank_port"])), timeout=1.0
+                        )
+                        conn.sendall(json.dumps({"room": room}).encode() + b"\n")
+                        conn.settimeout(0.05)
+                    if conn is None:
+                        time.sleep(0.05)
+                    continue
+                try:
+                    chunk = conn.recv(4096)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:  # the prefill is gone; only the heartbeat says so
+                    conn.close()
+                    conn = None
+                    time.sleep(0.05)
+                    continue
+                buffer += chunk
+                if b"\n" in buffer and not self.knobs["stuck_transfer"]:
+                    kv = json.loads(buffer.partition(b"\n")[0])
+                    log(f"[standin] received KV for bootstrap_room={room} from prefill "
+                        f"{addr} (prefill port {kv['from']})")  # fmt: skip
+                    return
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def heartbeat(self) -> None:
+        """CommonKVManager's heartbeat checker: GET /health of every known prefill."""
+        interval = pd_env("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL")
+        max_failures = int(pd_env("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"))
+        failures: dict[str, int] = {}
+        while True:
+            time.sleep(interval)
+            with self.lock:
+                addrs = list(self.parallel_info)
+            for addr in addrs:
+                try:
+                    ok = _http("GET", self.reach(addr), "/health")[0] == 200
+                except OSError:
+                    ok = False
+                if ok:
+                    failures[addr] = 0
+                    continue
+                log(f"Attempting to reconnect to {addr}...")
+                failures[addr] = failures.get(addr, 0) + 1
+                if failures[addr] >= max_failures:
+                    failures.pop(addr)
+                    self.node_failure(addr)
+
+    def node_failure(self, addr: str) -> None:
+        """_handle_node_failure: forget the prefill, fail its rooms in transfer."""
+        reason = f"Lost connection with prefill instance (bootstrap_addr: {addr})"
+        with self.lock:
+            self.parallel_info.pop(addr, None)
+            rooms = self.rooms.pop(addr, set())
+            for room in rooms:
+                self.lost[room] = reason
+            self.unhealthy_until = time.time() + float(self.knobs["pd_health_fail_s"])
+        log(f"{reason}, {len(rooms)} requests affected")
+
+
+def client_gone(conn: socket.socket) -> bool:
+    """Say whether the HTTP client closed its end (a disconnect aborts the request)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        return bool(readable) and conn.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
+def prompt_tokens(request: dict[str, Any]) -> int:
+    """A request's prompt length: its input_ids, else its words."""
+    ids = request.get("input_ids")
+    text = request.get("text", request.get("prompt", ""))
+    return len(ids) if isinstance(ids, list) else len(str(text).split())
+
+
+def uuid_hex() -> str:
+    return f"{random.getrandbits(128):032x}"  # a request id, as SGLang's uuid4().hex
 
 
 # --------------------------------------------------------------------------
@@ -933,6 +1663,11 @@ class Launcher:
         )
         if knobs["crash"] == "above_threshold":
             self.decoder.on_plain_fallback = self.crash_schedulers
+        self.pd: PrefillPD | DecodePD | None = None
+        if args.disaggregation_mode == "prefill":
+            self.pd = PrefillPD(self)
+        elif args.disaggregation_mode == "decode":
+            self.pd = DecodePD(self)
         self.peers: list[socket.socket] = []  # rank 0: the other nodes; others: rank 0
         self.peer_lost_at: float | None = None
         config = self._hf_config()
@@ -956,6 +1691,14 @@ class Launcher:
     def healthy(self) -> bool:
         return self.ready and not self.exiting
 
+    def log_health_check_failed(self) -> None:
+        # http_server.health_generate after HEALTH_CHECK_TIMEOUT (20 s; here health_s).
+        tic = time.strftime("%H:%M:%S", time.localtime())
+        log(
+            "Health check failed. Server couldn't get a response from detokenizer for last "
+            f"20 seconds. tic start time: {tic}. last_heartbeat time: {tic}"
+        )
+
     def model_info(self) -> dict[str, Any]:
         return {
             "model_path": self.args.model_path,
@@ -967,7 +1710,7 @@ class Launcher:
             "load_format": self.args.load_format,
             "reasoning_parser": None,
             "tool_call_parser": None,
-            "disaggregation_mode": "null",
+            "disaggregation_mode": self.args.disaggregation_mode,
             "has_image_understanding": False,
             "has_audio_understanding": False,
             "model_type": self.model_type,
@@ -976,8 +1719,12 @@ class Launcher:
 
     def metrics_text(self) -> str:
         """SGLang's Prometheus page: the scheduler's gauges and latency histograms."""
+        # DisaggregationMode.to_engine_type: "prefill", "decode", else "unified".
+        engine = {"prefill": "prefill", "decode": "decode"}.get(
+            self.args.disaggregation_mode, "unified"
+        )
         labels = (
-            f'engine_type="unified",model_name="{self.served_model_name}",'
+            f'engine_type="{engine}",model_name="{self.served_model_name}",'
             'moe_ep_rank="0",pp_rank="0",tp_rank="0"'
         )
         values = {
@@ -989,12 +1736,23 @@ class Launcher:
                  "token_usage"]  # fmt: skip
         if self.args.speculative_algorithm:
             names.append("spec_accept_length")
+        counters: dict[str, int] = {}
+        if self.pd is not None:
+            # In PD a request waiting for its KV is in a queue of its own, not running.
+            with self.pd.lock:
+                values.update(self.pd.queues)
+                counters = dict(self.pd.counters)
+            names += list(self.pd.queues)
         lines = []
         for name in names:
             lines += [f"# HELP sglang:{name} {name}.", f"# TYPE sglang:{name} gauge"]
             lines.append(f"sglang:{name}{{{labels}}} {float(values.get(name, 0))}")
+        for name, count in counters.items():
+            base = name.removesuffix("_total")  # prometheus_client's counter naming
+            lines += [f"# HELP sglang:{base} {base}.", f"# TYPE sglang:{base} counter"]
+            lines.append(f"sglang:{name}{{{labels}}} {float(count)}")
         # The tokenizer manager's histograms carry no rank labels (real 0.5.17's page).
-        labels = f'engine_type="unified",model_name="{self.served_model_name}"'
+        labels = f'engine_type="{engine}",model_name="{self.served_model_name}"'
         for name, bounds, extra in (
             ("time_to_first_token_seconds", TTFT_BUCKETS, ',is_streaming="true"'),
             ("inter_token_latency_seconds", ITL_BUCKETS, ""),
@@ -1069,6 +1827,11 @@ class Launcher:
             return [(t // width, t) for t in range(tp)]
         return [(d, t) for d in range(dp) for t in range(tp)]
 
+    def rank_prefix(self, dp_rank: int | None, tp_rank: int) -> str:
+        """The `[time DPd TPt]` part a rank's log lines carry."""
+        prefix = "" if dp_rank is None else f" DP{dp_rank}"
+        return prefix + (f" TP{tp_rank}" if self.args.tp_size > 1 else "")
+
     def spawn_children(self, t0: float) -> None:
         """Start the ranks and the detokenizer."""
         self.status_r, status_w = os.pipe()
@@ -1082,6 +1845,8 @@ class Launcher:
             "t0": t0,
             "startup_s": float(self.knobs["startup_s"]),
             "crash": self.knobs["crash"],
+            "await_crash": self.knobs["crash"] == "above_threshold"
+            or self.knobs["pd_crash"] == "mid_transfer",
             "crash_after_s": float(self.knobs["crash_after_s"]),
             "crash_message": str(self.knobs["crash_message"]),
             "gpu_mib": int(self.knobs["gpu_mib"]),
@@ -1101,11 +1866,7 @@ class Launcher:
         if visible is not None:
             log(f"[standin] CUDA_VISIBLE_DEVICES={names}: {len(visible)} visible GPUs")
         for index, (dp_rank, tp_rank) in enumerate(self.rank_layout()):
-            prefix = ""
-            if dp_rank is not None:
-                prefix += f" DP{dp_rank}"
-            if self.args.tp_size > 1:
-                prefix += f" TP{tp_rank}"
+            prefix = self.rank_prefix(dp_rank, tp_rank)
             ctl_r, ctl_w = os.pipe()
             gpu = self.args.base_gpu_id + index
             cfg = {
@@ -1223,7 +1984,7 @@ class Launcher:
 
     def handle_sigquit(self) -> NoReturn:
         """Log SGLang's SIGQUIT line for the current phase and kill the tree."""
-        if self.knobs["crash"]:
+        if self.knobs["crash"] or self.knobs["pd_crash"]:
             # Let the other crashing ranks finish their tracebacks first.
             deadline = time.time() + CRASH_GATHER_S
             while time.time() < deadline and any(
@@ -1397,6 +2158,8 @@ class Launcher:
         t0 = time.time()
         signal.signal(signal.SIGQUIT, self.on_sigquit)
         rendezvous = self.open_rendezvous() if self.args.nnodes > 1 else None
+        if isinstance(self.pd, PrefillPD):
+            self.pd.start()
         if not self.knobs["late_bind"]:
             error = self.bind()
             if error is not None:
@@ -1406,6 +2169,8 @@ class Launcher:
         if rendezvous is not None:
             self.gather_nodes(rendezvous)
         self.wait_for_ranks()
+        if isinstance(self.pd, PrefillPD):
+            self.pd.register_ranks()  # each KV manager, before its scheduler reports ready
         warm = time.time()
         self.uvicorn_startup_lines()
         if self.knobs["late_bind"]:
@@ -1553,6 +2318,8 @@ def load_knobs(model_path: str) -> dict[str, Any]:
     knobs.update(given)
     if knobs["crash"] not in CRASH_MODES:
         raise ValueError(f"standin.json: crash must be one of {CRASH_MODES}")
+    if knobs["pd_crash"] not in PD_CRASH_MODES:
+        raise ValueError(f"standin.json: pd_crash must be one of {PD_CRASH_MODES}")
     return knobs
 
 

@@ -1,0 +1,296 @@
+"""The SGLang stand-in's PD disaggregation, behind the real sglang-router 0.3.2 in PD mode.
+
+Prefill and decode stand-ins run as local processes on loopback addresses (127.0.0.x, each
+one a "node"), the router registers them by role through `POST /workers`, and requests go
+through the router as a client's would.  What each test checks is what the router's client,
+the stand-ins' logs and their /metrics show.
+"""
+
+from __future__ import annotations
+
+import ast
+import http.client
+import json
+import re
+import socket
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.router_venv import router_venv
+from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
+from tests.standin.sglang_standin import build_parser
+from tests.test_router_standins import Process, Start, answers, call, registered, start
+from tests.test_standin import STANDIN, wait_for
+
+pytestmark = pytest.mark.lab  # services: stand-ins and the real router
+__all__ = ["start"]  # the fixture, shared with the router tests
+
+ROUTER_HOST = "127.0.0.1"
+FAST_PD_ENV = {
+    # SGLang's PD timeouts, shortened so that each failure shows within seconds.
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "3",
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "3",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "0.3",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2",
+}
+
+
+def free_port_on(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def get(host: str, port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def metric(server: Process, host: str, name: str) -> float:
+    status, body = get(host, server.port, "/metrics")
+    assert status == 200, body
+    found = re.search(rf"^sglang:{name}\{{[^}}]*\}} (\S+)$", body.decode(), re.M)
+    assert found, f"{name} not on the page"
+    return float(found.group(1))
+
+
+class Fleet:
+    """Start PD stand-ins and the real router in PD mode, all in one test's sessions."""
+
+    def __init__(self, start: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.start = start
+        self.tmp_path = tmp_path
+        for name, value in FAST_PD_ENV.items():
+            monkeypatch.setenv(name, value)  # the stand-ins inherit it
+
+    def server(self, name: str, mode: str, host: str, bootstrap_port: int | None = None,
+               bind: str | None = None, env: dict[str, str] | None = None,
+               **knobs: Any) -> Process:  # fmt: skip
+        """A ready stand-in in `mode`, listening on `bind` (default `host`)."""
+        model = self.tmp_path / name
+        model.mkdir()
+        (model / "standin.json").write_text(json.dumps({"startup_s": 0.2, **knobs}))
+        port = free_port_on(host)
+        argv = [sys.executable, STANDIN, "--model-path", model, "--host", bind or host,
+                "--port", port, "--disaggregation-mode", mode, "--enable-metrics"]  # fmt: skip
+        if bootstrap_port is not None:
+            argv += ["--disaggregation-bootstrap-port", bootstrap_port]
+        proc = self.start(name, *argv, port=port, env=env)
+        wait_for(lambda: get_ok(host, port), 10, f"{name} ready")
+        return proc
+
+    def router(self) -> Process:
+        # --disable-retries: one attempt per request, so each failure is seen once (0.3.2
+        # retries 5 times by default, each time on both legs).
+        port = free_port_on(ROUTER_HOST)
+        python = router_venv() / "bin" / "python"
+        router = self.start("router", python, "-m", "sglang_router.launch_router",
+                            "--host", ROUTER_HOST, "--port", port, "--pd-disaggregation",
+                            "--policy", "round_robin", "--disable-retries",
+                            "--prometheus-host", ROUTER_HOST,
+                            "--prometheus-port", free_port_on(ROUTER_HOST), port=port)  # fmt: skip
+        wait_for(lambda: answers(port), 15, "the router's /health")
+        return router
+
+    def register(self, router: Process, url: str, role: str, bootstrap_port: int = 0) -> None:
+        worker: dict[str, Any] = {"url": url, "worker_type": role}
+        if bootstrap_port:
+            worker["bootstrap_port"] = bootstrap_port
+        status, body = call(router.port, "POST", "/workers", worker)
+        assert status == 202, body
+        wait_for(
+            lambda: any(w["url"] == url and w["is_healthy"] for w in registered(router)),
+            10,
+            f"{url} registered",
+        )
+
+
+def get_ok(host: str, port: int) -> bool:
+    try:
+        return get(host, port, "/health")[0] == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def fleet(start: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fleet:
+    return Fleet(start, tmp_path, monkeypatch)
+
+
+def stream(router: Process, max_tokens: int = 4) -> tuple[int, list[Any]]:
+    """Stream a completion through the router: its status and the parsed `data:` lines."""
+    conn = http.client.HTTPConnection(ROUTER_HOST, router.port, timeout=30)
+    request = {"model": "m", "prompt": "w1 w2 w3", "max_tokens": max_tokens, "stream": True}
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(request),
+                     {"Content-Type": "application/json"})  # fmt: skip
+        response = conn.getresponse()
+        if response.status != 200:
+            return response.status, [json.loads(response.read())]
+        events: list[Any] = []
+        while line := response.readline():
+            if line.startswith(b"data: "):
+                data = line[len(b"data: ") :].strip()
+                events.append(None if data == b"[DONE]" else json.loads(data))
+        return 200, events
+    finally:
+        conn.close()
+
+
+def rooms(server: Process, verb: str) -> list[int]:
+    return [int(r) for r in re.findall(rf"\[standin\] {verb} KV for bootstrap_room=(\d+)",
+                                       server.text())]  # fmt: skip
+
+
+def test_streamed_requests_through_the_real_router_get_their_rooms_kv_from_the_prefill(
+    fleet: Fleet,
+) -> None:
+    bootstrap = free_port_on("127.0.0.2")
+    prefill = fleet.server("prefill", "prefill", "127.0.0.2", bootstrap)
+    decodes = [fleet.server(f"decode{i}", "decode", f"127.0.0.{3 + i}") for i in range(2)]
+    assert f"CommonKVBootstrapServer started successfully on 127.0.0.2:{bootstrap}" in (
+        prefill.text()
+    )
+    router = fleet.router()
+    fleet.register(router, f"http://127.0.0.2:{prefill.port}", "prefill", bootstrap)
+    for i, decode in enumerate(decodes):
+        fleet.register(router, f"http://127.0.0.{3 + i}:{decode.port}", "decode")
+    listed = {w["worker_type"]: w for w in registered(router)}
+    assert listed["prefill"]["bootstrap_port"] == bootstrap
+    assert listed["prefill"]["metadata"]["disaggregation_mode"] == "prefill"
+    assert listed["decode"]["metadata"]["disaggregation_mode"] == "decode"
+
+    for _ in range(4):
+        status, events = stream(router, 4)
+        assert status == 200, events
+        assert events[-1] is None
+        assert "".join(e["choices"][0]["text"] for e in events[:-1]) == " tok" * 4
+    sent = rooms(prefill, "sent")
+    got = [rooms(decode, "received") for decode in decodes]
+    assert len(sent) == 4 and sorted(sent) == sorted(got[0] + got[1])
+    assert got[0] and got[1]  # round robin: both decodes served, each with its rooms' KV
+    for i, decode in enumerate(decodes):
+        assert metric(decode, f"127.0.0.{3 + i}", "num_transfer_failed_reqs_total") == 0
+
+
+def test_a_decode_on_another_node_cannot_reach_a_loopback_bound_prefill(fleet: Fleet) -> None:
+    """sglang#10001: the router beside the prefill registers it at 127.0.0.1 and sends that
+    as the bootstrap host; on the decode's node 127.0.0.1 is the decode itself."""
+    bootstrap = free_port_on("127.0.0.1")
+    prefill = fleet.server("prefill", "prefill", "127.0.0.1", bootstrap)
+    decode = fleet.server("decode", "decode", "127.0.0.3", handshake_attempts=2)
+    router = fleet.router()
+    fleet.register(router, f"http://127.0.0.1:{prefill.port}", "prefill", bootstrap)
+    fleet.register(router, f"http://127.0.0.3:{decode.port}", "decode")
+
+    status, events = stream(router)
+    # Both legs answer 200 at once (SGLang streams); the router passes on the decode's
+    # stream, whose one event is the abort once its handshake gives up.
+    assert status == 200, events
+    error = events[0]["error"]
+    assert (error["code"], error["type"]) == (500, "INTERNAL_SERVER_ERROR")
+    assert error["message"].startswith("Decode handshake failed for request rank=0 ")
+    assert events[1:] == [None]
+    # The prefill waits out its bootstrap timeout for a decode that never comes.
+    wait_for(lambda: "Prefill bootstrap failed for request" in prefill.text(), 5, "the prefill")
+    assert re.search(r"KVTransferError\(bootstrap_room=\d+\): Request \d+ timed out after 3\.\ds "
+                     r"in KVPoll.Bootstrapping", prefill.text())  # fmt: skip
+    log = decode.text()
+    assert f"Could not fetch prefill parallel info from 127.0.0.1:{bootstrap} after 2 attempts" in (
+        log
+    )
+    assert (
+        "Error fetching prefill server info from bootstrap: HTTPConnectionPool(host='127.0.0.1'"
+        in (log)
+    )
+    assert re.search(r"Decode handshake failed for request rank=0 .* with exception "
+                     r"KVTransferError\(bootstrap_room=\d+\): Aborted by AbortReq\.", log)  # fmt: skip
+    assert metric(decode, "127.0.0.3", "num_bootstrap_failed_reqs_total") == 1
+    assert metric(prefill, "127.0.0.1", "num_bootstrap_failed_reqs_total") == 1
+    assert rooms(decode, "received") == []
+
+
+def test_a_prefill_bound_to_every_address_is_reached_from_another_node(fleet: Fleet) -> None:
+    bootstrap = free_port_on("0.0.0.0")
+    # On every address, its KV manager names the host by SGLANG_HOST_IP (get_local_ip_auto).
+    prefill = fleet.server("prefill", "prefill", "127.0.0.2", bootstrap, bind="0.0.0.0",
+                           env={"SGLANG_HOST_IP": "127.0.0.2"})  # fmt: skip
+    decode = fleet.server("decode", "decode", "127.0.0.3")
+    router = fleet.router()
+    fleet.register(router, f"http://127.0.0.2:{prefill.port}", "prefill", bootstrap)
+    fleet.register(router, f"http://127.0.0.3:{decode.port}", "decode")
+    assert stream(router)[0] == 200
+    assert len(rooms(decode, "received")) == 1
+
+
+def wheel_source(relpath: str) -> str:
+    with zipfile.ZipFile(sglang_wheel(SGLANG_VERSION)) as wheel:
+        return wheel.read(f"sglang/srt/{relpath}").decode()
+
+
+def real_pd_options() -> dict[str, dict[str, Any]]:
+    """The PD fields of 0.5.23's Disagg config (arg_groups/fields/disagg.py), as its
+    add_cli_args_from_dataclass turns them into options: --name, default, choices, flag."""
+    source = wheel_source("arg_groups/fields/disagg.py")
+    lines = source.splitlines()
+    first = next(i for i, line in enumerate(lines) if "# PD disaggregation" in line)
+    last = next(i for i, line in enumerate(lines) if "# Encode prefill disaggregation" in line)
+    backends = ast.literal_eval(
+        re.search(r"DISAGG_TRANSFER_BACKEND_CHOICES = (\[[^\]]*\])",
+                  wheel_source("arg_groups/choices.py"), re.S).group(1)  # type: ignore[union-attr]
+    )  # fmt: skip
+    options: dict[str, dict[str, Any]] = {}
+    [disagg] = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)]
+    for field in disagg.body:
+        if not (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)):
+            continue
+        name = field.target.id
+        if not (first < field.lineno < last or name.startswith("disaggregation_")):
+            continue
+        annotation = ast.unparse(field.annotation)
+        literal = re.search(r"Literal\[([^\]]*)\]", annotation)
+        choices = re.search(r"choices=\[([^\]]*)\]", annotation)
+        options["--" + name.replace("_", "-")] = {
+            "default": ast.literal_eval(field.value) if field.value else None,
+            "flag": annotation.startswith("A[bool"),
+            "choices": (
+                backends if "DISAGG_TRANSFER_BACKEND_CHOICES" in annotation
+                else list(ast.literal_eval(f"[{literal.group(1)}]")) if literal
+                else list(ast.literal_eval(f"[{choices.group(1)}]")) if choices
+                else None
+            ),
+        }  # fmt: skip
+    return options
+
+
+def test_the_pd_options_are_the_wheels_own() -> None:
+    real = real_pd_options()
+    assert "--disaggregation-bootstrap-port" in real and len(real) >= 10
+    # 0.5.23 has no decode TP/DP options on the prefill side.
+    assert "--disaggregation-decode-tp" not in real and "--disaggregation-decode-dp" not in real
+    parser = build_parser(True)
+    ours = {
+        action.option_strings[0]: {
+            "default": action.default,
+            "flag": action.nargs == 0,
+            "choices": list(action.choices) if action.choices else None,
+        }
+        for action in parser._actions
+        if action.option_strings
+        and (action.option_strings[0] in real or "disaggregation" in action.option_strings[0])
+    }
+    assert ours == real
+    args = parser.parse_args(["--model-path", "m", "--disaggregation-mode", "prefill"])
+    assert (args.disaggregation_bootstrap_port, args.disaggregation_transfer_backend) == (
+        8998,
+        "mooncake",
+    )
