@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from deployctl.choices import PdRole
+from deployctl.deployments import is_loopback
 
 # Where users of SGLang's disaggregation saw each failure (named in the warnings).
 LOOPBACK_BOOTSTRAP_ISSUE = "sglang#10001"
@@ -30,9 +31,19 @@ class PdServer:
     tp: int
     pp: int
     backend: str
-    address: str  # where it is reached: its machine, for reachability
-    loopback: bool  # its `--host` is a loopback address (its bootstrap server binds there)
+    address: str  # its machine's address
+    bind: str  # its `--host`: where its bootstrap server listens
+    url_host: str = ""  # the host of its `worker_url`, the address its router hands out
     waits: float = 0.0  # the longest it waits for its other side (deployments.pd_wait)
+
+
+def unreachable_from(prefill: PdServer, address: str) -> bool:
+    """Whether a server on the machine at `address` cannot reach the prefill's bootstrap
+    server: another machine, and it listens on loopback (as the router's own reach is judged;
+    a `worker_url` at that very address is the user's word that it is reached there)."""
+    if address == prefill.address:
+        return False
+    return is_loopback(prefill.bind) and prefill.bind != prefill.url_host
 
 
 @dataclass
@@ -109,10 +120,10 @@ def check_server(me: PdServer, others: Sequence[PdServer], router: PdRouter) -> 
                 f"{me.label} has TP {me.tp} and {peer.label} TP {peer.tp}: unless the model "
                 f"uses MLA (DeepSeek, Kimi), different TP crashes under load ({TP_MISMATCH_ISSUE})"
             )
-        if prefill.loopback and prefill.address != decode.address:
+        if unreachable_from(prefill, decode.address):
             found.problems.append(
                 f"{decode.label} cannot fetch KV from {prefill.label}: its bootstrap server "
-                f"binds to loopback ({LOOPBACK_BOOTSTRAP_ISSUE})"
+                f"listens on loopback ({prefill.bind}) ({LOOPBACK_BOOTSTRAP_ISSUE})"
             )
             found.hints.append(
                 f"bind {prefill.label} where its decodes reach it (bind_host: 0.0.0.0)"
@@ -128,10 +139,11 @@ def check_server(me: PdServer, others: Sequence[PdServer], router: PdRouter) -> 
             f"gives a request only {router.request_timeout:g}s"
         )
         found.hints.append(f"lower pd_timeout, or raise request_timeout on {router}")
-    if me.role is PdRole.PREFILL and me.loopback and me.address != router_address:
+    if me.role is PdRole.PREFILL and unreachable_from(me, router_address):
         found.problems.append(
-            f"{me.label}'s bootstrap server binds to loopback, which its router {router} "
-            f"(on {router_address}) passes to decodes ({LOOPBACK_BOOTSTRAP_ISSUE})"
+            f"{me.label}'s bootstrap server listens on loopback ({me.bind}), where decodes "
+            f"sent by its router {router} (on {router_address}) cannot reach it "
+            f"({LOOPBACK_BOOTSTRAP_ISSUE})"
         )
     found.hints = list(dict.fromkeys(found.hints))
     found.warnings = list(dict.fromkeys(found.warnings))

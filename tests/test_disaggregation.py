@@ -16,6 +16,7 @@ from deployctl.disaggregation import (
     TransferWatch,
     check_router,
     check_server,
+    unreachable_from,
 )
 from deployctl.errors import InventoryError, PreflightError
 from deployctl.inventory import DEFAULT_VARS, Host, Inventory
@@ -125,24 +126,40 @@ def test_a_matching_pair_passes_and_a_pd_router_with_both_roles_too() -> None:
 
 def test_a_loopback_prefill_is_refused_when_a_decode_is_on_another_host() -> None:
     gpu2 = {"d1": {"role": "decode", "port": 30002, "gpus": [0], "router": "edge/router"}}
-    inv, plans = fleet(pair(), gpu2)
     loopback = {"bind_host": "127.0.0.1", "worker_url": "http://10.0.0.5:30001"}
-    inv.hosts["gpu1"].vars["deployments"]["p0"].update(loopback)
-    _, plans = fleet(inv.hosts["gpu1"].vars["deployments"], gpu2)
+    gpu1 = pair()
+    gpu1["p0"].update(loopback)
+    inv, plans = fleet(gpu1, gpu2)
     problems, _ = checked(inv, plans, "gpu1/p0")
-    assert "gpu2/d1 cannot fetch KV from gpu1/p0: its bootstrap server binds to loopback" in (
-        " ".join(problems)
-    ), problems
-    assert any("sglang#10001" in p for p in problems)
+    assert problems == [
+        "gpu2/d1 cannot fetch KV from gpu1/p0: its bootstrap server listens on loopback "
+        "(127.0.0.1) (sglang#10001)",
+        "gpu1/p0's bootstrap server listens on loopback (127.0.0.1), where decodes sent by its "
+        "router edge/router (on 10.0.0.9) cannot reach it (sglang#10001)",
+    ]
     # The decode on the prefill's own machine reaches a loopback bootstrap server...
     problems, _ = checked(inv, plans, "gpu1/d0")
-    assert not [p for p in problems if "gpu1/d0 cannot fetch" in p], problems
-    # ...but not one whose router is elsewhere: the router hands decodes its URL's address.
-    inv2, plans2 = fleet(inv.hosts["gpu1"].vars["deployments"])
-    problems, _ = checked(inv2, plans2, "gpu1/p0")
-    assert any(
-        "which its router edge/router (on 10.0.0.9) passes to decodes" in p for p in problems
-    )
+    assert problems == []
+    # ...and the other one is told why it would fail.
+    problems, _ = checked(inv, plans, "gpu2/d1")
+    assert problems == [
+        "gpu2/d1 cannot fetch KV from gpu1/p0: its bootstrap server listens on loopback "
+        "(127.0.0.1) (sglang#10001)"
+    ]
+
+
+def test_a_prefill_on_loopback_is_reachable_from_elsewhere_only_at_its_worker_url() -> None:
+    def prefill(bind: str, url_host: str = "") -> PdServer:
+        return PdServer("h/p", PdRole.PREFILL, "/m", 1, 1, "mooncake", "10.0.0.5", bind, url_host)
+
+    assert not unreachable_from(prefill("0.0.0.0"), "10.0.0.6")
+    assert not unreachable_from(prefill("10.0.0.5"), "10.0.0.6")
+    assert unreachable_from(prefill("127.0.0.1"), "10.0.0.6")
+    assert not unreachable_from(prefill("127.0.0.1"), "10.0.0.5")  # its own machine
+    # A worker_url at the address it listens on is the user's word that it is reached there
+    # (a tunnel, or machines that share a loopback); one elsewhere is not.
+    assert not unreachable_from(prefill("127.0.0.2", "127.0.0.2"), "10.0.0.6")
+    assert unreachable_from(prefill("127.0.0.1", "10.0.0.5"), "10.0.0.6")
 
 
 def test_a_pair_serving_two_models_or_two_backends_is_refused() -> None:
@@ -208,8 +225,8 @@ def test_a_pd_router_or_a_role_without_the_other_side_is_refused() -> None:
 
 
 def test_a_prefill_cannot_use_the_fake_transfer_backend() -> None:
-    server = PdServer("h/p", PdRole.PREFILL, "/m", 1, 1, "fake", "a", False)
-    decode = PdServer("h/d", PdRole.DECODE, "/m", 1, 1, "fake", "a", False)
+    server = PdServer("h/p", PdRole.PREFILL, "/m", 1, 1, "fake", "a", "0.0.0.0")
+    decode = PdServer("h/d", PdRole.DECODE, "/m", 1, 1, "fake", "a", "0.0.0.0")
     router = PdRouter("r", "a", True, 1800)
     assert check_server(server, [server, decode], router).problems == [
         "h/p: a prefill cannot use the fake transfer backend"

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
 from typing import Any
+from urllib.parse import urlsplit
 
 from deployctl import agent
 from deployctl.choices import PdRole, ThresholdMode
@@ -24,7 +25,6 @@ from deployctl.deployments import (
     GroupKey,
     describe_gpus,
     group_of,
-    is_loopback,
     node_rank,
     pd_wait,
     server_env,
@@ -723,8 +723,9 @@ def pd_server(host: Host, plan: Plan | None = None) -> PdServer:
         backend = str(flags.get("--disaggregation-transfer-backend") or "mooncake")
         pp = _pp_size(plan.rendered.argv)
         env = plan.rendered.env
+    url_host = urlsplit(settings.worker_url or "").hostname or ""
     return PdServer(
-        host.label, role, model, tp, pp, backend, host.address, is_loopback(bind), pd_wait(env)
+        host.label, role, model, tp, pp, backend, host.address, bind, url_host, pd_wait(env)
     )
 
 

@@ -1,0 +1,109 @@
+"""Prefill/decode pairs deployed by deployctl: stand-ins in PD mode over real sshd hosts,
+behind the real sglang-router 0.3.2 in PD mode. Launch registers each worker by role,
+status shows roles and the router's view, streamed requests go through the pairs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import CLI
+from tests.sshd_hosts import SSHLab, free_port
+from tests.test_lifecycle import prepare
+from tests.test_router import real_router, router_vars, run_json, stream_through
+
+pytestmark = pytest.mark.lab
+
+# SGLang's PD timeouts, short: a lost prefill shows within a second or two.
+FAST_PD_ENV = {
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "0.3",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2",
+}
+
+
+def pd_fleet(
+    lab: SSHLab, tmp_path: Path, prefills: int, decodes: int, **changes: dict[str, Any]
+) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """alpha runs the router (PD mode) and prefill p0; the other servers alternate between
+    bravo and alpha, each on a GPU of its own. `changes`: per deployment, over its variables."""
+    alpha, bravo = lab.hosts["alpha"], lab.hosts["bravo"]
+    tables: dict[str, dict[str, Any]] = {"alpha": {}, "bravo": {}}
+    tables["alpha"]["router"] = {**router_vars(alpha.address, real_router()), "pd": True}
+    names = [f"p{i}" for i in range(prefills)] + [f"d{i}" for i in range(decodes)]
+    used = {"alpha": 0, "bravo": 0}
+    for index, name in enumerate(names):
+        host = "alpha" if index % 2 == 0 else "bravo"
+        address = lab.hosts[host].address
+        port = free_port(address)
+        tables[host][name] = {
+            "role": "prefill" if name.startswith("p") else "decode",
+            "gpus": [used[host]],
+            "port": port,
+            # Lab hosts are loopback addresses: the URL says the router reaches them there.
+            "worker_url": f"http://{address}:{port}",
+            "router": "alpha/router",
+            "env": FAST_PD_ENV,
+            **({"bootstrap_port": free_port(address)} if name.startswith("p") else {}),
+            **changes.get(name, {}),
+        }
+        used[host] += 1
+    # One model folder for every server, as a fleet's shared model store (each host's user
+    # writes its stand-in's start records there).
+    model = lab.base / f"model-{tmp_path.name}"
+    model.mkdir(mode=0o1777)
+    model.chmod(0o1777)
+    (model / "standin.json").write_text(json.dumps({"startup_s": 0.3}))
+    (model / "standin-argv.jsonl").touch(mode=0o666)
+    (model / "standin-argv.jsonl").chmod(0o666)
+    variables = {}
+    for name, host in (("alpha", alpha), ("bravo", bravo)):
+        variables[name] = {
+            **prepare(host, tp=1),
+            "template": "baseline",
+            "model_path": str(model),
+            "pd_timeout": 5,
+            "deployments": tables[name],
+        }
+        host.set_gpus("live", max(used[name], 1))
+    inv = lab.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], variables)
+    return inv, {f"{h}/{d}": v for h, t in tables.items() for d, v in t.items()}
+
+
+def router_port(table: dict[str, dict[str, Any]]) -> int:
+    return int(table["alpha/router"]["port"])
+
+
+def test_a_1p2d_fleet_registers_by_role_and_serves_streamed_requests(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, table = pd_fleet(hosts, tmp_path, prefills=1, decodes=2)
+    alpha = hosts.hosts["alpha"]
+    code, launched, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    added = {r["worker"] for r in launched["registrations"] if r["ok"]}
+    assert added == {"alpha/p0", "bravo/d0", "alpha/d1"}, launched["registrations"]
+
+    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "router")
+    state = doc["hosts"]["alpha"]["deployments"]["router"]["router"]
+    assert state["pd"] and state["missing_roles"] == [] and not state["drift"], state
+    roles = {w["deployment"]: (w["role"], w["bootstrap_port"]) for w in state["workers"]}
+    assert roles == {
+        "alpha/p0": ("prefill", table["alpha/p0"]["bootstrap_port"]),
+        "bravo/d0": ("decode", None),
+        "alpha/d1": ("decode", None),
+    }
+    human = cli("status", "-i", str(inv), "-d", "router")
+    assert "alpha/router: 3 workers (1 prefill, 2 decode), 3 of ours healthy" in human.stdout
+    for _ in range(4):  # round robin: each decode gets its prefill's KV
+        assert stream_through(alpha.address, router_port(table)).rstrip().endswith("[DONE]")
+    for label in ("bravo/d0", "alpha/d1"):
+        assert "[standin] received KV for bootstrap_room=" in log_text(launched, label), label
+    cli("stop", "-i", str(inv))
+
+
+def log_text(launch_doc: dict[str, Any], label: str) -> str:
+    host, deployment = label.split("/")
+    return Path(launch_doc["hosts"][host]["deployments"][deployment]["log"]).read_text()
