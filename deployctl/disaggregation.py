@@ -66,9 +66,11 @@ class PdRouter:
         return self.label
 
 
-def check_server(me: PdServer, others: Sequence[PdServer], router: PdRouter) -> PairCheck:
-    """What is wrong with `me` beside the other servers of its router. Each problem is about
-    `me`, so a launch of several servers says each once."""
+def check_server(
+    me: PdServer, others: Sequence[PdServer], router: PdRouter, mla: bool | None = None
+) -> PairCheck:
+    """What is wrong with `me` beside the other servers of its router (`mla`: their model uses
+    MLA; None: not known). Each problem is about `me`, so a launch of several says each once."""
     pd, router_address = router.pd, router.address
     found = PairCheck()
     if pd and me.role is None:
@@ -115,10 +117,20 @@ def check_server(me: PdServer, others: Sequence[PdServer], router: PdRouter) -> 
                 f"{decode.label} has pipeline parallelism {decode.pp}, but its prefill "
                 f"{prefill.label} has {prefill.pp}: a decode's must be the prefill's or 1"
             )
-        if peer.tp != me.tp:
+        if peer.tp != me.tp and mla:
             found.warnings.append(
-                f"{me.label} has TP {me.tp} and {peer.label} TP {peer.tp}: unless the model "
-                f"uses MLA (DeepSeek, Kimi), different TP crashes under load ({TP_MISMATCH_ISSUE})"
+                f"{me.label} has TP {me.tp} and {peer.label} TP {peer.tp}: an MLA model may "
+                f"differ, but watch it under load ({TP_MISMATCH_ISSUE})"
+            )
+        elif peer.tp != me.tp:
+            found.problems.append(
+                f"{me.label} has TP {me.tp} and {peer.label} TP {peer.tp}: the model is "
+                f"{'not MLA' if mla is False else 'not known to be MLA'}, and a non-MLA model "
+                f"crashes under load with different TP ({TP_MISMATCH_ISSUE})"
+            )
+            found.hints.append(
+                "give prefills and decodes one TP (an MLA model, kv_lora_rank in its "
+                "config.json, may differ)"
             )
         if unreachable_from(prefill, decode.address):
             found.problems.append(

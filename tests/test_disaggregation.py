@@ -186,14 +186,24 @@ def test_a_decode_pp_other_than_the_prefills_or_1_is_refused_and_prefill_pp_warn
     assert problems == [] and any("sglang#8424" in w for w in warnings), warnings
 
 
-def test_different_tp_on_the_two_sides_is_a_warning_naming_the_issue() -> None:
+def test_different_tp_is_refused_unless_the_model_is_mla_then_warned() -> None:
     inv, plans = fleet(pair(tp=2))
-    problems, warnings = checked(inv, plans, "gpu1/d0")
-    assert problems == []
-    assert warnings == [
-        "gpu1/d0 has TP 2 and gpu1/p0 TP 4: unless the model uses MLA (DeepSeek, Kimi), "
-        "different TP crashes under load (sglang#15674)"
+    found = routing_check(inv.select, plan_of(plans, "gpu1/d0"), mla=False)
+    assert found.problems == [
+        "gpu1/d0 has TP 2 and gpu1/p0 TP 4: the model is not MLA, and a non-MLA model crashes "
+        "under load with different TP (sglang#15674)"
     ]
+    unknown = routing_check(inv.select, plan_of(plans, "gpu1/d0"), mla=None)
+    assert "not known to be MLA" in unknown.problems[0]
+    mla = routing_check(inv.select, plan_of(plans, "gpu1/d0"), mla=True)
+    assert mla.problems == []
+    assert mla.warnings == [
+        "gpu1/d0 has TP 2 and gpu1/p0 TP 4: an MLA model may differ, but watch it under load "
+        "(sglang#15674)"
+    ]
+    # One TP on both sides: nothing to say, MLA or not.
+    inv, plans = fleet(pair())
+    assert routing_check(inv.select, plan_of(plans, "gpu1/d0"), mla=False).problems == []
 
 
 def test_roles_and_the_routers_mode_must_agree() -> None:

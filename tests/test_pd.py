@@ -68,8 +68,12 @@ def pd_fleet(
             "deployments": tables[name],
         }
         host.set_gpus("live", max(used[name], 1))
+    tmp_path.mkdir(exist_ok=True)
     inv = lab.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], variables)
-    return inv, {f"{h}/{d}": v for h, t in tables.items() for d, v in t.items()}
+    found = {f"{h}/{d}": v for h, t in tables.items() for d, v in t.items()}
+    for entry in found.values():
+        entry.setdefault("model_path", str(model))
+    return inv, found
 
 
 def router_port(table: dict[str, dict[str, Any]]) -> int:
@@ -107,3 +111,42 @@ def test_a_1p2d_fleet_registers_by_role_and_serves_streamed_requests(
 def log_text(launch_doc: dict[str, Any], label: str) -> str:
     host, deployment = label.split("/")
     return Path(launch_doc["hosts"][host]["deployments"][deployment]["log"]).read_text()
+
+
+def started_servers(model_dir: Path) -> int:
+    """How many stand-ins have started with this model (each start appends a line)."""
+    return len((model_dir / "standin-argv.jsonl").read_text().splitlines())
+
+
+def test_a_loopback_bootstrap_a_shared_bootstrap_port_and_mismatched_tp_start_nothing(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    cases: list[tuple[str, dict[str, dict[str, Any]], str]] = [
+        (
+            "loopback",
+            {"p0": {"bind_host": "127.0.0.1"}},
+            "bravo/d0 cannot fetch KV from alpha/p0: its bootstrap server listens on "
+            "loopback (127.0.0.1) (sglang#10001)",
+        ),
+        ("tp", {"d0": {"tp": 2, "gpus": [0, 1]}}, "bravo/d0 has TP 2 and alpha/p0 TP 1"),
+    ]
+    for name, changes, problem in cases:
+        inv, table = pd_fleet(hosts, tmp_path / name, prefills=1, decodes=2, **changes)
+        code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+        assert code == 1 and not doc["started"], (name, err)
+        problems = [
+            p
+            for host in doc["hosts"].values()
+            for entry in host["deployments"].values()
+            for p in entry["preflight"]["problems"]
+        ]
+        assert any(p.startswith(problem) for p in problems), (name, problems)
+        assert started_servers(Path(table["alpha/p0"]["model_path"])) == 0, name
+    # Two prefills on one host with one bootstrap port: refused before any host is asked.
+    shared = {"bootstrap_port": free_port(hosts.hosts["alpha"].address)}
+    inv, table = pd_fleet(hosts, tmp_path / "port", prefills=3, decodes=1, p0=shared, p2=shared)
+    result = cli("launch", "-i", str(inv))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    port = shared["bootstrap_port"]
+    assert f"alpha/p2's bootstrap_port {port} is also alpha/p0's bootstrap_port" in result.stderr
+    assert started_servers(Path(table["alpha/p0"]["model_path"])) == 0

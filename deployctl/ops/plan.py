@@ -315,6 +315,7 @@ class Preflight:
     next_log: str = ""
     next_version: int = 1
     lock_token: str | None = None
+    model_mla: bool | None = None  # its model uses MLA (None: its config could not be read)
 
     @property
     def ok(self) -> bool:
@@ -344,6 +345,8 @@ def preflight_args(
         "server_argv": None
         if plan.role is Role.ROUTER
         else checked_argv(host, plan.launcher.checked_form(plan.rendered.argv)),
+        # Whether the pair's TP may differ (MLA models only) is read from its config.
+        "model": plan.check_paths()[0] if plan.pd_role and plan.check_paths() else None,
     }
 
 
@@ -406,6 +409,7 @@ def run_preflight(
     result = Preflight(
         plan, next_log=doc["next_log"], next_version=doc["next_version"], lock_token=lock["token"]
     )
+    result.model_mla = doc["model_mla"]
     problems, hints = result.problems, result.hints
     if not lock["acquired"]:
         holder = lock["holder"] or {}
@@ -668,10 +672,11 @@ def machine(host: Host) -> tuple[str, str, int]:
     return (host.connection, host.address, host.port or 22)
 
 
-def routing_check(select: Select, plan: Plan) -> PairCheck:
+def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> PairCheck:
     """Problems, hints and warnings for a worker whose router is not in the inventory or
     could not reach it where it binds, and for a router's prefill/decode servers that do not
-    make pairs (checked before anything starts)."""
+    make pairs (checked before anything starts). `mla`: the model uses MLA, as its host's
+    preflight read it."""
     found = PairCheck()
     if plan.role is Role.ROUTER:
         if plan.host.settings.pd_router:
@@ -700,7 +705,7 @@ def routing_check(select: Select, plan: Plan) -> PairCheck:
     others = [pd_server(w) for w in workers_of(router, select)]
     settings = router.settings
     pd_router = PdRouter(router.label, router.address, settings.pd_router, settings.request_timeout)
-    pairs = check_server(pd_server(plan.host, plan), others, pd_router)
+    pairs = check_server(pd_server(plan.host, plan), others, pd_router, mla)
     found.problems += pairs.problems
     found.hints += pairs.hints
     found.warnings += pairs.warnings

@@ -414,7 +414,7 @@ def launch(
         result = run_preflight(
             plan, conn, max_used_mib, timeout + 120, alongside, host.label in replacing
         )
-        routing = routing_check(fleet.select, plan)
+        routing = routing_check(fleet.select, plan, result.model_mla)
         result.problems += routing.problems
         result.hints = list(dict.fromkeys(result.hints + routing.hints))
         result.warnings += routing.warnings

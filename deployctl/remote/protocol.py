@@ -186,6 +186,7 @@ class PreflightArgs(ProbeArgs):
     client: ClientIdentity
     break_lock: str | None
     server_argv: list[str] | None  # checked against the installation's options; None: not
+    model: str | None  # the model folder whose config.json says whether it uses MLA
 
 
 class LiveRunOrigin(TypedDict, total=False):
@@ -240,6 +241,8 @@ class PreflightReply(ProbeReply):
     next_version: int
     lock: LockReply
     sbatch: str | None  # where sbatch is (a Slurm login node); None: not on the PATH
+    # The model's attention is MLA (its config.json has `kv_lora_rank`); None: not read.
+    model_mla: bool | None
 
 
 class RunShown(TypedDict, total=False):

@@ -120,8 +120,21 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
         "lock": take_lock(
             args["state_dir"], args["client"], args["break_lock"], args["deployment"], args["gpus"]
         ),
+        "model_mla": model_mla(args["model"]),
         **preflight_facts(),  # type: ignore[typeddict-item]
     }
+
+
+def model_mla(model: str | None) -> bool | None:
+    """Does the model use MLA (DeepSeek V2/V3, Kimi K2: `kv_lora_rank` in its config, or its
+    text model's)? None when its config.json cannot be read."""
+    if not model:
+        return None
+    config = read_json(os.path.join(os.path.expanduser("~"), model, "config.json"))
+    if not isinstance(config, dict):
+        return None
+    text = config.get("text_config")
+    return "kv_lora_rank" in config or (isinstance(text, dict) and "kv_lora_rank" in text)
 
 
 def cmd_start(args: StartArgs) -> StartReply:
