@@ -94,7 +94,8 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # PD disaggregation (--disaggregation-mode prefill|decode); see README.md.
     # Prefill: "mid_transfer" crashes the schedulers while a room's KV is being handed over.
     "pd_crash": None,
-    # Prefill: nothing listens on the bootstrap port (its server never came up).
+    # Prefill: from the ready line on, nothing answers on the bootstrap port (its server's
+    # thread is gone; the ranks registered before that).
     "bootstrap_unreachable": False,
     # Decode: the KV never arrives; the request waits in the transfer queue until it is
     # aborted (the client goes) or SGLANG_DISAGGREGATION_WAITING_TIMEOUT passes.
@@ -1000,13 +1001,13 @@ class PrefillPD(PDState):
             or _connect_host(self.host)
         )
         self.rank_port = 0
+        self.bootstrap: ThreadingHTTPServer | None = None
 
     # -- start-up --------------------------------------------------------------
 
     def start(self) -> None:
         """Start the bootstrap server (disagg_service.start_disagg_service) and the rank port."""
-        if not self.knobs["bootstrap_unreachable"]:
-            self.start_bootstrap_server()
+        self.start_bootstrap_server()
         transfer = socket.socket(socket.AF_INET6 if ":" in self.rank_ip else socket.AF_INET)
         transfer.bind((self.rank_ip, 0))
         transfer.listen(256)
@@ -1036,7 +1037,13 @@ class PrefillPD(PDState):
             )
             return
         threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.bootstrap = server
         log(f"CommonKVBootstrapServer started successfully on {self.host}:{self.port}")
+
+    def on_ready(self) -> None:
+        if self.knobs["bootstrap_unreachable"] and self.bootstrap is not None:
+            self.bootstrap.shutdown()
+            self.bootstrap.server_close()  # connections to the port are refused from now on
 
     def register_ranks(self) -> None:
         """Each rank PUTs its row to the bootstrap server (register_to_bootstrap)."""
@@ -2198,6 +2205,8 @@ class Launcher:
         # From here on SGLang's tokenizer manager owns SIGTERM and SIGQUIT.
         signal.signal(signal.SIGTERM, self.on_sigterm_running)
         self.ready = True
+        if isinstance(self.pd, PrefillPD):
+            self.pd.on_ready()
         log("The server is fired up and ready to roll!")
         serving = f"serving {time.time()!r}\n".encode()
         for fd in self.ctl_fds:
