@@ -11,11 +11,13 @@ from __future__ import annotations
 import ast
 import http.client
 import json
+import math
 import re
 import socket
 import sys
 import threading
 import time
+import types
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ import pytest
 
 from tests.router_venv import router_venv
 from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
-from tests.standin.sglang_standin import build_parser
+from tests.standin.sglang_standin import build_parser, default_mem_fraction, kv_pool_gib
 from tests.test_router_standins import Process, Start, answers, call, registered, start
 from tests.test_standin import STANDIN, wait_for
 
@@ -452,3 +454,40 @@ def test_the_pd_options_are_the_wheels_own() -> None:
         8998,
         "mooncake",
     )
+
+
+def real_no_pool_message(fraction: float, available: float, pre: float) -> str:
+    """0.5.23's own words when the weights leave no KV pool: the f-string of
+    kv_cache_configurator._profile_available_bytes's ValueError, evaluated."""
+    tree = ast.parse(wheel_source("mem_cache/kv_cache_configurator.py"))
+    [profile] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                 and n.name == "_profile_available_bytes"]  # fmt: skip
+    [raised] = [n for n in ast.walk(profile) if isinstance(n, ast.Raise)]
+    message = raised.exc.args[0]  # type: ignore[union-attr]
+    minimum = 1 - available / pre
+    namespace = {
+        "get_schedule": lambda: types.SimpleNamespace(mem_fraction_static=fraction),
+        "minimum_mem_fraction_static": minimum,
+        "suggested_mem_fraction_static": math.ceil(minimum * 1000) / 1000,
+    }
+    return str(eval(compile(ast.Expression(message), "f", "eval"), namespace))
+
+
+def test_gpu_fraction_sizes_the_pool_from_the_memory_free_at_start_as_0_5_23_does() -> None:
+    # A 1P1D pair on one H200 (about 139.5 GiB free): each holds F of what was free when
+    # it started, so 0.4 + 0.4 holds 0.4 + 0.24 of the GPU ...
+    first = kv_pool_gib(139.5, 139.5, 0.4)
+    assert first == pytest.approx(55.8)
+    assert kv_pool_gib(139.5 - first, 139.5 - first, 0.4) == pytest.approx(33.48)
+    # ... and 0.6 + 0.6, one after the other, is no failure in 0.5.23: the second holds
+    # 0.6 of the 40 % left.  (Started together, both see the GPU free and the second's
+    # pool allocation fails with CUDA's out-of-memory error.)
+    second = kv_pool_gib(139.5 * 0.4, 139.5 * 0.4, 0.6)
+    assert second == pytest.approx(33.48)
+    # Weights over F of what was free: SGLang's own ValueError.
+    with pytest.raises(ValueError) as raised:
+        kv_pool_gib(55.8, 55.8 - 40.0, 0.3)
+    assert str(raised.value) == real_no_pool_message(0.3, 55.8 - 40.0, 55.8)
+    assert "Raise --mem-fraction-static above 0.717 " in str(raised.value)
+    # Without --mem-fraction-static: the capacity less a 10 GiB reserve on a large GPU.
+    assert default_mem_fraction(140.4, 1) == pytest.approx(0.929, abs=0.001)
