@@ -11,9 +11,13 @@ from __future__ import annotations
 import ast
 import http.client
 import json
+import math
 import re
 import socket
 import sys
+import threading
+import time
+import types
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,7 @@ import pytest
 
 from tests.router_venv import router_venv
 from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
-from tests.standin.sglang_standin import build_parser
+from tests.standin.sglang_standin import build_parser, default_mem_fraction, kv_pool_gib
 from tests.test_router_standins import Process, Start, answers, call, registered, start
 from tests.test_standin import STANDIN, wait_for
 
@@ -126,8 +130,11 @@ def fleet(start: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Flee
     return Fleet(start, tmp_path, monkeypatch)
 
 
-def stream(router: Process, max_tokens: int = 4) -> tuple[int, list[Any]]:
-    """Stream a completion through the router: its status and the parsed `data:` lines."""
+def stream(
+    router: Process, max_tokens: int = 4, times: list[float] | None = None
+) -> tuple[int, list[Any]]:
+    """Stream a completion through the router: its status and the parsed `data:` lines
+    (and in `times`, when each arrived)."""
     conn = http.client.HTTPConnection(ROUTER_HOST, router.port, timeout=30)
     request = {"model": "m", "prompt": "w1 w2 w3", "max_tokens": max_tokens, "stream": True}
     try:
@@ -141,6 +148,8 @@ def stream(router: Process, max_tokens: int = 4) -> tuple[int, list[Any]]:
             if line.startswith(b"data: "):
                 data = line[len(b"data: ") :].strip()
                 events.append(None if data == b"[DONE]" else json.loads(data))
+                if times is not None:
+                    times.append(time.monotonic())
         return 200, events
     finally:
         conn.close()
@@ -232,6 +241,157 @@ def test_a_prefill_bound_to_every_address_is_reached_from_another_node(fleet: Fl
     assert len(rooms(decode, "received")) == 1
 
 
+def pd_pair(fleet: Fleet, prefill_knobs: dict[str, Any], decode_knobs: dict[str, Any]
+            ) -> tuple[Process, int, Process, Process]:  # fmt: skip
+    """One prefill (127.0.0.2) and one decode (127.0.0.3) behind the router in PD mode."""
+    bootstrap = free_port_on("127.0.0.2")
+    prefill = fleet.server("prefill", "prefill", "127.0.0.2", bootstrap, **prefill_knobs)
+    decode = fleet.server("decode", "decode", "127.0.0.3", **decode_knobs)
+    router = fleet.router()
+    fleet.register(router, f"http://127.0.0.2:{prefill.port}", "prefill", bootstrap)
+    fleet.register(router, f"http://127.0.0.3:{decode.port}", "decode")
+    return prefill, bootstrap, decode, router
+
+
+def test_a_prefill_dying_mid_transfer_fails_the_request_and_then_the_decodes_health(
+    fleet: Fleet,
+) -> None:
+    prefill, bootstrap, decode, router = pd_pair(
+        fleet, {"pd_crash": "mid_transfer"}, {"pd_health_fail_s": 2.0}
+    )
+    status, events = stream(router)
+    # The decode's leg is what the client gets: its heartbeat loses the prefill and the
+    # room in transfer fails with it.
+    assert status == 200, events
+    message = events[0]["error"]["message"]
+    assert message.startswith("Decode transfer failed for request rank=0 ")
+    assert message.endswith(
+        f"Lost connection with prefill instance (bootstrap_addr: 127.0.0.2:{bootstrap})"
+    )
+    assert prefill.proc.wait(timeout=5) == -9  # kill_process_tree(include_parent=True)
+    log = prefill.text()
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in log
+    assert "SIGQUIT received. signum=None, frame=None. It usually means one child failed." in log
+    assert f"kill_process_tree called: parent_pid={prefill.proc.pid}, include_parent=True" in log
+    assert "[standin] sent KV" not in log
+    assert (
+        f"Lost connection with prefill instance (bootstrap_addr: 127.0.0.2:{bootstrap}), "
+        "1 requests affected" in decode.text()
+    )
+    # sglang#12779: the healthy decode fails its health checks for a while after that.
+    assert get("127.0.0.3", decode.port, "/health")[0] == 503
+    assert get("127.0.0.3", decode.port, "/health_generate")[0] == 503
+    assert "Health check failed. Server couldn't get a response from detokenizer" in decode.text()
+    wait_for(lambda: get_ok("127.0.0.3", decode.port), 4, "the decode's health back")
+    assert metric(decode, "127.0.0.3", "num_transfer_failed_reqs_total") == 1
+
+
+def test_an_unreachable_bootstrap_port_fails_the_decodes_handshake(fleet: Fleet) -> None:
+    prefill, bootstrap, decode, router = pd_pair(
+        fleet, {"bootstrap_unreachable": True}, {"handshake_attempts": 2}
+    )
+    started, times, result = time.monotonic(), [], []
+    client = threading.Thread(target=lambda: result.append(stream(router, times=times)))
+    client.start()
+    failed = lambda: metric(decode, "127.0.0.3", "num_bootstrap_failed_reqs_total") == 1  # noqa: E731
+    wait_for(failed, 2.5, "the decode's two tries, a second apart")
+    assert time.monotonic() - started > 1.0
+    # The router 0.3.2 holds the decode's stream until the prefill's answer is complete:
+    # the client waits out the prefill's bootstrap timeout (3 s here, 300 s by default).
+    client.join(timeout=10)
+    assert times[0] - started > 2.9
+    [(status, events)] = result
+    assert status == 200, events
+    message = events[0]["error"]["message"]
+    assert message.startswith("Decode handshake failed for request rank=0 ")
+    assert message.endswith("Aborted by AbortReq.")
+    log = decode.text()
+    assert (
+        log.count(
+            "Error fetching prefill server info from bootstrap: HTTPConnectionPool(host='127.0.0.2', "
+            f"port={bootstrap}): Max retries exceeded with url: /route?prefill_dp_rank=-1"
+        )
+        == 2
+    )
+    assert "[Errno 111] Connection refused" in log
+    assert f"Could not fetch prefill parallel info from 127.0.0.2:{bootstrap} after 2 attempts" in (
+        log
+    )
+    assert metric(decode, "127.0.0.3", "num_decode_prealloc_queue_reqs") == 0
+    assert "Prefill bootstrap failed" in prefill.text()
+
+
+def test_a_stuck_transfer_runs_with_no_tokens_until_the_waiting_timeout(fleet: Fleet) -> None:
+    prefill, _, decode, router = pd_pair(fleet, {}, {"stuck_transfer": True})
+    result: list[Any] = []
+    client = threading.Thread(target=lambda: result.append(stream(router)))
+    client.start()
+    wait_for(lambda: "[standin] sent KV" in prefill.text(), 5, "the prefill's hand-off")
+    # Waiting for KV it never gets: in the transfer queue, not running, no tokens.
+    assert metric(decode, "127.0.0.3", "num_decode_transfer_queue_reqs") == 1
+    assert metric(decode, "127.0.0.3", "num_running_reqs") == 0
+    assert metric(decode, "127.0.0.3", "gen_throughput") == 0
+    client.join(timeout=10)
+    [(status, events)] = result
+    assert status == 200
+    assert re.search(r"KVTransferError\(bootstrap_room=\d+\): Request \d+ timed out after "
+                     r"3\.\ds in KVPoll\.WaitingForInput$", events[0]["error"]["message"])  # fmt: skip
+    assert "Some requests fail to receive KV Cache transfer done signal" in decode.text()
+    assert metric(decode, "127.0.0.3", "num_decode_transfer_queue_reqs") == 0
+    assert metric(decode, "127.0.0.3", "num_transfer_failed_reqs_total") == 1
+
+
+def open_stream(host: str, port: int, request: dict[str, Any]) -> http.client.HTTPConnection:
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "w1", "max_tokens": 4,
+                 "stream": True, **request}), {"Content-Type": "application/json"})  # fmt: skip
+    return conn
+
+
+def test_a_stuck_transfer_ends_when_its_client_goes_but_the_router_keeps_it(
+    fleet: Fleet,
+) -> None:
+    _, bootstrap, decode, router = pd_pair(fleet, {}, {"stuck_transfer": True})
+    in_transfer = lambda: metric(decode, "127.0.0.3", "num_decode_transfer_queue_reqs")  # noqa: E731
+    # A client of the decode itself that goes away aborts the room at once.
+    room = {"bootstrap_host": "127.0.0.2", "bootstrap_port": bootstrap, "bootstrap_room": 7}
+    conn = open_stream("127.0.0.3", decode.port, room)
+    wait_for(lambda: in_transfer() == 1, 5, "the request in transfer")
+    conn.close()
+    wait_for(lambda: in_transfer() == 0, 1, "the abort")
+    assert re.search(r"Decode transfer failed for request .* decode_req.req.bootstrap_room=7 "
+                     r"with exception KVTransferError\(bootstrap_room=7\): Aborted by AbortReq\.",
+                     decode.text())  # fmt: skip
+    # The router 0.3.2 does not pass its client's going on: the decode leg stays open, and
+    # the room in transfer, until the decode's waiting timeout ends it.
+    conn = open_stream(ROUTER_HOST, router.port, {"model": "m"})
+    wait_for(lambda: in_transfer() == 1, 5, "the request in transfer")
+    conn.close()
+    time.sleep(1.5)
+    assert in_transfer() == 1
+    wait_for(lambda: in_transfer() == 0, 3, "the waiting timeout")
+    assert metric(decode, "127.0.0.3", "num_transfer_failed_reqs_total") == 2
+
+
+def test_a_taken_bootstrap_port_is_logged_and_the_prefill_starts_anyway(fleet: Fleet) -> None:
+    """sglang#5704: two prefills on one host with one bootstrap port."""
+    bootstrap = free_port_on("127.0.0.2")
+    first = fleet.server("first", "prefill", "127.0.0.2", bootstrap)
+    second = fleet.server("second", "prefill", "127.0.0.2", bootstrap)
+    log = second.text()
+    assert (
+        f"Server error: [Errno 98] error while attempting to bind on address "
+        f"('127.0.0.2', {bootstrap}): address already in use" in log
+    )
+    assert "CommonKVBootstrapServer started successfully" not in log
+    assert "The server is fired up and ready to roll!" in log
+    # Its ranks registered with the first prefill's registry, which now sends decodes there.
+    status, body = get("127.0.0.2", bootstrap, "/route?prefill_dp_rank=-1&prefill_cp_rank=-1"
+                       "&target_tp_rank=-1&target_pp_rank=-1")  # fmt: skip
+    assert status == 200 and json.loads(body)["prefill_http_port"] == first.port
+    assert first.proc.poll() is None
+
+
 def wheel_source(relpath: str) -> str:
     with zipfile.ZipFile(sglang_wheel(SGLANG_VERSION)) as wheel:
         return wheel.read(f"sglang/srt/{relpath}").decode()
@@ -294,3 +454,40 @@ def test_the_pd_options_are_the_wheels_own() -> None:
         8998,
         "mooncake",
     )
+
+
+def real_no_pool_message(fraction: float, available: float, pre: float) -> str:
+    """0.5.23's own words when the weights leave no KV pool: the f-string of
+    kv_cache_configurator._profile_available_bytes's ValueError, evaluated."""
+    tree = ast.parse(wheel_source("mem_cache/kv_cache_configurator.py"))
+    [profile] = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                 and n.name == "_profile_available_bytes"]  # fmt: skip
+    [raised] = [n for n in ast.walk(profile) if isinstance(n, ast.Raise)]
+    message = raised.exc.args[0]  # type: ignore[union-attr]
+    minimum = 1 - available / pre
+    namespace = {
+        "get_schedule": lambda: types.SimpleNamespace(mem_fraction_static=fraction),
+        "minimum_mem_fraction_static": minimum,
+        "suggested_mem_fraction_static": math.ceil(minimum * 1000) / 1000,
+    }
+    return str(eval(compile(ast.Expression(message), "f", "eval"), namespace))
+
+
+def test_gpu_fraction_sizes_the_pool_from_the_memory_free_at_start_as_0_5_23_does() -> None:
+    # A 1P1D pair on one H200 (about 139.5 GiB free): each holds F of what was free when
+    # it started, so 0.4 + 0.4 holds 0.4 + 0.24 of the GPU ...
+    first = kv_pool_gib(139.5, 139.5, 0.4)
+    assert first == pytest.approx(55.8)
+    assert kv_pool_gib(139.5 - first, 139.5 - first, 0.4) == pytest.approx(33.48)
+    # ... and 0.6 + 0.6, one after the other, is no failure in 0.5.23: the second holds
+    # 0.6 of the 40 % left.  (Started together, both see the GPU free and the second's
+    # pool allocation fails with CUDA's out-of-memory error.)
+    second = kv_pool_gib(139.5 * 0.4, 139.5 * 0.4, 0.6)
+    assert second == pytest.approx(33.48)
+    # Weights over F of what was free: SGLang's own ValueError.
+    with pytest.raises(ValueError) as raised:
+        kv_pool_gib(55.8, 55.8 - 40.0, 0.3)
+    assert str(raised.value) == real_no_pool_message(0.3, 55.8 - 40.0, 55.8)
+    assert "Raise --mem-fraction-static above 0.717 " in str(raised.value)
+    # Without --mem-fraction-static: the capacity less a 10 GiB reserve on a large GPU.
+    assert default_mem_fraction(140.4, 1) == pytest.approx(0.929, abs=0.001)

@@ -21,6 +21,7 @@ import errno
 import functools
 import importlib.util
 import json
+import math
 import os
 import random
 import select
@@ -51,6 +52,9 @@ KNOB_DEFAULTS: dict[str, Any] = {
         "at non-singleton dimension 0"
     ),
     "gpu_mib": 0,
+    # True: each rank sizes a KV pool on its GPU as 0.5.23 does with --mem-fraction-static F
+    # (and holds it): F of the memory free before it loaded (gpu_mib counts as its weights).
+    "gpu_fraction": False,
     # Host memory each rank holds, every page touched (as a real rank's pinned buffers): a
     # process holding much takes a while to die even after SIGKILL.
     "host_mib": 0,
@@ -94,7 +98,8 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # PD disaggregation (--disaggregation-mode prefill|decode); see README.md.
     # Prefill: "mid_transfer" crashes the schedulers while a room's KV is being handed over.
     "pd_crash": None,
-    # Prefill: nothing listens on the bootstrap port (its server never came up).
+    # Prefill: from the ready line on, nothing answers on the bootstrap port (its server's
+    # thread is gone; the ranks registered before that).
     "bootstrap_unreachable": False,
     # Decode: the KV never arrives; the request waits in the transfer queue until it is
     # aborted (the client goes) or SGLANG_DISAGGREGATION_WAITING_TIMEOUT passes.
@@ -494,17 +499,84 @@ def _gpu_hold(index: int, mib: int) -> int:
     return int(device.index)
 
 
+# Where 0.5.23 sizes the KV pool (the frames of its "no memory left" failure).
+_POOL_FRAMES: list[_Frame] = [
+    *_STARTUP_FRAMES[:3],
+    ("srt/model_executor/model_runner.py", 982, "alloc_memory_pool",
+     "result = self.kv_cache_configurator.configure(", None),
+    ("srt/mem_cache/kv_cache_configurator.py", 476, "configure",
+     "config = self._resolve_memory_pool_config(pre_model_load_memory)", None),
+    ("srt/mem_cache/kv_cache_configurator.py", 3182, "_resolve_memory_pool_config",
+     "available_bytes = self._profile_available_bytes(pre_model_load_memory)", None),
+    ("srt/mem_cache/kv_cache_configurator.py", 3050, "_profile_available_bytes",
+     "raise ValueError(", None),
+]  # fmt: skip
+
+
+def default_mem_fraction(total_gib: float, tp: int) -> float:
+    """0.5.23's --mem-fraction-static when none is given (memory_hook.py), roughly: the
+    capacity less a reserve for activations, at least 10 GiB on a GPU over 60 GiB."""
+    total_mib = total_gib * 1024
+    reserved = 512 + 2048 * 1.5 + tp / 8 * 1024
+    if total_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((total_mib - reserved) / total_mib, 3)
+
+
+def kv_pool_gib(pre: float, available: float, fraction: float) -> float:
+    """The KV pool 0.5.23 sizes, in GiB (kv_cache_configurator._profile_available_bytes).
+
+    pool = free now − pre × (1 − F), where pre is what was free before the weights loaded,
+    so a server ends up holding F × pre in all: F of what was *free* at its start, not of
+    the GPU.  With nothing left for the pool it raises SGLang's ValueError.
+    """
+    rest = available - pre * (1 - fraction)
+    if rest <= 0:
+        minimum = 1 - available / pre
+        raise ValueError(
+            "Loaded weights leave no GPU memory for the KV cache under "
+            f"--mem-fraction-static={fraction}. Raise --mem-fraction-static above "
+            f"{math.ceil(minimum * 1000) / 1000:.3f} (minimum viable = 1 - available/pre = "
+            f"{minimum:.4f}). If using speculative decoding, draft weights are now counted."
+        )
+    return rest
+
+
+def _gpu_pool(cfg: dict[str, Any], pre: float) -> float:
+    """Size and hold the rank's KV pool; return the GiB free afterwards.  A pool the GPU
+    cannot give (another server took the memory meanwhile) fails with CUDA's OOM error."""
+    import torch
+
+    index = cfg["gpu"] % torch.cuda.device_count()
+    fraction = cfg["mem_fraction"] or default_mem_fraction(
+        torch.cuda.mem_get_info(index)[1] / GIB, cfg["tp"]
+    )
+    try:
+        rest = kv_pool_gib(pre, _gpu_free_gib(cfg["gpu"]), fraction)
+        _gpu_hold(cfg["gpu"], int(rest * 1024))
+    except ValueError as exc:
+        _crash(cfg, _POOL_FRAMES, time.time(), f"ValueError: {exc}")
+    except torch.cuda.OutOfMemoryError as exc:
+        _crash(cfg, _POOL_FRAMES[:4], time.time(), f"torch.OutOfMemoryError: {exc}")
+    log(f"[standin] KV pool of {rest:.2f} GB (--mem-fraction-static {fraction}) on cuda:{index}",
+        cfg["prefix"])  # fmt: skip
+    return _gpu_free_gib(cfg["gpu"])
+
+
 def _report(cfg: dict[str, Any], word: str) -> None:
     with contextlib.suppress(OSError):
         os.write(cfg["status_fd"], f"{word} {cfg['index']}\n".encode())
 
 
-def _crash(cfg: dict[str, Any], frames: list[_Frame], crash_at: float) -> NoReturn:
+def _crash(
+    cfg: dict[str, Any], frames: list[_Frame], crash_at: float, exc_line: str | None = None
+) -> NoReturn:
     """Fail like a scheduler: log the traceback, SIGQUIT the parent, wait to be killed."""
     rng = random.Random(cfg["index"] * 7919 + int(crash_at * 1000))
     # Ranks hit the error at slightly different moments, so blocks interleave.
     _sleep_until(crash_at + rng.uniform(0.0, 0.05))
-    tb = format_traceback(frames, cfg["sglang_root"], f"RuntimeError: {cfg['crash_message']}")
+    exc_line = exc_line or f"RuntimeError: {cfg['crash_message']}"
+    tb = format_traceback(frames, cfg["sglang_root"], exc_line)
     # One logger record: the prefixed first line, then raw traceback lines.
     log(f"Scheduler hit an exception: {tb}", cfg["prefix"])
     # Tell the parent this rank has printed, so it kills the tree only once
@@ -543,7 +615,7 @@ def _rank_main(cfg: dict[str, Any]) -> NoReturn:
     def at(fraction: float) -> None:
         _sleep_until(t0 + fraction * span)
 
-    gpu = cfg["gpu_mib"] > 0
+    gpu = cfg["gpu_mib"] > 0 or cfg["gpu_fraction"]
     at(0.1)
     tic = time.time()
     before = _gpu_free_gib(cfg["gpu"]) if gpu else 139.19
@@ -574,7 +646,7 @@ def _rank_main(cfg: dict[str, Any]) -> NoReturn:
     if cfg["crash"] == "startup":
         _crash(cfg, _STARTUP_FRAMES, t0 + 0.5 * span)
     at(0.55)
-    pool = after - 104.3
+    pool = _gpu_pool(cfg, before) if cfg["gpu_fraction"] else after - 104.3
     log(f"Memory pool end. avail mem={pool:.2f} GB", prefix)
     name, per_req = ("target verify", cfg["draft_tokens"]) if spec else ("target decode", 1)
     log(
@@ -1000,13 +1072,13 @@ class PrefillPD(PDState):
             or _connect_host(self.host)
         )
         self.rank_port = 0
+        self.bootstrap: ThreadingHTTPServer | None = None
 
     # -- start-up --------------------------------------------------------------
 
     def start(self) -> None:
         """Start the bootstrap server (disagg_service.start_disagg_service) and the rank port."""
-        if not self.knobs["bootstrap_unreachable"]:
-            self.start_bootstrap_server()
+        self.start_bootstrap_server()
         transfer = socket.socket(socket.AF_INET6 if ":" in self.rank_ip else socket.AF_INET)
         transfer.bind((self.rank_ip, 0))
         transfer.listen(256)
@@ -1036,7 +1108,13 @@ class PrefillPD(PDState):
             )
             return
         threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.bootstrap = server
         log(f"CommonKVBootstrapServer started successfully on {self.host}:{self.port}")
+
+    def on_ready(self) -> None:
+        if self.knobs["bootstrap_unreachable"] and self.bootstrap is not None:
+            self.bootstrap.shutdown()
+            self.bootstrap.server_close()  # connections to the port are refused from now on
 
     def register_ranks(self) -> None:
         """Each rank PUTs its row to the bootstrap server (register_to_bootstrap)."""
@@ -1850,6 +1928,9 @@ class Launcher:
             "crash_after_s": float(self.knobs["crash_after_s"]),
             "crash_message": str(self.knobs["crash_message"]),
             "gpu_mib": int(self.knobs["gpu_mib"]),
+            "gpu_fraction": bool(self.knobs["gpu_fraction"]),
+            "mem_fraction": self.args.mem_fraction_static,
+            "tp": max(1, self.args.tp_size),
             "host_mib": int(self.knobs["host_mib"]),
             "pdeathsig": bool(self.knobs["pdeathsig"]),
             "sglang_root": sglang_root(),
@@ -1902,7 +1983,7 @@ class Launcher:
         import subprocess  # the main process only; ranks start faster without it
 
         # -S skips site (tens of ms per rank) unless a rank needs torch from it.
-        flags = [] if cfg["gpu_mib"] > 0 else ["-S"]
+        flags = [] if cfg["gpu_mib"] > 0 or cfg["gpu_fraction"] else ["-S"]
         cmd = [sys.executable, *flags, os.path.abspath(__file__), CHILD_FLAG, json.dumps(cfg)]
         # Same process group and session as the parent, like mp.Process.
         proc = subprocess.Popen(cmd, pass_fds=fds)
@@ -2198,6 +2279,8 @@ class Launcher:
         # From here on SGLang's tokenizer manager owns SIGTERM and SIGQUIT.
         signal.signal(signal.SIGTERM, self.on_sigterm_running)
         self.ready = True
+        if isinstance(self.pd, PrefillPD):
+            self.pd.on_ready()
         log("The server is fired up and ready to roll!")
         serving = f"serving {time.time()!r}\n".encode()
         for fd in self.ctl_fds:
