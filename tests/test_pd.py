@@ -5,6 +5,10 @@ status shows roles and the router's view, streamed requests go through the pairs
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +29,16 @@ FAST_PD_ENV = {
 
 
 def pd_fleet(
-    lab: SSHLab, tmp_path: Path, prefills: int, decodes: int, **changes: dict[str, Any]
+    lab: SSHLab,
+    tmp_path: Path,
+    prefills: int,
+    decodes: int,
+    knobs: dict[str, Any] | None = None,
+    **changes: dict[str, Any],
 ) -> tuple[Path, dict[str, dict[str, Any]]]:
     """alpha runs the router (PD mode) and prefill p0; the other servers alternate between
-    bravo and alpha, each on a GPU of its own. `changes`: per deployment, over its variables."""
+    bravo and alpha, each on a GPU of its own. `knobs`: the stand-ins'; `changes`: per
+    deployment, over its variables."""
     alpha, bravo = lab.hosts["alpha"], lab.hosts["bravo"]
     tables: dict[str, dict[str, Any]] = {"alpha": {}, "bravo": {}}
     tables["alpha"]["router"] = {**router_vars(alpha.address, real_router()), "pd": True}
@@ -55,7 +65,7 @@ def pd_fleet(
     model = lab.base / f"model-{tmp_path.name}"
     model.mkdir(mode=0o1777)
     model.chmod(0o1777)
-    (model / "standin.json").write_text(json.dumps({"startup_s": 0.3}))
+    (model / "standin.json").write_text(json.dumps({"startup_s": 0.3, **(knobs or {})}))
     (model / "standin-argv.jsonl").touch(mode=0o666)
     (model / "standin-argv.jsonl").chmod(0o666)
     variables = {}
@@ -150,3 +160,94 @@ def test_a_loopback_bootstrap_a_shared_bootstrap_port_and_mismatched_tp_start_no
     port = shared["bootstrap_port"]
     assert f"alpha/p2's bootstrap_port {port} is also alpha/p0's bootstrap_port" in result.stderr
     assert started_servers(Path(table["alpha/p0"]["model_path"])) == 0
+
+
+class Load:
+    """Streamed requests through the router, one after another on each of `streams`
+    threads, until stopped: how many were answered in full, and the failures."""
+
+    def __init__(self, address: str, port: int, streams: int = 2) -> None:
+        self.done = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(address, port), daemon=True)
+            for _ in range(streams)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, address: str, port: int) -> None:
+        while not self._stop.is_set():
+            try:
+                text = stream_through(address, port)
+                if text.rstrip().endswith("[DONE]") and '"error"' not in text:
+                    self.done += 1
+                else:
+                    self.failures.append(text[-200:])
+            except OSError as exc:
+                self.failures.append(str(exc))
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+
+def watch_events(
+    cli: CLI, inv: Path, until: Any, seconds: float = 90, *extra: str
+) -> list[dict[str, Any]]:
+    """Run `watch --json` until `until(events)` holds (or `seconds` pass), then Ctrl-C it."""
+    proc = cli.popen(
+        "watch", "-i", str(inv), "--json", "--interval", "0.5", "--timeout", "30", *extra
+    )
+    events: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + seconds
+        while proc.stdout is not None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            events.append(json.loads(line))
+            if until(events):
+                break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    return events
+
+
+def test_a_prefill_killed_under_load_is_restarted_and_no_decode_is(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    # Decodes fail their health for a while after they lose their prefill (sglang#12779),
+    # with a failed request's traceback in their logs: what a supervisor takes for a crash.
+    knobs = {"pd_health_fail_s": 6, "request_error": True, "crash_after_s": 0.2}
+    inv, table = pd_fleet(hosts, tmp_path, prefills=1, decodes=2, knobs=knobs)
+    code, launched, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    alpha = hosts.hosts["alpha"]
+    load = Load(alpha.address, router_port(table))
+    try:
+        time.sleep(1)
+        os.killpg(launched["hosts"]["alpha"]["deployments"]["p0"]["pid"], signal.SIGKILL)
+
+        def prefill_back_and_decodes_held(evs: list[dict[str, Any]]) -> bool:
+            kinds = {(e["event"], e["target"]) for e in evs}
+            held = {t for kind, t in kinds if kind == "decode_held"}
+            return ("replaced", "alpha/p0") in kinds and held == {"bravo/d0", "alpha/d1"}
+
+        events = watch_events(cli, inv, prefill_back_and_decodes_held, 90, "--pd-window", "30")
+    finally:
+        load.stop()
+    restarted = [e["target"] for e in events if e["event"] == "restarting"]
+    assert restarted == ["alpha/p0"], events
+    held = [e for e in events if e["event"] == "decode_held"]
+    assert {e["target"] for e in held} == {"bravo/d0", "alpha/d1"}, events
+    assert all(e["prefill"] == "alpha/p0" and e["window_s"] == 30 for e in held), held
+    replaced = next(e for e in events if e["event"] == "replaced")
+    assert replaced["state"] == "ready", replaced
+    # The pair serves again, through the new prefill.
+    assert stream_through(alpha.address, router_port(table)).rstrip().endswith("[DONE]")
+    cli("stop", "-i", str(inv))
