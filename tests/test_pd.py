@@ -251,3 +251,26 @@ def test_a_prefill_killed_under_load_is_restarted_and_no_decode_is(
     # The pair serves again, through the new prefill.
     assert stream_through(alpha.address, router_port(table)).rstrip().endswith("[DONE]")
     cli("stop", "-i", str(inv))
+
+
+def test_a_stuck_transfer_is_reported_by_watch(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    # The decode accepts requests and never gets their KV: they wait in its transfer queue.
+    slow = {"pd_timeout": 60}
+    inv, table = pd_fleet(
+        hosts, tmp_path, prefills=1, decodes=1, knobs={"stuck_transfer": True}, d0=slow, p0=slow
+    )
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    load = Load(hosts.hosts["alpha"].address, router_port(table), streams=1)
+    try:
+        events = watch_events(
+            cli, inv, lambda evs: any(e["event"] == "stuck_transfer" for e in evs), 60,
+            "--stuck-after", "2",
+        )  # fmt: skip
+    finally:
+        cli("stop", "-i", str(inv))  # ends the requests that wait
+        load.stop()
+    stuck = [e for e in events if e["event"] == "stuck_transfer"]
+    assert [e["target"] for e in stuck] == ["bravo/d0"], events
+    assert stuck[0]["waiting"] >= 1 and stuck[0]["stuck_s"] >= 2, stuck
+    assert not [e for e in events if e["event"] == "restarting"], events
