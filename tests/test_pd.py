@@ -9,10 +9,12 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab, free_port
@@ -274,3 +276,66 @@ def test_a_stuck_transfer_is_reported_by_watch(hosts: SSHLab, cli: CLI, tmp_path
     assert [e["target"] for e in stuck] == ["bravo/d0"], events
     assert stuck[0]["waiting"] >= 1 and stuck[0]["stuck_s"] >= 2, stuck
     assert not [e for e in events if e["event"] == "restarting"], events
+
+
+def roles_serving(address: str, port: int) -> tuple[int, int]:
+    """How many healthy prefills and decodes the router lists now."""
+    with urllib.request.urlopen(f"http://{address}:{port}/workers", timeout=10) as reply:
+        workers = json.load(reply)["workers"]
+    healthy = [w["worker_type"] for w in workers if w.get("is_healthy")]
+    return healthy.count("prefill"), healthy.count("decode")
+
+
+def rewrite_workers(inv: Path, change: dict[str, Any]) -> None:
+    document = yaml.safe_load(inv.read_text())
+    for host in document["all"]["hosts"].values():
+        for name, variables in host["deployments"].items():
+            if name != "router":
+                variables.update(change)
+    inv.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def test_a_rollout_of_2p2d_under_load_loses_no_request_and_never_empties_a_role(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    knobs = {"step_ms": 20.0, "per_req_ms": 0.5, "drain_s": 0.5}
+    inv, table = pd_fleet(hosts, tmp_path, prefills=2, decodes=2, knobs=knobs)
+    code, launched, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    assert len([r for r in launched["registrations"] if r["ok"]]) == 4
+    address, port = hosts.hosts["alpha"].address, router_port(table)
+    # Two prefills out at once would leave none: refused, nothing touched.
+    rewrite_workers(inv, {"mem_fraction_static": 0.8})
+    code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--max-unavailable", "2")
+    assert code == 1, err
+    first = {u["unit"]: u for u in doc["units"]}
+    assert first["alpha/p0"]["outcome"] == "refused", first
+    assert "would have no healthy prefill left" in first["alpha/p0"]["error"], first
+    samples: list[tuple[int, int]] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            samples.append(roles_serving(address, port))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    load = Load(address, port, streams=3)
+    sampler.start()
+    try:
+        time.sleep(1)
+        code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--drain-timeout", "30")
+        time.sleep(1)
+    finally:
+        load.stop()
+        sampling.set()
+        sampler.join(timeout=30)
+    assert code == 0, err
+    order = [u["unit"] for u in doc["units"] if u["outcome"] == "replaced"]
+    assert order == ["alpha/p0", "bravo/p1", "alpha/d0", "bravo/d1"], doc["units"]
+    assert load.failures == [] and load.done > 10, (load.failures[:3], load.done)
+    assert samples and min(p for p, _ in samples) >= 1 and min(d for _, d in samples) >= 1, sorted(
+        set(samples)
+    )
+    assert roles_serving(address, port) == (2, 2)
+    cli("stop", "-i", str(inv))
