@@ -117,7 +117,47 @@ def test_a_1p2d_fleet_registers_by_role_and_serves_streamed_requests(
         assert stream_through(alpha.address, router_port(table)).rstrip().endswith("[DONE]")
     for label in ("bravo/d0", "alpha/d1"):
         assert "[standin] received KV for bootstrap_room=" in log_text(launched, label), label
+
+    # Listed in the wrong role (a hand edit, another tool): drift that router sync mends.
+    d0 = table["bravo/d0"]["worker_url"]
+    reregister(alpha.address, router_port(table), d0, {"worker_type": "prefill"})
+    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "router")
+    state = doc["hosts"]["alpha"]["deployments"]["router"]["router"]
+    assert state["drift"] and state["miscast"] == {d0: "bravo/d0"}, state
+    human = cli("status", "-i", str(inv), "-d", "router")
+    assert f"drift: bravo/d0 at {d0} serves as a decode but is listed otherwise" in human.stderr
+    code, doc, err = run_json(cli, "router", "sync", "-i", str(inv))
+    assert code == 0, err
+    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "router")
+    state = doc["hosts"]["alpha"]["deployments"]["router"]["router"]
+    assert not state["drift"], state
+    assert {w["deployment"]: w["role"] for w in state["workers"]}["bravo/d0"] == "decode"
     cli("stop", "-i", str(inv))
+
+
+def reregister(address: str, port: int, url: str, body: dict[str, Any]) -> None:
+    """Take `url` out of the router by hand and add it back as `body` says."""
+    base = f"http://{address}:{port}"
+    with urllib.request.urlopen(f"{base}/workers", timeout=10) as reply:
+        (worker,) = [w for w in json.load(reply)["workers"] if w["url"] == url]
+    delete = urllib.request.Request(f"{base}/workers/{worker['id']}", method="DELETE")
+    urllib.request.urlopen(delete, timeout=10).close()
+    for _ in range(100):
+        with urllib.request.urlopen(f"{base}/workers", timeout=10) as reply:
+            if all(w["url"] != url for w in json.load(reply)["workers"]):
+                break
+        time.sleep(0.1)
+    add = urllib.request.Request(
+        f"{base}/workers", data=json.dumps({"url": url, **body}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST",
+    )  # fmt: skip
+    urllib.request.urlopen(add, timeout=10).close()
+    for _ in range(100):
+        with urllib.request.urlopen(f"{base}/workers", timeout=10) as reply:
+            if any(w["url"] == url and w.get("is_healthy") for w in json.load(reply)["workers"]):
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"{url} not listed again")
 
 
 def log_text(launch_doc: dict[str, Any], label: str) -> str:
