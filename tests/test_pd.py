@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import CLI
+from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster
 from tests.sshd_hosts import SSHLab, free_port
 from tests.test_lifecycle import prepare
 from tests.test_router import real_router, router_vars, run_json, stream_through
@@ -379,3 +380,43 @@ def test_a_rollout_of_2p2d_under_load_loses_no_request_and_never_empties_a_role(
     )
     assert roles_serving(address, port) == (2, 2)
     cli("stop", "-i", str(inv))
+
+
+def test_a_pd_pair_runs_as_two_slurm_jobs_behind_a_router(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    job = {
+        "launcher": "slurm",
+        "python": "/usr/bin/python3",
+        "bind_host": "0.0.0.0",  # the stand-in binds its node's address (bind_by_node)
+        "slurm_time": "30:00",
+        "router": "alpha/router",
+        "env": FAST_PD_ENV,
+    }
+    port, bootstrap, decode_port = (free_port(NODE_ADDRESSES["n1"]) for _ in range(3))
+    table = {
+        "router": {**router_vars(alpha.address, real_router()), "pd": True},
+        "p0": {**job, "role": "prefill", "port": port, "bootstrap_port": bootstrap},
+        "d0": {**job, "role": "decode", "port": decode_port},
+    }
+    variables = {
+        **prepare(alpha, tp=1, bind_by_node=NODE_ADDRESSES),
+        "template": "baseline",
+        "deployments": table,
+    }
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
+    code, launched, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "90")
+    assert code == 0, err
+    jobs = {d: e["job"]["id"] for d, e in launched["hosts"]["alpha"]["deployments"].items()
+            if e.get("job")}  # fmt: skip
+    assert sorted(jobs) == ["d0", "p0"] and len(set(jobs.values())) == 2, jobs
+    assert {r["worker"] for r in launched["registrations"] if r["ok"]} == {"alpha/p0", "alpha/d0"}
+    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "router")
+    state = doc["hosts"]["alpha"]["deployments"]["router"]["router"]
+    roles = {w["deployment"]: (w["role"], w["bootstrap_port"]) for w in state["workers"]}
+    assert roles == {"alpha/p0": ("prefill", bootstrap), "alpha/d0": ("decode", None)}, state
+    assert stream_through(alpha.address, table["router"]["port"]).rstrip().endswith("[DONE]")
+    code, _, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+    assert slurm_lab.active_jobs() == []

@@ -651,9 +651,15 @@ def check_placement(plans: Sequence[Plan]) -> None:
 
 def check_extra_ports(same_machine: Sequence[Plan]) -> None:
     """Refuse two of one machine's deployments listening on one port besides their server
-    ports (two prefills' bootstrap ports), or one such port that is a server port."""
-    taken: dict[int, str] = {p.port: f"{p.host.label}'s server port" for p in same_machine}
-    for plan in same_machine:
+    ports (two prefills' bootstrap ports), or one such port that is a server port. A job's
+    ports are on its nodes, not on the login node that submits it."""
+    for on_host in (True, False):
+        check_ports_of([p for p in same_machine if p.launcher.checks_host is on_host])
+
+
+def check_ports_of(plans: Sequence[Plan]) -> None:
+    taken: dict[int, str] = {p.port: f"{p.host.label}'s server port" for p in plans}
+    for plan in plans:
         for port, why in plan.extra_ports.items():
             name = why.split(",")[0]
             other = taken.get(port)
