@@ -86,6 +86,7 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
         },
         "lock": lock,
         "sbatch": None,
+        "model_mla": None,
     }
     assert reply(host, base, PreflightReply) == base
     with pytest.raises(AgentError, match=r"argv_check\.findings\[0\]\.level is missing"):

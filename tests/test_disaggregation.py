@@ -383,3 +383,19 @@ def test_a_rollout_replaces_prefills_first_and_routers_last() -> None:
     ]
     ordered = sorted(unit_plans, key=rollout_order)
     assert [u.name for u in ordered] == ["gpu1/p0", "gpu1/d0", "gpu2/d1", "edge/router"]
+
+
+def test_a_pd_router_serves_only_with_a_serving_prefill_and_decode() -> None:
+    prefill, decode = listed("p", PdRole.PREFILL), listed("d", PdRole.DECODE)
+    assert RouterState("r", "workers", [prefill, decode], pd=True).missing_roles == []
+    assert RouterState("r", "workers", [prefill], pd=True).missing_roles == [PdRole.DECODE]
+    unhealthy = ListedWorker("d", False, 0, "ours/d", kind=decode.kind)
+    assert RouterState("r", "workers", [prefill, unhealthy], pd=True).missing_roles == [
+        PdRole.DECODE
+    ]
+    # Ours, seen not serving by our own status round, whatever the router's flag says.
+    dead = ListedWorker("d", True, 0, None, owner="ours/d", kind=decode.kind)
+    assert RouterState("r", "workers", [prefill, dead], pd=True).missing_roles == [PdRole.DECODE]
+    # A router of whole-request workers, or one not read, lacks no role.
+    assert RouterState("r", "workers", [], pd=False).missing_roles == []
+    assert RouterState("r", None, [], pd=True).missing_roles == []

@@ -20,6 +20,7 @@ from tests.conftest import CLI
 from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster
 from tests.sshd_hosts import SSHLab, free_port
 from tests.test_lifecycle import prepare
+from tests.test_rollout import Load
 from tests.test_router import real_router, router_vars, run_json, stream_through
 
 pytestmark = pytest.mark.lab
@@ -205,39 +206,6 @@ def test_a_loopback_bootstrap_a_shared_bootstrap_port_and_mismatched_tp_start_no
     assert started_servers(Path(table["alpha/p0"]["model_path"])) == 0
 
 
-class Load:
-    """Streamed requests through the router, one after another on each of `streams`
-    threads, until stopped: how many were answered in full, and the failures."""
-
-    def __init__(self, address: str, port: int, streams: int = 2) -> None:
-        self.done = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, args=(address, port), daemon=True)
-            for _ in range(streams)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def _run(self, address: str, port: int) -> None:
-        while not self._stop.is_set():
-            try:
-                text = stream_through(address, port)
-                if text.rstrip().endswith("[DONE]") and '"error"' not in text:
-                    self.done += 1
-                else:
-                    self.failures.append(text[-200:])
-            except OSError as exc:
-                self.failures.append(str(exc))
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=60)
-
-
 def watch_events(
     cli: CLI, inv: Path, until: Any, seconds: float = 90, *extra: str
 ) -> list[dict[str, Any]]:
@@ -271,19 +239,17 @@ def test_a_prefill_killed_under_load_is_restarted_and_no_decode_is(
     code, launched, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
     assert code == 0, err
     alpha = hosts.hosts["alpha"]
-    load = Load(alpha.address, router_port(table))
-    try:
+    p0 = launched["hosts"]["alpha"]["deployments"]["p0"]["pid"]
+
+    def prefill_back_and_decodes_held(evs: list[dict[str, Any]]) -> bool:
+        kinds = {(e["event"], e["target"]) for e in evs}
+        held = {t for kind, t in kinds if kind == "decode_held"}
+        return ("replaced", "alpha/p0") in kinds and held == {"bravo/d0", "alpha/d1"}
+
+    with Load(alpha.address, router_port(table), streams=2, max_tokens=4):
         time.sleep(1)
-        os.killpg(launched["hosts"]["alpha"]["deployments"]["p0"]["pid"], signal.SIGKILL)
-
-        def prefill_back_and_decodes_held(evs: list[dict[str, Any]]) -> bool:
-            kinds = {(e["event"], e["target"]) for e in evs}
-            held = {t for kind, t in kinds if kind == "decode_held"}
-            return ("replaced", "alpha/p0") in kinds and held == {"bravo/d0", "alpha/d1"}
-
+        os.killpg(p0, signal.SIGKILL)
         events = watch_events(cli, inv, prefill_back_and_decodes_held, 90, "--pd-window", "30")
-    finally:
-        load.stop()
     restarted = [e["target"] for e in events if e["event"] == "restarting"]
     assert restarted == ["alpha/p0"], events
     held = [e for e in events if e["event"] == "decode_held"]
@@ -304,15 +270,14 @@ def test_a_stuck_transfer_is_reported_by_watch(hosts: SSHLab, cli: CLI, tmp_path
     )
     code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
     assert code == 0, err
-    load = Load(hosts.hosts["alpha"].address, router_port(table), streams=1)
-    try:
-        events = watch_events(
-            cli, inv, lambda evs: any(e["event"] == "stuck_transfer" for e in evs), 60,
-            "--stuck-after", "2",
-        )  # fmt: skip
-    finally:
-        cli("stop", "-i", str(inv))  # ends the requests that wait
-        load.stop()
+    with Load(hosts.hosts["alpha"].address, router_port(table), streams=1):
+        try:
+            events = watch_events(
+                cli, inv, lambda evs: any(e["event"] == "stuck_transfer" for e in evs), 60,
+                "--stuck-after", "2",
+            )  # fmt: skip
+        finally:
+            cli("stop", "-i", str(inv))  # ends the requests that wait
     stuck = [e for e in events if e["event"] == "stuck_transfer"]
     assert [e["target"] for e in stuck] == ["bravo/d0"], events
     assert stuck[0]["waiting"] >= 1 and stuck[0]["stuck_s"] >= 2, stuck
@@ -361,20 +326,19 @@ def test_a_rollout_of_2p2d_under_load_loses_no_request_and_never_empties_a_role(
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
-    load = Load(address, port, streams=3)
     sampler.start()
     try:
-        time.sleep(1)
-        code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--drain-timeout", "30")
-        time.sleep(1)
+        with Load(address, port) as load:
+            time.sleep(1)
+            code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--drain-timeout", "30")
+            time.sleep(1)
     finally:
-        load.stop()
         sampling.set()
         sampler.join(timeout=30)
     assert code == 0, err
     order = [u["unit"] for u in doc["units"] if u["outcome"] == "replaced"]
     assert order == ["alpha/p0", "bravo/p1", "alpha/d0", "bravo/d1"], doc["units"]
-    assert load.failures == [] and load.done > 10, (load.failures[:3], load.done)
+    assert load.failed == [] and len(load.done) > 10, (load.failed[:3], len(load.done))
     assert samples and min(p for p, _ in samples) >= 1 and min(d for _, d in samples) >= 1, sorted(
         set(samples)
     )

@@ -708,8 +708,10 @@ def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> PairCh
         found.hints.append(
             "bind the worker where its router reaches it (bind_host: 0.0.0.0), or set worker_url"
         )
-    others = [pd_server(w) for w in workers_of(router, select)]
     settings = router.settings
+    if not settings.pd_router and plan.pd_role is None:
+        return found  # no pair to check (and no walk over the inventory for one)
+    others = [pd_server(w) for w in workers_of(router, select)]
     pd_router = PdRouter(router.label, router.address, settings.pd_router, settings.request_timeout)
     pairs = check_server(pd_server(plan.host, plan), others, pd_router, mla)
     found.problems += pairs.problems

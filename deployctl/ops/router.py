@@ -338,8 +338,13 @@ class RouterState:
         roles it has none of (never any for a router of whole-request workers)."""
         if not self.pd or self.api is None:
             return []
-        healthy = {w.kind.role for w in self.workers if w.healthy is not False and w.kind}
-        return [role for role in PdRole if role not in healthy]
+        serving = [
+            w.kind.role
+            for w in self.workers
+            # the router's flag, unless our own status round saw ours not serving
+            if w.kind is not None and w.healthy is not False and not (w.worker is None and w.owner)
+        ]
+        return [role for role in PdRole if role not in serving]
 
 
 def workers_of(router: Host, select: Select) -> list[Host]:
