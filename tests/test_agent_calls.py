@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 
 from deployctl import agent
-from deployctl.remote import dispatch, measures, protocol
+from deployctl.remote import dispatch, measures, protocol, routing
 
 
 def test_the_client_and_the_agent_name_the_same_calls() -> None:
@@ -30,7 +30,11 @@ def test_each_call_is_typed_by_its_handlers_typeddicts() -> None:
         for declared in (spec.args, spec.reply):
             assert typing.is_typeddict(declared), f"{spec.name}: {declared} is not a TypedDict"
             # Declared by the protocol's modules, which the client may import.
-            assert declared.__module__ in (protocol.__name__, measures.__name__), spec.name
+            assert declared.__module__ in (
+                protocol.__name__,
+                measures.__name__,
+                routing.__name__,
+            ), spec.name
         hints = typing.get_type_hints(dispatch.HANDLERS[spec.name])
         first = next(iter(hints))  # the handler's args; `apply` also takes the payload
         assert hints[first] is spec.args, f"{spec.name} takes {hints[first]}"
