@@ -172,7 +172,7 @@ def started_servers(model_dir: Path) -> int:
     return len((model_dir / "standin-argv.jsonl").read_text().splitlines())
 
 
-def test_a_loopback_bootstrap_a_shared_bootstrap_port_and_mismatched_tp_start_nothing(
+def test_a_loopback_bootstrap_a_shared_bootstrap_port_mismatched_tp_or_no_ib_start_nothing(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     cases: list[tuple[str, dict[str, dict[str, Any]], str]] = [
@@ -183,6 +183,8 @@ def test_a_loopback_bootstrap_a_shared_bootstrap_port_and_mismatched_tp_start_no
             "loopback (127.0.0.1) (sglang#10001)",
         ),
         ("tp", {"d0": {"tp": 2, "gpus": [0, 1]}}, "bravo/d0 has TP 2 and alpha/p0 TP 1"),
+        # The lab hosts have no InfiniBand.
+        ("ib", {"d0": {"ib_device": "mlx5_0"}}, "InfiniBand device mlx5_0 (ib_device) is not on"),
     ]
     for name, changes, problem in cases:
         inv, table = pd_fleet(hosts, tmp_path / name, prefills=1, decodes=2, **changes)
