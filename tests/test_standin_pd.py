@@ -183,9 +183,14 @@ def test_streamed_requests_through_the_real_router_get_their_rooms_kv_from_the_p
         assert status == 200, events
         assert events[-1] is None
         assert "".join(e["choices"][0]["text"] for e in events[:-1]) == " tok" * 4
+    # Native /generate, not streamed: the decode's answer, after its room's KV.
+    body = {"text": "w1 w2", "sampling_params": {"max_new_tokens": 3}}
+    status, answer = call(router.port, "POST", "/generate", body)
+    assert status == 200, answer
+    assert json.loads(answer)["text"] == " tok" * 3
     sent = rooms(prefill, "sent")
     got = [rooms(decode, "received") for decode in decodes]
-    assert len(sent) == 4 and sorted(sent) == sorted(got[0] + got[1])
+    assert len(sent) == 5 and sorted(sent) == sorted(got[0] + got[1])
     assert got[0] and got[1]  # round robin: both decodes served, each with its rooms' KV
     for i, decode in enumerate(decodes):
         assert metric(decode, f"127.0.0.{3 + i}", "num_transfer_failed_reqs_total") == 0
@@ -351,7 +356,7 @@ def open_stream(host: str, port: int, request: dict[str, Any]) -> http.client.HT
 def test_a_stuck_transfer_ends_when_its_client_goes_but_the_router_keeps_it(
     fleet: Fleet,
 ) -> None:
-    _, bootstrap, decode, router = pd_pair(fleet, {}, {"stuck_transfer": True})
+    prefill, bootstrap, decode, router = pd_pair(fleet, {}, {"stuck_transfer": True})
     in_transfer = lambda: metric(decode, "127.0.0.3", "num_decode_transfer_queue_reqs")  # noqa: E731
     # A client of the decode itself that goes away aborts the room at once.
     room = {"bootstrap_host": "127.0.0.2", "bootstrap_port": bootstrap, "bootstrap_room": 7}
@@ -362,15 +367,30 @@ def test_a_stuck_transfer_ends_when_its_client_goes_but_the_router_keeps_it(
     assert re.search(r"Decode transfer failed for request .* decode_req.req.bootstrap_room=7 "
                      r"with exception KVTransferError\(bootstrap_room=7\): Aborted by AbortReq\.",
                      decode.text())  # fmt: skip
-    # The router 0.3.2 does not pass its client's going on: the decode leg stays open, and
-    # the room in transfer, until the decode's waiting timeout ends it.
+    # Once the router 0.3.2 has the prefill's answer and streams the decode's, it does not
+    # pass its client's going on (before that it does, dropping both legs): the decode leg
+    # stays open, and the room in transfer, until the decode's waiting timeout ends it.
     conn = open_stream(ROUTER_HOST, router.port, {"model": "m"})
     wait_for(lambda: in_transfer() == 1, 5, "the request in transfer")
+    wait_for(lambda: "[standin] sent KV" in prefill.text(), 5, "the prefill's hand-off")
+    time.sleep(0.3)  # the prefill's last event and [DONE] reach the router
     conn.close()
     time.sleep(1.5)
     assert in_transfer() == 1
-    wait_for(lambda: in_transfer() == 0, 3, "the waiting timeout")
+    wait_for(lambda: in_transfer() == 0, 3, f"the waiting timeout: {decode.text()[-1500:]}")
     assert metric(decode, "127.0.0.3", "num_transfer_failed_reqs_total") == 2
+
+
+def test_the_router_drops_the_decode_leg_when_its_client_goes_before_the_prefill_answers(
+    fleet: Fleet,
+) -> None:
+    _, _, decode, router = pd_pair(fleet, {"bootstrap_unreachable": True}, {})
+    handshaking = lambda: metric(decode, "127.0.0.3", "num_decode_prealloc_queue_reqs")  # noqa: E731
+    conn = open_stream(ROUTER_HOST, router.port, {"model": "m"})
+    wait_for(lambda: handshaking() == 1, 5, "the decode's handshake")
+    conn.close()
+    wait_for(lambda: handshaking() == 0, 1.5, "the decode's abort")  # not 15 tries
+    assert re.search(r"Decode handshake failed for request .* Aborted by AbortReq\.", decode.text())
 
 
 def test_a_taken_bootstrap_port_is_logged_and_the_prefill_starts_anyway(fleet: Fleet) -> None:

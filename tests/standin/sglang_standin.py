@@ -934,6 +934,11 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
             self.launcher = launcher
             super().__init__(sockaddr, _Handler, bind_and_activate=False)
 
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            if not isinstance(sys.exc_info()[1], ConnectionError):
+                super().handle_error(request, client_address)
+            # A client gone mid-answer is no error to uvicorn: nothing is printed.
+
         def server_bind(self) -> None:
             # Skip HTTPServer's getfqdn(): a DNS lookup here would slow start-up.
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
