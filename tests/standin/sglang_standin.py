@@ -691,6 +691,21 @@ def _rank_main(cfg: dict[str, Any]) -> NoReturn:
 # --------------------------------------------------------------------------
 
 
+def activate(server: ThreadingHTTPServer, sockaddr: Any) -> str | None:
+    """Bind and listen; on failure close it and return the error as asyncio's and uvloop's
+    create_server word it."""
+    try:
+        server.server_bind()
+        server.server_activate()
+    except OSError as exc:
+        server.server_close()
+        reason = (exc.strerror or str(exc)).lower()
+        return (
+            f"[Errno {exc.errno}] error while attempting to bind on address {sockaddr!r}: {reason}"
+        )
+    return None
+
+
 def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> ThreadingHTTPServer:
     """Create (unbound) the HTTP server; imported lazily so ranks start fast."""
     from http import HTTPStatus
@@ -1032,6 +1047,19 @@ class PDFailure(Exception):
         self.status = status
 
 
+def room_of(request: dict[str, Any], rid: str) -> int:
+    """The request's bootstrap room; scheduler.py refuses a PD request without one."""
+    room = request.get("bootstrap_room")
+    if room is None:
+        message = (
+            "Invalid request: Disaggregated request received without bootstrap room id. "
+            f"req.rid={rid!r}"
+        )
+        log(message)
+        raise PDFailure(message, 400)
+    return int(room)
+
+
 class PDState:
     """What prefill and decode share: queues for /metrics, failure counters."""
 
@@ -1092,18 +1120,10 @@ class PrefillPD(PDState):
 
     def start_bootstrap_server(self) -> None:
         server = make_bootstrap_server(self.host, self.port)
-        try:
-            server.server_bind()
-            server.server_activate()
-        except OSError as exc:
+        error = activate(server, (self.host, self.port))
+        if error is not None:
             # _run_server catches it in its thread: logged, and the server starts anyway,
             # its ranks registering with whatever holds the port (sglang#5704).
-            server.server_close()
-            reason = (exc.strerror or str(exc)).lower()
-            error = (
-                f"[Errno {exc.errno}] error while attempting to bind on address "
-                f"{(self.host, self.port)!r}: {reason}"
-            )
             root = sglang_root()
             log(
                 f"Server error: {error}\nTraceback (most recent call last):\n"
@@ -1179,16 +1199,7 @@ class PrefillPD(PDState):
 
         Raises PDFailure as prefill.py aborts the request; returns once the KV is sent.
         """
-        room, host = request.get("bootstrap_room"), request.get("bootstrap_host")
-        if room is None:
-            # scheduler.py: a PD server refuses requests without a room.
-            message = (
-                "Invalid request: Disaggregated request received without bootstrap room id. "
-                f"req.rid={rid!r}"
-            )
-            log(message)
-            raise PDFailure(message, 400)
-        room = int(room)
+        room, host = room_of(request, rid), request.get("bootstrap_host")
         start = time.time()
         time.sleep(float(self.knobs["step_ms"]) / 1000)  # the forward pass
         if host == FAKE_BOOTSTRAP_HOST:
@@ -1384,15 +1395,7 @@ class DecodePD(PDState):
 
     def receive(self, request: dict[str, Any], rid: str, gone: Callable[[], bool]) -> None:
         """Get the request's KV from its prefill before it may decode; PDFailure if not."""
-        room, host = request.get("bootstrap_room"), request.get("bootstrap_host")
-        if room is None:
-            message = (
-                "Invalid request: Disaggregated request received without bootstrap room id. "
-                f"req.rid={rid!r}"
-            )
-            log(message)
-            raise PDFailure(message, 400)
-        room = int(room)
+        room, host = room_of(request, rid), request.get("bootstrap_host")
         if host == FAKE_BOOTSTRAP_HOST:
             return
         addr = _host_port(str(host), int(request.get("bootstrap_port") or 8998))
@@ -1883,14 +1886,9 @@ class Launcher:
             return str(exc)
         family, _, _, _, sockaddr = infos[0]
         server = make_http_server(family, sockaddr, self)
-        try:
-            server.server_bind()
-            server.server_activate()
-        except OSError as exc:
-            server.server_close()
-            # asyncio's and uvloop's create_server word the failure this way.
-            reason = (exc.strerror or str(exc)).lower()
-            return f"[Errno {exc.errno}] error while attempting to bind on address {sockaddr!r}: {reason}"
+        error = activate(server, sockaddr)
+        if error is not None:
+            return error
         self.http = server
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return None
