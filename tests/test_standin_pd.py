@@ -78,17 +78,17 @@ class Fleet:
 
     def server(self, name: str, mode: str, host: str, bootstrap_port: int | None = None,
                bind: str | None = None, env: dict[str, str] | None = None,
-               **knobs: Any) -> Process:  # fmt: skip
+               argv: tuple[object, ...] = (), **knobs: Any) -> Process:  # fmt: skip
         """A ready stand-in in `mode`, listening on `bind` (default `host`)."""
         model = self.tmp_path / name
         model.mkdir()
         (model / "standin.json").write_text(json.dumps({"startup_s": 0.2, **knobs}))
         port = free_port_on(host)
-        argv = [sys.executable, STANDIN, "--model-path", model, "--host", bind or host,
-                "--port", port, "--disaggregation-mode", mode, "--enable-metrics"]  # fmt: skip
+        command = [sys.executable, STANDIN, "--model-path", model, "--host", bind or host,
+                   "--port", port, "--disaggregation-mode", mode, "--enable-metrics", *argv]  # fmt: skip
         if bootstrap_port is not None:
-            argv += ["--disaggregation-bootstrap-port", bootstrap_port]
-        proc = self.start(name, *argv, port=port, env=env)
+            command += ["--disaggregation-bootstrap-port", bootstrap_port]
+        proc = self.start(name, *command, port=port, env=env)
         wait_for(lambda: get_ok(host, port), 10, f"{name} ready")
         return proc
 
@@ -235,9 +235,12 @@ def test_a_decode_on_another_node_cannot_reach_a_loopback_bound_prefill(fleet: F
 
 def test_a_prefill_bound_to_every_address_is_reached_from_another_node(fleet: Fleet) -> None:
     bootstrap = free_port_on("0.0.0.0")
-    # On every address, its KV manager names the host by SGLANG_HOST_IP (get_local_ip_auto).
+    # Its KV manager names its host by SGLANG_HOST_IP (get_local_ip_auto), else it finds it.
     prefill = fleet.server("prefill", "prefill", "127.0.0.2", bootstrap, bind="0.0.0.0",
                            env={"SGLANG_HOST_IP": "127.0.0.2"})  # fmt: skip
+    route = get("127.0.0.2", bootstrap, "/route?prefill_dp_rank=0&prefill_cp_rank=0"
+                "&target_tp_rank=0&target_pp_rank=0")  # fmt: skip
+    assert route[0] == 200 and json.loads(route[1])["rank_ip"] == "127.0.0.2"
     decode = fleet.server("decode", "decode", "127.0.0.3")
     router = fleet.router()
     fleet.register(router, f"http://127.0.0.2:{prefill.port}", "prefill", bootstrap)
@@ -391,6 +394,22 @@ def test_the_router_drops_the_decode_leg_when_its_client_goes_before_the_prefill
     conn.close()
     wait_for(lambda: handshaking() == 0, 1.5, "the decode's abort")  # not 15 tries
     assert re.search(r"Decode handshake failed for request .* Aborted by AbortReq\.", decode.text())
+
+
+def test_every_rank_of_a_dp_attention_prefill_registers(fleet: Fleet) -> None:
+    bootstrap = free_port_on("127.0.0.2")
+    argv = ("--tp-size", 4, "--dp-size", 2, "--enable-dp-attention")
+    fleet.server("prefill", "prefill", "127.0.0.2", bootstrap, argv=argv)
+    route = "/route?prefill_dp_rank={}&prefill_cp_rank=0&target_tp_rank={}&target_pp_rank=0"
+    status, body = get("127.0.0.2", bootstrap, route.format(-1, -1).replace("cp_rank=0", "cp_rank=-1")
+                       .replace("pp_rank=0", "pp_rank=-1"))  # fmt: skip
+    assert status == 200, body
+    info = json.loads(body)
+    assert (info["dp_size"], info["attn_tp_size"]) == (2, 2)
+    for dp_rank in (0, 1):
+        for tp_rank in (0, 1):
+            assert get("127.0.0.2", bootstrap, route.format(dp_rank, tp_rank))[0] == 200
+    assert get("127.0.0.2", bootstrap, route.format(2, 0))[0] == 404
 
 
 def test_a_taken_bootstrap_port_is_logged_and_the_prefill_starts_anyway(fleet: Fleet) -> None:

@@ -1097,8 +1097,9 @@ class PrefillPD(PDState):
         self.host = launcher.listen_host
         self.port = int(self.args.disaggregation_bootstrap_port)
         self.decodes: dict[int, socket.socket] = {}  # room -> the decode's transfer connection
-        # get_local_ip_auto: SGLANG_HOST_IP or HOST_IP, else the host's own address, which
-        # here is --host (a wildcard --host without either is taken for 127.0.0.1).
+        # get_local_ip_auto: SGLANG_HOST_IP or HOST_IP, else the host's own address (not
+        # --host), which here is --host, or 127.0.0.1 for a wildcard: reachable from every
+        # lab node, as a real host's address is from the others.
         self.rank_ip = (
             os.environ.get("SGLANG_HOST_IP")
             or os.environ.get("HOST_IP")
@@ -1144,14 +1145,20 @@ class PrefillPD(PDState):
     def register_ranks(self) -> None:
         """Each rank PUTs its row to the bootstrap server (register_to_bootstrap)."""
         addr = _host_port(_connect_host(self.host), self.port)
+        tp, dp = max(1, self.args.tp_size), max(1, self.args.dp_size)
+        # DP attention splits the TP ranks into attention-DP groups; plain DP has a system
+        # DP rank per replica (CommonKVManager's attn_* and system_dp_* fields).
+        attention_dp = dp if self.args.enable_dp_attention and tp % dp == 0 else 1
         for dp_rank, tp_rank in self.launcher.rank_layout():
             prefix = self.launcher.rank_prefix(dp_rank, tp_rank)
+            width = tp // attention_dp
             row = {
-                "attn_tp_size": max(1, self.args.tp_size), "attn_tp_rank": tp_rank,
+                "attn_tp_size": width, "attn_tp_rank": tp_rank % width,
                 "attn_cp_size": 1, "attn_cp_rank": 0,
-                "attn_dp_size": 1, "attn_dp_rank": 0,
+                "attn_dp_size": attention_dp, "attn_dp_rank": tp_rank // width,
                 "pp_size": 1, "pp_rank": 0,
-                "system_dp_size": max(1, self.args.dp_size), "system_dp_rank": dp_rank or 0,
+                "system_dp_size": dp // attention_dp,
+                "system_dp_rank": 0 if attention_dp > 1 else dp_rank or 0,
                 "rank_ip": self.rank_ip, "rank_port": self.rank_port,
                 "page_size": self.args.page_size or 1, "kv_cache_dtype": self.args.kv_cache_dtype,
                 "prefill_http_port": self.args.port,
@@ -1363,13 +1370,14 @@ class DecodePD(PDState):
         threading.Thread(target=self.heartbeat, daemon=True).start()
 
     def node_local(self, host: str) -> str:
-        """Where `host` leads from this decode's node.
+        """Where a bootstrap host leads from this decode's node.
 
         Lab hosts are loopback addresses (127.0.0.2, 127.0.0.3, …), all on one machine; a
         decode bound to one of them stands for a node of its own, where `localhost` is that
         node itself.  So a prefill on 127.0.0.1 (the router beside it registered it there,
         and sends bootstrap_host=127.0.0.1) is out of its reach, as across real nodes
-        (sglang#10001): the decode asks its own address.
+        (sglang#10001): the decode asks its own address.  (Rank addresses come from
+        get_local_ip_auto, never loopback on a real host: they are taken as they are.)
         """
         own = self.launcher.listen_host
         if host in ("127.0.0.1", "localhost") and own.startswith("127.") and own != "127.0.0.1":
@@ -1491,7 +1499,7 @@ class DecodePD(PDState):
                 if conn is None:  # ZMQ connects lazily and retries: no error for a dead peer
                     with contextlib.suppress(OSError):
                         conn = socket.create_connection(
-                            (self.node_local(rank["rank_ip"]), int(rank["rank_port"])), timeout=1.0
+                            (rank["rank_ip"], int(rank["rank_port"])), timeout=1.0
                         )
                         conn.sendall(json.dumps({"room": room}).encode() + b"\n")
                         conn.settimeout(0.05)
