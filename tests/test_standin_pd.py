@@ -267,6 +267,13 @@ def test_a_prefill_dying_mid_transfer_fails_the_request_and_then_the_decodes_hea
     prefill, bootstrap, decode, router = pd_pair(
         fleet, {"pd_crash": "mid_transfer"}, {"pd_health_fail_s": 2.0}
     )
+    # A second decode, whose /health skips the generation, waits in a room of its own.
+    quiet = fleet.server("quiet", "decode", "127.0.0.4", pd_health_fail_s=2.0,
+                         env={"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"})  # fmt: skip
+    room = {"bootstrap_host": "127.0.0.2", "bootstrap_port": bootstrap, "bootstrap_room": 99}
+    waiting = open_stream("127.0.0.4", quiet.port, room)
+    wait_for(lambda: metric(quiet, "127.0.0.4", "num_decode_transfer_queue_reqs") == 1, 5,
+             "the quiet decode in transfer")  # fmt: skip
     status, events = stream(router)
     # The decode's leg is what the client gets: its heartbeat loses the prefill and the
     # room in transfer fails with it.
@@ -290,6 +297,10 @@ def test_a_prefill_dying_mid_transfer_fails_the_request_and_then_the_decodes_hea
     assert get("127.0.0.3", decode.port, "/health")[0] == 503
     assert get("127.0.0.3", decode.port, "/health_generate")[0] == 503
     assert "Health check failed. Server couldn't get a response from detokenizer" in decode.text()
+    wait_for(lambda: "1 requests affected" in quiet.text(), 2, "the quiet decode's loss")
+    assert get("127.0.0.4", quiet.port, "/health")[0] == 200
+    assert get("127.0.0.4", quiet.port, "/health_generate")[0] == 503
+    waiting.close()
     wait_for(lambda: get_ok("127.0.0.3", decode.port), 4, "the decode's health back")
     assert metric(decode, "127.0.0.3", "num_transfer_failed_reqs_total") == 1
 

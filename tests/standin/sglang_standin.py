@@ -883,7 +883,16 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
                 if path in ("/health", "/health_generate") and healthy:
                     # SGLang runs a 1-token request and sleeps 1 s before it looks.
                     time.sleep(float(launcher.knobs["health_s"]))
-                    if isinstance(launcher.pd, DecodePD) and launcher.pd.health_failing():
+                    # /health skips the generation when SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION
+                    # is off (environ.py's EnvBool; on by default).
+                    generates = path == "/health_generate" or os.environ.get(
+                        "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true"
+                    ).lower() not in ("false", "0", "no", "n")
+                    if (
+                        generates
+                        and isinstance(launcher.pd, DecodePD)
+                        and launcher.pd.health_failing()
+                    ):
                         healthy = False
                         launcher.log_health_check_failed()
                 self._send(200 if healthy else 503)
