@@ -78,17 +78,17 @@ class Fleet:
 
     def server(self, name: str, mode: str, host: str, bootstrap_port: int | None = None,
                bind: str | None = None, env: dict[str, str] | None = None,
-               **knobs: Any) -> Process:  # fmt: skip
+               argv: tuple[object, ...] = (), **knobs: Any) -> Process:  # fmt: skip
         """A ready stand-in in `mode`, listening on `bind` (default `host`)."""
         model = self.tmp_path / name
         model.mkdir()
         (model / "standin.json").write_text(json.dumps({"startup_s": 0.2, **knobs}))
         port = free_port_on(host)
-        argv = [sys.executable, STANDIN, "--model-path", model, "--host", bind or host,
-                "--port", port, "--disaggregation-mode", mode, "--enable-metrics"]  # fmt: skip
+        command = [sys.executable, STANDIN, "--model-path", model, "--host", bind or host,
+                   "--port", port, "--disaggregation-mode", mode, "--enable-metrics", *argv]  # fmt: skip
         if bootstrap_port is not None:
-            argv += ["--disaggregation-bootstrap-port", bootstrap_port]
-        proc = self.start(name, *argv, port=port, env=env)
+            command += ["--disaggregation-bootstrap-port", bootstrap_port]
+        proc = self.start(name, *command, port=port, env=env)
         wait_for(lambda: get_ok(host, port), 10, f"{name} ready")
         return proc
 
@@ -183,9 +183,14 @@ def test_streamed_requests_through_the_real_router_get_their_rooms_kv_from_the_p
         assert status == 200, events
         assert events[-1] is None
         assert "".join(e["choices"][0]["text"] for e in events[:-1]) == " tok" * 4
+    # Native /generate, not streamed: the decode's answer, after its room's KV.
+    body = {"text": "w1 w2", "sampling_params": {"max_new_tokens": 3}}
+    status, answer = call(router.port, "POST", "/generate", body)
+    assert status == 200, answer
+    assert json.loads(answer)["text"] == " tok" * 3
     sent = rooms(prefill, "sent")
     got = [rooms(decode, "received") for decode in decodes]
-    assert len(sent) == 4 and sorted(sent) == sorted(got[0] + got[1])
+    assert len(sent) == 5 and sorted(sent) == sorted(got[0] + got[1])
     assert got[0] and got[1]  # round robin: both decodes served, each with its rooms' KV
     for i, decode in enumerate(decodes):
         assert metric(decode, f"127.0.0.{3 + i}", "num_transfer_failed_reqs_total") == 0
@@ -230,9 +235,12 @@ def test_a_decode_on_another_node_cannot_reach_a_loopback_bound_prefill(fleet: F
 
 def test_a_prefill_bound_to_every_address_is_reached_from_another_node(fleet: Fleet) -> None:
     bootstrap = free_port_on("0.0.0.0")
-    # On every address, its KV manager names the host by SGLANG_HOST_IP (get_local_ip_auto).
+    # Its KV manager names its host by SGLANG_HOST_IP (get_local_ip_auto), else it finds it.
     prefill = fleet.server("prefill", "prefill", "127.0.0.2", bootstrap, bind="0.0.0.0",
                            env={"SGLANG_HOST_IP": "127.0.0.2"})  # fmt: skip
+    route = get("127.0.0.2", bootstrap, "/route?prefill_dp_rank=0&prefill_cp_rank=0"
+                "&target_tp_rank=0&target_pp_rank=0")  # fmt: skip
+    assert route[0] == 200 and json.loads(route[1])["rank_ip"] == "127.0.0.2"
     decode = fleet.server("decode", "decode", "127.0.0.3")
     router = fleet.router()
     fleet.register(router, f"http://127.0.0.2:{prefill.port}", "prefill", bootstrap)
@@ -259,6 +267,13 @@ def test_a_prefill_dying_mid_transfer_fails_the_request_and_then_the_decodes_hea
     prefill, bootstrap, decode, router = pd_pair(
         fleet, {"pd_crash": "mid_transfer"}, {"pd_health_fail_s": 2.0}
     )
+    # A second decode, whose /health skips the generation, waits in a room of its own.
+    quiet = fleet.server("quiet", "decode", "127.0.0.4", pd_health_fail_s=2.0,
+                         env={"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"})  # fmt: skip
+    room = {"bootstrap_host": "127.0.0.2", "bootstrap_port": bootstrap, "bootstrap_room": 99}
+    waiting = open_stream("127.0.0.4", quiet.port, room)
+    wait_for(lambda: metric(quiet, "127.0.0.4", "num_decode_transfer_queue_reqs") == 1, 5,
+             "the quiet decode in transfer")  # fmt: skip
     status, events = stream(router)
     # The decode's leg is what the client gets: its heartbeat loses the prefill and the
     # room in transfer fails with it.
@@ -282,6 +297,10 @@ def test_a_prefill_dying_mid_transfer_fails_the_request_and_then_the_decodes_hea
     assert get("127.0.0.3", decode.port, "/health")[0] == 503
     assert get("127.0.0.3", decode.port, "/health_generate")[0] == 503
     assert "Health check failed. Server couldn't get a response from detokenizer" in decode.text()
+    wait_for(lambda: "1 requests affected" in quiet.text(), 2, "the quiet decode's loss")
+    assert get("127.0.0.4", quiet.port, "/health")[0] == 200
+    assert get("127.0.0.4", quiet.port, "/health_generate")[0] == 503
+    waiting.close()
     wait_for(lambda: get_ok("127.0.0.3", decode.port), 4, "the decode's health back")
     assert metric(decode, "127.0.0.3", "num_transfer_failed_reqs_total") == 1
 
@@ -351,7 +370,7 @@ def open_stream(host: str, port: int, request: dict[str, Any]) -> http.client.HT
 def test_a_stuck_transfer_ends_when_its_client_goes_but_the_router_keeps_it(
     fleet: Fleet,
 ) -> None:
-    _, bootstrap, decode, router = pd_pair(fleet, {}, {"stuck_transfer": True})
+    prefill, bootstrap, decode, router = pd_pair(fleet, {}, {"stuck_transfer": True})
     in_transfer = lambda: metric(decode, "127.0.0.3", "num_decode_transfer_queue_reqs")  # noqa: E731
     # A client of the decode itself that goes away aborts the room at once.
     room = {"bootstrap_host": "127.0.0.2", "bootstrap_port": bootstrap, "bootstrap_room": 7}
@@ -362,15 +381,46 @@ def test_a_stuck_transfer_ends_when_its_client_goes_but_the_router_keeps_it(
     assert re.search(r"Decode transfer failed for request .* decode_req.req.bootstrap_room=7 "
                      r"with exception KVTransferError\(bootstrap_room=7\): Aborted by AbortReq\.",
                      decode.text())  # fmt: skip
-    # The router 0.3.2 does not pass its client's going on: the decode leg stays open, and
-    # the room in transfer, until the decode's waiting timeout ends it.
+    # Once the router 0.3.2 has the prefill's answer and streams the decode's, it does not
+    # pass its client's going on (before that it does, dropping both legs): the decode leg
+    # stays open, and the room in transfer, until the decode's waiting timeout ends it.
     conn = open_stream(ROUTER_HOST, router.port, {"model": "m"})
     wait_for(lambda: in_transfer() == 1, 5, "the request in transfer")
+    wait_for(lambda: "[standin] sent KV" in prefill.text(), 5, "the prefill's hand-off")
+    time.sleep(0.3)  # the prefill's last event and [DONE] reach the router
     conn.close()
     time.sleep(1.5)
     assert in_transfer() == 1
-    wait_for(lambda: in_transfer() == 0, 3, "the waiting timeout")
+    wait_for(lambda: in_transfer() == 0, 3, f"the waiting timeout: {decode.text()[-1500:]}")
     assert metric(decode, "127.0.0.3", "num_transfer_failed_reqs_total") == 2
+
+
+def test_the_router_drops_the_decode_leg_when_its_client_goes_before_the_prefill_answers(
+    fleet: Fleet,
+) -> None:
+    _, _, decode, router = pd_pair(fleet, {"bootstrap_unreachable": True}, {})
+    handshaking = lambda: metric(decode, "127.0.0.3", "num_decode_prealloc_queue_reqs")  # noqa: E731
+    conn = open_stream(ROUTER_HOST, router.port, {"model": "m"})
+    wait_for(lambda: handshaking() == 1, 5, "the decode's handshake")
+    conn.close()
+    wait_for(lambda: handshaking() == 0, 1.5, "the decode's abort")  # not 15 tries
+    assert re.search(r"Decode handshake failed for request .* Aborted by AbortReq\.", decode.text())
+
+
+def test_every_rank_of_a_dp_attention_prefill_registers(fleet: Fleet) -> None:
+    bootstrap = free_port_on("127.0.0.2")
+    argv = ("--tp-size", 4, "--dp-size", 2, "--enable-dp-attention")
+    fleet.server("prefill", "prefill", "127.0.0.2", bootstrap, argv=argv)
+    route = "/route?prefill_dp_rank={}&prefill_cp_rank=0&target_tp_rank={}&target_pp_rank=0"
+    status, body = get("127.0.0.2", bootstrap, route.format(-1, -1).replace("cp_rank=0", "cp_rank=-1")
+                       .replace("pp_rank=0", "pp_rank=-1"))  # fmt: skip
+    assert status == 200, body
+    info = json.loads(body)
+    assert (info["dp_size"], info["attn_tp_size"]) == (2, 2)
+    for dp_rank in (0, 1):
+        for tp_rank in (0, 1):
+            assert get("127.0.0.2", bootstrap, route.format(dp_rank, tp_rank))[0] == 200
+    assert get("127.0.0.2", bootstrap, route.format(2, 0))[0] == 404
 
 
 def test_a_taken_bootstrap_port_is_logged_and_the_prefill_starts_anyway(fleet: Fleet) -> None:

@@ -691,6 +691,21 @@ def _rank_main(cfg: dict[str, Any]) -> NoReturn:
 # --------------------------------------------------------------------------
 
 
+def activate(server: ThreadingHTTPServer, sockaddr: Any) -> str | None:
+    """Bind and listen; on failure close it and return the error as asyncio's and uvloop's
+    create_server word it."""
+    try:
+        server.server_bind()
+        server.server_activate()
+    except OSError as exc:
+        server.server_close()
+        reason = (exc.strerror or str(exc)).lower()
+        return (
+            f"[Errno {exc.errno}] error while attempting to bind on address {sockaddr!r}: {reason}"
+        )
+    return None
+
+
 def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> ThreadingHTTPServer:
     """Create (unbound) the HTTP server; imported lazily so ranks start fast."""
     from http import HTTPStatus
@@ -868,7 +883,16 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
                 if path in ("/health", "/health_generate") and healthy:
                     # SGLang runs a 1-token request and sleeps 1 s before it looks.
                     time.sleep(float(launcher.knobs["health_s"]))
-                    if isinstance(launcher.pd, DecodePD) and launcher.pd.health_failing():
+                    # /health skips the generation when SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION
+                    # is off (environ.py's EnvBool; on by default).
+                    generates = path == "/health_generate" or os.environ.get(
+                        "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true"
+                    ).lower() not in ("false", "0", "no", "n")
+                    if (
+                        generates
+                        and isinstance(launcher.pd, DecodePD)
+                        and launcher.pd.health_failing()
+                    ):
                         healthy = False
                         launcher.log_health_check_failed()
                 self._send(200 if healthy else 503)
@@ -933,6 +957,11 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
             self.address_family = family
             self.launcher = launcher
             super().__init__(sockaddr, _Handler, bind_and_activate=False)
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            if not isinstance(sys.exc_info()[1], ConnectionError):
+                super().handle_error(request, client_address)
+            # A client gone mid-answer is no error to uvicorn: nothing is printed.
 
         def server_bind(self) -> None:
             # Skip HTTPServer's getfqdn(): a DNS lookup here would slow start-up.
@@ -1027,6 +1056,19 @@ class PDFailure(Exception):
         self.status = status
 
 
+def room_of(request: dict[str, Any], rid: str) -> int:
+    """The request's bootstrap room; scheduler.py refuses a PD request without one."""
+    room = request.get("bootstrap_room")
+    if room is None:
+        message = (
+            "Invalid request: Disaggregated request received without bootstrap room id. "
+            f"req.rid={rid!r}"
+        )
+        log(message)
+        raise PDFailure(message, 400)
+    return int(room)
+
+
 class PDState:
     """What prefill and decode share: queues for /metrics, failure counters."""
 
@@ -1064,8 +1106,9 @@ class PrefillPD(PDState):
         self.host = launcher.listen_host
         self.port = int(self.args.disaggregation_bootstrap_port)
         self.decodes: dict[int, socket.socket] = {}  # room -> the decode's transfer connection
-        # get_local_ip_auto: SGLANG_HOST_IP or HOST_IP, else the host's own address, which
-        # here is --host (a wildcard --host without either is taken for 127.0.0.1).
+        # get_local_ip_auto: SGLANG_HOST_IP or HOST_IP, else the host's own address (not
+        # --host), which here is --host, or 127.0.0.1 for a wildcard: reachable from every
+        # lab node, as a real host's address is from the others.
         self.rank_ip = (
             os.environ.get("SGLANG_HOST_IP")
             or os.environ.get("HOST_IP")
@@ -1087,18 +1130,10 @@ class PrefillPD(PDState):
 
     def start_bootstrap_server(self) -> None:
         server = make_bootstrap_server(self.host, self.port)
-        try:
-            server.server_bind()
-            server.server_activate()
-        except OSError as exc:
+        error = activate(server, (self.host, self.port))
+        if error is not None:
             # _run_server catches it in its thread: logged, and the server starts anyway,
             # its ranks registering with whatever holds the port (sglang#5704).
-            server.server_close()
-            reason = (exc.strerror or str(exc)).lower()
-            error = (
-                f"[Errno {exc.errno}] error while attempting to bind on address "
-                f"{(self.host, self.port)!r}: {reason}"
-            )
             root = sglang_root()
             log(
                 f"Server error: {error}\nTraceback (most recent call last):\n"
@@ -1119,14 +1154,20 @@ class PrefillPD(PDState):
     def register_ranks(self) -> None:
         """Each rank PUTs its row to the bootstrap server (register_to_bootstrap)."""
         addr = _host_port(_connect_host(self.host), self.port)
+        tp, dp = max(1, self.args.tp_size), max(1, self.args.dp_size)
+        # DP attention splits the TP ranks into attention-DP groups; plain DP has a system
+        # DP rank per replica (CommonKVManager's attn_* and system_dp_* fields).
+        attention_dp = dp if self.args.enable_dp_attention and tp % dp == 0 else 1
         for dp_rank, tp_rank in self.launcher.rank_layout():
             prefix = self.launcher.rank_prefix(dp_rank, tp_rank)
+            width = tp // attention_dp
             row = {
-                "attn_tp_size": max(1, self.args.tp_size), "attn_tp_rank": tp_rank,
+                "attn_tp_size": width, "attn_tp_rank": tp_rank % width,
                 "attn_cp_size": 1, "attn_cp_rank": 0,
-                "attn_dp_size": 1, "attn_dp_rank": 0,
+                "attn_dp_size": attention_dp, "attn_dp_rank": tp_rank // width,
                 "pp_size": 1, "pp_rank": 0,
-                "system_dp_size": max(1, self.args.dp_size), "system_dp_rank": dp_rank or 0,
+                "system_dp_size": dp // attention_dp,
+                "system_dp_rank": 0 if attention_dp > 1 else dp_rank or 0,
                 "rank_ip": self.rank_ip, "rank_port": self.rank_port,
                 "page_size": self.args.page_size or 1, "kv_cache_dtype": self.args.kv_cache_dtype,
                 "prefill_http_port": self.args.port,
@@ -1174,16 +1215,7 @@ class PrefillPD(PDState):
 
         Raises PDFailure as prefill.py aborts the request; returns once the KV is sent.
         """
-        room, host = request.get("bootstrap_room"), request.get("bootstrap_host")
-        if room is None:
-            # scheduler.py: a PD server refuses requests without a room.
-            message = (
-                "Invalid request: Disaggregated request received without bootstrap room id. "
-                f"req.rid={rid!r}"
-            )
-            log(message)
-            raise PDFailure(message, 400)
-        room = int(room)
+        room, host = room_of(request, rid), request.get("bootstrap_host")
         start = time.time()
         time.sleep(float(self.knobs["step_ms"]) / 1000)  # the forward pass
         if host == FAKE_BOOTSTRAP_HOST:
@@ -1347,13 +1379,14 @@ class DecodePD(PDState):
         threading.Thread(target=self.heartbeat, daemon=True).start()
 
     def node_local(self, host: str) -> str:
-        """Where `host` leads from this decode's node.
+        """Where a bootstrap host leads from this decode's node.
 
         Lab hosts are loopback addresses (127.0.0.2, 127.0.0.3, …), all on one machine; a
         decode bound to one of them stands for a node of its own, where `localhost` is that
         node itself.  So a prefill on 127.0.0.1 (the router beside it registered it there,
         and sends bootstrap_host=127.0.0.1) is out of its reach, as across real nodes
-        (sglang#10001): the decode asks its own address.
+        (sglang#10001): the decode asks its own address.  (Rank addresses come from
+        get_local_ip_auto, never loopback on a real host: they are taken as they are.)
         """
         own = self.launcher.listen_host
         if host in ("127.0.0.1", "localhost") and own.startswith("127.") and own != "127.0.0.1":
@@ -1379,15 +1412,7 @@ class DecodePD(PDState):
 
     def receive(self, request: dict[str, Any], rid: str, gone: Callable[[], bool]) -> None:
         """Get the request's KV from its prefill before it may decode; PDFailure if not."""
-        room, host = request.get("bootstrap_room"), request.get("bootstrap_host")
-        if room is None:
-            message = (
-                "Invalid request: Disaggregated request received without bootstrap room id. "
-                f"req.rid={rid!r}"
-            )
-            log(message)
-            raise PDFailure(message, 400)
-        room = int(room)
+        room, host = room_of(request, rid), request.get("bootstrap_host")
         if host == FAKE_BOOTSTRAP_HOST:
             return
         addr = _host_port(str(host), int(request.get("bootstrap_port") or 8998))
@@ -1483,7 +1508,7 @@ class DecodePD(PDState):
                 if conn is None:  # ZMQ connects lazily and retries: no error for a dead peer
                     with contextlib.suppress(OSError):
                         conn = socket.create_connection(
-                            (self.node_local(rank["rank_ip"]), int(rank["rank_port"])), timeout=1.0
+                            (rank["rank_ip"], int(rank["rank_port"])), timeout=1.0
                         )
                         conn.sendall(json.dumps({"room": room}).encode() + b"\n")
                         conn.settimeout(0.05)
@@ -1878,14 +1903,9 @@ class Launcher:
             return str(exc)
         family, _, _, _, sockaddr = infos[0]
         server = make_http_server(family, sockaddr, self)
-        try:
-            server.server_bind()
-            server.server_activate()
-        except OSError as exc:
-            server.server_close()
-            # asyncio's and uvloop's create_server word the failure this way.
-            reason = (exc.strerror or str(exc)).lower()
-            return f"[Errno {exc.errno}] error while attempting to bind on address {sockaddr!r}: {reason}"
+        error = activate(server, sockaddr)
+        if error is not None:
+            return error
         self.http = server
         threading.Thread(target=server.serve_forever, daemon=True).start()
         return None
