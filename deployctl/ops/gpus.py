@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from deployctl import agent
@@ -35,6 +35,10 @@ class GpuReport:
     @property
     def ok(self) -> bool:
         return self.clean
+
+    def holds_none_of(self, pids: Collection[int]) -> bool:
+        """No process among `pids` holds memory on these GPUs (a shared GPU's own ones)."""
+        return not any(p.pid in pids for p in self.processes)
 
     @property
     def pids(self) -> list[int]:

@@ -172,6 +172,8 @@ def start_run(
         "origin": origin,
         "worker_url": launch_url(host, plan.port, plan.launcher.address_known_at_start),
     }
+    if plan.mem_fraction is not None:  # a later launch beside it and `status` read it here
+        run["mem_fraction_static"] = plan.mem_fraction
     args: StartArgs = {
         "state_dir": host.settings.state_dir,
         "deployment": host.deployment,
@@ -755,7 +757,8 @@ class StopResult:
 
 def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120) -> StopResult:
     """SIGTERM the run's process group, SIGKILL leftovers, then wait until the GPUs it was
-    given (the deployment's, or the host's) are clean."""
+    given (the deployment's, or the host's) are clean; a run that shared them (its fraction
+    recorded) waits only until none of its own processes holds them: the others' stay."""
     doc = end_run(host, conn, timeout)
     run = doc["run"]
     if run is None:
@@ -776,8 +779,10 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
             return StopResult(
                 run["id"], doc["ended"], doc["killed"], None, f"GPUs not checked: {exc.message}"
             )
-        if gpus.clean or time.monotonic() > deadline:
-            return StopResult(run["id"], doc["ended"], doc["killed"], gpus.clean, note)
+        shared = run.get("mem_fraction_static") is not None
+        clean = gpus.holds_none_of(doc["ended"]) if shared else gpus.clean
+        if clean or time.monotonic() > deadline:
+            return StopResult(run["id"], doc["ended"], doc["killed"], clean, note)
         time.sleep(0.5)
 
 
