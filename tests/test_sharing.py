@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from deployctl.errors import DeployctlError, InventoryError, PreflightError
 from deployctl.facts import GpuState, parse_gpus_command
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import plan
+from deployctl.ops.gpus import gpu_report
 from deployctl.ops.plan import Plan, plan_launch
 from deployctl.ops.sharing import SHARED_GPU_BOUND, GpuUser, fraction_problem, shared_gpu_problems
 from deployctl.project import Project
@@ -207,6 +209,17 @@ def test_without_fractions_on_both_sides_the_clean_check_applies() -> None:
     unset = live([553], fraction=None)
     assert shared_gpu_problems("h1", GpuUser("h1/d", [0], 0.4), [], [unset], ours, 16) is None
     assert shared_gpu_problems("h1", GpuUser("h1/d", [0], 0.4), [], [], ours, 16) is None
+
+
+def test_after_a_sharer_stops_only_our_other_runs_may_be_left_on_its_gpus() -> None:
+    decode = {553: "d (d_baseline_v1)"}  # the live decode's rank
+    left = gpu_report(captured("busy-standin"), 16)
+    assert replace(left, holders=decode).held_by_ours  # the decode stays: the stop is done
+    assert not left.held_by_ours  # 553 is no live run of ours (the stopped one's, say)
+    assert not replace(gpu_report(captured("busy-torch"), 16), holders=decode).held_by_ours
+    # Memory in use with no process listed is nobody's we know.
+    assert not gpu_report(captured("idle", used_mib=4000), 16).held_by_ours
+    assert gpu_report(captured("idle"), 16).held_by_ours
 
 
 # ---- over real sshd hosts: two stand-ins on one fake GPU ------------------------------------

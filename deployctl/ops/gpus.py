@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from deployctl import agent
@@ -36,9 +36,14 @@ class GpuReport:
     def ok(self) -> bool:
         return self.clean
 
-    def holds_none_of(self, pids: Collection[int]) -> bool:
-        """No process among `pids` holds memory on these GPUs (a shared GPU's own ones)."""
-        return not any(p.pid in pids for p in self.processes)
+    @property
+    def held_by_ours(self) -> bool:
+        """Every process on these GPUs is one of our live runs' (`holders`, from
+        find_holders): a shared GPU after one sharer stopped. Memory in use with no process
+        listed (a container's) is nobody's we know: not ours."""
+        if not self.processes:
+            return not self.busy_gpus
+        return all(p.pid in self.holders for p in self.processes)
 
     @property
     def pids(self) -> list[int]:

@@ -43,7 +43,13 @@ from deployctl.fanout import (
 from deployctl.inventory import Host, mask_log, secret_values
 from deployctl.launchers import launcher_of
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
-from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
+from deployctl.ops.gpus import (
+    DEFAULT_MAX_USED_MIB,
+    GpuReport,
+    check_gpus,
+    find_holders,
+    gpu_report,
+)
 from deployctl.ops.plan import Plan, Preflight, Role, release_lock, routing_problems, run_preflight
 from deployctl.ops.router import (
     Registration,
@@ -757,8 +763,9 @@ class StopResult:
 
 def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120) -> StopResult:
     """SIGTERM the run's process group, SIGKILL leftovers, then wait until the GPUs it was
-    given (the deployment's, or the host's) are clean; a run that shared them (its fraction
-    recorded) waits only until none of its own processes holds them: the others' stay."""
+    given (the deployment's, or the host's) are clean; a run that may share them (its
+    fraction recorded) waits until every process left on them is another live run's of ours
+    (its own gone, none of anyone else's), so the deployment beside it keeps serving."""
     doc = end_run(host, conn, timeout)
     run = doc["run"]
     if run is None:
@@ -779,8 +786,10 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
             return StopResult(
                 run["id"], doc["ended"], doc["killed"], None, f"GPUs not checked: {exc.message}"
             )
-        shared = run.get("mem_fraction_static") is not None
-        clean = gpus.holds_none_of(doc["ended"]) if shared else gpus.clean
+        clean = gpus.clean
+        if not clean and run.get("mem_fraction_static") is not None:
+            # What is left may be the servers it shared its GPUs with: those may stay.
+            clean = find_holders(host, conn, gpus).held_by_ours
         if clean or time.monotonic() > deadline:
             return StopResult(run["id"], doc["ended"], doc["killed"], clean, note)
         time.sleep(0.5)
