@@ -80,7 +80,7 @@ def over_bound(users: Sequence[GpuUser], machine: str) -> str | None:
         if len(on) < 2:
             continue
         total = sum(u.fraction or 0 for u in on)
-        if round(total, 9) > SHARED_GPU_BOUND:  # 0.1 + 0.8 is 0.9, not 0.9000000000000001
+        if round(total, 9) > SHARED_GPU_BOUND:  # 0.34 + 0.56 is 0.9, not 0.9000000000000001
             where = describe_gpus(None if gpu is None else [gpu])
             return (
                 f"{where} of {machine} would hold {_sum_text(on)} of its memory; at most "
