@@ -22,7 +22,7 @@ from deployctl.ops.plan import Plan, plan_launch
 from deployctl.ops.sharing import SHARED_GPU_BOUND, GpuUser, fraction_problem, shared_gpu_problems
 from deployctl.project import Project
 from deployctl.remote import locks
-from deployctl.remote.protocol import LiveRun
+from deployctl.remote.protocol import ClientIdentity, LiveRun
 from deployctl.settings import check_settings
 from tests.conftest import CLI
 from tests.sshd_hosts import REPO, SSHLab, free_port
@@ -139,6 +139,24 @@ def test_a_fraction_outside_0_to_1_is_refused_naming_host_deployment_and_variabl
 
 def test_the_launch_and_the_agent_name_a_sharing_launch_alike() -> None:
     assert plan.SHARING_OP == locks.SHARING_OP
+
+
+def test_one_launchs_sharers_of_a_gpu_hold_their_locks_together_and_no_one_else(
+    tmp_path: Path,
+) -> None:
+    def client(op: str, pid: int = 4242) -> ClientIdentity:
+        return {"host": "ctl", "pid": pid, "user": "u", "op": op, "expires": time.time() + 60}
+
+    state = str(tmp_path)
+    sharing = client(locks.SHARING_OP)
+    assert locks.take_lock(state, sharing, None, "p", [0])["acquired"]
+    assert locks.take_lock(state, sharing, None, "d", [0, 1])["acquired"]
+    # Another launch on that GPU, or one of this process that does not share: refused.
+    other = locks.take_lock(state, client(locks.SHARING_OP, pid=99), None, "e", [1])
+    assert not other["acquired"] and (other["holder"] or {}).get("deployment") == "d"
+    assert not locks.take_lock(state, client("launch"), None, "e", [0])["acquired"]
+    # The same deployment twice is never two locks.
+    assert not locks.take_lock(state, sharing, None, "p", [0])["acquired"]
 
 
 def test_a_fraction_given_another_way_is_checked_in_the_command() -> None:
