@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from deployctl.deployments import deployment_targets
 from deployctl.errors import DeployctlError, InventoryError, PreflightError
@@ -328,4 +329,27 @@ def test_a_launch_beside_a_live_run_counts_its_recorded_fraction(
         "of its memory; at most 0.9 when deployments share a GPU"
     ]
     assert len(rank_pids(alpha)) == 1
+    cli("stop", "-i", str(inv))
+
+
+def test_a_replace_past_the_bound_is_refused_before_it_stops_the_running_one(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    inv = shared_pair(hosts, tmp_path, 0.4, 0.4)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    before = {n: e["pid"] for n, e in deployments_of(doc).items()}
+    document = yaml.safe_load(inv.read_text())
+    document["all"]["hosts"]["alpha"]["deployments"]["p"]["mem_fraction_static"] = 0.6
+    inv.write_text(yaml.safe_dump(document))
+    result = cli("launch", "-i", str(inv), "-d", "p", "--replace", "--timeout", "60")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "GPU 0 of alpha would hold 0.6 (alpha/p) + 0.4 (deployment d (run" in result.stderr
+    code, doc, _ = run_json(cli, "status", "-i", str(inv))
+    status = deployments_of(doc)
+    assert {n: (e["pid"], e["ready"]) for n, e in status.items()} == {
+        n: (pid, True) for n, pid in before.items()
+    }  # the prefill was not stopped
+    assert len(rank_pids(alpha)) == 2
     cli("stop", "-i", str(inv))

@@ -408,6 +408,8 @@ def run_preflight(
             result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints, live)
     if not replacing:
         live_run_problems(plan, live, problems, hints)
+    else:  # the others' fractions do not depend on the run it replaces: refuse before the stop
+        live_share_problems(plan, live, problems, hints)
     if checks_host and not replacing:
         for port, why in doc["busy_ports"].items():
             what = plan.extra_ports.get(int(port), "")
