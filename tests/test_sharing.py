@@ -325,7 +325,7 @@ def test_a_launch_beside_a_live_run_counts_its_recorded_fraction(
     assert code == 1 and doc["started"] is False
     problems = deployments_of(doc)["d"]["preflight"]["problems"]
     assert problems == [
-        "GPU 0 of alpha would hold 0.6 (alpha/d) + 0.4 (deployment p (run p_baseline_v1)) = 1 "
+        "GPU 0 of alpha would hold 0.6 (alpha/d) + 0.4 (alpha/p, run p_baseline_v1) = 1 "
         "of its memory; at most 0.9 when deployments share a GPU"
     ]
     assert len(rank_pids(alpha)) == 1
@@ -345,7 +345,9 @@ def test_a_replace_past_the_bound_is_refused_before_it_stops_the_running_one(
     inv.write_text(yaml.safe_dump(document))
     result = cli("launch", "-i", str(inv), "-d", "p", "--replace", "--timeout", "60")
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert "GPU 0 of alpha would hold 0.6 (alpha/p) + 0.4 (deployment d (run" in result.stderr
+    assert "GPU 0 of alpha would hold 0.6 (alpha/p) + 0.4 (alpha/d, run d_baseline_v1) = 1 " in (
+        result.stderr
+    )
     code, doc, _ = run_json(cli, "status", "-i", str(inv))
     status = deployments_of(doc)
     assert {n: (e["pid"], e["ready"]) for n, e in status.items()} == {

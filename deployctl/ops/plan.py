@@ -518,7 +518,7 @@ def live_run_problems(
         if not (plan.launcher.checks_host and launcher_of(run).checks_host):
             continue
         other = _deployment_words(run["deployment"])
-        unset = unset_problem([plan.gpu_user(), live_user(run)])
+        unset = unset_problem([plan.gpu_user(), live_user(run, host.name)])
         if shares_gpus(plan.gpus, run["gpus"]) and unset is not None:
             problems.append(
                 f"{other} holds {describe_gpus(run['gpus'])} on {host.name} (run {run['id']}, "
@@ -555,7 +555,7 @@ def live_share_problems(
     would be filled past the bound (each one's fraction set: live_run_problems refuses the
     others)."""
     sharers = gpu_sharers(plan, live)
-    users = [plan.gpu_user(), *plan.siblings, *map(live_user, sharers)]
+    users = [plan.gpu_user(), *plan.siblings, *(live_user(r, plan.host.name) for r in sharers)]
     if not sharers or unset_problem(users) is not None:
         return
     problem = over_bound(users, plan.host.name)

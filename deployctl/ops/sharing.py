@@ -24,9 +24,15 @@ FRACTION_FLAG = "--mem-fraction-static"
 class GpuUser:
     """One deployment on a machine's GPUs, as sharing sees it."""
 
-    name: str  # as messages name it: `alpha/r1`, or `deployment r1 (run r1_baseline_v1)`
+    name: str  # as messages name it: `alpha/r1` (`alpha` for a host's single server)
     gpus: list[int] | None  # None: every GPU of the host; []: none (a router)
     fraction: float | None  # its mem_fraction_static; None: not set (it takes what SGLang does)
+    run: str = ""  # a live run's id; "": one of this launch
+
+    @property
+    def label(self) -> str:
+        """`alpha/r1 (run r1_baseline_v1)`."""
+        return f"{self.name} (run {self.run})" if self.run else self.name
 
 
 def command_fraction(argv: Sequence[str]) -> float | None:
@@ -56,14 +62,16 @@ def _on(user: GpuUser, gpu: int | None) -> bool:
 
 def _sum_text(users: Sequence[GpuUser]) -> str:
     """`0.6 (alpha/p) + 0.6 (alpha/d) = 1.2`."""
-    parts = " + ".join(f"{u.fraction:g} ({u.name})" for u in users)
+    parts = " + ".join(
+        f"{u.fraction:g} ({u.name}{f', run {u.run}' if u.run else ''})" for u in users
+    )
     return f"{parts} = {sum(u.fraction or 0 for u in users):.4g}"
 
 
 def unset_problem(users: Sequence[GpuUser]) -> str | None:
     """Who, of deployments that share a GPU, does not set its fraction: `alpha/r3 sets no
     mem_fraction_static`."""
-    unset = [u.name for u in users if u.fraction is None]
+    unset = [u.label for u in users if u.fraction is None]
     if not unset:
         return None
     verb = "sets" if len(unset) == 1 else "set"
@@ -95,11 +103,10 @@ SHARE_HINT = (
 )
 
 
-def live_user(run: LiveRun) -> GpuUser:
-    name = (
-        f"deployment {run['deployment']}" if run["deployment"] else "the host's default deployment"
-    )
-    return GpuUser(f"{name} (run {run['id']})", run["gpus"], run.get("mem_fraction_static"))
+def live_user(run: LiveRun, host: str) -> GpuUser:
+    """A live run of the host, named as a plan of it would be."""
+    name = f"{host}/{run['deployment']}" if run["deployment"] else host
+    return GpuUser(name, run["gpus"], run.get("mem_fraction_static"), run["id"])
 
 
 def sharing_live(users: Sequence[LiveRun], gpus: list[int] | None) -> list[LiveRun]:
