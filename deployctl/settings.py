@@ -44,6 +44,7 @@ class Setting:
     least: float | None = None
     most: float | None = None
     above: float | None = None
+    below: float | None = None  # the most it must stay under
     # What a right value is, as messages say it; by default from the type.
     wanted: str = ""
     # A text's allowed values, or the pattern it must match (whole).
@@ -143,6 +144,15 @@ _DECLARED = [
         str,
         f"how `--threshold N` reaches SGLang: {spelled(ThresholdMode)}",
         ThresholdMode.PATCH,
+    ),
+    Setting(
+        "mem_fraction_static",
+        float,
+        "the share of each GPU's memory SGLang takes (`--mem-fraction-static`); deployments "
+        "sharing a GPU must all set it",
+        above=0,
+        below=1,
+        wanted="a fraction of GPU memory (above 0, below 1)",
     ),
     Setting("check_flags", bool, "check the command's flags against the host's SGLang", True),
     Setting(
@@ -331,7 +341,6 @@ TEMPLATE_VARIABLES = frozenset(
         "disable_custom_all_reduce",
         "attention_backend",
         "enable_flashinfer_allreduce_fusion",
-        "mem_fraction_static",
         "extra_args",
         "speculative_num_steps",
         "speculative_eagle_topk",
@@ -560,6 +569,7 @@ def check_value(setting: Setting, value: Any, where: str, spelling: str) -> None
             (setting.least is None or number >= setting.least)
             and (setting.most is None or number <= setting.most)
             and (setting.above is None or setting.above < number < math.inf)
+            and (setting.below is None or number < setting.below)
         ):
             raise InventoryError(f"{where}: {spelling} {value!r} is not {setting.what}")
     elif setting.type is str and "\0" in str(value):

@@ -89,6 +89,7 @@ def test_the_declared_timeouts_are_the_connections_defaults() -> None:
     assert SETTINGS["connect_timeout"].default == connection.DEFAULT_CONNECT_TIMEOUT
     assert SETTINGS["command_timeout"].default == connection.DEFAULT_COMMAND_TIMEOUT
     assert [n for n, s in SETTINGS.items() if s.type is float] == [
+        "mem_fraction_static",
         "connect_timeout",
         "command_timeout",
     ]
@@ -449,6 +450,10 @@ def test_every_number_has_its_bounds_where_it_is_declared() -> None:
         "slurm_gpus_per_node": (1, None, None),
         "connect_timeout": (None, 7 * 24 * 3600, 0),
         "command_timeout": (None, 7 * 24 * 3600, 0),
+        "mem_fraction_static": (None, None, 0),
+    }
+    assert {n: s.below for n, s in SETTINGS.items() if s.below is not None} == {
+        "mem_fraction_static": 1
     }
 
 

@@ -37,6 +37,15 @@ class GpuReport:
         return self.clean
 
     @property
+    def held_by_ours(self) -> bool:
+        """Every process on these GPUs is one of our live runs' (`holders`, from
+        find_holders): a shared GPU after one sharer stopped. Memory in use with no process
+        listed (a container's) is nobody's we know: not ours."""
+        if not self.processes:
+            return not self.busy_gpus
+        return all(p.pid in self.holders for p in self.processes)
+
+    @property
     def pids(self) -> list[int]:
         return sorted({p.pid for p in self.processes})
 

@@ -45,6 +45,17 @@ from deployctl.ops.router import (
     router_of,
     workers_of,
 )
+from deployctl.ops.sharing import (
+    SHARE_HINT,
+    GpuUser,
+    command_fraction,
+    fraction_problem,
+    live_user,
+    over_bound,
+    shared_gpu_problems,
+    sharing_live,
+    unset_problem,
+)
 from deployctl.patchset import (
     PatchSet,
     command_flags,
@@ -69,6 +80,9 @@ from deployctl.text import is_number
 # How long a lock may be held when the holder says nothing shorter; past its expiry it is
 # stale even when its owner cannot be checked (another machine).
 LOCK_STALE_AFTER = 6 * 3600
+# The launch's op when deployments of it share a GPU: their locks on it are held together
+# (remote/locks.py's SHARING_OP; a test keeps the two the same).
+SHARING_OP = "launch sharing GPUs"
 
 
 def render_commands(
@@ -147,7 +161,8 @@ def number_problems(host: Host, argv: Sequence[str]) -> list[str]:
         value = flags.get(flag)
         if value is not None and not (is_number(value) and int(value) >= 1):
             problems.append(f"{flag} {value!r} is not a number of GPUs")
-    return problems
+    fraction = fraction_problem(argv)
+    return problems + ([fraction] if fraction else [])
 
 
 class Role(StrEnum):
@@ -165,6 +180,8 @@ class Plan:
     host: Host
     rendered: RenderedCommand
     needed_sets: list[PatchSet]
+    # The deployments of the same launch on this machine that share a GPU with it.
+    siblings: list[GpuUser] = field(default_factory=list)
 
     @property
     def port(self) -> int:
@@ -188,6 +205,14 @@ class Plan:
         if self.role is Role.ROUTER:
             return 0
         return self.launcher.host_share(self.tp, self.host.settings.nnodes)
+
+    @property
+    def mem_fraction(self) -> float | None:
+        """The share of each of its GPUs' memory the server takes, as its command says."""
+        return command_fraction(self.rendered.argv)
+
+    def gpu_user(self) -> GpuUser:
+        return GpuUser(self.host.label, self.gpus, self.mem_fraction)
 
     @property
     def launcher(self) -> Launcher:
@@ -340,7 +365,7 @@ def preflight_args(
         "module": plan.launch_module,
         "log_dir": host.settings.log_dir,
         "log_stem": plan.rendered.log_stem,
-        "client": client_identity("launch", hold_for),
+        "client": client_identity(SHARING_OP if sharing_siblings(plan) else "launch", hold_for),
         "break_lock": break_lock,
         "server_argv": None
         if plan.role is Role.ROUTER
@@ -348,6 +373,12 @@ def preflight_args(
         # Whether the pair's TP may differ (MLA models only) is read from its config.
         "model": plan.check_paths()[0] if plan.pd_role and plan.check_paths() else None,
     }
+
+
+def sharing_siblings(plan: Plan) -> bool:
+    """Whether deployments of the plan's launch share its GPUs (each with its fraction:
+    plan_launch refused the others)."""
+    return bool(plan.siblings) and plan.mem_fraction is not None
 
 
 def is_stale(holder: Mapping[str, Any]) -> bool:
@@ -422,6 +453,7 @@ def run_preflight(
     hints += own.hints
     result.warnings += own.warnings
     checks_host = plan.launcher.checks_host
+    live = [r for r in doc["live_runs"] if r["id"] != beside]
     if checks_host and not replacing:
         gpus = outputs["gpus"]
         try:
@@ -431,10 +463,11 @@ def run_preflight(
                 problems.append(f"GPUs cannot be checked: {exc.message}")
             state = None
         if state is not None and plan.role is not Role.ROUTER:
-            result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints)
-    live = [r for r in doc["live_runs"] if r["id"] != beside]
+            result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints, live)
     if not replacing:
         live_run_problems(plan, live, problems, hints)
+    else:  # the others' fractions do not depend on the run it replaces: refuse before the stop
+        live_share_problems(plan, live, problems, hints)
     if checks_host and not replacing:
         for port, why in doc["busy_ports"].items():
             what = plan.extra_ports.get(int(port), "")
@@ -484,9 +517,15 @@ def run_preflight(
 
 
 def gpu_problems(
-    plan: Plan, state: GpuState, max_used_mib: int, problems: list[str], hints: list[str]
+    plan: Plan,
+    state: GpuState,
+    max_used_mib: int,
+    problems: list[str],
+    hints: list[str],
+    live: Sequence[LiveRun] = (),
 ) -> GpuReport | None:
-    """Are the plan's GPUs there, enough for its tensor parallelism, and clean?"""
+    """Are the plan's GPUs there, enough for its tensor parallelism, and clean (or, shared
+    with live runs of ours, with room for its memory fraction)?"""
     host, chosen = plan.host, plan.gpus
     have = [g.index for g in state.gpus]
     missing = [i for i in chosen or [] if i not in have]
@@ -496,7 +535,16 @@ def gpu_problems(
         )
         return None
     report = gpu_report(state, max_used_mib, chosen)
-    if not report.clean:
+    shared = shared_gpu_problems(
+        host.name, plan.gpu_user(), plan.siblings, gpu_sharers(plan, live), state, max_used_mib
+    )
+    if shared is not None:
+        problems += shared
+        if shared:
+            hints.append(
+                f"stop what holds them (deployctl stop -H {host.name}) or lower mem_fraction_static"
+            )
+    elif not report.clean:
         subject = "GPUs are"
         if chosen is not None:
             subject = (
@@ -534,22 +582,50 @@ def live_run_problems(
         if not (plan.launcher.checks_host and launcher_of(run).checks_host):
             continue
         other = _deployment_words(run["deployment"])
-        if shares_gpus(plan.gpus, run["gpus"]):
+        unset = unset_problem([plan.gpu_user(), live_user(run, host.name)])
+        if shares_gpus(plan.gpus, run["gpus"]) and unset is not None:
             problems.append(
                 f"{other} holds {describe_gpus(run['gpus'])} on {host.name} (run {run['id']}, "
                 f"pid {run['pid']}); {_deployment_words(host.deployment)} needs "
-                f"{describe_gpus(plan.gpus)}"
+                f"{describe_gpus(plan.gpus)}; {unset}"
             )
             which = f" -d {run['deployment']}" if run["deployment"] else ""
             hints.append(
-                "give deployments on one host disjoint `gpus`, or stop the other first "
-                f"(deployctl stop -H {host.name}{which})"
+                f"{SHARE_HINT}; or stop the other first (deployctl stop -H {host.name}{which})"
             )
         elif run["port"] == plan.port:
             problems.append(
                 f"port {plan.port} on {host.name} is {other}'s (run {run['id']}, pid {run['pid']})"
             )
             hints.append("give each deployment on a host its own `port`")
+    live_share_problems(plan, live, problems, hints)
+
+
+def gpu_sharers(plan: Plan, live: Sequence[LiveRun]) -> list[LiveRun]:
+    """The live runs of other deployments on the plan's GPUs of this host (a job's GPUs are
+    its nodes': never this host's)."""
+    if not plan.launcher.checks_host:
+        return []
+    others = [
+        r for r in live if r["deployment"] != plan.host.deployment and launcher_of(r).checks_host
+    ]
+    return sharing_live(others, plan.gpus)
+
+
+def live_share_problems(
+    plan: Plan, live: Sequence[LiveRun], problems: list[str], hints: list[str]
+) -> None:
+    """Refuse a plan whose GPUs, with the live runs and its launch's siblings sharing them,
+    would be filled past the bound (each one's fraction set: live_run_problems refuses the
+    others)."""
+    sharers = gpu_sharers(plan, live)
+    users = [plan.gpu_user(), *plan.siblings, *(live_user(r, plan.host.name) for r in sharers)]
+    if not sharers or unset_problem(users) is not None:
+        return
+    problem = over_bound(users, plan.host.name)
+    if problem is not None:
+        problems.append(problem)
+        hints.append(SHARE_HINT)
 
 
 def _deployment_words(name: str | None) -> str:
@@ -612,6 +688,7 @@ def plan_launch(
         if r.value is not None
     ]
     check_placement(plans)
+    note_siblings(plans)
     return plans
 
 
@@ -636,17 +713,44 @@ def check_placement(plans: Sequence[Plan]) -> None:
         check_extra_ports(same_machine)
         for first, second in itertools.combinations(same_machine, 2):
             pair = f"{first.host.label} and {second.host.label}"
-            if shares_gpus(first.gpus, second.gpus):
+            unset = unset_problem([first.gpu_user(), second.gpu_user()])
+            if shares_gpus(first.gpus, second.gpus) and unset is not None:
                 raise PreflightError(
                     f"{pair} would share GPUs ({describe_gpus(first.gpus)} and "
-                    f"{describe_gpus(second.gpus)})",
-                    hint="give deployments on one host disjoint `gpus`",
+                    f"{describe_gpus(second.gpus)}); {unset}",
+                    hint=SHARE_HINT,
                 )
             if first.port == second.port:
                 raise PreflightError(
                     f"{pair} would share port {first.port}",
                     hint="give each deployment on a host its own `port`",
                 )
+        check_gpu_sums(same_machine)
+
+
+def check_gpu_sums(same_machine: Sequence[Plan]) -> None:
+    """Refuse one launch's deployments of one machine that would fill a GPU they share past
+    the bound (check_placement refused those that share without a fraction)."""
+    users = [p.gpu_user() for p in same_machine if p.launcher.checks_host]
+    problem = over_bound(users, same_machine[0].host.name) if users else None
+    if problem is not None:
+        raise PreflightError(problem, hint=SHARE_HINT)
+
+
+def note_siblings(plans: Sequence[Plan]) -> None:
+    """Tell each plan which deployments of its launch share its GPUs: its preflight needs
+    room for theirs too, as they start at the same time."""
+    by_machine: dict[tuple[str, str, int], list[Plan]] = {}
+    for plan in plans:
+        if plan.launcher.checks_host:
+            by_machine.setdefault(machine(plan.host), []).append(plan)
+    for same_machine in by_machine.values():
+        for plan in same_machine:
+            plan.siblings = [
+                other.gpu_user()
+                for other in same_machine
+                if other is not plan and shares_gpus(plan.gpus, other.gpus)
+            ]
 
 
 def check_extra_ports(same_machine: Sequence[Plan]) -> None:

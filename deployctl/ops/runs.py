@@ -43,8 +43,22 @@ from deployctl.fanout import (
 from deployctl.inventory import Host, mask_log, secret_values
 from deployctl.launchers import launcher_of
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
-from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, check_gpus, gpu_report
-from deployctl.ops.plan import Plan, Preflight, Role, release_lock, routing_check, run_preflight
+from deployctl.ops.gpus import (
+    DEFAULT_MAX_USED_MIB,
+    GpuReport,
+    check_gpus,
+    find_holders,
+    gpu_report,
+)
+from deployctl.ops.plan import (
+    Plan,
+    Preflight,
+    Role,
+    machine,
+    release_lock,
+    routing_check,
+    run_preflight,
+)
 from deployctl.ops.router import (
     Registration,
     RouterState,
@@ -69,6 +83,7 @@ from deployctl.remote.protocol import (
     StopArgs,
     StopReply,
     poll_args,
+    shares_gpus,
 )
 from deployctl.text import plain
 
@@ -172,6 +187,8 @@ def start_run(
         "origin": origin,
         "worker_url": launch_url(host, plan.port, plan.launcher.address_known_at_start),
     }
+    if plan.mem_fraction is not None:  # a later launch beside it and `status` read it here
+        run["mem_fraction_static"] = plan.mem_fraction
     args: StartArgs = {
         "state_dir": host.settings.state_dir,
         "deployment": host.deployment,
@@ -458,21 +475,23 @@ def launch(
                 release_lock(plan, conn, token)
             raise
 
-    # Every node starts before any waits: a multi-node server comes up only as a whole.
-    starts = fleet.run(start, [p.host for p in plans])
-    for started in starts:
-        watch = groups.get(group_of(started.host))
-        if started.failed and watch is not None:
-            watch.settle(Verdict.FAILED, started.name)
+    def start_all(wave: Sequence[Plan]) -> FleetResult[RunRecord]:
+        # Every node starts before any waits: a multi-node server comes up only as a whole.
+        starts = fleet.run(start, [p.host for p in wave])
+        for result in starts:
+            watch = groups.get(group_of(result.host))
+            if result.failed and watch is not None:
+                watch.settle(Verdict.FAILED, result.name)
+        return starts
+
     if not wait:
         outcomes = FleetResult(
             HostResult(r.host, exception=r.exception)
             if r.value is None
             else HostResult(r.host, Outcome(r.value, RunState.STARTED, 0.0))
-            for r in starts
+            for r in start_all(plans)
         )
         return LaunchReport(preflights, outcomes, refused=False)
-    runs = starts.succeeded
 
     def wait_for(host: Host, conn: Connection) -> Outcome:
         plan = by_name[host.label]
@@ -486,12 +505,21 @@ def launch(
             with contextlib.suppress(DeployctlError):
                 release_lock(plan, conn, _token(preflights, host.label))
 
-    # Rank 0s first: with fewer forks than nodes, a rank 0 must not queue behind the nodes
-    # that wait for it.
-    waiting = sorted((p.host for p in plans if p.host.label in runs), key=node_rank)
-    waited = {r.name: r for r in fleet.run(wait_for, waiting)}
+    # Deployments sharing a GPU start one after another, each once the one before is ready:
+    # SGLang sizes its memory from what is free when it starts.
+    runs: dict[str, RunRecord] = {}
+    started: list[HostResult[RunRecord]] = []
+    waited: dict[str, HostResult[Outcome]] = {}
+    for wave in start_waves(plans):
+        starts = start_all(wave)
+        started += starts
+        runs.update(starts.succeeded)
+        # Rank 0s first: with fewer forks than nodes, a rank 0 must not queue behind the
+        # nodes that wait for it.
+        waiting = sorted((p.host for p in wave if p.host.label in runs), key=node_rank)
+        waited.update({r.name: r for r in fleet.run(wait_for, waiting)})
     outcomes = FleetResult(
-        waited.get(r.name) or HostResult(r.host, exception=r.exception) for r in starts
+        waited.get(r.name) or HostResult(r.host, exception=r.exception) for r in started
     )
     # A multi-node server that failed on one node leaves no process on any other.
     failed = {key for key, watch in groups.items() if watch.state is Verdict.FAILED}
@@ -503,6 +531,41 @@ def launch(
     registrations = register_ready(fleet, ready, events, heads)
     return LaunchReport(
         preflights, outcomes, refused=False, cleanup=cleanup, registrations=registrations
+    )
+
+
+def start_waves(plans: Sequence[Plan]) -> list[list[Plan]]:
+    """The plans in the order they start: all at once, but deployments of one machine that
+    share a GPU in successive waves (the nodes of a multi-node server in one)."""
+    waves: list[list[Plan]] = []
+    for unit in _units_of(plans):
+        index = next(
+            (
+                i
+                for i, wave in enumerate(waves)
+                if not any(_share_gpus(p, q) for p in unit for q in wave)
+            ),
+            len(waves),
+        )
+        if index == len(waves):
+            waves.append([])
+        waves[index] += unit
+    return waves
+
+
+def _units_of(plans: Sequence[Plan]) -> list[list[Plan]]:
+    units: dict[GroupKey | str, list[Plan]] = {}
+    for plan in plans:
+        units.setdefault(plan.group or plan.host.label, []).append(plan)
+    return list(units.values())
+
+
+def _share_gpus(first: Plan, second: Plan) -> bool:
+    return (
+        first.launcher.checks_host
+        and second.launcher.checks_host
+        and machine(first.host) == machine(second.host)
+        and shares_gpus(first.gpus, second.gpus)
     )
 
 
@@ -757,7 +820,9 @@ class StopResult:
 
 def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120) -> StopResult:
     """SIGTERM the run's process group, SIGKILL leftovers, then wait until the GPUs it was
-    given (the deployment's, or the host's) are clean."""
+    given (the deployment's, or the host's) are clean; a run that may share them (its
+    fraction recorded) waits until every process left on them is another live run's of ours
+    (its own gone, none of anyone else's), so the deployment beside it keeps serving."""
     doc = end_run(host, conn, timeout)
     run = doc["run"]
     if run is None:
@@ -778,8 +843,12 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
             return StopResult(
                 run["id"], doc["ended"], doc["killed"], None, f"GPUs not checked: {exc.message}"
             )
-        if gpus.clean or time.monotonic() > deadline:
-            return StopResult(run["id"], doc["ended"], doc["killed"], gpus.clean, note)
+        clean = gpus.clean
+        if not clean and run.get("mem_fraction_static") is not None:
+            # What is left may be the servers it shared its GPUs with: those may stay.
+            clean = find_holders(host, conn, gpus).held_by_ours
+        if clean or time.monotonic() > deadline:
+            return StopResult(run["id"], doc["ended"], doc["killed"], clean, note)
         time.sleep(0.5)
 
 

@@ -199,6 +199,10 @@ RUN_LOOK: dict[str, Schema] = {
     "uptime_s": nullable("integer"),
     "log": nullable("string"),
     "gpus": nullable("array", items=integer()),
+    "mem_fraction_static": nullable(
+        "number",
+        "The share of each of its GPUs' memory the server takes (--mem-fraction-static); null when its command sets none.",
+    ),
     "last_line": string(),
     "crash": nullable("string"),
     "warning": nullable("string"),

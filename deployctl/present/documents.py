@@ -407,6 +407,7 @@ def run_status_json(status: RunStatus) -> dict[str, Any]:
         "uptime_s": None if status.up_since is None else round(time.time() - status.up_since),
         "log": run["log"] if run else None,
         "gpus": run.get("gpus") if run else None,
+        "mem_fraction_static": run.get("mem_fraction_static") if run else None,
         "last_line": status.last_line,
         "crash": status.crashes[0].summary() if status.crashes and status.crashed else None,
         "warning": status.warnings[0].summary() if status.warnings else None,

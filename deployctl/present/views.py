@@ -571,6 +571,8 @@ def _status_table(results: FleetResult[RunStatus]) -> None:
         d = docs.run_status_json(r.value)
         uptime = f"{d['uptime_s']}s" if d["uptime_s"] is not None else "-"
         mem = f"{d['gpu_memory_used_mib']} MiB" if d["gpu_memory_used_mib"] is not None else "-"
+        if d["mem_fraction_static"] is not None:  # its cap: on a shared GPU, its share
+            mem += f" (cap {d['mem_fraction_static']:g})"
         warning = f"warning: {d['warning']}" if d["warning"] else ""
         detail = d["crash"] or warning or d["last_line"] or ""
         launcher, job = launcher_of(r.value.run), r.value.job

@@ -54,6 +54,11 @@ def lock_files(state_dir: str) -> list[str]:
     ]
 
 
+# The op of a launch whose deployments share a GPU (ops/plan.py says it; the agent may not be
+# imported there): its locks on that GPU are held together.
+SHARING_OP = "launch sharing GPUs"
+
+
 def take_lock(
     state_dir: str,
     client: ClientIdentity,
@@ -64,7 +69,10 @@ def take_lock(
     """Take the deployment's launch lock unless a lock on any of its GPUs is held.
 
     Deployments on disjoint GPUs launch at once; one on every GPU (gpus None) waits for all.
-    Report the holder that stands in the way.
+    Deployments of one launch that share a GPU (op SHARING_OP: each caps its memory, the
+    launch checked their sum) hold theirs together; any other launch on that GPU is refused
+    until they are up, so the memory it then sees free is what they left. Report the holder
+    that stands in the way.
     """
     folder = state_path(state_dir)
     os.makedirs(folder, exist_ok=True)
@@ -86,6 +94,8 @@ def take_lock(
         ours = state_path(state_dir, lock_name(deployment))
         for path, holder in held:
             theirs = holder.get("gpus")
+            if path != ours and _same_launch(holder, client):
+                continue
             if path == ours or shares_gpus(gpus, theirs if isinstance(theirs, list) else None):
                 return {"acquired": False, "token": None, "holder": holder}
         token = f"{client['host']}-{client['pid']}-{time.time_ns()}"
@@ -94,6 +104,16 @@ def take_lock(
     finally:
         os.close(guard)
     return {"acquired": True, "token": token, "holder": None}
+
+
+def _same_launch(holder: dict[str, Any], client: ClientIdentity) -> bool:
+    """A lock another deployment of this very launch took, sharing a GPU with it."""
+    return (
+        client["op"] == SHARING_OP
+        and holder.get("op") == SHARING_OP
+        and holder.get("host") == client["host"]
+        and holder.get("pid") == client["pid"]
+    )
 
 
 def tune_lock_name(deployment: str | None) -> str:

@@ -192,6 +192,7 @@ class PreflightArgs(ProbeArgs):
 class LiveRunOrigin(TypedDict, total=False):
     origin: str | None  # the inventory that launched it; None (or absent): not recorded
     job: str  # the Slurm job it is (no members here: its processes are on the job's nodes)
+    mem_fraction_static: float | None  # the share of its GPUs' memory it took; None: not capped
 
 
 class LiveRun(LiveRunOrigin):
@@ -250,6 +251,7 @@ class RunShown(TypedDict, total=False):
     env: dict[str, str]  # the server's environment, secrets masked
     deployment: str | None
     gpus: list[int] | None
+    mem_fraction_static: float  # its --mem-fraction-static, where the command gives one
     origin: str  # the inventory that launched it (its sources' paths); older records lack it
     # Where its router lists it, as its launch computed it: a stop removes this one, whatever
     # the inventory says since. "": a Slurm job's head node's (known once it runs).

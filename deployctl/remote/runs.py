@@ -284,6 +284,7 @@ def live_runs(state_dir: str) -> list[LiveRun]:
                 "pid": run["pid"],
                 "deployment": deployment,
                 "gpus": run.get("gpus"),
+                "mem_fraction_static": run.get("mem_fraction_static"),
                 "port": run["port"],
                 "members": members,
                 "origin": run.get("origin"),
