@@ -68,9 +68,11 @@ def model_for(cross: float, scale: float = 1.0) -> dict[str, float]:
 # rounds, they took 45 and 65 s).
 SCALE = 3.0
 OUTPUT_LEN = 21
-# One request a stream: a level's streams run in step (the stand-in keeps to its clock), so
-# a second round measured the same again and doubled every level's time.
-PER_STREAM = "1"
+# One request a stream where the tuned run's ratio is not pinned tight: a second round of
+# a level's streams doubled its time. The search tests keep 2: with one, the tuned run's
+# lowest level (one or 7 requests, judged on the median of 3 sweeps) measured 0.86-0.89 of
+# the better curve on a machine at load 10-13 (min-ratio 0.9 there).
+PER_STREAM = 1
 # The tests that are not about the search itself take its shortest form: speculation wins
 # at 4 by half and loses at 10 by a third (model_for(6.5)), and no launch is left to narrow
 # that down, so T is 4 at once (the speculative server does not measure the split: the
@@ -320,11 +322,11 @@ def assert_put_back(
 
 
 def tune_json(
-    cli: CLI, inv: Path, *extra: str, output_len: int = OUTPUT_LEN
+    cli: CLI, inv: Path, *extra: str, output_len: int = OUTPUT_LEN, per_stream: int = PER_STREAM
 ) -> tuple[int, dict[str, Any], str]:
     result = cli(
         "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", str(output_len),
-        "--requests-per-stream", PER_STREAM, "--timeout", "60", *extra, timeout=600,
+        "--requests-per-stream", str(per_stream), "--timeout", "60", *extra, timeout=600,
     )  # fmt: skip
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, json.loads(result.stdout), result.stderr
@@ -345,7 +347,7 @@ def test_tune_finds_the_crossover_and_leaves_the_tuned_run_serving(
     # where a loss was clear: 9 measured a win on a machine at load 30). --min-ratio 0.9:
     # the tuned run once measured 0.94 at 5 there (the ratio's own check is
     # test_a_tune_below_min_ratio_at_one_level_does_not_hold).
-    code, doc, err = tune_json(cli, inv, "--concurrency", "1,4", "--min-ratio", "0.9")
+    code, doc, err = tune_json(cli, inv, "--concurrency", "1,4", "--min-ratio", "0.9", per_stream=2)
     entry = doc["hosts"]["alpha"]
     assert code == 0, (err, entry["envelope_ratio"], verdicts(entry))
     t = entry["threshold"]
@@ -384,7 +386,9 @@ def test_tune_in_adaptive_mode_finds_a_crossover_near_9_at_cuda_graph_sizes(
     # every batch size (patch mode) would split 8..11 at 8, 9 and 10. --min-ratio 0.9: a
     # loaded 2-core machine moves the plain server's curve between two sweeps (CI once saw a
     # tune at 16-32 streams not hold at 0.95).
-    code, doc, err = tune_json(cli, inv, "--concurrency", "7,12", "--min-ratio", "0.9")
+    code, doc, err = tune_json(
+        cli, inv, "--concurrency", "7,12", "--min-ratio", "0.9", per_stream=2
+    )
     entry = doc["hosts"]["bravo"]
     assert code == 0, (err, entry["envelope_ratio"], verdicts(entry))
     sizes = speculative_graph_sizes(256)
@@ -461,7 +465,7 @@ def test_a_tune_below_min_ratio_at_one_level_does_not_hold(
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
     result = cli(
         "tune", "-i", str(inv), "--input-len", "8", "--output-len", str(OUTPUT_LEN),
-        "--requests-per-stream", PER_STREAM, "--timeout", "60", "--min-ratio", "0.8", *QUICK,
+        "--requests-per-stream", str(PER_STREAM), "--timeout", "60", "--min-ratio", "0.8", *QUICK,
         timeout=600,
     )  # fmt: skip
     assert result.returncode == 1, (result.stdout, result.stderr)
@@ -498,7 +502,7 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
                                 "token": "dead"}))  # fmt: skip
     tune = cli.popen(
         "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", str(OUTPUT_LEN),
-        "--requests-per-stream", PER_STREAM, "--timeout", "60", *QUICK,
+        "--requests-per-stream", str(PER_STREAM), "--timeout", "60", *QUICK,
     )  # fmt: skip
     runs = delta.home / ".deployctl" / "runs"
     deadline = time.monotonic() + 60
@@ -598,29 +602,28 @@ def measuring(host: TestHost, run: str) -> Callable[[], bool]:
 def test_a_connection_lost_past_the_retry_window_says_what_serves_and_keeps_the_record(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    """sshd is gone, while the speculative phase measures its first level, for longer than
-    stopping tune's run retries (--reconnect-window 5: tries at 0, 1, 3 and 5 s): the
-    speculative phase's server still serves. Once the host answers again (8 s, within the
-    second window, that of reading what serves: tries at 5, 6, 8 and 10 s), tune says so and
-    keeps its record there."""
+    """sshd is gone, while the baseline phase measures, for longer than stopping tune's run
+    retries (--reconnect-window 5: tries at 0, 1, 3 and 5 s): the baseline phase's server
+    still serves. Once the host answers again (8 s, within the second window, that of
+    reading what serves: tries at 5, 6, 8 and 10 s), tune says so and keeps its record
+    there."""
     charlie = hosts.hosts["charlie"]
     variables = adaptive_host(hosts, "charlie", QUICK_MODEL)
     inv = hosts.inventory(tmp_path / "inv.yml", ["charlie"], {"charlie": variables})
     code, doc, err = tune_with_host_away(
-        cli, inv, charlie, measuring(charlie, "eagle3_v"), 8, "--reconnect-window", "5"
+        cli, inv, charlie, measuring(charlie, "baseline_v"), 8, "--reconnect-window", "5"
     )
     entry = doc["hosts"]["charlie"]
     assert code == 1 and entry["outcome"] == "failed", (err, json.dumps(entry)[:3000])
-    speculative = entry["phases"]["speculative"]["run"]
-    assert entry["serving"] == speculative and entry["serving_known"], entry["outcome_note"]
-    assert f"the host answered again: {speculative} serving" in entry["outcome_note"]
-    # Lost under the level in flight: nothing of the sweep was kept, no tuned run was begun.
-    assert entry["phases"]["speculative"]["samples"] == {}, entry["phases"]["speculative"]
-    assert "tuned" not in entry["phases"]
+    baseline = entry["phases"]["baseline"]
+    assert entry["serving"] == baseline["run"] and entry["serving_known"], entry["outcome_note"]
+    assert f"the host answered again: {baseline['run']} serving" in entry["outcome_note"]
+    # Lost under the sweep in flight: none of its levels was kept, no other phase was begun.
+    assert baseline["samples"] == {} and list(entry["phases"]) == ["baseline"], entry["phases"]
     status = status_of(cli, inv, "charlie")
-    assert status["run"] == speculative and status["state"] == "ready"
+    assert status["run"] == baseline["run"] and status["state"] == "ready"
     kept = json.loads((charlie.home / ".deployctl" / "tunes" / "1.json").read_text())
-    assert kept["serving"] == speculative and kept["outcome"] == "failed"
+    assert kept["serving"] == baseline["run"] and kept["outcome"] == "failed"
 
 
 def test_a_lost_connection_stops_the_tune_and_puts_back_the_previous_run(
@@ -642,9 +645,11 @@ def test_a_lost_connection_stops_the_tune_and_puts_back_the_previous_run(
     )
     entry = doc["hosts"]["bravo"]
     assert code == 1, (err, json.dumps(entry)[:3000])
-    # Refused when tune connects again, or lost under a call in flight: where it was then.
-    lost = ("Connection refused", "the SSH connection was lost")
-    assert entry["outcome"] == "failed" and any(w in entry["outcome_note"] for w in lost)
+    # Refused when tune connects again, lost under a call in flight, or reset under one (a
+    # machine at load 12): where it was then.
+    lost = ("Connection refused", "the SSH connection was lost", "Connection reset by peer")
+    assert entry["outcome"] == "failed", (err, json.dumps(entry)[:3000])
+    assert any(w in entry["outcome_note"] for w in lost), (err, json.dumps(entry)[:3000])
     assert entry["previous"] == before["hosts"]["bravo"]["run"]
     status = status_of(cli, inv, "bravo")
     assert status["run"] == entry["serving"] and status["state"] == "ready"
@@ -683,7 +688,7 @@ def test_a_worker_behind_a_router_is_drained_as_rollout_does_and_loses_no_reques
     from tests.test_rollout import Load
     from tests.test_router import fleet
 
-    knobs = {"step_ms": 20.0, "per_req_ms": 0.5, "drain_s": 0.3}
+    knobs = {"step_ms": 20.0, "per_req_ms": 0.5, "drain_s": 0.3, "startup_s": 0.05}
     inv, table = fleet(hosts, tmp_path, workers=2, knobs=knobs)
     launched = cli("launch", "-i", str(inv), "--timeout", "60")
     assert launched.returncode == 0, launched.stderr
