@@ -10,6 +10,7 @@ b < (accept_len * step_ms - spec_step_ms) / (spec_per_req_ms - accept_len * per_
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +68,20 @@ def model_for(cross: float, scale: float = 1.0) -> dict[str, float]:
 # rounds, they took 45 and 65 s).
 SCALE = 3.0
 OUTPUT_LEN = 21
+# One request a stream where the tuned run's ratio is not pinned tight: a second round of
+# a level's streams doubled its time. The search tests keep 2: with one, the tuned run's
+# lowest level (one or 7 requests, judged on the median of 3 sweeps) measured 0.86-0.89 of
+# the better curve on a machine at load 10-13 (min-ratio 0.9 there).
+PER_STREAM = 1
 # The tests that are not about the search itself take its shortest form: speculation wins
 # at 4 by half and loses at 10 by a third (model_for(6.5)), and no launch is left to narrow
 # that down, so T is 4 at once (the speculative server does not measure the split: the
 # baseline's could not be compared with it).
 QUICK = ("--concurrency", "4,10", "--max-launches", "2")
 QUICK_MODEL = model_for(6.5, SCALE)
-# A stopped stand-in exits at once (SGLang's drain has nothing in flight to finish here).
-NO_DRAIN = {"drain_s": 0.0}
+# A stopped stand-in exits at once (SGLang's drain has nothing in flight to finish here), and
+# a started one is ready in 0.05 s (0.3 by default; a tune launches 3 to 5 times).
+QUICK_STANDIN = {"drain_s": 0.0, "startup_s": 0.05}
 # T within one measured level of the crossover at 2.5 (2 exactly: speculation wins there by
 # 22 % and loses at 3 by 15 %). A busy machine slows the plain server's one-token chunks
 # more than the speculative server's (measured in CI: 570 against 580 tok/s at 7, where the
@@ -283,6 +290,8 @@ def test_split_points_and_graph_sizes() -> None:
 
 
 # ---- over a real sshd host, with the stand-in --------------------------------------------------
+# No test stops what it launched: the next test's `hosts` reset ends every process of each
+# host's user (a `stop` was 1-2 s a test).
 
 
 def verdicts(entry: dict[str, Any]) -> str:
@@ -313,11 +322,11 @@ def assert_put_back(
 
 
 def tune_json(
-    cli: CLI, inv: Path, *extra: str, output_len: int = OUTPUT_LEN
+    cli: CLI, inv: Path, *extra: str, output_len: int = OUTPUT_LEN, per_stream: int = PER_STREAM
 ) -> tuple[int, dict[str, Any], str]:
     result = cli(
         "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", str(output_len),
-        "--requests-per-stream", "2", "--timeout", "60", *extra, timeout=600,
+        "--requests-per-stream", str(per_stream), "--timeout", "60", *extra, timeout=600,
     )  # fmt: skip
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, json.loads(result.stdout), result.stderr
@@ -330,7 +339,7 @@ def test_tune_finds_the_crossover_and_leaves_the_tuned_run_serving(
 
     model = model_for(2.5, SCALE)
     alpha = hosts.hosts["alpha"]
-    variables = {**prepare(alpha, tp=1, **model, **NO_DRAIN), "template": "baseline"}
+    variables = {**prepare(alpha, tp=1, **model, **QUICK_STANDIN), "template": "baseline"}
     variables["python"] = install_on(alpha, sglang_template, standin=STANDIN)
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
     # 1 and 4 bracket the crossover and one round of splits, 2 and 3, narrows it down: 4
@@ -338,7 +347,7 @@ def test_tune_finds_the_crossover_and_leaves_the_tuned_run_serving(
     # where a loss was clear: 9 measured a win on a machine at load 30). --min-ratio 0.9:
     # the tuned run once measured 0.94 at 5 there (the ratio's own check is
     # test_a_tune_below_min_ratio_at_one_level_does_not_hold).
-    code, doc, err = tune_json(cli, inv, "--concurrency", "1,4", "--min-ratio", "0.9")
+    code, doc, err = tune_json(cli, inv, "--concurrency", "1,4", "--min-ratio", "0.9", per_stream=2)
     entry = doc["hosts"]["alpha"]
     assert code == 0, (err, entry["envelope_ratio"], verdicts(entry))
     t = entry["threshold"]
@@ -355,14 +364,13 @@ def test_tune_finds_the_crossover_and_leaves_the_tuned_run_serving(
     assert kept.is_file()
     record = alpha.home / ".deployctl" / "tunes" / "1.json"
     assert json.loads(record.read_text())["threshold"] == t
-    cli("stop", "-i", str(inv))
 
 
 def adaptive_host(
     lab: SSHLab, name: str, model: dict[str, float], **knobs: object
 ) -> dict[str, object]:
     """A stand-in host in adaptive threshold mode: stock SGLang's flags, no patch to apply."""
-    return {**prepare(lab.hosts[name], tp=1, **model, **NO_DRAIN, **knobs),
+    return {**prepare(lab.hosts[name], tp=1, **model, **QUICK_STANDIN, **knobs),
             "template": "baseline", "threshold_mode": "adaptive"}  # fmt: skip
 
 
@@ -373,12 +381,14 @@ def test_tune_in_adaptive_mode_finds_a_crossover_near_9_at_cuda_graph_sizes(
     inv = hosts.inventory(
         tmp_path / "inv.yml", ["bravo"], {"bravo": adaptive_host(hosts, "bravo", model)}
     )
-    # 6 and 12 bracket the crossover. The CUDA-graph sizes between them are 7, 8 and 10 (9
-    # pads to 10, 11 to 12): one round of splits measures the three, where every batch size
-    # (patch mode) would split 7..11 at 7, 9 and 10. --min-ratio 0.9: a loaded 2-core
-    # machine moves the plain server's curve between two sweeps (CI once saw a tune at
-    # 16-32 streams not hold at 0.95).
-    code, doc, err = tune_json(cli, inv, "--concurrency", "6,12", "--min-ratio", "0.9")
+    # 7 and 12 bracket the crossover (12 a clear loss: 18 %). The CUDA-graph sizes between
+    # them are 8 and 10 (9 pads to 10, 11 to 12): one round of splits measures the two, where
+    # every batch size (patch mode) would split 8..11 at 8, 9 and 10. --min-ratio 0.9: a
+    # loaded 2-core machine moves the plain server's curve between two sweeps (CI once saw a
+    # tune at 16-32 streams not hold at 0.95).
+    code, doc, err = tune_json(
+        cli, inv, "--concurrency", "7,12", "--min-ratio", "0.9", per_stream=2
+    )
     entry = doc["hosts"]["bravo"]
     assert code == 0, (err, entry["envelope_ratio"], verdicts(entry))
     sizes = speculative_graph_sizes(256)
@@ -393,7 +403,6 @@ def test_tune_in_adaptive_mode_finds_a_crossover_near_9_at_cuda_graph_sizes(
     run = entry["serving"]
     status = status_of(cli, inv, "bravo")
     assert status["run"] == run and status["state"] == "ready"
-    cli("stop", "-i", str(inv))
 
 
 def test_a_tuned_server_that_crashes_over_t_is_replaced_by_the_best_stable_one(
@@ -426,7 +435,6 @@ def test_a_tuned_server_that_crashes_over_t_is_replaced_by_the_best_stable_one(
     assert "RuntimeError: The size of tensor a (160)" in shown.stderr
     assert crash["hint"].split("\n")[0][:40] in shown.stderr
     assert f"serving: {serving}" in shown.stdout
-    cli("stop", "-i", str(inv))
 
 
 def test_keep_none_after_a_crash_puts_back_the_run_that_served_before(
@@ -443,7 +451,6 @@ def test_keep_none_after_a_crash_puts_back_the_run_that_served_before(
     entry = doc["hosts"]["bravo"]
     assert code == 1 and entry["outcome"] == "crashed", (err, json.dumps(entry)[:3000])
     assert_put_back(cli, inv, hosts.hosts["bravo"], entry, before, "eagle3")
-    cli("stop", "-i", str(inv))
 
 
 def test_a_tune_below_min_ratio_at_one_level_does_not_hold(
@@ -458,7 +465,7 @@ def test_a_tune_below_min_ratio_at_one_level_does_not_hold(
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
     result = cli(
         "tune", "-i", str(inv), "--input-len", "8", "--output-len", str(OUTPUT_LEN),
-        "--requests-per-stream", "2", "--timeout", "60", "--min-ratio", "0.8", *QUICK,
+        "--requests-per-stream", str(PER_STREAM), "--timeout", "60", "--min-ratio", "0.8", *QUICK,
         timeout=600,
     )  # fmt: skip
     assert result.returncode == 1, (result.stdout, result.stderr)
@@ -472,7 +479,6 @@ def test_a_tune_below_min_ratio_at_one_level_does_not_hold(
     assert ratios["4"] < 0.8 <= ratios["10"], ratios
     # The tuned run measured the levels compared, not the split no launch was left for.
     assert set(entry["phases"]["tuned"]["samples"]) == {"4", "10"}
-    cli("stop", "-i", str(inv))
 
 
 def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
@@ -496,12 +502,12 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
                                 "token": "dead"}))  # fmt: skip
     tune = cli.popen(
         "tune", "-i", str(inv), "--json", "--input-len", "8", "--output-len", str(OUTPUT_LEN),
-        "--requests-per-stream", "2", "--timeout", "60", *QUICK,
+        "--requests-per-stream", str(PER_STREAM), "--timeout", "60", *QUICK,
     )  # fmt: skip
     runs = delta.home / ".deployctl" / "runs"
     deadline = time.monotonic() + 60
-    while not list(runs.glob("eagle3_v*.bench")) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the speculative phase has measured a level
+    while not list(runs.glob("baseline_v*.bench")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the baseline phase has measured (the run before it has no sweep)
     # A second tune of the deployment meanwhile is refused, naming the first; nothing changes.
     second = cli("tune", "-i", str(inv), "--concurrency", "1,4", "--json")
     refused = json.loads(second.stdout)["hosts"]["delta"]
@@ -515,7 +521,6 @@ def test_ctrl_c_puts_back_the_run_that_was_serving(hosts: SSHLab, cli: CLI, tmp_
     assert doc["interrupted"] and entry["outcome"] == "interrupted"
     assert entry["previous"] == before
     assert_put_back(cli, inv, delta, entry, before, "baseline")
-    cli("stop", "-i", str(inv))
 
 
 def test_a_second_ctrl_c_during_a_start_leaves_at_once(
@@ -554,23 +559,20 @@ def test_keep_none_leaves_the_deployment_as_tune_found_it(
     assert entry["phases"]["tuned"]["template"] == "eagle3"
     assert entry["previous"] == before and entry["serving"] not in (None, before)
     assert_put_back(cli, inv, hosts.hosts["alpha"], entry, before, "baseline")
-    cli("stop", "-i", str(inv))
 
 
 def tune_with_host_away(
-    cli: CLI, inv: Path, host: TestHost, seconds: float, *extra: str
+    cli: CLI, inv: Path, host: TestHost, gone: Callable[[], bool], seconds: float, *extra: str
 ) -> tuple[int, dict[str, Any], str]:
     """`tune_json` with QUICK, the host's sshd (and tune's session with it) gone for
-    `seconds` once the speculative phase has measured a level."""
+    `seconds` as soon as `gone()` says so."""
     import threading
     import time
 
-    runs = host.home / ".deployctl" / "runs"
-
     def away() -> None:
         deadline = time.monotonic() + 90
-        while not list(runs.glob("eagle3_v*.bench")) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        while not gone() and time.monotonic() < deadline:
+            time.sleep(0.05)
         host.go_away()
         time.sleep(seconds)
         host.start()
@@ -584,27 +586,44 @@ def tune_with_host_away(
         host.ensure_running()
 
 
+def measuring(host: TestHost, run: str) -> Callable[[], bool]:
+    """A run whose name starts with `run` has been sent its first benchmark request (its
+    access line is in its log): a level is being measured on it."""
+
+    def now() -> bool:
+        return any(
+            '"POST /v1/completions' in log.read_text(errors="replace")
+            for log in (host.home / "logs").glob(f"{run}*.log")
+        )
+
+    return now
+
+
 def test_a_connection_lost_past_the_retry_window_says_what_serves_and_keeps_the_record(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    """sshd is gone for longer than putting back retries (--reconnect-window 8: tries at 0,
-    1, 3, 7 and 8 s): the previous run is not put back, and the speculative phase's server
-    still serves. Once the host answers again (12 s, within the second window, that of
-    reading what serves), tune says so and keeps its record there."""
+    """sshd is gone, while the baseline phase measures, for longer than stopping tune's run
+    retries (--reconnect-window 5: tries at 0, 1, 3 and 5 s): the baseline phase's server
+    still serves. Once the host answers again (8 s, within the second window, that of
+    reading what serves: tries at 5, 6, 8 and 10 s), tune says so and keeps its record
+    there."""
     charlie = hosts.hosts["charlie"]
     variables = adaptive_host(hosts, "charlie", QUICK_MODEL)
     inv = hosts.inventory(tmp_path / "inv.yml", ["charlie"], {"charlie": variables})
-    code, doc, err = tune_with_host_away(cli, inv, charlie, 12, "--reconnect-window", "8")
+    code, doc, err = tune_with_host_away(
+        cli, inv, charlie, measuring(charlie, "baseline_v"), 8, "--reconnect-window", "5"
+    )
     entry = doc["hosts"]["charlie"]
     assert code == 1 and entry["outcome"] == "failed", (err, json.dumps(entry)[:3000])
-    speculative = entry["phases"]["speculative"]["run"]
-    assert entry["serving"] == speculative and entry["serving_known"], entry["outcome_note"]
-    assert f"the host answered again: {speculative} serving" in entry["outcome_note"]
+    baseline = entry["phases"]["baseline"]
+    assert entry["serving"] == baseline["run"] and entry["serving_known"], entry["outcome_note"]
+    assert f"the host answered again: {baseline['run']} serving" in entry["outcome_note"]
+    # Lost under the sweep in flight: none of its levels was kept, no other phase was begun.
+    assert baseline["samples"] == {} and list(entry["phases"]) == ["baseline"], entry["phases"]
     status = status_of(cli, inv, "charlie")
-    assert status["run"] == speculative and status["state"] == "ready"
+    assert status["run"] == baseline["run"] and status["state"] == "ready"
     kept = json.loads((charlie.home / ".deployctl" / "tunes" / "1.json").read_text())
-    assert kept["serving"] == speculative and kept["outcome"] == "failed"
-    cli("stop", "-i", str(inv))
+    assert kept["serving"] == baseline["run"] and kept["outcome"] == "failed"
 
 
 def test_a_lost_connection_stops_the_tune_and_puts_back_the_previous_run(
@@ -616,20 +635,25 @@ def test_a_lost_connection_stops_the_tune_and_puts_back_the_previous_run(
         tmp_path / "inv.yml", ["bravo"], {"bravo": adaptive_host(hosts, "bravo", model)}
     )
     before = json.loads(cli("launch", "-i", str(inv), "--json", "--timeout", "60").stdout)
-    # Gone as the tuned run's launch begins (most often): the launch lock it took cannot be
-    # given back, and the put-back's launch breaks it (tune's own; it refused the put-back,
-    # in 3 runs of 4).
-    code, doc, err = tune_with_host_away(cli, inv, bravo, 3)
+    runs = bravo.home / ".deployctl" / "runs"
+    # Gone once the speculative phase has measured (as the tuned run's launch begins, most
+    # often): the launch lock it took cannot be given back, and the put-back's launch breaks
+    # it (tune's own; it refused the put-back, in 3 runs of 4). Back after 2 s: before
+    # putting back's third try (at 3 s).
+    code, doc, err = tune_with_host_away(
+        cli, inv, bravo, lambda: any(runs.glob("eagle3_v*.bench")), 2
+    )
     entry = doc["hosts"]["bravo"]
     assert code == 1, (err, json.dumps(entry)[:3000])
-    # Refused when tune connects again, or lost under a call in flight: where it was then.
-    lost = ("Connection refused", "the SSH connection was lost")
-    assert entry["outcome"] == "failed" and any(w in entry["outcome_note"] for w in lost)
+    # Refused when tune connects again, lost under a call in flight, or reset under one (a
+    # machine at load 12): where it was then.
+    lost = ("Connection refused", "the SSH connection was lost", "Connection reset by peer")
+    assert entry["outcome"] == "failed", (err, json.dumps(entry)[:3000])
+    assert any(w in entry["outcome_note"] for w in lost), (err, json.dumps(entry)[:3000])
     assert entry["previous"] == before["hosts"]["bravo"]["run"]
     status = status_of(cli, inv, "bravo")
     assert status["run"] == entry["serving"] and status["state"] == "ready"
     assert status["run"].startswith("baseline_v")
-    cli("stop", "-i", str(inv))
 
 
 def test_a_replacement_refused_by_its_preflight_stops_nothing(
@@ -645,17 +669,13 @@ def test_a_replacement_refused_by_its_preflight_stops_nothing(
     launched = cli("launch", "-i", str(inv), "--json", "--timeout", "60")
     assert launched.returncode == 0, launched.stderr
     before = json.loads(launched.stdout)["hosts"]["alpha"]["run"]
-    moved = alpha.home / "model-moved"
-    shutil.move(alpha.home / "model", moved)  # the running server has read it already
-    try:
-        restarted = cli("restart", "-i", str(inv), "--timeout", "60")
-        assert restarted.returncode == 1
-        assert f"{alpha.home}/model does not exist on alpha" in restarted.stderr
-        status = status_of(cli, inv, "alpha")
-        assert status["run"] == before and status["state"] == "ready"
-    finally:
-        shutil.move(moved, alpha.home / "model")
-        cli("stop", "-i", str(inv))
+    # The running server has read it already (the next test's reset clears the home).
+    shutil.move(alpha.home / "model", alpha.home / "model-moved")
+    restarted = cli("restart", "-i", str(inv), "--timeout", "60")
+    assert restarted.returncode == 1
+    assert f"{alpha.home}/model does not exist on alpha" in restarted.stderr
+    status = status_of(cli, inv, "alpha")
+    assert status["run"] == before and status["state"] == "ready"
 
 
 def test_a_worker_behind_a_router_is_drained_as_rollout_does_and_loses_no_request(
@@ -663,17 +683,17 @@ def test_a_worker_behind_a_router_is_drained_as_rollout_does_and_loses_no_reques
 ) -> None:
     """Each of tune's replacements takes w1 out of the real router, waits for its requests
     to finish, and adds the new run once ready; w2 serves meanwhile. Streamed load through
-    the router (answers of 100 tokens: 2 s each, far longer than the stand-in's own drain
-    after SIGTERM; checked: --drain-timeout 0 cuts some) loses nothing."""
+    the router (answers of 50 tokens: 1 s each, 3 times the stand-in's own drain after
+    SIGTERM; checked: --drain-timeout 0 cuts some) loses nothing."""
     from tests.test_rollout import Load
     from tests.test_router import fleet
 
-    knobs = {"step_ms": 20.0, "per_req_ms": 0.5, "drain_s": 0.3}
+    knobs = {"step_ms": 20.0, "per_req_ms": 0.5, "drain_s": 0.3, "startup_s": 0.05}
     inv, table = fleet(hosts, tmp_path, workers=2, knobs=knobs)
     launched = cli("launch", "-i", str(inv), "--timeout", "60")
     assert launched.returncode == 0, launched.stderr
     # Speculation wins at 1 and 2 with these knobs: baseline, speculative, tuned: 3 swaps.
-    with Load(hosts.hosts["alpha"].address, table["router"]["port"], max_tokens=100) as load:
+    with Load(hosts.hosts["alpha"].address, table["router"]["port"], max_tokens=50) as load:
         code, doc, err = tune_json(
             cli, inv, "-d", "w1", "--concurrency", "1,2", "--min-ratio", "0", output_len=9
         )
@@ -682,7 +702,6 @@ def test_a_worker_behind_a_router_is_drained_as_rollout_does_and_loses_no_reques
     assert load.failed == [] and len(load.done) > 3, (load.failed[:3], len(load.done))
     status = json.loads(cli("status", "-i", str(inv), "-d", "w1", "--json").stdout)
     assert status["hosts"]["alpha"]["deployments"]["w1"]["run"] == entry["serving"]
-    cli("stop", "-i", str(inv))
 
 
 # ---- plans and the `threshold` variable (no host is contacted) -------------------------------
@@ -804,4 +823,3 @@ def test_a_latency_bound_finds_the_highest_concurrency_that_meets_it(
     assert 6 < capacity < 16, per_token
     # Narrowed down to adjacent levels on the tuned run: one meets the bound, the next not.
     assert per_token[capacity] <= 34.5 < per_token[capacity + 1], per_token
-    cli("stop", "-i", str(inv))
