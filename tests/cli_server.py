@@ -123,6 +123,13 @@ def run_cli(request, reply, fds):
     os._exit(code)
 
 
+def answer(reply, number):
+    try:
+        reply.sendall(b"%d\n" % number)
+    except OSError:  # the caller stopped waiting (its timeout): the server goes on
+        pass
+
+
 while True:
     for key, _ in selector.select():
         if key.fileobj is control:
@@ -135,14 +142,14 @@ while True:
                 run_cli(json.loads(message), reply, fds[1:])
             for fd in fds[1:]:
                 os.close(fd)
-            reply.sendall(b"%d\n" % child)
+            answer(reply, child)
             selector.register(os.pidfd_open(child), selectors.EVENT_READ, (child, reply))
         else:
             child, reply = key.data
             selector.unregister(key.fd)
             os.close(key.fd)
             _, status = os.waitpid(child, 0)
-            reply.sendall(b"%d\n" % os.waitstatus_to_exitcode(status))
+            answer(reply, os.waitstatus_to_exitcode(status))
             reply.close()
 """
 
@@ -152,7 +159,7 @@ _servers: dict[
 _lock = threading.Lock()
 
 
-def _server(env: Mapping[str, str]) -> socket.socket:
+def _server(env: Mapping[str, str]) -> tuple[socket.socket, subprocess.Popen[bytes]]:
     startup = {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) or k in STARTUP_NAMES}
     key = (sys.executable, tuple(sorted(startup.items())))
     with _lock:
@@ -168,7 +175,8 @@ def _server(env: Mapping[str, str]) -> socket.socket:
             _servers[key] = (process, ours)
             if len(_servers) == 1:
                 atexit.register(stop_servers)
-        return _servers[key][1]
+        process, control = _servers[key]
+        return control, process
 
 
 def stop_servers() -> None:
@@ -194,7 +202,9 @@ def run(
     deployctl but for this file's own tests)."""
     if list(argv[:2]) != [sys.executable, "-m"] or len(argv) < 3:
         raise ValueError(f"not a `python -m MODULE` command line: {argv}")
-    control = _server(env)
+    control, process = _server(env)
+    if process.poll() is not None:
+        raise RuntimeError(f"the CLI server ended (status {process.returncode}); see its stderr")
     reply, theirs = socket.socketpair()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -255,8 +265,9 @@ def _collect(
         reply.close()
         os.close(out_r)
         os.close(err_r)
-    pid, status = answer.split()
-    del pid
+    if len(answer.split()) != 2:
+        raise RuntimeError(f"the CLI server gave no exit status for {list(argv)}: did it end?")
+    status = answer.split()[1]
     return subprocess.CompletedProcess(
         list(argv), int(status), _decode(b"".join(chunks[out_r])), _decode(b"".join(chunks[err_r]))
     )

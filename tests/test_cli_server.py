@@ -113,6 +113,10 @@ def test_a_forked_run_past_its_timeout_is_killed(tmp_path: Path) -> None:
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return
+            break
         time.sleep(0.05)
-    pytest.fail(f"the timed-out run {pid} is still there")
+    else:
+        pytest.fail(f"the timed-out run {pid} is still there")
+    # The server, whose answer found no one waiting, still runs the next command.
+    after = cli_server.run(PROBE, cwd=str(tmp_path), env=env_for(tmp_path), timeout=60)
+    assert after.returncode == 0, after.stderr
