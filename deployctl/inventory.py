@@ -22,6 +22,7 @@ from deployctl.inventory_sources import (
     VaultedText,
     VaultOptions,
     Vaults,
+    collect_vaulted,
     expand_host_range,
     is_templated,
     read_sources,
@@ -486,6 +487,7 @@ def build(data: InventoryData, vault: VaultOptions) -> Inventory:
     vaults = Vaults(vault)
     group_folders = [VarsFolder(d / "group_vars") for d in data.vars_dirs]
     host_folders = [VarsFolder(d / "host_vars") for d in data.vars_dirs]
+    _decrypt_all_at_once(data, group_folders, host_folders, vaults)
     group_files = [{g: f.load(g, vaults) for g in f.files} for f in group_folders]
     inline_groups = {n: _group_vars(g) for n, g in data.groups.items()}
     raw: dict[str, dict[str, Any]] = {}
@@ -556,22 +558,43 @@ def _resolve_templates(
     return resolve_hosts(raw, magic)
 
 
+def _decrypt_all_at_once(
+    data: InventoryData,
+    group_folders: list[VarsFolder],
+    host_folders: list[VarsFolder],
+    vaults: Vaults,
+) -> None:
+    """Decrypt the encrypted files the inventory loads and its encrypted values in one
+    ansible-vault call (~0.6 s of CPU each; it was one per file, then one for the values).
+
+    The files are those `build` loads (every group_vars/ file, the host_vars/ files of its
+    hosts), each decrypted anyway. The values are every `!vault` one, though only those a
+    host ends with were decrypted: when the call fails, the files are decrypted alone, as
+    before (their error is the one to report), and the values a host ends with later."""
+    files: dict[str, Vaulted] = {}
+    values: dict[str, Vaulted] = {}
+    for folder in group_folders:
+        folder.vaulted(folder.files, files, values)
+    for folder in host_folders:
+        folder.vaulted(data.host_vars, files, values)
+    if not files:  # the values alone: one call in `_decrypt`, of those a host ends with
+        return
+    collect_vaulted([g.vars for g in data.groups.values()], values)
+    collect_vaulted(list(data.host_vars.values()), values)
+    if values:
+        try:
+            vaults.decrypt_all([*files.values(), *values.values()])
+            return
+        except InventoryError:
+            pass  # a value no host uses may be one these options cannot decrypt
+    vaults.decrypt_all(list(files.values()))
+
+
 def _decrypt(raw: dict[str, dict[str, Any]], vaults: Vaults) -> None:
     """Replace vaulted values by their plain text, decrypting each distinct one once."""
     found: dict[str, Vaulted] = {}
-
-    def collect(value: Any) -> None:
-        if isinstance(value, Vaulted):
-            found.setdefault(value.ciphertext, value)
-        elif isinstance(value, dict):
-            for item in value.values():
-                collect(item)
-        elif isinstance(value, list):
-            for item in value:
-                collect(item)
-
     for variables in raw.values():
-        collect(variables)
+        collect_vaulted(variables, found)
     if not found:
         return
     plain = dict(zip(found, vaults.decrypt_all(list(found.values())), strict=True))

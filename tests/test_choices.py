@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from deployctl.choices import BenchTool, Keep, ThresholdMode
+from tests.sources import parse_file
 
 PACKAGE = Path(__file__).resolve().parent.parent / "deployctl"
 
 
 def sources() -> list[tuple[Path, ast.Module]]:
-    return [(p, ast.parse(p.read_text(encoding="utf-8"))) for p in sorted(PACKAGE.rglob("*.py"))]
+    return [(p, parse_file(p)) for p in sorted(PACKAGE.rglob("*.py"))]
 
 
 def strings(node: ast.expr) -> frozenset[str] | None:

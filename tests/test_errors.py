@@ -8,6 +8,7 @@ from pathlib import Path
 
 import deployctl
 from deployctl import errors
+from tests.sources import parse_file
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 PACKAGE = Path(deployctl.__file__).parent
@@ -57,7 +58,7 @@ def error_types_elsewhere() -> dict[str, object]:
         if DATA in path.parents or path == Path(errors.__file__):
             continue
         module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse_file(path)
         classes += [(module, n) for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
     found: dict[str, object] = {}
     grew = True

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from deployctl import inventory_sources
 from deployctl.inventory import DEFAULT_VARS, MASK, VaultOptions, load_inventory
 from tests.ansible_tools import run_tool
 from tests.conftest import CLI
@@ -747,6 +748,76 @@ def test_vault_errors_name_the_file(tmp_path: Path, cli: CLI) -> None:
     )
     result = cli("hosts", "-i", str(tmp_path / "inv.ini"))
     assert result.returncode == 1 and str(tmp_path / "group_vars" / "g.yml") in result.stderr
+
+
+def vault_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The ansible-vault command lines deployctl runs from now on (each still runs)."""
+    runs: list[list[str]] = []
+    real = subprocess.run
+
+    def run(argv: list[str], *args: Any, **kwargs: Any) -> Any:
+        if Path(argv[0]).name == "ansible-vault":
+            runs.append(argv)
+        return real(argv, *args, **kwargs)
+
+    monkeypatch.setattr(inventory_sources.subprocess, "run", run)
+    return runs
+
+
+def test_encrypted_files_and_values_are_decrypted_in_one_ansible_vault_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    password = tmp_path / "pass"
+    password.write_text("pw\n", encoding="utf-8")
+    write(
+        tmp_path,
+        {
+            "inv.yml": f"all:\n  hosts:\n    h1:\n      a: {encrypt('from-inline', password)}",
+            "group_vars/all.yml": f"b: {encrypt('from-a-file', password)}",
+            "host_vars/h1.yml": "c: from-a-vaulted-file\n",
+            "host_vars/h2.yml": "d: of-no-host\n",
+        },
+    )
+    for name in ("h1", "h2"):
+        run_tool(
+            [str(BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(password),
+             str(tmp_path / "host_vars" / f"{name}.yml")],
+            check=True,
+        )  # fmt: skip
+    runs = vault_runs(monkeypatch)
+    vault = VaultOptions(password_files=(str(password),))
+    found = load_inventory(tmp_path / "inv.yml", vault).hosts["h1"].vars
+    assert (found["a"], found["b"], found["c"]) == (
+        "from-inline",
+        "from-a-file",
+        "from-a-vaulted-file",
+    )
+    assert len(runs) == 1, runs
+    assert len(runs[0]) == 2 + len(vault.argv()) + 3  # the two values and h1's file, not h2's
+
+
+def test_a_value_no_host_ends_with_needs_no_password_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ours, other = tmp_path / "pass", tmp_path / "other-pass"
+    ours.write_text("pw\n", encoding="utf-8")
+    other.write_text("another\n", encoding="utf-8")
+    write(
+        tmp_path,
+        {
+            # h1's own x wins over its group's, which only the other password decrypts.
+            "inv.ini": "[g]\nh1\n",
+            "group_vars/g.yml": f"x: {encrypt('unused', other)}",
+            "host_vars/h1.yml": "x: used\n",
+        },
+    )
+    run_tool(
+        [str(BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(ours),
+         str(tmp_path / "host_vars" / "h1.yml")],
+        check=True,
+    )  # fmt: skip
+    vault = VaultOptions(password_files=(str(ours),))
+    assert load_inventory(tmp_path / "inv.ini", vault).hosts["h1"].vars["x"] == "used"
 
 
 def test_graph_json_is_the_subtree_each_group_once(tmp_path: Path, cli: CLI) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.sources import parse_file
+
 PACKAGE = Path(__file__).resolve().parent.parent / "deployctl"
 
 # The launcher modules, client side and host side: the only places that know each launcher.
@@ -101,7 +103,7 @@ def launcher_questions() -> dict[str, list[tuple[int, str]]]:
         name = path.relative_to(PACKAGE).as_posix()
         if name in LAUNCHER_MODULES:
             continue
-        found = questions(ast.parse(path.read_text(encoding="utf-8")))
+        found = questions(parse_file(path))
         found = [(line, code) for line, code in found if f"{name}: {code}" not in ALLOWED]
         if found:
             asked[name] = found
@@ -145,5 +147,5 @@ def test_the_launcher_modules_exist_and_each_allowed_question_is_still_asked() -
         assert (PACKAGE / name).is_file(), name
     for allowed in ALLOWED:  # one that went away leaves the list
         name, _, code = allowed.partition(": ")
-        asked = questions(ast.parse((PACKAGE / name).read_text(encoding="utf-8")))
+        asked = questions(parse_file(PACKAGE / name))
         assert code in {c for _, c in asked}, allowed

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.sources import parse_file
+
 PACKAGE = Path(__file__).resolve().parent.parent / "deployctl"
 
 
@@ -21,7 +23,7 @@ def imported_names(path: Path) -> set[str]:
     `from deployctl import report` yields both `deployctl` and `deployctl.report`.
     """
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse_file(path)):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and (module := absolute_module(path, node)):
@@ -139,7 +141,7 @@ REMOTE_IMPORTERS = {"deployctl.agent": {"*"}, "deployctl.ops.port": {"deployctl.
 def remote_imports(path: Path) -> list[tuple[int, str]]:
     """Each import in a module of deployctl/remote/: (level, module), level 0 = absolute."""
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse_file(path)):
         if isinstance(node, ast.Import):
             found += [(0, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):

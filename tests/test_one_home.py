@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 from deployctl.ops.server import status_rounds
+from tests.sources import parse_file
 from tests.test_layers import PACKAGE
 
 # Where the steps would be written again: the operations, the dashboard's collector and the
@@ -27,7 +28,7 @@ def sources() -> Iterator[tuple[str, ast.Module]]:
     for folder in SCANNED:
         for path in sorted((PACKAGE / folder).rglob("*.py")):
             name = path.relative_to(PACKAGE).as_posix()
-            yield name, ast.parse(path.read_text(encoding="utf-8"))
+            yield name, parse_file(path)
 
 
 def functions(tree: ast.AST) -> Iterator[ast.FunctionDef]:
@@ -202,7 +203,7 @@ def test_the_rule_sees_a_rounds_loop_written_again() -> None:
 def test_tunes_search_does_no_io() -> None:
     """The search decides from numbers: no connection, agent, fleet, clock or thread."""
     path = PACKAGE / "ops" / "tune" / "search.py"
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = parse_file(path)
     imported = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.ImportFrom) and n.module:
