@@ -5,7 +5,9 @@ requests is slower per token without being worse), and only buckets both sides h
 
 The test is an always-valid confidence sequence (a normal-mixture boundary, Robbins' mixture
 SPRT written as an interval) on the log of the worse-ratio, so `verdict()` may be asked after
-every sample: the chance that any of the intervals is ever wrong is at most `1 - confidence`.
+every sample: the chance that any of the intervals is ever wrong is at most `1 - confidence`
+(exactly so for a known noise; with the noise estimated, as here, checked by seeded simulation in
+tests/test_canary_stats.py and benchmarks/canary_stats.py).
 
 - Each sample becomes its log value, signed so that larger is worse (throughput negated); within
   a bucket and side it is clipped to 3 robust scales (MAD) of its median, so a stalled interval
@@ -54,21 +56,14 @@ MIN_SHARE = 0.2
 # Clip a sample's residual to this many robust scales; no scale before this many residuals.
 CLIP_SCALES = 3.0
 MIN_RESIDUALS = 10
-# No verdict before the pooled variance has this many degrees of freedom.
+# No verdict before the pooled variance has this many degrees of freedom: the mixture boundary
+# takes the estimated noise as known, which a handful of samples cannot support.
 MIN_DF = 30
 # The noise floor (log units, 0.5 %): identical values would otherwise give an interval of width 0.
 SIGMA_FLOOR = 0.005
 # The largest serial correlation believed; past it the inflation would explode on a short series.
 MAX_PHI = 0.8
 MAD_TO_SIGMA = 1.4826
-# The one-sided normal quantile of the noise's upper bounds (variance and serial correlation).
-BOUND_Z = 1.0
-
-
-def _chi2_low(df: int) -> float:
-    """The chi-square quantile at the lower BOUND_Z tail (Wilson-Hilferty's approximation)."""
-    k = 2 / (9 * df)
-    return df * max(1 - k - BOUND_Z * math.sqrt(k), 0.05) ** 3
 
 
 def bucket_of(running: float, sizes: Sequence[int] = CUDA_GRAPH_SIZES) -> int:
@@ -76,7 +71,7 @@ def bucket_of(running: float, sizes: Sequence[int] = CUDA_GRAPH_SIZES) -> int:
     size >= running (past the largest size, on by 16); 0 for an idle sample."""
     if not math.isfinite(running) or running <= 0:
         return 0
-    ordered = sorted(sizes)
+    ordered = sizes if sizes is CUDA_GRAPH_SIZES else sorted(sizes)
     at = bisect.bisect_left(ordered, running)
     if at < len(ordered):
         return ordered[at]
@@ -195,14 +190,14 @@ class Judge:
         self.min_samples = min_samples
         self._sign = -1.0 if metric == "throughput" else 1.0
         self._threshold = math.log1p(max_regression)
-        # The mixture's scale: tightest where the interval's half-width is half the MDE.
-        self._rho = 4 / self._threshold**2
+        # The mixture's scale: tightest where the interval's half-width is the MDE / sqrt(2)
+        # (simulated: a promotion and an 8 % regression decide soonest near there).
+        self._rho = 2 / self._threshold**2
         self._cells: dict[tuple[str, int], _Cell] = {}
         self._abs_residuals: list[float] = []  # sorted, for the robust scale
         self._previous: dict[tuple[str, str], float] = {}  # last residual per side and replica
         self._lagged = 0.0
         self._lag_squares = 0.0
-        self._lag_pairs = 0
         self._squares = 0.0  # the cells' squared deviations and degrees of freedom, summed
         self._df = 0
         # Each bucket's stats and matched entry, dropped when a sample lands in it: verdict()
@@ -230,7 +225,6 @@ class Judge:
             if key in self._previous:
                 self._lagged += residual * self._previous[key]
                 self._lag_squares += residual * residual
-                self._lag_pairs += 1
             self._previous[key] = residual
         bisect.insort(cell.raw, self._sign * math.log(sample.value))
         self._squares -= cell.squares
@@ -248,11 +242,9 @@ class Judge:
         df = self._df
         if not df:
             return math.inf, 0
-        # Upper confidence bounds, not point estimates: early, both are guessed from a few
-        # samples, and an underestimate is what makes an early verdict wrong.
-        variance = max(self._squares / df, SIGMA_FLOOR**2) * df / _chi2_low(df)
+        variance = max(self._squares / df, SIGMA_FLOOR**2)
         phi = self._lagged / self._lag_squares if self._lag_squares > 0 else 0.0
-        phi = min(max(phi + BOUND_Z / math.sqrt(max(self._lag_pairs, 1)), 0.0), MAX_PHI)
+        phi = min(max(phi, 0.0), MAX_PHI)
         return variance * (1 + phi) / (1 - phi), df
 
     def _half_width(self, information: float, alpha: float) -> float:

@@ -130,6 +130,16 @@ def test_an_8_percent_regression_only_at_high_load_is_caught_from_those_buckets(
     assert {run.decided_by for run in found if run.state == "regression"} <= {">= 16", ">= 8"}
 
 
+def test_a_regression_over_the_mde_at_some_loads_is_never_promoted() -> None:
+    # 7 % worse at >= 16 under a load of 13 (a third of the samples there), equal below: pooled
+    # over every bucket it looks 2.3 % worse, and the pooled interval drops under 1.05 long
+    # before the ">= 16" range's rises over it (promoting 18 of these 20 runs if it decided).
+    # Every judged range must be clear before a promotion.
+    found = runs(0.07, range(700, 720), load=13.0, budget=300)
+    assert count(found, "no_regression") == 0
+    assert count(found, "regression") >= 3
+
+
 def test_a_3_percent_regression_under_the_mde_is_rarely_called_one() -> None:
     found = runs(0.03, range(400, 440), budget=300)
     assert count(found, "regression") <= 2
@@ -167,6 +177,21 @@ def test_no_verdict_before_min_samples(min_samples: int) -> None:
         states.append((verdict.samples, verdict.state))
     assert all(state == "undecided" for samples, state in states if samples < min_samples)
     assert states[-1][1] == "regression"
+
+
+def test_a_few_quiet_samples_are_not_taken_for_the_noise() -> None:
+    # 12 samples a side, all within 0.1 %, the candidate 10 % worse: the interval on so short a
+    # noise estimate would be tight, but the next intervals may be noisier; no verdict until the
+    # variance has MIN_DF degrees of freedom, then one.
+    judge = Judge("itl", min_samples=0)
+    for i in range(12):
+        judge.add("control", Sample(running=4, value=0.010 * (1 + 0.001 * (i % 2)), requests=4))
+        judge.add("candidate", Sample(running=4, value=0.011 * (1 + 0.001 * (i % 2)), requests=4))
+        assert judge.verdict().state == "undecided"
+    for i in range(12, 20):
+        judge.add("control", Sample(running=4, value=0.010 * (1 + 0.001 * (i % 2)), requests=4))
+        judge.add("candidate", Sample(running=4, value=0.011 * (1 + 0.001 * (i % 2)), requests=4))
+    assert judge.verdict().state == "regression"
 
 
 def test_buckets_are_matched_never_pooled_across_loads() -> None:
