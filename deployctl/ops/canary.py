@@ -262,7 +262,7 @@ class Canary:
                 finished[who] += part.requests + part.aborted
                 value = part.value(options.metric)
                 if value is not None and part.requests > 0:
-                    judge.add(who, Sample(part.running, value, part.requests))
+                    judge.add(who, Sample(part.running, value, part.requests, result.name))
             if _fails_more(failed, finished):
                 return (
                     verdict,
