@@ -1683,7 +1683,8 @@ class RequestMetrics:
         return row
 
     def observe(self, name: str, streaming: str, value: float, n: int = 1) -> None:
-        """``n`` observations of ``value``; their sum is ``value * n``."""
+        """``n`` observations of ``value / n`` adding ``value`` to the sum, as 0.5.23's
+        observe_inter_token_latency counts a gap that brought n tokens."""
         row = self._row(name, streaming)
         row[bisect.bisect_left(_BOUNDS[name], value / n)] += n  # le: the first bound >= it
         row[-1] += value
@@ -1994,13 +1995,11 @@ class Launcher:
                         lines.append(f"sglang:{name}{{{labels}{child}}} {value}")
                 continue
             if name in observations:  # the knob's values stand for the streamed series
-                seen = [float(x) for x in observations[name]]
-                row = [0.0] * (len(bounds) + 2)
-                for x in seen:
-                    row[bisect.bisect_left(bounds, x)] += 1
-                row[-1] = sum(seen)
+                knob, series = RequestMetrics(), (name, "true" if by_stream else "")
+                for x in observations[name]:
+                    knob.observe(*series, float(x))
                 histograms = {k: v for k, v in histograms.items() if k[0] != name}
-                histograms[(name, "true" if by_stream else "")] = row
+                histograms[series] = knob.histograms[series]
             for (key, streaming), row in sorted(histograms.items()):
                 if key != name:
                     continue
