@@ -79,7 +79,7 @@ class PoissonLoad:
         seed: int,
         *,
         timeout_s: float = 60.0,
-        model: str | None = None,
+        model: str = "default",
     ) -> None:
         if not rate_per_s > 0 or max_in_flight < 1 or max_tokens < 1:
             raise ValueError("PoissonLoad: rate_per_s > 0, max_in_flight >= 1, max_tokens >= 1")
@@ -87,10 +87,8 @@ class PoissonLoad:
         self.rate_per_s = rate_per_s
         self.max_in_flight = max_in_flight
         self.timeout_s = timeout_s
-        body: dict[str, object] = {"prompt": "canary load", "max_tokens": max_tokens,
-                                   "stream": True}  # fmt: skip
-        if model is not None:
-            body["model"] = model
+        # The real router (0.3.2) refuses a completion without `model` (422).
+        body = {"model": model, "prompt": "canary load", "max_tokens": max_tokens, "stream": True}
         self.body = json.dumps(body).encode()
         self._rng = random.Random(seed)
         self._lock = threading.Lock()

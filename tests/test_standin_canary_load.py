@@ -5,16 +5,36 @@ counted, and nothing but loopback is loaded."""
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
 from tests.canary_load import PoissonLoad, loopback_target
-from tests.test_standin import READY, Launch, Server, standin  # noqa: F401 (the fixture)
+from tests.test_router_standins import (  # noqa: F401 (the fixture)
+    Process,
+    Start,
+    answers,
+    call,
+    registered,
+    start,
+    start_router,
+)
+from tests.test_standin import (  # noqa: F401 (the fixture)
+    READY,
+    STANDIN,
+    Launch,
+    Server,
+    free_port,
+    standin,
+    wait_for,
+)
 from tests.test_standin_metrics import running, scrape, value
 
 
@@ -53,7 +73,7 @@ def test_arrivals_keep_their_poisson_rate_while_the_server_is_slow(
         0,
     ), report.errors[:3]
     assert len(report.latencies_s) == len(report.ttft_s) == report.done
-    assert value(scrape(server), "num_requests_total", "true") == report.done
+    assert value(scrape(server.port), "num_requests_total", "true") == report.done
 
 
 def test_arrivals_beyond_max_in_flight_are_dropped_not_queued(
@@ -76,6 +96,37 @@ def test_arrivals_beyond_max_in_flight_are_dropped_not_queued(
     # The first 4 ran (the gaps are far shorter than a request); every later arrival dropped.
     assert (report.done, report.failed, report.dropped) == (4, 0, report.arrivals - 4)
     assert len(load.results()) == 4
+
+
+def metrics_worker(start: Start, tmp_path: Path, name: str) -> Process:  # noqa: F811
+    """A stand-in worker (one rank) with /metrics, ready."""
+    model = tmp_path / name
+    model.mkdir()
+    (model / "standin.json").write_text(json.dumps({"startup_s": 0.2}))
+    port = free_port()
+    worker = start(name, sys.executable, STANDIN, "--model-path", model, "--tp", 1,
+                   "--port", port, "--enable-metrics", port=port)  # fmt: skip
+    wait_for(lambda: answers(port), 10, f"{name} ready")
+    return worker
+
+
+@pytest.mark.lab  # it starts the real router
+def test_a_load_through_the_real_router_loses_nothing(
+    start: Start,  # noqa: F811 (the fixture)
+    tmp_path: Path,
+) -> None:
+    workers = [metrics_worker(start, tmp_path, f"w{i}") for i in range(2)]
+    router = start_router(start, "real")
+    for worker in workers:
+        assert call(router.port, "POST", "/workers", {"url": worker.url})[0] == 202
+    wait_for(lambda: sum(w["is_healthy"] for w in registered(router)) == 2, 10, "2 workers")
+    with PoissonLoad(router.url, 20.0, 16, 10, seed=5) as load:
+        time.sleep(1.5)
+    report = load.report()
+    assert report.arrivals > 10 and report.dropped == 0
+    assert (report.done, report.failed) == (report.arrivals, 0), report.errors[:3]
+    served = [value(scrape(w.port), "num_requests_total", "true") for w in workers]
+    assert sum(served) == report.done and min(served) > 0, served  # both, round robin
 
 
 class _Failing(BaseHTTPRequestHandler):

@@ -28,9 +28,9 @@ from tests.test_standin import READY, Launch, Server, standin, wait_for  # noqa:
 Sample = tuple[str, str | None, str | None]  # sample name, is_streaming, le
 
 
-def scrape(server: Server) -> dict[Sample, float]:
-    """The tokenizer manager's series of the server's /metrics, and num_running_reqs."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+def scrape(port: int) -> dict[Sample, float]:
+    """The series of the /metrics of the server on a loopback port, by name, is_streaming, le."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     try:
         conn.request("GET", "/metrics")
         text = conn.getresponse().read().decode()
@@ -49,7 +49,7 @@ def value(page: dict[Sample, float], name: str, streaming: str | None = None) ->
 
 
 def running(server: Server) -> float:
-    return value(scrape(server), "num_running_reqs")
+    return value(scrape(server.port), "num_running_reqs")
 
 
 def post(server: Server, path: str, body: dict[str, object]) -> bytes:
@@ -92,9 +92,9 @@ def itl_ms(server: Server, windows: int = 3, seconds: float = 0.6) -> float:
     the median window, so one stalled by another test's CPU does not decide."""
     means = []
     for _ in range(windows):
-        before = scrape(server)
+        before = scrape(server.port)
         time.sleep(seconds)
-        after = scrape(server)
+        after = scrape(server.port)
         total = value(after, "inter_token_latency_seconds_sum") - value(
             before, "inter_token_latency_seconds_sum"
         )
@@ -194,7 +194,7 @@ def test_counters_move_as_requests_finish_and_aborts_count(
 ) -> None:
     server = standin(None, "--enable-metrics", tp=1, knobs={"startup_s": 0.2})
     server.wait_log(READY)
-    start = scrape(server)
+    start = scrape(server.port)
     # Before any request: the streamed series at 0, the others not yet there (as
     # prometheus_client shows a labelled child only once used; so does the real page).
     assert value(start, "num_requests_total", "true") == 0.0
@@ -204,7 +204,7 @@ def test_counters_move_as_requests_finish_and_aborts_count(
     for tokens in (5, 7, 9):
         post(server, "/v1/completions", {"prompt": "a", "max_tokens": tokens, "stream": True})
     post(server, "/generate", {"text": "a", "sampling_params": {"max_new_tokens": 4}})
-    page = scrape(server)
+    page = scrape(server.port)
     assert value(page, "num_requests_total", "true") == 3
     assert value(page, "generation_tokens_total", "true") == 5 + 7 + 9
     assert value(page, "num_requests_total", "false") == 1
@@ -225,7 +225,7 @@ def test_counters_move_as_requests_finish_and_aborts_count(
     with streams(server) as held:
         open_streams(server, held, 2)
     wait_for(lambda: running(server) == 0, 3, "the aborted requests to leave the batch")
-    page = scrape(server)
+    page = scrape(server.port)
     assert value(page, "num_aborted_requests_total") == 2
     assert value(page, "num_requests_total", "true") == 3 + 2
     assert value(page, "e2e_request_latency_seconds_count", "true") == 3 + 2
@@ -239,7 +239,7 @@ def test_the_observations_knob_still_stands_for_its_histogram(
     server = standin(None, "--enable-metrics", tp=1, knobs=knobs)
     server.wait_log(READY)
     post(server, "/v1/completions", {"prompt": "a", "max_tokens": 5, "stream": True})
-    page = scrape(server)
+    page = scrape(server.port)
     assert value(page, "inter_token_latency_seconds_count") == 40  # the knob's, not live
     assert page[("sglang:inter_token_latency_seconds_bucket", None, "0.01")] == 0
     assert page[("sglang:inter_token_latency_seconds_bucket", None, "0.015")] == 40
