@@ -33,10 +33,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from deployctl.choices import CanaryMetric
 from deployctl.errors import UsageError
 
 # itl/ttft: seconds, lower is better; throughput: output tokens/s per running request, higher is better.
-METRICS = ("itl", "ttft", "throughput")
+METRICS = tuple(str(m) for m in CanaryMetric)
 SIDES = ("control", "candidate")
 
 # SGLang's decode CUDA-graph batch sizes (1..8, 10..32 by 2, 40..64 by 4, 72..256 by 8; by 16 after).

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -37,6 +37,7 @@ from deployctl.ops.rollout import (
     UnitResult,
 )
 from deployctl.ops.router import router_locks
+from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture, relaunch
 from deployctl.patchset import PatchSet
 from deployctl.remote.protocol import StatusArgs
@@ -179,11 +180,9 @@ class Canary:
         options: CanaryOptions,
         events: EventSink,
         cancel: threading.Event,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.fleet, self.plan, self.catalog = fleet, plan, catalog
         self.available, self.options, self.events, self.cancel = available, options, events, cancel
-        self.sleep = sleep
 
     def run(self) -> CanaryReport:
         report = CanaryReport(self.plan)
@@ -241,8 +240,11 @@ class Canary:
         finished = {"candidate": 0, "control": 0}
         started = time.monotonic()
         verdict: Verdict | None = None
-        while not self.cancel.is_set():
-            reads = self.fleet.run(read_replica, [*canaries, *controls])
+        replicas = [*canaries, *controls]
+        rounds = status_rounds(
+            lambda: self.fleet.run(read_replica, replicas), options.interval, stop=self.cancel
+        )
+        for reads in rounds:
             for result in reads:
                 if side[result.name] == "candidate" and (
                     result.value is None or not result.value.serving
@@ -288,7 +290,6 @@ class Canary:
                 return verdict, f"no {options.metric} regression", False
             if report.elapsed_s >= options.max_duration:
                 return verdict, f"inconclusive after {options.max_duration:g}s", False
-            self.sleep(options.interval)
         return verdict, "interrupted", True
 
     def _roll_back(self, previous: Sequence[Serving]) -> list[UnitResult]:
