@@ -52,6 +52,14 @@ class PdRole(StrEnum):
 TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
 
 
+class CanaryMetric(StrEnum):
+    """What a canary compares between its candidate and control at matched load."""
+
+    ITL = "itl"  # inter-token latency, lower is better
+    TTFT = "ttft"  # time to first token, lower is better
+    THROUGHPUT = "throughput"  # output tokens per second per running request, higher is better
+
+
 def spelled(choice: type[StrEnum]) -> str:
     """The choices as a sentence says them: `patch or adaptive`."""
     values = [str(c) for c in choice]

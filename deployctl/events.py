@@ -121,6 +121,20 @@ class StuckTransfer(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CanaryProgress(Event):
+    """A canary's judge after a round of samples: matched samples, per load bucket the
+    control's and the candidate's, and the estimate (candidate / control, > 1 worse)."""
+
+    kind: ClassVar[str] = "canary_progress"
+    samples: int
+    buckets: dict[str, list[int]]  # bucket -> [control samples, candidate samples]
+    estimate: float | None
+    low: float | None
+    high: float | None
+    elapsed_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class StopFailed(Event):
     """A run to be replaced could not be stopped; it is not relaunched."""
 

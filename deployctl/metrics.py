@@ -8,6 +8,7 @@ Prometheus' `histogram_quantile` reads them.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from deployctl.errors import MetricsError
@@ -99,3 +100,99 @@ def quantile(q: float, counts: dict[float, float]) -> float | None:
 
 def _finite(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else value
+
+
+# ---- intervals: what a server did between two reads of its /metrics (canary) ------------
+
+# What an interval reads: cumulative histograms and counters, and the batch gauge.
+INTERVAL_HISTOGRAMS = ("inter_token_latency_seconds", "time_to_first_token_seconds")
+INTERVAL_COUNTERS = (
+    "generation_tokens_total",
+    "num_requests_total",
+    "num_aborted_requests_total",
+)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """One read of a server's /metrics: cumulative bucket counts and counters, the batch."""
+
+    histograms: dict[str, dict[float, float]]
+    counters: dict[str, float]
+    running: float
+
+
+@dataclass(frozen=True)
+class Interval:
+    """What a server did between two reads: its mean batch, the requests it finished and
+    aborted, its ITL and TTFT medians over the interval, and tokens/s per running request."""
+
+    seconds: float
+    running: float
+    requests: int
+    aborted: int
+    itl: float | None
+    ttft: float | None
+    throughput: float | None  # output tokens per second per running request
+
+    def value(self, metric: str) -> float | None:
+        return {"itl": self.itl, "ttft": self.ttft, "throughput": self.throughput}[metric]
+
+
+def read_counts(text: str) -> Counts:
+    """The cumulative histograms and counters an interval is computed from (pure)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    histograms: dict[str, dict[float, float]] = {}
+    counters: dict[str, float] = {}
+    running: float | None = None
+    try:
+        for family in text_string_to_metric_families(text):
+            name = family.name.removeprefix(PREFIX)
+            if not family.name.startswith(PREFIX):
+                continue
+            for sample in family.samples:
+                if name in INTERVAL_HISTOGRAMS and sample.name == family.name + "_bucket":
+                    counts = histograms.setdefault(name, {})
+                    bound = float(sample.labels["le"])
+                    counts[bound] = counts.get(bound, 0.0) + sample.value
+                elif name + "_total" in INTERVAL_COUNTERS and sample.name == family.name + "_total":
+                    key = name + "_total"
+                    counters[key] = counters.get(key, 0.0) + sample.value
+                elif (
+                    name == "num_running_reqs"
+                    and sample.name == family.name
+                    and (running is None or sample.labels.get("tp_rank", "0") == "0")
+                ):
+                    running = sample.value
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MetricsError(f"the server's /metrics is not Prometheus text: {exc}") from None
+    return Counts(histograms, counters, running or 0.0)
+
+
+def interval(before: Counts, after: Counts, seconds: float) -> Interval:
+    """The interval between two reads (a counter that went back: the server restarted, and
+    the interval counts from zero)."""
+
+    def delta(name: str) -> float:
+        now, then = after.counters.get(name, 0.0), before.counters.get(name, 0.0)
+        return now - then if now >= then else now
+
+    def median(name: str) -> float | None:
+        now, then = after.histograms.get(name, {}), before.histograms.get(name, {})
+        restarted = now.get(math.inf, 0.0) < then.get(math.inf, 0.0)
+        counts = {b: c - (0.0 if restarted else then.get(b, 0.0)) for b, c in now.items()}
+        return quantile(0.5, counts)
+
+    running = (before.running + after.running) / 2
+    tokens = delta("generation_tokens_total")
+    per_request = tokens / seconds / running if seconds > 0 and running > 0 else None
+    return Interval(
+        seconds,
+        running,
+        int(delta("num_requests_total")),
+        int(delta("num_aborted_requests_total")),
+        median("inter_token_latency_seconds"),
+        median("time_to_first_token_seconds"),
+        per_request,
+    )

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from deployctl.choices import CanaryMetric
 from deployctl.cli.options import DrainTimeoutOpt, NoWaitOpt, StopTimeoutOpt, TimeoutOpt
 from deployctl.cli.session import (
     SERVERS,
@@ -128,6 +129,79 @@ def rollout(
         max_unavailable, drain_timeout, stop_timeout, timeout, restart, allow_downtime
     )
     return roll_out(session, options, dry_run)
+
+
+@fleet_command(app, options=SERVERS)
+def canary(
+    session: Session,
+    replicas: Annotated[
+        int, typer.Option("--replicas", min=1, help="Replicas that try the new configuration.")
+    ] = 1,
+    metric: Annotated[
+        CanaryMetric, typer.Option("--metric", help="What is compared at matched load.")
+    ] = CanaryMetric.ITL,
+    max_regression: Annotated[
+        float,
+        typer.Option(
+            "--max-regression", min=0.1, max=100, help="Percent worse that counts as a regression."
+        ),
+    ] = 5.0,
+    confidence: Annotated[
+        float,
+        typer.Option("--confidence", min=0.5, max=0.999, help="1 - the false-alarm rate."),
+    ] = 0.95,
+    min_samples: Annotated[
+        int, typer.Option("--min-samples", min=2, help="Matched samples before any verdict.")
+    ] = 20,
+    max_duration: Annotated[
+        str,
+        typer.Option(
+            "--max-duration", help="Judge at most this long (30m, 90s): then inconclusive."
+        ),
+    ] = "30m",
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.2, help="Seconds between samples.")
+    ] = 2.0,
+    no_promote: Annotated[
+        bool, typer.Option("--no-promote", help="Judge and report only: never roll the rest out.")
+    ] = False,
+    restart: Annotated[
+        bool, typer.Option("--restart", help="Try the configuration the replicas run already.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show the canaries, the control and what changes.")
+    ] = False,
+    drain_timeout: DrainTimeoutOpt = 60,
+    timeout: TimeoutOpt = 900,
+    stop_timeout: StopTimeoutOpt = 30,
+) -> Reply:
+    """Try the inventory's configuration on K replicas behind their router, judge it against
+    the others at matched load from their /metrics, then promote it (the rest rolled out) or
+    roll it back; Ctrl-C puts the canaries back."""
+    from deployctl.ops import plan as ops
+    from deployctl.ops.canary import CanaryOptions, CanaryReport, plan_canary
+    from deployctl.ops.canary import canary as run_canary
+    from deployctl.ops.rollout import RolloutOptions, plan_rollout
+    from deployctl.present import live, views
+    from deployctl.text import parse_duration
+
+    duration = parse_duration(max_duration)
+    if not duration:
+        raise UsageError(f"--max-duration {max_duration!r} is not a time", hint="e.g. 30m")
+    catalog, patch_sets = session.catalog(), session.patch_sets()
+    plans = ops.plan_launch(session.project, session.targets, None, None, [], patch_sets)
+    options = CanaryOptions(
+        replicas, metric.value, max_regression / 100, confidence, min_samples, duration,
+        interval, not no_promote,
+        RolloutOptions(1, drain_timeout, stop_timeout, timeout, restart, what="canary"),
+    )  # fmt: skip
+    enabled = not session.options.json
+    with session.fleet() as fleet, live.Progress(enabled, steps_when_piped=True) as progress:
+        unit_plans = plan_rollout(fleet, plans, catalog, patch_sets, restart)
+        split = plan_canary(unit_plans, replicas, restart)
+        if dry_run:
+            return views.CANARY, CanaryReport(split, dry_run=True)
+        return views.CANARY, run_canary(fleet, split, catalog, patch_sets, options, progress)
 
 
 def roll_out(

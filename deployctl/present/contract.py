@@ -683,6 +683,73 @@ DEFINITIONS: dict[str, Schema] = {
         },
         required=["ok", "dry_run", "interrupted", "units"],
     ),
+    "canary": obj(
+        {
+            "ok": boolean(
+                "A clear verdict acted on: promoted, or kept (no regression with --no-promote, or inconclusive); false for a rollback, a failed split or Ctrl-C."
+            ),
+            "dry_run": boolean(),
+            "interrupted": boolean("Ctrl-C: the canaries were put back."),
+            "router": string(),
+            "candidates": array(string(), "The replicas that tried the inventory's configuration."),
+            "controls": array(string(), "The replicas left on their run, compared against."),
+            "verdict": {"enum": ["regression", "no_regression", "undecided", None]},
+            "estimate": nullable(
+                "number",
+                "Candidate over control at matched load, oriented so that above 1 is worse (throughput inverted).",
+            ),
+            "low": nullable("number"),
+            "high": nullable("number"),
+            "samples": integer("Matched samples (both sides of a load bucket present)."),
+            "buckets": array(
+                obj(
+                    {
+                        "bucket": integer(
+                            "Running requests, rounded up to a CUDA-graph batch size."
+                        ),
+                        "control_n": integer(),
+                        "candidate_n": integer(),
+                        "control": nullable("number"),
+                        "candidate": nullable("number"),
+                        "ratio": nullable("number"),
+                    },
+                    required=[
+                        "bucket",
+                        "control_n",
+                        "candidate_n",
+                        "control",
+                        "candidate",
+                        "ratio",
+                    ],
+                )
+            ),
+            "reason": string("Why it ended as it did."),
+            "decision": {"enum": ["promoted", "rolled back", "kept", "failed", None]},
+            "elapsed_s": number("Seconds spent judging."),
+            "units": array(
+                ref("rolloutUnit"),
+                "The canaries' and the control's plans, and what was done with each (split, then the promotion or rollback).",
+            ),
+        },
+        required=[
+            "ok",
+            "dry_run",
+            "interrupted",
+            "router",
+            "candidates",
+            "controls",
+            "verdict",
+            "estimate",
+            "low",
+            "high",
+            "samples",
+            "buckets",
+            "reason",
+            "decision",
+            "elapsed_s",
+            "units",
+        ],
+    ),
     "rolloutUnit": obj(
         {
             "unit": string(),
@@ -1457,6 +1524,11 @@ COMMANDS: dict[str, Schema] = {
         ref("launch"),
         ref("nothingRestarted"),
         ref("rollout", "restart --rolling: the rollout document (see rollout.json)."),
+    ),
+    "canary": command(
+        "deployctl canary --json",
+        "The canaries and the control behind one router, the verdict at matched load with its per-bucket table, and the decision (promoted, rolled back, kept).",
+        ref("canary"),
     ),
     "rollout": command(
         "deployctl rollout --json",

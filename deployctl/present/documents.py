@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from deployctl.fanout import FleetResult, HostResult
     from deployctl.inventory import GroupNode, Host
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
+    from deployctl.ops.canary import CanaryReport
     from deployctl.ops.flags import CheckedCommand, FlagReport
     from deployctl.ops.gpus import GpuReport
     from deployctl.ops.logs import LocalCrashes, LogScan
@@ -626,6 +627,41 @@ def unit_result_json(result: UnitResult) -> dict[str, Any]:
             {"set": a.set, "version": a.version, "action": a.action.value} for a in result.patches
         ],
     }
+
+
+def canary_document(report: CanaryReport) -> dict[str, Any]:
+    verdict = report.verdict
+    done = {u.name: u for u in [*report.split, *report.actions]}
+    plans = [*report.plan.candidates, *report.plan.controls]
+    return {
+        "ok": report.ok,
+        "dry_run": report.dry_run,
+        "interrupted": report.interrupted,
+        "router": report.plan.router,
+        "candidates": [u.name for u in report.plan.candidates],
+        "controls": [u.name for u in report.plan.controls],
+        "verdict": None if verdict is None else verdict.state,
+        "estimate": None if verdict is None else verdict.estimate,
+        "low": None if verdict is None else verdict.low,
+        "high": None if verdict is None else verdict.high,
+        "samples": 0 if verdict is None else verdict.samples,
+        "buckets": []
+        if verdict is None
+        else [
+            {
+                "bucket": b.bucket, "control_n": b.control_n, "candidate_n": b.candidate_n,
+                "control": b.control, "candidate": b.candidate, "ratio": b.ratio,
+            }
+            for b in verdict.buckets
+        ],
+        "reason": report.reason,
+        "decision": None if report.decision is None else report.decision.value,
+        "elapsed_s": round(report.elapsed_s, 3),
+        "units": [
+            {**unit_plan_json(p), **(unit_result_json(done[p.name]) if p.name in done else {})}
+            for p in plans
+        ],
+    }  # fmt: skip
 
 
 def rollout_document(report: RolloutReport) -> dict[str, Any]:

@@ -86,6 +86,8 @@ class Progress:
             self._tune_step(event)
         elif isinstance(event, ev.RolloutStep):
             self._rollout_step(event)
+        elif isinstance(event, ev.CanaryProgress):
+            self._canary(event)
         if self._live is None:
             return
         if isinstance(event, ev.Waiting):
@@ -107,6 +109,13 @@ class Progress:
             self._show(event.target, event.elapsed, event.step)
         elif self.piped_steps:
             sys.stderr.write(f"{event.target}: {event.step}\n")
+
+    def _canary(self, event: ev.CanaryProgress) -> None:
+        text = canary_progress_text(event)
+        if self._live is not None:
+            self._show(event.target, event.elapsed_s, text)
+        elif self.piped_steps:
+            sys.stderr.write(f"{event.target}: {text}\n")
 
     def _tune_step(self, event: ev.TuneStep) -> None:
         if not event.target:  # Ctrl-C: every deployment stops at its next safe point
@@ -130,6 +139,22 @@ class Progress:
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
             self._live.__exit__(None, None, None)
+
+
+def canary_progress_text(event: ev.CanaryProgress) -> str:
+    """`12 matched samples (bucket 8: 6/5, 16: 4/4) · candidate/control 1.03 [0.99, 1.07]`."""
+    buckets = ", ".join(
+        f"{b}: {c}/{d}" for b, (c, d) in sorted(event.buckets.items(), key=lambda i: int(i[0]))
+    )
+    text = f"{event.samples} matched samples" + (f" (bucket {buckets})" if buckets else "")
+    if event.estimate is not None:
+        interval = (
+            f" [{event.low:.3f}, {event.high:.3f}]"
+            if event.low is not None and event.high is not None
+            else ""
+        )
+        text += f" · candidate/control {event.estimate:.3f}{interval}"
+    return text
 
 
 class LogPrinter:

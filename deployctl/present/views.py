@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from deployctl.fanout import FleetResult, HostResult
     from deployctl.inventory import GroupNode, Host
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
+    from deployctl.ops.canary import CanaryReport
     from deployctl.ops.flags import CheckedCommand
     from deployctl.ops.gpus import GpuReport
     from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
@@ -1135,3 +1136,53 @@ def _rollout(report: RolloutReport) -> None:
 
 
 ROLLOUT: View[RolloutReport] = View(_rollout, docs.rollout_document)
+
+
+def _canary(report: CanaryReport) -> None:
+    out = console()
+    plan = report.plan
+    canaries = ", ".join(u.name for u in plan.candidates)
+    controls = ", ".join(u.name for u in plan.controls)
+    if report.dry_run:
+        out.print(f"{plan.router}: canary {canaries}; control {controls}", markup=False)
+        for unit in plan.candidates:
+            _unit_plan_lines(unit)
+        return
+    verdict = report.verdict
+    if verdict is not None and verdict.buckets:
+        rows = [
+            [
+                str(b.bucket),
+                "-" if b.control is None else f"{b.control:.4g}",
+                "-" if b.candidate is None else f"{b.candidate:.4g}",
+                "-" if b.ratio is None else f"{b.ratio:.3f}",
+                f"{b.control_n}/{b.candidate_n}",
+            ]
+            for b in verdict.buckets
+        ]
+        print_table(
+            f"{plan.router}: {canaries} against {controls}",
+            ["load bucket", "control", "candidate", "ratio (>1 worse)", "samples"],
+            rows,
+        )
+    if verdict is not None and verdict.estimate is not None:
+        interval = (
+            f" [{verdict.low:.3f}, {verdict.high:.3f}]"
+            if verdict.low is not None and verdict.high is not None
+            else ""
+        )
+        out.print(
+            f"verdict: {verdict.state} · candidate/control {verdict.estimate:.3f}{interval} "
+            f"over {verdict.samples} matched samples in {duration_text(report.elapsed_s)}",
+            markup=False,
+        )
+    decision = report.decision.value if report.decision else "none"
+    out.print(f"decision: {decision} ({report.reason})", markup=False)
+    units = [*report.split, *report.actions]
+    if units:
+        from deployctl.ops.rollout import RolloutReport
+
+        _rollout(RolloutReport(units, []))
+
+
+CANARY: View[CanaryReport] = View(_canary, docs.canary_document)

@@ -15,6 +15,7 @@ hidden first argument.
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import ctypes
 import errno
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     import subprocess
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from http.server import ThreadingHTTPServer
 
 SGLANG_VERSION = "0.5.23"
@@ -79,7 +80,8 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "bind_by_node": {},
     # With --enable-metrics: gauge values by SGLang name without "sglang:" (others read 0;
     # spec_accept_length is exported only with speculation), and observations in seconds
-    # for the histograms ("time_to_first_token_seconds", "inter_token_latency_seconds").
+    # for the histograms ("time_to_first_token_seconds", "inter_token_latency_seconds",
+    # "e2e_request_latency_seconds"); a histogram not given here is the live one.
     "metrics": {},
     "observations": {},
     # The decode model behind streamed /v1/completions: a step over a batch of b requests
@@ -95,6 +97,9 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # Speculative steps take this many times longer when speculation has a threshold (a
     # server tune relaunched with T): a tuned run that falls below its curves up to T.
     "threshold_slowdown": 1.0,
+    # A regression to catch (deployctl canary): {"factor": F, "min_batch": B} makes every
+    # decode step (plain or speculative) over a batch of at least B take F times longer.
+    "slowdown": None,
     # PD disaggregation (--disaggregation-mode prefill|decode); see README.md.
     # Prefill: "mid_transfer" crashes the schedulers while a room's KV is being handed over.
     "pd_crash": None,
@@ -109,8 +114,10 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # Decode: after it loses a prefill, /health and /health_generate fail this long (sglang#12779).
     "pd_health_fail_s": 0.0,
 }
-# SGLang 0.5.23's buckets (srt/observability/metrics_collector.py).
+# SGLang 0.5.23's buckets (srt/observability/metrics_collector.py, TokenizerMetricsCollector's
+# defaults: bucket_time_to_first_token, bucket_inter_token_latency, bucket_e2e_request_latency).
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+E2E_BUCKETS = (*TTFT_BUCKETS, 600, 1200, 1800, 2400)
 ITL_BUCKETS = (
     0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
     0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
@@ -805,19 +812,20 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
                     self._sse(answer(True, failure))
                     self._sse(None)
                     return
-            tokens = launcher.decoder.submit(wanted)
+            tokens = launcher.decoder.submit(wanted, stream)
             if not stream:
                 while sent < wanted:
-                    n = tokens.get()
+                    n = tokens.out.get()
                     sent, text = sent + n, text + " tok" * n
                 self._send_json(200, answer(True))
                 return
             if launcher.pd is None:
                 self._start_stream()
-            while sent < wanted:
-                n = tokens.get()
-                sent, text = sent + n, text + " tok" * n
-                self._sse(answer(sent >= wanted))
+            with launcher.decoder.aborted_when_gone(tokens):
+                while sent < wanted:
+                    n = tokens.out.get()
+                    sent, text = sent + n, text + " tok" * n
+                    self._sse(answer(sent >= wanted))
             self._sse(None)
 
         def _stream_completion(self, request: dict[str, Any]) -> None:
@@ -864,13 +872,14 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
                         self._sse({**chunk("", None), "choices": [], "usage": usage()})
                     self._sse(None)
                     return
-            tokens = launcher.decoder.submit(wanted)
+            tokens = launcher.decoder.submit(wanted, stream)
             if launcher.pd is None:
                 self._start_stream()
-            while sent < wanted:
-                n = tokens.get()
-                sent += n
-                self._sse(chunk(" tok" * n, "length" if sent >= wanted else None))
+            with launcher.decoder.aborted_when_gone(tokens):
+                while sent < wanted:
+                    n = tokens.out.get()
+                    sent += n
+                    self._sse(chunk(" tok" * n, "length" if sent >= wanted else None))
             if (request.get("stream_options") or {}).get("include_usage"):
                 self._sse({**chunk("", None), "choices": [], "usage": usage()})
             self._sse(None)
@@ -1631,6 +1640,75 @@ def adaptive_steps(
     return initial_slot_steps(slots[key], num_steps)
 
 
+# TokenizerMetricsCollector's per-request metrics (0.5.23, srt/observability/metrics_collector.py):
+# name without "sglang:", its documentation, its buckets (None: a counter), and whether it is
+# labelled is_streaming (beside model_name and engine_type, which every one carries).
+REQUEST_METRICS: tuple[tuple[str, str, tuple[float, ...] | None, bool], ...] = (
+    ("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+     TTFT_BUCKETS, True),
+    ("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+     ITL_BUCKETS, False),
+    ("e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+     E2E_BUCKETS, True),
+    ("generation_tokens_total", "Number of generation tokens processed.", None, True),
+    ("num_requests_total", "Number of requests processed.", None, True),
+    ("num_aborted_requests_total", "Number of requests aborted.", None, False),
+)  # fmt: skip
+_BOUNDS = {name: bounds for name, _, bounds, _ in REQUEST_METRICS if bounds is not None}
+
+
+class RequestMetrics:
+    """The tokenizer manager's request metrics, kept live as 0.5.23 keeps them.
+
+    Series are keyed (name, is_streaming value, "" where the metric has no such label). As
+    prometheus_client shows a labelled child only once it is used, the non-streamed series and
+    num_aborted_requests_total appear with their first observation; the streamed ones (and
+    the ITL histogram) are there from the start, at 0. Callers hold the decoder's lock.
+    """
+
+    def __init__(self) -> None:
+        self.histograms: dict[tuple[str, str], list[float]] = {}  # bucket counts, then sum
+        self.counters: dict[tuple[str, str], float] = {}
+        for name, _, _, by_stream in REQUEST_METRICS:
+            if name != "num_aborted_requests_total":
+                self._row(name, "true" if by_stream else "")
+
+    def _row(self, name: str, streaming: str) -> list[float]:
+        if name not in _BOUNDS:
+            self.counters.setdefault((name, streaming), 0.0)
+            return []
+        row = self.histograms.get((name, streaming))
+        if row is None:
+            row = self.histograms[(name, streaming)] = [0.0] * (len(_BOUNDS[name]) + 2)
+        return row
+
+    def observe(self, name: str, streaming: str, value: float, n: int = 1) -> None:
+        """``n`` observations of ``value / n`` adding ``value`` to the sum, as 0.5.23's
+        observe_inter_token_latency counts a gap that brought n tokens."""
+        row = self._row(name, streaming)
+        row[bisect.bisect_left(_BOUNDS[name], value / n)] += n  # le: the first bound >= it
+        row[-1] += value
+
+    def count(self, name: str, streaming: str, n: float = 1.0) -> None:
+        self._row(name, streaming)
+        self.counters[(name, streaming)] += n
+
+
+class DecodeRequest:
+    """One request in the decode loop, with the times its metrics need."""
+
+    __slots__ = ("aborted", "arrived", "last", "left", "out", "sent", "streaming")
+
+    def __init__(self, tokens: int, out: Any, streaming: bool) -> None:
+        self.left = max(1, tokens)
+        self.out = out  # a queue of the tokens each step gives it
+        self.streaming = streaming
+        self.arrived = time.time()
+        self.last: float | None = None  # when its last tokens came out
+        self.sent = 0
+        self.aborted = False
+
+
 class Decoder:
     """The decode model: one scheduler loop stepping over the running requests."""
 
@@ -1651,17 +1729,56 @@ class Decoder:
         # Called at the first step speculation's threshold makes plain (crash "above_threshold").
         self.on_plain_fallback: Callable[[], None] | None = None
         self.thresholded = False  # speculation turns off above some batch size
-        self.running: list[list[Any]] = []  # [tokens left, queue]
+        self.running: list[DecodeRequest] = []
         self.cond = threading.Condition()
         self.emitted: list[tuple[float, int]] = []  # (time, tokens) of recent steps
+        self.metrics = RequestMetrics()  # kept under self.cond
         threading.Thread(target=self.loop, daemon=True).start()
 
-    def submit(self, tokens: int) -> Any:
-        out = self.queue_type()
+    def submit(self, tokens: int, streaming: bool = True) -> DecodeRequest:
+        request = DecodeRequest(tokens, self.queue_type(), streaming)
         with self.cond:
-            self.running.append([max(1, tokens), out])
+            self.running.append(request)
             self.cond.notify()
-        return out
+        return request
+
+    def abort(self, request: DecodeRequest) -> None:
+        """Its client went away: counted at once (TokenizerManager.abort_request); the
+        request leaves the batch after the step under way (the scheduler's to_finish)."""
+        with self.cond:
+            if request.left > 0 and not request.aborted:
+                request.aborted = True
+                self.metrics.count("num_aborted_requests_total", "")
+
+    @contextlib.contextmanager
+    def aborted_when_gone(self, request: DecodeRequest) -> Iterator[None]:
+        """Abort ``request`` when writing to its client fails (the client went away)."""
+        try:
+            yield
+        except ConnectionError:
+            self.abort(request)
+            raise
+
+    def _tokens_out(self, request: DecodeRequest, n: int, now: float) -> None:
+        """TokenizerManager.collect_metrics for one output: a streamed request's first one
+        is its TTFT, each later one its gap (n tokens, gap / n each); a request finished
+        (aborted too) counts with the tokens it got."""
+        metrics = self.metrics
+        request.sent += n
+        if request.streaming and not request.aborted:
+            if request.last is None:
+                metrics.observe("time_to_first_token_seconds", "true", now - request.arrived)
+            else:
+                metrics.observe("inter_token_latency_seconds", "", now - request.last, n)
+        request.last = now
+        if request.left > 0 and not request.aborted:
+            return
+        streaming = "true" if request.streaming else "false"
+        if not request.streaming and not request.aborted:  # its one output is its first
+            metrics.observe("time_to_first_token_seconds", streaming, now - request.arrived)
+        metrics.count("generation_tokens_total", streaming, request.sent)
+        metrics.count("num_requests_total", streaming)
+        metrics.observe("e2e_request_latency_seconds", streaming, now - request.arrived)
 
     def speculates(self, batch: int) -> bool:
         """Say whether a step over ``batch`` requests drafts (threshold and adaptive slot)."""
@@ -1674,9 +1791,14 @@ class Decoder:
         k = self.knobs
         if self.speculates(batch):
             slow = float(k["threshold_slowdown"]) if self.thresholded else 1.0
-            seconds = (k["spec_step_ms"] + k["spec_per_req_ms"] * batch) / 1000
-            return seconds * slow, int(k["accept_len"])
-        return (k["step_ms"] + k["per_req_ms"] * batch) / 1000, 1
+            seconds = (k["spec_step_ms"] + k["spec_per_req_ms"] * batch) / 1000 * slow
+            tokens = int(k["accept_len"])
+        else:
+            seconds, tokens = (k["step_ms"] + k["per_req_ms"] * batch) / 1000, 1
+        slowdown = k["slowdown"]
+        if slowdown is not None and batch >= slowdown["min_batch"]:
+            seconds *= slowdown["factor"]
+        return seconds, tokens
 
     def loop(self) -> None:
         # Steps keep to a clock: the time the loop and the streams spend on the CPU between
@@ -1701,14 +1823,17 @@ class Decoder:
             _sleep_until(due)
             total = 0
             with self.cond:
-                for entry in batch:
-                    n = min(per_request, entry[0])
-                    entry[0] -= n
-                    total += n
-                    entry[1].put(n)
-                    if entry[0] <= 0:
-                        self.running.remove(entry)
                 now = time.time()
+                for entry in batch:
+                    # An aborted request runs this last step, its token thrown away.
+                    n = 0 if entry.aborted else min(per_request, entry.left)
+                    entry.left -= n
+                    total += n
+                    self._tokens_out(entry, n, now)
+                    if n:
+                        entry.out.put(n)
+                    if entry.left <= 0 or entry.aborted:
+                        self.running.remove(entry)
                 self.emitted = [e for e in self.emitted if e[0] > now - 1.0] + [(now, total)]
 
     def gen_throughput(self) -> float:
@@ -1854,20 +1979,38 @@ class Launcher:
             base = name.removesuffix("_total")  # prometheus_client's counter naming
             lines += [f"# HELP sglang:{base} {base}.", f"# TYPE sglang:{base} counter"]
             lines.append(f"sglang:{name}{{{labels}}} {float(count)}")
-        # The tokenizer manager's histograms carry no rank labels (real 0.5.17's page).
+        # The tokenizer manager's metrics carry no rank labels (real 0.5.17's page).
         labels = f'engine_type="{engine}",model_name="{self.served_model_name}"'
-        for name, bounds, extra in (
-            ("time_to_first_token_seconds", TTFT_BUCKETS, ',is_streaming="true"'),
-            ("inter_token_latency_seconds", ITL_BUCKETS, ""),
-        ):
-            seen = [float(x) for x in self.knobs["observations"].get(name, [])]
-            lines += [f"# HELP sglang:{name} {name}.", f"# TYPE sglang:{name} histogram"]
-            for bound in (*bounds, float("inf")):
-                le = "+Inf" if bound == float("inf") else repr(float(bound))
-                count = sum(1 for x in seen if x <= bound)
-                lines.append(f'sglang:{name}_bucket{{{labels}{extra},le="{le}"}} {float(count)}')
-            lines.append(f"sglang:{name}_count{{{labels}{extra}}} {float(len(seen))}")
-            lines.append(f"sglang:{name}_sum{{{labels}{extra}}} {sum(seen)}")
+        observations = self.knobs["observations"]
+        with self.decoder.cond:
+            histograms = {key: list(row) for key, row in self.decoder.metrics.histograms.items()}
+            live = dict(self.decoder.metrics.counters)
+        for name, doc, bounds, by_stream in REQUEST_METRICS:
+            lines += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} "
+                      + ("counter" if bounds is None else "histogram")]  # fmt: skip
+            if bounds is None:
+                for (key, streaming), value in sorted(live.items()):
+                    if key == name:
+                        child = f',is_streaming="{streaming}"' if by_stream else ""
+                        lines.append(f"sglang:{name}{{{labels}{child}}} {value}")
+                continue
+            if name in observations:  # the knob's values stand for the streamed series
+                knob, series = RequestMetrics(), (name, "true" if by_stream else "")
+                for x in observations[name]:
+                    knob.observe(*series, float(x))
+                histograms = {k: v for k, v in histograms.items() if k[0] != name}
+                histograms[series] = knob.histograms[series]
+            for (key, streaming), row in sorted(histograms.items()):
+                if key != name:
+                    continue
+                child = f',is_streaming="{streaming}"' if by_stream else ""
+                cumulative = 0.0
+                for bound, in_bucket in zip((*bounds, math.inf), row, strict=False):
+                    cumulative += in_bucket
+                    le = "+Inf" if bound == math.inf else repr(float(bound))
+                    lines.append(f'sglang:{name}_bucket{{{labels}{child},le="{le}"}} {cumulative}')
+                lines.append(f"sglang:{name}_count{{{labels}{child}}} {cumulative}")
+                lines.append(f"sglang:{name}_sum{{{labels}{child}}} {row[-1]}")
         return "\n".join(lines) + "\n"
 
     def model_card(self) -> dict[str, Any]:
@@ -2423,7 +2566,27 @@ def load_knobs(model_path: str) -> dict[str, Any]:
         raise ValueError(f"standin.json: crash must be one of {CRASH_MODES}")
     if knobs["pd_crash"] not in PD_CRASH_MODES:
         raise ValueError(f"standin.json: pd_crash must be one of {PD_CRASH_MODES}")
+    if knobs["slowdown"] is not None:
+        knobs["slowdown"] = slowdown_knob(knobs["slowdown"])
     return knobs
+
+
+def slowdown_knob(given: Any) -> dict[str, Any]:
+    """The `slowdown` knob checked: {"factor": F > 0, "min_batch": B >= 1 (default 1)}."""
+    wanted = 'slowdown must be {"factor": F > 0, "min_batch": B >= 1}'
+    if not isinstance(given, dict) or not set(given) <= {"factor", "min_batch"}:
+        raise ValueError(f"standin.json: {wanted}, not {given!r}")
+    factor, min_batch = given.get("factor"), given.get("min_batch", 1)
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, int | float)
+        or not factor > 0
+        or isinstance(min_batch, bool)
+        or not isinstance(min_batch, int)
+        or min_batch < 1
+    ):
+        raise ValueError(f"standin.json: {wanted}, not {given!r}")
+    return {"factor": float(factor), "min_batch": min_batch}
 
 
 def _launch_warning() -> None:

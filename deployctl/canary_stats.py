@@ -1,0 +1,345 @@
+"""The statistics of `deployctl canary`: is the candidate worse than its control at matched load?
+
+Pure (standard library only). Samples of each side go into load buckets (a replica running more
+requests is slower per token without being worse), and only buckets both sides have are compared.
+
+The test is an always-valid confidence sequence (a normal-mixture boundary, Robbins' mixture
+SPRT written as an interval) on the log of the worse-ratio, so `verdict()` may be asked after
+every sample: the chance that any of the intervals is ever wrong is at most `1 - confidence`
+(exactly so for a known noise; with the noise estimated, as here, checked by seeded simulation in
+tests/test_canary_stats.py and benchmarks/canary_stats.py).
+
+- Each sample becomes its log value, signed so that larger is worse (throughput negated); within
+  a bucket and side it is clipped to 3 robust scales (MAD) of its median, so a stalled interval
+  cannot carry the verdict.
+- A bucket's difference is the candidate's mean minus the control's; buckets pool with
+  inverse-variance weights (n_c n_k / (n_c + n_k)), with one noise variance for all, inflated
+  by the lag-1 autocorrelation of successive intervals of a replica ((1 + phi) / (1 - phi)).
+- Pooling every bucket would drown a regression confined to high load, so the verdict is taken
+  over a fixed family of load ranges: every bucket, and each range below or from a power of two
+  (< 16, >= 16, ...). The family is fixed before any data, so a Bonferroni split of the error
+  rate over it keeps the guarantee; a range is judged once it holds `MIN_SHARE` of the matched
+  samples (load decides that, not the values).
+- "regression": some range's interval lies wholly above `1 + max_regression` (worse by at least
+  the MDE, with that confidence), so an effect below the MDE is called a regression with
+  probability at most `1 - confidence` however often one looks. "no_regression": every judged
+  range's interval lies wholly below it. A true effect of exactly the MDE stays undecided.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deployctl.choices import CanaryMetric
+from deployctl.errors import UsageError
+
+# itl/ttft: seconds, lower is better; throughput: output tokens/s per running request, higher is better.
+METRICS = tuple(str(m) for m in CanaryMetric)
+SIDES = ("control", "candidate")
+
+# SGLang's decode CUDA-graph batch sizes (1..8, 10..32 by 2, 40..64 by 4, 72..256 by 8; by 16 after).
+CUDA_GRAPH_SIZES: tuple[int, ...] = (
+    *range(1, 9),
+    *range(10, 33, 2),
+    *range(40, 65, 4),
+    *range(72, 257, 8),
+)
+BEYOND_STEP = 16
+
+# The load ranges judged: each split s gives "buckets < s" and "buckets >= s", plus all buckets.
+SPLITS: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128, 256, 512)
+# A range is judged once it holds this share of the matched samples: a narrow tail with a handful
+# of samples would otherwise hold up every promotion.
+MIN_SHARE = 0.2
+# Clip a sample's residual to this many robust scales; no scale before this many residuals.
+CLIP_SCALES = 3.0
+MIN_RESIDUALS = 10
+# No verdict before the pooled variance has this many degrees of freedom: the mixture boundary
+# takes the estimated noise as known, which a handful of samples cannot support.
+MIN_DF = 30
+# The noise floor (log units, 0.5 %): identical values would otherwise give an interval of width 0.
+SIGMA_FLOOR = 0.005
+# The largest serial correlation believed; past it the inflation would explode on a short series.
+MAX_PHI = 0.8
+MAD_TO_SIGMA = 1.4826
+
+
+def bucket_of(running: float, sizes: Sequence[int] = CUDA_GRAPH_SIZES) -> int:
+    """The load bucket of a sample by its mean running requests: the smallest CUDA-graph batch
+    size >= running (past the largest size, on by 16); 0 for an idle sample."""
+    if not math.isfinite(running) or running <= 0:
+        return 0
+    ordered = sizes if sizes is CUDA_GRAPH_SIZES else sorted(sizes)
+    at = bisect.bisect_left(ordered, running)
+    if at < len(ordered):
+        return ordered[at]
+    top = ordered[-1]
+    return top + BEYOND_STEP * math.ceil((running - top) / BEYOND_STEP)
+
+
+@dataclass(frozen=True)
+class Sample:
+    running: float  # the replica's mean running requests over the interval
+    value: float  # the metric over the interval (ITL p50 from the histogram delta, tokens/s per running request)
+    requests: (
+        int  # requests finished in the interval (0: the sample carries no information, ignored)
+    )
+    source: str = ""  # the replica it came from: serial correlation is measured per replica
+
+
+@dataclass(frozen=True)
+class BucketStat:
+    bucket: int
+    control_n: int
+    candidate_n: int
+    control: (
+        float | None
+    )  # the side's central value (geometric mean of clipped samples), metric units
+    candidate: float | None
+    ratio: float | None  # candidate / control, oriented so that > 1 is worse for every metric
+
+
+@dataclass(frozen=True)
+class RangeStat:
+    """A judged load range: its pooled worse-ratio and interval (Bonferroni-corrected)."""
+
+    name: str  # "all", "< 16", ">= 16"
+    samples: int
+    estimate: float
+    low: float | None  # None: unbounded, before the noise can be estimated
+    high: float | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str  # "regression" | "no_regression" | "undecided"
+    estimate: float | None  # pooled worse-ratio over matched buckets (1.0 = same; 1.08 = 8 % worse)
+    low: float | None  # its interval at the configured confidence
+    high: float | None
+    buckets: list[BucketStat]
+    samples: int  # matched samples used (both sides of a bucket present)
+    ranges: tuple[RangeStat, ...] = ()  # the judged ranges, each at the corrected confidence
+    decided_by: str | None = None  # the range that showed the regression (or None)
+
+
+@dataclass
+class _Cell:
+    """One side of one bucket: raw log values sorted (for the median); the clipped values'
+    count, mean and sum of squared deviations (Welford's, free of cancellation)."""
+
+    raw: list[float]
+    n: int = 0
+    mean: float = 0.0
+    squares: float = 0.0
+
+    def median(self) -> float:
+        return _median(self.raw)
+
+    def push(self, value: float) -> None:
+        self.n += 1
+        delta = value - self.mean
+        self.mean += delta / self.n
+        self.squares += delta * (value - self.mean)
+
+
+def _median(ordered: list[float]) -> float:
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _ratio(log_ratio: float) -> float | None:
+    """A log ratio back to a ratio; None for an unbounded end (no noise estimate yet)."""
+    return math.exp(log_ratio) if abs(log_ratio) < 700 else None  # past 700 exp overflows
+
+
+def _ranges() -> tuple[tuple[str, int, float], ...]:
+    found: list[tuple[str, int, float]] = [("all", 1, math.inf)]
+    for split in SPLITS:
+        found += [(f"< {split}", 1, split - 1), (f">= {split}", split, math.inf)]
+    return tuple(found)
+
+
+RANGES = _ranges()
+
+
+class Judge:
+    """Feed samples of both sides with `add`; ask `verdict()` whenever (it stays valid)."""
+
+    def __init__(
+        self,
+        metric: str,
+        max_regression: float = 0.05,
+        confidence: float = 0.95,
+        min_samples: int = 20,
+    ) -> None:
+        if metric not in METRICS:
+            raise UsageError(
+                f"unknown canary metric {metric!r}", hint=f"one of: {', '.join(METRICS)}"
+            )
+        if not 0 < max_regression < 10:
+            raise UsageError(f"--max-regression must be above 0 (got {max_regression!r})")
+        if not 0 < confidence < 1:
+            raise UsageError(f"--confidence must be between 0 and 1 (got {confidence!r})")
+        if min_samples < 0:
+            raise UsageError(f"--min-samples must be 0 or more (got {min_samples!r})")
+        self.metric = metric
+        self.max_regression = max_regression
+        self.confidence = confidence
+        self.min_samples = min_samples
+        self._sign = -1.0 if metric == "throughput" else 1.0
+        self._threshold = math.log1p(max_regression)
+        # The mixture's scale: tightest where the interval's half-width is the MDE / sqrt(2)
+        # (simulated: a promotion and an 8 % regression decide soonest near there).
+        self._rho = 2 / self._threshold**2
+        self._cells: dict[tuple[str, int], _Cell] = {}
+        self._abs_residuals: list[float] = []  # sorted, for the robust scale
+        self._previous: dict[tuple[str, str], float] = {}  # last residual per side and replica
+        self._lagged = 0.0
+        self._lag_squares = 0.0
+        self._squares = 0.0  # the cells' squared deviations and degrees of freedom, summed
+        self._df = 0
+        # Each bucket's stats and matched entry, dropped when a sample lands in it: verdict()
+        # is asked after every sample, and one sample changes one bucket.
+        self._stats: dict[int, tuple[BucketStat, tuple[int, float, float, int] | None]] = {}
+
+    def add(self, side: str, sample: Sample) -> None:
+        if side not in SIDES:
+            raise ValueError(f"side must be one of {SIDES}, not {side!r}")
+        bucket = bucket_of(sample.running)
+        if sample.requests <= 0 or bucket == 0:
+            return
+        if not (math.isfinite(sample.value) and sample.value > 0):
+            return  # no observation in the interval (an empty histogram delta)
+        value = self._sign * math.log(sample.value)
+        cell = self._cells.setdefault((side, bucket), _Cell(raw=[]))
+        if len(cell.raw) >= 2:
+            residual = value - cell.median()
+            if len(self._abs_residuals) >= MIN_RESIDUALS:
+                limit = CLIP_SCALES * self._scale()
+                residual = max(-limit, min(limit, residual))
+                value = cell.median() + residual
+            bisect.insort(self._abs_residuals, abs(residual))
+            key = (side, sample.source)
+            if key in self._previous:
+                self._lagged += residual * self._previous[key]
+                self._lag_squares += residual * residual
+            self._previous[key] = residual
+        bisect.insort(cell.raw, self._sign * math.log(sample.value))
+        self._squares -= cell.squares
+        cell.push(value)
+        self._squares += cell.squares
+        if cell.n > 1:
+            self._df += 1
+        self._stats.pop(bucket, None)
+
+    def _scale(self) -> float:
+        return max(MAD_TO_SIGMA * _median(self._abs_residuals), SIGMA_FLOOR)
+
+    def _noise(self) -> tuple[float, int]:
+        """The variance of one sample (log units, inflated for serial correlation) and its df."""
+        df = self._df
+        if not df:
+            return math.inf, 0
+        variance = max(self._squares / df, SIGMA_FLOOR**2)
+        phi = self._lagged / self._lag_squares if self._lag_squares > 0 else 0.0
+        phi = min(max(phi, 0.0), MAX_PHI)
+        return variance * (1 + phi) / (1 - phi), df
+
+    def _half_width(self, information: float, alpha: float) -> float:
+        """The normal-mixture boundary on the estimate: valid at every sample count at once."""
+        if information <= 0:
+            return math.inf
+        rho = self._rho
+        return (
+            math.sqrt(
+                (information + rho)
+                * (math.log((information + rho) / rho) + 2 * math.log(1 / alpha))
+            )
+            / information
+        )
+
+    def _bucket(self, bucket: int) -> tuple[BucketStat, tuple[int, float, float, int] | None]:
+        """A bucket's stats and, when both sides have it, its log worse-ratio, its weight
+        (1 / (1/n_c + 1/n_k): the inverse of its variance in units of one sample's) and samples."""
+        control = self._cells.get(("control", bucket))
+        candidate = self._cells.get(("candidate", bucket))
+        entry = None
+        if control and candidate:
+            weight = control.n * candidate.n / (control.n + candidate.n)
+            entry = (bucket, candidate.mean - control.mean, weight, control.n + candidate.n)
+        stat = BucketStat(
+            bucket=bucket,
+            control_n=control.n if control else 0,
+            candidate_n=candidate.n if candidate else 0,
+            control=math.exp(self._sign * control.mean) if control else None,
+            candidate=math.exp(self._sign * candidate.mean) if candidate else None,
+            ratio=math.exp(entry[1]) if entry else None,
+        )
+        return stat, entry
+
+    def _matched(self) -> tuple[list[BucketStat], list[tuple[int, float, float, int]]]:
+        """Every bucket's stats, and the matched buckets' entries, ascending."""
+        stats: list[BucketStat] = []
+        matched: list[tuple[int, float, float, int]] = []
+        for bucket in sorted({bucket for _, bucket in self._cells}):
+            if bucket not in self._stats:
+                self._stats[bucket] = self._bucket(bucket)
+            stat, entry = self._stats[bucket]
+            stats.append(stat)
+            if entry:
+                matched.append(entry)
+        return stats, matched
+
+    def verdict(self) -> Verdict:
+        buckets, matched = self._matched()
+        if not matched:
+            return Verdict("undecided", None, None, None, buckets, 0)
+        # Prefix sums over the ascending matched buckets: a range is a slice of them.
+        keys = [m[0] for m in matched]
+        weights, weighted, counts = [0.0], [0.0], [0]
+        for _, difference, weight, count in matched:
+            weights.append(weights[-1] + weight)
+            weighted.append(weighted[-1] + weight * difference)
+            counts.append(counts[-1] + count)
+        samples = counts[-1]
+        variance, df = self._noise()
+        family_alpha = (1 - self.confidence) / len(RANGES)
+        judged: dict[tuple[int, int], tuple[RangeStat, float, float]] = {}
+        for name, low, high in RANGES:
+            first = bisect.bisect_left(keys, low)
+            last = bisect.bisect_right(keys, high)
+            count = counts[last] - counts[first]
+            # An empty range, or one already judged under another name, adds nothing.
+            if (first, last) in judged or count == 0 or count < MIN_SHARE * samples:
+                continue
+            weight = weights[last] - weights[first]
+            estimate = (weighted[last] - weighted[first]) / weight
+            width = self._half_width(weight / variance, family_alpha)
+            stat = RangeStat(
+                name, count, math.exp(estimate), _ratio(estimate - width), _ratio(estimate + width)
+            )
+            judged[first, last] = (stat, estimate - width, estimate + width)
+        estimate = weighted[-1] / weights[-1]
+        width = self._half_width(weights[-1] / variance, 1 - self.confidence)
+        state = "undecided"
+        decided_by = None
+        if samples >= self.min_samples and df >= MIN_DF:
+            worst = max(judged.values(), key=lambda j: j[1])
+            if worst[1] > self._threshold:
+                state = "regression"
+                decided_by = worst[0].name
+            elif all(upper < self._threshold for _, _, upper in judged.values()):
+                state = "no_regression"
+        return Verdict(
+            state,
+            math.exp(estimate),
+            _ratio(estimate - width),
+            _ratio(estimate + width),
+            buckets,
+            samples,
+            tuple(stat for stat, _, _ in judged.values()),
+            decided_by,
+        )

@@ -1,0 +1,130 @@
+"""`deployctl canary`: the split's refusals and what one interval of a replica's /metrics says
+(pure); the whole command over real sshd hosts and the real router is in test_canary_lab.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deployctl.deployments import deployment_targets
+from deployctl.errors import UsageError
+from deployctl.inventory import DEFAULT_VARS, Host, Inventory
+from deployctl.metrics import interval, read_counts
+from deployctl.ops.canary import plan_canary
+from deployctl.ops.plan import plan_launch
+from deployctl.ops.rollout import UnitPlan
+from deployctl.project import Project
+
+
+def page(
+    running: float, itl: dict[float, float], tokens: float, done: float, aborted: float = 0
+) -> str:
+    """SGLang's /metrics with these cumulative values (two label sets for the counters)."""
+    lines = [
+        "# TYPE sglang:num_running_reqs gauge",
+        f'sglang:num_running_reqs{{tp_rank="0"}} {running}',
+        "# TYPE sglang:inter_token_latency_seconds histogram",
+    ]
+    lines += [
+        f'sglang:inter_token_latency_seconds_bucket{{le="{b}"}} {c}' for b, c in sorted(itl.items())
+    ]
+    lines += [
+        f"sglang:inter_token_latency_seconds_count {max(itl.values())}",
+        "sglang:inter_token_latency_seconds_sum 1.0",
+        "# TYPE sglang:generation_tokens_total counter",
+        f'sglang:generation_tokens_total{{model_name="m",stream="a"}} {tokens / 2}',
+        f'sglang:generation_tokens_total{{model_name="m",stream="b"}} {tokens / 2}',
+        "# TYPE sglang:num_requests_total counter",
+        f"sglang:num_requests_total {done}",
+        "# TYPE sglang:num_aborted_requests_total counter",
+        f"sglang:num_aborted_requests_total {aborted}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+INF = float("inf")
+
+
+def test_an_interval_is_read_from_the_deltas_of_its_counters_and_histograms() -> None:
+    # Before: 100 gaps all under 10 ms. Then 100 more, all between 20 and 40 ms.
+    before = read_counts(page(8, {0.01: 100, 0.02: 100, 0.04: 100, INF: 100}, 1000, 10))
+    after = read_counts(page(12, {0.01: 100, 0.02: 100, 0.04: 200, INF: 200}, 1400, 14, 1))
+    part = interval(before, after, 2.0)
+    assert part.running == 10  # the mean of the two reads
+    assert (part.requests, part.aborted) == (4, 1)
+    # The interval's median gap is in (0.02, 0.04]: the cumulative one would be 0.01.
+    assert part.itl == pytest.approx(0.03)
+    assert part.throughput == pytest.approx(400 / 2.0 / 10)
+    assert part.value("itl") == part.itl and part.value("throughput") == part.throughput
+    assert part.ttft is None  # not exported: no value, never a zero
+
+
+def test_a_restarted_server_counts_from_zero_not_negative() -> None:
+    before = read_counts(page(8, {0.01: 500, INF: 500}, 5000, 50))
+    after = read_counts(page(8, {0.01: 0, 0.04: 20, INF: 20}, 200, 2))
+    part = interval(before, after, 2.0)
+    assert (part.requests, part.aborted) == (2, 0)
+    assert part.itl is not None and 0.01 < part.itl <= 0.04
+    assert part.throughput == pytest.approx(200 / 2.0 / 8)
+
+
+def test_an_idle_interval_has_no_throughput() -> None:
+    counts = read_counts(page(0, {0.01: 5, INF: 5}, 100, 1))
+    part = interval(counts, counts, 2.0)
+    assert part.throughput is None and part.itl is None and part.requests == 0
+
+
+# ---- the split ---------------------------------------------------------------------------
+
+
+def units(
+    count: int, router: bool = True, changed: int | None = None, **more: Any
+) -> list[UnitPlan]:
+    """`count` replicas of one deployment, on hosts r0…, behind edge/router (or none)."""
+    variables = {**DEFAULT_VARS, "model_path": "/m", "tp": 1, **more}
+    if router:
+        variables["router"] = "edge/router"
+    hosts = [Host(f"r{i}", dict(variables)) for i in range(count)]
+    edge = Host("edge", {**DEFAULT_VARS, "deployments": {"router": {"template": "router"}}})
+    inv = Inventory(
+        {h.name: h for h in [*hosts, edge]}, {"all": [*(h.name for h in hosts), "edge"]}, "t"
+    )
+    targets = deployment_targets([*hosts, edge], resolve=inv.select)
+    plans = plan_launch(Project(None), targets, None, None, [], {})
+    router = next(t for t in targets if t.name == "edge") if router else None
+    changed = count if changed is None else changed
+    return [
+        UnitPlan(p.host.label, [p], [], ["template"] if i < changed else [], [], [], {}, router)
+        for i, p in enumerate(p for p in plans if p.host.name != "edge")
+    ]
+
+
+def test_the_first_replicas_that_differ_are_the_canaries_and_the_rest_the_control() -> None:
+    split = plan_canary(units(3, changed=3), replicas=1, restart=False)
+    assert [u.name for u in split.candidates] == ["r0"]
+    assert [u.name for u in split.controls] == ["r1", "r2"]
+    assert split.router == "edge/router"
+    two = plan_canary(units(4), replicas=2, restart=False)
+    assert [u.name for u in two.candidates] == ["r0", "r1"]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "kwargs", "refusal"),
+    [
+        (1, {"count": 2, "router": False}, "r0, r1 has no router"),
+        (1, {"count": 1}, "a canary needs at least 2 replicas behind one router; 1 selected"),
+        (1, {"count": 3, "changed": 0}, "no replica differs from the inventory"),
+        (3, {"count": 3}, "--replicas 3 leaves no control among 3 replicas"),
+    ],
+)
+def test_a_split_that_cannot_judge_is_refused_naming_why(
+    replicas: int, kwargs: dict[str, Any], refusal: str
+) -> None:
+    with pytest.raises(UsageError, match=refusal):
+        plan_canary(units(**kwargs), replicas=replicas, restart=False)
+
+
+def test_restart_tries_the_configuration_the_replicas_run_already() -> None:
+    split = plan_canary(units(2, changed=0), replicas=1, restart=True)
+    assert [u.name for u in split.candidates] == ["r0"]

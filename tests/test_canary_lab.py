@@ -1,0 +1,176 @@
+"""`deployctl canary` over real sshd hosts: two stand-in replicas behind the real router
+(sglang-router 0.3.2), an open-loop Poisson load through it, the candidate's configuration a
+model folder whose stand-in knobs make it slower, crash, or not differ."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.canary_load import PoissonLoad
+from tests.conftest import CLI
+from tests.sshd_hosts import SSHLab, free_port, sh
+from tests.test_lifecycle import prepare
+from tests.test_router import real_router, router_vars, run_json
+
+pytestmark = pytest.mark.lab
+
+# 64 tokens at about 10 ms a step: a request lasts about a second, and 28 arrivals a second
+# keep the two replicas at batches around 14 each: half the intervals at 16 and above.
+KNOBS = {"startup_s": 0.05, "step_ms": 10.0, "per_req_ms": 0.5, "drain_s": 0.3}
+RATE, TOKENS = 28.0, 64
+
+
+def canary_fleet(lab: SSHLab, tmp_path: Path, candidate: dict[str, Any]) -> tuple[Path, int]:
+    """alpha: the real router and replicas r1, r2 of the stand-in (model folder `model`);
+    the folder `model-new` holds the candidate's knobs. The router's port."""
+    alpha = lab.hosts["alpha"]
+    variables = {**prepare(alpha, tp=1, **KNOBS), "template": "baseline"}
+    new = alpha.home / "model-new"
+    new.mkdir(exist_ok=True)
+    (new / "standin.json").write_text(json.dumps({**KNOBS, **candidate}))
+    sh("chown", "-R", f"{alpha.user}:{alpha.user}", new)
+    router = {**router_vars(alpha.address, real_router()), "router_policy": "round_robin"}
+    table: dict[str, Any] = {"router": router}
+    for i in (1, 2):
+        table[f"r{i}"] = {
+            "gpus": [i - 1],
+            "port": free_port(alpha.address),
+            "router": "alpha/router",
+        }
+    variables["deployments"] = table
+    alpha.set_gpus("live", 2)
+    return lab.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables}), router["port"]
+
+
+def to_new_model(inv: Path, lab: SSHLab) -> None:
+    """The inventory's configuration for every replica: the candidate's model folder."""
+    document = yaml.safe_load(inv.read_text())
+    for name, variables in document["all"]["hosts"]["alpha"]["deployments"].items():
+        if name != "router":
+            variables["model_path"] = str(lab.hosts["alpha"].home / "model-new")
+    inv.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def runs(cli: CLI, inv: Path) -> dict[str, str]:
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    assert code == 0, err
+    return {d: e["run"] for d, e in doc["hosts"]["alpha"]["deployments"].items()}
+
+
+def canary_json(cli: CLI, inv: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    result = cli(
+        "canary", "-i", str(inv), "--json", "--interval", "0.5", "--drain-timeout", "10",
+        "--timeout", "60", *extra,
+    )  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout), result.stderr
+
+
+def load_through(port: int, address: str, seed: int) -> PoissonLoad:
+    return PoissonLoad(
+        f"http://{address}:{port}", rate_per_s=RATE, max_in_flight=96, max_tokens=TOKENS,
+        seed=seed, model="m",
+    )  # fmt: skip
+
+
+def test_a_candidate_8_percent_slower_at_batches_of_16_and_above_is_rolled_back(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    slower = {"slowdown": {"factor": 1.08, "min_batch": 16}}
+    inv, port = canary_fleet(hosts, tmp_path, slower)
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    before = runs(cli, inv)
+    to_new_model(inv, hosts)
+    with load_through(port, hosts.hosts["alpha"].address, seed=1) as load:
+        code, doc, err = canary_json(cli, inv, "--max-duration", "240")
+    report = load.report()
+    assert doc["decision"] == "rolled back" and doc["verdict"] == "regression", (doc, err)
+    assert code == 1 and doc["candidates"] == ["alpha/r1"] and doc["controls"] == ["alpha/r2"]
+    assert doc["estimate"] is not None and doc["estimate"] > 1.0, doc
+    assert any(b["bucket"] >= 16 and b["candidate_n"] for b in doc["buckets"]), doc["buckets"]
+    after = runs(cli, inv)
+    assert after["r2"] == before["r2"], (before, after)  # the control untouched
+    assert after["r1"] not in (before["r1"], None)
+    assert_back_on_the_old_model(cli, inv)
+    assert report.failed == 0, report.errors[:3]
+    cli("stop", "-i", str(inv))
+
+
+def test_a_candidate_identical_to_the_control_is_never_rolled_back(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, port = canary_fleet(hosts, tmp_path, {})
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    with load_through(port, hosts.hosts["alpha"].address, seed=2) as load:
+        code, doc, err = canary_json(cli, inv, "--restart", "--max-duration", "60")
+    assert doc["decision"] in ("promoted", "kept"), (doc, err)
+    assert doc["verdict"] in ("no_regression", "undecided"), doc
+    assert code == 0, err
+    assert load.report().failed == 0, load.report().errors[:3]
+    cli("stop", "-i", str(inv))
+
+
+def test_a_crashing_candidate_is_rolled_back_at_once(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, port = canary_fleet(hosts, tmp_path, {"crash": "after_ready", "crash_after_s": 2.0})
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    before = runs(cli, inv)
+    to_new_model(inv, hosts)
+    started = time.monotonic()
+    with load_through(port, hosts.hosts["alpha"].address, seed=3):
+        code, doc, err = canary_json(cli, inv, "--max-duration", "240")
+    assert doc["decision"] == "rolled back" and code == 1, (doc, err)
+    assert "alpha/r1 crashed" in doc["reason"], doc["reason"]
+    assert time.monotonic() - started < 120
+    after = runs(cli, inv)
+    assert after["r2"] == before["r2"] and after["r1"] != before["r1"]
+    assert_back_on_the_old_model(cli, inv)
+    cli("stop", "-i", str(inv))
+
+
+def test_ctrl_c_puts_the_canary_back(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    inv, port = canary_fleet(hosts, tmp_path, {})
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    before = runs(cli, inv)
+    to_new_model(inv, hosts)
+    with load_through(port, hosts.hosts["alpha"].address, seed=4):
+        proc = cli.popen("canary", "-i", str(inv), "--json", "--interval", "0.5",
+                         "--max-duration", "300")  # fmt: skip
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and runs(cli, inv)["r1"] == before["r1"]:
+            time.sleep(0.5)  # until the canary serves
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    doc = json.loads(out)
+    assert doc["interrupted"] and doc["decision"] == "rolled back", (doc, err)
+    assert proc.returncode != 0
+    after = runs(cli, inv)
+    assert after["r2"] == before["r2"]
+    assert_back_on_the_old_model(cli, inv)
+    cli("stop", "-i", str(inv))
+
+
+def assert_back_on_the_old_model(cli: CLI, inv: Path) -> None:
+    """r1 serves its previous configuration again: a rollout would still change it, to the
+    new model folder, as it would the control."""
+    code, doc, err = run_json(cli, "rollout", "-i", str(inv), "--dry-run")
+    assert code == 0, err
+    units = {u["unit"]: u for u in doc["units"]}
+    for name in ("alpha/r1", "alpha/r2"):
+        assert units[name]["changes"], units[name]
+        assert any("model-new" in word for word in units[name]["command_diff"]), units[name]
+    code, status, _ = run_json(cli, "status", "-i", str(inv), "-d", "r1")
+    assert status["hosts"]["alpha"]["deployments"]["r1"]["state"] == "ready"
