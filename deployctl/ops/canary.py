@@ -194,7 +194,7 @@ class Canary:
         ]
         engine = Rollout(
             self.fleet, self.plan.candidates, self.catalog, self.available,
-            self._split_options(), self.events, self.cancel,
+            self._unit_options(restart=True), self.events, self.cancel,
         )  # fmt: skip
         report.split = engine.run()
         if not all(r.outcome is UnitOutcome.REPLACED for r in report.split):
@@ -209,19 +209,22 @@ class Canary:
             report.actions = self._roll_back(previous)
         elif verdict is not None and verdict.state == "no_regression" and self.options.promote:
             report.decision = Decision.PROMOTED
+            # The rest as `rollout` would: those that match already are skipped.
             promotion = Rollout(
                 self.fleet, self.plan.controls, self.catalog, self.available,
-                self._split_options(), self.events, self.cancel,
+                self._unit_options(restart=self.options.rollout.restart), self.events,
+                self.cancel,
             )  # fmt: skip
             report.actions = promotion.run()
         else:
             report.decision = Decision.KEPT
         return report
 
-    def _split_options(self) -> RolloutOptions:
+    def _unit_options(self, restart: bool) -> RolloutOptions:
+        """One unit at a time (the canaries are replaced whether they match or not)."""
         options = self.options.rollout
         return RolloutOptions(
-            1, options.drain_timeout, options.stop_timeout, options.timeout, True,
+            1, options.drain_timeout, options.stop_timeout, options.timeout, restart,
             options.allow_downtime, "canary",
         )  # fmt: skip
 
@@ -246,12 +249,11 @@ class Canary:
         )
         for reads in rounds:
             for result in reads:
-                if side[result.name] == "candidate" and (
-                    result.value is None or not result.value.serving
-                ):
-                    why = result.error or "not serving"
-                    return verdict, f"canary {result.name} crashed ({why})", True
-                if result.value is None or result.value.counts is None:
+                if result.value is None:
+                    continue  # a host not read this round is not a crash: asked again next
+                if side[result.name] == "candidate" and not result.value.serving:
+                    return verdict, f"canary {result.name} crashed (not serving)", True
+                if result.value.counts is None:
                     continue
                 before = last.get(result.name)
                 last[result.name] = result.value
