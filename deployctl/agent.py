@@ -272,6 +272,8 @@ def call_beside(
 # per call answers there (a crash of the agent's, say, is not held against a host for ever).
 _NO_KEPT_AGENT: dict[tuple[str, str, str], float] = {}
 NO_KEPT_AGENT_FOR = 600.0  # seconds
+# How long a kept agent that ended before its first answer is given for its exit status.
+ENDED_STATUS_WAIT = 5.0
 
 
 # Notes held while a full screen shows (notes_held); else they go to stderr at once.
@@ -309,6 +311,9 @@ class KeptAgent:
         self.pid = pid  # its process id on the host
         self.answered = 0
         self.ended = False
+        # Its exit status when it ended by itself before its first answer (None: it did not,
+        # or its connection ended it): the host's python cannot keep an agent.
+        self.ended_alone: int | None = None
         self._lock = threading.Lock()
 
     def call(
@@ -329,7 +334,10 @@ class KeptAgent:
             try:
                 self.held.send(json.dumps(request).encode() + b"\n")
                 output = self.held.read_until(proto.REPLY_MARK.encode(), timeout, late)
-            except BaseException:  # a timeout, its end, Ctrl-C: no later call may read
+            except BaseException as exc:  # a timeout, its end, Ctrl-C: no later call may read
+                if isinstance(exc, ConnectError) and self.answered == 0:
+                    # Read before the close: its status comes late on a busy host.
+                    self.ended_alone = self.held.exit_code(wait=ENDED_STATUS_WAIT)
                 self.close()  # this call's reply; the next starts a fresh agent
                 raise
             self.answered += 1
@@ -375,7 +383,9 @@ def through_kept_agent(
     try:
         return kept.call(spec, args, probes, timeout)
     except ConnectError:
-        if first and kept.held.exit_code() is not None:
+        # Ended before its first answer: by itself, or with its connection (no exit status
+        # comes: the error stands).
+        if first and kept.ended_alone is not None:
             _cannot_keep(host, "it ended before its first answer")
             with conn.kept_lock:
                 if conn.kept is kept:

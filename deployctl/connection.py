@@ -281,9 +281,10 @@ class Held(ABC):
         return out
 
     @abstractmethod
-    def exit_code(self) -> int | None:
-        """Its exit status once it has ended; None while it runs, or when its SSH
-        connection (not the command itself) ended it."""
+    def exit_code(self, wait: float = 0.5) -> int | None:
+        """Its exit status once it has ended (waiting up to `wait` seconds for it to be
+        known); None while it runs, or when its SSH connection (not the command itself)
+        ended it."""
 
     @abstractmethod
     def _read(self) -> bytes: ...
@@ -335,8 +336,11 @@ class _LocalHeld(Held):
         except OSError as exc:
             raise ConnectError(f"the kept command ended: {exc}") from None
 
-    def exit_code(self) -> int | None:
-        return self.proc.poll()
+    def exit_code(self, wait: float = 0.5) -> int | None:
+        try:
+            return self.proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            return None
 
     def _read(self) -> bytes:
         assert self.proc.stdout is not None
@@ -365,8 +369,8 @@ class _SSHHeld(Held):
         except (OSError, EOFError) as exc:
             raise ConnectError(f"the kept command ended: {exc or type(exc).__name__}") from None
 
-    def exit_code(self) -> int | None:
-        if not self.channel.status_event.wait(0.5):
+    def exit_code(self, wait: float = 0.5) -> int | None:
+        if not self.channel.status_event.wait(wait):
             return None
         code = self.channel.recv_exit_status()
         return None if code == -1 else code
