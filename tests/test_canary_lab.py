@@ -65,9 +65,10 @@ def runs(cli: CLI, inv: Path) -> dict[str, str]:
 
 
 def canary_json(cli: CLI, inv: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
+    # The whole canary: a split, up to --max-duration of judging, a rollback or promotion.
     result = cli(
         "canary", "-i", str(inv), "--json", "--interval", "0.5", "--drain-timeout", "10",
-        "--timeout", "60", *extra,
+        "--timeout", "60", *extra, timeout=480,
     )  # fmt: skip
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, json.loads(result.stdout), result.stderr
