@@ -38,32 +38,8 @@ def parse_metrics(text: str) -> dict[str, Any]:
     histograms are {"p50": seconds, "p99": seconds, "count": n}, with None quantiles while
     no request has been seen.
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    gauges: dict[str, float] = {}
-    counters: dict[str, float] = {}
-    ranks: dict[str, str] = {}
-    buckets: dict[str, dict[float, float]] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            name = family.name.removeprefix(PREFIX)
-            if not family.name.startswith(PREFIX):
-                continue
-            for sample in family.samples:
-                if name in GAUGES and sample.name == family.name:
-                    rank = sample.labels.get("tp_rank", "0")
-                    if name not in gauges or (rank == "0" and ranks[name] != "0"):
-                        gauges[name], ranks[name] = sample.value, rank
-                elif name + "_total" in COUNTERS and sample.name == family.name + "_total":
-                    # (a counter family's name lacks the `_total` its samples have)
-                    key = name + "_total"
-                    counters[key] = counters.get(key, 0.0) + sample.value
-                elif name in HISTOGRAMS and sample.name == family.name + "_bucket":
-                    bound = float(sample.labels["le"])
-                    counts = buckets.setdefault(name, {})
-                    counts[bound] = counts.get(bound, 0.0) + sample.value
-    except (ValueError, KeyError, TypeError) as exc:
-        raise MetricsError(f"the server's /metrics is not Prometheus text: {exc}") from None
+    page = read_counts(text)
+    gauges, counters, buckets = page.gauges, page.counters, page.histograms
     found: dict[str, Any] = {name: _finite(gauges.get(name)) for name in GAUGES}
     found.update({name: _finite(counters.get(name)) for name in COUNTERS})
     if found["spec_accept_length"] == 0:
@@ -104,22 +80,20 @@ def _finite(value: float | None) -> float | None:
 
 # ---- intervals: what a server did between two reads of its /metrics (canary) ------------
 
-# What an interval reads: cumulative histograms and counters, and the batch gauge.
-INTERVAL_HISTOGRAMS = ("inter_token_latency_seconds", "time_to_first_token_seconds")
-INTERVAL_COUNTERS = (
-    "generation_tokens_total",
-    "num_requests_total",
-    "num_aborted_requests_total",
-)
-
 
 @dataclass(frozen=True)
 class Counts:
-    """One read of a server's /metrics: cumulative bucket counts and counters, the batch."""
+    """One read of a server's /metrics, by SGLang's names without `sglang:`: its gauges (TP
+    rank 0's), counters and cumulative histogram buckets {upper bound: count}, each summed
+    over its label sets."""
 
-    histograms: dict[str, dict[float, float]]
+    gauges: dict[str, float]
     counters: dict[str, float]
-    running: float
+    histograms: dict[str, dict[float, float]]
+
+    @property
+    def running(self) -> float:
+        return self.gauges.get("num_running_reqs", 0.0)
 
 
 @dataclass(frozen=True)
@@ -140,34 +114,35 @@ class Interval:
 
 
 def read_counts(text: str) -> Counts:
-    """The cumulative histograms and counters an interval is computed from (pure)."""
+    """Every `sglang:` gauge, counter and histogram of a /metrics page (pure); the one parse
+    of the page, for what status shows and for a canary's intervals."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    histograms: dict[str, dict[float, float]] = {}
+    gauges: dict[str, float] = {}
+    ranks: dict[str, str] = {}
     counters: dict[str, float] = {}
-    running: float | None = None
+    histograms: dict[str, dict[float, float]] = {}
     try:
         for family in text_string_to_metric_families(text):
             name = family.name.removeprefix(PREFIX)
             if not family.name.startswith(PREFIX):
                 continue
             for sample in family.samples:
-                if name in INTERVAL_HISTOGRAMS and sample.name == family.name + "_bucket":
+                if family.type == "counter" and sample.name == family.name + "_total":
+                    # (a counter family's name lacks the `_total` its samples have)
+                    key = name + "_total"
+                    counters[key] = counters.get(key, 0.0) + sample.value
+                elif family.type == "histogram" and sample.name == family.name + "_bucket":
                     counts = histograms.setdefault(name, {})
                     bound = float(sample.labels["le"])
                     counts[bound] = counts.get(bound, 0.0) + sample.value
-                elif name + "_total" in INTERVAL_COUNTERS and sample.name == family.name + "_total":
-                    key = name + "_total"
-                    counters[key] = counters.get(key, 0.0) + sample.value
-                elif (
-                    name == "num_running_reqs"
-                    and sample.name == family.name
-                    and (running is None or sample.labels.get("tp_rank", "0") == "0")
-                ):
-                    running = sample.value
+                elif sample.name == family.name and family.type not in ("counter", "histogram"):
+                    rank = sample.labels.get("tp_rank", "0")
+                    if name not in gauges or (rank == "0" and ranks[name] != "0"):
+                        gauges[name], ranks[name] = sample.value, rank
     except (ValueError, KeyError, TypeError) as exc:
         raise MetricsError(f"the server's /metrics is not Prometheus text: {exc}") from None
-    return Counts(histograms, counters, running or 0.0)
+    return Counts(gauges, counters, histograms)
 
 
 def interval(before: Counts, after: Counts, seconds: float) -> Interval:
