@@ -405,6 +405,8 @@ CASES = [
          {BAD: inventory_with(launcher="slurm")}, form="host"),
     Case("watch-renew-before", ("watch", "-i", INV, "--renew-before", "soon"),
          "--renew-before 'soon' is not a time"),
+    Case("canary-max-duration", ("canary", "-i", INV, "--max-duration", "soon"),
+         "--max-duration 'soon' is not a time"),
 ]  # fmt: skip
 
 

@@ -21,7 +21,13 @@ from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster
 from tests.sshd_hosts import SSHLab, free_port
 from tests.test_lifecycle import prepare
 from tests.test_rollout import Load
-from tests.test_router import real_router, router_vars, run_json, stream_through
+from tests.test_router import (
+    real_router,
+    remove_by_hand,
+    router_vars,
+    run_json,
+    stream_through,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -139,16 +145,8 @@ def test_a_1p2d_fleet_registers_by_role_and_serves_streamed_requests(
 
 def reregister(address: str, port: int, url: str, body: dict[str, Any]) -> None:
     """Take `url` out of the router by hand and add it back as `body` says."""
+    remove_by_hand(address, port, url)
     base = f"http://{address}:{port}"
-    with urllib.request.urlopen(f"{base}/workers", timeout=10) as reply:
-        (worker,) = [w for w in json.load(reply)["workers"] if w["url"] == url]
-    delete = urllib.request.Request(f"{base}/workers/{worker['id']}", method="DELETE")
-    urllib.request.urlopen(delete, timeout=10).close()
-    for _ in range(100):
-        with urllib.request.urlopen(f"{base}/workers", timeout=10) as reply:
-            if all(w["url"] != url for w in json.load(reply)["workers"]):
-                break
-        time.sleep(0.1)
     add = urllib.request.Request(
         f"{base}/workers", data=json.dumps({"url": url, **body}).encode(),
         headers={"Content-Type": "application/json"}, method="POST",

@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from deployctl.errors import UsageError
+
 TemplateOpt = Annotated[
     str | None,
     typer.Option(
@@ -43,3 +45,13 @@ StopTimeoutOpt = Annotated[
     ),
 ]
 NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once started.")]
+
+
+def duration_of(flag: str, text: str, example: str) -> float:
+    """A duration option's seconds (`10m`, `90s`); a one-line error when it is none."""
+    from deployctl.text import parse_duration
+
+    seconds = parse_duration(text)
+    if not seconds:
+        raise UsageError(f"{flag} {text!r} is not a time", hint=f"e.g. {flag} {example}")
+    return seconds

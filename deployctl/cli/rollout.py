@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from deployctl.choices import CanaryMetric
-from deployctl.cli.options import DrainTimeoutOpt, NoWaitOpt, StopTimeoutOpt, TimeoutOpt
+from deployctl.cli.options import (
+    DrainTimeoutOpt,
+    NoWaitOpt,
+    StopTimeoutOpt,
+    TimeoutOpt,
+    duration_of,
+)
 from deployctl.cli.session import (
     SERVERS,
     Reply,
@@ -183,11 +189,8 @@ def canary(
     from deployctl.ops.canary import canary as run_canary
     from deployctl.ops.rollout import RolloutOptions, plan_rollout
     from deployctl.present import live, views
-    from deployctl.text import parse_duration
 
-    duration = parse_duration(max_duration)
-    if not duration:
-        raise UsageError(f"--max-duration {max_duration!r} is not a time", hint="e.g. 30m")
+    duration = duration_of("--max-duration", max_duration, "30m")
     catalog, patch_sets = session.catalog(), session.patch_sets()
     plans = ops.plan_launch(session.project, session.targets, None, None, [], patch_sets)
     options = CanaryOptions(
@@ -279,13 +282,8 @@ def watch(
     from deployctl.ops.server import WatchEnded
     from deployctl.ops.server import watch as watch_runs
     from deployctl.present import live, views
-    from deployctl.text import parse_duration
 
-    renew = None if renew_before is None else parse_duration(renew_before)
-    if renew_before is not None and not renew:
-        raise UsageError(
-            f"--renew-before {renew_before!r} is not a time", hint="e.g. --renew-before 10m"
-        )
+    renew = None if renew_before is None else duration_of("--renew-before", renew_before, "10m")
     catalog, patch_sets = session.catalog(), session.patch_sets()
     sink = event_sink(session) or live.WatchPrinter()
     with session.fleet() as fleet:

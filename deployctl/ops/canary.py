@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from deployctl import agent
 from deployctl import events as ev
 from deployctl.canary_stats import Judge, Sample, Verdict
 from deployctl.connection import Connection
@@ -26,7 +25,7 @@ from deployctl.errors import DeployctlError, MetricsError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet
 from deployctl.inventory import Host
-from deployctl.metrics import METRICS_LIMIT_BYTES, Counts, interval, read_counts
+from deployctl.metrics import Counts, interval, read_counts
 from deployctl.ops.driver import drive
 from deployctl.ops.plan import Role
 from deployctl.ops.rollout import (
@@ -37,10 +36,10 @@ from deployctl.ops.rollout import (
     UnitResult,
 )
 from deployctl.ops.router import router_locks
+from deployctl.ops.runs import recorded_run
 from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture, relaunch
 from deployctl.patchset import PatchSet
-from deployctl.remote.protocol import StatusArgs
 
 
 class Decision(StrEnum):
@@ -149,14 +148,7 @@ class _Read:
 
 def read_replica(host: Host, conn: Connection) -> _Read:
     """Is the replica's run alive and healthy, and its /metrics counts (one round trip)."""
-    args: StatusArgs = {
-        "state_dir": host.settings.state_dir,
-        "deployment": host.deployment,
-        "run": None,
-        "tail_bytes": 0,
-        "metrics_bytes": METRICS_LIMIT_BYTES,
-    }
-    reply = agent.call(host, conn, agent.STATUS, args)
+    reply = recorded_run(host, conn, metrics=True)
     serving = bool(reply["alive"]) and reply["health"] == 200
     page = reply["metrics"]
     counts = None

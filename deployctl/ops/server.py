@@ -370,7 +370,10 @@ PD_WINDOW = 60.0
 STUCK_AFTER = 60.0
 
 
-def _pd_side(fleet: Fleet, unit: Unit) -> tuple[PdRole | None, str | None]:
+PdSide = tuple[PdRole | None, str | None]
+
+
+def pd_side(fleet: Fleet, unit: Unit) -> PdSide:
     """A unit's side of a prefill/decode pair and its router's label (None: neither)."""
     host = unit.nodes[0].host
     role = host.settings.pd_role
@@ -389,15 +392,15 @@ def unit_run(unit: Unit) -> str:
 
 
 def watch_pair(
-    fleet: Fleet,
     unit: Unit,
+    side: PdSide,
     now: float,
     losses: PrefillLoss,
     transfers: TransferWatch,
     events: EventSink,
 ) -> None:
     """Note a prefill seen down; report a decode whose transfers are stuck."""
-    role, router = _pd_side(fleet, unit)
+    role, router = side
     if role is PdRole.PREFILL and router is not None and unit.state is not UnitState.READY:
         losses.down(router, unit.name, now)
     status = unit.nodes[0].value
@@ -422,12 +425,12 @@ def watch_pair(
 
 
 def held_decode(
-    fleet: Fleet, unit: Unit, now: float, losses: PrefillLoss
+    unit: Unit, side: PdSide, now: float, losses: PrefillLoss
 ) -> tuple[str, float] | None:
     """The prefill a crashed decode's failure is blamed on (and how long ago it was down), so
     the decode is not restarted; None to restart it as any crashed unit. A decode whose
     process died is restarted: that is its own failure."""
-    role, router = _pd_side(fleet, unit)
+    role, router = side
     if role is not PdRole.DECODE or not all(n.value and n.value.alive for n in unit.nodes):
         return None
     return losses.blames(router, now)
@@ -468,6 +471,13 @@ def watch(
     losses = PrefillLoss(pd_window)
     transfers = TransferWatch(stuck_after)
     held: set[str] = set()  # decodes held since their prefill was last seen down
+    sides: dict[str, PdSide] = {}  # the inventory does not change while watch runs
+
+    def side_of(unit: Unit) -> PdSide:
+        if unit.name not in sides:
+            sides[unit.name] = pd_side(fleet, unit)
+        return sides[unit.name]
+
     next_try: dict[str, float] = {}
     given_up: set[str] = set()
     renewals = None if renew_before is None else Renewals(renew_before)
@@ -497,12 +507,12 @@ def watch(
                 )  # fmt: skip
         now = time.monotonic()
         for unit in units(statuses):
-            watch_pair(fleet, unit, now, losses, transfers, events)
+            watch_pair(unit, side_of(unit), now, losses, transfers, events)
         for unit in units(statuses):
             name = unit.name
             if name in given_up or not unit.crashed or time.monotonic() < next_try.get(name, 0):
                 continue
-            blamed = held_decode(fleet, unit, now, losses)
+            blamed = held_decode(unit, side_of(unit), now, losses)
             if blamed is not None:
                 if name not in held:
                     held.add(name)
