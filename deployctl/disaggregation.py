@@ -71,15 +71,14 @@ def check_server(
 ) -> PairCheck:
     """What is wrong with `me` beside the other servers of its router (`mla`: their model uses
     MLA; None: not known). Each problem is about `me`, so a launch of several says each once."""
-    pd, router_address = router.pd, router.address
     found = PairCheck()
-    if pd and me.role is None:
+    if router.pd and me.role is None:
         found.problems.append(
             f"{me.label} has no role, but its router {router} routes prefill/decode pairs"
         )
         found.hints.append("set role: prefill or role: decode, or name a router without pd: true")
         return found
-    if not pd:
+    if not router.pd:
         if me.role is not None:
             found.problems.append(
                 f"{me.label} is a {me.role}, but its router {router} does not route "
@@ -151,10 +150,10 @@ def check_server(
             f"gives a request only {router.request_timeout:g}s"
         )
         found.hints.append(f"lower pd_timeout, or raise request_timeout on {router}")
-    if me.role is PdRole.PREFILL and unreachable_from(me, router_address):
+    if me.role is PdRole.PREFILL and unreachable_from(me, router.address):
         found.problems.append(
             f"{me.label}'s bootstrap server listens on loopback ({me.bind}), where decodes "
-            f"sent by its router {router} (on {router_address}) cannot reach it "
+            f"sent by its router {router} (on {router.address}) cannot reach it "
             f"({LOOPBACK_BOOTSTRAP_ISSUE})"
         )
     found.hints = list(dict.fromkeys(found.hints))

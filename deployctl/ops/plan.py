@@ -27,7 +27,6 @@ from deployctl.deployments import (
     group_of,
     node_rank,
     pd_wait,
-    server_env,
 )
 from deployctl.disaggregation import PairCheck, PdRouter, PdServer, check_router, check_server
 from deployctl.errors import DeployctlError, PreflightError, UsageError
@@ -826,24 +825,23 @@ def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> PairCh
 
 def pd_server(host: Host, plan: Plan | None = None) -> PdServer:
     """A worker as its router's pair checks see it: from its command when this launch plans
-    it (what --set changed included), else from its settings."""
+    it (what --set changed included), else from its settings. How long it may wait for its
+    other side is read only of the planned one: only its own is checked."""
     settings = host.settings
+    waits = 0.0
     if plan is None:
         role, tp, bind = settings.pd_role, settings.tp, settings.bind_host
         model, backend = str(settings.value("model_path")), settings.transfer_backend
         pp = _pp_size(settings.context().get("extra_args"))
-        env = server_env(host, host.vars)
     else:
         flags = command_flags(plan.rendered.argv)
         role, tp, bind = plan.pd_role, plan.tp, plan.bind_host
         model = str(flags.get("--model-path"))
         backend = str(flags.get("--disaggregation-transfer-backend") or "mooncake")
         pp = _pp_size(plan.rendered.argv)
-        env = plan.rendered.env
+        waits = pd_wait(plan.rendered.env)
     url_host = urlsplit(settings.worker_url or "").hostname or ""
-    return PdServer(
-        host.label, role, model, tp, pp, backend, host.address, bind, url_host, pd_wait(env)
-    )
+    return PdServer(host.label, role, model, tp, pp, backend, host.address, bind, url_host, waits)
 
 
 def _pp_size(argv: Any) -> int:
