@@ -128,3 +128,21 @@ def test_a_split_that_cannot_judge_is_refused_naming_why(
 def test_restart_tries_the_configuration_the_replicas_run_already() -> None:
     split = plan_canary(units(2, changed=0), replicas=1, restart=True)
     assert [u.name for u in split.candidates] == ["r0"]
+
+
+def test_the_progress_line_shows_each_buckets_samples_and_the_estimate() -> None:
+    from deployctl.events import CanaryProgress
+    from deployctl.present.live import canary_progress_text
+
+    event = CanaryProgress(
+        target="edge/router", samples=12, buckets={"16": [4, 4], "8": [6, 5]},
+        estimate=1.0312, low=0.99, high=1.07, elapsed_s=20.0,
+    )  # fmt: skip
+    assert canary_progress_text(event) == (
+        "12 matched samples (bucket 8: 6/5, 16: 4/4) · candidate/control 1.031 [0.990, 1.070]"
+    )
+    bare = CanaryProgress(
+        target="edge/router", samples=0, buckets={}, estimate=None, low=None, high=None,
+        elapsed_s=2.0,
+    )  # fmt: skip
+    assert canary_progress_text(bare) == "0 matched samples"
