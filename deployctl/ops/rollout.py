@@ -36,6 +36,7 @@ from deployctl.ops.router import (
     RouterState,
     change_registration,
     registered_url,
+    roles_missing,
     router_locks,
     router_of,
     router_state,
@@ -328,8 +329,7 @@ def lacking_roles(state: RouterState, left: Sequence[ListedWorker]) -> str:
         return "worker"
     if not state.pd:
         return ""
-    roles = {w.kind.role for w in left if w.kind is not None}
-    return " or ".join(str(r) for r in PdRole if r not in roles)
+    return " or ".join(map(str, roles_missing(left)))
 
 
 def rollout_order(unit: UnitPlan) -> int:

@@ -338,13 +338,17 @@ class RouterState:
         roles it has none of (never any for a router of whole-request workers)."""
         if not self.pd or self.api is None:
             return []
+        # The router's flag, unless our own status round saw ours not serving.
         serving = [
-            w.kind.role
-            for w in self.workers
-            # the router's flag, unless our own status round saw ours not serving
-            if w.kind is not None and w.healthy is not False and not (w.worker is None and w.owner)
+            w for w in self.workers if w.healthy is not False and not (w.worker is None and w.owner)
         ]
-        return [role for role in PdRole if role not in serving]
+        return roles_missing(serving)
+
+
+def roles_missing(workers: Iterable[ListedWorker]) -> list[PdRole]:
+    """The sides of a prefill/decode pair none of these workers is listed as."""
+    listed = {w.kind.role for w in workers if w.kind is not None}
+    return [role for role in PdRole if role not in listed]
 
 
 def workers_of(router: Host, select: Select) -> list[Host]:
