@@ -739,17 +739,20 @@ def check_gpu_sums(same_machine: Sequence[Plan]) -> None:
 def note_siblings(plans: Sequence[Plan]) -> None:
     """Tell each plan which deployments of its launch share its GPUs: its preflight needs
     room for theirs too, as they start at the same time."""
-    by_machine: dict[tuple[str, str, int], list[Plan]] = {}
     for plan in plans:
-        if plan.launcher.checks_host:
-            by_machine.setdefault(machine(plan.host), []).append(plan)
-    for same_machine in by_machine.values():
-        for plan in same_machine:
-            plan.siblings = [
-                other.gpu_user()
-                for other in same_machine
-                if other is not plan and shares_gpus(plan.gpus, other.gpus)
-            ]
+        plan.siblings = [
+            other.gpu_user() for other in plans if other is not plan and shares_a_gpu(plan, other)
+        ]
+
+
+def shares_a_gpu(first: Plan, second: Plan) -> bool:
+    """Two plans of one machine whose GPUs overlap (a job's GPUs are on its nodes: never)."""
+    return (
+        first.launcher.checks_host
+        and second.launcher.checks_host
+        and machine(first.host) == machine(second.host)
+        and shares_gpus(first.gpus, second.gpus)
+    )
 
 
 def check_extra_ports(same_machine: Sequence[Plan]) -> None:

@@ -54,10 +54,10 @@ from deployctl.ops.plan import (
     Plan,
     Preflight,
     Role,
-    machine,
     release_lock,
     routing_check,
     run_preflight,
+    shares_a_gpu,
 )
 from deployctl.ops.router import (
     Registration,
@@ -83,7 +83,6 @@ from deployctl.remote.protocol import (
     StopArgs,
     StopReply,
     poll_args,
-    shares_gpus,
 )
 from deployctl.text import plain
 
@@ -543,7 +542,7 @@ def start_waves(plans: Sequence[Plan]) -> list[list[Plan]]:
             (
                 i
                 for i, wave in enumerate(waves)
-                if not any(_share_gpus(p, q) for p in unit for q in wave)
+                if not any(shares_a_gpu(p, q) for p in unit for q in wave)
             ),
             len(waves),
         )
@@ -558,15 +557,6 @@ def _units_of(plans: Sequence[Plan]) -> list[list[Plan]]:
     for plan in plans:
         units.setdefault(plan.group or plan.host.label, []).append(plan)
     return list(units.values())
-
-
-def _share_gpus(first: Plan, second: Plan) -> bool:
-    return (
-        first.launcher.checks_host
-        and second.launcher.checks_host
-        and machine(first.host) == machine(second.host)
-        and shares_gpus(first.gpus, second.gpus)
-    )
 
 
 def register_ready(
