@@ -46,6 +46,8 @@ from deployctl.remote.protocol import (
     BENCH_RESULTS,
     BENCH_SAVE,
     CALLS,
+    CANARY_KEEP,
+    CANARY_RECORDS,
     CHECK_ARGS,
     HOLD,
     POINT,
@@ -71,7 +73,8 @@ from deployctl.shell import join
 
 # The calls, as the protocol declares them: `agent.STATUS` is `protocol.STATUS`.
 __all__ = [
-    "APPLY", "BENCH", "BENCH_RESULTS", "BENCH_SAVE", "CALLS", "CHECK_ARGS", "HOLD", "POINT",
+    "APPLY", "BENCH", "BENCH_RESULTS", "BENCH_SAVE", "CALLS", "CANARY_KEEP", "CANARY_RECORDS",
+    "CHECK_ARGS", "HOLD", "POINT",
     "POLL", "PREFLIGHT", "PROBE", "READ", "RELEASE", "REVERT", "ROUTER", "RUNS", "START",
     "STATUS", "STOP", "TUNE_LOCK", "TUNE_RECORDS", "TUNE_SAVE", "TUNE_UNLOCK", "Call",
     "KeptAgent", "agent_bundle", "agent_command", "agent_folder", "agent_hash", "call",

@@ -364,6 +364,7 @@ CASES = [
     Case("tune-objective-and-bound", ("tune", "-i", INV, "--objective", "throughput",
                                       "--max-ttft-ms", "500"), "are two objectives"),
     Case("tune-number-alone", ("tune", "-i", INV, "3"), "a tune number is given only with --report"),
+    Case("canary-number-alone", ("canary", "-i", INV, "3"), "a canary number is given only with --report"),
     Case("tune-levels", ("tune", "-i", INV, "--concurrency", "1,0"), "not a list of positive numbers"),
     Case("tune-min-ratio", ("tune", "-i", INV, "--min-ratio", "1.5"), "--min-ratio", code=2),
     Case("tune-keep", ("tune", "-i", INV, "--keep", "all"), "--keep", code=2),

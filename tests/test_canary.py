@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,10 +13,14 @@ from deployctl.deployments import deployment_targets
 from deployctl.errors import UsageError
 from deployctl.inventory import DEFAULT_VARS, Host, Inventory
 from deployctl.metrics import interval, read_counts
-from deployctl.ops.canary import plan_canary
+from deployctl.ops.canary import CanaryReport, Decision, canary_record, plan_canary
 from deployctl.ops.plan import plan_launch
-from deployctl.ops.rollout import UnitPlan
+from deployctl.ops.rollout import UnitOutcome, UnitPlan, UnitResult
 from deployctl.project import Project
+from deployctl.remote.files import CallFailed
+from deployctl.remote.measures import CanaryRecord
+from deployctl.remote.records import cmd_canary_keep, cmd_canary_records
+from deployctl.remote.shapes import shape_problems
 
 
 def page(
@@ -146,3 +152,95 @@ def test_the_progress_line_shows_each_buckets_samples_and_the_estimate() -> None
         elapsed_s=2.0,
     )  # fmt: skip
     assert canary_progress_text(bare) == "0 matched samples"
+
+
+# ---- the record kept on the router's host ------------------------------------------------
+
+
+def record(router: str = "edge/router", **more: Any) -> CanaryRecord:
+    split = plan_canary(units(2), replicas=1, restart=False)
+    report = CanaryReport(split, started_at=1_700_000_000.0)
+    return {**canary_record(report, done=False), "router": router, **more}  # type: ignore[typeddict-item]
+
+
+def keep(state_dir: Path, number: int | None, kept: CanaryRecord) -> int:
+    return cmd_canary_keep({"state_dir": str(state_dir), "number": number, "record": kept})[
+        "number"
+    ]
+
+
+def test_a_running_record_is_kept_under_a_new_number_then_brought_up_to_date(
+    tmp_path: Path,
+) -> None:
+    first = keep(tmp_path, None, record())
+    other = keep(tmp_path, None, record("other/router"))
+    assert (first, other) == (1, 2)
+    assert keep(tmp_path, first, record(samples=40, state="done", decision="kept")) == first
+    found = cmd_canary_records(
+        {"state_dir": str(tmp_path), "router": "edge/router", "number": None}
+    )
+    assert found["numbers"] == [1] and found["unreadable"] == []
+    assert found["record"] is not None
+    assert (found["record"]["canary"], found["record"]["samples"]) == (1, 40)
+    assert found["record"]["state"] == "done"
+
+
+def test_a_finished_record_is_never_rewritten(tmp_path: Path) -> None:
+    number = keep(tmp_path, None, record(state="done", decision="rolled back"))
+    before = (tmp_path / "canaries" / f"{number}.json").read_bytes()
+    with pytest.raises(CallFailed, match="not this canary's running record"):
+        keep(tmp_path, number, record(state="done", decision="promoted"))
+    assert (tmp_path / "canaries" / f"{number}.json").read_bytes() == before
+
+
+def test_another_routers_record_is_never_rewritten(tmp_path: Path) -> None:
+    number = keep(tmp_path, None, record())
+    with pytest.raises(CallFailed):
+        keep(tmp_path, number, record("other/router"))
+    with pytest.raises(CallFailed):  # nor a number never kept
+        keep(tmp_path, number + 1, record())
+
+
+def test_records_are_read_by_router_and_number_and_a_broken_one_is_named(
+    tmp_path: Path,
+) -> None:
+    for samples in (10, 20, 30):
+        keep(tmp_path, None, record(samples=samples, state="done"))
+    keep(tmp_path, None, record("other/router"))
+    (tmp_path / "canaries" / "5.json").write_text('{"canary": 5, "router": "edge/router"}')
+    args = {"state_dir": str(tmp_path), "router": "edge/router"}
+    newest = cmd_canary_records({**args, "number": None})  # type: ignore[typeddict-item]
+    assert newest["numbers"] == [1, 2, 3] and newest["record"] is not None
+    assert newest["record"]["samples"] == 30
+    assert newest["unreadable"] == [str(tmp_path / "canaries" / "5.json")]
+    second = cmd_canary_records({**args, "number": 2})  # type: ignore[typeddict-item]
+    assert second["record"] is not None and second["record"]["samples"] == 20
+    assert cmd_canary_records({**args, "number": 4})["record"] is None  # type: ignore[typeddict-item]
+
+
+def test_the_record_names_the_split_and_rollback_steps_with_their_runs() -> None:
+    split = plan_canary(units(2), replicas=1, restart=False)
+    report = CanaryReport(split, decision=Decision.ROLLED_BACK)
+    report.split = [UnitResult("r0", UnitOutcome.REPLACED, old_run="a", new_run="b")]
+    report.actions = [UnitResult("r0", UnitOutcome.FAILED, old_run="b", error="no GPU")]
+    steps = canary_record(report, done=True)["steps"]
+    assert [(s["step"], s["old_run"], s["new_run"], s["error"]) for s in steps] == [
+        ("split", "a", "b", None),
+        ("rollback", "b", None, "no GPU"),
+    ]
+    assert not shape_problems(canary_record(report, done=True), CanaryRecord, "record")
+
+
+def test_a_running_kept_canary_is_shown_as_running_not_decided(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deployctl.fanout import FleetResult, HostResult
+    from deployctl.ops.canary import KeptCanary
+    from deployctl.present.views import KEPT_CANARIES
+
+    running = record(canary=3, updated_at=time.time() - 4)
+    edge = Host("edge", dict(DEFAULT_VARS))
+    KEPT_CANARIES.human(FleetResult([HostResult(edge, KeptCanary(running, [3], []))]))
+    out = capsys.readouterr().out
+    assert "canary 3 of edge" in out and "running (last written 4 s ago)" in out
+    assert "decision" not in out

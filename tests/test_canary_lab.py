@@ -104,6 +104,20 @@ def test_a_candidate_8_percent_slower_at_batches_of_16_and_above_is_rolled_back(
     assert after["r1"] not in (before["r1"], None)
     assert_back_on_the_old_model(cli, inv)
     assert report.failed == 0, report.errors[:3]
+    # Kept on the router's host: found from a replica's name, as the run printed it.
+    code, kept, err = run_json(cli, "canary", "-i", str(inv), "-d", "r1", "--report")
+    found = kept["hosts"]["alpha"]["deployments"]["router"]
+    assert code == 0 and found["numbers"] == [doc["canary"]], (found, err)
+    record = found["record"]
+    assert record["state"] == "done" and record["decision"] == "rolled back", record
+    assert record["buckets"] == doc["buckets"] and record["samples"] == doc["samples"]
+    steps = [(s["step"], s["unit"], s["outcome"]) for s in record["steps"]]
+    assert steps == [("split", "alpha/r1", "replaced"), ("rollback", "alpha/r1", "replaced")]
+    assert record["steps"][1]["new_run"] == after["r1"]
+    text = cli("canary", "-i", str(inv), "-d", "r1", "--report", str(doc["canary"]))
+    assert "decision: rolled back" in text.stdout and "load bucket" in text.stdout, text.stdout
+    missing = cli("canary", "-i", str(inv), "-d", "r1", "--report", "99")
+    assert missing.returncode == 1 and "no canary 99 is kept here" in missing.stderr
     cli("stop", "-i", str(inv))
 
 
@@ -156,6 +170,10 @@ def test_ctrl_c_puts_the_canary_back(hosts: SSHLab, cli: CLI, tmp_path: Path) ->
         seen: list[str] = []
         while not any("matched samples" in line for line in seen):
             seen.append(lines.get(timeout=180))  # the split done: the canary is judged
+        code, kept, err = run_json(cli, "canary", "-i", str(inv), "--report")
+        running = kept["hosts"]["alpha"]["deployments"]["router"]["record"]
+        assert code == 0 and running["state"] == "running", (running, err)
+        assert running["decision"] is None and running["candidates"] == ["alpha/r1"]
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=180)
     out, err = proc.stdout.read() if proc.stdout else "", "".join(seen)

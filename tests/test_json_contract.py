@@ -272,7 +272,7 @@ def test_a_tune_of_a_host_with_deployments_matches_its_schema(cli: CLI, tmp_path
     from deployctl.fanout import FleetResult, HostResult
     from deployctl.inventory import Host
     from deployctl.ops.tune import Outcome, TuneOptions, TuneReport, TuneResult
-    from deployctl.present.documents import kept_tune_json, per_host, tune_document
+    from deployctl.present.documents import kept_json, per_host, tune_document
 
     options = TuneOptions([1, 4])
     results = []
@@ -294,6 +294,6 @@ def test_a_tune_of_a_host_with_deployments_matches_its_schema(cli: CLI, tmp_path
     from deployctl.ops.tune import KeptTune
 
     kept = [HostResult(Host("alpha", {}, n), KeptTune(None, [], [], 2)) for n in ("chat", "code")]
-    reported = per_host(kept_tune_json)(FleetResult(kept))
+    reported = per_host(kept_json)(FleetResult(kept))
     assert reported["hosts"]["alpha"]["ok"] is False
     check_document(["tune", "--report", "--json"], {"schema": 1, **reported})

@@ -177,6 +177,15 @@ def canary(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show the canaries, the control and what changes.")
     ] = False,
+    report: Annotated[
+        bool,
+        typer.Option(
+            "--report", help="Show a kept canary of the routers (N, default: the newest)."
+        ),
+    ] = False,
+    number: Annotated[
+        int | None, typer.Argument(min=1, metavar="[N]", help="With --report: which canary.")
+    ] = None,
     drain_timeout: DrainTimeoutOpt = 60,
     timeout: TimeoutOpt = 900,
     stop_timeout: StopTimeoutOpt = 30,
@@ -185,14 +194,25 @@ def canary(
     the others at matched load from their /metrics, then promote it (the rest rolled out) or
     roll it back; Ctrl-C puts the canaries back."""
     from deployctl.ops import plan as ops
-    from deployctl.ops.canary import CanaryOptions, CanaryReport, plan_canary
+    from deployctl.ops.canary import (
+        CanaryOptions,
+        CanaryReport,
+        find_canaries,
+        plan_canary,
+        routers_of,
+    )
     from deployctl.ops.canary import canary as run_canary
     from deployctl.ops.rollout import RolloutOptions, plan_rollout
     from deployctl.present import live, views
 
+    if number is not None and not report:
+        raise UsageError(f"{number}: a canary number is given only with --report")
     duration = duration_of("--max-duration", max_duration, "30m")
     catalog, patch_sets = session.catalog(), session.patch_sets()
     plans = ops.plan_launch(session.project, session.targets, None, None, [], patch_sets)
+    if report:
+        with session.fleet() as fleet:
+            return views.KEPT_CANARIES, find_canaries(fleet, routers_of(fleet, plans), number)
     options = CanaryOptions(
         replicas, metric.value, max_regression / 100, confidence, min_samples, duration,
         interval, not no_promote,

@@ -17,29 +17,42 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from deployctl import agent
 from deployctl import events as ev
 from deployctl.canary_stats import Judge, Sample, Verdict
 from deployctl.connection import Connection
 from deployctl.crash import Catalog
 from deployctl.errors import DeployctlError, MetricsError, UsageError
 from deployctl.events import DISCARD, EventSink
-from deployctl.fanout import Fleet
+from deployctl.fanout import Fleet, FleetResult
 from deployctl.inventory import Host
 from deployctl.metrics import Counts, interval, read_counts
 from deployctl.ops.driver import drive
-from deployctl.ops.plan import Role
+from deployctl.ops.kept import Kept
+from deployctl.ops.plan import Plan, Role
 from deployctl.ops.rollout import (
     Rollout,
     RolloutOptions,
     UnitOutcome,
     UnitPlan,
     UnitResult,
+    launched_run,
 )
-from deployctl.ops.router import router_locks
+from deployctl.ops.router import router_locks, router_of
 from deployctl.ops.runs import recorded_run
 from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture, relaunch
 from deployctl.patchset import PatchSet
+from deployctl.remote.measures import (
+    CanaryKeepArgs,
+    CanaryRecord,
+    CanaryRecordsArgs,
+    CanaryStep,
+)
+
+# A running canary's record on the router's host is brought up to date at most this often
+# (one call; `canary --report` and the dashboard read it from there).
+KEEP_EVERY_S = 5.0
 
 
 class Decision(StrEnum):
@@ -76,6 +89,8 @@ class CanaryPlan:
 @dataclass
 class CanaryReport:
     plan: CanaryPlan
+    options: CanaryOptions = field(default_factory=CanaryOptions)
+    started_at: float = 0.0  # seconds since the epoch
     split: list[UnitResult] = field(default_factory=list)
     verdict: Verdict | None = None
     reason: str = ""  # why it ended as it did
@@ -84,6 +99,8 @@ class CanaryReport:
     elapsed_s: float = 0.0  # judging time
     interrupted: bool = False
     dry_run: bool = False
+    kept: int | None = None  # the record's number on the router's host
+    keep_error: str = ""  # why the record could not be kept there
 
     @property
     def ok(self) -> bool:
@@ -175,9 +192,18 @@ class Canary:
     ) -> None:
         self.fleet, self.plan, self.catalog = fleet, plan, catalog
         self.available, self.options, self.events, self.cancel = available, options, events, cancel
+        router = plan.candidates[0].router
+        assert router is not None  # plan_canary refused replicas without one
+        self.keeper = Keeper(fleet, router)
 
     def run(self) -> CanaryReport:
-        report = CanaryReport(self.plan)
+        report = CanaryReport(self.plan, self.options, time.time())
+        try:
+            return self._run(report)
+        finally:
+            self.keeper.keep(report, done=True)
+
+    def _run(self, report: CanaryReport) -> CanaryReport:
         # What serves the canaries now: what a rollback relaunches.
         previous = [
             capture(p.host, s, self.available)
@@ -188,6 +214,7 @@ class Canary:
             self.fleet, self.plan.candidates, self.catalog, self.available,
             self._unit_options(restart=True), self.events, self.cancel,
         )  # fmt: skip
+        self.keeper.keep(report)
         report.split = engine.run()
         if not all(r.outcome is UnitOutcome.REPLACED for r in report.split):
             report.decision, report.reason = Decision.FAILED, _split_failure(report.split)
@@ -278,6 +305,7 @@ class Canary:
                     elapsed_s=report.elapsed_s,
                 )
             )  # fmt: skip
+            self.keeper.keep(report)
             if verdict.state == "regression":
                 return verdict, f"{options.metric} regressed", True
             if verdict.state == "no_regression":
@@ -293,7 +321,7 @@ class Canary:
         for unit in self.plan.candidates:
             labels = {p.host.label for p in unit.plans}
             mine = [s for s in previous if s.host.label in labels]
-            result = UnitResult(unit.name, UnitOutcome.REPLACED)
+            result = UnitResult(unit.name, UnitOutcome.REPLACED, old_run=unit_run(unit))
             try:
                 back = relaunch(
                     self.fleet, mine, self.catalog, restart_of={}, timeout=options.timeout,
@@ -305,8 +333,97 @@ class Canary:
             else:
                 if back.launch is None or not back.launch.ok:
                     result.outcome, result.error = UnitOutcome.FAILED, "previous run not back"
+                else:
+                    result.new_run = launched_run(back.launch)
             results.append(result)
         return results
+
+
+class Keeper:
+    """Keeps the canary's record on its router's host: created when the split starts, brought
+    up to date while it is judged, finished at the end. A record that cannot be written is
+    said (`keep_error`), never a reason to stop judging live traffic."""
+
+    def __init__(self, fleet: Fleet, router: Host) -> None:
+        self.fleet, self.router = fleet, router
+        self.last = 0.0
+
+    def keep(self, report: CanaryReport, done: bool = False) -> None:
+        if report.dry_run or (not done and time.monotonic() - self.last < KEEP_EVERY_S):
+            return
+        self.last = time.monotonic()
+        args = CanaryKeepArgs(
+            state_dir=self.router.settings.state_dir,
+            number=report.kept,
+            record=canary_record(report, done),
+        )
+        [result] = self.fleet.run(
+            lambda host, conn: agent.call(host, conn, agent.CANARY_KEEP, args), [self.router]
+        )
+        if result.value is not None:
+            report.kept = result.value["number"]
+        elif result.exception is not None:
+            report.keep_error = str(getattr(result.exception, "message", result.exception))
+
+
+def canary_record(report: CanaryReport, done: bool) -> CanaryRecord:
+    """The record kept on the router's host (and the core of `canary --json`)."""
+    verdict, options, plan = report.verdict, report.options, report.plan
+    return {
+        "canary": report.kept,
+        "router": plan.router,
+        "state": "planned" if report.dry_run else "done" if done else "running",
+        "started_at": report.started_at,
+        "updated_at": time.time(),
+        "candidates": [u.name for u in plan.candidates],
+        "controls": [u.name for u in plan.controls],
+        "metric": options.metric,
+        "max_regression": options.max_regression,
+        "confidence": options.confidence,
+        "verdict": None if verdict is None else verdict.state,
+        "estimate": None if verdict is None else verdict.estimate,
+        "low": None if verdict is None else verdict.low,
+        "high": None if verdict is None else verdict.high,
+        "samples": 0 if verdict is None else verdict.samples,
+        "buckets": []
+        if verdict is None
+        else [
+            {
+                "bucket": b.bucket, "control_n": b.control_n, "candidate_n": b.candidate_n,
+                "control": b.control, "candidate": b.candidate, "ratio": b.ratio,
+            }
+            for b in verdict.buckets
+        ],
+        "reason": report.reason,
+        "decision": None if report.decision is None else report.decision.value,
+        "elapsed_s": round(report.elapsed_s, 3),
+        "interrupted": report.interrupted,
+        "steps": [
+            *_steps("split", report.split),
+            *_steps("promotion" if report.decision is Decision.PROMOTED else "rollback",
+                    report.actions),
+        ],
+    }  # fmt: skip
+
+
+def _steps(step: str, results: Sequence[UnitResult]) -> list[CanaryStep]:
+    return [
+        {
+            "step": step,
+            "unit": r.name,
+            "outcome": r.outcome.value,
+            "old_run": r.old_run,
+            "new_run": r.new_run,
+            "error": r.error or None,
+        }
+        for r in results
+    ]
+
+
+def unit_run(unit: UnitPlan) -> str | None:
+    """The run the unit's rank 0 serves now (what the plan read)."""
+    run = unit.statuses[0].run if unit.statuses else None
+    return run["id"] if run is not None else None
 
 
 def _fails_more(failed: Mapping[str, int], finished: Mapping[str, int]) -> bool:
@@ -338,11 +455,41 @@ def canary(
     Ctrl-C leaves at once)."""
     cancel = threading.Event()
     engine = Canary(fleet, plan, catalog, available, options, events, cancel)
-    router = plan.candidates[0].router
-    assert router is not None  # plan_canary refused replicas without one
-    with router_locks(fleet, [router], "canary"):
+    with router_locks(fleet, [engine.keeper.router], "canary"):
         driven = drive([engine.run], 1, cancel)
     [future] = driven.futures
     report = future.result()
     report.interrupted = report.interrupted or driven.interrupted
     return report
+
+
+# ---- kept canaries ---------------------------------------------------------------------------
+
+
+KeptCanary = Kept[CanaryRecord]
+
+
+def routers_of(fleet: Fleet, plans: Sequence[Plan]) -> list[Host]:
+    """The routers of the selected deployments: a selected router itself, a replica's the
+    one it names; once each, in inventory order."""
+    found: dict[str, Host] = {}
+    for plan in plans:
+        router = plan.host if plan.role is Role.ROUTER else router_of(plan.host, fleet.select)
+        if router is not None:
+            found.setdefault(router.label, router)
+    return list(found.values())
+
+
+def find_canaries(
+    fleet: Fleet, routers: Sequence[Host], number: int | None
+) -> FleetResult[KeptCanary]:
+    """Each router's canary record `number` (None: its newest), from the router's host."""
+
+    def lookup(host: Host, conn: Connection) -> KeptCanary:
+        args = CanaryRecordsArgs(
+            state_dir=host.settings.state_dir, router=host.label, number=number
+        )
+        reply = agent.call(host, conn, agent.CANARY_RECORDS, args)
+        return Kept(reply["record"], reply["numbers"], reply["unreadable"], number, "canary")
+
+    return fleet.run(lookup, routers)

@@ -530,11 +530,11 @@ class Rollout:
         timings["launch"] = time.monotonic() - t
         timings["server_start"] = _server_start(report)
         if report.ok:
-            result.new_run, result.state = _new_run(report), "ready"
+            result.new_run, result.state = launched_run(report), "ready"
         elif not report.refused and report.outcomes.ok:
             # It serves its new configuration; only its router did not take it (a router that
             # died meanwhile): keep it, say so, and stop the rollout here.
-            result.new_run, result.state = _new_run(report), "ready"
+            result.new_run, result.state = launched_run(report), "ready"
             result.outcome = UnitOutcome.FAILED
             result.error = f"{_why_failed(report)[0]}; {result.new_run} serves, outside its router"
             result.warnings.append("add it once the router is back: deployctl router sync")
@@ -619,7 +619,10 @@ class Rollout:
             result.state = "down"
             result.warnings.append("previous configuration not relaunched: its stop failed")
             return
-        result.new_run, result.state = _new_run(back.launch), "ready" if back.launch.ok else "down"
+        result.new_run, result.state = (
+            launched_run(back.launch),
+            "ready" if back.launch.ok else "down",
+        )
         if not back.launch.ok:
             result.warnings.append(
                 f"the previous configuration did not come back either: {_why_failed(back.launch)[0]}"
@@ -638,7 +641,8 @@ def _run_id(unit: UnitPlan) -> str | None:
     return status.run["id"] if status is not None and status.run else None
 
 
-def _new_run(report: LaunchReport) -> str | None:
+def launched_run(report: LaunchReport) -> str | None:
+    """The run id of the launch's rank 0 (None: none started)."""
     for out in report.outcomes:
         if out.value is not None and node_rank(out.host) == 0:
             return out.value.run["id"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from deployctl.metrics import COUNTERS, GAUGES, HISTOGRAMS
-from deployctl.remote.measures import Crossover, PhaseRecord, TuneRecord, Verdict
+from deployctl.remote.measures import CanaryRecord, Crossover, PhaseRecord, TuneRecord, Verdict
 
 Schema = dict[str, Any]
 
@@ -106,6 +106,63 @@ def declared(
         )
     required = [key for key in properties if key in typed.__required_keys__]  # type: ignore[attr-defined]
     return obj(properties, required=required, description=description, **keywords)
+
+
+# A canary's record (the host keeps it; `canary --json` is it and more).
+CANARY_FIELDS: dict[str, Schema] = {
+    "canary": nullable("integer", "Its number on the router's host; null when not kept."),
+    "router": string(),
+    "state": {
+        "enum": ["planned", "running", "done"],
+        "description": "running: still judged (or its deployctl was killed; see updated_at).",
+    },
+    "started_at": number("Seconds since the epoch."),
+    "updated_at": number("When the record was last written (each 5 s while running)."),
+    "candidates": array(string(), "The replicas that tried the inventory's configuration."),
+    "controls": array(string(), "The replicas left on their run, compared against."),
+    "metric": {"enum": ["itl", "ttft", "throughput"]},
+    "max_regression": number("The minimum detectable effect, as a fraction (0.05: 5 %)."),
+    "confidence": number("1 - the false-alarm rate."),
+    "verdict": {"enum": ["regression", "no_regression", "undecided", None]},
+    "estimate": nullable(
+        "number",
+        "Candidate over control at matched load, oriented so that above 1 is worse (throughput inverted).",
+    ),
+    "low": nullable("number"),
+    "high": nullable("number"),
+    "samples": integer("Matched samples (both sides of a load bucket present)."),
+    "buckets": array(
+        obj(
+            {
+                "bucket": integer("Running requests, rounded up to a CUDA-graph batch size."),
+                "control_n": integer(),
+                "candidate_n": integer(),
+                "control": nullable("number"),
+                "candidate": nullable("number"),
+                "ratio": nullable("number"),
+            },
+            required=["bucket", "control_n", "candidate_n", "control", "candidate", "ratio"],
+        )
+    ),
+    "reason": string("Why it ended as it did."),
+    "decision": {"enum": ["promoted", "rolled back", "kept", "failed", None]},
+    "elapsed_s": number("Seconds spent judging."),
+    "interrupted": boolean("Ctrl-C: the canaries were put back."),
+    "steps": array(
+        obj(
+            {
+                "step": {"enum": ["split", "rollback", "promotion"]},
+                "unit": string(),
+                "outcome": string(),
+                "old_run": nullable("string"),
+                "new_run": nullable("string"),
+                "error": nullable("string"),
+            },
+            required=["step", "unit", "outcome", "old_run", "new_run", "error"],
+        ),
+        "Every replacement made, in order: the split, then the rollback or the promotion.",
+    ),
+}
 
 
 # What every outcome says: a host's, a deployment's, a unit's.
@@ -685,69 +742,42 @@ DEFINITIONS: dict[str, Schema] = {
     ),
     "canary": obj(
         {
+            **CANARY_FIELDS,
             "ok": boolean(
                 "A clear verdict acted on: promoted, or kept (no regression with --no-promote, or inconclusive); false for a rollback, a failed split or Ctrl-C."
             ),
             "dry_run": boolean(),
-            "interrupted": boolean("Ctrl-C: the canaries were put back."),
-            "router": string(),
-            "candidates": array(string(), "The replicas that tried the inventory's configuration."),
-            "controls": array(string(), "The replicas left on their run, compared against."),
-            "verdict": {"enum": ["regression", "no_regression", "undecided", None]},
-            "estimate": nullable(
-                "number",
-                "Candidate over control at matched load, oriented so that above 1 is worse (throughput inverted).",
-            ),
-            "low": nullable("number"),
-            "high": nullable("number"),
-            "samples": integer("Matched samples (both sides of a load bucket present)."),
-            "buckets": array(
-                obj(
-                    {
-                        "bucket": integer(
-                            "Running requests, rounded up to a CUDA-graph batch size."
-                        ),
-                        "control_n": integer(),
-                        "candidate_n": integer(),
-                        "control": nullable("number"),
-                        "candidate": nullable("number"),
-                        "ratio": nullable("number"),
-                    },
-                    required=[
-                        "bucket",
-                        "control_n",
-                        "candidate_n",
-                        "control",
-                        "candidate",
-                        "ratio",
-                    ],
-                )
-            ),
-            "reason": string("Why it ended as it did."),
-            "decision": {"enum": ["promoted", "rolled back", "kept", "failed", None]},
-            "elapsed_s": number("Seconds spent judging."),
             "units": array(
                 ref("rolloutUnit"),
-                "The canaries' and the control's plans, and what was done with each (split, then the promotion or rollback).",
+                "The canaries' and the control's plans, and what was last done with each (split, then the promotion or rollback; `steps` keeps every one).",
+            ),
+            "keep_error": nullable(
+                "string", "Why the record could not be kept on the router's host (null: kept)."
             ),
         },
-        required=[
-            "ok",
-            "dry_run",
-            "interrupted",
-            "router",
-            "candidates",
-            "controls",
-            "verdict",
-            "estimate",
-            "low",
-            "high",
-            "samples",
-            "buckets",
-            "reason",
-            "decision",
-            "elapsed_s",
-            "units",
+        required=[*CANARY_FIELDS, "ok", "dry_run", "units", "keep_error"],
+    ),
+    "canaryRecord": declared(
+        CanaryRecord,
+        CANARY_FIELDS,
+        "One canary of one router, as kept on the router's host (canaries/N.json).",
+    ),
+    "canaryReported": obj(
+        {"hosts": map_of(tune_host_entry("canaryKept", "kept canaries"))},
+        required=["hosts"],
+        description="deployctl canary --report --json: per router's host (and deployment), its kept canary.",
+    ),
+    "canaryKept": obj(
+        {
+            **OUTCOME,
+            "record": {"anyOf": [ref("canaryRecord"), {"type": "null"}]},
+            "numbers": array(integer(), "Every kept canary of the router, oldest first."),
+            "unreadable": array(string(), "Kept files that are not canary records: skipped."),
+        },
+        required=["ok", "error", "code"],
+        anyOf=[
+            {"properties": {"ok": {"const": False}}, "required": ["error", "code"]},
+            {"required": ["record", "numbers", "unreadable"]},
         ],
     ),
     "rolloutUnit": obj(
@@ -1527,8 +1557,9 @@ COMMANDS: dict[str, Schema] = {
     ),
     "canary": command(
         "deployctl canary --json",
-        "The canaries and the control behind one router, the verdict at matched load with its per-bucket table, and the decision (promoted, rolled back, kept).",
+        "The canaries and the control behind one router, the verdict at matched load with its per-bucket table, and the decision (promoted, rolled back, kept); with --report, a kept canary per router.",
         ref("canary"),
+        ref("canaryReported"),
     ),
     "rollout": command(
         "deployctl rollout --json",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from deployctl.ops.canary import CanaryReport
     from deployctl.ops.flags import CheckedCommand, FlagReport
     from deployctl.ops.gpus import GpuReport
+    from deployctl.ops.kept import Kept
     from deployctl.ops.logs import LocalCrashes, LogScan
     from deployctl.ops.patch import AuditReport, PatchAction, SetState
     from deployctl.ops.plan import Preflight
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from deployctl.ops.router import Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit
     from deployctl.ops.server import RestartReport
-    from deployctl.ops.tune import KeptTune, TunePlan, TuneReport, TuneResult
+    from deployctl.ops.tune import TunePlan, TuneReport, TuneResult
     from deployctl.patchset import PatchSet
     from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
@@ -558,16 +559,15 @@ def tune_plan_document(plans: Sequence[TunePlan]) -> dict[str, Any]:
     return hosts_document((HostResult(p.host, p) for p in plans), tune_plan_json)
 
 
-def kept_tune_json(kept: KeptTune) -> dict[str, Any]:
-    from deployctl.ops.tune import MISSING_HINT
-
+def kept_json(kept: Kept[Any]) -> dict[str, Any]:
+    """A kept tune or canary as a lookup found it."""
     found: dict[str, Any] = {
         "record": kept.record,
         "numbers": kept.numbers,
         "unreadable": kept.unreadable,
     }
     if kept.record is None:  # exit 1: the document says so, as a failed host's does
-        found |= {"ok": False, "error": kept.missing, "code": "error", "hint": MISSING_HINT}
+        found |= {"ok": False, "error": kept.missing, "code": "error", "hint": kept.hint}
     return found
 
 
@@ -630,38 +630,21 @@ def unit_result_json(result: UnitResult) -> dict[str, Any]:
 
 
 def canary_document(report: CanaryReport) -> dict[str, Any]:
-    verdict = report.verdict
+    """The canary's record (as kept on the router's host), its units' plans and results."""
+    from deployctl.ops.canary import canary_record
+
     done = {u.name: u for u in [*report.split, *report.actions]}
     plans = [*report.plan.candidates, *report.plan.controls]
     return {
         "ok": report.ok,
         "dry_run": report.dry_run,
-        "interrupted": report.interrupted,
-        "router": report.plan.router,
-        "candidates": [u.name for u in report.plan.candidates],
-        "controls": [u.name for u in report.plan.controls],
-        "verdict": None if verdict is None else verdict.state,
-        "estimate": None if verdict is None else verdict.estimate,
-        "low": None if verdict is None else verdict.low,
-        "high": None if verdict is None else verdict.high,
-        "samples": 0 if verdict is None else verdict.samples,
-        "buckets": []
-        if verdict is None
-        else [
-            {
-                "bucket": b.bucket, "control_n": b.control_n, "candidate_n": b.candidate_n,
-                "control": b.control, "candidate": b.candidate, "ratio": b.ratio,
-            }
-            for b in verdict.buckets
-        ],
-        "reason": report.reason,
-        "decision": None if report.decision is None else report.decision.value,
-        "elapsed_s": round(report.elapsed_s, 3),
+        **canary_record(report, done=True),
         "units": [
             {**unit_plan_json(p), **(unit_result_json(done[p.name]) if p.name in done else {})}
             for p in plans
         ],
-    }  # fmt: skip
+        "keep_error": report.keep_error or None,
+    }
 
 
 def rollout_document(report: RolloutReport) -> dict[str, Any]:

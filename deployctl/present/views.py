@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from deployctl.ops.canary import CanaryReport
     from deployctl.ops.flags import CheckedCommand
     from deployctl.ops.gpus import GpuReport
+    from deployctl.ops.kept import Kept
     from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
     from deployctl.ops.patch import AuditReport, PatchAction
     from deployctl.ops.plan import Preflight
@@ -51,9 +53,9 @@ if TYPE_CHECKING:
     from deployctl.ops.router import ListedWorker, Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult
     from deployctl.ops.server import RestartReport, Stray
-    from deployctl.ops.tune import KeptTune, TunePlan, TuneReport
+    from deployctl.ops.tune import TunePlan, TuneReport
     from deployctl.patchset import PatchSet
-    from deployctl.remote.measures import TuneRecord
+    from deployctl.remote.measures import CanaryRecord, TuneRecord
     from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
 
@@ -1064,23 +1066,26 @@ def _tune_plans(plans: list[TunePlan]) -> None:
 TUNE_PLAN: View[list[TunePlan]] = View(_tune_plans, docs.tune_plan_document)
 
 
-def _kept_tunes(results: FleetResult[KeptTune]) -> None:
-    from deployctl.ops.tune import MISSING_HINT
-
+def _kept(results: FleetResult[Kept[Any]], show: Callable[[Any, str], None]) -> None:
+    """Each kept record found (`show`n), or why there is none; files that are not records."""
     for r in results:
         kept = r.value
         if kept is None:
             continue
         for path in kept.unreadable:
-            sys.stderr.write(tagged("warning", f"{path} is not a readable tune record", r.name))
+            sys.stderr.write(
+                tagged("warning", f"{path} is not a readable {kept.kind} record", r.name)
+            )
         if kept.record is not None:
-            _tune_record(kept.record, r.name)
+            show(kept.record, r.name)
         else:
-            print_error(kept.missing, MISSING_HINT, host=r.name)
+            print_error(kept.missing, kept.hint, host=r.name)
     print_host_errors(results)
 
 
-KEPT_TUNES: View[FleetResult[KeptTune]] = View(_kept_tunes, docs.per_host(docs.kept_tune_json))
+KEPT_TUNES: View[FleetResult[Kept[TuneRecord]]] = View(
+    lambda results: _kept(results, _tune_record), docs.per_host(docs.kept_json)
+)
 
 
 # A command whose output streamed as it happened (`top`, `watch`, `logs -f`): nothing is left.
@@ -1139,50 +1144,85 @@ ROLLOUT: View[RolloutReport] = View(_rollout, docs.rollout_document)
 
 
 def _canary(report: CanaryReport) -> None:
-    out = console()
+    from deployctl.ops.canary import canary_record
+    from deployctl.ops.rollout import RolloutReport
+
     plan = report.plan
-    canaries = ", ".join(u.name for u in plan.candidates)
-    controls = ", ".join(u.name for u in plan.controls)
     if report.dry_run:
-        out.print(f"{plan.router}: canary {canaries}; control {controls}", markup=False)
+        canaries = ", ".join(u.name for u in plan.candidates)
+        controls = ", ".join(u.name for u in plan.controls)
+        console().print(f"{plan.router}: canary {canaries}; control {controls}", markup=False)
         for unit in plan.candidates:
             _unit_plan_lines(unit)
         return
-    verdict = report.verdict
-    if verdict is not None and verdict.buckets:
+    _canary_record(canary_record(report, done=True))
+    units = [*report.split, *report.actions]
+    if units:
+        _rollout(RolloutReport(units, []))
+    if report.kept is not None:
+        console().print(
+            f"kept as canary {report.kept} on {plan.router}: deployctl canary --report "
+            f"{report.kept}",
+            markup=False,
+        )
+    elif report.keep_error:
+        sys.stderr.write(tagged("warning", f"not kept: {report.keep_error}", plan.router))
+
+
+def _canary_record(record: CanaryRecord) -> None:
+    """The per-bucket table, the verdict with its interval, and the decision."""
+    out = console()
+    canaries, controls = ", ".join(record["candidates"]), ", ".join(record["controls"])
+    if record["buckets"]:
         rows = [
             [
-                str(b.bucket),
-                "-" if b.control is None else f"{b.control:.4g}",
-                "-" if b.candidate is None else f"{b.candidate:.4g}",
-                "-" if b.ratio is None else f"{b.ratio:.3f}",
-                f"{b.control_n}/{b.candidate_n}",
+                str(b["bucket"]),
+                "-" if b["control"] is None else f"{b['control']:.4g}",
+                "-" if b["candidate"] is None else f"{b['candidate']:.4g}",
+                "-" if b["ratio"] is None else f"{b['ratio']:.3f}",
+                f"{b['control_n']}/{b['candidate_n']}",
             ]
-            for b in verdict.buckets
+            for b in record["buckets"]
         ]
         print_table(
-            f"{plan.router}: {canaries} against {controls}",
+            f"{record['router']}: {canaries} against {controls} ({record['metric']})",
             ["load bucket", "control", "candidate", "ratio (>1 worse)", "samples"],
             rows,
         )
-    if verdict is not None and verdict.estimate is not None:
-        interval = (
-            f" [{verdict.low:.3f}, {verdict.high:.3f}]"
-            if verdict.low is not None and verdict.high is not None
-            else ""
-        )
+    if record["estimate"] is not None:
+        low, high = record["low"], record["high"]
+        interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
         out.print(
-            f"verdict: {verdict.state} · candidate/control {verdict.estimate:.3f}{interval} "
-            f"over {verdict.samples} matched samples in {duration_text(report.elapsed_s)}",
+            f"verdict: {record['verdict']} · candidate/control {record['estimate']:.3f}{interval} "
+            f"over {record['samples']} matched samples in {duration_text(record['elapsed_s'])}",
             markup=False,
         )
-    decision = report.decision.value if report.decision else "none"
-    out.print(f"decision: {decision} ({report.reason})", markup=False)
-    units = [*report.split, *report.actions]
-    if units:
-        from deployctl.ops.rollout import RolloutReport
+    if record["state"] == "running":
+        ago = duration_text(max(0.0, time.time() - record["updated_at"]))
+        out.print(f"running (last written {ago} ago)", markup=False)
+    else:
+        out.print(f"decision: {record['decision'] or 'none'} ({record['reason']})", markup=False)
 
-        _rollout(RolloutReport(units, []))
+
+def _kept_canary(record: CanaryRecord, router: str) -> None:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["started_at"]))
+    console().print(
+        f"canary {record['canary']} of {router}, started {started} "
+        f"(max regression {record['max_regression']:.0%}, confidence {record['confidence']:g})",
+        markup=False,
+    )
+    _canary_record(record)
+    for step in record["steps"]:
+        runs = f"{step['old_run'] or '-'} → {step['new_run'] or '-'}"
+        note = f": {step['error']}" if step["error"] else ""
+        console().print(
+            f"  {step['step']} {step['unit']} {step['outcome']} ({runs}){note}", markup=False
+        )
+
+
+KEPT_CANARIES: View[FleetResult[Kept[CanaryRecord]]] = View(
+    lambda results: _kept(results, _kept_canary), docs.per_host(docs.kept_json)
+)
 
 
 CANARY: View[CanaryReport] = View(_canary, docs.canary_document)

@@ -18,6 +18,8 @@ from .protocol import (
     BENCH,
     BENCH_RESULTS,
     BENCH_SAVE,
+    CANARY_KEEP,
+    CANARY_RECORDS,
     CHECK_ARGS,
     HOLD,
     POINT,
@@ -38,7 +40,14 @@ from .protocol import (
     TUNE_SAVE,
     TUNE_UNLOCK,
 )
-from .records import cmd_bench_results, cmd_bench_save, cmd_tune_records, cmd_tune_save
+from .records import (
+    cmd_bench_results,
+    cmd_bench_save,
+    cmd_canary_keep,
+    cmd_canary_records,
+    cmd_tune_records,
+    cmd_tune_save,
+)
 from .router import cmd_hold, cmd_router, held, hold_until_eof
 from .runs import cmd_point, cmd_poll, cmd_preflight, cmd_runs, cmd_start, cmd_status, cmd_stop
 from .session import handle, serve, write_reply
@@ -69,6 +78,8 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     TUNE_UNLOCK.name: cmd_tune_unlock,
     ROUTER.name: cmd_router,
     HOLD.name: cmd_hold,
+    CANARY_KEEP.name: cmd_canary_keep,
+    CANARY_RECORDS.name: cmd_canary_records,
 }
 
 

@@ -194,6 +194,81 @@ class TuneRecord(TuneRecordMore):
     levels_measured: int
 
 
+# ---- the canary record: canaries/<n>.json on the router's host, `canary --report`'s ------------
+# Written when the judging starts, updated while it runs (state "running"), and once more at the
+# end; the host (records.cmd_canary_records) and the client check a kept one against these.
+
+
+class CanaryBucket(TypedDict):
+    bucket: int  # running requests, rounded up to a CUDA-graph batch size
+    control_n: int
+    candidate_n: int
+    control: float | None  # the side's central value, in the metric's units
+    candidate: float | None
+    ratio: float | None  # candidate / control, above 1 worse
+
+
+class CanaryStep(TypedDict):
+    """One replacement the canary made: the split, then the rollback or the promotion."""
+
+    step: str  # split, rollback or promotion
+    unit: str
+    outcome: str
+    old_run: str | None
+    new_run: str | None
+    error: str | None
+
+
+class CanaryRecord(TypedDict):
+    """One canary of one router. A kept record lacking one of these keys, or with a value of
+    another type, is named as unreadable and skipped."""
+
+    canary: int | None  # its number on the router's host; None before it is kept
+    router: str  # host/deployment
+    state: str  # running or done
+    started_at: float
+    updated_at: float
+    candidates: list[str]
+    controls: list[str]
+    metric: str
+    max_regression: float
+    confidence: float
+    verdict: str | None  # regression, no_regression, undecided
+    estimate: float | None
+    low: float | None
+    high: float | None
+    samples: int
+    buckets: list[CanaryBucket]
+    reason: str
+    decision: str | None  # promoted, rolled back, kept, failed; None while running
+    elapsed_s: float
+    interrupted: bool
+    steps: list[CanaryStep]
+
+
+class CanaryKeepArgs(TypedDict):
+    state_dir: str
+    number: int | None  # None: keep it as the next number; else update that running record
+    record: CanaryRecord
+
+
+class CanaryKeepReply(TypedDict):
+    number: int
+    path: str
+
+
+class CanaryRecordsArgs(TypedDict):
+    state_dir: str
+    router: str  # host/deployment
+    number: int | None  # None: the newest
+
+
+class CanaryRecordsReply(TypedDict):
+    record: CanaryRecord | None
+    numbers: list[int]  # every kept canary of the router, oldest first
+    unreadable: list[str]
+
+
 # ---- what a kept agent costs (remote/session.py: its `echo` call) ---------------------------
 
 

@@ -26,6 +26,9 @@ out here and nowhere else:
     router-locks/<deployment>             serialises the rollouts through one router (flock,
                                           held by a `hold` call until its client goes; the
                                           holder's identity as JSON inside)
+    tunes/<n>.json                        one record per tune, numbered, never overwritten
+    canaries/<n>.json                     one record per canary of a router on this host,
+                                          numbered; rewritten only while it runs
     patches/history/<set>-<id>-<why>.json records of reverted or replaced applies
     patches/backups/<set>/<id>/<relpath>  originals saved by one apply; never overwritten
 """
@@ -42,6 +45,10 @@ from .measures import (
     BenchResultsReply,
     BenchSaveArgs,
     BenchSaveReply,
+    CanaryKeepArgs,
+    CanaryKeepReply,
+    CanaryRecordsArgs,
+    CanaryRecordsReply,
     EchoArgs,
     EchoReply,
     TuneRecordsArgs,
@@ -543,6 +550,9 @@ BENCH_RESULTS = Call("bench_results", BenchResultsArgs, BenchResultsReply,
                      "read kept benchmark results")
 TUNE_SAVE = Call("tune_save", TuneSaveArgs, TuneSaveReply, "keep a tune's record")
 TUNE_RECORDS = Call("tune_records", TuneRecordsArgs, TuneRecordsReply, "read kept tune records")
+CANARY_KEEP = Call("canary_keep", CanaryKeepArgs, CanaryKeepReply, "keep a canary's record")
+CANARY_RECORDS = Call("canary_records", CanaryRecordsArgs, CanaryRecordsReply,
+                      "read kept canary records")
 TUNE_LOCK = Call("tune_lock", TuneLockArgs, LockReply, "take the tune lock")
 TUNE_UNLOCK = Call("tune_unlock", ReleaseArgs, ReleaseReply, "release the tune lock")
 ROUTER = Call("router", RouterArgs, RouterReply, "ask the router for its workers or change them")
@@ -551,7 +561,7 @@ HOLD = Call("hold", HoldArgs, HoldReply, "take a router's rollout lock")
 CALLS: tuple[Call[Any, Any], ...] = (
     PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
     BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, TUNE_LOCK, TUNE_UNLOCK, ROUTER,
-    POINT, HOLD,
+    POINT, HOLD, CANARY_KEEP, CANARY_RECORDS,
 )
 # fmt: on
 

@@ -7,12 +7,17 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .files import read_json, state_path
+from .files import fail, read_json, state_path, write_atomic
 from .measures import (
     BenchResultsArgs,
     BenchResultsReply,
     BenchSaveArgs,
     BenchSaveReply,
+    CanaryKeepArgs,
+    CanaryKeepReply,
+    CanaryRecord,
+    CanaryRecordsArgs,
+    CanaryRecordsReply,
     TuneRecord,
     TuneRecordsArgs,
     TuneRecordsReply,
@@ -119,18 +124,64 @@ def is_tune_record(document: Any) -> bool:
     return not shape_problems(document, TuneRecord, "record")
 
 
-def cmd_tune_records(args: TuneRecordsArgs) -> TuneRecordsReply:
-    kept: dict[int, TuneRecord] = {}
+def kept_records(
+    folder: str, mine: Callable[[Any], bool], valid: Callable[[Any], bool], number: int | None
+) -> tuple[Any, list[int], list[str]]:
+    """The folder's record `number` (None: the newest) among those `mine` picks, the numbers
+    of those, and the files that are not `valid` records (named, never shown half)."""
+    kept: dict[int, Any] = {}
     unreadable: list[str] = []
-    for number, path in numbered_files(tune_dir(args["state_dir"])):
+    for n, path in numbered_files(folder):
         document = read_json(path)
-        if not is_tune_record(document):
+        if not valid(document):
             unreadable.append(path)
-        elif document.get("deployment") == args["deployment"]:
-            kept[number] = document
-    wanted = args["number"] if args["number"] is not None else max(kept, default=None)
-    return {
-        "record": kept.get(wanted) if wanted is not None else None,
-        "numbers": sorted(kept),
-        "unreadable": unreadable,
-    }
+        elif mine(document):
+            kept[n] = document
+    wanted = number if number is not None else max(kept, default=None)
+    return (kept.get(wanted) if wanted is not None else None), sorted(kept), unreadable
+
+
+def cmd_tune_records(args: TuneRecordsArgs) -> TuneRecordsReply:
+    record, numbers, unreadable = kept_records(
+        tune_dir(args["state_dir"]),
+        lambda d: d.get("deployment") == args["deployment"],
+        is_tune_record,
+        args["number"],
+    )
+    return {"record": record, "numbers": numbers, "unreadable": unreadable}
+
+
+def canary_dir(state_dir: str) -> str:
+    return state_path(state_dir, "canaries")
+
+
+def is_canary_record(document: Any) -> bool:
+    return not shape_problems(document, CanaryRecord, "record")
+
+
+def cmd_canary_keep(args: CanaryKeepArgs) -> CanaryKeepReply:
+    """Keep a canary's record as the next numbered file, or update the running one it was
+    kept as (only a running record of the same router: a finished one is never rewritten)."""
+    record, folder = args["record"], canary_dir(args["state_dir"])
+    if args["number"] is None:
+        number, path = keep_numbered(folder, lambda n: {**record, "canary": n})
+        return {"number": number, "path": path}
+    number = args["number"]
+    path = os.path.join(folder, f"{number}.json")
+    kept = read_json(path)
+    if not (
+        is_canary_record(kept) and kept["state"] == "running" and kept["router"] == record["router"]
+    ):
+        fail(f"{path} is not this canary's running record: not rewritten", "host")
+    write_atomic(path, json.dumps({**record, "canary": number}).encode(), 0o600)
+    return {"number": number, "path": path}
+
+
+def cmd_canary_records(args: CanaryRecordsArgs) -> CanaryRecordsReply:
+    record, numbers, unreadable = kept_records(
+        canary_dir(args["state_dir"]),
+        lambda d: d.get("router") == args["router"],
+        is_canary_record,
+        args["number"],
+    )
+    return {"record": record, "numbers": numbers, "unreadable": unreadable}

@@ -23,7 +23,6 @@ from deployctl.ops.tune.search import (
 from deployctl.ops.tune.tuner import (
     ASSUMED_LAUNCH_S,
     ASSUMED_TOKEN_S,
-    MISSING_HINT,
     RECONNECT_WAIT_MAX,
     TUNE_LOCK_HOLD,
     Interrupted,
@@ -48,7 +47,6 @@ __all__ = [
     "ASSUMED_LAUNCH_S",
     "ASSUMED_TOKEN_S",
     "DEFAULT_MAX_GRAPH_BS",
-    "MISSING_HINT",
     "RECONNECT_WAIT_MAX",
     "TUNE_LOCK_HOLD",
     "Interrupted",

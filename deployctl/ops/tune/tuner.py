@@ -30,6 +30,7 @@ from deployctl.fanout import Fleet, FleetResult, HostResult, next_backoff
 from deployctl.ops.bench import BenchPlan, run_bench
 from deployctl.ops.driver import drive
 from deployctl.ops.flags import server_argv
+from deployctl.ops.kept import Kept
 from deployctl.ops.patch import apply_patches
 from deployctl.ops.plan import Plan, Role, client_identity, is_stale, plan_launch
 from deployctl.ops.router import router_lock_of
@@ -916,30 +917,7 @@ def _take_tune_lock(host: Host, conn: Connection) -> str:
 # ---- kept tunes -----------------------------------------------------------------------------
 
 
-@dataclass
-class KeptTune:
-    """A deployment's tune record as kept on its host (None: no such tune)."""
-
-    record: TuneRecord | None
-    numbers: list[int]
-    unreadable: list[str]
-    wanted: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.record is not None
-
-    @property
-    def missing(self) -> str:
-        """Why there is no record to show ("" when there is one)."""
-        if self.record is not None:
-            return ""
-        which = "no tune" if self.wanted is None else f"no tune {self.wanted}"
-        return f"{which} is kept here (kept: {', '.join(map(str, self.numbers)) or 'none'})"
-
-
-# Where a missing tune record comes from.
-MISSING_HINT = "deployctl tune"
+KeptTune = Kept[TuneRecord]
 
 
 def find_tunes(
