@@ -7,7 +7,8 @@ host is asked more often than the interval. Patch audits and kept tune and bench
 change rarely and are read every RECORDS_EVERY seconds. The page gets one document per
 round: `/api/status` is exactly `status --metrics --json`; `/api/dashboard` adds what the
 page draws (rows per deployment, throughput history, crash reports, log tails, the audit
-matrix, tune and bench curves).
+matrix, tune and bench curves, and each router's newest canary, read every round: a running
+canary's buckets move while it is judged).
 """
 
 from __future__ import annotations
@@ -25,13 +26,15 @@ from deployctl.crash import Catalog
 from deployctl.deployments import group_of
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
+from deployctl.ops.canary import find_canaries
 from deployctl.ops.patch import AuditReport, audit_host
+from deployctl.ops.router import is_router_run
 from deployctl.ops.runs import RunStatus, with_router_states
 from deployctl.ops.server import answer_within, metrics_round, status_rounds
 from deployctl.ops.tune import find_tunes
 from deployctl.patchset import PatchSet
 from deployctl.present.documents import audit_json, hosts_document, status_document
-from deployctl.remote.measures import BenchResultsArgs, TuneRecord
+from deployctl.remote.measures import BenchResultsArgs, CanaryRecord, TuneRecord
 from deployctl.schema import versioned
 
 # Throughput points kept per deployment: ten minutes at the default 2 s.
@@ -143,6 +146,7 @@ class Collector:
             "status": status,
             "deployments": [self._row(r) for r in results],
             "history": {k: list(v) for k, v in self.history.items()},
+            "canaries": self._read_canaries(results),
         }
         snapshot = self._publish(status, {**dashboard, **self._records})
         if self._records_at is None or started - self._records_at >= self.records_every:
@@ -196,6 +200,14 @@ class Collector:
             }
         )
         return row
+
+    def _read_canaries(self, results: FleetResult[RunStatus]) -> dict[str, CanaryRecord]:
+        """Each router's newest kept canary (routers that answered this round)."""
+        routers = [r.host for r in results if r.value is not None and is_router_run(r.value.run)]
+        if not routers:
+            return {}
+        found = find_canaries(self.fleet, routers, None)
+        return {r.name: r.value.record for r in found if r.value and r.value.record}
 
     def _read_records(self, results: FleetResult[RunStatus]) -> Records:
         """Patch audits, each deployment's newest tune and its current run's bench sweeps,

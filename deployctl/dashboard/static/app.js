@@ -253,6 +253,36 @@ function routerTable(router) {
   ];
 }
 
+function canaryOf(doc, target) {
+  // The newest canary of the target's router, when the target is that router or one of its replicas.
+  return Object.values(doc.canaries || {}).find((c) => c.router === target || c.candidates.includes(target) || c.controls.includes(target));
+}
+
+function canaryBox(doc, target) {
+  const c = canaryOf(doc, target);
+  if (!c) return [];
+  const sig = (v) => (v === null || v === undefined ? "-" : Number(v).toPrecision(4));
+  const running = c.state === "running";
+  const estimate = c.estimate === null ? "no estimate yet" : `candidate/control ${c.estimate.toFixed(3)}${c.low !== null && c.high !== null ? ` [${c.low.toFixed(3)}, ${c.high.toFixed(3)}]` : ""}`;
+  const how = running
+    ? `running · ${c.samples} matched samples in ${duration(c.elapsed_s)} · last written ${ago(Math.max(0, doc.updated_at - c.updated_at))}`
+    : c.reason;
+  const rows = c.buckets.map((b) =>
+    el("tr", { class: b.ratio !== null && b.ratio > 1 + c.max_regression ? "worse" : "" },
+      el("td", { class: "num", text: String(b.bucket) }), el("td", { class: "num", text: sig(b.control) }),
+      el("td", { class: "num", text: sig(b.candidate) }), el("td", { class: "num", text: b.ratio === null ? "-" : b.ratio.toFixed(3) }),
+      el("td", { class: "num", text: `${b.control_n}/${b.candidate_n}` })));
+  return [
+    el("h3", { text: `canary ${c.canary}: ${c.candidates.join(", ")} against ${c.controls.join(", ")} (${c.metric})` }),
+    el("div", { class: "canary" },
+      el("span", { class: `badge ${running ? "starting" : c.decision === "rolled back" || c.decision === "failed" ? "crashed" : "ready"}`, text: running ? "running" : c.decision || "none" }),
+      ` ${how} · ${c.verdict || "undecided"} · ${estimate}`),
+    el("table", { class: "grid canary-buckets" },
+      el("thead", {}, el("tr", {}, ...["load bucket", "control", "candidate", "ratio (>1 worse)", "samples"].map((h) => el("th", { class: "num", text: h })))),
+      el("tbody", {}, ...rows)),
+  ];
+}
+
 function drawDetail(doc) {
   const row = doc.deployments.find((r) => r.target === selected);
   $("detail").hidden = !row;
@@ -272,6 +302,7 @@ function drawDetail(doc) {
   );
   $("detail-crash").replaceChildren(...(row.crashes || []).map(crashBox));
   $("detail-router").replaceChildren(...routerTable(entry.router));
+  $("detail-canary").replaceChildren(...canaryBox(doc, row.target));
   $("detail-curves").replaceChildren(...curves(doc, row.target));
   $("detail-log-name").textContent = entry.log || "";
   const log = $("detail-log");
