@@ -365,6 +365,7 @@ CASES = [
                                       "--max-ttft-ms", "500"), "are two objectives"),
     Case("tune-number-alone", ("tune", "-i", INV, "3"), "a tune number is given only with --report"),
     Case("canary-number-alone", ("canary", "-i", INV, "3"), "a canary number is given only with --report"),
+    Case("canary-report-no-router", ("canary", "-i", INV, "--report"), "no selected deployment is a router or behind one"),
     Case("tune-levels", ("tune", "-i", INV, "--concurrency", "1,0"), "not a list of positive numbers"),
     Case("tune-min-ratio", ("tune", "-i", INV, "--min-ratio", "1.5"), "--min-ratio", code=2),
     Case("tune-keep", ("tune", "-i", INV, "--keep", "all"), "--keep", code=2),

@@ -212,7 +212,14 @@ def canary(
     plans = ops.plan_launch(session.project, session.targets, None, None, [], patch_sets)
     if report:
         with session.fleet() as fleet:
-            return views.KEPT_CANARIES, find_canaries(fleet, routers_of(fleet, plans), number)
+            routers = routers_of(fleet, plans)
+            if not routers:
+                raise UsageError(
+                    "no selected deployment is a router or behind one: a canary is kept on "
+                    "its router's host",
+                    hint="select the replicas (or their router) with -H/-d",
+                )
+            return views.KEPT_CANARIES, find_canaries(fleet, routers, number)
     options = CanaryOptions(
         replicas, metric.value, max_regression / 100, confidence, min_samples, duration,
         interval, not no_promote,
