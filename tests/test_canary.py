@@ -240,7 +240,7 @@ def test_a_running_kept_canary_is_shown_as_running_not_decided(
 
     running = record(canary=3, updated_at=time.time() - 4)
     edge = Host("edge", dict(DEFAULT_VARS))
-    KEPT_CANARIES.human(FleetResult([HostResult(edge, KeptCanary(running, [3], []))]))
+    KEPT_CANARIES.human(FleetResult([HostResult(edge, KeptCanary("canary", running, [3], []))]))
     out = capsys.readouterr().out
     assert "canary 3 of edge" in out and "running (last written 4 s ago)" in out
     assert "decision" not in out

@@ -113,7 +113,9 @@ def test_a_candidate_8_percent_slower_at_batches_of_16_and_above_is_rolled_back(
     assert record["buckets"] == doc["buckets"] and record["samples"] == doc["samples"]
     steps = [(s["step"], s["unit"], s["outcome"]) for s in record["steps"]]
     assert steps == [("split", "alpha/r1", "replaced"), ("rollback", "alpha/r1", "replaced")]
-    assert record["steps"][1]["new_run"] == after["r1"]
+    split, rollback = record["steps"]
+    assert rollback["old_run"] == split["new_run"] and rollback["new_run"] == after["r1"]
+    assert split["old_run"] == before["r1"]
     text = cli("canary", "-i", str(inv), "-d", "r1", "--report", str(doc["canary"]))
     assert "decision: rolled back" in text.stdout and "load bucket" in text.stdout, text.stdout
     missing = cli("canary", "-i", str(inv), "-d", "r1", "--report", "99")

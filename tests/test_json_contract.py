@@ -293,7 +293,10 @@ def test_a_tune_of_a_host_with_deployments_matches_its_schema(cli: CLI, tmp_path
     assert set(json.loads(planned.stdout)["hosts"]["far"]) == {"ok", "deployments"}
     from deployctl.ops.tune import KeptTune
 
-    kept = [HostResult(Host("alpha", {}, n), KeptTune(None, [], [], 2)) for n in ("chat", "code")]
+    kept = [
+        HostResult(Host("alpha", {}, n), KeptTune("tune", None, [], [], 2))
+        for n in ("chat", "code")
+    ]
     reported = per_host(kept_json)(FleetResult(kept))
     assert reported["hosts"]["alpha"]["ok"] is False
     check_document(["tune", "--report", "--json"], {"schema": 1, **reported})

@@ -225,7 +225,7 @@ class Canary:
         if bad or self.cancel.is_set():
             report.decision = Decision.ROLLED_BACK
             report.interrupted = self.cancel.is_set()
-            report.actions = self._roll_back(previous)
+            report.actions = self._roll_back(previous, report.split)
         elif verdict is not None and verdict.state == "no_regression" and self.options.promote:
             report.decision = Decision.PROMOTED
             # The rest as `rollout` would: those that match already are skipped.
@@ -314,14 +314,17 @@ class Canary:
                 return verdict, f"inconclusive after {options.max_duration:g}s", False
         return verdict, "interrupted", True
 
-    def _roll_back(self, previous: Sequence[Serving]) -> list[UnitResult]:
+    def _roll_back(
+        self, previous: Sequence[Serving], split: Sequence[UnitResult]
+    ) -> list[UnitResult]:
         """Each canary back on its previous run, drained out of its router first."""
+        canary_runs = {r.name: r.new_run for r in split}
         results = []
         options = self.options.rollout
         for unit in self.plan.candidates:
             labels = {p.host.label for p in unit.plans}
             mine = [s for s in previous if s.host.label in labels]
-            result = UnitResult(unit.name, UnitOutcome.REPLACED, old_run=unit_run(unit))
+            result = UnitResult(unit.name, UnitOutcome.REPLACED, old_run=canary_runs.get(unit.name))
             try:
                 back = relaunch(
                     self.fleet, mine, self.catalog, restart_of={}, timeout=options.timeout,
@@ -420,12 +423,6 @@ def _steps(step: str, results: Sequence[UnitResult]) -> list[CanaryStep]:
     ]
 
 
-def unit_run(unit: UnitPlan) -> str | None:
-    """The run the unit's rank 0 serves now (what the plan read)."""
-    run = unit.statuses[0].run if unit.statuses else None
-    return run["id"] if run is not None else None
-
-
 def _fails_more(failed: Mapping[str, int], finished: Mapping[str, int]) -> bool:
     """The canaries fail a larger share of their requests than the control does."""
     if failed["candidate"] == 0:
@@ -490,6 +487,6 @@ def find_canaries(
             state_dir=host.settings.state_dir, router=host.label, number=number
         )
         reply = agent.call(host, conn, agent.CANARY_RECORDS, args)
-        return Kept(reply["record"], reply["numbers"], reply["unreadable"], number, "canary")
+        return Kept("canary", reply["record"], reply["numbers"], reply["unreadable"], number)
 
     return fleet.run(lookup, routers)

@@ -13,11 +13,11 @@ class Kept(Generic[R]):
     """Record `wanted` (None: the newest) of one deployment, or None when there is no such
     record; the numbers kept, and the files that are not records of the kind."""
 
+    kind: str  # the command that keeps such records: tune, canary
     record: R | None
     numbers: list[int]
     unreadable: list[str]
     wanted: int | None = None
-    kind: str = "tune"  # the command that keeps such records
 
     @property
     def ok(self) -> bool:

@@ -931,6 +931,6 @@ def find_tunes(
             state_dir=host.settings.state_dir, number=number, deployment=host.deployment
         )
         reply = agent.call(host, conn, agent.TUNE_RECORDS, args)
-        return KeptTune(reply["record"], reply["numbers"], reply["unreadable"], number)
+        return Kept("tune", reply["record"], reply["numbers"], reply["unreadable"], number)
 
     return fleet.run(lookup, hosts)
