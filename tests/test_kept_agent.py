@@ -240,13 +240,29 @@ def test_a_new_agent_version_starts_a_new_kept_agent(
         agent.agent_hash.cache_clear()
 
 
+# A python that gets no input: a kept agent ends at once, a one-shot call needs none. The
+# second keeps python's exit status but gives it 2 s after its output ended (as a busy host
+# does): the status, not the output's end, tells a kept agent that ended from a lost one.
+NO_INPUT_PYTHONS = {
+    "at-once": f'#!/bin/sh\nexec {HOST_PYTHON} "$@" </dev/null\n',
+    "late-status": (
+        f'#!/bin/bash\n{HOST_PYTHON} "$@" </dev/null\nstatus=$?\n'
+        "exec >&- 2>&-\nsleep 2\nexit $status\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("script", list(NO_INPUT_PYTHONS))
 def test_a_python_that_cannot_keep_an_agent_answers_one_process_per_call_with_a_note(
-    hosts: SSHLab, tmp_path: Path, fleet_of: Callable[[Path], Fleet], monkeypatch: Any
+    hosts: SSHLab,
+    tmp_path: Path,
+    fleet_of: Callable[[Path], Fleet],
+    monkeypatch: Any,
+    script: str,
 ) -> None:
     bravo = hosts.hosts["bravo"]
-    # Its python gets no input: a kept agent ends at once, a one-shot call needs none.
     wrapper = bravo.home / "no-input-python"
-    wrapper.write_text(f'#!/bin/sh\nexec {HOST_PYTHON} "$@" </dev/null\n')
+    wrapper.write_text(NO_INPUT_PYTHONS[script])
     wrapper.chmod(0o755)
     sh("chown", f"{bravo.user}:{bravo.user}", wrapper)
     inv = hosts.inventory(tmp_path / "inv.yml", ["bravo"], {"bravo": {"python": str(wrapper)}})
