@@ -146,6 +146,12 @@ def test_a_crashing_candidate_is_rolled_back_at_once(
     assert code == 0, err
     before = runs(cli, inv)
     to_new_model(inv, hosts)
+    code, planned, err = run_json(cli, "canary", "-i", str(inv), "--dry-run")
+    assert code == 0 and planned["state"] == "planned" and planned["canary"] is None, err
+    assert planned["candidates"] == ["alpha/r1"] and planned["controls"] == ["alpha/r2"]
+    assert runs(cli, inv) == before  # a dry run changes nothing, keeps nothing
+    missing = cli("canary", "-i", str(inv), "--report")
+    assert missing.returncode == 1 and "no canary is kept here (kept: none)" in missing.stderr
     started = time.monotonic()
     with load_through(port, hosts.hosts["alpha"].address, seed=3):
         code, doc, err = canary_json(cli, inv, "--max-duration", "240")
