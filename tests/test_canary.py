@@ -12,7 +12,7 @@ import pytest
 from deployctl.deployments import deployment_targets
 from deployctl.errors import UsageError
 from deployctl.inventory import DEFAULT_VARS, Host, Inventory
-from deployctl.metrics import interval, read_counts
+from deployctl.metrics import Counts, interval, read_counts
 from deployctl.ops.canary import CanaryReport, Decision, canary_record, plan_canary
 from deployctl.ops.plan import plan_launch
 from deployctl.ops.rollout import UnitOutcome, UnitPlan, UnitResult
@@ -21,6 +21,8 @@ from deployctl.remote.files import CallFailed
 from deployctl.remote.measures import CanaryRecord
 from deployctl.remote.records import cmd_canary_keep, cmd_canary_records
 from deployctl.remote.shapes import shape_problems
+
+DATA = Path(__file__).parent / "data"
 
 
 def page(
@@ -244,3 +246,18 @@ def test_a_running_kept_canary_is_shown_as_running_not_decided(
     out = capsys.readouterr().out
     assert "canary 3 of edge" in out and "running (last written 4 s ago)" in out
     assert "decision" not in out
+
+
+def test_a_real_sglang_page_gives_the_interval_a_canary_judges() -> None:
+    """SGLang 0.5.17 under load on the H200 (tests/data/real-sglang-0.5.17): counters and
+    histograms come in several label sets (streaming or not) and are summed; TP rank 0's
+    running requests; an interval from an empty read counts everything on the page."""
+    page = (DATA / "real-sglang-0.5.17" / "metrics-under-load.txt").read_text()
+    counts = read_counts(page)
+    assert counts.running == 32
+    part = interval(Counts({}, {}, {}), counts, 60.0)
+    assert (part.requests, part.aborted) == (1 + 220, 0)  # no abort counted: none exported
+    assert part.throughput == pytest.approx((8 + 14080) / 60.0 / 16)  # mean of 0 and 32 running
+    # 14,468 gaps, their median in the (0.002, 0.004] bucket; 253 TTFTs, their median near 50 ms.
+    assert part.itl is not None and 0.002 < part.itl <= 0.004
+    assert part.ttft is not None and 0.04 < part.ttft <= 0.06
