@@ -24,6 +24,16 @@ tests/test_canary_stats.py and benchmarks/canary_stats.py).
   the MDE, with that confidence), so an effect below the MDE is called a regression with
   probability at most `1 - confidence` however often one looks. "no_regression": every judged
   range's interval lies wholly below it. A true effect of exactly the MDE stays undecided.
+- A candidate so slow that its load buckets and the control's no longer meet (every request
+  stays longer, so it holds more of them) leaves nothing to match. Given the same arrivals, a
+  replica that holds more running requests at no more completions keeps each request longer
+  (Little's law: time in system = running / completion rate): when the candidate's median
+  running requests reach `SEPARATION` times the control's and its lower quartile lies above
+  the control's upper one, over `min_samples` intervals of each side, at no more than
+  `SEPARATION_RATE` times the control's completions, the verdict is "regression" by load
+  separation. Equal replicas do not drift apart like that by chance
+  (their quartiles cross), however often one looks; a router that sends the candidate more
+  requests raises its completions too, and keeps this rule out.
 """
 
 from __future__ import annotations
@@ -65,6 +75,11 @@ SIGMA_FLOOR = 0.005
 # The largest serial correlation believed; past it the inflation would explode on a short series.
 MAX_PHI = 0.8
 MAD_TO_SIGMA = 1.4826
+# Load separation: the candidate's median running requests against the control's, at no more
+# completions than this times the control's.
+SEPARATION = 1.5
+SEPARATION_RATE = 1.1
+LOAD_SEPARATION = "load separation"
 
 
 def bucket_of(running: float, sizes: Sequence[int] = CUDA_GRAPH_SIZES) -> int:
@@ -122,7 +137,8 @@ class Verdict:
     buckets: list[BucketStat]
     samples: int  # matched samples used (both sides of a bucket present)
     ranges: tuple[RangeStat, ...] = ()  # the judged ranges, each at the corrected confidence
-    decided_by: str | None = None  # the range that showed the regression (or None)
+    decided_by: str | None = None  # the range that showed the regression, LOAD_SEPARATION, None
+    note: str = ""  # how the load separated, in words
 
 
 @dataclass
@@ -148,6 +164,11 @@ class _Cell:
 def _median(ordered: list[float]) -> float:
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """The q-quantile of a sorted, non-empty list (the nearest rank at or above it)."""
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)] if q > 0 else ordered[0]
 
 
 def _ratio(log_ratio: float) -> float | None:
@@ -204,6 +225,8 @@ class Judge:
         # Each bucket's stats and matched entry, dropped when a sample lands in it: verdict()
         # is asked after every sample, and one sample changes one bucket.
         self._stats: dict[int, tuple[BucketStat, tuple[int, float, float, int] | None]] = {}
+        # Each side's running requests and completions per interval: the load-separation rule.
+        self._load: dict[str, tuple[list[float], list[int]]] = {side: ([], []) for side in SIDES}
 
     def add(self, side: str, sample: Sample) -> None:
         if side not in SIDES:
@@ -213,6 +236,9 @@ class Judge:
             return
         if not (math.isfinite(sample.value) and sample.value > 0):
             return  # no observation in the interval (an empty histogram delta)
+        running, finished = self._load[side]
+        bisect.insort(running, sample.running)
+        finished.append(sample.requests)
         value = self._sign * math.log(sample.value)
         cell = self._cells.setdefault((side, bucket), _Cell(raw=[]))
         if len(cell.raw) >= 2:
@@ -293,8 +319,39 @@ class Judge:
                 matched.append(entry)
         return stats, matched
 
+    def _separated(self) -> tuple[float, str] | None:
+        """The candidate's time in system over the control's (Little's law) and why, when its
+        load has separated from the control's; else None."""
+        (k_running, k_done), (c_running, c_done) = self._load["candidate"], self._load["control"]
+        enough = max(self.min_samples, 2)
+        if len(k_running) < enough or len(c_running) < enough:
+            return None
+        k_median, c_median = _median(k_running), _median(c_running)
+        k_rate, c_rate = sum(k_done) / len(k_done), sum(c_done) / len(c_done)
+        if not (
+            k_median >= SEPARATION * c_median
+            and _quantile(k_running, 0.25) > _quantile(c_running, 0.75)
+            and k_rate <= SEPARATION_RATE * c_rate
+        ):
+            return None
+        k_mean, c_mean = sum(k_running) / len(k_running), sum(c_running) / len(c_running)
+        ratio = (k_mean / k_rate) / (c_mean / c_rate)
+        note = (
+            f"the candidate holds {k_median:.0f} running requests against the control's "
+            f"{c_median:.0f} at {k_rate / c_rate:.2f} times its completions: each request "
+            f"stays about {ratio:.1f} times as long"
+        )
+        return ratio, note
+
     def verdict(self) -> Verdict:
         buckets, matched = self._matched()
+        separated = self._separated()
+        if separated is not None:
+            ratio, note = separated
+            samples = sum(entry[3] for entry in matched)
+            return Verdict(
+                "regression", ratio, None, None, buckets, samples, (), LOAD_SEPARATION, note
+            )
         if not matched:
             return Verdict("undecided", None, None, None, buckets, 0)
         # Prefix sums over the ascending matched buckets: a range is a slice of them.

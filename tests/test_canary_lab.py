@@ -123,6 +123,26 @@ def test_a_candidate_8_percent_slower_at_batches_of_16_and_above_is_rolled_back(
     cli("stop", "-i", str(inv))
 
 
+def test_a_candidate_three_times_slower_whose_load_never_meets_the_controls_is_rolled_back(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    # Its requests stay so long that it holds many more of them than the control: no load
+    # bucket is shared, and the verdict comes from the load itself (Little's law).
+    inv, port = canary_fleet(hosts, tmp_path, {"slowdown": {"factor": 3.0, "min_batch": 1}})
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    before = runs(cli, inv)
+    to_new_model(inv, hosts)
+    with load_through(port, hosts.hosts["alpha"].address, seed=5):
+        code, doc, err = canary_json(cli, inv, "--max-duration", "120")
+    assert doc["decision"] == "rolled back" and doc["verdict"] == "regression", (doc, err)
+    assert "running requests against the control's" in doc["reason"], doc["reason"]
+    assert doc["estimate"] is not None and doc["estimate"] > 1.5, doc["estimate"]
+    assert code == 1 and runs(cli, inv)["r2"] == before["r2"]
+    assert_back_on_the_old_model(cli, inv)
+    cli("stop", "-i", str(inv))
+
+
 def test_a_candidate_identical_to_the_control_is_never_rolled_back(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:

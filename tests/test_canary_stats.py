@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 
 from deployctl.canary_stats import (
     CUDA_GRAPH_SIZES,
+    LOAD_SEPARATION,
     METRICS,
     SIDES,
     Judge,
@@ -299,3 +301,53 @@ def test_the_verdict_carries_its_estimate_interval_and_ranges() -> None:
     assert verdict.estimate == pytest.approx(1.15, abs=0.02)
     assert verdict.state == "regression" and verdict.decided_by is not None
     assert verdict.ranges[0].name == "all" and verdict.ranges[0].samples == verdict.samples
+
+
+def little(rng: random.Random, arrivals: float, stay: float) -> Sample:
+    """One interval of a replica under Poisson arrivals whose requests each stay `stay` times
+    as long as the control's (1 s): its running requests (Little's law) and completions."""
+    running = float(poisson(rng, arrivals * stay))
+    itl = (0.010 + 0.0004 * running) * stay * math.exp(rng.gauss(0, 0.03))
+    return Sample(running=running, value=itl, requests=poisson(rng, arrivals))
+
+
+def test_a_candidate_so_slow_its_load_separates_is_a_regression_with_little_matched() -> None:
+    # Three times as slow: it holds 24 requests where the control holds 8, at the same
+    # arrivals; hardly a load bucket is shared, and the rule of Little's law decides.
+    rng = random.Random(11)
+    judge = Judge("itl", min_samples=20)
+    for interval in range(1, 40):
+        judge.add("control", little(rng, 8.0, 1.0))
+        judge.add("candidate", little(rng, 8.0, 3.0))
+        verdict = judge.verdict()
+        if interval < 20:  # no verdict before min_samples intervals of each side
+            assert verdict.state == "undecided", interval
+    assert verdict.state == "regression" and verdict.decided_by == LOAD_SEPARATION
+    assert verdict.samples < 10 and verdict.estimate is not None  # a few in the tails' bucket
+    assert 2.0 < verdict.estimate < 4.5, verdict.estimate
+    assert re.search(r"holds 2\d running requests against the control's [6-9] ", verdict.note)
+
+
+@pytest.mark.parametrize("arrivals", [0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
+def test_equal_replicas_never_separate_at_any_load_however_often_one_looks(
+    arrivals: float,
+) -> None:
+    for seed in range(60):
+        rng = random.Random(seed)
+        judge = Judge("itl", min_samples=20)
+        for _ in range(120):
+            judge.add("control", little(rng, arrivals, 1.0))
+            judge.add("candidate", little(rng, arrivals, 1.0))
+            assert judge.verdict().decided_by != LOAD_SEPARATION, (arrivals, seed)
+
+
+def test_a_candidate_sent_more_requests_is_not_taken_for_a_slow_one() -> None:
+    # A router that sends the candidate twice the requests: twice the running requests at
+    # twice the completions; equal speed, so no separation (and no regression at all).
+    rng = random.Random(3)
+    judge = Judge("itl", min_samples=20)
+    for _ in range(300):
+        judge.add("control", little(rng, 6.0, 1.0))
+        judge.add("candidate", little(rng, 12.0, 1.0))
+    verdict = judge.verdict()
+    assert verdict.decided_by != LOAD_SEPARATION and verdict.state != "regression", verdict

@@ -307,7 +307,7 @@ class Canary:
             )  # fmt: skip
             self.keeper.keep(report)
             if verdict.state == "regression":
-                return verdict, f"{options.metric} regressed", True
+                return verdict, verdict.note or f"{options.metric} regressed", True
             if verdict.state == "no_regression":
                 return verdict, f"no {options.metric} regression", False
             if report.elapsed_s >= options.max_duration:
