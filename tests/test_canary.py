@@ -154,6 +154,17 @@ def test_the_progress_line_shows_each_buckets_samples_and_the_estimate() -> None
         elapsed_s=2.0,
     )  # fmt: skip
     assert canary_progress_text(bare) == "0 matched samples"
+    # Judging's first rounds on the H200: [0.000, 84447492608131090376916124479391113674752.000].
+    early = CanaryProgress(
+        target="edge/router", samples=3, buckets={"16": [1, 3]}, estimate=1.601, low=1e-12,
+        high=8.4e40, elapsed_s=12.0,
+    )  # fmt: skip
+    assert canary_progress_text(early).endswith("candidate/control 1.601 [still wide]")
+    edge = CanaryProgress(
+        target="edge/router", samples=9, buckets={"16": [4, 5]}, estimate=1.0, low=0.1,
+        high=10.0, elapsed_s=12.0,
+    )  # fmt: skip
+    assert canary_progress_text(edge).endswith("[0.100, 10.000]")  # 100 times apart: shown
 
 
 # ---- the record kept on the router's host ------------------------------------------------

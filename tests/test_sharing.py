@@ -15,10 +15,10 @@ import yaml
 
 from deployctl.deployments import deployment_targets
 from deployctl.errors import DeployctlError, InventoryError, PreflightError
-from deployctl.facts import GpuState, parse_gpus_command
+from deployctl.facts import Gpu, GpuProcess, GpuState, parse_gpus_command
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import plan
-from deployctl.ops.gpus import gpu_report
+from deployctl.ops.gpus import GpuReport, gpu_report
 from deployctl.ops.plan import Plan, plan_launch
 from deployctl.ops.runs import start_waves
 from deployctl.ops.sharing import SHARED_GPU_BOUND, GpuUser, fraction_problem, shared_gpu_problems
@@ -242,6 +242,22 @@ def test_after_a_sharer_stops_only_our_other_runs_may_be_left_on_its_gpus() -> N
     assert gpu_report(captured("idle"), 16).held_by_ours
 
 
+def test_a_run_sharing_a_gpu_is_shown_holding_its_own_memory_not_the_gpus() -> None:
+    # As on the H200 with two SGLang 0.5.17 replicas on GPU 0 (benchmarks/h200-canary):
+    # nvidia-smi listed their schedulers at 37,128 and 27,716 MiB, the GPU at 64,860 used.
+    gpu = Gpu(0, "GPU-0", "NVIDIA H200", 64860, 143771, 0)
+    r1 = GpuProcess(875, "sglang::scheduler", 37128, "GPU-0")
+    r2 = GpuProcess(1717, "sglang::scheduler", 27716, "GPU-0")
+    shared = GpuReport([gpu], [r1, r2], 16)
+    assert shared.memory_of([773, 875]) == 37128
+    assert shared.memory_of([1631, 1717]) == 27716
+    # None of its processes listed (a container's other PID namespace): the GPU's use.
+    assert shared.memory_of([773]) == 64860
+    # One of them listed with no figure ([N/A]): the GPU's use, never a part as the whole.
+    unknown = GpuReport([gpu], [replace(r1, used_memory_mib=None), r2], 16)
+    assert unknown.memory_of([773, 875]) == 64860
+
+
 # ---- over real sshd hosts: two stand-ins on one fake GPU ------------------------------------
 
 
@@ -275,7 +291,8 @@ def test_a_pair_at_0_4_each_shares_one_gpu_and_stopping_one_leaves_the_other(
     assert code == 0 and status["p"]["ready"] and status["d"]["ready"], err
     assert (status["p"]["mem_fraction_static"], status["d"]["mem_fraction_static"]) == (0.4, 0.4)
     assert status["p"]["gpus"] == status["d"]["gpus"] == [0]
-    assert status["d"]["gpu_memory_used_mib"] == 2 * 3682  # the GPU's: both ranks on it
+    # Each its own rank's memory, not the GPU's (both ranks, 2 × 3682 MiB).
+    assert status["p"]["gpu_memory_used_mib"] == status["d"]["gpu_memory_used_mib"] == 3682
     assert "(cap 0.4)" in cli("status", "-i", str(inv)).stdout
 
     # Stopping the prefill waits for its own rank only: the decode's stays on the GPU.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 from deployctl import agent
@@ -48,6 +48,15 @@ class GpuReport:
     @property
     def pids(self) -> list[int]:
         return sorted({p.pid for p in self.processes})
+
+    def memory_of(self, members: Collection[int]) -> int:
+        """The MiB a run whose processes are `members` holds on these GPUs: its own processes'
+        (a GPU shared with other runs holds theirs too). Where nvidia-smi lists none of them
+        (a container's other PID namespace) or gives one no figure, its GPUs' whole use."""
+        own = [p.used_memory_mib for p in self.processes if p.pid in members]
+        if own and None not in own:
+            return sum(m for m in own if m is not None)
+        return sum(g.memory_used_mib for g in self.gpus)
 
     def verdict(self) -> str:
         """Say in a few words why the host is clean or dirty."""

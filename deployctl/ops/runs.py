@@ -645,6 +645,7 @@ class RunStatus:
     router: RouterState | None = None  # a live router's list and drift (see ops/router.py)
     job: JobInfo | None = None  # a Slurm job's state (`launcher: slurm`)
     tail: list[str] = field(default_factory=list)  # the log's last lines read, plain text
+    members: list[int] = field(default_factory=list)  # its live processes on the host
 
     @property
     def running(self) -> bool:
@@ -752,6 +753,7 @@ def run_status(
         command=doc["command"],
         env=doc["env"],
         job=job,
+        members=doc["members"],
     )
     if with_metrics:
         status.metrics, status.metrics_note = read_metrics(doc["metrics"])

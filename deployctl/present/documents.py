@@ -413,9 +413,7 @@ def run_status_json(status: RunStatus) -> dict[str, Any]:
         "last_line": status.last_line,
         "crash": status.crashes[0].summary() if status.crashes and status.crashed else None,
         "warning": status.warnings[0].summary() if status.warnings else None,
-        "gpu_memory_used_mib": sum(g.memory_used_mib for g in status.gpus.gpus)
-        if status.gpus
-        else None,
+        "gpu_memory_used_mib": status.gpus.memory_of(status.members) if status.gpus else None,
         **(
             {}
             if status.metrics_note is None

@@ -24,6 +24,7 @@ from deployctl.present.terminal import (
     console,
     duration_text,
     escaped,
+    interval_text,
     print_bug,
     print_error,
     print_event_text,
@@ -148,11 +149,7 @@ def canary_progress_text(event: ev.CanaryProgress) -> str:
     )
     text = f"{event.samples} matched samples" + (f" (bucket {buckets})" if buckets else "")
     if event.estimate is not None:
-        interval = (
-            f" [{event.low:.3f}, {event.high:.3f}]"
-            if event.low is not None and event.high is not None
-            else ""
-        )
+        interval = interval_text(event.low, event.high)
         text += f" · candidate/control {event.estimate:.3f}{interval}"
     return text
 

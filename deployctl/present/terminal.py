@@ -122,6 +122,20 @@ def duration_text(seconds: float) -> str:
     return f"{minutes} min {rest} s" if minutes else f"{rest} s"
 
 
+# An interval whose ends are further apart than this says only that too few samples are in.
+WIDE_INTERVAL = 100.0
+
+
+def interval_text(low: float | None, high: float | None) -> str:
+    """` [0.990, 1.070]` for a canary's ratio; ` [still wide]` while its ends are more than
+    WIDE_INTERVAL times apart (at first they reach 1e40); nothing while it is unbounded."""
+    if low is None or high is None:
+        return ""
+    if low <= 0 or high / low > WIDE_INTERVAL:
+        return " [still wide]"
+    return f" [{low:.3f}, {high:.3f}]"
+
+
 def use_color() -> bool:
     """Colour unless the user or the terminal says no (NO_COLOR, TERM=dumb)."""
     return "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"

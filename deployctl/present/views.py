@@ -24,6 +24,7 @@ from deployctl.present.terminal import (
     crash_lines,
     duration_text,
     escaped,
+    interval_text,
     print_command,
     print_error,
     print_host_errors,
@@ -1190,8 +1191,7 @@ def _canary_record(record: CanaryRecord) -> None:
             rows,
         )
     if record["estimate"] is not None:
-        low, high = record["low"], record["high"]
-        interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        interval = interval_text(record["low"], record["high"])
         out.print(
             f"verdict: {record['verdict']} · candidate/control {record['estimate']:.3f}{interval} "
             f"over {record['samples']} matched samples in {duration_text(record['elapsed_s'])}",

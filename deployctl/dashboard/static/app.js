@@ -263,7 +263,9 @@ function canaryBox(doc, target) {
   if (!c) return [];
   const sig = (v) => (v === null || v === undefined ? "-" : Number(v).toPrecision(4));
   const running = c.state === "running";
-  const estimate = c.estimate === null ? "no estimate yet" : `candidate/control ${c.estimate.toFixed(3)}${c.low !== null && c.high !== null ? ` [${c.low.toFixed(3)}, ${c.high.toFixed(3)}]` : ""}`;
+  // As the terminal says it: ends more than 100 times apart only say that few samples are in.
+  const interval = c.low === null || c.high === null ? "" : c.low <= 0 || c.high / c.low > 100 ? " [still wide]" : ` [${c.low.toFixed(3)}, ${c.high.toFixed(3)}]`;
+  const estimate = c.estimate === null ? "no estimate yet" : `candidate/control ${c.estimate.toFixed(3)}${interval}`;
   const how = running
     ? `running · ${c.samples} matched samples in ${duration(c.elapsed_s)} · last written ${ago(Math.max(0, doc.updated_at - c.updated_at))}`
     : c.reason;
