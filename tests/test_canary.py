@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -87,9 +88,14 @@ def test_an_idle_interval_has_no_throughput() -> None:
 
 
 def units(
-    count: int, router: bool = True, changed: int | None = None, **more: Any
+    count: int,
+    router: bool = True,
+    changed: int | None = None,
+    router_unit: bool = False,
+    **more: Any,
 ) -> list[UnitPlan]:
-    """`count` replicas of one deployment, on hosts r0…, behind edge/router (or none)."""
+    """`count` replicas of one deployment, on hosts r0…, behind edge/router (or none);
+    `router_unit`: the router's own unit first, as a rollout of all of them plans it."""
     variables = {**DEFAULT_VARS, "model_path": "/m", "tp": 1, **more}
     if router:
         variables["router"] = "edge/router"
@@ -102,7 +108,12 @@ def units(
     plans = plan_launch(Project(None), targets, None, None, [], {})
     router = next(t for t in targets if t.name == "edge") if router else None
     changed = count if changed is None else changed
-    return [
+    edge_units = [
+        UnitPlan(p.host.label, [p], [], ["template"], [], [], {}, None)
+        for p in plans
+        if p.host.name == "edge" and router_unit
+    ]
+    return edge_units + [
         UnitPlan(p.host.label, [p], [], ["template"] if i < changed else [], [], [], {}, router)
         for i, p in enumerate(p for p in plans if p.host.name != "edge")
     ]
@@ -131,6 +142,39 @@ def test_a_split_that_cannot_judge_is_refused_naming_why(
 ) -> None:
     with pytest.raises(UsageError, match=refusal):
         plan_canary(units(**kwargs), replicas=replicas, restart=False)
+
+
+def test_the_router_among_the_selected_units_is_neither_canary_nor_control() -> None:
+    split = plan_canary(units(3, router_unit=True), replicas=1, restart=False)
+    assert [u.name for u in split.candidates] == ["r0"]
+    assert [u.name for u in split.controls] == ["r1", "r2"]
+
+
+def test_the_canaries_are_replicas_that_differ_not_merely_the_first() -> None:
+    plans = units(4, changed=0)
+    plans[2].reasons = ["template"]  # only r2 differs from the inventory
+    split = plan_canary(plans, replicas=1, restart=False)
+    assert [u.name for u in split.candidates] == ["r2"]
+    assert [u.name for u in split.controls] == ["r0", "r1", "r3"]
+
+
+def test_replicas_of_several_routers_are_refused() -> None:
+    import dataclasses
+
+    plans = units(3)
+    other = Host("edge2", dict(DEFAULT_VARS), deployment="router")
+    plans[2] = dataclasses.replace(plans[2], router=other)
+    with pytest.raises(UsageError, match=r"several routers \(edge/router, edge2/router\)"):
+        plan_canary(plans, replicas=1, restart=False)
+
+
+def test_no_replica_or_every_replica_as_canary_is_refused_with_the_most_allowed() -> None:
+    with pytest.raises(UsageError, match="--replicas must be 1 or more"):
+        plan_canary(units(3), replicas=0, restart=False)
+    with pytest.raises(UsageError) as refused:
+        plan_canary(units(3), replicas=3, restart=False)
+    assert refused.value.hint == "at most --replicas 2"
+    assert len(plan_canary(units(3), replicas=2, restart=False).controls) == 1
 
 
 def test_restart_tries_the_configuration_the_replicas_run_already() -> None:
@@ -272,3 +316,248 @@ def test_a_real_sglang_page_gives_the_interval_a_canary_judges() -> None:
     # 14,468 gaps, their median in the (0.002, 0.004] bucket; 253 TTFTs, their median near 50 ms.
     assert part.itl is not None and 0.002 < part.itl <= 0.004
     assert part.ttft is not None and 0.04 < part.ttft <= 0.06
+
+
+# ---- the record's and the report's fields, the views -----------------------------------------
+
+
+def judged(decision: Decision | None = None, **more: Any) -> CanaryReport:
+    """A canary of r0 against r1, r2 that judged a 10 % regression at bucket 8."""
+    from deployctl.canary_stats import BucketStat, Verdict
+    from deployctl.ops.canary import CanaryOptions
+
+    bucket = BucketStat(8, 20, 20, 0.010, 0.011, 1.1)
+    empty = BucketStat(16, 3, 0, 0.012, None, None)
+    return CanaryReport(
+        plan_canary(units(3), replicas=1, restart=False),
+        CanaryOptions(metric="ttft", max_regression=0.08, confidence=0.9),
+        verdict=Verdict("regression", 1.1, 1.06, 1.14, [bucket, empty], 40),
+        decision=decision,
+        reason="ttft regressed",
+        **more,
+    )
+
+
+def test_the_record_says_what_was_tried_against_what_and_what_came_of_it() -> None:
+    record = canary_record(judged(Decision.ROLLED_BACK), done=True)
+    assert (record["candidates"], record["controls"]) == (["r0"], ["r1", "r2"])
+    assert (record["metric"], record["max_regression"], record["confidence"]) == ("ttft", 0.08, 0.9)
+    assert (record["verdict"], record["estimate"], record["low"], record["high"]) == (
+        "regression", 1.1, 1.06, 1.14,
+    )  # fmt: skip
+    assert record["samples"] == 40 and record["decision"] == "rolled back"
+    assert record["buckets"][1] == {
+        "bucket": 16, "control_n": 3, "candidate_n": 0, "control": 0.012, "candidate": None,
+        "ratio": None,
+    }  # fmt: skip
+    assert not shape_problems(record, CanaryRecord, "record")
+
+
+def test_the_record_is_planned_for_a_dry_run_running_while_judged_then_done() -> None:
+    assert canary_record(judged(), done=False)["state"] == "running"
+    assert canary_record(judged(), done=True)["state"] == "done"
+    assert canary_record(judged(dry_run=True), done=True)["state"] == "planned"
+
+
+def test_a_promotions_steps_are_named_promotion() -> None:
+    report = judged(Decision.PROMOTED)
+    report.actions = [UnitResult("r1", UnitOutcome.REPLACED, old_run="c", new_run="d")]
+    [step] = canary_record(report, done=True)["steps"]
+    assert (step["step"], step["unit"], step["error"]) == ("promotion", "r1", None)
+
+
+@pytest.mark.parametrize(
+    ("decision", "action", "more", "ok"),
+    [
+        (Decision.PROMOTED, UnitOutcome.REPLACED, {}, True),
+        (Decision.KEPT, None, {}, True),
+        (None, None, {"dry_run": True}, True),
+        (Decision.PROMOTED, UnitOutcome.FAILED, {}, False),
+        (Decision.ROLLED_BACK, UnitOutcome.REPLACED, {}, False),
+        (Decision.FAILED, None, {}, False),
+        (Decision.KEPT, None, {"interrupted": True}, False),
+        (None, None, {}, False),
+    ],
+)
+def test_a_canary_is_ok_only_when_a_clear_verdict_was_acted_on(
+    decision: Decision | None, action: UnitOutcome | None, more: dict[str, Any], ok: bool
+) -> None:
+    from deployctl.present.documents import canary_document
+
+    report = judged(decision, **more)
+    report.actions = [] if action is None else [UnitResult("r1", action)]
+    assert report.ok is ok
+    assert canary_document(report)["ok"] is ok
+
+
+def test_a_kept_canary_not_found_says_which_and_what_is_kept() -> None:
+    from deployctl.ops.kept import Kept
+
+    assert Kept("canary", None, [], []).missing == "no canary is kept here (kept: none)"
+    wanted = Kept("canary", None, [1, 3], [], 2)
+    assert wanted.missing == "no canary 2 is kept here (kept: 1, 3)" and not wanted.ok
+    assert wanted.hint == "deployctl canary"
+    found = Kept("canary", record(), [1], [], 1)
+    assert found.ok and found.missing == ""
+    from deployctl.present.documents import kept_json
+
+    assert kept_json(wanted)["error"] == wanted.missing and "error" not in kept_json(found)
+
+
+def test_a_new_record_carries_its_number_and_follows_the_highest_kept(tmp_path: Path) -> None:
+    folder = tmp_path / "canaries"
+    folder.mkdir()
+    (folder / "5.json").write_text("{}")  # the older ones removed: numbers are never reused
+    (folder / "notes.txt").write_text("")
+    assert keep(tmp_path, None, record()) == 6
+    assert json.loads((folder / "6.json").read_text())["canary"] == 6
+
+
+def test_the_human_view_says_where_the_canary_is_kept_or_why_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deployctl.present.views import CANARY
+
+    report = judged(Decision.ROLLED_BACK, kept=4)
+    report.actions = [UnitResult("r0", UnitOutcome.FAILED, error="no GPU")]
+    CANARY.human(report)
+    out = capsys.readouterr()
+    assert "kept as canary 4 on edge/router: deployctl canary --report 4" in out.out
+    assert "verdict: regression · candidate/control 1.100 [1.060, 1.140]" in out.out
+    assert "decision: rolled back (ttft regressed)" in out.out
+    rows = [line.split() for line in out.out.splitlines()]
+    assert ["16", "0.012", "-", "-", "3/0"] in rows  # bucket 16: the candidate never there
+    CANARY.human(judged(keep_error="no space left on device"))
+    out = capsys.readouterr()
+    assert "not kept: no space left on device" in out.err
+    assert "decision: none (ttft regressed)" in out.out
+
+
+def test_the_dry_run_view_names_the_canaries_and_the_control(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deployctl.present.views import CANARY
+
+    CANARY.human(judged(dry_run=True))
+    assert "edge/router: canary r0; control r1, r2" in capsys.readouterr().out
+
+
+def test_a_kept_canarys_steps_show_their_runs_and_errors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deployctl.fanout import FleetResult, HostResult
+    from deployctl.ops.canary import KeptCanary
+    from deployctl.present.views import KEPT_CANARIES
+
+    report = judged(Decision.ROLLED_BACK, kept=2)
+    report.split = [UnitResult("r0", UnitOutcome.REPLACED, old_run="a", new_run="b")]
+    report.actions = [UnitResult("r0", UnitOutcome.FAILED, old_run="b", error="no GPU")]
+    kept = canary_record(report, done=True)
+    edge = Host("edge", dict(DEFAULT_VARS))
+    KEPT_CANARIES.human(FleetResult([HostResult(edge, KeptCanary("canary", kept, [2], []))]))
+    out = capsys.readouterr().out
+    assert "canary 2 of edge" in out and "(max regression 8%, confidence 0.9)" in out
+    assert "split r0 replaced (a → b)" in out
+    assert "rollback r0 failed (b → -): no GPU" in out
+
+
+def test_the_json_document_says_why_the_record_was_not_kept() -> None:
+    from deployctl.present.documents import canary_document
+
+    assert canary_document(judged(keep_error="disk full"))["keep_error"] == "disk full"
+    assert canary_document(judged())["keep_error"] is None
+
+
+# ---- the command's refusals, before any host is asked -----------------------------------------
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> Path:
+    """Two replicas of an unreachable host, no router."""
+    import yaml
+
+    path = tmp_path / "inv.yml"
+    deployments = {"a": {"gpus": [0], "port": 30000}, "b": {"gpus": [1], "port": 30001}}
+    hosts = {"h1": {"ansible_host": "127.0.0.9", "model_path": "/m", "deployments": deployments}}
+    path.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal", "code"),
+    [
+        (["3"], "a canary number is given only with --report", 1),
+        (["--report"], "no selected deployment is a router or behind one", 1),
+        (["--report", "0"], "Invalid value for '[N]'", 2),
+        (["--replicas", "0"], "Invalid value for '--replicas'", 2),
+        (["--min-samples", "1"], "Invalid value for '--min-samples'", 2),
+        (["--max-regression", "0"], "Invalid value for '--max-regression'", 2),
+        (["--confidence", "1"], "Invalid value for '--confidence'", 2),
+        (["--interval", "0.1"], "Invalid value for '--interval'", 2),
+    ],
+)
+def test_the_command_refuses_bad_input_naming_it(
+    cli: Any, inventory: Path, args: list[str], refusal: str, code: int
+) -> None:
+    result = cli("canary", "-i", str(inventory), *args)
+    assert result.returncode == code, result.stderr
+    assert refusal in " ".join(result.stderr.split()), result.stderr
+
+
+@pytest.fixture
+def faked_canary(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The command run in this process up to its canary: the rollout's plan of three
+    replicas of edge/router (changed unless --restart), the canary itself recorded."""
+    from deployctl.ops import canary as canary_module
+    from deployctl.ops import rollout as rollout_module
+
+    seen: dict[str, Any] = {}
+
+    def plan_rollout(fleet: Any, plans: Any, catalog: Any, sets: Any, restart: bool) -> Any:
+        seen["restart"] = restart
+        return units(3, changed=0 if restart else 3)
+
+    def canary(fleet: Any, split: Any, catalog: Any, sets: Any, options: Any, events: Any) -> Any:
+        seen["options"], seen["split"] = options, split
+        return CanaryReport(split, options, decision=Decision.KEPT)
+
+    monkeypatch.setattr(rollout_module, "plan_rollout", plan_rollout)
+    monkeypatch.setattr(canary_module, "canary", canary)
+    return seen
+
+
+def test_the_commands_options_reach_the_canary(
+    faked_canary: dict[str, Any], inventory: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from deployctl.cli import run
+
+    argv = ["canary", "-i", str(inventory), "--json"]
+    assert run(argv) == 0
+    options = faked_canary["options"]
+    assert (options.metric, options.max_regression, options.confidence) == ("itl", 0.05, 0.95)
+    assert (options.min_samples, options.max_duration, options.interval) == (20, 1800.0, 2.0)
+    assert options.promote and not options.rollout.restart and not faked_canary["restart"]
+    capsys.readouterr()
+    run([*argv, "--metric", "ttft", "--max-regression", "8", "--confidence", "0.9",
+         "--min-samples", "30", "--max-duration", "90s", "--interval", "5", "--no-promote",
+         "--restart", "--replicas", "2"])  # fmt: skip
+    options = faked_canary["options"]
+    assert (options.metric, options.max_regression, options.confidence) == ("ttft", 0.08, 0.9)
+    assert (options.min_samples, options.max_duration, options.interval) == (30, 90.0, 5.0)
+    assert not options.promote and options.rollout.restart and faked_canary["restart"]
+    # --restart tries the configuration the replicas run already (none differs here).
+    assert [u.name for u in faked_canary["split"].candidates] == ["r0", "r1"]
+    assert json.loads(capsys.readouterr().out)["decision"] == "kept"
+
+
+def test_a_dry_run_shows_the_split_and_runs_no_canary(
+    faked_canary: dict[str, Any], inventory: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from deployctl.cli import run
+
+    assert run(["canary", "-i", str(inventory), "--dry-run"]) == 0
+    assert "edge/router: canary r0; control r1, r2" in capsys.readouterr().out
+    assert "options" not in faked_canary
+    run(["canary", "-i", str(inventory), "--dry-run", "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert (document["dry_run"], document["state"], document["ok"]) == (True, "planned", True)

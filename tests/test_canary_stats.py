@@ -351,3 +351,241 @@ def test_a_candidate_sent_more_requests_is_not_taken_for_a_slow_one() -> None:
         judge.add("candidate", little(rng, 12.0, 1.0))
     verdict = judge.verdict()
     assert verdict.decided_by != LOAD_SEPARATION and verdict.state != "regression", verdict
+
+
+# ---- the boundaries of each rule, one case each side ------------------------------------------
+
+
+def loads(judge: Judge, side: str, running: list[float], requests: int | list[int] = 10) -> None:
+    """One sample per interval at these running requests (and completions), ITL by the batch."""
+    done = requests if isinstance(requests, list) else [requests] * len(running)
+    for r, n in zip(running, done, strict=True):
+        judge.add(side, Sample(running=r, value=0.010 + 0.0004 * r, requests=n))
+
+
+def separated(
+    control: list[float],
+    candidate: list[float],
+    requests: tuple[int | list[int], int | list[int]] = (10, 10),
+    min_samples: int = 20,
+) -> Any:
+    judge = Judge("itl", min_samples=min_samples)
+    loads(judge, "control", control, requests[0])
+    loads(judge, "candidate", candidate, requests[1])
+    verdict = judge.verdict()
+    return verdict if verdict.decided_by == LOAD_SEPARATION else None
+
+
+def test_load_separation_starts_at_1_5_times_the_controls_running_requests() -> None:
+    assert separated([10] * 20, [15] * 20) is not None
+    assert separated([10] * 20, [14] * 20) is None  # 1.4 times: quartiles apart, yet not enough
+    assert separated([10] * 20, [12] * 20) is None
+
+
+def test_load_separation_needs_the_candidates_lower_quartile_above_the_controls_upper() -> None:
+    # The control's upper quartile is 10 (5 of its 20 above 8 are 10s), the candidate's lower
+    # quartile 10 too: the loads still meet, however far apart the medians.
+    assert separated([8] * 10 + [10] * 10, [10] * 5 + [20] * 15) is None
+    # The control's upper quartile is its 15th of 20 (8), not the 16th (30).
+    assert separated([8] * 15 + [30] * 5, [20] * 20) is not None
+    # Bucket 20, where 5 of the control's intervals meet the candidate's 20, is matched.
+    verdict = separated([8] * 15 + [20] * 5, [20] * 20)
+    assert verdict is not None and verdict.samples == 25
+
+
+def test_load_separation_needs_no_more_than_1_1_times_the_controls_completions() -> None:
+    assert separated([10] * 20, [20] * 20, (5, [5, 6] * 10)) is not None  # 1.1 times: slow
+    assert separated([10] * 20, [20] * 20, (5, 6)) is None  # 1.2 times: sent more requests
+
+
+def test_load_separation_waits_for_min_samples_intervals_of_each_side() -> None:
+    assert separated([10] * 19, [20] * 40) is None
+    assert separated([10] * 40, [20] * 19) is None
+    assert separated([10] * 20, [20] * 20) is not None
+    assert separated([10] * 20, [20] * 20, min_samples=21) is None
+
+
+def test_load_separation_says_each_sides_median_and_how_long_a_request_stays() -> None:
+    # Control: median 9 (the mean of its middle two), 9 requests in; candidate: 20, 8 done.
+    verdict = separated([8] * 10 + [10] * 10, [20] * 20, (10, 8))
+    assert verdict is not None and verdict.state == "regression"
+    assert verdict.note == (
+        "the candidate holds 20 running requests against the control's 9 at 0.80 times its "
+        "completions: each request stays about 2.8 times as long"
+    )
+    assert verdict.estimate == pytest.approx((20 / 8) / (9 / 10))
+
+
+def test_a_confidence_of_0_is_refused() -> None:
+    with pytest.raises(UsageError, match="--confidence"):
+        Judge("itl", confidence=0.0)
+
+
+def test_an_infinite_value_is_ignored() -> None:
+    judge = Judge("itl")
+    judge.add("control", Sample(running=4, value=math.inf, requests=2))
+    assert judge.verdict().buckets == []
+
+
+def test_a_sample_goes_to_the_smallest_size_at_or_above_it_the_largest_included() -> None:
+    assert bucket_of(50, sizes=[1, 100]) == 100
+    assert bucket_of(100, sizes=[1, 100]) == 100 and bucket_of(101, sizes=[1, 100]) == 116
+
+
+def matched_at(buckets: dict[int, float], count: int | dict[int, int] = 40) -> Any:
+    """`count` samples a side at each of these loads, the candidate worse by the factor."""
+    judge = Judge("itl")
+    for running, worse in buckets.items():
+        for i in range(count if isinstance(count, int) else count[running]):
+            wobble = 1 + 0.002 * (i % 5)
+            judge.add("control", Sample(running=running, value=0.01 * wobble, requests=4))
+            judge.add("candidate", Sample(running=running, value=0.01 * worse * wobble, requests=4))
+    return judge.verdict()
+
+
+def test_each_load_range_holds_the_buckets_below_or_from_its_split() -> None:
+    verdict = matched_at({8: 1.0, 16: 1.0})
+    # "< 16" holds bucket 8 only, ">= 16" bucket 16 only; the other splits repeat "all".
+    assert [(r.name, r.samples) for r in verdict.ranges] == [
+        ("all", 160), ("< 16", 80), (">= 16", 80),
+    ]  # fmt: skip
+    assert verdict.state == "no_regression"
+    # A split at a graph size's successor: "< 8" holds bucket 7.
+    assert [(r.name, r.samples) for r in matched_at({7: 1.0, 8: 1.0}).ranges] == [
+        ("all", 160), ("< 8", 80), (">= 8", 80),
+    ]  # fmt: skip
+
+
+def test_a_range_holding_a_fifth_of_the_samples_is_judged_and_less_is_not() -> None:
+    fifth = matched_at({8: 1.0, 16: 1.0}, {8: 16, 16: 64})
+    assert [(r.name, r.samples) for r in fifth.ranges] == [
+        ("all", 160), ("< 16", 32), (">= 16", 128),
+    ]  # fmt: skip
+    less = matched_at({8: 1.0, 16: 1.0}, {8: 15, 16: 64})
+    assert [r.name for r in less.ranges] == ["all", ">= 16"]
+
+
+def test_the_verdict_comes_at_min_samples_and_min_df_not_one_sample_later() -> None:
+    # A 30 % regression, noiseless but for the floor: clear as soon as it may be said.
+    for min_samples, first in ((0, 32), (40, 40)):  # 32: 30 degrees of freedom
+        judge = Judge("itl", min_samples=min_samples)
+        for i in range(100):
+            judge.add("control", Sample(running=4, value=0.010 * (1 + 0.001 * (i % 5)), requests=1))
+            judge.add(
+                "candidate", Sample(running=4, value=0.013 * (1 + 0.001 * (i % 3)), requests=1)
+            )
+            verdict = judge.verdict()
+            if verdict.state != "undecided":
+                break
+        assert (verdict.state, verdict.samples) == ("regression", first)
+
+
+def test_a_regression_at_16_and_above_is_decided_by_that_range() -> None:
+    verdict = matched_at({8: 1.0, 16: 2.0})
+    assert (verdict.state, verdict.decided_by) == ("regression", ">= 16")
+    [high] = [r for r in verdict.ranges if r.name == ">= 16"]
+    # A ratio of 2 is a number with its interval, not an unbounded end.
+    assert high.estimate == pytest.approx(2.0, rel=0.01)
+    assert high.low is not None and high.high is not None and high.low < 2.0 < high.high
+    assert verdict.low is not None and verdict.high is not None
+    # The verdict's own interval is at the configured confidence; each range's is corrected
+    # for the family of ranges (Bonferroni), so wider than the verdict's over the same samples.
+    [every] = [r for r in verdict.ranges if r.name == "all"]
+    assert every.low is not None and every.high is not None
+    assert every.low < verdict.low < verdict.high < every.high
+
+
+def test_identical_constant_replicas_keep_an_interval_of_the_noise_floors_width() -> None:
+    # Every interval the same value on both sides: no noise to measure, so the floor's
+    # (0.5 % a sample) sets the width: not a point that calls any difference certain.
+    judge = Judge("itl")
+    for _ in range(60):
+        for side in SIDES:
+            judge.add(side, Sample(running=8, value=0.01, requests=4))
+    verdict = judge.verdict()
+    assert verdict.state == "no_regression"
+    assert verdict.low is not None and verdict.high is not None
+    assert 1.005 < verdict.high / verdict.low < 1.01
+
+
+def two_replicas_width(phi: float, seed: int = 5) -> float:
+    """The interval width after 300 intervals of two replicas a side, read in turn, each with
+    noise of this serial correlation."""
+    rng = random.Random(seed)
+    judge = Judge("itl")
+    noise = {(side, r): 0.0 for side in SIDES for r in "ab"}
+    step = math.sqrt(1 - phi * phi)
+    for _ in range(300):
+        for (side, replica), last in noise.items():
+            noise[side, replica] = phi * last + step * rng.gauss(0, 0.03)
+            value = 0.01 * math.exp(noise[side, replica])
+            judge.add(side, Sample(running=4, value=value, requests=4, source=replica))
+    verdict = judge.verdict()
+    assert verdict.low is not None and verdict.high is not None
+    return verdict.high - verdict.low
+
+
+def test_serial_correlation_is_measured_within_each_replica_not_across_them() -> None:
+    # Two replicas a side read in turn: successive samples of a side come from different
+    # replicas; pairing those would see no correlation and keep the interval narrow.
+    assert two_replicas_width(0.7) > 1.8 * two_replicas_width(0.0)
+
+
+def test_alternating_intervals_do_not_narrow_the_interval() -> None:
+    # A negative serial correlation is not believed: it would shrink the variance below the
+    # samples' own.
+    assert interval_width(-0.7) > 0.8 * interval_width(0.0)
+
+
+def test_fast_glitches_do_not_hide_a_regression() -> None:
+    # The candidate 12 % worse, but 10 % of its intervals three times faster (an interval
+    # with a few short requests): clipped at 3 robust scales below the median as above it
+    # (unclipped, they would pull it to about 1 % worse).
+    rng = random.Random(13)
+    judge = Judge("itl")
+    for _ in range(600):
+        for side in ("control", "candidate"):
+            running = float(poisson(rng, 6.0))
+            itl = 0.010 * math.exp(rng.gauss(0, 0.03))
+            if side == "candidate":
+                itl *= 1.12 / 3 if rng.random() < 0.10 else 1.12
+            judge.add(side, Sample(running=running, value=itl, requests=max(int(running), 0)))
+        if judge.verdict().state != "undecided":
+            break
+    assert judge.verdict().state == "regression"
+
+
+def candidate_central(last: float) -> float:
+    """The candidate's central value after 40 intervals of noise of +-1 % a side, its last one
+    `last` (log) above the control's level."""
+    judge = Judge("itl")
+    for i in range(40):
+        for side in ("control", "candidate"):
+            x = 0.01 if i % 2 else -0.01
+            if side == "candidate" and i == 39:
+                x = last
+            judge.add(side, Sample(running=4, value=0.01 * math.exp(x), requests=4))
+    [bucket] = judge.verdict().buckets
+    assert bucket.candidate is not None
+    return bucket.candidate
+
+
+def test_a_sample_within_3_robust_standard_deviations_counts_in_full() -> None:
+    # The residuals' MAD is about 0.8 %: 3 robust standard deviations (1.4826 MADs each) are
+    # about 3.5 %. A sample 3 % from the median counts in full; one 5 % away is clipped.
+    usual = candidate_central(0.01)
+    assert candidate_central(0.03) == pytest.approx(usual * math.exp(0.02 / 40), rel=1e-9)
+    assert candidate_central(0.05) < usual * math.exp(0.035 / 40)
+
+
+def test_a_quiet_metrics_small_differences_are_not_clipped_to_nothing() -> None:
+    # Most intervals give the very same value (a metric read from coarse histogram buckets):
+    # the residuals' MAD is 0, and the noise floor, not 0, bounds the clipping. The candidate
+    # is 1 % worse in 2 of every 5 intervals.
+    judge = Judge("itl")
+    for i in range(100):
+        judge.add("control", Sample(running=4, value=0.010, requests=4))
+        worse = 1.01 if i % 5 < 2 else 1.0
+        judge.add("candidate", Sample(running=4, value=0.010 * worse, requests=4))
+    verdict = judge.verdict()
+    assert verdict.estimate == pytest.approx(1.01**0.4, rel=1e-4)
