@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pwd
 from pathlib import Path
 
 import pytest
@@ -274,6 +275,19 @@ def test_unknown_set_name_is_a_clear_error(hosts: SSHLab, cli: CLI, tmp_path: Pa
 SHIPPED = ["spec-disable", "sm120-support"]
 
 
+def verify_folders_of(user: str) -> set[Path]:
+    """The patch verify folders in /tmp that `user` (one test host's login) owns."""
+    uid = pwd.getpwnam(user).pw_uid
+    found = set()
+    for folder in Path("/tmp").glob("deployctl-verify-*"):
+        try:
+            if folder.stat().st_uid == uid:
+                found.add(folder)
+        except FileNotFoundError:  # another host's, removed as we looked
+            pass
+    return found
+
+
 def test_shipped_sets_apply_audit_and_revert_on_real_sglang(
     hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
 ) -> None:
@@ -287,13 +301,14 @@ def test_shipped_sets_apply_audit_and_revert_on_real_sglang(
     pristine = {f: sha(site / f) if (site / f).exists() else None for f in files}
     assert None in pristine.values()  # spec-disable adds a new module
 
-    verify_folders = set(Path("/tmp").glob("deployctl-verify-*"))
+    user = hosts.hosts["alpha"].user  # other workers' hosts verify their patches meanwhile
+    verify_folders = verify_folders_of(user)
     applied = cli("patch", "apply", *SHIPPED, "-i", str(inventory), "--json")
     assert applied.returncode == 0, applied.stderr
     # The shipped sets carry verify scripts (that a failing one refuses the apply is
     # test_broken_patch_is_rolled_back_and_reported[verify]), and none leaves a folder behind.
     assert all(sets[name].variants["0.5.23"].verify for name in SHIPPED)
-    assert set(Path("/tmp").glob("deployctl-verify-*")) == verify_folders
+    assert verify_folders_of(user) == verify_folders
     actions = json.loads(applied.stdout)["hosts"]["alpha"]["patches"]
     assert [(a["set"], a["action"]) for a in actions] == [(n, "applied") for n in SHIPPED]
     assert "speculative_disable_batch_threshold" in (site / SPEC).read_text()
