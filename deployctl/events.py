@@ -177,6 +177,18 @@ class Renewed(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Watching(Event):
+    """Supervision began: its first look found `deployments` on `hosts` hosts, of which
+    `unreadable` could not be read; it looks again every `interval_s` seconds."""
+
+    kind: ClassVar[str] = "watching"
+    deployments: int
+    hosts: int
+    unreadable: int
+    interval_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class WatchStopped(Event):
     """Supervision ended: told to (Ctrl-C; the servers keep running), or because it gave up
     on every deployment it watches."""

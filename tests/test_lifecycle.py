@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -15,6 +14,7 @@ import pytest
 
 from tests.conftest import CLI
 from tests.sshd_hosts import STANDIN, SSHLab, TestHost, free_port, sh
+from tests.streamed import Streamed
 
 
 def prepare(host: TestHost, tp: int = 2, **knobs: object) -> dict[str, object]:
@@ -185,20 +185,14 @@ def test_restart_crashed_brings_the_run_back(hosts: SSHLab, cli: CLI, tmp_path: 
 
 
 def watch_until(cli: CLI, inv: Path, needle: str) -> tuple[str, str]:
-    """Run `watch` until a line holds `needle` (or it ends), then Ctrl-C it: (stdout, stderr)."""
-    proc = cli.popen("watch", "-i", str(inv), "--interval", "0.5", "--timeout", "30")
-    lines: list[str] = []
+    """Run `watch` until a line holds `needle` (or it ends, or 90 s pass), then Ctrl-C it:
+    (stdout, stderr)."""
+    watch = Streamed(cli.popen("watch", "-i", str(inv), "--interval", "0.5", "--timeout", "30"))
     try:
-        deadline = time.monotonic() + 90
-        while proc.stdout is not None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if not line or needle in line:
-                break
+        watch.until(lambda line: needle in line, 90)
     finally:
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=30)
-    return "".join(lines), err
+        _, err = watch.interrupt()
+    return "".join(f"{line}\n" for line in watch.seen), err
 
 
 def test_watch_restarts_once_then_stops_at_a_crash_loop(

@@ -32,8 +32,13 @@ def test_watch_json_prints_one_event_per_line_through_a_crash_loop(
         proc.kill()
     events = json_lines(out)
     kinds = [e["event"] for e in events]
-    assert kinds == ["restarting", "replaced", "crash_loop", "watch_stopped"], (kinds, err)
-    restarting, replaced, loop, stopped = events
+    assert kinds == ["watching", "restarting", "replaced", "crash_loop", "watch_stopped"], (
+        kinds,
+        err,
+    )
+    watching, restarting, replaced, loop, stopped = events
+    assert (watching["deployments"], watching["hosts"], watching["unreadable"]) == (1, 1, 0)
+    assert watching["interval_s"] == 0.5 and watching["target"] == ""
     assert restarting["target"] == "alpha" and restarting["attempt"] == 1
     assert restarting["run"] == "eagle3_v1" and restarting["signature"] == "tensor-shape-mismatch"
     assert (replaced["old_run"], replaced["new_run"], replaced["state"]) == (
@@ -54,9 +59,9 @@ def test_logs_follow_json_streams_lines_and_the_crash_as_objects(
     log = write_log(hosts.hosts["alpha"], "old 1\nold 2\n")
     follow = Follow(cli, "-i", str(inv), "--path", REMOTE_LOG, "-n", "1", "--json")
     try:
-        follow.until('"old 2"')
+        follow.expect('"old 2"')
         append(log, SCHEDULER_CRASH)
-        follow.until('"event": "crash"')
+        follow.expect('"event": "crash"')
     finally:
         code, err = follow.interrupt()
     events = [json.loads(line) for line in follow.seen]

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -19,6 +16,7 @@ from deployctl.inventory import DEFAULT_VARS, Host, mask_log
 from deployctl.ops import logs as logs_op
 from tests.conftest import CLI
 from tests.sshd_hosts import REPO, SSHLab, TestHost, sh
+from tests.streamed import Streamed
 
 LOGS = REPO / "tests" / "data" / "logs"
 TP8 = LOGS / "tp8_spec_shape_mismatch.log"
@@ -255,42 +253,11 @@ def test_logs_crash_prints_only_reports(hosts: SSHLab, cli: CLI, tmp_path: Path)
 # ---- logs --follow -----------------------------------------------------------------------
 
 
-class Follow:
+class Follow(Streamed):
     """`deployctl logs -f` as a subprocess, its stdout read line by line in a thread."""
 
     def __init__(self, cli: CLI, *args: str) -> None:
-        self.proc = cli.popen("logs", "-f", *args)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-
-    def until(self, predicate: str, timeout: float = 10) -> None:
-        """Read lines until one contains `predicate`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.proc.kill()
-                pytest.fail(
-                    f"no {predicate!r} in {self.seen}; stderr: {self.proc.communicate()[1]}"
-                )
-            try:
-                line = self.lines.get(timeout=left).rstrip("\n")
-            except queue.Empty:
-                continue
-            self.seen.append(line)
-            if predicate in line:
-                return
-
-    def interrupt(self) -> tuple[int, str]:
-        self.proc.send_signal(signal.SIGINT)
-        _, err = self.proc.communicate(timeout=10)
-        return self.proc.returncode, err
+        super().__init__(cli.popen("logs", "-f", *args))
 
 
 def append(path: Path, text: str) -> None:
@@ -305,7 +272,7 @@ def test_follow_streams_new_lines_and_marks_the_crash(
     log = write_log(hosts.hosts["alpha"], "old 1\nold 2\nold 3\npartial")
     follow = Follow(cli, "-i", str(inventory), "-H", "alpha", "--path", REMOTE_LOG, "-n", "2")
     try:
-        follow.until("old 3")
+        follow.expect("old 3")
         append(log, " line done\n")
         healthy = [
             f"[2026-11-29 10:12:{n:02d} TP0] Decode batch, #running-req: {n}" for n in range(6)
@@ -314,11 +281,11 @@ def test_follow_streams_new_lines_and_marks_the_crash(
             append(log, line + "\n")
             time.sleep(0.05)
         append(log, SCHEDULER_CRASH)
-        follow.until("CRASH: Tensor shape mismatch")
-        follow.until("hint:")
+        follow.expect("CRASH: Tensor shape mismatch")
+        follow.expect("hint:")
         # Truncation (a log rewritten in place) restarts from the file's start.
         log.write_text("fresh start\n")
-        follow.until("fresh start")
+        follow.expect("fresh start")
     finally:
         code, err = follow.interrupt()
     seen = follow.seen
@@ -342,9 +309,9 @@ def test_follow_two_hosts_prefixes_lines_and_reports_a_failed_host(
     log = write_log(hosts.hosts["alpha"], "start\n")
     follow = Follow(cli, "-i", str(inventory), "-H", "alpha,bravo", "--path", REMOTE_LOG)
     try:
-        follow.until("alpha | start")
+        follow.expect("alpha | start")
         append(log, "next\n")
-        follow.until("alpha | next")
+        follow.expect("alpha | next")
     finally:
         code, err = follow.interrupt()
     assert code == 1
@@ -389,13 +356,13 @@ def test_follow_outlives_a_lost_connection_and_says_so_once(
     log = write_log(bravo, "before\n")
     follow = Follow(cli, "-i", str(inventory), "-H", "bravo", "--path", REMOTE_LOG)
     try:
-        follow.until("before")
+        follow.expect("before")
         bravo.go_away()
         append(log, "while down\n")
         time.sleep(3)  # several polls fail meanwhile
         bravo.start()
         append(log, "after\n")
-        follow.until("after")
+        follow.expect("after")
     finally:
         bravo.ensure_running()
         code, err = follow.interrupt()
@@ -500,8 +467,8 @@ def test_logs_and_crash_mask_secrets_and_show_control_characters_escaped(
 
     follow = Follow(cli, *where, "-n", "20")
     try:
-        follow.until("cleared")
-        follow.until("hint:")
+        follow.expect("cleared")
+        follow.expect("hint:")
     finally:
         follow.interrupt()
     seen = "\n".join(follow.seen)

@@ -19,6 +19,7 @@ import yaml
 from tests.conftest import CLI
 from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster
 from tests.sshd_hosts import SSHLab, free_port
+from tests.streamed import WatchJson, kind_in, watch_events
 from tests.test_lifecycle import prepare
 from tests.test_rollout import Load
 from tests.test_router import (
@@ -206,27 +207,19 @@ def test_a_loopback_bootstrap_a_shared_bootstrap_port_mismatched_tp_or_no_ib_sta
     assert started_servers(Path(table["alpha/p0"]["model_path"])) == 0
 
 
-def watch_events(
-    cli: CLI, inv: Path, until: Any, seconds: float = 90, *extra: str
-) -> list[dict[str, Any]]:
-    """Run `watch --json` until `until(events)` holds (or `seconds` pass), then Ctrl-C it."""
-    proc = cli.popen(
-        "watch", "-i", str(inv), "--json", "--interval", "0.5", "--timeout", "30", *extra
-    )
-    events: list[dict[str, Any]] = []
-    try:
-        deadline = time.monotonic() + seconds
-        while proc.stdout is not None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            events.append(json.loads(line))
-            if until(events):
-                break
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
-    return events
+def serves_within(address: str, port: int, seconds: float) -> bool:
+    """Whether a streamed request through the router ends in full within `seconds` (one try
+    a second)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if stream_through(address, port).rstrip().endswith("[DONE]"):
+                return True
+        except OSError:  # refused, or the router's 503 while no pair is healthy
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(1)
 
 
 def test_a_prefill_killed_under_load_is_restarted_and_no_decode_is(
@@ -234,7 +227,9 @@ def test_a_prefill_killed_under_load_is_restarted_and_no_decode_is(
 ) -> None:
     # Decodes fail their health for a while after they lose their prefill (sglang#12779),
     # with a failed request's traceback in their logs: what a supervisor takes for a crash.
-    knobs = {"pd_health_fail_s": 6, "request_error": True, "crash_after_s": 0.2}
+    # For 15 s: a round of watch that restarts the prefill holds up the next look at the
+    # decodes (19 s at load 16, when a decode's 6 s had passed unseen).
+    knobs = {"pd_health_fail_s": 15, "request_error": True, "crash_after_s": 0.2}
     inv, table = pd_fleet(hosts, tmp_path, prefills=1, decodes=2, knobs=knobs)
     code, launched, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
     assert code == 0, err
@@ -247,9 +242,13 @@ def test_a_prefill_killed_under_load_is_restarted_and_no_decode_is(
         return ("replaced", "alpha/p0") in kinds and held == {"bravo/d0", "alpha/d1"}
 
     with Load(alpha.address, router_port(table), streams=2, max_tokens=4):
-        time.sleep(1)
-        os.killpg(p0, signal.SIGKILL)
-        events = watch_events(cli, inv, prefill_back_and_decodes_held, 90, "--pd-window", "30")
+        watch = WatchJson(cli, inv, "--timeout", "30", "--pd-window", "30")
+        try:
+            watch.started()  # its first look saw the pair serve; the kill comes after
+            os.killpg(p0, signal.SIGKILL)
+            watch.until(prefill_back_and_decodes_held, 90)
+        finally:
+            events = watch.stop()
     restarted = [e["target"] for e in events if e["event"] == "restarting"]
     assert restarted == ["alpha/p0"], events
     held = [e for e in events if e["event"] == "decode_held"]
@@ -257,8 +256,8 @@ def test_a_prefill_killed_under_load_is_restarted_and_no_decode_is(
     assert all(e["prefill"] == "alpha/p0" and e["window_s"] == 30 for e in held), held
     replaced = next(e for e in events if e["event"] == "replaced")
     assert replaced["state"] == "ready", replaced
-    # The pair serves again, through the new prefill.
-    assert stream_through(alpha.address, router_port(table)).rstrip().endswith("[DONE]")
+    # The pair serves again, through the new prefill (once the decodes' health is back).
+    assert serves_within(alpha.address, router_port(table), 30)
     cli("stop", "-i", str(inv))
 
 
@@ -273,9 +272,8 @@ def test_a_stuck_transfer_is_reported_by_watch(hosts: SSHLab, cli: CLI, tmp_path
     with Load(hosts.hosts["alpha"].address, router_port(table), streams=1):
         try:
             events = watch_events(
-                cli, inv, lambda evs: any(e["event"] == "stuck_transfer" for e in evs), 60,
-                "--stuck-after", "2",
-            )  # fmt: skip
+                cli, inv, kind_in("stuck_transfer"), 60, "--timeout", "30", "--stuck-after", "2"
+            )
         finally:
             cli("stop", "-i", str(inv))  # ends the requests that wait
     stuck = [e for e in events if e["event"] == "stuck_transfer"]

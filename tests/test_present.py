@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from deployctl.events import WaitEnded
+from deployctl.events import WaitEnded, Watching
 from deployctl.fanout import FleetResult, HostResult
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import runs
@@ -20,6 +20,7 @@ from deployctl.present import documents, views
 from deployctl.present.live import watch_text
 from deployctl.remote.protocol import RunRecord
 from deployctl.render import RenderedCommand
+from tests.json_contract import check_output
 
 HOST = Host("alpha", dict(DEFAULT_VARS))
 RUN: RunRecord = {
@@ -135,6 +136,22 @@ def test_event_documents_are_their_kind_and_fields() -> None:
     }
     assert json.loads(json.dumps(document)) == document
     assert watch_text(event) is None  # watch shows supervision, not every wait
+
+
+def test_watch_says_what_it_supervises_once_its_first_look_is_in() -> None:
+    many = Watching(target="", deployments=3, hosts=2, unreadable=1, interval_s=10.0)
+    assert watch_text(many) == (
+        "watching 3 deployments on 2 hosts (1 unreadable), every 10s; "
+        "Ctrl-C ends (servers keep running)"
+    )
+    one = Watching(target="", deployments=1, hosts=1, unreadable=0, interval_s=0.5)
+    assert watch_text(one) == (
+        "watching 1 deployment on 1 host, every 0.5s; Ctrl-C ends (servers keep running)"
+    )
+    line = {"schema": 1, **documents.event_json(one)}
+    check_output(["watch", "--json"], 0, json.dumps(line) + "\n")
+    with pytest.raises(AssertionError, match=r"watch\.json"):
+        check_output(["watch", "--json"], 0, json.dumps({**line, "unreadable": "0"}) + "\n")
 
 
 def test_host_text_reaches_the_terminal_with_its_control_characters_escaped(

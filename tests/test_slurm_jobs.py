@@ -7,13 +7,13 @@ node's address there (its `bind_by_node` knob), as a server on a real node binds
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tests import streamed
 from tests.conftest import CLI
 from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster
 from tests.sshd_hosts import SSHLab, free_port, sh
@@ -254,22 +254,9 @@ def watch_events(
     cli: CLI, inv: Path, until: tuple[str, ...], timeout: float, *extra: str
 ) -> list[dict[str, Any]]:
     """watch --json (every second) until an event of a kind in `until`, then Ctrl-C."""
-    proc = cli.popen("watch", "-i", str(inv), "--interval", "1", "--json", *extra)
-    events: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    try:
-        assert proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            events.append(json.loads(line))
-            if events[-1]["event"] in until:
-                break
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
-    return events
+    return streamed.watch_events(
+        cli, inv, streamed.kind_in(*until), timeout, "--interval", "1", *extra
+    )
 
 
 RENEW = ("--renew-before", "58s")
@@ -331,8 +318,8 @@ def test_watch_restarts_a_crashed_job_as_a_new_job_and_stops_at_a_crash_loop(
     first = job_of(doc)["id"]
     events = watch_events(cli, inv, ("crash_loop", "watch_stopped"), 60)
     kinds = [e["event"] for e in events]
-    assert kinds[:2] == ["restarting", "replaced"] and "crash_loop" in kinds, kinds
-    replaced = events[1]
+    assert kinds[:3] == ["watching", "restarting", "replaced"] and "crash_loop" in kinds, kinds
+    replaced = events[2]
     assert replaced["old_run"].endswith("_v1") and replaced["new_run"].endswith("_v2")
     # The same crash twice: the breaker counted the new job's crash.
     loop = next(e for e in events if e["event"] == "crash_loop")
@@ -351,7 +338,12 @@ def test_watch_renews_a_job_once_when_its_limit_is_within_the_window(
     )
     before = max((int(j["id"]) for j in slurm_lab.jobs()), default=0)
     launched(cli, inv)
-    events = watch_events(cli, inv, ("never",), 35, "--renew-before", "90s")
+    watch = streamed.WatchJson(cli, inv, "--interval", "1", "--renew-before", "90s")
+    try:
+        watch.until(lambda evs: len([e for e in evs if e["event"] == "renewed"]) >= 2, 60)
+        watch.until(lambda evs: False, 10)  # ten more looks: no renewal is tried again
+    finally:
+        events = watch.stop()
     renewed = [e for e in events if e["event"] == "renewed"]
     assert [e["new_run"] is not None for e in renewed] == [True, False], events
     first, refused = renewed

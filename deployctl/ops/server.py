@@ -480,6 +480,7 @@ def watch(
 
     next_try: dict[str, float] = {}
     given_up: set[str] = set()
+    watching = False
     renewals = None if renew_before is None else Renewals(renew_before)
     if renewals is not None:
         check_renew_window(fleet.hosts, renewals.window)
@@ -497,6 +498,16 @@ def watch(
         return fleet.poll(look, answer_within=within)
 
     for statuses in status_rounds(statuses_now, interval, rounds, sleep, pace=False):
+        if not watching:  # the first look is in: say what is supervised from now on
+            watching = True
+            events.emit(
+                ev.Watching(
+                    target="", deployments=len(units(statuses)),
+                    hosts=len({r.host.name for r in statuses}),
+                    unreadable=len({r.host.name for r in statuses if r.exception is not None}),
+                    interval_s=interval,
+                )
+            )  # fmt: skip
         for result in statuses:
             if result.exception is not None:
                 events.emit(ev.HostFailed(target=result.name, exception=result.exception))

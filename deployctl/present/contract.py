@@ -1396,6 +1396,17 @@ DEFINITIONS: dict[str, Schema] = {
         required=["old_run", "new_run", "state"],
         description="A run was replaced by `new_run` (None: its launch was refused), now in `state`.",
     ),
+    "eventWatching": event(
+        "watching",
+        {
+            "deployments": integer("Deployments (a multi-node group counts once) found."),
+            "hosts": integer(),
+            "unreadable": integer("Hosts that could not be read (each also has its own event)."),
+            "interval_s": number(),
+        },
+        required=["deployments", "hosts", "unreadable", "interval_s"],
+        description="Supervision began: its first look is done. Once, before that look's own events.",
+    ),
     "eventWatchStopped": event(
         "watch_stopped",
         {
@@ -1607,6 +1618,7 @@ COMMANDS: dict[str, Schema] = {
         },
         "anyOf": [
             ref("eventHostFailed"),
+            ref("eventWatching"),
             ref("eventRestarting"),
             ref("eventCrashLoop"),
             ref("eventDecodeHeld"),

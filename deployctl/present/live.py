@@ -290,6 +290,14 @@ def watch_text(event: ev.Event) -> str | None:
         if event.error:
             return f"not renewed: {event.error}; {event.old_run} serves on until its limit"
         return f"renewed: {event.new_run} serves, {event.old_run} cancelled"
+    if isinstance(event, ev.Watching):
+        where = f"{event.hosts} host{'' if event.hosts == 1 else 's'}"
+        if event.unreadable:
+            where += f" ({event.unreadable} unreadable)"
+        return (
+            f"watching {event.deployments} deployment{'' if event.deployments == 1 else 's'} "
+            f"on {where}, every {event.interval_s:g}s; Ctrl-C ends (servers keep running)"
+        )
     if isinstance(event, ev.WatchStopped) and event.gave_up:
         return "watch ends: every deployment it watches is in a crash loop"
     if isinstance(event, ev.WatchStopped):
