@@ -456,26 +456,29 @@ def test_keep_none_after_a_crash_puts_back_the_run_that_served_before(
 def test_a_tune_below_min_ratio_at_one_level_does_not_hold(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    """The tuned run's speculative steps (up to T = 4) take 1.5 times longer: at 4 it falls
-    below the curves (about 0.66), above T it keeps up. One level short is enough: exit 1,
-    and no inventory line is offered. --min-ratio 0.8: a loaded machine measured the plain
-    steps above T at 0.90 of the baseline's (the median of three samples)."""
+    """The tuned run's speculative steps (up to T = 4) take 2.5 times longer: at 4 it falls
+    below both curves (about 0.4 of the better), above T it keeps up. One level short is
+    enough: exit 1, and no inventory line is offered. --min-ratio 0.8: a loaded machine
+    measured the plain steps above T at 0.90 of the baseline's (the median of three samples).
+    Not 1.5 times (0.67): the better curve is one sample, and at load 10-16 the speculative
+    one measured 14-20 % under its curve, which lifted the ratio at 4 to 0.74 here and to
+    0.8 or more in two CI runs (exit 0)."""
     model = QUICK_MODEL
-    variables = adaptive_host(hosts, "alpha", model, threshold_slowdown=1.5)
+    variables = adaptive_host(hosts, "alpha", model, threshold_slowdown=2.5)
     inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
     result = cli(
         "tune", "-i", str(inv), "--input-len", "8", "--output-len", str(OUTPUT_LEN),
         "--requests-per-stream", str(PER_STREAM), "--timeout", "60", "--min-ratio", "0.8", *QUICK,
         timeout=600,
     )  # fmt: skip
-    assert result.returncode == 1, (result.stdout, result.stderr)
+    shown = cli("tune", "-i", str(inv), "--report", "--json")
+    entry = json.loads(shown.stdout)["hosts"]["alpha"]["record"]
+    ratios = entry["envelope_ratio"]
+    assert result.returncode == 1, (ratios, entry["phases"], result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
     assert "the tuned run fell below 0.8 of the better curve at concurrency 4" in result.stderr
     assert "keep it:" not in result.stdout and "threshold: 4" not in result.stdout
-    shown = cli("tune", "-i", str(inv), "--report", "--json")
-    entry = json.loads(shown.stdout)["hosts"]["alpha"]["record"]
     assert entry["outcome"] == "tuned" and entry["held"] is False
-    ratios = entry["envelope_ratio"]
     assert ratios["4"] < 0.8 <= ratios["10"], ratios
     # The tuned run measured the levels compared, not the split no launch was left for.
     assert set(entry["phases"]["tuned"]["samples"]) == {"4", "10"}
