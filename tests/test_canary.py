@@ -152,10 +152,25 @@ def test_the_router_among_the_selected_units_is_neither_canary_nor_control() -> 
 
 def test_the_canaries_are_replicas_that_differ_not_merely_the_first() -> None:
     plans = units(4, changed=0)
-    plans[2].reasons = ["template"]  # only r2 differs from the inventory
+    plans[2].reasons = plans[3].reasons = ["template"]  # r2 and r3 differ from the inventory
     split = plan_canary(plans, replicas=1, restart=False)
     assert [u.name for u in split.candidates] == ["r2"]
-    assert [u.name for u in split.controls] == ["r0", "r1", "r3"]
+    # r0 and r1 already run the inventory's configuration: no control for it.
+    assert [u.name for u in split.controls] == ["r3"]
+
+
+def test_replicas_already_on_the_new_configuration_leave_no_control_and_are_refused() -> None:
+    plans = units(3, changed=0)
+    plans[1].reasons = ["template"]  # only r1 still runs the old configuration
+    with pytest.raises(UsageError, match=r"leaves no control: r0, r2 already run") as refused:
+        plan_canary(plans, replicas=1, restart=False)
+    assert refused.value.hint is not None and "--restart" in refused.value.hint
+    plans[2].reasons = ["template"]
+    with pytest.raises(UsageError) as refused:
+        plan_canary(plans, replicas=2, restart=False)
+    assert refused.value.hint == "at most --replicas 1"
+    split = plan_canary(plans, replicas=1, restart=True)  # the same configuration compared
+    assert [u.name for u in split.controls] == ["r1", "r2"]
 
 
 def test_replicas_of_several_routers_are_refused() -> None:

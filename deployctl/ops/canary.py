@@ -116,8 +116,9 @@ class CanaryReport:
 
 def plan_canary(unit_plans: Sequence[UnitPlan], replicas: int, restart: bool) -> CanaryPlan:
     """Split the selected replicas: the first `replicas` that differ from the inventory are
-    the canaries. Refused, naming why, without a router, with fewer than two replicas, with
-    replicas of several routers, or when nothing differs (unless `restart`)."""
+    the canaries, the others that differ the control (with `restart`, every replica counts as
+    differing). Refused, naming why, without a router, with fewer than two replicas, with
+    replicas of several routers, when nothing differs, or when no control is left."""
     workers = [u for u in unit_plans if u.plans[0].role is not Role.ROUTER]
     if replicas < 1:
         raise UsageError("--replicas must be 1 or more")
@@ -144,13 +145,25 @@ def plan_canary(unit_plans: Sequence[UnitPlan], replicas: int, restart: bool) ->
             "no replica differs from the inventory: nothing to try",
             hint="change the inventory first, or pass --restart to try the same configuration",
         )
-    if replicas >= len(workers):
+    # A replica that matches the inventory already runs what the canaries try: as a control
+    # it would judge the new configuration against itself, so only replicas that differ are.
+    if replicas >= len(changed):
+        same = [u.name for u in workers if u not in changed]
+        if not same:
+            raise UsageError(
+                f"--replicas {replicas} leaves no control among {len(workers)} replicas",
+                hint=f"at most --replicas {len(workers) - 1}",
+            )
         raise UsageError(
-            f"--replicas {replicas} leaves no control among {len(workers)} replicas",
-            hint=f"at most --replicas {len(workers) - 1}",
+            f"--replicas {replicas} leaves no control: {', '.join(same)} already run the "
+            f"inventory's configuration, and {len(changed)} replica(s) differ from it",
+            hint=f"at most --replicas {len(changed) - 1}"
+            if len(changed) > 1
+            else "roll the one that differs out (deployctl rollout), or pass --restart to "
+            "compare replicas on one configuration",
         )
     candidates = changed[:replicas]
-    controls = [u for u in workers if u not in candidates]
+    controls = [u for u in changed if u not in candidates]
     return CanaryPlan(routers[0], candidates, controls)
 
 
