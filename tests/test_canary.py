@@ -156,7 +156,7 @@ def test_the_canaries_are_replicas_that_differ_not_merely_the_first() -> None:
     split = plan_canary(plans, replicas=1, restart=False)
     assert [u.name for u in split.candidates] == ["r2"]
     # r0 and r1 already run the inventory's configuration: no control for it.
-    assert [u.name for u in split.controls] == ["r3"]
+    assert [u.name for u in split.controls] == ["r3"] and split.current == ["r0", "r1"]
 
 
 def test_replicas_already_on_the_new_configuration_leave_no_control_and_are_refused() -> None:
@@ -454,7 +454,13 @@ def test_the_dry_run_view_names_the_canaries_and_the_control(
     from deployctl.present.views import CANARY
 
     CANARY.human(judged(dry_run=True))
-    assert "edge/router: canary r0; control r1, r2" in capsys.readouterr().out
+    assert "edge/router: canary r0; control r1, r2\n" in capsys.readouterr().out
+    plans = units(4, changed=0)
+    plans[1].reasons = plans[3].reasons = ["template"]
+    report = CanaryReport(plan_canary(plans, replicas=1, restart=False), dry_run=True)
+    CANARY.human(report)
+    assert "edge/router: canary r1; control r3; already on it: r0, r2" in capsys.readouterr().out
+    assert CANARY.document(report)["already_current"] == ["r0", "r2"]
 
 
 def test_a_kept_canarys_steps_show_their_runs_and_errors(

@@ -79,11 +79,13 @@ class CanaryOptions:
 
 @dataclass
 class CanaryPlan:
-    """The replicas of one router: the canaries (replaced first) and the control."""
+    """The replicas of one router: the canaries (replaced first), the control, and those
+    already on the inventory's configuration (neither)."""
 
     router: str
     candidates: list[UnitPlan]
     controls: list[UnitPlan]
+    current: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -147,8 +149,8 @@ def plan_canary(unit_plans: Sequence[UnitPlan], replicas: int, restart: bool) ->
         )
     # A replica that matches the inventory already runs what the canaries try: as a control
     # it would judge the new configuration against itself, so only replicas that differ are.
+    same = [u.name for u in workers if u not in changed]
     if replicas >= len(changed):
-        same = [u.name for u in workers if u not in changed]
         if not same:
             raise UsageError(
                 f"--replicas {replicas} leaves no control among {len(workers)} replicas",
@@ -164,7 +166,7 @@ def plan_canary(unit_plans: Sequence[UnitPlan], replicas: int, restart: bool) ->
         )
     candidates = changed[:replicas]
     controls = [u for u in changed if u not in candidates]
-    return CanaryPlan(routers[0], candidates, controls)
+    return CanaryPlan(routers[0], candidates, controls, same)
 
 
 @dataclass

@@ -747,6 +747,10 @@ DEFINITIONS: dict[str, Schema] = {
                 "A clear verdict acted on: promoted, or kept (no regression with --no-promote, or inconclusive); false for a rollback, a failed split or Ctrl-C."
             ),
             "dry_run": boolean(),
+            "already_current": array(
+                string(),
+                "Replicas that already run the inventory's configuration: neither canary nor control.",
+            ),
             "units": array(
                 ref("rolloutUnit"),
                 "The canaries' and the control's plans, and what was last done with each (split, then the promotion or rollback; `steps` keeps every one).",
@@ -755,7 +759,7 @@ DEFINITIONS: dict[str, Schema] = {
                 "string", "Why the record could not be kept on the router's host (null: kept)."
             ),
         },
-        required=[*CANARY_FIELDS, "ok", "dry_run", "units", "keep_error"],
+        required=[*CANARY_FIELDS, "ok", "dry_run", "already_current", "units", "keep_error"],
     ),
     "canaryRecord": declared(
         CanaryRecord,

@@ -1152,7 +1152,10 @@ def _canary(report: CanaryReport) -> None:
     if report.dry_run:
         canaries = ", ".join(u.name for u in plan.candidates)
         controls = ", ".join(u.name for u in plan.controls)
-        console().print(f"{plan.router}: canary {canaries}; control {controls}", markup=False)
+        current = f"; already on it: {', '.join(plan.current)}" if plan.current else ""
+        console().print(
+            f"{plan.router}: canary {canaries}; control {controls}{current}", markup=False
+        )
         for unit in plan.candidates:
             _unit_plan_lines(unit)
         return
