@@ -215,9 +215,12 @@ def test_bench_agrees_with_the_model_and_suggests_its_crossover(
             c = level["concurrency"]
             assert level["failed"] == 0 and level["completed"] == level["prompts"] == 2 * c
             assert level["output_tokens"] == 60 * 2 * c
-            # 15 %: at 64 streams a loaded 2-core machine cannot carry the stand-in's chunks at
-            # its model's pace (CI measured 673 against 762 tok/s).
-            assert level["output_tokens_per_s"] == pytest.approx(model(c), rel=0.15), level
+            # The stand-in keeps to its model's clock, so a bench can measure it slower, never
+            # faster: up to 5 % over (rounding), and down to 30 % under, as a loaded 2-core
+            # machine cannot carry its chunks at pace (CI measured 673 against 762 tok/s at 64
+            # streams, and 77.6 against 93.75 at one; at load 6 the levels gave 0.86-0.98).
+            tps = level["output_tokens_per_s"]
+            assert 0.7 * model(c) <= tps <= 1.05 * model(c), (model(c), level)
             assert level["ttft_ms"]["p50"] > 0 and level["itl_ms"]["p99"] >= level["itl_ms"]["p50"]
         saved = Path(entry["saved"])
         assert saved == alpha.home / ".deployctl" / "runs" / f"{runs[template]}.bench" / "1.json"
