@@ -36,6 +36,16 @@ def spec_tps(c: int) -> float:
     return c * MODEL["accept_len"] * 1000 / (MODEL["spec_step_ms"] + MODEL["spec_per_req_ms"] * c)
 
 
+def assert_paced(level: Any, modelled: float) -> None:
+    """A bench level of a stand-in measured at its model's pace. The stand-in keeps to its
+    model's clock, so a bench can measure it slower, never faster: up to 5 % over (rounding),
+    down to 30 % under, as a loaded 2-core machine cannot carry its chunks at pace (CI
+    measured 673 against 762 tok/s at 64 streams, 77.6 against 93.75 at one; at load 6 the
+    levels gave 0.86-0.98 of the model)."""
+    tps = level["output_tokens_per_s"]
+    assert 0.7 * modelled <= tps <= 1.05 * modelled, (modelled, level)
+
+
 def test_percentiles_interpolate_like_numpy() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
@@ -215,12 +225,7 @@ def test_bench_agrees_with_the_model_and_suggests_its_crossover(
             c = level["concurrency"]
             assert level["failed"] == 0 and level["completed"] == level["prompts"] == 2 * c
             assert level["output_tokens"] == 60 * 2 * c
-            # The stand-in keeps to its model's clock, so a bench can measure it slower, never
-            # faster: up to 5 % over (rounding), and down to 30 % under, as a loaded 2-core
-            # machine cannot carry its chunks at pace (CI measured 673 against 762 tok/s at 64
-            # streams, and 77.6 against 93.75 at one; at load 6 the levels gave 0.86-0.98).
-            tps = level["output_tokens_per_s"]
-            assert 0.7 * model(c) <= tps <= 1.05 * model(c), (model(c), level)
+            assert_paced(level, model(c))
             assert level["ttft_ms"]["p50"] > 0 and level["itl_ms"]["p99"] >= level["itl_ms"]["p50"]
         saved = Path(entry["saved"])
         assert saved == alpha.home / ".deployctl" / "runs" / f"{runs[template]}.bench" / "1.json"
@@ -294,7 +299,7 @@ def test_sglang_tool_runs_the_hosts_own_serving_benchmark(
         c = level["concurrency"]
         assert level["failed"] == 0 and level["completed"] == level["prompts"] == 2 * c
         assert level["output_tokens"] == 60 * 2 * c
-        assert level["output_tokens_per_s"] == pytest.approx(spec_tps(c), rel=0.10), level
+        assert_paced(level, spec_tps(c))
     # bench_serving's ITL is per token: a chunk's gap divided by the tokens it brought.
     step_ms = MODEL["spec_step_ms"] + MODEL["spec_per_req_ms"]
     per_token = step_ms / MODEL["accept_len"]
