@@ -92,8 +92,8 @@ def serving(
 ) -> tuple[Path, dict[str, Any]]:
     """`fleet()` launched to ready: a router and `workers` stand-ins registered with it."""
     inv, table = fleet(lab, tmp_path, workers=workers, knobs=KNOBS, **extra)
-    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, (err, doc)  # under --json, why is in the document
     return inv, table
 
 
