@@ -74,6 +74,12 @@ def test_roles_render_sglangs_disaggregation_flags_and_a_pd_router_its_mode() ->
     assert "--pd-disaggregation" in router
     assert plan_of(plans, "gpu1/p0").extra_ports == {9100: "bootstrap_port, where decodes fetch KV"}
     assert plan_of(plans, "gpu1/d0").extra_ports == {}
+    # Checked free where SGLang binds them: its --host (the bootstrap server, the router's
+    # --prometheus-host), not on every address.
+    bind_host = plan_of(plans, "gpu1/p0").host.settings.bind_host
+    assert plan_of(plans, "gpu1/p0").extra_port_addresses == {9100: bind_host}
+    router_plan = plan_of(plans, "edge/router")
+    assert set(router_plan.extra_port_addresses.values()) == {router_plan.host.settings.bind_host}
 
 
 def test_a_server_without_a_role_renders_no_disaggregation_flag() -> None:

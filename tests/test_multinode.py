@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import CLI
-from tests.sshd_hosts import SSHLab, free_port
+from tests.sshd_hosts import SSHLab, free_port, loopback_address
 from tests.test_deployments import run_json, standin_starts
 from tests.test_faults import agents, wait_until
 from tests.test_lifecycle import prepare, rank_pids, watch_until
@@ -124,7 +124,8 @@ def test_rank_0s_dist_port_in_use_is_refused(hosts: SSHLab, cli: CLI, tmp_path: 
     inv = group_inventory(hosts, tmp_path, ["alpha", "bravo"])
     port = dist_port(inv)
     with socket.socket() as busy:
-        busy.bind(("0.0.0.0", port))
+        # On another address of the host: torch's rendezvous store binds every address.
+        busy.bind((loopback_address(250), port))
         busy.listen()
         result = cli("launch", "-i", str(inv), "--timeout", "60")
     assert result.returncode == 1

@@ -19,7 +19,7 @@ import yaml
 
 from tests.conftest import CLI
 from tests.router_venv import legacy_router_python, router_venv
-from tests.sshd_hosts import SSHLab, free_port
+from tests.sshd_hosts import SSHLab, free_port, loopback_address
 from tests.test_lifecycle import prepare
 
 pytestmark = pytest.mark.lab
@@ -195,6 +195,37 @@ def remove_by_hand(address: str, port: int, url: str) -> None:
 
         time.sleep(0.1)
     raise AssertionError(f"{url} still registered")
+
+
+def test_the_routers_metrics_port_is_checked_on_its_own_address_not_every_one(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """Held on another address of the host, the port does not stop the launch (it once did,
+    checked on every address: xdist workers' servers on their own addresses refused each
+    other's routers); held on the router's own address, it does, and nothing starts."""
+    import socket
+
+    inv, table = fleet(hosts, tmp_path, workers=1)
+    alpha, metrics = hosts.hosts["alpha"], table["router"]["router_metrics_port"]
+    with socket.socket() as elsewhere:
+        elsewhere.bind((loopback_address(250), metrics))
+        elsewhere.listen()
+        with socket.socket() as same:
+            same.bind((alpha.address, metrics))
+            same.listen()
+            refused = cli("launch", "-i", str(inv), "--timeout", "60")
+        assert refused.returncode == 1, refused.stderr
+        assert (
+            f"alpha/router: error: port {metrics} (router_metrics_port, its Prometheus port) "
+            "is in use on alpha"
+        ) in refused.stderr
+        for port in (table["router"]["port"], table["w1"]["port"]):  # nothing started
+            with socket.socket() as probe:
+                assert probe.connect_ex((alpha.address, port)) != 0, port
+        code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+        assert code == 0, (err, doc)
+    assert router_entry(cli, inv)["workers"], "the router serves its worker"
+    cli("stop", "-i", str(inv))
 
 
 def test_a_router_launched_after_its_workers_registers_the_ready_ones(

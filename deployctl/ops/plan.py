@@ -263,6 +263,16 @@ class Plan:
         return found
 
     @property
+    def extra_port_addresses(self) -> dict[int, str]:
+        """Where each of `extra_ports` is bound: on the server's `bind_host` (the router's
+        Prometheus port, a prefill's bootstrap server), or on every address ("": a
+        multi-node rank 0's rendezvous store). Checked where it is bound: a port another
+        server holds on another address of the host does not stop a bind to this one."""
+        bind_host = self.host.settings.bind_host
+        dist_port = self.host.settings.dist_port if self.group and self.node_rank == 0 else None
+        return {p: "" if p == dist_port else bind_host for p in self.extra_ports}
+
+    @property
     def group(self) -> GroupKey | None:
         """The multi-node deployment this plan is one node of."""
         return group_of(self.host)
@@ -358,7 +368,7 @@ def preflight_args(
             {f for s in plan.needed_sets for v in s.variants.values() for f in v.files}
         ),
         "port": plan.port,
-        "also_ports": sorted(plan.extra_ports),
+        "also_ports": {str(p): a for p, a in sorted(plan.extra_port_addresses.items())},
         "bind_host": plan.bind_host,
         "check_paths": plan.check_paths(),
         "module": plan.launch_module,

@@ -184,7 +184,8 @@ class PreflightArgs(ProbeArgs):
     deployment: str | None
     gpus: list[int] | None  # None: every GPU
     port: int
-    also_ports: list[int]  # more ports the server will listen on (a multi-node rank 0's)
+    # More ports the server will listen on → the address each is bound on ("": every one).
+    also_ports: dict[str, str]
     bind_host: str
     check_paths: list[str]
     module: str | None

@@ -97,7 +97,12 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
     probe = cmd_probe(args)
     log_dir = os.path.expanduser(args["log_dir"])
     free, port_error = port_free(args["bind_host"], args["port"])
-    busy = {str(p): why for p in args["also_ports"] for ok, why in [port_free("", p)] if not ok}
+    busy = {
+        port: why
+        for port, address in args["also_ports"].items()
+        for ok, why in [port_free(address, int(port))]
+        if not ok
+    }
     writable, log_dir_error = writable_dir(log_dir)
     version = next_log_version(log_dir, args["log_stem"], state_path(args["state_dir"], "runs"))
     return {
