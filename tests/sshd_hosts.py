@@ -62,9 +62,19 @@ def locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-# Ports handed to servers that bind later: below the ephemeral range (32768-60999), where an
-# outbound connection's source port could take one between the choice and the bind.
-TEST_PORTS = range(20000, 32768)
+def worker_ports() -> range:
+    """Ports handed to servers that bind later: below the ephemeral range (32768-60999), where
+    an outbound connection's source port could take one between the choice and the bind, and
+    each xdist worker its own share, so that a port bound or checked on every address (a
+    rendezvous store) never meets another worker's server on its own address."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+    share = (32768 - 20000) // max(workers, 1)
+    return range(20000 + index * share, 20000 + (index + 1) * share)
+
+
+TEST_PORTS = worker_ports()
 _next_port = [random.randrange(len(TEST_PORTS))]
 
 
