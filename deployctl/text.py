@@ -13,6 +13,11 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def counted(count: int, noun: str) -> str:
+    """`1 host`, `2 hosts`: a count and its noun (plural by an `s`)."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def is_number(text: str) -> bool:
     """ASCII digits only: `str.isdigit` also accepts superscripts, which `int` refuses."""
     return text.isascii() and text.isdigit()

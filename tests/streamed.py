@@ -118,7 +118,7 @@ class WatchJson:
         sees happen."""
         if not self.until(lambda evs: bool(evs), timeout) or self.events[0]["event"] != "watching":
             _, err = self.stream.interrupt()
-            raise AssertionError(f"watch did not start: {self.events}; stderr: {err}")
+            pytest.fail(f"watch did not start: {self.events}; stderr: {err}")
         return self.events[0]
 
     def stop(self) -> list[dict[str, Any]]:

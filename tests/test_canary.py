@@ -156,7 +156,7 @@ def test_the_canaries_are_replicas_that_differ_not_merely_the_first() -> None:
     split = plan_canary(plans, replicas=1, restart=False)
     assert [u.name for u in split.candidates] == ["r2"]
     # r0 and r1 already run the inventory's configuration: no control for it.
-    assert [u.name for u in split.controls] == ["r3"] and split.current == ["r0", "r1"]
+    assert [u.name for u in split.controls] == ["r3"] and split.already_current == ["r0", "r1"]
 
 
 def test_replicas_already_on_the_new_configuration_leave_no_control_and_are_refused() -> None:

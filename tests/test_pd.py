@@ -20,6 +20,7 @@ from tests.conftest import CLI
 from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster
 from tests.sshd_hosts import SSHLab, free_port
 from tests.streamed import WatchJson, kind_in, watch_events
+from tests.test_faults import wait_until
 from tests.test_lifecycle import prepare
 from tests.test_rollout import Load
 from tests.test_router import (
@@ -207,19 +208,12 @@ def test_a_loopback_bootstrap_a_shared_bootstrap_port_mismatched_tp_or_no_ib_sta
     assert started_servers(Path(table["alpha/p0"]["model_path"])) == 0
 
 
-def serves_within(address: str, port: int, seconds: float) -> bool:
-    """Whether a streamed request through the router ends in full within `seconds` (one try
-    a second)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if stream_through(address, port).rstrip().endswith("[DONE]"):
-                return True
-        except OSError:  # refused, or the router's 503 while no pair is healthy
-            pass
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(1)
+def serves(address: str, port: int) -> bool:
+    """Whether a streamed request through the router ends in full now."""
+    try:
+        return stream_through(address, port).rstrip().endswith("[DONE]")
+    except OSError:  # refused, or the router's 503 while no pair is healthy
+        return False
 
 
 def test_a_prefill_killed_under_load_is_restarted_and_no_decode_is(
@@ -257,7 +251,7 @@ def test_a_prefill_killed_under_load_is_restarted_and_no_decode_is(
     replaced = next(e for e in events if e["event"] == "replaced")
     assert replaced["state"] == "ready", replaced
     # The pair serves again, through the new prefill (once the decodes' health is back).
-    assert serves_within(alpha.address, router_port(table), 30)
+    wait_until(lambda: serves(alpha.address, router_port(table)), 30, interval=1)
     cli("stop", "-i", str(inv))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -203,8 +204,6 @@ def test_the_routers_metrics_port_is_checked_on_its_own_address_not_every_one(
     """Held on another address of the host, the port does not stop the launch (it once did,
     checked on every address: xdist workers' servers on their own addresses refused each
     other's routers); held on the router's own address, it does, and nothing starts."""
-    import socket
-
     inv, table = fleet(hosts, tmp_path, workers=1)
     alpha, metrics = hosts.hosts["alpha"], table["router"]["router_metrics_port"]
     with socket.socket() as elsewhere:

@@ -85,7 +85,7 @@ class CanaryPlan:
     router: str
     candidates: list[UnitPlan]
     controls: list[UnitPlan]
-    current: list[str] = field(default_factory=list)
+    already_current: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -150,19 +150,22 @@ def plan_canary(unit_plans: Sequence[UnitPlan], replicas: int, restart: bool) ->
     # A replica that matches the inventory already runs what the canaries try: as a control
     # it would judge the new configuration against itself, so only replicas that differ are.
     same = [u.name for u in workers if u not in changed]
+    if replicas >= len(changed) and not same:
+        raise UsageError(
+            f"--replicas {replicas} leaves no control among {len(workers)} replicas",
+            hint=f"at most --replicas {len(workers) - 1}",
+        )
     if replicas >= len(changed):
-        if not same:
-            raise UsageError(
-                f"--replicas {replicas} leaves no control among {len(workers)} replicas",
-                hint=f"at most --replicas {len(workers) - 1}",
-            )
+        hint = (
+            f"at most --replicas {len(changed) - 1}"
+            if len(changed) > 1
+            else "roll the one that differs out (deployctl rollout), or pass --restart to "
+            "compare replicas on one configuration"
+        )
         raise UsageError(
             f"--replicas {replicas} leaves no control: {', '.join(same)} already run the "
             f"inventory's configuration, and {len(changed)} replica(s) differ from it",
-            hint=f"at most --replicas {len(changed) - 1}"
-            if len(changed) > 1
-            else "roll the one that differs out (deployctl rollout), or pass --restart to "
-            "compare replicas on one configuration",
+            hint=hint,
         )
     candidates = changed[:replicas]
     controls = [u for u in changed if u not in candidates]

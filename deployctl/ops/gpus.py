@@ -11,6 +11,7 @@ from deployctl.errors import DeployctlError
 from deployctl.facts import Gpu, GpuProcess, GpuState, parse_gpus_command, run_probes
 from deployctl.inventory import Host
 from deployctl.remote.protocol import GPUS_COMMAND, RunsArgs
+from deployctl.text import counted
 
 DEFAULT_MAX_USED_MIB = 16
 
@@ -61,7 +62,7 @@ class GpuReport:
     def verdict(self) -> str:
         """Say in a few words why the host is clean or dirty."""
         if self.clean:
-            return f"clean ({len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''})"
+            return f"clean ({counted(len(self.gpus), 'GPU')})"
         parts = []
         if self.processes:
             parts.append("PIDs " + ", ".join(map(str, self.pids)) + " hold GPU memory")

@@ -249,28 +249,32 @@ class Plan:
         return self.kind.bootstrap_port
 
     @property
-    def extra_ports(self) -> dict[int, str]:
-        """The ports it listens on besides its server port, and what each is for."""
+    def _listeners(self) -> dict[int, tuple[str, str]]:
+        """The ports it listens on besides its server port: what each is for, and the address
+        it is bound on — the server's `bind_host` (SGLang's bootstrap server and the router's
+        Prometheus port bind its --host), or every address ("": torch's rendezvous store on a
+        multi-node rank 0)."""
+        bind_host = self.host.settings.bind_host
         if self.role is Role.ROUTER:
-            return {
-                self.host.settings.router_metrics_port: "router_metrics_port, its Prometheus port"
-            }
+            metrics = self.host.settings.router_metrics_port
+            return {metrics: ("router_metrics_port, its Prometheus port", bind_host)}
         found = {}
         if self.group and self.node_rank == 0:  # rank 0 also listens for the other nodes
-            found[self.host.settings.dist_port] = "dist_port, where the other nodes join"
+            found[self.host.settings.dist_port] = ("dist_port, where the other nodes join", "")
         if self.bootstrap_port is not None and self.node_rank == 0:
-            found[self.bootstrap_port] = "bootstrap_port, where decodes fetch KV"
+            found[self.bootstrap_port] = ("bootstrap_port, where decodes fetch KV", bind_host)
         return found
 
     @property
+    def extra_ports(self) -> dict[int, str]:
+        """The ports it listens on besides its server port, and what each is for."""
+        return {port: why for port, (why, _) in self._listeners.items()}
+
+    @property
     def extra_port_addresses(self) -> dict[int, str]:
-        """Where each of `extra_ports` is bound: on the server's `bind_host` (the router's
-        Prometheus port, a prefill's bootstrap server), or on every address ("": a
-        multi-node rank 0's rendezvous store). Checked where it is bound: a port another
+        """Where each of `extra_ports` is bound, so preflight checks it there: a port another
         server holds on another address of the host does not stop a bind to this one."""
-        bind_host = self.host.settings.bind_host
-        dist_port = self.host.settings.dist_port if self.group and self.node_rank == 0 else None
-        return {p: "" if p == dist_port else bind_host for p in self.extra_ports}
+        return {port: address for port, (_, address) in self._listeners.items()}
 
     @property
     def group(self) -> GroupKey | None:

@@ -480,7 +480,6 @@ def watch(
 
     next_try: dict[str, float] = {}
     given_up: set[str] = set()
-    watching = False
     renewals = None if renew_before is None else Renewals(renew_before)
     if renewals is not None:
         check_renew_window(fleet.hosts, renewals.window)
@@ -497,9 +496,9 @@ def watch(
     def statuses_now() -> FleetResult[RunStatus]:
         return fleet.poll(look, answer_within=within)
 
-    for statuses in status_rounds(statuses_now, interval, rounds, sleep, pace=False):
-        if not watching:  # the first look is in: say what is supervised from now on
-            watching = True
+    looks = status_rounds(statuses_now, interval, rounds, sleep, pace=False)
+    for look_number, statuses in enumerate(looks):
+        if look_number == 0:  # the first look is in: say what is supervised from now on
             events.emit(
                 ev.Watching(
                     target="", deployments=len(units(statuses)),

@@ -32,6 +32,7 @@ from deployctl.present.terminal import (
 )
 from deployctl.present.views import METRIC_COLUMNS, metric_rows
 from deployctl.schema import versioned
+from deployctl.text import counted
 
 if TYPE_CHECKING:
     from deployctl.crash.model import CrashReport
@@ -291,12 +292,11 @@ def watch_text(event: ev.Event) -> str | None:
             return f"not renewed: {event.error}; {event.old_run} serves on until its limit"
         return f"renewed: {event.new_run} serves, {event.old_run} cancelled"
     if isinstance(event, ev.Watching):
-        where = f"{event.hosts} host{'' if event.hosts == 1 else 's'}"
-        if event.unreadable:
-            where += f" ({event.unreadable} unreadable)"
+        unreadable = f" ({event.unreadable} unreadable)" if event.unreadable else ""
         return (
-            f"watching {event.deployments} deployment{'' if event.deployments == 1 else 's'} "
-            f"on {where}, every {event.interval_s:g}s; Ctrl-C ends (servers keep running)"
+            f"watching {counted(event.deployments, 'deployment')} on "
+            f"{counted(event.hosts, 'host')}{unreadable}, every {event.interval_s:g}s; "
+            "Ctrl-C ends (servers keep running)"
         )
     if isinstance(event, ev.WatchStopped) and event.gave_up:
         return "watch ends: every deployment it watches is in a crash loop"

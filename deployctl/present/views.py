@@ -1152,7 +1152,8 @@ def _canary(report: CanaryReport) -> None:
     if report.dry_run:
         canaries = ", ".join(u.name for u in plan.candidates)
         controls = ", ".join(u.name for u in plan.controls)
-        current = f"; already on it: {', '.join(plan.current)}" if plan.current else ""
+        on_it = plan.already_current
+        current = f"; already on it: {', '.join(on_it)}" if on_it else ""
         console().print(
             f"{plan.router}: canary {canaries}; control {controls}{current}", markup=False
         )
