@@ -132,6 +132,14 @@ def slurm_lab(hosts: SSHLab, slurm: SlurmCluster) -> Iterator[SlurmCluster]:
 
 
 @pytest.fixture
+def fresh_boot_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This test's `time.monotonic()` starts near zero, as on a machine booted just now."""
+    from tests.fresh_boot import booted_just_now
+
+    monkeypatch.setattr("time.monotonic", booted_just_now())
+
+
+@pytest.fixture
 def client_home(tmp_path: Path) -> Path:
     """An empty HOME for the CLI, so the operator's own ~/.ssh never leaks into a test."""
     home = tmp_path / "client-home"

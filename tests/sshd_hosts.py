@@ -38,9 +38,11 @@ USERS_LOCK = Path("/tmp/deployctl-lab-users.lock")
 
 def address_block() -> int:
     """The second byte of this test process's loopback addresses: 0 alone, 10 + N in xdist
-    worker gwN, so two workers never share an address (nor a port on it)."""
+    worker gwN, so two workers never share an address (nor a port on it); plus
+    DEPLOYCTL_TEST_ADDRESS_OFFSET, so that two test runs on one machine never meet."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    return 10 + int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+    block = 10 + int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+    return block + int(os.environ.get("DEPLOYCTL_TEST_ADDRESS_OFFSET", "0"))
 
 
 def loopback_address(index: int) -> str:

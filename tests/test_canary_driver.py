@@ -398,6 +398,7 @@ def test_the_running_record_is_brought_up_to_date_while_judged(
     assert state == "running" and samples > 0
 
 
+@pytest.mark.usefixtures("fresh_boot_clock")  # no clock origin assumed: the first keep writes
 def test_the_record_is_written_at_most_every_few_seconds(
     site: Site, monkeypatch: pytest.MonkeyPatch
 ) -> None:

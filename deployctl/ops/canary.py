@@ -367,12 +367,16 @@ class Keeper:
 
     def __init__(self, fleet: Fleet, router: Host) -> None:
         self.fleet, self.router = fleet, router
-        self.last = 0.0
+        # None until the first keep, which always writes: the monotonic clock's origin is
+        # unspecified (boot, on Linux), so no constant start is safely "long ago".
+        self.last: float | None = None
 
     def keep(self, report: CanaryReport, done: bool = False) -> None:
-        if report.dry_run or (not done and time.monotonic() - self.last < KEEP_EVERY_S):
+        now = time.monotonic()
+        throttled = self.last is not None and now - self.last < KEEP_EVERY_S
+        if report.dry_run or (not done and throttled):
             return
-        self.last = time.monotonic()
+        self.last = now
         args = CanaryKeepArgs(
             state_dir=self.router.settings.state_dir,
             number=report.kept,

@@ -1,0 +1,23 @@
+"""Start `time.monotonic()` near zero in every Python process of a test run under
+`-p tests.fresh_boot` (on PYTHONPATH only then), and again in each forked child: the CLI's
+processes, the stand-in's and a local host agent's see a freshly booted machine too."""
+
+import os
+import time
+
+START_S = float(os.environ.get("DEPLOYCTL_TEST_MONOTONIC_START", "0.001"))
+_real = time.monotonic
+_origin = [0.0]
+
+
+def _rebase() -> None:
+    _origin[0] = _real() - START_S
+
+
+def _monotonic() -> float:
+    return _real() - _origin[0]
+
+
+_rebase()
+time.monotonic = _monotonic
+os.register_at_fork(after_in_child=_rebase)
