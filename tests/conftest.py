@@ -161,7 +161,9 @@ class CLI:
         """The environment the CLI runs in: ours without deployctl's or ssh-agent's settings,
         with the test's HOME."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPLOYCTL_", "SSH_AUTH"))}
-        env.update(HOME=str(self.home), PYTHONPATH=str(REPO), COLUMNS="200", **extra)
+        # The run's own PYTHONPATH stays after the repository (tests/fresh_boot.py's clock).
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        env.update(HOME=str(self.home), PYTHONPATH=path, COLUMNS="200", **extra)
         return env
 
     def popen(self, *args: str) -> subprocess.Popen[str]:

@@ -56,3 +56,41 @@ def test_a_second_ctrl_c_leaves_at_once_and_nothing_joins_the_unit_that_is_start
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# The first Ctrl-C of a command that drives its units (the CLI's handler installed): the units
+# put back what they changed for longer than the CLI's grace, and nothing ends them early.
+PUTTING_BACK = textwrap.dedent(
+    """
+    import threading, time
+    from deployctl import interrupts
+    from deployctl.ops.driver import drive
+
+    interrupts.install()
+    cancel = threading.Event()
+
+    def unit() -> str:
+        print("starting", flush=True)
+        cancel.wait(30)
+        time.sleep(interrupts.GRACE_S + 1)  # putting back
+        return "put back"
+
+    driven = drive([unit], 1, cancel)
+    print(driven.futures[0].result(), driven.interrupted, flush=True)
+    """
+)
+
+
+def test_the_first_ctrl_c_of_driven_units_lets_them_put_back_past_the_grace() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PUTTING_BACK],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "starting\n"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (0, "put back True\n")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from deployctl import DEFAULT_FORKS, __version__
+from deployctl import DEFAULT_FORKS, __version__, interrupts
 from deployctl.errors import DeployctlError, UsageError
 
 if TYPE_CHECKING:  # the real imports are lazy, so `deployctl --help` starts fast
@@ -362,6 +362,7 @@ def raise_open_files_limit() -> None:
 def main() -> None:
     """Run the CLI: one-line errors for user mistakes, a debug file for bugs, never a traceback."""
     raise_open_files_limit()
+    interrupts.install()
     code = run()
     # Skip the interpreter's final garbage collection of everything paramiko and friends
     # allocated (~250 ms on a small machine): output is flushed and connections are closed.
@@ -399,10 +400,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def _interrupted() -> int:
-    sys.stderr.write(
-        "interrupted: what was already started on hosts keeps running (deployctl status shows it)\n"
-    )
-    return 130
+    return interrupts.say_interrupted()
 
 
 def _print_error(message: str, hint: str | None = None) -> None:

@@ -12,6 +12,8 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from deployctl import interrupts
+
 T = TypeVar("T")
 
 # How long the waiting thread sleeps at most before it looks again (Ctrl-C gets through).
@@ -61,6 +63,7 @@ def drive(
             pass
     except KeyboardInterrupt:
         interrupted = True
+        interrupts.take_charge()  # the jobs put back what they changed: no forced end
         cancel.set()
         # A Ctrl-C while the jobs were being started: the rest start too, and see `cancel`.
         for thread in threads:

@@ -567,9 +567,10 @@ def _follow(
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a follow ends: not an error
     stop.set()
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + 1.0
     for thread in threads:
-        # A poll in flight ends quickly; daemon threads never hold the exit longer than this.
+        # A poll in flight ends quickly; daemon threads never hold the exit longer than this
+        # (well within interrupts.GRACE_S, after which Ctrl-C ends the command regardless).
         thread.join(max(0.0, deadline - time.monotonic()))
     stopped = {f.host.label: f.failure for f in followers if f.failure is not None}
     return LogsResult({**tails.failed, **stopped})
