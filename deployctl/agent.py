@@ -359,6 +359,10 @@ class KeptAgent:
             }
         except (KeyError, TypeError, ValueError):
             raise malformed from None
+        if not all(
+            isinstance(o.output, str) and isinstance(o.stderr, str) for o in outputs.values()
+        ):
+            raise malformed  # the parsers read them as a shell's text
         return reply, outputs
 
     def close(self) -> None:

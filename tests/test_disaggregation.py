@@ -3,11 +3,12 @@ under load) is refused or warned about before anything starts. Pure: no host is 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from deployctl.choices import PdRole
+from deployctl.crash.model import CrashReport
 from deployctl.deployments import deployment_targets
 from deployctl.disaggregation import (
     PdRouter,
@@ -19,11 +20,14 @@ from deployctl.disaggregation import (
     unreachable_from,
 )
 from deployctl.errors import InventoryError, PreflightError
+from deployctl.fanout import HostResult
 from deployctl.inventory import DEFAULT_VARS, Host, Inventory
 from deployctl.metrics import parse_metrics
 from deployctl.ops.plan import Plan, ib_device_paths, plan_launch, routing_check
 from deployctl.ops.rollout import UnitPlan, lacking_roles, rollout_order
 from deployctl.ops.router import ListedWorker, RouterState, WorkerKind
+from deployctl.ops.runs import RunRecord, RunStatus, Unit
+from deployctl.ops.server import held_decode
 from deployctl.patchset import command_flags
 from deployctl.project import Project
 
@@ -31,9 +35,13 @@ ROUTER = {"template": "router", "pd": True, "port": 8000, "bind_host": "0.0.0.0"
 
 
 def fleet(
-    gpu1: dict[str, dict[str, Any]], gpu2: dict[str, dict[str, Any]] | None = None, **shared: Any
+    gpu1: dict[str, dict[str, Any]],
+    gpu2: dict[str, dict[str, Any]] | None = None,
+    only: str | None = None,
+    **shared: Any,
 ) -> tuple[Inventory, list[Plan]]:
-    """Plan every deployment of `gpu1` (and `gpu2`) with a PD router on `edge`."""
+    """Plan every deployment of `gpu1` (and `gpu2`) with a PD router on `edge`; `only`: plan
+    only the deployment of that label, as a launch of it alone does."""
     base = {**DEFAULT_VARS, "model_path": "/models/m", "tp": 4, "bind_host": "0.0.0.0", **shared}
     hosts = [
         Host("gpu1", {**base, "ansible_host": "10.0.0.5", "deployments": gpu1}),
@@ -44,6 +52,7 @@ def fleet(
         hosts.append(Host("gpu2", {**base, "ansible_host": "10.0.0.6", "deployments": gpu2}))
     inv = Inventory({h.name: h for h in hosts}, {"all": [h.name for h in hosts]}, "test")
     targets = deployment_targets(hosts, resolve=inv.select)
+    targets = [t for t in targets if only is None or t.label == only]
     return inv, plan_launch(Project(None), targets, None, None, [], {})
 
 
@@ -240,6 +249,29 @@ def test_a_pd_router_or_a_role_without_the_other_side_is_refused() -> None:
     ]
 
 
+def test_a_side_launched_alone_is_refused_when_its_router_has_only_its_own_role() -> None:
+    # The router is not in this launch (it runs already, or is launched later): only each
+    # server's own check can refuse it. Other servers of the same role are no other side.
+    prefills = {
+        "p0": {"role": "prefill", "port": 30001, "gpus": [0, 1], "router": "edge/router"},
+        "p1": {"role": "prefill", "port": 30003, "gpus": [2, 3], "router": "edge/router",
+               "bootstrap_port": 8999},
+    }  # fmt: skip
+    inv, plans = fleet(prefills, only="gpu1/p0", tp=2)
+    assert [p.host.label for p in plans] == ["gpu1/p0"]
+    assert checked(inv, plans, "gpu1/p0")[0] == [
+        "gpu1/p0 is a prefill, but no decode names its router edge/router: nothing would serve"
+    ]
+    decodes = {
+        "d0": {"role": "decode", "port": 30001, "gpus": [0, 1], "router": "edge/router"},
+        "d1": {"role": "decode", "port": 30003, "gpus": [2, 3], "router": "edge/router"},
+    }
+    inv, plans = fleet(decodes, only="gpu1/d1", tp=2)
+    assert checked(inv, plans, "gpu1/d1")[0] == [
+        "gpu1/d1 is a decode, but no prefill names its router edge/router: nothing would serve"
+    ]
+
+
 def test_a_prefill_cannot_use_the_fake_transfer_backend() -> None:
     server = PdServer("h/p", PdRole.PREFILL, "/m", 1, 1, "fake", "a", "0.0.0.0")
     decode = PdServer("h/d", PdRole.DECODE, "/m", 1, 1, "fake", "a", "0.0.0.0")
@@ -313,6 +345,41 @@ def test_a_decode_failing_is_blamed_on_its_prefill_only_within_the_window() -> N
     assert losses.blames(None, 130.0) is None
     losses.down("edge/router", "gpu1/p0", 170.0)  # seen down again: the window starts anew
     assert losses.blames("edge/router", 200.0) == ("gpu1/p0", 30.0)
+
+
+def failing_decode(*alive: bool) -> Unit:
+    """A decode (one node per entry of `alive`, each alive or dead) failing its health with a
+    failed request's trace in its log, as it does after its prefill died."""
+    trace = CrashReport(
+        "RuntimeError", "KV transfer from the prefill failed", None, None, None, ("TP0",), 1,
+        "kv-transfer", "a failed transfer", "",
+    )  # fmt: skip
+    run = cast(RunRecord, {"id": "d0-1", "status": "running"})
+    nodes = [
+        HostResult(
+            Host(f"gpu{rank}", dict(DEFAULT_VARS)),
+            RunStatus(run, alive=up, health=None if not up else 503, crashes=[trace]),
+        )
+        for rank, up in enumerate(alive)
+    ]
+    return Unit("gpu0/d0", nodes)
+
+
+def test_a_decode_is_held_while_its_prefill_is_down_only_if_its_own_process_lives() -> None:
+    losses = PrefillLoss(window=60)
+    losses.down("edge/router", "gpu1/p0", 100.0)
+    side = (PdRole.DECODE, "edge/router")
+    alive = failing_decode(True)
+    assert alive.crashed and held_decode(alive, side, 110.0, losses) == ("gpu1/p0", 10.0)
+    # Its process died: its own failure, restarted whatever its prefill does.
+    dead = failing_decode(False)
+    assert dead.crashed and held_decode(dead, side, 110.0, losses) is None
+    # A multi-node decode one of whose nodes died, too.
+    assert held_decode(failing_decode(True, False), side, 110.0, losses) is None
+    assert held_decode(failing_decode(True, True), side, 110.0, losses) == ("gpu1/p0", 10.0)
+    # A prefill is never held, nor a decode once its prefill is back for a window.
+    assert held_decode(alive, (PdRole.PREFILL, "edge/router"), 110.0, losses) is None
+    assert held_decode(alive, side, 160.0, losses) is None
 
 
 def test_a_transfer_is_stuck_once_requests_wait_with_no_token_out_for_the_time_set() -> None:

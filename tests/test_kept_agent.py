@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -21,6 +22,7 @@ import pytest
 from deployctl import agent
 from deployctl.connection import ConnectOptions
 from deployctl.crash.catalog import default_catalog
+from deployctl.deployments import deployment_targets
 from deployctl.errors import CommandTimeoutError
 from deployctl.fanout import Fleet
 from deployctl.inventory import Host, load_inventory
@@ -29,6 +31,7 @@ from deployctl.ops.server import metrics_round
 from deployctl.remote import protocol as proto
 from tests.conftest import CLI
 from tests.sshd_hosts import HOST_PYTHON, SSHLab, TestHost, free_port, sh
+from tests.test_deployments import run_json, two_replicas
 
 pytestmark = pytest.mark.lab
 
@@ -151,6 +154,39 @@ def test_a_kept_agent_ends_when_its_sshd_is_killed(hosts: SSHLab, cli: CLI, tmp_
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
     assert wait_until(lambda: not kept_agents(alpha))
+
+
+def test_two_deployments_of_one_host_each_get_their_own_reply_through_its_kept_agent(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, ports = two_replicas(hosts, tmp_path)
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    alpha = hosts.hosts["alpha"]
+    inventory = load_inventory(inv)
+    targets = deployment_targets(inventory.select(None), None, inventory.select)
+    assert [t.label for t in targets] == ["alpha/r1", "alpha/r2"]
+    rounds = 40
+    try:
+        # As top and watch poll: both deployments' calls at once, over one connection to
+        # the host and its one kept agent. Each must read its own reply, never the other's.
+        with Fleet(targets, ConnectOptions(), forks=4, select=inventory.select) as fleet:
+            fleet.keep_agents()
+            for number in range(rounds):
+                result = fleet.poll(lambda host, conn: run_status(host, conn, default_catalog()))
+                for entry in result:
+                    deployment = entry.host.deployment
+                    assert entry.value is not None and entry.value.run, (number, entry.error)
+                    run = entry.value.run
+                    assert (run["port"], Path(run["log"]).name) == (
+                        ports[deployment],
+                        f"{deployment}_baseline_v1.log",
+                    ), (number, entry.name)
+            kept = fleet.connection(targets[0]).kept
+            assert isinstance(kept, agent.KeptAgent) and kept.answered == 2 * rounds
+            assert kept_agents(alpha) == [kept.pid]
+    finally:
+        cli("stop", "-i", str(inv))
 
 
 def test_rounds_go_on_while_a_host_hangs_and_its_agent_is_restarted(
@@ -279,6 +315,68 @@ def test_a_python_that_cannot_keep_an_agent_answers_one_process_per_call_with_a_
         assert result.ok, [r.error for r in result]
     assert len(notes) == 1 and "one process per call" in notes[0], notes
     assert fleet.connection(host_named(fleet, "bravo")).kept is None
+
+
+# Something on the host that answers in the kept agent's place (damaged files, a hostile
+# host): its ready line is right, its replies are not. NO_RUN: a good status reply (no run).
+NO_RUN = {"alive": False, "members": [], "health": None, "size": 0, "data": "", "job": None,
+          "run": None, "command": None, "env": None, "metrics": None}  # fmt: skip
+GPUS_ANSWER = {"exit_code": 0, "output": "", "stderr": ""}
+WRONG_REPLIES: dict[str, tuple[str, str]] = {
+    # (the reply line after the mark, what the error says)
+    "an error": (
+        json.dumps({"reply": {"error": "status failed on the host: KeyError: 'pid'",
+                              "code": "agent"}, "probes": None}),
+        "status failed on the host: KeyError: 'pid'",
+    ),
+    "keys missing": (
+        json.dumps({"reply": {"alive": True}, "probes": {"gpus": GPUS_ANSWER}}),
+        "bravo: the host agent's status reply is malformed: ",
+    ),
+    "no JSON object": (
+        json.dumps({"reply": ["run"], "probes": {"gpus": GPUS_ANSWER}}), "no JSON object"
+    ),
+    "no reply": (json.dumps({"probes": {}}), "the kept agent's status reply is malformed"),
+    "not JSON": ("{not json", "the kept agent's status reply is malformed"),
+    "a probe's output not text": (
+        json.dumps({"reply": NO_RUN, "probes": {"gpus": {**GPUS_ANSWER, "output": 5}}}),
+        "the kept agent's status reply is malformed",
+    ),
+}  # fmt: skip
+FAKE_SESSION = """import os, sys
+mark, ready, reply = sys.argv[1:4]
+print(mark + ready.replace("PID", str(os.getpid())), flush=True)
+for line in sys.stdin:
+    print(mark + reply, flush=True)
+"""
+
+
+@pytest.mark.parametrize("wrong", list(WRONG_REPLIES))
+def test_a_wrong_reply_from_a_kept_agent_is_an_agent_error_of_its_host(
+    hosts: SSHLab, tmp_path: Path, fleet_of: Callable[[Path], Fleet], wrong: str
+) -> None:
+    bravo = hosts.hosts["bravo"]
+    reply, said = WRONG_REPLIES[wrong]
+    (bravo.home / "fake-session.py").write_text(FAKE_SESSION)
+    ready = json.dumps({"session": agent.agent_hash(), "pid": "PID"}).replace('"PID"', "PID")
+    fake = [HOST_PYTHON, str(bravo.home / "fake-session.py"), proto.REPLY_MARK, ready, reply]
+    wrapper, session = bravo.home / "faking-python", shlex.quote(proto.SESSION)
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'for arg in "$@"; do [ "$arg" = {session} ] && exec {shlex.join(fake)}; done\n'
+        f'exec {HOST_PYTHON} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    sh("chown", f"{bravo.user}:{bravo.user}", wrapper, bravo.home / "fake-session.py")
+    inv = hosts.inventory(tmp_path / "inv.yml", ["bravo"], {"bravo": {"python": str(wrapper)}})
+    fleet = fleet_of(inv)
+    fleet.keep_agents()
+    for _ in range(2):  # the agent that answered wrong answers the next round too
+        [result] = metrics_round(fleet, default_catalog(), within=10)
+        assert result.name == "bravo" and result.code == "agent", (wrong, result.exception)
+        assert result.error is not None and said in result.error, (wrong, result.error)
+    kept = fleet.connection(host_named(fleet, "bravo")).kept
+    assert isinstance(kept, agent.KeptAgent) and kept.answered == 2 and not kept.ended
 
 
 def host_named(fleet: Fleet, name: str) -> Host:

@@ -206,6 +206,16 @@ def test_a_loopback_bootstrap_a_shared_bootstrap_port_mismatched_tp_or_no_ib_sta
     port = shared["bootstrap_port"]
     assert f"alpha/p2's bootstrap_port {port} is also alpha/p0's bootstrap_port" in result.stderr
     assert started_servers(Path(table["alpha/p0"]["model_path"])) == 0
+    # A prefill launched alone, whose router (not in this launch) has another prefill but
+    # no decode: its own check refuses it.
+    inv, table = pd_fleet(hosts, tmp_path / "alone", prefills=2, decodes=0)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "-d", "p0", "--timeout", "60")
+    assert code == 1 and not doc["started"], err
+    assert list(doc["hosts"]) == ["alpha"] and list(doc["hosts"]["alpha"]["deployments"]) == ["p0"]
+    assert doc["hosts"]["alpha"]["deployments"]["p0"]["preflight"]["problems"] == [
+        "alpha/p0 is a prefill, but no decode names its router alpha/router: nothing would serve"
+    ]
+    assert started_servers(Path(table["alpha/p0"]["model_path"])) == 0
 
 
 def serves(address: str, port: int) -> bool:
