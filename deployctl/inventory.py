@@ -27,6 +27,7 @@ from deployctl.inventory_sources import (
     is_templated,
     read_sources,
 )
+from deployctl.masking import MASK, flag_secrets, is_secret_name, long_enough, mask_text
 from deployctl.settings import (
     DEFAULT_VARS,
     PREFIX,
@@ -43,53 +44,6 @@ __all__ = ["DEFAULT_VARS", "VaultOptions", "check_env", "expand_host_range"]
 
 CONNECTION_TYPES = ("ssh", "local")
 LOCALHOST = "localhost"
-_SECRET_WORDS = {
-    "token",
-    "pass",
-    "password",
-    "passwords",
-    "passwd",
-    "passphrase",
-    "secret",
-    "secrets",
-    "apikey",
-    "credential",
-    "credentials",
-}
-# `api_key`, `api-key`, `wandb_key`, `HF_KEY`: a name whose last word is "key" holds one;
-# `ssh_key_file`, `key_path` name where one is.
-_KEY_NAME = re.compile(r"(?:^|[_\-.])key\Z", re.IGNORECASE)
-# The shortest value masked: shorter ones would mask innocent parts of a command.
-_MIN_SECRET = 4
-MASK = "********"
-
-
-def is_secret_name(name: str) -> bool:
-    """Tell whether a variable name looks like it holds a secret."""
-    words = set(re.split(r"[_\-.]", name.lower()))
-    # "tokens" alone is a list of them; `max_tokens` and `num_draft_tokens` are counts.
-    whole = name.lower() == "tokens"
-    return whole or bool(words & _SECRET_WORDS) or bool(_KEY_NAME.search(name))
-
-
-def flag_secrets(words: Sequence[Any]) -> list[str]:
-    """The values that follow secret-looking flags in argv-like words.
-
-    `["--api-key", "sk-1"]` and `["--hf-token=hf_2"]` give "sk-1" and "hf_2".
-    """
-    found = []
-    for i, word in enumerate(words):
-        text = str(word)
-        if not text.startswith("-"):
-            continue
-        name, eq, value = text.lstrip("-").partition("=")
-        if not is_secret_name(name):
-            continue
-        if eq:
-            found.append(value)
-        elif i + 1 < len(words) and not str(words[i + 1]).startswith("-"):
-            found.append(str(words[i + 1]))
-    return [v for v in found if len(v) >= _MIN_SECRET]
 
 
 def mask_secrets(variables: Mapping[str, Any], values: Sequence[str] = ()) -> dict[str, Any]:
@@ -108,51 +62,11 @@ def _masked(name: str, value: Any, values: Sequence[str]) -> Any:
         flagged = set(flag_secrets(value)) | set(values)  # ["--api-key", "sk-1"]
         hidden = sorted(flagged, key=len, reverse=True)
         return [
-            mask_values(v, hidden) if isinstance(v, str) else _masked(name, v, values)
-            for v in value
+            mask_text(v, hidden) if isinstance(v, str) else _masked(name, v, values) for v in value
         ]
     if isinstance(value, str):
-        return mask_values(value, values)
+        return mask_text(value, values)
     return value
-
-
-def mask_values(text: str, secrets: Sequence[str]) -> str:
-    """Replace every secret value inside `text` with the mask (longest secrets first)."""
-    for secret in secrets:
-        text = text.replace(secret, MASK)
-    return text
-
-
-# A `name = value` pair in log text: `api_key='sk-1'` (SGLang's `ServerArgs(…)` repr),
-# `'api_key': 'sk-1'` (its `server_args={…}` line), `--api-key sk-1`, `--hf-token=x`,
-# `HF_TOKEN=x`, `token: x`. Whether it is masked depends on the name (is_secret_name).
-_LOG_PAIR = re.compile(
-    r"""(?<![\w.#-])(?P<dash>--?)?(?P<q>['"]?)(?P<name>[A-Za-z_][\w.-]*)(?P=q)"""
-    r"""(?P<sep>\s*[:=]\s*|(?(dash)\s+|(?!)))"""
-    r"""(?P<value>'[^'\n]*'|"[^"\n]*"|[^\s,;'"()\[\]{}<>]+)"""
-)
-# `Authorization: Bearer x` in a logged request.
-_BEARER = re.compile(r"(?i)(?<![\w-])(bearer\s+)[^\s,;'\"]+")
-# Values that are no secret; numbers under such names are counts (`#new-token: 5` is
-# skipped by its `#`, `bucket_time_to_first_token=0.5` by this).
-_NOT_SECRET = re.compile(r"""None|null|True|False|''|""|-?\d+(?:\.\d+)?\Z""")
-
-
-def mask_log(text: str, secrets: Sequence[str] = ()) -> str:
-    """Mask the secrets in log text, by the rules commands are masked by: the values of
-    secret-named flags, keys and variables (in every form SGLang logs them), bearer tokens,
-    and `secrets` (known values, e.g. the inventory's) wherever they appear."""
-
-    def pair(match: re.Match[str]) -> str:
-        value = match["value"]
-        if not is_secret_name(match["name"]) or _NOT_SECRET.fullmatch(value):
-            return match[0]
-        if match["dash"] and not match["sep"].strip() and value.startswith("-"):
-            return match[0]  # `--api-key --port 1`: the flag took no value
-        quote = value[0] if value[0] in "'\"" else ""
-        return match[0][: match.start("value") - match.start()] + quote + MASK + quote
-
-    return mask_values(_BEARER.sub(rf"\1{MASK}", _LOG_PAIR.sub(pair, text)), secrets)
 
 
 def secret_values(variables: Mapping[str, Any]) -> tuple[str, ...]:
@@ -167,13 +81,13 @@ def secret_values(variables: Mapping[str, Any]) -> tuple[str, ...]:
             found.update(flag_secrets(value))
             for item in value:
                 walk(item, secret)
-        elif (secret or isinstance(value, VaultedText)) and (
-            not isinstance(value, (bool, type(None))) and len(str(value)) >= _MIN_SECRET
+        elif (secret or isinstance(value, VaultedText)) and not isinstance(
+            value, (bool, type(None))
         ):
             found.add(str(value))
 
     walk(variables, False)
-    return tuple(sorted(found, key=lambda v: (-len(v), v)))
+    return tuple(sorted(long_enough(list(found)), key=lambda v: (-len(v), v)))
 
 
 @dataclass(frozen=True)

@@ -13,15 +13,9 @@ from typing import Any
 from deployctl.choices import ThresholdMode, spelled
 from deployctl.deployments import server_env
 from deployctl.errors import TemplateError, UsageError
-from deployctl.inventory import (
-    MASK,
-    Host,
-    flag_secrets,
-    is_secret_name,
-    mask_values,
-    secret_values,
-)
+from deployctl.inventory import Host, secret_values
 from deployctl.launchers import launcher_for
+from deployctl.masking import MASK, flag_secrets, is_secret_name, mask_text
 from deployctl.settings import PREFIX, Settings, overlay
 from deployctl.shell import join, quote, split
 
@@ -58,8 +52,8 @@ class RenderedCommand:
 
     @property
     def argv_shown(self) -> list[str]:
-        """The words with secret values masked."""
-        return [mask_values(arg, self.secrets) for arg in self.argv]
+        """The words with secrets masked (see mask_text)."""
+        return [mask_text(arg, self.secrets) for arg in self.argv]
 
     @property
     def display(self) -> str:
@@ -68,9 +62,10 @@ class RenderedCommand:
 
     @property
     def env_shown(self) -> dict[str, str]:
-        """The environment as people may see it: secret-looking names' values masked."""
+        """The environment as people may see it: secret-looking names' values masked, and
+        the secrets in the others' (see mask_text)."""
         return {
-            name: MASK if is_secret_name(name) and value else mask_values(value, self.secrets)
+            name: MASK if is_secret_name(name) and value else mask_text(value, self.secrets)
             for name, value in self.env.items()
         }
 

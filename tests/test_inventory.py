@@ -849,6 +849,21 @@ def test_secret_texts_are_masked_inside_nested_mappings_too() -> None:
     }
 
 
+def test_url_passwords_and_pairs_in_variables_are_masked_where_they_stand() -> None:
+    from deployctl.inventory import mask_secrets
+
+    variables = {
+        "db_url": "postgres://u:PASS-w0rd@db/x",
+        "launch": ["serve", "env: HF_TOKEN=hf-unknown-1", "--port", "1"],
+        "model": "/m/api_key_docs",
+    }
+    assert mask_secrets(variables) == {
+        "db_url": f"postgres://u:{MASK}@db/x",
+        "launch": ["serve", f"env: HF_TOKEN={MASK}", "--port", "1"],
+        "model": "/m/api_key_docs",
+    }
+
+
 def test_hosts_sharing_variables_are_each_checked_and_warned_about(tmp_path: Path) -> None:
     # Equal variables are checked once: every host of a range still gets its own warning,
     # and a host whose variables differ is checked on its own.

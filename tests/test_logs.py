@@ -12,7 +12,8 @@ import pytest
 
 from deployctl.connection import ConnectOptions, LocalConnection, open_connection
 from deployctl.crash import load_catalog
-from deployctl.inventory import DEFAULT_VARS, Host, mask_log
+from deployctl.inventory import DEFAULT_VARS, Host
+from deployctl.masking import mask_text
 from deployctl.ops import logs as logs_op
 from tests.conftest import CLI
 from tests.sshd_hosts import REPO, SSHLab, TestHost, sh
@@ -403,19 +404,43 @@ KEY = "sk-live-0123456789abcdef"
 HF = "hf_SeCrEt0123456789"
 # SGLang 0.5.23's engine.py logs `server_args={…}` (a dict of the resolved arguments);
 # ServerArgs.__repr__ (printed by older releases and in errors) is `ServerArgs(name=value, …)`.
-SECRET_LOG = f"""\
+# Secrets no inventory knows, each right after another pair (which once hid it), in a URL,
+# a header, or of a well-known shape: each line as written and as shown.
+PAIR_LINES = {
+    "connecting to postgres://deploy:SEKRIT5-live@db/x": "connecting to postgres://deploy:********@db/x",
+    "headers={'Authorization': 'Basic SEKRIT6-live'}": "headers={'Authorization': 'Basic ********'}",
+    "cached hf_SEKRIT7liveSEKRIT7liveSEKRIT7live0 and sk-proj-SEKRIT8-live-0123456789": (
+        "cached ******** and ********"
+    ),
+    "args: --api-key SEKRIT1-live": "args: --api-key ********",
+    "argv=--api-key=SEKRIT2-live": "argv=--api-key=********",
+    "env: HF_TOKEN=SEKRIT3-live": "env: HF_TOKEN=********",
+    "cmd: --admin-api-key SEKRIT4-live": "cmd: --admin-api-key ********",
+}
+PAIR_CRASH = (
+    "RuntimeError: \x1b[2Jrejected api_key='{key}' (args: --api-key SEKRIT9-live): The size"
+)
+PAIR_SECRETS = [f"SEKRIT{i}" for i in range(1, 10)]
+PAIR_PREFIX = "[2026-11-29 10:12:05 TP3] "
+SECRET_LOG = (
+    f"""\
 [2026-11-29 10:12:00] server_args={{'model_path': '/m', 'tokenizer_path': '/m', 'api_key': '{KEY}', 'admin_api_key': None, 'hf_token': "{HF}", 'bucket_time_to_first_token': None}}
 [2026-11-29 10:12:01] ServerArgs(model_path='/m', api_key='{KEY}', admin_api_key=None, max_total_tokens=5)
 [2026-11-29 10:12:02] launched: python -m sglang.launch_server --api-key {KEY} --hf-token={HF} --port 30000
 [2026-11-29 10:12:03] Decode batch, #running-req: 1, #token: 1234, #new-token: 5, token usage: 0.01
 [2026-11-29 10:12:04] title \x1b]0;pwned\x07 then \x1b[2J cleared
-""" + SCHEDULER_CRASH.replace(
-    "RuntimeError: The size", f"RuntimeError: \x1b[2Jrejected api_key='{KEY}': The size"
+"""
+    + "".join(f"{PAIR_PREFIX}{line}\n" for line in PAIR_LINES)
+    + SCHEDULER_CRASH.replace("RuntimeError: The size", PAIR_CRASH.format(key=KEY))
 )
 
 
+def pair_leaks(text: str) -> list[str]:
+    return [s for s in [KEY, HF, *PAIR_SECRETS] if s in text]
+
+
 def test_log_text_is_masked_in_every_form_sglang_logs_it() -> None:
-    masked = mask_log(SECRET_LOG, ("inventory-secret-value",))
+    masked = mask_text(SECRET_LOG, ("inventory-secret-value",))
     assert KEY not in masked and HF not in masked
     assert "'api_key': '********'" in masked and "'hf_token': \"********\"" in masked
     assert "ServerArgs(model_path='/m', api_key='********', admin_api_key=None," in masked
@@ -423,11 +448,38 @@ def test_log_text_is_masked_in_every_form_sglang_logs_it() -> None:
     # Counts and paths under token-like names are no secrets.
     assert "#token: 1234, #new-token: 5, token usage: 0.01" in masked
     assert "'tokenizer_path': '/m'" in masked and "'bucket_time_to_first_token': None" in masked
-    assert mask_log("HF_TOKEN=hf_x WANDB_API_KEY=abc password: hunter2") == (
+    assert mask_text("HF_TOKEN=hf_x WANDB_API_KEY=abc password: hunter2") == (
         "HF_TOKEN=******** WANDB_API_KEY=******** password: ********"
     )
-    assert mask_log("Authorization: Bearer abc.def") == "Authorization: Bearer ********"
-    assert mask_log("say inventory-secret-value", ("inventory-secret-value",)) == "say ********"
+    assert mask_text("Authorization: Bearer abc.def") == "Authorization: Bearer ********"
+    assert mask_text("say inventory-secret-value", ("inventory-secret-value",)) == "say ********"
+    for line, shown in PAIR_LINES.items():
+        assert f"{PAIR_PREFIX}{shown}\n" in masked, line
+    assert pair_leaks(masked) == []
+
+
+def test_logs_and_crash_mask_each_pair_of_a_line_on_its_own(cli: CLI, tmp_path: Path) -> None:
+    # A host reached without ssh: `logs` reads the file through the host agent as over ssh.
+    log = tmp_path / "server.log"
+    log.write_text(SECRET_LOG)
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
+        f"      state_dir: {tmp_path / 'state'}\n"
+    )
+    where = ("-i", str(inv), "--path", str(log), "-n", "40")
+    shown = cli("logs", *where)
+    assert shown.returncode == 0, shown.stderr
+    assert pair_leaks(shown.stdout) == [], shown.stdout
+    as_json = cli("logs", *where, "--json")
+    lines = [json.loads(line)["line"] for line in as_json.stdout.splitlines() if '"line"' in line]
+    for line, masked in PAIR_LINES.items():
+        assert f"{PAIR_PREFIX}{masked}" in lines, line
+    assert pair_leaks(as_json.stdout) == []
+    found = cli("crash", "--file", str(log), "--json")
+    message = json.loads(found.stdout)["crashes"][0]["message"]
+    assert "api_key='********' (args: --api-key ********): The size" in message
+    assert pair_leaks(found.stdout) == []
 
 
 def test_logs_and_crash_mask_secrets_and_show_control_characters_escaped(
@@ -437,39 +489,43 @@ def test_logs_and_crash_mask_secrets_and_show_control_characters_escaped(
     write_log(hosts.hosts["alpha"], SECRET_LOG)
     where = ("-i", str(inventory), "-H", "alpha", "--path", REMOTE_LOG)
 
-    shown = cli("logs", *where, "-n", "20")
+    shown = cli("logs", *where, "-n", "40")
     no_traceback(shown)
-    assert KEY not in shown.stdout and HF not in shown.stdout
+    assert pair_leaks(shown.stdout) == []
     assert "'api_key': '********'" in shown.stdout
     assert "title \\x1b]0;pwned\\x07 then \\x1b[2J cleared" in shown.stdout
     assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout
     # JSON keeps the text as it is (JSON escapes it), secrets masked all the same.
     lines = [
         json.loads(line)
-        for line in cli("logs", *where, "-n", "20", "--json").stdout.split("\n")
+        for line in cli("logs", *where, "-n", "40", "--json").stdout.split("\n")
         if line
     ]
     text = "\n".join(str(doc.get("line", "")) for doc in lines)
-    assert KEY not in text and "title \x1b]0;pwned\x07 then" in text
+    assert pair_leaks(text) == [] and "title \x1b]0;pwned\x07 then" in text
+    assert f"{PAIR_PREFIX}env: HF_TOKEN=********" in text
 
     crash = cli("crash", *where)
     no_traceback(crash)
     assert crash.returncode == 1
-    assert KEY not in crash.stdout and "\x1b" not in crash.stdout
-    assert "RuntimeError: \\x1b[2Jrejected api_key='********': The size" in crash.stdout
+    assert pair_leaks(crash.stdout) == [] and "\x1b" not in crash.stdout
+    assert (
+        "RuntimeError: \\x1b[2Jrejected api_key='********' (args: --api-key ********): The size"
+        in crash.stdout
+    )
     local = tmp_path / "copy.log"
     local.write_text(SECRET_LOG)
     for scan in ([], ["--all"]):
         found = cli("crash", "--file", str(local), "--json", *scan)
         assert found.returncode == 1
         message = json.loads(found.stdout)["crashes"][0]["message"]
-        assert KEY not in message and "api_key='********'" in message
+        assert pair_leaks(message) == [] and "api_key='********'" in message
 
-    follow = Follow(cli, *where, "-n", "20")
+    follow = Follow(cli, *where, "-n", "40")
     try:
         follow.expect("cleared")
         follow.expect("hint:")
     finally:
         follow.interrupt()
     seen = "\n".join(follow.seen)
-    assert KEY not in seen and HF not in seen and "\x1b" not in seen
+    assert pair_leaks(seen) == [] and "\x1b" not in seen

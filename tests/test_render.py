@@ -8,13 +8,15 @@ import re
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from deployctl import project
 from deployctl.errors import TemplateError, UnsafeProjectError, UsageError
 from deployctl.inventory import MASK, Host, Inventory, load_inventory
+from deployctl.ops.serving import masked_env_values, masked_values
+from deployctl.remote.protocol import RunRecord
 from deployctl.render import (
     THRESHOLD_FLAG,
     RenderedCommand,
@@ -593,6 +595,28 @@ def test_env_is_shown_before_the_command_quoted_and_masked(tmp_path: Path) -> No
     assert shlex.split(rendered.display_lines.split("\n", 2)[2].rsplit("\n", 1)[0]) == [
         "ODD=a b'c$\nd"
     ]
+
+
+def test_url_passwords_and_credentials_are_masked_where_they_stand(tmp_path: Path) -> None:
+    (tmp_path / "t.j2").write_text(
+        "python3 -m sglang.launch_server --model-path={{ model }} --tp=1"
+        " --header 'Authorization: Basic {{ basic }}'\n"
+    )
+    env = {"DATABASE_URL": "postgres://u:PASS-4321@db/x", "HF_ENDPOINT": "https://hub:8443/x"}
+    model = "s3://reader:S3CRET-987@bucket/m"
+    host = Host("h", {"env": env, "model": model, "basic": "dXNlcjpwYXNz"})
+    rendered = TemplateSet([tmp_path]).render(host, "t")
+    assert f"--model-path={model}" in rendered.argv and rendered.env == env  # the real ones run
+    assert rendered.env_shown == {**env, "DATABASE_URL": f"postgres://u:{MASK}@db/x"}
+    assert rendered.display == (
+        f"python3 -m sglang.launch_server '--model-path=s3://reader:{MASK}@bucket/m' --tp=1"
+        f" --header 'Authorization: Basic {MASK}'"
+    )
+    assert "PASS-4321" not in rendered.display_lines
+    # restart finds the real values where the recorded (shown) copy masks them.
+    recorded = cast(RunRecord, {"command": rendered.display, "env": rendered.env_shown})
+    assert masked_values(recorded["command"], rendered.argv) == ["S3CRET-987", "dXNlcjpwYXNz"]
+    assert masked_env_values(recorded, env) == ["PASS-4321"]
 
 
 # --- quoting details: what the shell line looks like, and what each value becomes ------------

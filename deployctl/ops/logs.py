@@ -32,7 +32,8 @@ from deployctl.errors import (
 )
 from deployctl.events import EventSink
 from deployctl.fanout import RECONNECT_BACKOFF_MAX, Fleet, FleetResult, next_backoff
-from deployctl.inventory import Host, mask_log
+from deployctl.inventory import Host
+from deployctl.masking import mask_text
 from deployctl.ops.runs import log_secrets, masked_reports, recorded_run
 from deployctl.project import Project
 from deployctl.shell import quote
@@ -339,7 +340,7 @@ class _Tail:
 
 def _split_lines(data: bytes, secrets: Sequence[str]) -> list[str]:
     """The log's lines, secrets masked."""
-    text = mask_log(data.decode("utf-8", errors="replace"), secrets)
+    text = mask_text(data.decode("utf-8", errors="replace"), secrets)
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -417,7 +418,7 @@ class _Follower:
         self.pending = text[cut:]
         if not cut:
             return
-        whole = mask_log(text[:cut], self.secrets)
+        whole = mask_text(text[:cut], self.secrets)
         if not self.crash_only:
             for line in whole[:-1].split("\n"):
                 crash = self.scanner.is_crash_line(line)

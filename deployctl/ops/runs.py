@@ -40,8 +40,9 @@ from deployctl.fanout import (
     HostResult,
     next_backoff,
 )
-from deployctl.inventory import Host, mask_log, secret_values
+from deployctl.inventory import Host, secret_values
 from deployctl.launchers import launcher_of
+from deployctl.masking import mask_text
 from deployctl.metrics import METRICS_LIMIT_BYTES, parse_metrics
 from deployctl.ops.gpus import (
     DEFAULT_MAX_USED_MIB,
@@ -318,7 +319,7 @@ def _wait_ready(
         # Whole lines only (all of it once the server is gone), masked before anything
         # reads them: a secret split between two polls is still masked.
         cut = len(buffer) if not doc["alive"] else buffer.rfind("\n") + 1
-        data, buffer = mask_log(buffer[:cut], secrets), buffer[cut:]
+        data, buffer = mask_text(buffer[:cut], secrets), buffer[cut:]
         lines = data.split("\n")
         if any(line.strip() for line in lines):
             last_line = plain(next(line for line in reversed(lines) if line.strip()))
@@ -734,7 +735,7 @@ def run_status(
         )
     if run is None:
         return RunStatus(None, gpus=gpus)
-    tail = mask_log(
+    tail = mask_text(
         base64.b64decode(doc["data"]).decode("utf-8", errors="replace"), log_secrets(host)
     )
     lines = [line for line in tail.splitlines() if line.strip()]
@@ -761,18 +762,18 @@ def run_status(
 
 
 def log_secrets(host: Host) -> tuple[str, ...]:
-    """The known secret values to mask in a host's log text (see mask_log): its variables'."""
+    """The known secret values to mask in a host's log text (see mask_text): its variables'."""
     return secret_values(host.vars)
 
 
 def masked_reports(reports: Sequence[CrashReport], host: Host | None = None) -> list[CrashReport]:
-    """Crash reports with the secrets in their text masked (see mask_log); `host`'s known
+    """Crash reports with the secrets in their text masked (see mask_text); `host`'s known
     secret values too. A scan reads the log in pieces, so its reports are masked, not its
     text."""
     secrets = log_secrets(host) if host is not None else ()
     return [
         dataclasses.replace(
-            r, exception=mask_log(r.exception, secrets), message=mask_log(r.message, secrets)
+            r, exception=mask_text(r.exception, secrets), message=mask_text(r.message, secrets)
         )
         for r in reports
     ]

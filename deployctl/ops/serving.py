@@ -17,8 +17,9 @@ from deployctl.crash import Catalog
 from deployctl.errors import DeployctlError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet
-from deployctl.inventory import MASK, Host
+from deployctl.inventory import Host
 from deployctl.launchers import launcher_of
+from deployctl.masking import MASK, long_enough
 from deployctl.ops.plan import Plan
 from deployctl.ops.router import registered_url
 from deployctl.ops.runs import DEFAULT_STOP_TIMEOUT, Replacement, RunStatus, end_run, replace
@@ -57,9 +58,13 @@ def recorded_plan(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchS
 
 
 def masked_env_values(run: RunRecord, env: Mapping[str, str]) -> list[str]:
-    """The real values of the environment variables the run record shows masked."""
+    """The parts of the environment's values that the run record shows masked."""
     shown = run.get("env", {})
-    return [value for name, value in env.items() if MASK in shown.get(name, "") and value]
+    found: list[str] = []
+    for name, value in env.items():
+        if value and MASK in shown.get(name, ""):
+            found += _hidden_parts(shown[name], value)
+    return long_enough(found)
 
 
 def masked_values(shown: str, argv: Sequence[str]) -> list[str]:
@@ -73,10 +78,16 @@ def masked_values(shown: str, argv: Sequence[str]) -> list[str]:
     found: list[str] = []
     for word, real in zip(words, argv, strict=True):
         if MASK in word:
-            pattern = "(.+?)".join(re.escape(part) for part in word.split(MASK))
-            match = re.fullmatch(pattern, real, re.DOTALL)
-            found += list(match.groups()) if match else [real]
-    return found
+            found += _hidden_parts(word, real)
+    # Shorter ones are masked where they stand (mask_text), never wherever they appear.
+    return long_enough(found)
+
+
+def _hidden_parts(shown: str, real: str) -> list[str]:
+    """The parts of `real` that `shown` (its masked copy) replaced by the mask."""
+    pattern = "(.+?)".join(re.escape(part) for part in shown.split(MASK))
+    match = re.fullmatch(pattern, real, re.DOTALL)
+    return list(match.groups()) if match else [real]
 
 
 @dataclass(frozen=True)
