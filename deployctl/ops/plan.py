@@ -56,6 +56,7 @@ from deployctl.ops.sharing import (
     sharing_live,
     unset_problem,
 )
+from deployctl.ops.skew import SKEW_HINT, Software, skew_problem, software_of
 from deployctl.patchset import (
     PatchSet,
     command_flags,
@@ -362,6 +363,7 @@ class Preflight:
     next_version: int = 1
     lock_token: str | None = None
     model_mla: bool | None = None  # its model uses MLA (None: its config could not be read)
+    software: Software | None = None  # its SGLang and patch sets (None: SGLang not read)
 
     @property
     def ok(self) -> bool:
@@ -510,6 +512,7 @@ def run_preflight(
         )
         hints.append("set the host's `python` to the interpreter that has SGLang installed")
     facts = parse_patch_facts(doc)
+    result.software = software_of(facts)
     unpatched: list[str] = []  # flags whose missing patch set a problem names
     if plan.needed_sets and facts.error:
         problems.append(facts.error)
@@ -925,6 +928,40 @@ def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> PairCh
     found.hints += pairs.hints
     found.warnings += pairs.warnings
     return found
+
+
+def software_groups(plans: Sequence[Plan], select: Select) -> list[tuple[str, list[Plan]]]:
+    """The plans that must run one SGLang and one set of patches, each group named: the
+    nodes of a multi-node server, and the prefills and decodes behind one PD router (those
+    this launch starts: a rollout replaces them one side at a time)."""
+    found: dict[str, list[Plan]] = {}
+    for plan in plans:
+        if plan.group is not None:
+            deployment, nodes = plan.group
+            found.setdefault(f"the nodes of {deployment} ({', '.join(nodes)})", []).append(plan)
+        if plan.pd_role is None or plan.host.settings.router is None:
+            continue
+        try:
+            router = router_of(plan.host, select)
+        except DeployctlError:
+            continue  # routing_check says why
+        if router is not None and router.settings.pd_router:
+            found.setdefault(f"the servers behind router {router.label}", []).append(plan)
+    return [(name, members) for name, members in found.items() if len(members) > 1]
+
+
+def check_software(
+    plans: Sequence[Plan], select: Select, preflights: Mapping[str, Preflight]
+) -> None:
+    """Refuse a group whose members' preflights read different SGLang versions or patch
+    sets: one problem for the group, on its first member."""
+    for name, members in software_groups(plans, select):
+        read = [preflights.get(p.host.label) for p in members]
+        skew = skew_problem([(r.plan.host.label, r.software) for r in read if r is not None])
+        first = read[0]
+        if skew is not None and first is not None:
+            first.problems.append(f"{name} would run different SGLang or patch sets: {skew}")
+            first.hints.append(SKEW_HINT)
 
 
 def pd_server(host: Host, plan: Plan | None = None) -> PdServer:

@@ -55,6 +55,7 @@ from deployctl.ops.plan import (
     Plan,
     Preflight,
     Role,
+    check_software,
     release_lock,
     routing_check,
     run_preflight,
@@ -439,6 +440,7 @@ def launch(
         return result
 
     preflights = fleet.run(preflight, [p.host for p in plans])
+    check_software(plans, fleet.select, preflights.succeeded)
     refused = not preflights.ok
     if refused or dry_run:
         held = [r.value for r in preflights if r.value is not None and r.value.lock_token]
