@@ -91,6 +91,9 @@ def test_two_names_of_one_address_sum_their_fractions_on_its_gpus() -> None:
         "GPU 0 of 127.0.5.3 (a and b: one machine) would hold 0.6 (a/r1) + 0.6 (b/r2) = 1.2 "
         "of its memory; at most 0.9 when deployments share a GPU"
     )
+    local = {"ansible_connection": "local", "state_dir": "/srv/b"}
+    with pytest.raises(PreflightError, match=r"GPU 0 of this machine \(a and b: one machine\)"):
+        two_names({**sharer("", 30000, "r1"), **local}, {**sharer("", 30001, "r2"), **local})
     # Two machines: each GPU 0 holds 0.6.
     assert len(two_names(sharer("127.0.5.3", 30000, "r1"), sharer("127.0.5.4", 30000, "r2"))) == 2
 

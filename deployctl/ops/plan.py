@@ -815,7 +815,7 @@ def one_machine_words(plans: Sequence[Plan]) -> str:
     written = list(dict.fromkeys(p.host.address for p in plans))
     where = written[0]
     if len(written) > 1:
-        where = f"{' and '.join(written)} both reach {machine(plans[0].host)[1]}"
+        where = f"{' and '.join(written)} both reach {machine_name(plans[0].host)}"
     return f"{' and '.join(names)} are one machine ({where})"
 
 
@@ -823,7 +823,7 @@ def _one_machine_note(first: Plan, second: Plan) -> str:
     """` (one machine: 127.0.5.3)` for two inventory names; nothing for one host's two."""
     if first.host.name == second.host.name:
         return ""
-    return f" (one machine: {machine(first.host)[1]})"
+    return f" (one machine: {machine_name(first.host)})"
 
 
 def check_gpu_sums(same_machine: Sequence[Plan]) -> None:
@@ -833,7 +833,7 @@ def check_gpu_sums(same_machine: Sequence[Plan]) -> None:
     names = list(dict.fromkeys(p.host.name for p in same_machine))
     where = names[0]
     if len(names) > 1:  # inventory names of one machine: say so, the sum is its GPUs'
-        where = f"{machine(same_machine[0].host)[1]} ({' and '.join(names)}: one machine)"
+        where = f"{machine_name(same_machine[0].host)} ({' and '.join(names)}: one machine)"
     problem = over_bound(users, where) if users else None
     if problem is not None:
         raise PreflightError(problem, hint=SHARE_HINT)
@@ -886,6 +886,11 @@ def machine(host: Host) -> tuple[str, str, int]:
     if host.is_local:
         return ("local", "", 0)
     return (host.connection, machine_address(host.address), host.port or 22)
+
+
+def machine_name(host: Host) -> str:
+    """The machine as messages name it: its address in standard form, or `this machine`."""
+    return "this machine" if host.is_local else machine(host)[1]
 
 
 def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> PairCheck:
