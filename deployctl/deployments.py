@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from deployctl.addresses import literal_address
 from deployctl.errors import InventoryError, UsageError
 from deployctl.inventory import Host
 from deployctl.settings import PREFIX, Settings, check_layer, check_settings, overlay, own_layer
@@ -228,11 +229,11 @@ _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-l
 
 def is_loopback(address: str) -> bool:
     """127.0.0.0/8, ::1 (bracketed or not) or a name for them: only this machine reaches it."""
-    bare = address.strip().strip("[]")
-    try:
-        return ipaddress.ip_address(bare).is_loopback
-    except ValueError:
-        return bare.lower() in _LOOPBACK_NAMES or bare.lower().endswith(".localhost")
+    literal = literal_address(address)
+    if literal is not None:  # 127.1 too: one of 127.0.0.1's spellings
+        return ipaddress.ip_address(literal).is_loopback
+    bare = address.strip().strip("[]").lower()
+    return bare in _LOOPBACK_NAMES or bare.endswith(".localhost")
 
 
 def loopback_bound(targets: Iterable[Host]) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from deployctl.addresses import same_address
 from deployctl.choices import PdRole
 from deployctl.deployments import is_loopback
 
@@ -41,7 +42,7 @@ def unreachable_from(prefill: PdServer, address: str) -> bool:
     """Whether a server on the machine at `address` cannot reach the prefill's bootstrap
     server: another machine, and it listens on loopback (as the router's own reach is judged;
     a `worker_url` at that very address is the user's word that it is reached there)."""
-    if address == prefill.address:
+    if same_address(address, prefill.address):
         return False
     return is_loopback(prefill.bind) and prefill.bind != prefill.url_host
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import difflib
+import re
 import shutil
 import subprocess
 import sys
@@ -190,6 +191,15 @@ def install_on(host: TestHost, template: Path, standin: Path | None = None) -> s
     sh("find", venv, "-type", "d", "-exec", "chown", f"{host.user}:{host.user}", "{}", "+")
     sh("chown", "-h", f"{host.user}:{host.user}", venv)
     return str(venv / "bin" / "python")
+
+
+def claim_version(host: TestHost, version: str) -> None:
+    """Make the host's copy of SGLang (install_on's) say it is another release: its
+    METADATA written anew, not through the link to the template's."""
+    metadata = next((host.home / "venv" / SITE).glob("sglang-*.dist-info")) / "METADATA"
+    text = metadata.read_text()
+    metadata.unlink()
+    metadata.write_text(re.sub(r"(?m)^Version: .*$", f"Version: {version}", text, count=1))
 
 
 def site_file(template: Path, relpath: str) -> Path:

@@ -87,6 +87,7 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
         "lock": lock,
         "sbatch": None,
         "model_mla": None,
+        "machine": "3d1219c7c4c5404aaa1f6d2a48adfda4/6aa92503-74d3-440a-8e33-aa44ec85be1c",
     }
     assert reply(host, base, PreflightReply) == base
     with pytest.raises(AgentError, match=r"argv_check\.findings\[0\]\.level is missing"):

@@ -171,6 +171,7 @@ def test_a_prefill_on_loopback_is_reachable_from_elsewhere_only_at_its_worker_ur
     assert not unreachable_from(prefill("10.0.0.5"), "10.0.0.6")
     assert unreachable_from(prefill("127.0.0.1"), "10.0.0.6")
     assert not unreachable_from(prefill("127.0.0.1"), "10.0.0.5")  # its own machine
+    assert not unreachable_from(prefill("127.0.0.1"), "10.5")  # its own, written another way
     # A worker_url at the address it listens on is the user's word that it is reached there
     # (a tunnel, or machines that share a loopback); one elsewhere is not.
     assert not unreachable_from(prefill("127.0.0.2", "127.0.0.2"), "10.0.0.6")

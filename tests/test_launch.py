@@ -56,12 +56,17 @@ def group_plans(variables: dict[str, dict[str, Any]]) -> list[Plan]:
 
 def test_two_nodes_of_a_group_on_one_machine_may_not_share_gpus_or_port() -> None:
     same_box = {"ansible_host": "127.0.0.2"}
-    with pytest.raises(PreflightError, match=r"n1/kimi and n2/kimi would share GPUs \(GPU 0"):
-        group_plans({"n1": same_box, "n2": same_box})
-    with pytest.raises(PreflightError, match="n1/kimi and n2/kimi would share port 30000"):
-        group_plans({"n1": same_box, "n2": {**same_box, "gpus": [1]}})
-    # One box, its own GPU and port for each node: a group on a two-GPU machine.
-    assert len(group_plans({"n1": same_box, "n2": {**same_box, "gpus": [1], "port": 30001}})) == 2
+    own_state = {**same_box, "state_dir": "~/.deployctl-n2"}
+    one_machine = r"n1/kimi and n2/kimi \(one machine: 127.0.0.2\)"
+    with pytest.raises(PreflightError, match=rf"{one_machine} would share GPUs \(GPU 0"):
+        group_plans({"n1": same_box, "n2": own_state})
+    with pytest.raises(PreflightError, match=f"{one_machine} would share port 30000"):
+        group_plans({"n1": same_box, "n2": {**own_state, "gpus": [1]}})
+    # One box, its own GPU, port and state_dir for each node: a group on a two-GPU machine.
+    assert len(group_plans({"n1": same_box, "n2": {**own_state, "gpus": [1], "port": 30001}})) == 2
+    # One state_dir: one node's launch lock would lock out the other, their runs collide.
+    with pytest.raises(PreflightError, match="both would keep deployment kimi in state_dir"):
+        group_plans({"n1": same_box, "n2": {**same_box, "gpus": [1], "port": 30001}})
     # Two machines: the same GPU index and port on each is what a group usually has.
     assert len(group_plans({"n1": same_box, "n2": {"ansible_host": "127.0.0.3"}})) == 2
 

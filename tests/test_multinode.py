@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from tests.conftest import CLI
-from tests.sshd_hosts import SSHLab, free_port, loopback_address
+from tests.sglang_wheel import SGLANG_VERSION, claim_version, install_on
+from tests.sshd_hosts import REPO, STANDIN, SSHLab, free_port, loopback_address
 from tests.test_deployments import run_json, standin_starts
 from tests.test_faults import agents, wait_until
 from tests.test_lifecycle import prepare, rank_pids, watch_until
@@ -236,3 +237,53 @@ def test_a_node_whose_connection_drops_while_waited_for_is_reconnected(
     assert len(entries["bravo"]["connection_losses"]) == 1, entries["bravo"]
     assert entries["bravo"]["connection_losses"][0].startswith("bravo: ")
     cli("stop", "-i", str(inv))
+
+
+def with_sglang(lab: SSHLab, inv: Path, template: Path, names: list[str]) -> None:
+    """Each named host runs the stand-in from its own copy of the real SGLang venv."""
+    document = yaml.safe_load(inv.read_text())
+    for name in names:
+        python = install_on(lab.hosts[name], template, standin=STANDIN)
+        document["all"]["hosts"][name]["python"] = python
+    inv.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+def test_nodes_on_another_sglang_or_other_patch_sets_are_refused_naming_each_one(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    names = ["alpha", "bravo"]
+    inv = group_inventory(hosts, tmp_path, names)
+    with_sglang(hosts, inv, sglang_template, names)
+    bravo = hosts.hosts["bravo"]
+    group = "the nodes of kimi (alpha, bravo) would run different SGLang or patch sets: "
+
+    def refused() -> list[str]:
+        code, doc, err = run_json(cli, "launch", "-i", str(inv), "--dry-run")
+        assert code == 1, err
+        entries = node_entries(doc, names)
+        assert entries["bravo"]["preflight"]["problems"] == []
+        assert "deployctl patch audit" in entries["alpha"]["preflight"]["hints"][0]
+        problems: list[str] = entries["alpha"]["preflight"]["problems"]
+        return problems
+
+    claim_version(bravo, "0.5.22")
+    assert refused() == [
+        f"{group}alpha/kimi runs SGLang {SGLANG_VERSION} with no patch set; bravo/kimi runs "
+        "SGLang 0.5.22 with no patch set"
+    ]
+    claim_version(bravo, SGLANG_VERSION)
+    # Applied on alpha alone (-H alpha would name the whole group).
+    python = yaml.safe_load(inv.read_text())["all"]["hosts"]["alpha"]["python"]
+    alone = hosts.inventory(tmp_path / "alpha.yml", ["alpha"], {"alpha": {"python": python}})
+    assert cli("patch", "apply", "spec-disable", "-i", str(alone)).returncode == 0
+    version = yaml.safe_load((REPO / "patches" / "spec-disable" / "patch.yml").read_text())
+    assert refused() == [
+        f"{group}alpha/kimi runs SGLang {SGLANG_VERSION} with spec-disable "
+        f"{version['version']}; bravo/kimi runs SGLang {SGLANG_VERSION} with no patch set"
+    ]
+    assert cli("patch", "apply", "spec-disable", "-i", str(inv)).returncode == 0  # on bravo too
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--dry-run")
+    assert code == 0, err
+    for name in names:
+        assert rank_pids(hosts.hosts[name]) == []
+        assert not (hosts.hosts[name].home / "model" / "standin-argv.jsonl").exists()

@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from tests.conftest import CLI
+from tests.sglang_wheel import SGLANG_VERSION, claim_version, install_on
 from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster
-from tests.sshd_hosts import SSHLab, free_port
+from tests.sshd_hosts import STANDIN, SSHLab, free_port
 from tests.streamed import WatchJson, kind_in, watch_events
 from tests.test_faults import wait_until
 from tests.test_lifecycle import prepare
@@ -215,6 +216,35 @@ def test_a_loopback_bootstrap_a_shared_bootstrap_port_mismatched_tp_or_no_ib_sta
     assert doc["hosts"]["alpha"]["deployments"]["p0"]["preflight"]["problems"] == [
         "alpha/p0 is a prefill, but no decode names its router alpha/router: nothing would serve"
     ]
+    assert started_servers(Path(table["alpha/p0"]["model_path"])) == 0
+
+
+def test_a_prefill_and_a_decode_on_two_sglang_versions_start_nothing(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inv, table = pd_fleet(hosts, tmp_path, prefills=1, decodes=1)
+    document = yaml.safe_load(inv.read_text())
+    for name in ("alpha", "bravo"):  # each server's python: a copy of the real SGLang venv
+        python = install_on(hosts.hosts[name], sglang_template, standin=STANDIN)
+        document["all"]["hosts"][name]["python"] = python
+    inv.write_text(yaml.safe_dump(document, sort_keys=False))
+    claim_version(hosts.hosts["bravo"], "0.5.22")
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 1 and not doc["started"], err
+    problems = {
+        f"{host}/{name}": entry["preflight"]["problems"]
+        for host, found in doc["hosts"].items()
+        for name, entry in found["deployments"].items()
+    }
+    assert problems == {
+        "alpha/router": [],
+        "alpha/p0": [
+            "the servers behind router alpha/router would run different SGLang or patch sets: "
+            f"alpha/p0 runs SGLang {SGLANG_VERSION} with no patch set; bravo/d0 runs SGLang "
+            "0.5.22 with no patch set"
+        ],
+        "bravo/d0": [],
+    }
     assert started_servers(Path(table["alpha/p0"]["model_path"])) == 0
 
 

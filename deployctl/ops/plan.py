@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from deployctl import agent
+from deployctl.addresses import machine_address
 from deployctl.choices import PdRole, ThresholdMode
 from deployctl.connection import Connection
 from deployctl.deployments import (
@@ -55,6 +56,7 @@ from deployctl.ops.sharing import (
     sharing_live,
     unset_problem,
 )
+from deployctl.ops.skew import SKEW_HINT, Software, skew_problem, software_of
 from deployctl.patchset import (
     PatchSet,
     command_flags,
@@ -329,15 +331,22 @@ def ib_device_paths(value: str | None) -> list[str]:
     return [f"{IB_DEVICES}/{d}" for d in dict.fromkeys(devices)]
 
 
-def client_identity(op: str, hold_for: float = LOCK_STALE_AFTER) -> ClientIdentity:
-    """Who takes the host lock, and until when it may hold it at most."""
-    return {
+def client_identity(
+    op: str, hold_for: float = LOCK_STALE_AFTER, launch: str = "", target: str = ""
+) -> ClientIdentity:
+    """Who takes the host lock, and until when it may hold it at most; `launch` and
+    `target`: which launch command takes it, for which of its targets."""
+    client: ClientIdentity = {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "user": getpass.getuser(),
         "op": op,
         "expires": time.time() + hold_for,
     }
+    if launch:
+        client["launch"] = launch
+        client["target"] = target
+    return client
 
 
 @dataclass
@@ -354,6 +363,7 @@ class Preflight:
     next_version: int = 1
     lock_token: str | None = None
     model_mla: bool | None = None  # its model uses MLA (None: its config could not be read)
+    software: Software | None = None  # its SGLang and patch sets (None: SGLang not read)
 
     @property
     def ok(self) -> bool:
@@ -361,7 +371,7 @@ class Preflight:
 
 
 def preflight_args(
-    plan: Plan, break_lock: str | None = None, hold_for: float = LOCK_STALE_AFTER
+    plan: Plan, break_lock: str | None = None, hold_for: float = LOCK_STALE_AFTER, launch: str = ""
 ) -> PreflightArgs:
     host = plan.host
     return {
@@ -378,7 +388,9 @@ def preflight_args(
         "module": plan.launch_module,
         "log_dir": host.settings.log_dir,
         "log_stem": plan.rendered.log_stem,
-        "client": client_identity(SHARING_OP if sharing_siblings(plan) else "launch", hold_for),
+        "client": client_identity(
+            SHARING_OP if sharing_siblings(plan) else "launch", hold_for, launch, plan.host.label
+        ),
         "break_lock": break_lock,
         "server_argv": None
         if plan.role is Role.ROUTER
@@ -418,14 +430,14 @@ def is_stale(holder: Mapping[str, Any]) -> bool:
 
 
 def _preflight_call(
-    plan: Plan, conn: Connection, break_lock: str | None, hold_for: float
+    plan: Plan, conn: Connection, break_lock: str | None, hold_for: float, launch: str
 ) -> tuple[dict[str, ProbeOutput], PreflightReply]:
     return agent.call_beside(
         plan.host,
         conn,
         {"gpus": GPUS_COMMAND},
         agent.PREFLIGHT,
-        preflight_args(plan, break_lock, hold_for),
+        preflight_args(plan, break_lock, hold_for, launch),
     )
 
 
@@ -436,17 +448,20 @@ def run_preflight(
     hold_for: float = LOCK_STALE_AFTER,
     beside: str | None = None,
     replacing: bool = False,
+    launch: str = "",
 ) -> Preflight:
     """Check one host in one round trip (two when a stale lock must be cleared). `beside`: a
     live run of the deployment the new one may start beside (a job's successor).
     `replacing`: the deployment's run still serves and is stopped only if this passes, so
-    what it holds (its GPUs, its ports, itself as a live run) is checked after the stop."""
+    what it holds (its GPUs, its ports, itself as a live run) is checked after the stop.
+    `launch`: the launch command's id; a lock that very launch holds is never broken."""
     host = plan.host
-    outputs, doc = _preflight_call(plan, conn, None, hold_for)
+    outputs, doc = _preflight_call(plan, conn, None, hold_for, launch)
     lock = doc["lock"]
     holder = lock["holder"] or {}
-    if not lock["acquired"] and (is_stale(holder) or _orphaned(holder)):
-        outputs, doc = _preflight_call(plan, conn, holder.get("token"), hold_for)
+    ours = bool(launch) and holder.get("launch") == launch
+    if not lock["acquired"] and not ours and (is_stale(holder) or _orphaned(holder)):
+        outputs, doc = _preflight_call(plan, conn, holder.get("token"), hold_for, launch)
         lock = doc["lock"]
     if lock["token"] is not None:
         _HELD.add(lock["token"])
@@ -457,10 +472,14 @@ def run_preflight(
     problems, hints = result.problems, result.hints
     if not lock["acquired"]:
         holder = lock["holder"] or {}
-        problems.append(
-            f"another deployctl {holder.get('op', 'operation')} is in progress on {host.name} "
-            f"(pid {holder.get('pid')} on {holder.get('host')})"
-        )
+        if launch and holder.get("launch") == launch:
+            problems.append(same_launch_holder(plan, holder, doc["machine"]))
+            hints.append(ONE_MACHINE_HINT)
+        else:
+            problems.append(
+                f"another deployctl {holder.get('op', 'operation')} is in progress on "
+                f"{host.name} (pid {holder.get('pid')} on {holder.get('host')})"
+            )
     own = plan.launcher.preflight(host, plan.tp, plan.bind_host, doc)
     problems += own.problems
     hints += own.hints
@@ -493,6 +512,7 @@ def run_preflight(
         )
         hints.append("set the host's `python` to the interpreter that has SGLang installed")
     facts = parse_patch_facts(doc)
+    result.software = software_of(facts)
     unpatched: list[str] = []  # flags whose missing patch set a problem names
     if plan.needed_sets and facts.error:
         problems.append(facts.error)
@@ -527,6 +547,25 @@ def run_preflight(
         )
     result.hints = list(dict.fromkeys(hints))  # two runs in the way: one hint
     return result
+
+
+def same_launch_holder(plan: Plan, holder: Mapping[str, Any], here: str) -> str:
+    """Why this launch's own lock stands in the way: another of its targets took it in the
+    same state_dir, through another inventory name of this machine (or, on another machine,
+    a state_dir on a filesystem they share)."""
+    other = str(holder.get("target") or "another target")
+    state_dir = plan.host.settings.state_dir
+    if here and holder.get("machine") == here:
+        other_host = other.split("/", 1)[0]
+        return (
+            f"{plan.host.name} and {other_host} are one machine: this launch already holds "
+            f"the lock that {plan.host.label} needs in state_dir {state_dir} there, for {other}"
+        )
+    return (
+        f"{plan.host.label} and {other} keep their state in one folder ({state_dir}, on a "
+        f"filesystem their hosts share): this launch already holds the lock that "
+        f"{plan.host.label} needs, for {other}"
+    )
 
 
 def gpu_problems(
@@ -706,9 +745,10 @@ def plan_launch(
 
 
 def check_placement(plans: Sequence[Plan]) -> None:
-    """Refuse deployments of one launch that would share a machine's GPUs or ports: two
-    deployments of a host, or two inventory hosts that are one machine (the nodes of a
-    multi-node server placed on one box), and rank 0's `dist_port` as anyone's server port."""
+    """Refuse deployments of one launch that would share a machine's GPUs, ports or state:
+    two deployments of a host, or two inventory hosts that are one machine (the nodes of a
+    multi-node server placed on one box, or one address written two ways), and rank 0's
+    `dist_port` as anyone's server port."""
     by_machine: dict[tuple[str, str, int], list[Plan]] = {}
     for plan in plans:
         by_machine.setdefault(machine(plan.host), []).append(plan)
@@ -723,9 +763,11 @@ def check_placement(plans: Sequence[Plan]) -> None:
                         f"join, is {taken.host.label}'s server port",
                         hint="give the group a dist_port no server on that host uses",
                     )
+        for first, second in itertools.combinations(same_machine, 2):
+            check_state_folder(first, second)
         check_extra_ports(same_machine)
         for first, second in itertools.combinations(same_machine, 2):
-            pair = f"{first.host.label} and {second.host.label}"
+            pair = f"{first.host.label} and {second.host.label}{_one_machine_note(first, second)}"
             unset = unset_problem([first.gpu_user(), second.gpu_user()])
             if shares_gpus(first.gpus, second.gpus) and unset is not None:
                 raise PreflightError(
@@ -741,11 +783,58 @@ def check_placement(plans: Sequence[Plan]) -> None:
         check_gpu_sums(same_machine)
 
 
+def check_state_folder(first: Plan, second: Plan) -> None:
+    """Refuse two inventory names of one machine that would keep one deployment in one
+    state_dir: one's launch lock would lock out the other, and their runs' records collide."""
+    if first.host.name == second.host.name or first.host.deployment != second.host.deployment:
+        return
+    if state_folder(first.host) != state_folder(second.host):
+        return
+    raise PreflightError(
+        f"{one_machine_words([first, second])}: both would keep "
+        f"{_deployment_words(first.host.deployment)} in state_dir {first.host.settings.state_dir}",
+        hint=ONE_MACHINE_HINT,
+    )
+
+
+ONE_MACHINE_HINT = (
+    "list the machine once in the inventory (one host with several deployments), "
+    "or give each name its own state_dir"
+)
+
+
+def state_folder(host: Host) -> tuple[str, str]:
+    """Which folder of its machine the host's state_dir is: a `~` one is its login's."""
+    path = host.settings.state_dir
+    return ((host.user or "") if path.startswith("~") else "", path)
+
+
+def one_machine_words(plans: Sequence[Plan]) -> str:
+    """`alpha and alpha2 are one machine (127.0.5.3 and 127.1283 both reach 127.0.5.3)`."""
+    names = list(dict.fromkeys(p.host.name for p in plans))
+    written = list(dict.fromkeys(p.host.address for p in plans))
+    where = written[0]
+    if len(written) > 1:
+        where = f"{' and '.join(written)} both reach {machine_name(plans[0].host)}"
+    return f"{' and '.join(names)} are one machine ({where})"
+
+
+def _one_machine_note(first: Plan, second: Plan) -> str:
+    """` (one machine: 127.0.5.3)` for two inventory names; nothing for one host's two."""
+    if first.host.name == second.host.name:
+        return ""
+    return f" (one machine: {machine_name(first.host)})"
+
+
 def check_gpu_sums(same_machine: Sequence[Plan]) -> None:
     """Refuse one launch's deployments of one machine that would fill a GPU they share past
     the bound (check_placement refused those that share without a fraction)."""
     users = [p.gpu_user() for p in same_machine if p.launcher.checks_host]
-    problem = over_bound(users, same_machine[0].host.name) if users else None
+    names = list(dict.fromkeys(p.host.name for p in same_machine))
+    where = names[0]
+    if len(names) > 1:  # inventory names of one machine: say so, the sum is its GPUs'
+        where = f"{machine_name(same_machine[0].host)} ({' and '.join(names)}: one machine)"
+    problem = over_bound(users, where) if users else None
     if problem is not None:
         raise PreflightError(problem, hint=SHARE_HINT)
 
@@ -792,10 +881,16 @@ def check_ports_of(plans: Sequence[Plan]) -> None:
 
 
 def machine(host: Host) -> tuple[str, str, int]:
-    """What makes two inventory hosts one machine: how and where they are reached."""
+    """What makes two inventory hosts one machine: how and where they are reached, however
+    the address is written (127.0.5.3 and 127.1283 are one)."""
     if host.is_local:
         return ("local", "", 0)
-    return (host.connection, host.address, host.port or 22)
+    return (host.connection, machine_address(host.address), host.port or 22)
+
+
+def machine_name(host: Host) -> str:
+    """The machine as messages name it: its address in standard form, or `this machine`."""
+    return "this machine" if host.is_local else machine(host)[1]
 
 
 def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> PairCheck:
@@ -838,6 +933,40 @@ def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> PairCh
     found.hints += pairs.hints
     found.warnings += pairs.warnings
     return found
+
+
+def software_groups(plans: Sequence[Plan], select: Select) -> list[tuple[str, list[Plan]]]:
+    """The plans that must run one SGLang and one set of patches, each group named: the
+    nodes of a multi-node server, and the prefills and decodes behind one PD router (those
+    this launch starts: a rollout replaces them one side at a time)."""
+    found: dict[str, list[Plan]] = {}
+    for plan in plans:
+        if plan.group is not None:
+            deployment, nodes = plan.group
+            found.setdefault(f"the nodes of {deployment} ({', '.join(nodes)})", []).append(plan)
+        if plan.pd_role is None or plan.host.settings.router is None:
+            continue
+        try:
+            router = router_of(plan.host, select)
+        except DeployctlError:
+            continue  # routing_check says why
+        if router is not None and router.settings.pd_router:
+            found.setdefault(f"the servers behind router {router.label}", []).append(plan)
+    return [(name, members) for name, members in found.items() if len(members) > 1]
+
+
+def check_software(
+    plans: Sequence[Plan], select: Select, preflights: Mapping[str, Preflight]
+) -> None:
+    """Refuse a group whose members' preflights read different SGLang versions or patch
+    sets: one problem for the group, on its first member."""
+    for name, members in software_groups(plans, select):
+        read = [preflights.get(p.host.label) for p in members]
+        skew = skew_problem([(r.plan.host.label, r.software) for r in read if r is not None])
+        first = read[0]
+        if skew is not None and first is not None:
+            first.problems.append(f"{name} would run different SGLang or patch sets: {skew}")
+            first.hints.append(SKEW_HINT)
 
 
 def pd_server(host: Host, plan: Plan | None = None) -> PdServer:

@@ -23,6 +23,7 @@ from typing import Any
 
 from deployctl import agent
 from deployctl import events as ev
+from deployctl.addresses import machine_address
 from deployctl.choices import PdRole
 from deployctl.connection import Connection, Held
 from deployctl.deployments import address_of, deployment_targets, is_loopback, node_rank
@@ -183,7 +184,7 @@ def reachability_problem(worker: Host, router: Host, bind_host: str) -> str | No
     `worker_url` says how)."""
     if worker.settings.worker_url or not is_loopback(bind_host):
         return None
-    if router.address == worker.address:
+    if machine_address(router.address) == machine_address(worker.address):
         return None
     return (
         f"{worker.label} binds to {bind_host}, which its router {router.label} "

@@ -19,6 +19,7 @@ import getpass
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -55,6 +56,7 @@ from deployctl.ops.plan import (
     Plan,
     Preflight,
     Role,
+    check_software,
     release_lock,
     routing_check,
     run_preflight,
@@ -422,6 +424,7 @@ def launch(
     `replacing` (with `dry_run`): the targets whose run still serves and is stopped after
     this check; theirs checks only what does not depend on that run."""
     by_name = {p.host.label: p for p in plans}
+    launch_id = uuid.uuid4().hex  # a lock of this very launch is one of its own targets'
 
     def preflight(host: Host, conn: Connection) -> Preflight:
         plan = by_name[host.label]
@@ -429,7 +432,7 @@ def launch(
         # the first server has not yet bound its port.
         alongside = (beside or {}).get(host.label)
         result = run_preflight(
-            plan, conn, max_used_mib, timeout + 120, alongside, host.label in replacing
+            plan, conn, max_used_mib, timeout + 120, alongside, host.label in replacing, launch_id
         )
         routing = routing_check(fleet.select, plan, result.model_mla)
         result.problems += routing.problems
@@ -438,6 +441,7 @@ def launch(
         return result
 
     preflights = fleet.run(preflight, [p.host for p in plans])
+    check_software(plans, fleet.select, preflights.succeeded)
     refused = not preflights.ok
     if refused or dry_run:
         held = [r.value for r in preflights if r.value is not None and r.value.lock_token]

@@ -39,6 +39,28 @@ def lock_identity(raw: bytes) -> tuple[dict[str, Any], str]:
     return dict(holder, token=token), token
 
 
+# Where the machine's identity is kept (systemd's, then D-Bus's older place), and the id of
+# the kernel's current boot: a cloned image may share the first, never the second.
+MACHINE_ID_FILES = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+
+def _first_line(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(200).decode("ascii", errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def machine_identity() -> str:
+    """`<machine-id>/<boot-id>`: two names that find the same one reach one running
+    machine; "" where neither can be read."""
+    found = next((i for i in map(_first_line, MACHINE_ID_FILES) if i), "")
+    boot = _first_line(BOOT_ID_FILE)
+    return f"{found}/{boot}" if found or boot else ""
+
+
 def lock_name(deployment: str | None) -> str:
     """One launch lock per deployment: `lock` for the host's implicit one, `lock-NAME`."""
     return LOCK_PREFIX if deployment is None else f"{LOCK_PREFIX}-{deployment}"
@@ -99,7 +121,14 @@ def take_lock(
             if path == ours or shares_gpus(gpus, theirs if isinstance(theirs, list) else None):
                 return {"acquired": False, "token": None, "holder": holder}
         token = f"{client['host']}-{client['pid']}-{time.time_ns()}"
-        record = dict(client, token=token, since=time.time(), deployment=deployment, gpus=gpus)
+        record = dict(
+            client,
+            token=token,
+            since=time.time(),
+            deployment=deployment,
+            gpus=gpus,
+            machine=machine_identity(),  # a refused taker tells one machine from a shared folder
+        )
         write_json(ours, record)
     finally:
         os.close(guard)

@@ -166,12 +166,17 @@ class RevertReply(TypedDict):
     files: list[str]
 
 
-class ClientIdentity(TypedDict):
+class _Client(TypedDict):
     host: str
     pid: int
     user: str
     op: str
     expires: float
+
+
+class ClientIdentity(_Client, total=False):
+    launch: str  # one launch command's id, the same for each of its targets
+    target: str  # the inventory target (host or host/deployment) it is taken for
 
 
 class LockReply(TypedDict):
@@ -252,6 +257,8 @@ class PreflightReply(ProbeReply):
     sbatch: str | None  # where sbatch is (a Slurm login node); None: not on the PATH
     # The model's attention is MLA (its config.json has `kv_lora_rank`); None: not read.
     model_mla: bool | None
+    # `<machine-id>/<boot-id>` (locks.machine_identity); "" where it cannot be read.
+    machine: str
 
 
 class RunShown(TypedDict, total=False):

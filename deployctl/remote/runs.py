@@ -10,7 +10,7 @@ import time
 
 from .files import read_bytes, read_json, state_path, write_atomic, write_json
 from .launchers import launcher_of, launcher_to_poll, launcher_to_start, preflight_facts
-from .locks import release_lock, take_lock
+from .locks import machine_identity, release_lock, take_lock
 from .patches import cmd_probe
 from .protocol import (
     POINTER,
@@ -126,6 +126,7 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
             args["state_dir"], args["client"], args["break_lock"], args["deployment"], args["gpus"]
         ),
         "model_mla": model_mla(args["model"]),
+        "machine": machine_identity(),
         **preflight_facts(),  # type: ignore[typeddict-item]
     }
 
