@@ -207,15 +207,10 @@ class Registration:
         return not self.error
 
 
-def _router_call(
-    fleet: Fleet,
-    router: Host,
-    action: str,
-    url: str | None,
-    wait: float = REGISTRATION_WAIT,
-    kind: WorkerKind = WorkerKind(),
-) -> RouterReply:
-    args: RouterArgs = {
+def _router_args(
+    router: Host, action: str, url: str | None, wait: float, kind: WorkerKind
+) -> RouterArgs:
+    return {
         "bind_host": router.settings.bind_host,
         "port": router.settings.server_port,
         "action": action,
@@ -224,10 +219,30 @@ def _router_call(
         "worker_type": kind.role,
         "bootstrap_port": kind.bootstrap_port,
     }
+
+
+def _router_call(
+    fleet: Fleet,
+    router: Host,
+    action: str,
+    url: str | None,
+    wait: float = REGISTRATION_WAIT,
+    kind: WorkerKind = WorkerKind(),
+) -> RouterReply:
+    args = _router_args(router, action, url, wait, kind)
     conn = fleet.connection(router)
     return agent.call(
         router, conn, agent.ROUTER, args, timeout=max(conn.command_timeout, wait + 30)
     )
+
+
+def router_silence(router: Host, conn: Connection) -> str:
+    """Why the router does not answer for its worker list now ("" when it does): one call
+    to the agent on its host."""
+    reply = agent.call(
+        router, conn, agent.ROUTER, _router_args(router, "list", None, 0, WorkerKind())
+    )
+    return "" if reply["api"] is not None else reply["problem"] or "it does not answer"
 
 
 def change_registration(
