@@ -354,6 +354,9 @@ class Canary:
         last: dict[str, _Read] = {}
         failed = {"candidate": 0, "control": 0}
         finished = {"candidate": 0, "control": 0}
+        # A round's aborted and finished requests, counted once the router answers the round
+        # after: a router that dies aborts the requests in flight on every replica.
+        held: list[tuple[str, int, int]] = []
         started = time.monotonic()
         verdict: Verdict | None = None
         router = self.keeper.router
@@ -372,6 +375,10 @@ class Canary:
         for reads in rounds:
             silence = next(_silence(r) for r in reads if r.name == router.label)
             silent = silent + 1 if silence else 0
+            for who, aborted, done in [] if silence else held:
+                failed[who] += aborted
+                finished[who] += done
+            held = []
             if silent >= ROUTER_SILENT_ROUNDS:  # its replicas get no traffic to judge
                 return (
                     verdict,
@@ -392,8 +399,8 @@ class Canary:
                 seconds = result.value.at - before.at
                 part = interval(before.counts, result.value.counts, seconds)
                 who = side[result.name]
-                failed[who] += part.aborted
-                finished[who] += part.requests + part.aborted
+                if not silence:
+                    held.append((who, part.aborted, part.requests + part.aborted))
                 value = part.value(options.metric)
                 if value is not None and part.requests > 0:
                     judge.add(who, Sample(part.running, value, part.requests, result.name))
