@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -92,14 +94,19 @@ def units(
     router: bool = True,
     changed: int | None = None,
     router_unit: bool = False,
+    roles: Sequence[str | None] = (),
     **more: Any,
 ) -> list[UnitPlan]:
     """`count` replicas of one deployment, on hosts r0…, behind edge/router (or none);
-    `router_unit`: the router's own unit first, as a rollout of all of them plans it."""
+    `router_unit`: the router's own unit first, as a rollout of all of them plans it;
+    `roles`: each replica's `role` in turn (prefill, decode; None: whole requests)."""
     variables = {**DEFAULT_VARS, "model_path": "/m", "tp": 1, **more}
     if router:
         variables["router"] = "edge/router"
-    hosts = [Host(f"r{i}", dict(variables)) for i in range(count)]
+    hosts = [
+        Host(f"r{i}", {**variables, **({"role": roles[i]} if i < len(roles) else {})})
+        for i in range(count)
+    ]
     edge = Host("edge", {**DEFAULT_VARS, "deployments": {"router": {"template": "router"}}})
     inv = Inventory(
         {h.name: h for h in [*hosts, edge]}, {"all": [*(h.name for h in hosts), "edge"]}, "t"
@@ -190,6 +197,52 @@ def test_no_replica_or_every_replica_as_canary_is_refused_with_the_most_allowed(
         plan_canary(units(3), replicas=3, restart=False)
     assert refused.value.hint == "at most --replicas 2"
     assert len(plan_canary(units(3), replicas=2, restart=False).controls) == 1
+
+
+def running_as(unit: UnitPlan, mode: str | None) -> None:
+    """The replica's current run: started with `--disaggregation-mode mode` (None: none)."""
+    flags = "" if mode is None else f" --disaggregation-mode {mode}"
+    run = {"command": f"python -m sglang.launch_server --port 30000{flags}"}
+    unit.statuses = [SimpleNamespace(run=run)]  # type: ignore[list-item]
+
+
+def test_a_canary_compares_one_role_and_leaves_prefills_out() -> None:
+    """Prefills p, decodes d behind one PD router: the canary judges decodes against
+    decodes; a prefill yields no time to first token or inter-token latency in SGLang, so
+    the prefills that differ are neither canary nor control (and no promotion touches them)."""
+    split = plan_canary(units(4, roles=["prefill", "decode", "prefill", "decode"]), 1, False)
+    assert [u.name for u in split.candidates] == ["r1"]
+    assert [u.name for u in split.controls] == ["r3"]
+    assert list(split.not_judged) == ["r0", "r2"] and split.already_current == []
+    assert "a prefill records no time to first token" in split.not_judged["r0"]
+    # A prefill that matches the inventory is only already on it.
+    plans = units(3, changed=2, roles=["decode", "decode", "prefill"])
+    split = plan_canary(plans, 1, False)
+    assert split.not_judged == {} and split.already_current == ["r2"]
+    # Two prefills and one decode: one replica to judge, refused, the prefills named.
+    with pytest.raises(UsageError) as refused:
+        plan_canary(units(3, roles=["prefill", "prefill", "decode"]), 1, False)
+    assert refused.value.message.startswith(
+        "a canary needs at least 2 replicas behind one router; 1 selected to judge "
+        "(not judged: r0: a prefill records no time to first token or inter-token latency; r1:"
+    ), refused.value.message
+
+
+def test_a_replica_whose_role_changes_or_runs_as_a_prefill_is_not_judged() -> None:
+    """The run's own command says as what it serves now, whatever the inventory says next."""
+    plans = units(4, roles=["decode"] * 4)
+    running_as(plans[0], "prefill")  # runs as a prefill, to become a decode
+    running_as(plans[1], None)  # serves whole requests, to become a decode
+    running_as(plans[2], "decode")
+    split = plan_canary(plans, 1, False)
+    assert [u.name for u in [*split.candidates, *split.controls]] == ["r2", "r3"]
+    assert split.not_judged["r1"] == "its role changes (whole requests → decode)"
+    assert split.not_judged["r0"].startswith("a prefill records")
+
+
+def test_replicas_of_two_roles_are_refused() -> None:
+    with pytest.raises(UsageError, match=r"different roles: r0 \(decode\), r1 \(whole requests\)"):
+        plan_canary(units(3, roles=["decode", None, "decode"]), 1, False)
 
 
 def test_restart_tries_the_configuration_the_replicas_run_already() -> None:

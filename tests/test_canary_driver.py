@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from deployctl import agent
+from deployctl.canary_stats import BucketStat
 from deployctl.errors import DeployctlError
 from deployctl.fanout import FleetResult, HostResult, attempt
 from deployctl.inventory import Host
@@ -47,6 +48,7 @@ class Replica:
 
     gap: float = 0.02  # where its inter-token gaps land
     ttft: float = 0.08  # where its times to first token land
+    decodes: bool = True  # False: its requests finish with no token timed (a PD prefill's)
     done: int = 10  # requests finished per interval
     aborted: Callable[[int], int] = lambda _: 0  # requests aborted in the interval of read N
     serving: Callable[[int], bool] = lambda _: True
@@ -67,7 +69,7 @@ class Replica:
         ):
             buckets = self.histograms.setdefault(name, dict.fromkeys(BOUNDS, 0.0))
             for bound in BOUNDS:
-                buckets[bound] += 50 if bound >= gap else 0
+                buckets[bound] += 50 if bound >= gap and self.decodes else 0
         return Counts(
             {"num_running_reqs": self.running},
             dict(self.counters),
@@ -104,7 +106,12 @@ class Site:
         self.relaunch_fails: str | None = None  # "raise" or "not back"
         self.keeps: list[dict[str, Any]] = []
         self.keep_fails = False
+        # Why the router does not answer in round N ("": it does).
+        self.router_silence: Callable[[int], str] = lambda _: ""
+        self.router_reads = 0
+        self.unlisted = ""  # the rollback's relaunch not added to the router: why
         monkeypatch.setattr(driver, "read_replica", self.read)
+        monkeypatch.setattr(driver, "read_router", self.read_router)
         monkeypatch.setattr(driver, "Rollout", self.rollout)
         monkeypatch.setattr(
             driver, "capture", lambda host, status, available: SimpleNamespace(host=host)
@@ -123,6 +130,12 @@ class Site:
         return driver._Read(
             2.0 * self.rounds, replica.read(self.rounds), replica.serving(self.rounds)
         )
+
+    def read_router(self, host: Host, conn: Any) -> Any:
+        assert host.label == "edge/router", host.label
+        self.router_reads += 1
+        silence = self.router_silence(self.rounds)
+        return driver._Read(2.0 * self.rounds, None, not silence, silence)
 
     def rollout(self, fleet: Any, unit_plans: Any, *rest: Any) -> Any:
         options = rest[2]
@@ -150,8 +163,12 @@ class Site:
         self.relaunched.append(labels)
         if self.relaunch_fails == "raise":
             raise DeployctlError("the previous run would not start")
-        ok = self.relaunch_fails != "not back"
-        return SimpleNamespace(launch=SimpleNamespace(ok=ok, run=f"back-{labels[0]}"))
+        up = self.relaunch_fails != "not back"
+        registrations = [SimpleNamespace(ok=not self.unlisted, error=self.unlisted)]
+        launch = SimpleNamespace(
+            up=up, ok=up and not self.unlisted, registrations=registrations, run=f"back-{labels[0]}"
+        )
+        return SimpleNamespace(launch=launch)
 
     def call(self, host: Host, conn: Any, name: str, args: Any) -> Any:
         args = {**args, "state_dir": str(self.state_dir)}
@@ -248,13 +265,115 @@ def test_no_promote_keeps_the_canaries_serving_and_rolls_out_nothing(site: Site)
     assert len(site.rollouts) == 1 and site.relaunched == []
 
 
-def test_a_canary_still_undecided_at_max_duration_is_kept_inconclusive(site: Site) -> None:
+def test_a_canary_still_undecided_at_max_duration_is_kept_inconclusive(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Undecided(driver.Judge):
+        def verdict(self) -> driver.Verdict:
+            bucket = BucketStat(8, 30, 15, 0.015, 0.015, 1.0)
+            return driver.Verdict("undecided", 1.0, 0.9, 1.1, [bucket], 45)
+
+    monkeypatch.setattr(driver, "Judge", Undecided)
     pair(site, Replica())
     report = run(site, split_of(3), options(max_duration=0.0))
     assert report.verdict is not None and report.verdict.state == "undecided"
     assert (report.decision, report.reason) == (Decision.KEPT, "inconclusive after 0s")
     assert site.rounds == 1 and report.ok  # the first round's verdict, then it ends
     assert len(site.rollouts) == 1 and site.relaunched == []
+
+
+def test_a_canary_with_nothing_to_compare_fails_and_is_put_back_never_kept(site: Site) -> None:
+    """Canaries that yield no sample (here: no token timed, as a PD prefill's requests) are
+    never `kept` or `ok`: at --max-duration, or as soon as the control has given about
+    --min-samples samples a replica, the canary fails and the canaries go back."""
+    pair(site, Replica(decodes=False))
+    report = run(site, split_of(3), options(max_duration=0.0))
+    assert (report.decision, report.reason) == (
+        Decision.FAILED,
+        "not judged: the canaries gave no itl sample while the control gave 0",
+    )
+    assert not report.ok and site.relaunched == [["r0"]] and site.rounds == 1
+    kept = site.kept()[report.kept or 0]
+    assert (kept["decision"], kept["samples"]) == ("failed", 0)
+    assert [s["step"] for s in kept["steps"]] == ["split", "rollback"]
+
+    site.relaunched.clear()
+    pair(site, Replica(decodes=False))  # r1, r2: the control, each gives one sample a round
+    report = run(site, split_of(3), options(min_samples=20))
+    assert report.decision is Decision.FAILED and not report.ok, report.reason
+    assert report.reason == "not judged: the canaries gave no itl sample while the control gave 40"
+    assert site.relaunched == [["r0"]]
+
+
+def test_a_canary_whose_samples_never_meet_the_controls_at_one_load_is_not_judged(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Apart(driver.Judge):
+        def verdict(self) -> driver.Verdict:
+            buckets = [
+                BucketStat(8, 30, 0, 0.015, None, None),
+                BucketStat(48, 0, 15, None, 0.03, None),
+            ]
+            return driver.Verdict("undecided", None, None, None, buckets, 0)
+
+    monkeypatch.setattr(driver, "Judge", Apart)
+    pair(site, Replica())
+    report = run(site, split_of(3), options(max_duration=0.0))
+    assert (report.decision, report.reason) == (
+        Decision.FAILED,
+        "not judged: no load bucket had samples of both sides in 0s",
+    )
+    assert not report.ok and site.relaunched == [["r0"]]
+
+
+def test_a_router_that_stops_answering_fails_the_canary_naming_it(site: Site) -> None:
+    """Its replicas get no traffic to judge: the canary ends (no `kept (inconclusive)` after
+    judging idle replicas), the router named, and the canaries go back on their previous run
+    (serving, not yet in the router: launching the router adds them)."""
+    # It dies during round 4's interval: the requests in flight then abort on every replica
+    # (more of the canary's, here), which is the router's doing, not the canary's.
+    pair(site, Replica(aborted=lambda n: 5 if n == 4 else 0), controls=2)
+    for control in list(site.replicas.values())[1:]:
+        control.aborted = lambda n: 1 if n == 4 else 0
+    site.router_silence = lambda n: "nothing answers on 127.0.0.1:30000" if n >= 5 else ""
+    site.unlisted = "nothing answers on 127.0.0.1:30000"
+    report = run(site, split_of(3), options(min_samples=10_000))
+    assert (report.decision, report.reason) == (
+        Decision.FAILED,
+        "router edge/router stopped answering: nothing answers on 127.0.0.1:30000",
+    )
+    assert not report.ok and site.rounds == 6  # silent in rounds 5 and 6: ended
+    assert site.relaunched == [["r0"]]
+    [back] = report.actions
+    assert (back.outcome, back.new_run) == (UnitOutcome.REPLACED, "back-r0")
+    assert back.error == (
+        "back on its previous run, not in its router: nothing answers on 127.0.0.1:30000"
+    )
+    assert len(site.rollouts) == 1  # the split only: nothing promoted
+
+
+def test_a_router_silent_for_one_round_or_its_host_unread_once_is_judged_on(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pair(site, Replica())
+    site.router_silence = lambda n: "nothing answers on 127.0.0.1:30000" if n == 3 else ""
+    report = run(site, split_of(3), options())
+    assert report.decision is Decision.PROMOTED, report.reason
+    assert site.router_reads == site.rounds  # asked every round
+    # Its host not read, round after round: as good as silent.
+    real = site.read_router
+
+    def unread(host: Host, conn: Any) -> Any:
+        if site.rounds >= 2:
+            raise DeployctlError("cannot connect to edge: timed out")
+        return real(host, conn)
+
+    monkeypatch.setattr(driver, "read_router", unread)
+    report = run(site, split_of(3), options())
+    assert report.decision is Decision.FAILED and report.reason == (
+        "router edge/router stopped answering: its host cannot be read: "
+        "cannot connect to edge: timed out"
+    ), report.reason
 
 
 def test_the_judge_is_given_the_metric_and_min_samples(site: Site) -> None:
@@ -292,7 +411,8 @@ def test_canaries_failing_a_larger_share_of_requests_are_rolled_back(site: Site)
     # over every interval (10 + 10 + 10 + 10 finished, 1 aborted), not the last read alone.
     pair(site, Replica(aborted=lambda n: 1 if n == 5 else 0))
     report = run(site, split_of(3), options())
-    assert report.decision is Decision.ROLLED_BACK and site.rounds == 5
+    # Counted once the router answers the round after (it did not die meanwhile).
+    assert report.decision is Decision.ROLLED_BACK and site.rounds == 6
     assert report.reason == "the canaries failed 1 of 41 requests, the control 0 of 80"
 
 

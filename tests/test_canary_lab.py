@@ -5,6 +5,7 @@ model folder whose stand-in knobs make it slower, crash, or not differ."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import signal
 import threading
@@ -210,6 +211,56 @@ def test_ctrl_c_puts_the_canary_back(hosts: SSHLab, cli: CLI, tmp_path: Path) ->
     after = runs(cli, inv)
     assert after["r2"] == before["r2"] and after["r1"] != before["r1"], (before, after)
     assert_back_on_the_old_model(cli, inv)
+    cli("stop", "-i", str(inv))
+
+
+def test_a_canary_whose_router_dies_fails_naming_it_and_puts_the_canary_back(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """Killed while the canary is judged: no more traffic reaches the replicas, so the
+    canary ends at once as failed (exit 1), naming the router, and r1 goes back on its
+    previous run (serving; the router adds it back when it is launched again)."""
+    inv, port = canary_fleet(hosts, tmp_path, {})
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    before = runs(cli, inv)
+    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "router")
+    router_group = doc["hosts"]["alpha"]["deployments"]["router"]["pid"]
+    with load_through(port, hosts.hosts["alpha"].address, seed=6):
+        proc = cli.popen(
+            "canary", "-i", str(inv), "--restart", "--interval", "0.5", "--max-duration", "300",
+            "--drain-timeout", "10", "--timeout", "60",
+        )  # fmt: skip
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=read_lines, args=(proc.stderr, lines), daemon=True).start()
+        seen: list[str] = []
+        while not any("matched samples" in line for line in seen):
+            seen.append(lines.get(timeout=180))  # the split done: the canary is judged
+        os.killpg(router_group, signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait(timeout=180)
+    ended = time.monotonic() - killed
+    out = proc.stdout.read() if proc.stdout else ""
+    assert proc.returncode == 1, (out, seen)
+    assert "decision: failed (router alpha/router stopped answering: nothing answers on" in (out), (
+        out
+    )
+    assert ended < 60, ended  # the rollback's own drain and start included
+    code, kept, err = run_json(cli, "canary", "-i", str(inv), "--report")
+    record = kept["hosts"]["alpha"]["deployments"]["router"]["record"]
+    assert (record["state"], record["decision"]) == ("done", "failed"), record
+    split, rollback = record["steps"]
+    assert (rollback["step"], rollback["unit"], rollback["outcome"]) == (
+        "rollback", "alpha/r1", "replaced"
+    ), rollback  # fmt: skip
+    assert rollback["error"].startswith("back on its previous run, not in its router: "), rollback
+    code, status, _ = run_json(cli, "status", "-i", str(inv))
+    after = status["hosts"]["alpha"]["deployments"]
+    assert code == 1 and after["router"]["state"] != "ready", after["router"]  # it crashed
+    assert after["r2"]["run"] == before["r2"], (before, after)  # the control untouched
+    assert after["r1"]["run"] not in (before["r1"], split["new_run"]) and (
+        after["r1"]["state"] == "ready"
+    ), after["r1"]
     cli("stop", "-i", str(inv))
 
 

@@ -124,6 +124,12 @@ def test_a_1p2d_fleet_registers_by_role_and_serves_streamed_requests(
     }
     human = cli("status", "-i", str(inv), "-d", "router")
     assert "alpha/router: 3 workers (1 prefill, 2 decode), 3 of ours healthy" in human.stdout
+    # A canary judges decodes against decodes: the prefill times no token (SGLang's prefills
+    # observe no TTFT or ITL), so it is neither canary nor control.
+    code, planned, err = run_json(cli, "canary", "-i", str(inv), "--restart", "--dry-run")
+    assert code == 0, err
+    assert sorted([*planned["candidates"], *planned["controls"]]) == ["alpha/d1", "bravo/d0"]
+    assert list(planned["not_judged"]) == ["alpha/p0"], planned
     for _ in range(4):  # round robin: each decode gets its prefill's KV
         assert stream_through(alpha.address, router_port(table)).rstrip().endswith("[DONE]")
     for label in ("bravo/d0", "alpha/d1"):

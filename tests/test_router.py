@@ -21,6 +21,7 @@ import yaml
 from tests.conftest import CLI
 from tests.router_venv import legacy_router_python, router_venv
 from tests.sshd_hosts import SSHLab, free_port, loopback_address
+from tests.test_faults import wait_until
 from tests.test_lifecycle import prepare
 
 pytestmark = pytest.mark.lab
@@ -390,6 +391,56 @@ def test_stop_removes_the_url_its_run_registered_and_two_workers_with_one_url_ar
     removal = doc["hosts"]["alpha"]["deployments"]["w1"]["router"]
     assert code == 0 and removal["url"] == w1 and removal["ok"], (removal, err)
     assert listed(address, port) == {w2: True}
+    cli("stop", "-i", str(inv))
+
+
+def add_by_hand(address: str, port: int, url: str) -> None:
+    """Register `url` as another tool would (POST /workers), and wait until it is listed healthy."""
+    request = urllib.request.Request(
+        f"{url_of(address, port)}/workers", data=json.dumps({"url": url}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST",
+    )  # fmt: skip
+    urllib.request.urlopen(request, timeout=10).close()
+    wait_until(lambda: listed(address, port).get(url) is True, 30)
+
+
+def test_a_worker_its_router_lists_with_a_trailing_slash_is_removed_by_stop_and_sync(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """A hand fix (or another tool) registered w1 as `http://H:P/`: status finds w1 in it,
+    stop and router sync remove that very entry (by the router's own id), and what they say
+    is what the router lists after."""
+    inv, table = fleet(hosts, tmp_path)
+    address, port = hosts.hosts["alpha"].address, table["router"]["port"]
+    w1, w2 = (url_of(address, table[w]["port"]) for w in ("w1", "w2"))
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    remove_by_hand(address, port, w1)
+    add_by_hand(address, port, f"{w1}/")
+    state = router_entry(cli, inv)
+    assert not state["drift"], state
+    assert {w["url"]: w["deployment"] for w in state["workers"]} == {
+        f"{w1}/": "alpha/w1", w2: "alpha/w2"
+    }  # fmt: skip
+    code, doc, err = run_json(cli, "stop", "-i", str(inv), "-d", "w1")
+    removal = doc["hosts"]["alpha"]["deployments"]["w1"]["router"]
+    assert code == 0 and removal["ok"], (removal, err)
+    assert listed(address, port) == {w2: True}
+    for _ in range(3):  # round robin: no request is sent to the stopped w1
+        assert stream_through(address, port).rstrip().endswith("data: [DONE]")
+
+    # Listed twice (as launch added it, and with a slash), then killed: sync removes both.
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "-d", "w1", "--timeout", "60")
+    assert code == 0, err
+    add_by_hand(address, port, f"{w1}/")
+    code, doc, _ = run_json(cli, "status", "-i", str(inv), "-d", "w1")
+    os.killpg(doc["hosts"]["alpha"]["deployments"]["w1"]["pid"], signal.SIGKILL)
+    assert sorted(router_entry(cli, inv)["stray"]) == [w1, f"{w1}/"]
+    code, doc, err = run_json(cli, "router", "sync", "-i", str(inv))
+    assert code == 0, (doc, err)
+    assert listed(address, port) == {w2: True}
+    state = router_entry(cli, inv)
+    assert not state["drift"] and [w["url"] for w in state["workers"]] == [w2], state
     cli("stop", "-i", str(inv))
 
 

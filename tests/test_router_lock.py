@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from deployctl import agent
 from deployctl.connection import Held, LocalConnection
@@ -72,3 +74,33 @@ def test_the_lock_dies_with_a_holder_that_is_killed(tmp_path: Path) -> None:
             break
         assert time.monotonic() < deadline, "the killed holder's lock outlived it"
         time.sleep(0.1)
+
+
+def test_one_command_taking_a_routers_lock_twice_holds_it_until_its_last_release(
+    tmp_path: Path,
+) -> None:
+    """tune of two deployments behind one router takes the router's lock once for each (its
+    threads share this process's hold), and they end in either order: the lock stays the
+    command's until the last one lets go, and neither release raises."""
+    from deployctl.ops.router import router_locks
+
+    here = local_host(tmp_path)
+    router = Host(here.name, here.vars, "router")
+    fleet: Any = SimpleNamespace(connection=lambda host: LocalConnection("here", 30))
+
+    def other_taker() -> bool:
+        """Does another deployctl get the lock now? (Let go at once.)"""
+        reply, held = hold(router, "rollout")
+        held.close()
+        return reply["acquired"]
+
+    first, second = router_locks(fleet, [router], "tune"), router_locks(fleet, [router], "tune")
+    first.__enter__()
+    second.__enter__()  # the command's own: not refused as another holder's
+    assert not other_taker()
+    first.__exit__(None, None, None)  # the first deployment's tune ends first
+    assert not other_taker(), "released while the second deployment still holds it"
+    second.__exit__(None, None, None)
+    assert other_taker(), "still held after the last release"
+    with router_locks(fleet, [router], "tune"):  # taken again afresh by the command
+        assert not other_taker()

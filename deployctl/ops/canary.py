@@ -20,11 +20,12 @@ from enum import StrEnum
 from deployctl import agent
 from deployctl import events as ev
 from deployctl.canary_stats import Judge, Sample, Verdict
+from deployctl.choices import PdRole
 from deployctl.connection import Connection
 from deployctl.crash import Catalog
 from deployctl.errors import DeployctlError, MetricsError, UsageError
 from deployctl.events import DISCARD, EventSink
-from deployctl.fanout import Fleet, FleetResult
+from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.metrics import Counts, interval, read_counts
 from deployctl.ops.driver import drive
@@ -38,7 +39,7 @@ from deployctl.ops.rollout import (
     UnitResult,
     launched_run,
 )
-from deployctl.ops.router import router_locks, router_of
+from deployctl.ops.router import WorkerKind, router_locks, router_of, router_silence
 from deployctl.ops.runs import recorded_run
 from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture, relaunch
@@ -53,6 +54,9 @@ from deployctl.remote.measures import (
 # A running canary's record on the router's host is brought up to date at most this often
 # (one call; `canary --report` and the dashboard read it from there).
 KEEP_EVERY_S = 5.0
+# Rounds in a row the router may not answer before the canary ends: one slow answer is not
+# a dead router, and past that its replicas are judged on no traffic.
+ROUTER_SILENT_ROUNDS = 2
 
 
 class Decision(StrEnum):
@@ -61,7 +65,18 @@ class Decision(StrEnum):
     PROMOTED = "promoted"  # no regression: the other replicas rolled out too
     ROLLED_BACK = "rolled back"  # a regression, a crash or failed requests: canaries put back
     KEPT = "kept"  # no regression but --no-promote, or inconclusive: the canaries serve on
-    FAILED = "failed"  # the canaries' new configuration did not serve (rollout put them back)
+    # Not carried through: the canaries' new configuration did not serve (rollout put them
+    # back), or nothing could be judged (the router stopped answering, or the canaries gave
+    # no sample to compare): the canaries put back.
+    FAILED = "failed"
+
+
+class _Ending(StrEnum):
+    """How the judging ended: what the canary does next."""
+
+    JUDGED = "judged"  # a verdict (or none by --max-duration) to act on
+    BAD = "bad"  # a regression, a crash, failed requests or Ctrl-C: roll back
+    NOT_JUDGED = "not judged"  # nothing to compare, or no router: failed, and put back
 
 
 @dataclass
@@ -79,13 +94,16 @@ class CanaryOptions:
 
 @dataclass
 class CanaryPlan:
-    """The replicas of one router: the canaries (replaced first), the control, and those
-    already on the inventory's configuration (neither)."""
+    """The replicas of one router: the canaries (replaced first), the control, those
+    already on the inventory's configuration, and those a canary cannot judge (neither)."""
 
     router: str
     candidates: list[UnitPlan]
     controls: list[UnitPlan]
     already_current: list[str] = field(default_factory=list)
+    # Replicas that differ but cannot be judged (prefills, a role that changes) -> why: they
+    # are neither canary nor control, and a promotion leaves them as they run.
+    not_judged: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -119,8 +137,10 @@ class CanaryReport:
 def plan_canary(unit_plans: Sequence[UnitPlan], replicas: int, restart: bool) -> CanaryPlan:
     """Split the selected replicas: the first `replicas` that differ from the inventory are
     the canaries, the others that differ the control (with `restart`, every replica counts as
-    differing). Refused, naming why, without a router, with fewer than two replicas, with
-    replicas of several routers, when nothing differs, or when no control is left."""
+    differing). Only replicas of one role are compared: prefills and replicas whose role
+    changes are left out (`not_judged`). Refused, naming why, without a router, with fewer
+    than two replicas to judge, with replicas of several routers or roles, when nothing
+    differs, or when no control is left."""
     workers = [u for u in unit_plans if u.plans[0].role is not Role.ROUTER]
     if replicas < 1:
         raise UsageError("--replicas must be 1 or more")
@@ -136,9 +156,17 @@ def plan_canary(unit_plans: Sequence[UnitPlan], replicas: int, restart: bool) ->
             f"the replicas are behind several routers ({', '.join(routers)})",
             hint="select the replicas of one router with -H/-d",
         )
+    apart = {u.name: why for u in workers if (why := _not_judged(u))}
+    not_judged = {
+        u.name: apart[u.name] for u in workers if u.name in apart and (u.changes or restart)
+    }
+    workers = [u for u in workers if u.name not in apart]
+    _check_one_role(workers)
     if len(workers) < 2:
+        unjudged = "; ".join(f"{name}: {why}" for name, why in apart.items())
         raise UsageError(
-            f"a canary needs at least 2 replicas behind one router; {len(workers)} selected",
+            f"a canary needs at least 2 replicas behind one router; {len(workers)} selected"
+            + (f" to judge (not judged: {unjudged})" if unjudged else ""),
             hint="add a replica, or use rollout",
         )
     changed = [u for u in workers if u.changes or restart]
@@ -169,16 +197,55 @@ def plan_canary(unit_plans: Sequence[UnitPlan], replicas: int, restart: bool) ->
         )
     candidates = changed[:replicas]
     controls = [u for u in changed if u not in candidates]
-    return CanaryPlan(routers[0], candidates, controls, same)
+    current = [*same, *(name for name in apart if name not in not_judged)]
+    return CanaryPlan(routers[0], candidates, controls, current, not_judged)
+
+
+def _roles(unit: UnitPlan) -> tuple[PdRole | None, ...]:
+    """As what the replica serves now (its run's command) and next (the inventory's): one
+    entry when they are the same."""
+    host = unit.rank0
+    now = unit.statuses[0] if unit.statuses else None
+    current = () if now is None or now.run is None else (WorkerKind.of_run(now.run, host).role,)
+    return tuple(dict.fromkeys((*current, host.settings.pd_role)))
+
+
+def _role_words(role: PdRole | None) -> str:
+    return "whole requests" if role is None else str(role)
+
+
+def _not_judged(unit: UnitPlan) -> str:
+    """Why a canary cannot judge the replica ("" when it can): SGLang's prefill servers
+    record neither time to first token nor inter-token latency (their decodes see the
+    tokens), and a replica whose role changes has no like to compare with."""
+    roles = _roles(unit)
+    if PdRole.PREFILL in roles:
+        return "a prefill records no time to first token or inter-token latency"
+    if len(roles) > 1:
+        return f"its role changes ({' → '.join(_role_words(r) for r in roles)})"
+    return ""
+
+
+def _check_one_role(units: Sequence[UnitPlan]) -> None:
+    """Refuse replicas of several roles: a canary compares like with like."""
+    roles = {u.name: _roles(u)[0] for u in units}
+    if len(set(roles.values())) > 1:
+        said = ", ".join(f"{name} ({_role_words(role)})" for name, role in roles.items())
+        raise UsageError(
+            f"the replicas serve in different roles: {said}; a canary compares one role's",
+            hint="select the replicas of one role with -H/-d",
+        )
 
 
 @dataclass
 class _Read:
-    """One replica's /metrics read: when, and the counts (None: not serving or unreadable)."""
+    """One replica's /metrics read: when, and the counts (None: not serving or unreadable);
+    or its router's answer (`silence`: why it does not answer, "" when it does)."""
 
     at: float
     counts: Counts | None
     serving: bool
+    silence: str = ""
 
 
 def read_replica(host: Host, conn: Connection) -> _Read:
@@ -193,6 +260,12 @@ def read_replica(host: Host, conn: Connection) -> _Read:
         except MetricsError:
             counts = None
     return _Read(time.monotonic(), counts, serving)
+
+
+def read_router(host: Host, conn: Connection) -> _Read:
+    """Does the router answer for its worker list now (one call to the agent on its host)?"""
+    silence = router_silence(host, conn)
+    return _Read(time.monotonic(), None, not silence, silence)
 
 
 class Canary:
@@ -238,11 +311,13 @@ class Canary:
             report.decision, report.reason = Decision.FAILED, _split_failure(report.split)
             report.interrupted = self.cancel.is_set()
             return report
-        verdict, reason, bad = self._judge(report)
+        verdict, reason, ending = self._judge(report)
         report.verdict, report.reason = verdict, reason
-        if bad or self.cancel.is_set():
-            report.decision = Decision.ROLLED_BACK
-            report.interrupted = self.cancel.is_set()
+        cancelled = self.cancel.is_set()
+        if ending is not _Ending.JUDGED or cancelled:
+            failed = ending is _Ending.NOT_JUDGED and not cancelled
+            report.decision = Decision.FAILED if failed else Decision.ROLLED_BACK
+            report.interrupted = cancelled
             report.actions = self._roll_back(previous, report.split)
         elif verdict is not None and verdict.state == "no_regression" and self.options.promote:
             report.decision = Decision.PROMOTED
@@ -265,9 +340,10 @@ class Canary:
             options.allow_downtime, "canary",
         )  # fmt: skip
 
-    def _judge(self, report: CanaryReport) -> tuple[Verdict | None, str, bool]:
-        """Sample every replica each interval until the verdict is clear, `max_duration`
-        passes or Ctrl-C: the verdict, why it ended, and whether to roll back."""
+    def _judge(self, report: CanaryReport) -> tuple[Verdict | None, str, _Ending]:
+        """Sample every replica (and ask the router) each interval until the verdict is
+        clear, `max_duration` passes, the router stops answering, or Ctrl-C: the verdict,
+        why it ended, and what follows."""
         options = self.options
         judge = Judge(
             options.metric, options.max_regression, options.confidence, options.min_samples
@@ -278,18 +354,42 @@ class Canary:
         last: dict[str, _Read] = {}
         failed = {"candidate": 0, "control": 0}
         finished = {"candidate": 0, "control": 0}
+        # A round's aborted and finished requests, counted once the router answers the round
+        # after: a router that dies aborts the requests in flight on every replica.
+        held: list[tuple[str, int, int]] = []
         started = time.monotonic()
         verdict: Verdict | None = None
-        replicas = [*canaries, *controls]
+        router = self.keeper.router
+        silent = 0  # rounds in a row the router has not answered
+
+        def read(host: Host, conn: Connection) -> _Read:
+            return (
+                read_router(host, conn) if host.label == router.label else read_replica(host, conn)
+            )
+
         rounds = status_rounds(
-            lambda: self.fleet.run(read_replica, replicas), options.interval, stop=self.cancel
+            lambda: self.fleet.run(read, [*canaries, *controls, router]),
+            options.interval,
+            stop=self.cancel,
         )
         for reads in rounds:
+            silence = next(_silence(r) for r in reads if r.name == router.label)
+            silent = silent + 1 if silence else 0
+            for who, aborted, done in [] if silence else held:
+                failed[who] += aborted
+                finished[who] += done
+            held = []
+            if silent >= ROUTER_SILENT_ROUNDS:  # its replicas get no traffic to judge
+                return (
+                    verdict,
+                    f"router {router.label} stopped answering: {silence}",
+                    _Ending.NOT_JUDGED,
+                )
             for result in reads:
-                if result.value is None:
+                if result.value is None or result.name == router.label:
                     continue  # a host not read this round is not a crash: asked again next
                 if side[result.name] == "candidate" and not result.value.serving:
-                    return verdict, f"canary {result.name} crashed (not serving)", True
+                    return verdict, f"canary {result.name} crashed (not serving)", _Ending.BAD
                 if result.value.counts is None:
                     continue
                 before = last.get(result.name)
@@ -299,8 +399,8 @@ class Canary:
                 seconds = result.value.at - before.at
                 part = interval(before.counts, result.value.counts, seconds)
                 who = side[result.name]
-                failed[who] += part.aborted
-                finished[who] += part.requests + part.aborted
+                if not silence:
+                    held.append((who, part.aborted, part.requests + part.aborted))
                 value = part.value(options.metric)
                 if value is not None and part.requests > 0:
                     judge.add(who, Sample(part.running, value, part.requests, result.name))
@@ -311,7 +411,7 @@ class Canary:
                         f"the canaries failed {failed['candidate']} of {finished['candidate']} "
                         f"requests, the control {failed['control']} of {finished['control']}"
                     ),
-                    True,
+                    _Ending.BAD,
                 )
             verdict = judge.verdict()
             report.verdict, report.elapsed_s = verdict, time.monotonic() - started
@@ -325,12 +425,16 @@ class Canary:
             )  # fmt: skip
             self.keeper.keep(report)
             if verdict.state == "regression":
-                return verdict, verdict.note or f"{options.metric} regressed", True
+                return verdict, verdict.note or f"{options.metric} regressed", _Ending.BAD
             if verdict.state == "no_regression":
-                return verdict, f"no {options.metric} regression", False
-            if report.elapsed_s >= options.max_duration:
-                return verdict, f"inconclusive after {options.max_duration:g}s", False
-        return verdict, "interrupted", True
+                return verdict, f"no {options.metric} regression", _Ending.JUDGED
+            ended = report.elapsed_s >= options.max_duration
+            unjudged = _nothing_to_compare(verdict, options, len(controls), ended)
+            if unjudged:
+                return verdict, f"not judged: {unjudged}", _Ending.NOT_JUDGED
+            if ended:
+                return verdict, f"inconclusive after {options.max_duration:g}s", _Ending.JUDGED
+        return verdict, "interrupted", _Ending.BAD
 
     def _roll_back(
         self, previous: Sequence[Serving], split: Sequence[UnitResult]
@@ -352,10 +456,15 @@ class Canary:
             except DeployctlError as exc:
                 result.outcome, result.error = UnitOutcome.FAILED, exc.message
             else:
-                if back.launch is None or not back.launch.ok:
+                if back.launch is None or not back.launch.up:
                     result.outcome, result.error = UnitOutcome.FAILED, "previous run not back"
                 else:
                     result.new_run = launched_run(back.launch)
+                    # Serving again; a router that does not answer (why a canary may end)
+                    # adds it when it is launched again.
+                    unlisted = [r.error for r in back.launch.registrations if not r.ok]
+                    if unlisted:
+                        result.error = f"back on its previous run, not in its router: {unlisted[0]}"
             results.append(result)
         return results
 
@@ -451,6 +560,28 @@ def _fails_more(failed: Mapping[str, int], finished: Mapping[str, int]) -> bool:
         return False
     rate = failed["candidate"] / max(finished["candidate"], 1)
     return rate > failed["control"] / max(finished["control"], 1)
+
+
+def _silence(asked: HostResult[_Read]) -> str:
+    """Why the router did not answer this round ("" when it did)."""
+    if asked.value is None:
+        return f"its host cannot be read: {asked.error}"
+    return asked.value.silence
+
+
+def _nothing_to_compare(
+    verdict: Verdict, options: CanaryOptions, controls: int, ended: bool
+) -> str:
+    """Why the judging can come to nothing ("" when it may yet): the canaries gave no sample
+    while the control gave about `min_samples` a replica (they get no traffic, or none that
+    measures the metric), or by the end no load bucket had samples of both sides."""
+    candidate = sum(b.candidate_n for b in verdict.buckets)
+    control = sum(b.control_n for b in verdict.buckets)
+    if not candidate and (ended or control >= max(options.min_samples, 2) * controls):
+        return f"the canaries gave no {options.metric} sample while the control gave {control}"
+    if ended and not verdict.samples:
+        return f"no load bucket had samples of both sides in {options.max_duration:g}s"
+    return ""
 
 
 def _split_failure(results: Sequence[UnitResult]) -> str:

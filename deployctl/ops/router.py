@@ -35,7 +35,7 @@ from deployctl.launchers import launcher_for, launcher_of
 from deployctl.ops.flags import ROUTER_MODULE
 from deployctl.patchset import command_flags
 from deployctl.remote.protocol import RunRecord, StatusArgs
-from deployctl.remote.routing import HoldArgs, RouterArgs, RouterReply
+from deployctl.remote.routing import HoldArgs, RouterArgs, RouterReply, listed_as, url_key
 from deployctl.settings import SETTINGS
 from deployctl.text import is_number
 
@@ -208,15 +208,10 @@ class Registration:
         return not self.error
 
 
-def _router_call(
-    fleet: Fleet,
-    router: Host,
-    action: str,
-    url: str | None,
-    wait: float = REGISTRATION_WAIT,
-    kind: WorkerKind = WorkerKind(),
-) -> RouterReply:
-    args: RouterArgs = {
+def _router_args(
+    router: Host, action: str, url: str | None, wait: float, kind: WorkerKind
+) -> RouterArgs:
+    return {
         "bind_host": router.settings.bind_host,
         "port": router.settings.server_port,
         "action": action,
@@ -225,10 +220,30 @@ def _router_call(
         "worker_type": kind.role,
         "bootstrap_port": kind.bootstrap_port,
     }
+
+
+def _router_call(
+    fleet: Fleet,
+    router: Host,
+    action: str,
+    url: str | None,
+    wait: float = REGISTRATION_WAIT,
+    kind: WorkerKind = WorkerKind(),
+) -> RouterReply:
+    args = _router_args(router, action, url, wait, kind)
     conn = fleet.connection(router)
     return agent.call(
         router, conn, agent.ROUTER, args, timeout=max(conn.command_timeout, wait + 30)
     )
+
+
+def router_silence(router: Host, conn: Connection) -> str:
+    """Why the router does not answer for its worker list now ("" when it does): one call
+    to the agent on its host."""
+    reply = agent.call(
+        router, conn, agent.ROUTER, _router_args(router, "list", None, 0, WorkerKind())
+    )
+    return "" if reply["api"] is not None else reply["problem"] or "it does not answer"
 
 
 def change_registration(
@@ -400,45 +415,49 @@ def router_state(fleet: Fleet, router: Host) -> RouterState:
     )
     if bug is not None:
         raise bug
+    # Keyed by `url_key`: the router may spell a URL of ours otherwise (a trailing slash).
     ours: dict[str, str] = {}  # URL -> the worker of ours that serves there now
-    kinds = state.kinds  # URL -> as what ours serves there
+    spelled: dict[str, str] = {}  # URL -> as ours spells it (its run's registered URL)
+    kinds: dict[str, WorkerKind] = {}  # URL -> as what ours serves there
     idle: dict[str, str] = {}  # URL -> a worker of ours, read, that does not serve there
     unread: dict[str, str] = {}  # the inventory's URL of a worker whose host cannot be read
     for r in read:
         if r.value is None:
-            unread[worker_url(r.host)] = r.name
+            unread[url_key(worker_url(r.host))] = r.name
             state.unread[r.name] = r.error or ""
         elif r.value[0]:
-            ours[r.value[1]] = r.name
-            kinds[r.value[1]] = r.value[2]
+            key = url_key(r.value[1])
+            ours[key], spelled[key], kinds[key] = r.name, r.value[1], r.value[2]
+            state.kinds[r.value[1]] = r.value[2]
         else:
             for url in filter(None, (r.value[1], worker_url(r.host))):
-                idle.setdefault(url, r.name)
-    listed = {w["url"].rstrip("/"): w for w in reply["workers"]}
+                idle.setdefault(url_key(url), r.name)
+    listed = [(url_key(w["url"]), w) for w in reply["workers"]]
     state.workers = [
         ListedWorker(
-            url, w["healthy"], w["load"], ours.get(url), ours.get(url) or idle.get(url, ""),
+            w["url"], w["healthy"], w["load"], ours.get(key), ours.get(key) or idle.get(key, ""),
             WorkerKind.listed(w["worker_type"], w["bootstrap_port"]),
         )
-        for url, w in listed.items()
+        for key, w in listed
     ]  # fmt: skip
     if state.api is None:  # nothing answered: no list to judge, no drift
         return state
-    state.unregistered = {label: url for url, label in ours.items() if url not in listed}
+    keys = {key for key, _ in listed}
+    state.unregistered = {label: spelled[key] for key, label in ours.items() if key not in keys}
     state.miscast = {
-        w.url: (str(w.worker), kinds[w.url])
-        for w in state.workers
-        if w.worker is not None and w.kind is not None and w.kind != kinds[w.url]
+        spelled[key]: (str(w.worker), kinds[key])
+        for (key, _), w in zip(listed, state.workers, strict=True)
+        if w.worker is not None and w.kind is not None and w.kind != kinds[key]
     }
-    for url in listed:
-        if url in ours:
+    for key, w in listed:
+        if key in ours:
             continue
-        if url in idle:
-            state.stray.append(url)
-        elif url in unread:  # perhaps it serves there: only its host could say
-            state.unknown[url] = unread[url]
+        if key in idle:
+            state.stray.append(w["url"])
+        elif key in unread:  # perhaps it serves there: only its host could say
+            state.unknown[w["url"]] = unread[key]
         else:
-            state.not_ours.append(url)
+            state.not_ours.append(w["url"])
     return state
 
 
@@ -449,9 +468,8 @@ def listed_load(fleet: Fleet, worker: Host, url: str) -> int | None:
     router = router_of(worker, fleet.select)
     if router is None:
         return None
-    url = url.rstrip("/")
     reply = _router_call(fleet, router, "list", None, 0)
-    return next((w["load"] for w in reply["workers"] if w["url"].rstrip("/") == url), None)
+    return next((w["load"] for w in listed_as(reply["workers"], url)), None)
 
 
 def serving_workers(fleet: Fleet, router: Host, state: RouterState) -> list[ListedWorker]:

@@ -396,13 +396,13 @@ class LaunchReport:
         return bool(self.outcomes.results)
 
     @property
+    def up(self) -> bool:
+        """Every server started and ready (its registration aside)."""
+        return not self.refused and not self.stops.failed and self.outcomes.ok
+
+    @property
     def ok(self) -> bool:
-        return (
-            not self.refused
-            and not self.stops.failed
-            and self.outcomes.ok
-            and all(r.ok for r in self.registrations)
-        )
+        return self.up and all(r.ok for r in self.registrations)
 
 
 def launch(

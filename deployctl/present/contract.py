@@ -145,7 +145,10 @@ CANARY_FIELDS: dict[str, Schema] = {
         )
     ),
     "reason": string("Why it ended as it did."),
-    "decision": {"enum": ["promoted", "rolled back", "kept", "failed", None]},
+    "decision": {
+        "enum": ["promoted", "rolled back", "kept", "failed", None],
+        "description": "failed: not carried through (the canaries' configuration did not serve, the router stopped answering, or the canaries gave nothing to compare), the canaries put back.",
+    },
     "elapsed_s": number("Seconds spent judging."),
     "interrupted": boolean("Ctrl-C: the canaries were put back."),
     "steps": array(
@@ -744,12 +747,16 @@ DEFINITIONS: dict[str, Schema] = {
         {
             **CANARY_FIELDS,
             "ok": boolean(
-                "A clear verdict acted on: promoted, or kept (no regression with --no-promote, or inconclusive); false for a rollback, a failed split or Ctrl-C."
+                "A clear verdict acted on: promoted, or kept (no regression with --no-promote, or inconclusive); false for a rollback, a failed canary (a split that did not serve, a router that stopped answering, nothing to compare) or Ctrl-C."
             ),
             "dry_run": boolean(),
             "already_current": array(
                 string(),
                 "Replicas that already run the inventory's configuration: neither canary nor control.",
+            ),
+            "not_judged": map_of(
+                string(),
+                "Replicas that differ but that a canary cannot judge (a prefill records no time to first token or inter-token latency; a replica whose role changes has no like to compare with) -> why: neither canary nor control, and left as they run by a promotion.",
             ),
             "units": array(
                 ref("rolloutUnit"),
@@ -759,7 +766,15 @@ DEFINITIONS: dict[str, Schema] = {
                 "string", "Why the record could not be kept on the router's host (null: kept)."
             ),
         },
-        required=[*CANARY_FIELDS, "ok", "dry_run", "already_current", "units", "keep_error"],
+        required=[
+            *CANARY_FIELDS,
+            "ok",
+            "dry_run",
+            "already_current",
+            "not_judged",
+            "units",
+            "keep_error",
+        ],
     ),
     "canaryRecord": declared(
         CanaryRecord,

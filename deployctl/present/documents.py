@@ -638,6 +638,7 @@ def canary_document(report: CanaryReport) -> dict[str, Any]:
         "dry_run": report.dry_run,
         **canary_record(report, done=True),
         "already_current": report.plan.already_current,
+        "not_judged": report.plan.not_judged,
         "units": [
             {**unit_plan_json(p), **(unit_result_json(done[p.name]) if p.name in done else {})}
             for p in plans

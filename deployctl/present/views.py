@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -1157,9 +1157,11 @@ def _canary(report: CanaryReport) -> None:
         console().print(
             f"{plan.router}: canary {canaries}; control {controls}{current}", markup=False
         )
+        _not_judged_lines(plan.not_judged)
         for unit in plan.candidates:
             _unit_plan_lines(unit)
         return
+    _not_judged_lines(plan.not_judged)
     _canary_record(canary_record(report, done=True))
     units = [*report.split, *report.actions]
     if units:
@@ -1172,6 +1174,15 @@ def _canary(report: CanaryReport) -> None:
         )
     elif report.keep_error:
         sys.stderr.write(tagged("warning", f"not kept: {report.keep_error}", plan.router))
+
+
+def _not_judged_lines(not_judged: Mapping[str, str]) -> None:
+    """The replicas that differ but are neither canary nor control: left as they run."""
+    for name, why in not_judged.items():
+        console().print(
+            f"  {name}: not judged, left as it runs ({why}): deployctl rollout rolls it out",
+            markup=False,
+        )
 
 
 def _canary_record(record: CanaryRecord) -> None:

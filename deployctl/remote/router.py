@@ -12,7 +12,15 @@ import time
 from typing import Any
 
 from .files import state_path
-from .routing import ROUTER_LOCKS, HoldArgs, HoldReply, RouterArgs, RouterReply, RouterWorker
+from .routing import (
+    ROUTER_LOCKS,
+    HoldArgs,
+    HoldReply,
+    RouterArgs,
+    RouterReply,
+    RouterWorker,
+    listed_as,
+)
 from .runs import server_address
 
 ROUTER_TIMEOUT = 5.0
@@ -83,49 +91,76 @@ def router_list(host: str, port: int) -> tuple[str | None, list[RouterWorker], s
 
 
 def _router_change(args: RouterArgs, api: str, workers: list[RouterWorker]) -> str:
-    """Ask the router to add or remove the worker; the reason when it refuses."""
+    """Ask the router to add or remove the worker; the reason when it refuses. Every entry
+    the router has for the URL but ours as asked is removed first, by the router's own id
+    (or spelling, on a legacy router): an entry spelled otherwise than ours would stay."""
     from urllib.parse import quote
 
     host, port, url = args["bind_host"], args["port"], str(args["url"])
     adding = args["action"] == "add"
-    ids = [w["id"] for w in workers if w["url"] == url and w["id"]]
     if api == "legacy" and args["worker_type"]:
         return f"this router's API (/add_worker) cannot register a {args['worker_type']}"
+    entries = listed_as(workers, url)
+    kept = [e for e in entries if adding and _as_wanted(args, e)]
+    for entry in entries:
+        if entry in kept:
+            continue
+        # Listed in another role, with another bootstrap port, unhealthy or spelled
+        # otherwise: an addition adds it anew once it is gone.
+        refused = _remove(host, port, api, entry)
+        if refused and adding:
+            return f"{entry['url']} is listed as {_listed_role(entry)} and was not removed"
+        if refused:
+            return refused
+    if not adding or kept:
+        return ""
     if api == "legacy":
-        path = f"/{'add' if adding else 'remove'}_worker?url={quote(url, safe='')}"
-        status, body = http_call(host, port, "POST", path)
-    elif adding:
-        if ids:  # listed in another role or with another bootstrap port: added anew
-            status, body = http_call(host, port, "DELETE", f"/workers/{ids[0]}")
-            if status is None or not 200 <= status < 300:
-                return f"{url} is listed as {_listed_role(workers, url)} and was not removed"
-        body_args: dict[str, Any] = {"url": url}
-        if args["worker_type"]:
-            body_args["worker_type"] = args["worker_type"]
-        if args["bootstrap_port"] is not None:
-            body_args["bootstrap_port"] = args["bootstrap_port"]
-        status, body = http_call(host, port, "POST", "/workers", body_args)
-    else:
-        if not ids:
-            return ""
-        status, body = http_call(host, port, "DELETE", f"/workers/{ids[0]}")
+        return _refused(*http_call(host, port, "POST", f"/add_worker?url={quote(url, safe='')}"))
+    body_args: dict[str, Any] = {"url": url}
+    if args["worker_type"]:
+        body_args["worker_type"] = args["worker_type"]
+    if args["bootstrap_port"] is not None:
+        body_args["bootstrap_port"] = args["bootstrap_port"]
+    return _refused(*http_call(host, port, "POST", "/workers", body_args))
+
+
+def _remove(host: str, port: int, api: str, entry: RouterWorker) -> str:
+    """Remove one entry of the router's list as the router names it; why not, else ""."""
+    from urllib.parse import quote
+
+    if api == "legacy":
+        path = f"/remove_worker?url={quote(entry['url'], safe='')}"
+        return _refused(*http_call(host, port, "POST", path))
+    if not entry["id"]:
+        return f"the router lists {entry['url']} with no id to remove it by"
+    return _refused(*http_call(host, port, "DELETE", f"/workers/{entry['id']}"))
+
+
+def _refused(status: int | None, body: bytes) -> str:
+    """Why the router did not take a change ("" when it answered 2xx)."""
     if status is not None and 200 <= status < 300:
         return ""
     reason = body.decode("utf-8", "replace").strip().splitlines()
     return f"the router answered {status or 'nothing'}" + (f": {reason[0][:200]}" if reason else "")
 
 
-def _listed_role(workers: list[RouterWorker], url: str) -> str:
-    listed = next(w for w in workers if w["url"] == url)
+def _listed_role(listed: RouterWorker) -> str:
     port = listed["bootstrap_port"]
     return f"{listed['worker_type'] or 'a worker'}" + (f" (bootstrap port {port})" if port else "")
 
 
 def _router_done(args: RouterArgs, workers: list[RouterWorker]) -> bool:
-    listed = [w for w in workers if w["url"] == args["url"]]
+    entries = listed_as(workers, str(args["url"]))
     if args["action"] == "remove":
-        return not listed
-    return bool(listed) and listed[0]["healthy"] is not False and _as_asked(args, listed[0])
+        return not entries
+    return len(entries) == 1 and _as_wanted(args, entries[0])
+
+
+def _as_wanted(args: RouterArgs, listed: RouterWorker) -> bool:
+    """Listed as the addition asks: spelled as ours, not unhealthy, in the role asked."""
+    return (
+        listed["url"] == args["url"] and listed["healthy"] is not False and _as_asked(args, listed)
+    )
 
 
 def _as_asked(args: RouterArgs, listed: RouterWorker) -> bool:
@@ -145,7 +180,7 @@ def _generates(url: str, path: str = "/health_generate") -> str:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(url + path, timeout=30) as reply:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=30) as reply:
             status = reply.status
     except urllib.error.HTTPError as exc:
         status = exc.code
