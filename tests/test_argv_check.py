@@ -8,19 +8,26 @@ scripts/capture-sglang-options, and the two must agree.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from deployctl.errors import PreflightError
 from deployctl.inventory import load_inventory
-from deployctl.ops.flags import server_argv
+from deployctl.ops.flags import check_reading, server_argv
 from deployctl.project import SHIPPED_DATA
 from deployctl.remote import protocol
 from deployctl.remote import sglang_options as remote_options
 from deployctl.remote.sglang_options import (
+    DEPLOYCTL_OPTIONS,
+    CommandValues,
     OptionSpec,
     check_server_argv,
     declared_options,
@@ -156,19 +163,40 @@ def test_flag_findings(
     assert message in findings[0]["message"]
 
 
-def test_an_option_given_twice_is_refused_naming_both_spellings(
+def test_an_option_given_twice_takes_the_last_as_deployctl_reads_it(
     options: dict[str, OptionSpec],
 ) -> None:
-    # argparse keeps the last --tp: the GPU check would read 8 and the server run 1.
-    findings = check_server_argv(["--tp-size=8", "--tp", "1"], options)
-    errors = [f["message"] for f in findings if f["level"] == "error"]
-    assert errors == [
-        "--tp-size is given twice (--tp-size, then --tp): SGLang would take the last, so the "
-        "checks and the server would disagree; give it once"
+    # argparse keeps the last; so does deployctl's reading, so the check has nothing to say.
+    assert check_server_argv(["--tp-size=8", "--tp", "1"], options) == [
+        {
+            "level": "warning",
+            "flag": "--tp",
+            "message": "--tp is an abbreviation of --tp-size; write --tp-size",
+            "candidates": ["--tp-size"],
+        }
     ]
-    # Only what deployctl reads itself can disagree: the port, the model path…
-    port = check_server_argv(["--port=1", "--port", "2"], options)
-    assert [f["flag"] for f in port if f["level"] == "error"] == ["--port"]
+    assert CommandValues(["--tp-size=8", "--tp", "1"]).get("tp_size") == "1"
+    assert check_server_argv(["--port=1", "--port", "2"], options) == []
+
+
+def test_an_option_deployctl_also_takes_from_the_inventory_is_refused_given_two_values() -> None:
+    # The server would run with --tp 1; status, watch and a pair's checks read `tp`.
+    with pytest.raises(PreflightError) as refused:
+        check_reading(CommandValues(["--tp-size=8", "--tp", "1"]))
+    assert refused.value.message == (
+        "--tp-size is given twice (--tp-size=8, then --tp 1): SGLang would take the last, "
+        "while deployctl also reads `tp`"
+    )
+    assert "set `tp`" in (refused.value.hint or "")
+    with pytest.raises(PreflightError, match=r"^--port is given twice \(--port=1, then --port 2\)"):
+        check_reading(CommandValues(["--port=1", "--port", "2"]))
+    with pytest.raises(PreflightError, match="also reads `role`"):
+        check_reading(CommandValues(["--disaggregation-mode=null", "--disaggregation-m=prefill"]))
+    # The same value twice, or an option deployctl reads only from the command: the last.
+    check_reading(CommandValues(["--port=1", "--port", "1"]))
+    values = CommandValues(["--mem-fraction-static=0.4", "--mem-frac=0.8"])
+    check_reading(values)
+    assert values.get("mem_fraction_static") == "0.8"
 
 
 def test_the_server_arguments_are_found_after_its_own_launcher() -> None:
@@ -189,6 +217,115 @@ def test_values_are_not_taken_for_flags(options: dict[str, OptionSpec]) -> None:
     assert errors(["--mem-fraction-static", "-1e-3"], options)[0] == (
         "--mem-fraction-static needs a value"
     )
+
+
+# ---- deployctl reads the command as SGLang's parser will -------------------------------------
+
+
+def sglang_parser() -> argparse.ArgumentParser:
+    """SGLang 0.5.23's own parser rebuilt from its captured option list, every value kept as
+    the text given (a switch as "") and no defaults: what the command itself sets."""
+    captured = json.loads((DATA / f"sglang-{SGLANG_VERSION}-options.json").read_text())
+    parser = argparse.ArgumentParser(add_help=False)
+    for option in captured["options"]:
+        if option["nargs"] == "0":
+            parser.add_argument(
+                *option["names"], dest=option["dest"], action="store_const", const=""
+            )
+        else:
+            parser.add_argument(*option["names"], dest=option["dest"], nargs=option["nargs"])
+    return parser
+
+
+READ = sorted({spec["dest"] for spec in DEPLOYCTL_OPTIONS.values()})
+
+
+def parsed(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any] | None:
+    """What SGLang's parser takes of the options deployctl reads; None: it refuses argv."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            namespace = parser.parse_args(argv)
+    except SystemExit:
+        return None
+    return {d: getattr(namespace, d) for d in READ if getattr(namespace, d) is not None}
+
+
+def read_by_deployctl(argv: list[str]) -> dict[str, Any]:
+    values = CommandValues(argv)
+    return {d: values.get(d) for d in READ if values.has(d)}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model-path", "/m", "--mem-frac=0.8"],
+        ["--mem-fraction-static=0.4", "--mem-frac", "0.8"],
+        ["--mem-fraction-static", "0.8", "--mem-fraction-static=0.3"],
+        ["--tp", "2"],
+        ["--tp-size=8", "--tensor-parallel-size", "4"],
+        ["--tensor-parallel-size=4", "--tp-size", "2", "--tp=3"],
+        ["--model", "/a", "--model-path=/b", "--speculative-draft-model", "/d"],
+        ["--disaggregation-mode=prefill", "--disaggregation-bootstrap-port", "9000",
+         "--disaggregation-transfer-backend", "nixl", "--disaggregation-ib-device", "mlx5_0"],
+        ["--disaggregation-m", "decode", "--disaggregation-b=9001", "--disaggregation-t=nixl"],
+        ["--host=0.0.0.0", "--port", "30001", "--port=30002", "--host", "::1"],
+        ["--random-seed", "-1", "--port", "7", "--mem-fraction-static", "-.5"],
+        ["--served-model-name", "a b", "--json-model-override-args", '{"x": 1}', "--port=7"],
+        ["--served-model-name=--port=1", "--port", "2"],
+        ["--gc-threshold", "1", "2", "3", "--tp-size", "2", "--numa-node", "0", "1"],
+        ["--disable-cuda-graph", "--cuda-graph-max-bs-d", "16", "--disable-cuda-graph-padding"],
+        ["--nnodes", "2", "--node-rank=1", "--nccl-init-addr", "10.0.0.1:5000",
+         "--dist-init-addr=10.0.0.2:5000"],
+        ["--pipeline-parallel-size", "2", "--speculative-algorithm", "EAGLE3",
+         "--speculative-num-steps=3", "--speculative-eagle-topk", "1", "--pp-size=4"],
+        ["--enable-metrics", "--trust-remote-code", "--host", "-x y"],
+    ],
+)  # fmt: skip
+def test_deployctl_reads_what_sglangs_parser_takes(argv: list[str]) -> None:
+    sglang = parsed(sglang_parser(), argv)
+    assert sglang is not None, argv  # each is a command SGLang 0.5.23 accepts
+    assert read_by_deployctl(argv) == sglang
+
+
+def test_every_name_and_prefix_sglang_takes_for_an_option_deployctl_reads_is_read_alike() -> None:
+    parser = sglang_parser()
+    captured = json.loads((DATA / f"sglang-{SGLANG_VERSION}-options.json").read_text())
+    names = [n for o in captured["options"] if o["dest"] in READ for n in o["names"]]
+    assert set(names) == set(DEPLOYCTL_OPTIONS)  # every spelling 0.5.23 has, and no other
+    checked = refused = 0
+    for name in names:
+        for end in range(3, len(name) + 1):
+            word = name[:end]
+            argv = [word] if DEPLOYCTL_OPTIONS[name]["kind"] != "value" else [f"{word}=1"]
+            sglang = parsed(parser, argv)
+            if sglang is None:  # ambiguous there: SGLang refuses it, and so does its check
+                refused += 1
+                continue
+            assert read_by_deployctl(argv) == sglang, word
+            checked += 1
+    assert (checked, refused) == (203, 249)  # 0.5.23's spellings and their prefixes
+
+
+def test_a_flag_this_sglang_reads_as_another_option_than_deployctl_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other_layout(
+        tmp_path, monkeypatch, "'--model-path', type=str", "'--tp-size', '--tps', type=int",
+        "'--tp', type=str", "'--mem-fraction-static', type=float",
+    )  # fmt: skip
+    options, _, _ = sglang_options({"site": str(tmp_path), "version": "9.9"})
+    assert options is not None
+    # Here --tp is an option of its own: the server would not get a tensor parallelism.
+    assert errors(["--tp=2"], options) == [
+        "--tp is an option of its own to this SGLang but --tp-size to deployctl; "
+        "write --tp-size for that"
+    ]
+    # A spelling deployctl does not know would pass it by.
+    assert errors(["--tps=2"], options) == [
+        "--tps is --tp-size to this SGLang but none of the options it reads to deployctl; "
+        "write --tp-size"
+    ]
+    assert check_server_argv(["--mem-frac=0.5"], options)[0]["level"] == "warning"
 
 
 def other_layout(
@@ -250,13 +387,10 @@ def test_launch_is_refused_before_anything_starts(
         result = cli(*args, "-i", inv, "--json")
         assert result.returncode == 1, result.stderr
         entry = json.loads(result.stdout)["hosts"]["alpha"]
+        # The template's --tp-size=1, then extra_args' --tp 1: one value, read alike.
         assert entry["preflight"]["problems"] == [
             f"{AMBIGUOUS} is ambiguous: it could be {AMBIGUOUS}-decode, {AMBIGUOUS}-prefill "
             f"(SGLang {SGLANG_VERSION} on alpha)",
-            # The template's --tp-size=8, then extra_args' --tp 1.
-            "--tp-size is given twice (--tp-size, then --tp): SGLang would take the last, so "
-            f"the checks and the server would disagree; give it once (SGLang {SGLANG_VERSION} "
-            "on alpha)",
         ]
         assert entry["preflight"]["warnings"] == [
             f"--tp is an abbreviation of --tp-size; write --tp-size (SGLang {SGLANG_VERSION} on alpha)"

@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 
 from deployctl import agent
 from deployctl.connection import Connection
+from deployctl.errors import PreflightError
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet
 from deployctl.remote.protocol import ArgvCheck, CheckArgsArgs, SglangInstall
+from deployctl.remote.sglang_options import CommandValues
 from deployctl.render import RenderedCommand
 
 ROUTER_MODULE = "sglang_router.launch_router"
@@ -43,6 +45,40 @@ def checked_argv(host: Host, argv: Sequence[str]) -> list[str] | None:
     if not host.settings.check_flags:
         return None
     return server_argv(argv, host.settings.launch_module)
+
+
+# Options whose value deployctl also takes from the inventory, where it has no command to
+# read (status, watch, a router's workers, metrics targets, the other side of a pair): the
+# variable that sets each. Given twice with different values, the server would take the
+# last and those the variable.
+FROM_INVENTORY = {
+    "model_path": "model_path",
+    "tp_size": "tp",
+    "port": "port",
+    "host": "bind_host",
+    "nnodes": "nodes",
+    "node_rank": "node_rank",
+    "dist_init_addr": "dist_init_addr",
+    "disaggregation_mode": "role",
+    "disaggregation_bootstrap_port": "bootstrap_port",
+    "disaggregation_transfer_backend": "transfer_backend",
+}
+
+
+def check_reading(values: CommandValues) -> None:
+    """Refuse a server command that gives an option deployctl also takes from the inventory
+    twice, with different values: the server would run with one, deployctl with the other."""
+    for dest, variable in FROM_INVENTORY.items():
+        each = values.each(dest)
+        differing = [g for g in each if g.values != each[0].values]
+        if differing:
+            first, last = each[0], differing[-1]
+            raise PreflightError(
+                f"{last.option} is given twice ({first.shown}, then {last.shown}): SGLang "
+                f"would take the last, while deployctl also reads `{variable}`",
+                hint=f"set `{variable}` (in the inventory, or --set {variable}=…) and give "
+                "the flag once",
+            )
 
 
 @dataclass
