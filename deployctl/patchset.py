@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from deployctl.errors import PatchError
-from deployctl.remote.sglang_options import CommandValues
+from deployctl.remote.server_argv import CommandValues
 
 PATCH_FILE = "patch.yml"
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")

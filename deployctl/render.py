@@ -22,7 +22,7 @@ from deployctl.inventory import (
     secret_values,
 )
 from deployctl.launchers import launcher_for
-from deployctl.remote.sglang_options import CommandValues
+from deployctl.remote.server_argv import CommandValues
 from deployctl.settings import PREFIX, Settings, overlay
 from deployctl.shell import join, quote, split
 

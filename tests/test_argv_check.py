@@ -25,10 +25,8 @@ from deployctl.ops.flags import check_reading, server_argv
 from deployctl.project import SHIPPED_DATA
 from deployctl.remote import protocol
 from deployctl.remote import sglang_options as remote_options
+from deployctl.remote.server_argv import DEPLOYCTL_OPTIONS, CommandValues, OptionSpec
 from deployctl.remote.sglang_options import (
-    DEPLOYCTL_OPTIONS,
-    CommandValues,
-    OptionSpec,
     check_server_argv,
     declared_options,
     sglang_options,

@@ -25,7 +25,7 @@ from deployctl.ops.sharing import SHARED_GPU_BOUND, GpuUser, fraction_problem, s
 from deployctl.project import Project
 from deployctl.remote import locks
 from deployctl.remote.protocol import ClientIdentity, LiveRun
-from deployctl.remote.sglang_options import CommandValues
+from deployctl.remote.server_argv import CommandValues
 from deployctl.settings import check_settings
 from tests.conftest import CLI
 from tests.sshd_hosts import REPO, SSHLab, free_port

@@ -15,7 +15,7 @@ from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet
 from deployctl.remote.protocol import ArgvCheck, CheckArgsArgs, SglangInstall
-from deployctl.remote.sglang_options import CommandValues
+from deployctl.remote.server_argv import CommandValues
 from deployctl.render import RenderedCommand
 
 ROUTER_MODULE = "sglang_router.launch_router"

@@ -78,7 +78,7 @@ from deployctl.remote.protocol import (
     ReleaseArgs,
     shares_gpus,
 )
-from deployctl.remote.sglang_options import CommandValues
+from deployctl.remote.server_argv import CommandValues
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
 from deployctl.settings import check_layer, overlay, own_layer
 from deployctl.text import is_number

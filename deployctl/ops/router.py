@@ -34,7 +34,7 @@ from deployctl.launchers import launcher_for, launcher_of
 from deployctl.ops.flags import ROUTER_MODULE
 from deployctl.remote.protocol import RunRecord, StatusArgs
 from deployctl.remote.routing import HoldArgs, RouterArgs, RouterReply
-from deployctl.remote.sglang_options import CommandValues
+from deployctl.remote.server_argv import CommandValues
 from deployctl.settings import SETTINGS
 from deployctl.text import is_number
 

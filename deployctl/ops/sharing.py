@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from deployctl.deployments import describe_gpus
 from deployctl.facts import GpuState
 from deployctl.remote.protocol import LiveRun, shares_gpus
-from deployctl.remote.sglang_options import CommandValues
+from deployctl.remote.server_argv import CommandValues
 
 # The most of one GPU's memory the deployments sharing it may take together. SGLang's own
 # default on a large GPU is about 0.88 for one server: what is left over is the CUDA

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 from .files import read_bytes
 from .patches import sglang_install
@@ -20,6 +17,13 @@ from .protocol import (
     CheckArgsArgs,
     CheckArgsReply,
     SglangInstall,
+)
+from .server_argv import (
+    DEPLOYCTL_OPTIONS,
+    OptionSpec,
+    looks_like_flag,
+    parse_server_argv,
+    read_as,
 )
 
 # Where 0.5.23 declares its options: annotated fields `name: A[type, "help" | Arg(...)]` in
@@ -50,14 +54,6 @@ for action in parser._actions:
     out.append([list(action.option_strings), spec])
 print(json.dumps(out))
 """
-
-
-class OptionSpec(TypedDict):
-    dest: str
-    kind: str  # flag (no value), value (one), list (several), any (a custom action)
-    nargs: str | None  # "?" for an optional value, "+"/"*" for lists
-    type: str | None  # int, float or str when argparse checks it; None: not checked here
-    choices: list[Any] | None
 
 
 def _literal(node: Any) -> Any:
@@ -330,22 +326,6 @@ def sglang_options(install: SglangInstall) -> tuple[dict[str, OptionSpec] | None
     return None, "none", why
 
 
-def _resolve_flag(
-    word: str, options: Mapping[str, OptionSpec], abbreviations: bool = True
-) -> tuple[str, list[str]]:
-    """argparse's lookup of `--name[=value]`: (the option, []) for an exact name or a unique
-    prefix, ("", candidates) for an ambiguous or unknown one."""
-    name = word.split("=", 1)[0]
-    if name in options:
-        return name, []
-    if not abbreviations:
-        return "", []
-    matches = sorted(o for o in options if o.startswith(name) and o.startswith("--"))
-    if len(matches) == 1:
-        return matches[0], []
-    return "", matches
-
-
 def _value_problem(value: str, spec: OptionSpec) -> str:
     kind = spec["type"]
     converted: Any = value
@@ -359,150 +339,6 @@ def _value_problem(value: str, spec: OptionSpec) -> str:
         more = ", …" if len(spec["choices"]) > 12 else ""
         return f"{value!r} is not one of the choices ({shown}{more})"
     return ""
-
-
-# argparse (3.11) takes these as values, not options: negative numbers, and words with a space.
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
-
-
-def _looks_like_flag(word: str) -> bool:
-    if not word.startswith("-") or word == "-":
-        return False
-    return not (_NEGATIVE_NUMBER.match(word) or (" " in word and "=" not in word))
-
-
-@dataclass
-class Given:
-    """One word of a server's command as SGLang's parser reads it: an option with the values
-    it takes, or a word no option takes (`option` "" and no `candidates`: unknown or stray)."""
-
-    word: str  # as written: `--mem-frac=0.8`
-    option: str = ""  # the option it is: `--mem-fraction-static`
-    candidates: list[str] = field(default_factory=list)  # an ambiguous prefix's options
-    values: list[str] = field(default_factory=list)
-    explicit: bool = False  # its value came with `=`
-
-    @property
-    def name(self) -> str:
-        """The flag as written, without its `=value`."""
-        return self.word.partition("=")[0]
-
-    @property
-    def shown(self) -> str:
-        """How the command gives it: `--tp 2`, `--tp-size=8`."""
-        return " ".join([self.word, *([] if self.explicit else self.values)])
-
-
-def parse_server_argv(
-    argv: Sequence[str], options: Mapping[str, OptionSpec], abbreviations: bool = True
-) -> list[Given]:
-    """Read a server's arguments as SGLang's argparse will: each flag by its name, an alias or
-    a unique prefix, its value after `=` or in the next words (as many as its kind takes)."""
-    found: list[Given] = []
-    index = 0
-    while index < len(argv):
-        word = argv[index]
-        index += 1
-        if not _looks_like_flag(word):
-            found.append(Given(word))
-            continue
-        _, eq, explicit = word.partition("=")
-        option, matches = _resolve_flag(word, options, abbreviations)
-        given = Given(word, option, matches, [explicit] if eq else [], bool(eq))
-        found.append(given)
-        spec = options.get(option)
-        if spec is None or (spec["kind"] == "any" and not eq):
-            while index < len(argv) and not _looks_like_flag(argv[index]):
-                index += 1  # its values, if any, go with it
-            continue
-        if spec["kind"] in ("flag", "any") or eq:
-            continue
-        while index < len(argv) and not _looks_like_flag(argv[index]):
-            given.values.append(argv[index])
-            index += 1
-            if spec["kind"] != "list":
-                break
-    return found
-
-
-def _read(dest: str, kind: str = "value", type_name: str | None = None) -> OptionSpec:
-    return {"dest": dest, "kind": kind, "nargs": None, "type": type_name, "choices": None}
-
-
-# The options deployctl itself reads from a server's command (the GPUs a launch needs, the
-# port and address it probes, the memory a shared GPU gives, the paths it checks), by every
-# name SGLang 0.5.23 declares for them; the prefixes SGLang would also take are resolved
-# against these.
-DEPLOYCTL_OPTIONS: dict[str, OptionSpec] = {
-    "--model-path": _read("model_path", type_name="str"),
-    "--model": _read("model_path", type_name="str"),
-    "--speculative-draft-model-path": _read("speculative_draft_model_path", type_name="str"),
-    "--speculative-draft-model": _read("speculative_draft_model_path", type_name="str"),
-    "--tp-size": _read("tp_size", type_name="int"),
-    "--tensor-parallel-size": _read("tp_size", type_name="int"),
-    "--pp-size": _read("pp_size", type_name="int"),
-    "--pipeline-parallel-size": _read("pp_size", type_name="int"),
-    "--host": _read("host", type_name="str"),
-    "--port": _read("port", type_name="int"),
-    "--mem-fraction-static": _read("mem_fraction_static", type_name="float"),
-    "--nnodes": _read("nnodes", type_name="int"),
-    "--node-rank": _read("node_rank", type_name="int"),
-    "--dist-init-addr": _read("dist_init_addr", type_name="str"),
-    "--nccl-init-addr": _read("dist_init_addr", type_name="str"),
-    "--disaggregation-mode": _read("disaggregation_mode", type_name="str"),
-    "--disaggregation-bootstrap-port": _read("disaggregation_bootstrap_port", type_name="int"),
-    "--disaggregation-transfer-backend": _read("disaggregation_transfer_backend", type_name="str"),
-    "--disaggregation-ib-device": _read("disaggregation_ib_device", type_name="str"),
-    "--speculative-algorithm": _read("speculative_algorithm", type_name="str"),
-    "--speculative-num-steps": _read("speculative_num_steps", type_name="int"),
-    "--speculative-eagle-topk": _read("speculative_eagle_topk", type_name="int"),
-    "--cuda-graph-max-bs-decode": _read("cuda_graph_max_bs_decode", type_name="int"),
-    "--cuda-graph-max-bs-prefill": _read("cuda_graph_max_bs_prefill", type_name="int"),
-    "--disable-cuda-graph": _read("disable_cuda_graph", "any"),  # a deprecated switch
-    "--disable-cuda-graph-padding": _read("disable_cuda_graph_padding", "flag"),
-}
-
-
-class CommandValues:
-    """The options deployctl reads, as the server will take them from its command: by any
-    of their names or an unambiguous prefix, `--x=v` or `--x v`, the last one given winning.
-    `abbreviations` off: exact names only (another program's parser, such as the router's)."""
-
-    def __init__(self, argv: Sequence[str], abbreviations: bool = True) -> None:
-        # A prefix of several options deployctl reads is read as none: SGLang refuses it (the
-        # host's flag check says so), or takes an option of its own by that name.
-        found = parse_server_argv(argv, DEPLOYCTL_OPTIONS, abbreviations)
-        self.given = [g for g in found if g.option]
-
-    def each(self, dest: str) -> list[Given]:
-        """Every time the command gives the option, in order."""
-        return [g for g in self.given if DEPLOYCTL_OPTIONS[g.option]["dest"] == dest]
-
-    def last(self, dest: str) -> Given | None:
-        found = self.each(dest)
-        return found[-1] if found else None
-
-    def get(self, dest: str) -> str | None:
-        """The value the server takes; None when the command does not give it (or gives it
-        no value). A switch given is ""."""
-        given = self.last(dest)
-        if given is None:
-            return None
-        if DEPLOYCTL_OPTIONS[given.option]["kind"] in ("flag", "any"):
-            return ""
-        return given.values[0] if given.values else None
-
-    def has(self, dest: str) -> bool:
-        return self.last(dest) is not None
-
-
-def _read_as(word: str) -> tuple[str, str]:
-    """(dest, its first name) of the option deployctl reads `word` as; ("", "") for none."""
-    option, _ = _resolve_flag(word, DEPLOYCTL_OPTIONS)
-    if not option:
-        return "", ""
-    dest = DEPLOYCTL_OPTIONS[option]["dest"]
-    return dest, next(n for n, s in DEPLOYCTL_OPTIONS.items() if s["dest"] == dest)
 
 
 def check_server_argv(argv: list[str], options: dict[str, OptionSpec]) -> list[ArgFinding]:
@@ -521,7 +357,7 @@ def check_server_argv(argv: list[str], options: dict[str, OptionSpec]) -> list[A
     read = {spec["dest"] for spec in DEPLOYCTL_OPTIONS.values()}
     for given in parse_server_argv(argv, options):
         word, name, option = given.word, given.name, given.option
-        if not _looks_like_flag(word):
+        if not looks_like_flag(word):
             say(
                 "error", word, f"unexpected argument {word!r}: SGLang takes no positional arguments"
             )
@@ -536,7 +372,7 @@ def check_server_argv(argv: list[str], options: dict[str, OptionSpec]) -> list[A
             say("error", name, f"{name} is not an option of this SGLang{hint}", close)
             continue
         spec = options[option]
-        ours, ours_name = _read_as(word)
+        ours, ours_name = read_as(word)
         if (ours or spec["dest"] in read) and ours != spec["dest"]:
             # deployctl's own reading (GPUs, ports, memory) would not be the server's.
             full = next(n for n, s in options.items() if s["dest"] == spec["dest"])
