@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from deployctl.errors import PreflightError
-from deployctl.inventory import load_inventory
+from deployctl.inventory import DEFAULT_VARS, Host, load_inventory
 from deployctl.ops.flags import check_reading, server_argv
 from deployctl.project import SHIPPED_DATA
 from deployctl.remote import protocol
@@ -177,24 +177,40 @@ def test_an_option_given_twice_takes_the_last_as_deployctl_reads_it(
     assert check_server_argv(["--port=1", "--port", "2"], options) == []
 
 
-def test_an_option_deployctl_also_takes_from_the_inventory_is_refused_given_two_values() -> None:
-    # The server would run with --tp 1; status, watch and a pair's checks read `tp`.
+def reading(argv: list[str], **variables: Any) -> None:
+    """check_reading of a baseline server's command with extra_args `argv`, as render runs it."""
+    host = Host("h1", {**DEFAULT_VARS, "model_path": "/m", "tp": 8, **variables})
+    rendered = TemplateSet([SHIPPED_DATA / "templates"]).render(host, "baseline", None)
+    check_reading(host, CommandValues([*rendered.argv, *argv]))
+
+
+def test_an_option_deployctl_also_takes_from_the_inventory_must_agree_with_it() -> None:
+    # The server would run with --tp 2; status, watch and a pair's checks read `tp`.
     with pytest.raises(PreflightError) as refused:
-        check_reading(CommandValues(["--tp-size=8", "--tp", "1"]))
+        reading(["--tp", "2"])
     assert refused.value.message == (
-        "--tp-size is given twice (--tp-size=8, then --tp 1): SGLang would take the last, "
-        "while deployctl also reads `tp`"
+        "the command gives --tp-size 2 (--tp 2) but `tp` is 8: the server would run with 2, "
+        "deployctl's other commands would use 8"
     )
-    assert "set `tp`" in (refused.value.hint or "")
-    with pytest.raises(PreflightError, match=r"^--port is given twice \(--port=1, then --port 2\)"):
-        check_reading(CommandValues(["--port=1", "--port", "2"]))
-    with pytest.raises(PreflightError, match="also reads `role`"):
-        check_reading(CommandValues(["--disaggregation-mode=null", "--disaggregation-m=prefill"]))
-    # The same value twice, or an option deployctl reads only from the command: the last.
-    check_reading(CommandValues(["--port=1", "--port", "1"]))
-    values = CommandValues(["--mem-fraction-static=0.4", "--mem-frac=0.8"])
-    check_reading(values)
-    assert values.get("mem_fraction_static") == "0.8"
+    assert refused.value.hint == (
+        "set `tp: 2` in the inventory (or --set tp=2) instead of giving the flag in extra_args"
+    )
+    with pytest.raises(PreflightError, match=r"--port 1 \(--port=1\) but `port` is 30000"):
+        reading(["--port=1"])
+    with pytest.raises(PreflightError, match=r"--host :: \(--host ::\) but `bind_host` is"):
+        reading(["--host", "::"])
+    # Given only in extra_args: watch and the router would not know it for a prefill.
+    with pytest.raises(PreflightError, match=r"--disaggregation-mode prefill .* `role` is null"):
+        reading(["--disaggregation-m=prefill"])
+    with pytest.raises(PreflightError, match="`bootstrap_port` is 8998"):
+        reading(["--disaggregation-bootstrap-port", "9000"], role="prefill")
+    with pytest.raises(PreflightError, match="`model_path` is /m"):
+        reading(["--model", "/other"])
+    # The inventory's own value, in any spelling, or an option read only from the command.
+    reading(["--tensor-parallel-size", "8", "--port=30000", "--disaggregation-mode", "null"])
+    reading(["--mem-frac=0.8", "--disaggregation-bootstrap-port=9000"])  # not a prefill
+    with pytest.raises(PreflightError, match=r"^--node-rank is given twice \(--node-rank=0, "):
+        reading(["--node-rank=0", "--node-rank", "1"])
 
 
 def test_the_server_arguments_are_found_after_its_own_launcher() -> None:

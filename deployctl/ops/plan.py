@@ -139,7 +139,7 @@ def render_commands(
         # the server will read it.
         values = command_values(host, rendered.argv)
         if not runs_router(rendered.argv):
-            check_reading(values)
+            check_reading(host, values)
         problems = number_problems(host, values)
         if problems:
             raise PreflightError(problems[0], hint="fix the value in the inventory or --set")
