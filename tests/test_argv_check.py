@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from deployctl.errors import PreflightError
+from deployctl.errors import DeployctlError, PreflightError
 from deployctl.inventory import DEFAULT_VARS, Host, load_inventory
 from deployctl.ops.flags import check_reading, server_argv
 from deployctl.project import SHIPPED_DATA
@@ -36,6 +36,7 @@ from tests.conftest import CLI
 from tests.sglang_wheel import SGLANG_VERSION, extract_site, install_on
 from tests.sshd_hosts import STANDIN, SSHLab
 from tests.test_lifecycle import prepare
+from tests.test_sharing import plans
 
 DATA = Path(__file__).parent / "data" / "sglang"
 PATCHES = SHIPPED_DATA / "patches"
@@ -211,6 +212,14 @@ def test_an_option_deployctl_also_takes_from_the_inventory_must_agree_with_it() 
     reading(["--mem-frac=0.8", "--disaggregation-bootstrap-port=9000"])  # not a prefill
     with pytest.raises(PreflightError, match=r"^--node-rank is given twice \(--node-rank=0, "):
         reading(["--node-rank=0", "--node-rank", "1"])
+
+
+def test_a_launch_plans_what_the_server_will_take_or_is_refused() -> None:
+    # SGLang takes the last --tp: a plan of the template's --tp-size=1 would give it 1 GPU.
+    with pytest.raises(DeployctlError, match=r"h1/p: the command gives --tp-size 2 \(--tp 2\)"):
+        plans({"p": {"extra_args": ["--tp", "2"]}})
+    [p] = plans({"p": {"tp": 2, "extra_args": ["--tensor-parallel-size=2", "--mem-frac", "0.5"]}})
+    assert (p.tp, p.mem_fraction) == (2, 0.5)
 
 
 def test_the_server_arguments_are_found_after_its_own_launcher() -> None:
@@ -442,6 +451,21 @@ def test_threshold_is_refused_unpatched_and_accepted_once_applied(
     assert flags["options"] > 500
     dry = cli("launch", "--dry-run", "--threshold", "5", "-i", inv, "--json")
     assert dry.returncode == 0, dry.stderr
+
+
+def test_extra_args_changing_a_value_deployctl_takes_from_the_inventory_are_refused(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    # No SGLang on the host: deployctl's own reading refuses it, before anything starts.
+    alpha = hosts.hosts["alpha"]
+    variables = {**prepare(alpha, tp=1), "template": "baseline", "extra_args": ["--tp", "2"]}
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
+    for args in (("launch", "--dry-run"), ("launch", "--timeout", "60")):
+        result = cli(*args, "-i", str(inv))
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert "the command gives --tp-size 2 (--tp 2) but `tp` is 1" in result.stderr
+        assert "hint: set `tp: 2` in the inventory (or --set tp=2)" in result.stderr
+    assert not (alpha.home / "model" / "standin-argv.jsonl").exists()
 
 
 def test_check_flags_off_skips_the_check(
