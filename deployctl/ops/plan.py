@@ -174,9 +174,8 @@ def number_problems(host: Host, values: CommandValues) -> list[str]:
     problems = []
     if not (is_number(port) and 1 <= int(port) <= 65535):
         problems.append(f"--port {port!r} is not a port number (1-65535)")
-    tp = values.last("tp_size")
-    value = values.get("tp_size")
-    if tp is not None and not (value is not None and is_number(value) and int(value) >= 1):
+    tp, value = values.last("tp_size"), values.get("tp_size")
+    if tp is not None and value is not None and not (is_number(value) and int(value) >= 1):
         problems.append(f"{tp.name} {value!r} is not a number of GPUs")
     fraction = fraction_problem(values)
     return problems + ([fraction] if fraction else [])
@@ -271,18 +270,19 @@ class Plan:
     @property
     def _listeners(self) -> dict[int, tuple[str, str]]:
         """The ports it listens on besides its server port: what each is for, and the address
-        it is bound on — the server's `bind_host` (SGLang's bootstrap server and the router's
-        Prometheus port bind its --host), or every address ("": torch's rendezvous store on a
-        multi-node rank 0)."""
-        bind_host = self.bind_host
+        it is bound on — the server's --host (SGLang's bootstrap server binds it), the router's
+        `bind_host` (its template's --prometheus-host), or every address ("": torch's
+        rendezvous store on a multi-node rank 0)."""
         if self.role is Role.ROUTER:
             metrics = self.host.settings.router_metrics_port
-            return {metrics: ("router_metrics_port, its Prometheus port", bind_host)}
+            return {
+                metrics: ("router_metrics_port, its Prometheus port", self.host.settings.bind_host)
+            }
         found = {}
         if self.group and self.node_rank == 0:  # rank 0 also listens for the other nodes
             found[self.host.settings.dist_port] = ("dist_port, where the other nodes join", "")
         if self.bootstrap_port is not None and self.node_rank == 0:
-            found[self.bootstrap_port] = ("bootstrap_port, where decodes fetch KV", bind_host)
+            found[self.bootstrap_port] = ("bootstrap_port, where decodes fetch KV", self.bind_host)
         return found
 
     @property
