@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from deployctl.errors import PatchError
+from deployctl.remote.server_argv import CommandValues
 
 PATCH_FILE = "patch.yml"
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
@@ -300,7 +301,7 @@ def command_flags(argv: Sequence[str]) -> dict[str, str | None]:
 
 def speculates(argv: Sequence[str]) -> bool:
     """Whether a launch command turns speculative decoding on."""
-    return "--speculative-algorithm" in command_flags(argv)
+    return CommandValues(argv).has("speculative_algorithm")
 
 
 def sets_for_flags(argv: Sequence[str], available: Mapping[str, PatchSet]) -> list[PatchSet]:

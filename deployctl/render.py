@@ -16,6 +16,7 @@ from deployctl.errors import TemplateError, UsageError
 from deployctl.inventory import Host, secret_values
 from deployctl.launchers import launcher_for
 from deployctl.masking import MASK, flag_secrets, is_secret_name, mask_text
+from deployctl.remote.server_argv import CommandValues
 from deployctl.settings import PREFIX, Settings, overlay
 from deployctl.shell import join, quote, split
 
@@ -260,11 +261,9 @@ def adaptive_threshold(
     host: Host, variables: Mapping[str, Any], argv: list[str], threshold: int
 ) -> dict[str, str]:
     """Add stock SGLang's adaptive flags for --threshold to argv; return the config file."""
-    from deployctl.patchset import command_flags
-
-    flags = command_flags(argv)
-    steps = str(flags.get("--speculative-num-steps") or "")
-    topk = flags.get("--speculative-eagle-topk")
+    values = CommandValues(argv)
+    steps = str(values.get("speculative_num_steps") or "")
+    topk = values.get("speculative_eagle_topk")
     if not steps.isdigit() or int(steps) < 1:
         raise TemplateError(
             f"host {host.label}: threshold_mode adaptive needs --speculative-num-steps N in "

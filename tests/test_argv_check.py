@@ -8,20 +8,25 @@ scripts/capture-sglang-options, and the two must agree.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from deployctl.inventory import load_inventory
-from deployctl.ops.flags import server_argv
+from deployctl.errors import DeployctlError, PreflightError
+from deployctl.inventory import DEFAULT_VARS, Host, load_inventory
+from deployctl.ops.flags import check_reading, server_argv
 from deployctl.project import SHIPPED_DATA
 from deployctl.remote import protocol
 from deployctl.remote import sglang_options as remote_options
+from deployctl.remote.server_argv import DEPLOYCTL_OPTIONS, CommandValues, OptionSpec
 from deployctl.remote.sglang_options import (
-    OptionSpec,
     check_server_argv,
     declared_options,
     sglang_options,
@@ -31,6 +36,7 @@ from tests.conftest import CLI
 from tests.sglang_wheel import SGLANG_VERSION, extract_site, install_on
 from tests.sshd_hosts import STANDIN, SSHLab
 from tests.test_lifecycle import prepare
+from tests.test_sharing import plans
 
 DATA = Path(__file__).parent / "data" / "sglang"
 PATCHES = SHIPPED_DATA / "patches"
@@ -156,19 +162,64 @@ def test_flag_findings(
     assert message in findings[0]["message"]
 
 
-def test_an_option_given_twice_is_refused_naming_both_spellings(
+def test_an_option_given_twice_takes_the_last_as_deployctl_reads_it(
     options: dict[str, OptionSpec],
 ) -> None:
-    # argparse keeps the last --tp: the GPU check would read 8 and the server run 1.
-    findings = check_server_argv(["--tp-size=8", "--tp", "1"], options)
-    errors = [f["message"] for f in findings if f["level"] == "error"]
-    assert errors == [
-        "--tp-size is given twice (--tp-size, then --tp): SGLang would take the last, so the "
-        "checks and the server would disagree; give it once"
+    # argparse keeps the last; so does deployctl's reading, so the check has nothing to say.
+    assert check_server_argv(["--tp-size=8", "--tp", "1"], options) == [
+        {
+            "level": "warning",
+            "flag": "--tp",
+            "message": "--tp is an abbreviation of --tp-size; write --tp-size",
+            "candidates": ["--tp-size"],
+        }
     ]
-    # Only what deployctl reads itself can disagree: the port, the model path…
-    port = check_server_argv(["--port=1", "--port", "2"], options)
-    assert [f["flag"] for f in port if f["level"] == "error"] == ["--port"]
+    assert CommandValues(["--tp-size=8", "--tp", "1"]).get("tp_size") == "1"
+    assert check_server_argv(["--port=1", "--port", "2"], options) == []
+
+
+def reading(argv: list[str], **variables: Any) -> None:
+    """check_reading of a baseline server's command with extra_args `argv`, as render runs it."""
+    host = Host("h1", {**DEFAULT_VARS, "model_path": "/m", "tp": 8, **variables})
+    rendered = TemplateSet([SHIPPED_DATA / "templates"]).render(host, "baseline", None)
+    check_reading(host, CommandValues([*rendered.argv, *argv]))
+
+
+def test_an_option_deployctl_also_takes_from_the_inventory_must_agree_with_it() -> None:
+    # The server would run with --tp 2; status, watch and a pair's checks read `tp`.
+    with pytest.raises(PreflightError) as refused:
+        reading(["--tp", "2"])
+    assert refused.value.message == (
+        "the command gives --tp-size 2 (--tp 2) but `tp` is 8: the server would run with 2, "
+        "deployctl's other commands would use 8"
+    )
+    assert refused.value.hint == (
+        "set `tp: 2` in the inventory (or --set tp=2) instead of giving the flag in extra_args"
+    )
+    with pytest.raises(PreflightError, match=r"--port 1 \(--port=1\) but `port` is 30000"):
+        reading(["--port=1"])
+    with pytest.raises(PreflightError, match=r"--host :: \(--host ::\) but `bind_host` is"):
+        reading(["--host", "::"])
+    # Given only in extra_args: watch and the router would not know it for a prefill.
+    with pytest.raises(PreflightError, match=r"--disaggregation-mode prefill .* `role` is null"):
+        reading(["--disaggregation-m=prefill"])
+    with pytest.raises(PreflightError, match="`bootstrap_port` is 8998"):
+        reading(["--disaggregation-bootstrap-port", "9000"], role="prefill")
+    with pytest.raises(PreflightError, match="`model_path` is /m"):
+        reading(["--model", "/other"])
+    # The inventory's own value, in any spelling, or an option read only from the command.
+    reading(["--tensor-parallel-size", "8", "--port=30000", "--disaggregation-mode", "null"])
+    reading(["--mem-frac=0.8", "--disaggregation-bootstrap-port=9000"])  # not a prefill
+    with pytest.raises(PreflightError, match=r"^--node-rank is given twice \(--node-rank=0, "):
+        reading(["--node-rank=0", "--node-rank", "1"])
+
+
+def test_a_launch_plans_what_the_server_will_take_or_is_refused() -> None:
+    # SGLang takes the last --tp: a plan of the template's --tp-size=1 would give it 1 GPU.
+    with pytest.raises(DeployctlError, match=r"h1/p: the command gives --tp-size 2 \(--tp 2\)"):
+        plans({"p": {"extra_args": ["--tp", "2"]}})
+    [p] = plans({"p": {"tp": 2, "extra_args": ["--tensor-parallel-size=2", "--mem-frac", "0.5"]}})
+    assert (p.tp, p.mem_fraction) == (2, 0.5)
 
 
 def test_the_server_arguments_are_found_after_its_own_launcher() -> None:
@@ -189,6 +240,115 @@ def test_values_are_not_taken_for_flags(options: dict[str, OptionSpec]) -> None:
     assert errors(["--mem-fraction-static", "-1e-3"], options)[0] == (
         "--mem-fraction-static needs a value"
     )
+
+
+# ---- deployctl reads the command as SGLang's parser will -------------------------------------
+
+
+def sglang_parser() -> argparse.ArgumentParser:
+    """SGLang 0.5.23's own parser rebuilt from its captured option list, every value kept as
+    the text given (a switch as "") and no defaults: what the command itself sets."""
+    captured = json.loads((DATA / f"sglang-{SGLANG_VERSION}-options.json").read_text())
+    parser = argparse.ArgumentParser(add_help=False)
+    for option in captured["options"]:
+        if option["nargs"] == "0":
+            parser.add_argument(
+                *option["names"], dest=option["dest"], action="store_const", const=""
+            )
+        else:
+            parser.add_argument(*option["names"], dest=option["dest"], nargs=option["nargs"])
+    return parser
+
+
+READ = sorted({spec["dest"] for spec in DEPLOYCTL_OPTIONS.values()})
+
+
+def parsed(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any] | None:
+    """What SGLang's parser takes of the options deployctl reads; None: it refuses argv."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            namespace = parser.parse_args(argv)
+    except SystemExit:
+        return None
+    return {d: getattr(namespace, d) for d in READ if getattr(namespace, d) is not None}
+
+
+def read_by_deployctl(argv: list[str]) -> dict[str, Any]:
+    values = CommandValues(argv)
+    return {d: values.get(d) for d in READ if values.has(d)}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model-path", "/m", "--mem-frac=0.8"],
+        ["--mem-fraction-static=0.4", "--mem-frac", "0.8"],
+        ["--mem-fraction-static", "0.8", "--mem-fraction-static=0.3"],
+        ["--tp", "2"],
+        ["--tp-size=8", "--tensor-parallel-size", "4"],
+        ["--tensor-parallel-size=4", "--tp-size", "2", "--tp=3"],
+        ["--model", "/a", "--model-path=/b", "--speculative-draft-model", "/d"],
+        ["--disaggregation-mode=prefill", "--disaggregation-bootstrap-port", "9000",
+         "--disaggregation-transfer-backend", "nixl", "--disaggregation-ib-device", "mlx5_0"],
+        ["--disaggregation-m", "decode", "--disaggregation-b=9001", "--disaggregation-t=nixl"],
+        ["--host=0.0.0.0", "--port", "30001", "--port=30002", "--host", "::1"],
+        ["--random-seed", "-1", "--port", "7", "--mem-fraction-static", "-.5"],
+        ["--served-model-name", "a b", "--json-model-override-args", '{"x": 1}', "--port=7"],
+        ["--served-model-name=--port=1", "--port", "2"],
+        ["--gc-threshold", "1", "2", "3", "--tp-size", "2", "--numa-node", "0", "1"],
+        ["--disable-cuda-graph", "--cuda-graph-max-bs-d", "16", "--disable-cuda-graph-padding"],
+        ["--nnodes", "2", "--node-rank=1", "--nccl-init-addr", "10.0.0.1:5000",
+         "--dist-init-addr=10.0.0.2:5000"],
+        ["--pipeline-parallel-size", "2", "--speculative-algorithm", "EAGLE3",
+         "--speculative-num-steps=3", "--speculative-eagle-topk", "1", "--pp-size=4"],
+        ["--enable-metrics", "--trust-remote-code", "--host", "-x y"],
+    ],
+)  # fmt: skip
+def test_deployctl_reads_what_sglangs_parser_takes(argv: list[str]) -> None:
+    sglang = parsed(sglang_parser(), argv)
+    assert sglang is not None, argv  # each is a command SGLang 0.5.23 accepts
+    assert read_by_deployctl(argv) == sglang
+
+
+def test_every_name_and_prefix_sglang_takes_for_an_option_deployctl_reads_is_read_alike() -> None:
+    parser = sglang_parser()
+    captured = json.loads((DATA / f"sglang-{SGLANG_VERSION}-options.json").read_text())
+    names = [n for o in captured["options"] if o["dest"] in READ for n in o["names"]]
+    assert set(names) == set(DEPLOYCTL_OPTIONS)  # every spelling 0.5.23 has, and no other
+    checked = refused = 0
+    for name in names:
+        for end in range(3, len(name) + 1):
+            word = name[:end]
+            argv = [word] if DEPLOYCTL_OPTIONS[name]["kind"] != "value" else [f"{word}=1"]
+            sglang = parsed(parser, argv)
+            if sglang is None:  # ambiguous there: SGLang refuses it, and so does its check
+                refused += 1
+                continue
+            assert read_by_deployctl(argv) == sglang, word
+            checked += 1
+    assert (checked, refused) == (203, 249)  # 0.5.23's spellings and their prefixes
+
+
+def test_a_flag_this_sglang_reads_as_another_option_than_deployctl_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other_layout(
+        tmp_path, monkeypatch, "'--model-path', type=str", "'--tp-size', '--tps', type=int",
+        "'--tp', type=str", "'--mem-fraction-static', type=float",
+    )  # fmt: skip
+    options, _, _ = sglang_options({"site": str(tmp_path), "version": "9.9"})
+    assert options is not None
+    # Here --tp is an option of its own: the server would not get a tensor parallelism.
+    assert errors(["--tp=2"], options) == [
+        "--tp is an option of its own to this SGLang but --tp-size to deployctl; "
+        "write --tp-size for that"
+    ]
+    # A spelling deployctl does not know would pass it by.
+    assert errors(["--tps=2"], options) == [
+        "--tps is --tp-size to this SGLang but none of the options it reads to deployctl; "
+        "write --tp-size"
+    ]
+    assert check_server_argv(["--mem-frac=0.5"], options)[0]["level"] == "warning"
 
 
 def other_layout(
@@ -250,13 +410,10 @@ def test_launch_is_refused_before_anything_starts(
         result = cli(*args, "-i", inv, "--json")
         assert result.returncode == 1, result.stderr
         entry = json.loads(result.stdout)["hosts"]["alpha"]
+        # The template's --tp-size=1, then extra_args' --tp 1: one value, read alike.
         assert entry["preflight"]["problems"] == [
             f"{AMBIGUOUS} is ambiguous: it could be {AMBIGUOUS}-decode, {AMBIGUOUS}-prefill "
             f"(SGLang {SGLANG_VERSION} on alpha)",
-            # The template's --tp-size=8, then extra_args' --tp 1.
-            "--tp-size is given twice (--tp-size, then --tp): SGLang would take the last, so "
-            f"the checks and the server would disagree; give it once (SGLang {SGLANG_VERSION} "
-            "on alpha)",
         ]
         assert entry["preflight"]["warnings"] == [
             f"--tp is an abbreviation of --tp-size; write --tp-size (SGLang {SGLANG_VERSION} on alpha)"
@@ -294,6 +451,21 @@ def test_threshold_is_refused_unpatched_and_accepted_once_applied(
     assert flags["options"] > 500
     dry = cli("launch", "--dry-run", "--threshold", "5", "-i", inv, "--json")
     assert dry.returncode == 0, dry.stderr
+
+
+def test_extra_args_changing_a_value_deployctl_takes_from_the_inventory_are_refused(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    # No SGLang on the host: deployctl's own reading refuses it, before anything starts.
+    alpha = hosts.hosts["alpha"]
+    variables = {**prepare(alpha, tp=1), "template": "baseline", "extra_args": ["--tp", "2"]}
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
+    for args in (("launch", "--dry-run"), ("launch", "--timeout", "60")):
+        result = cli(*args, "-i", str(inv))
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert "the command gives --tp-size 2 (--tp 2) but `tp` is 1" in result.stderr
+        assert "hint: set `tp: 2` in the inventory (or --set tp=2)" in result.stderr
+    assert not (alpha.home / "model" / "standin-argv.jsonl").exists()
 
 
 def test_check_flags_off_skips_the_check(

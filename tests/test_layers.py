@@ -164,9 +164,15 @@ def test_the_host_agent_imports_only_the_standard_library_and_itself() -> None:
 
 
 # The protocol's declarations, one module per concern: the wire (`protocol`), what is
-# measured and kept (`measures`) and a router's list and locks (`routing`). The client and
-# presentation import only these.
-PROTOCOL = {f"{REMOTE}.protocol", f"{REMOTE}.measures", f"{REMOTE}.routing"}
+# measured and kept (`measures`), a router's list and locks (`routing`) and how a server's
+# command is read (`server_argv`, by the host's flag check and by deployctl alike). The client
+# and presentation import only these.
+PROTOCOL = {
+    f"{REMOTE}.protocol",
+    f"{REMOTE}.measures",
+    f"{REMOTE}.routing",
+    f"{REMOTE}.server_argv",
+}
 
 
 def test_outside_the_agent_only_its_protocol_is_imported() -> None:

@@ -25,6 +25,7 @@ from deployctl.ops.sharing import SHARED_GPU_BOUND, GpuUser, fraction_problem, s
 from deployctl.project import Project
 from deployctl.remote import locks
 from deployctl.remote.protocol import ClientIdentity, LiveRun
+from deployctl.remote.server_argv import CommandValues
 from deployctl.settings import check_settings
 from tests.conftest import CLI
 from tests.sshd_hosts import REPO, SSHLab, free_port
@@ -163,12 +164,31 @@ def test_one_launchs_sharers_of_a_gpu_hold_their_locks_together_and_no_one_else(
 
 def test_a_fraction_given_another_way_is_checked_in_the_command() -> None:
     argv = ["python3", "-m", "sglang.launch_server", "--mem-fraction-static=1.2"]
-    assert fraction_problem(argv) == (
+    assert fraction_problem(CommandValues(argv)) == (
         "--mem-fraction-static '1.2' is not a fraction of GPU memory (above 0, below 1)"
     )
-    assert fraction_problem([*argv[:3], "--mem-fraction-static", "0.4"]) is None
+    assert fraction_problem(CommandValues([*argv, "--mem-fraction-static", "0.4"])) is None
     with pytest.raises(DeployctlError, match="h1/p: --mem-fraction-static 'x' is not a fraction"):
         plans({"p": {"extra_args": ["--mem-fraction-static=x"]}})
+    with pytest.raises(
+        DeployctlError, match=r"h1/p: --mem-fraction-static '1\.5' is not a fraction"
+    ):
+        plans({"p": {"mem_fraction_static": 0.4, "extra_args": ["--mem-frac", "1.5"]}})
+
+
+def test_the_fraction_counted_is_the_one_sglang_takes_from_extra_args() -> None:
+    # SGLang's parser takes `--mem-frac` for --mem-fraction-static, and the last one given.
+    with pytest.raises(PreflightError) as refused:
+        plans({**pair(0.4, 0.4), "d": {"gpus": [0], "mem_fraction_static": 0.4,
+                                        "extra_args": ["--mem-frac=0.8"]}})  # fmt: skip
+    assert refused.value.message == (
+        "GPU 0 of h1 would hold 0.4 (h1/p) + 0.8 (h1/d) = 1.2 of its memory; "
+        "at most 0.9 when deployments share a GPU"
+    )
+    # Set only in extra_args, in any spelling: the deployment does cap its memory.
+    p, d = plans({**pair(0.4, None), "d": {"gpus": [0], "extra_args": ["--mem-frac", "0.45"]}})
+    assert (p.mem_fraction, d.mem_fraction) == (0.4, 0.45)
+    assert p.siblings == [GpuUser("h1/d", [0], 0.45)]
 
 
 # ---- preflight on a shared GPU: its free memory, from real captures -----------------------
@@ -333,6 +353,41 @@ def test_a_pair_at_0_6_each_is_refused_before_anything_starts(
         (alpha.home / ".deployctl").glob("lock*")
     )
     assert rank_pids(alpha) == []
+
+
+def test_a_pair_whose_extra_args_raise_a_fraction_past_the_bound_is_refused(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    inv = shared_pair(hosts, tmp_path, 0.4, 0.4)
+    document = yaml.safe_load(inv.read_text())
+    document["all"]["hosts"]["alpha"]["deployments"]["d"]["extra_args"] = ["--mem-frac=0.8"]
+    inv.write_text(yaml.safe_dump(document))
+    for args in (("launch", "--dry-run"), ("launch", "--timeout", "60")):
+        result = cli(*args, "-i", str(inv))
+        assert result.returncode == 1 and "Traceback" not in result.stderr
+        assert (
+            "error: GPU 0 of alpha would hold 0.8 (alpha/d) + 0.4 (alpha/p) = 1.2 of its memory"
+        ) in result.stderr
+    assert not (alpha.home / "model" / "standin-argv.jsonl").exists()
+    assert rank_pids(alpha) == []
+
+
+def test_status_shows_the_cap_the_server_took(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
+    alpha = hosts.hosts["alpha"]
+    port = free_port(alpha.address)
+    table = {"p": {"gpus": [0], "port": port, "mem_fraction_static": 0.4,
+                   "extra_args": ["--mem-frac", "0.3"]}}  # fmt: skip
+    inv = replicas(hosts, tmp_path, table, gpus=1)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    log = (alpha.home / "logs" / "p_baseline_v1.log").read_text()
+    assert "mem_fraction_static=0.3," in log  # what the server's own parser took
+    code, doc, err = run_json(cli, "status", "-i", str(inv))
+    assert code == 0, err
+    assert deployments_of(doc)["p"]["mem_fraction_static"] == 0.3
+    assert "(cap 0.3)" in cli("status", "-i", str(inv)).stdout
+    cli("stop", "-i", str(inv))
 
 
 def test_a_launch_beside_a_live_run_counts_its_recorded_fraction(

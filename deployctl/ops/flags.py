@@ -9,12 +9,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from deployctl import agent
+from deployctl.choices import PdRole
 from deployctl.connection import Connection
+from deployctl.errors import PreflightError
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet
 from deployctl.remote.protocol import ArgvCheck, CheckArgsArgs, SglangInstall
+from deployctl.remote.server_argv import CommandValues
 from deployctl.render import RenderedCommand
+from deployctl.text import is_number
 
 ROUTER_MODULE = "sglang_router.launch_router"
 
@@ -43,6 +47,65 @@ def checked_argv(host: Host, argv: Sequence[str]) -> list[str] | None:
     if not host.settings.check_flags:
         return None
     return server_argv(argv, host.settings.launch_module)
+
+
+def inventory_values(host: Host) -> dict[str, tuple[str, str]]:
+    """The options deployctl also takes from the host's inventory, where it has no command to
+    read (status, watch, a router's workers, metrics targets, the other side of a pair): each
+    one's variable and the value the template renders from it."""
+    settings = host.settings
+    role = settings.pd_role
+    found = {
+        "port": ("port", str(settings.server_port)),
+        "host": ("bind_host", settings.bind_host),
+        "tp_size": ("tp", str(settings.tp)),
+        "disaggregation_mode": ("role", str(role or "null")),
+    }
+    model = settings.value("model_path")
+    if model is not None:
+        found["model_path"] = ("model_path", str(model))
+    if role is not None:
+        found["disaggregation_transfer_backend"] = ("transfer_backend", settings.transfer_backend)
+    if role is PdRole.PREFILL:
+        found["disaggregation_bootstrap_port"] = ("bootstrap_port", str(settings.bootstrap_port))
+    return found
+
+
+# A multi-node server's place among its nodes, rendered from what its launcher says (a Slurm
+# step expands its own rank): given twice with different values, the server takes the last.
+NODE_OPTIONS = {"nnodes": "nodes", "node_rank": "node_rank", "dist_init_addr": "dist_init_addr"}
+
+
+def _same(given: str, wanted: str) -> bool:
+    if is_number(given) and is_number(wanted):
+        return int(given) == int(wanted)
+    return given == wanted
+
+
+def check_reading(host: Host, values: CommandValues) -> None:
+    """Refuse a server command that gives an option deployctl also takes from the inventory
+    another value than the inventory's (the server would run with one, deployctl's other
+    commands with the other), or a node option twice with different values."""
+    for dest, (variable, wanted) in inventory_values(host).items():
+        given, value = values.last(dest), values.get(dest)
+        if given is not None and value is not None and not _same(value, wanted):
+            raise PreflightError(
+                f"the command gives {given.option} {value} ({given.shown}) but `{variable}` is "
+                f"{wanted}: the server would run with {value}, deployctl's other commands "
+                f"would use {wanted}",
+                hint=f"set `{variable}: {value}` in the inventory (or --set {variable}={value}) "
+                "instead of giving the flag in extra_args",
+            )
+    for dest, variable in NODE_OPTIONS.items():
+        each = values.each(dest)
+        differing = [g for g in each if g.values != each[0].values]
+        if differing:
+            first, last = each[0], differing[-1]
+            raise PreflightError(
+                f"{last.option} is given twice ({first.shown}, then {last.shown}): SGLang "
+                f"would take the last, while deployctl places the node by `{variable}`",
+                hint="give the flag once",
+            )
 
 
 @dataclass

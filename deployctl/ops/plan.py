@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -35,7 +35,14 @@ from deployctl.facts import GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import FleetResult, attempt
 from deployctl.inventory import Host
 from deployctl.launchers import Launcher, ServerCommand, launcher_for, launcher_of
-from deployctl.ops.flags import FlagReport, checked_argv, flag_report, runs_router
+from deployctl.ops.flags import (
+    FlagReport,
+    check_reading,
+    checked_argv,
+    flag_report,
+    runs_router,
+    server_argv,
+)
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
 from deployctl.ops.patch import parse_patch_facts, set_state
 from deployctl.ops.router import (
@@ -59,7 +66,6 @@ from deployctl.ops.sharing import (
 from deployctl.ops.skew import SKEW_HINT, Software, skew_problem, software_of
 from deployctl.patchset import (
     PatchSet,
-    command_flags,
     flag_violations,
     sets_for_flags,
     speculates,
@@ -74,6 +80,7 @@ from deployctl.remote.protocol import (
     ReleaseArgs,
     shares_gpus,
 )
+from deployctl.remote.server_argv import CommandValues
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
 from deployctl.settings import check_layer, overlay, own_layer
 from deployctl.text import is_number
@@ -130,8 +137,12 @@ def render_commands(
         # The inventory's threshold is for servers that speculate: `-t baseline` stays plain.
         if inventory_value is not None and speculates(rendered.argv):
             rendered = templates.render(host, name, inventory_value, overrides)
-        # What the command says, whoever wrote it (a template, extra_args, --set).
-        problems = number_problems(host, rendered.argv)
+        # What the command says, whoever wrote it (a template, extra_args, --set), read as
+        # the server will read it.
+        values = command_values(host, rendered.argv)
+        if not runs_router(rendered.argv):
+            check_reading(host, values)
+        problems = number_problems(host, values)
         if problems:
             raise PreflightError(problems[0], hint="fix the value in the inventory or --set")
         check_layer(overrides, "--set")  # what number_problems does not see
@@ -151,18 +162,24 @@ def render_commands(
     return FleetResult(attempt(host, partial(render_one, host)) for host in hosts)
 
 
-def number_problems(host: Host, argv: Sequence[str]) -> list[str]:
+def command_values(host: Host, argv: Sequence[str]) -> CommandValues:
+    """The values deployctl reads from a host's command, as the program it starts will take
+    them: SGLang's abbreviations only for SGLang (a router has its own parser)."""
+    if runs_router(argv):
+        return CommandValues(argv, abbreviations=False)
+    return CommandValues(server_argv(argv, host.settings.launch_module) or argv)
+
+
+def number_problems(host: Host, values: CommandValues) -> list[str]:
     """Say which of the command's port and tensor parallelism is not a usable number."""
-    flags = command_flags(argv)
-    port = str(flags.get("--port") or host.settings.value("port"))
+    port = str(values.get("port") or host.settings.value("port"))
     problems = []
     if not (is_number(port) and 1 <= int(port) <= 65535):
         problems.append(f"--port {port!r} is not a port number (1-65535)")
-    for flag in ("--tp-size", "--tp"):
-        value = flags.get(flag)
-        if value is not None and not (is_number(value) and int(value) >= 1):
-            problems.append(f"{flag} {value!r} is not a number of GPUs")
-    fraction = fraction_problem(argv)
+    tp, value = values.last("tp_size"), values.get("tp_size")
+    if tp is not None and value is not None and not (is_number(value) and int(value) >= 1):
+        problems.append(f"{tp.name} {value!r} is not a number of GPUs")
+    fraction = fraction_problem(values)
     return problems + ([fraction] if fraction else [])
 
 
@@ -184,21 +201,23 @@ class Plan:
     # The deployments of the same launch on this machine that share a GPU with it.
     siblings: list[GpuUser] = field(default_factory=list)
 
+    @cached_property
+    def values(self) -> CommandValues:
+        """What its command gives the options deployctl reads, as the server will take it."""
+        return command_values(self.host, self.rendered.argv)
+
     @property
     def port(self) -> int:
         """The server's HTTP port (the SSH port is `Host.port`)."""
-        flags = command_flags(self.rendered.argv)
-        return int(flags.get("--port") or self.host.settings.server_port)
+        return int(self.values.get("port") or self.host.settings.server_port)
 
     @property
     def bind_host(self) -> str:
-        return str(command_flags(self.rendered.argv).get("--host") or "127.0.0.1")
+        return self.values.get("host") or "127.0.0.1"
 
     @property
     def tp(self) -> int:
-        flags = command_flags(self.rendered.argv)
-        value = flags.get("--tp-size") or flags.get("--tp") or 1
-        return int(value)
+        return int(self.values.get("tp_size") or 1)
 
     @property
     def local_tp(self) -> int:
@@ -210,7 +229,7 @@ class Plan:
     @property
     def mem_fraction(self) -> float | None:
         """The share of each of its GPUs' memory the server takes, as its command says."""
-        return command_fraction(self.rendered.argv)
+        return command_fraction(self.values)
 
     def gpu_user(self) -> GpuUser:
         return GpuUser(self.host.label, self.gpus, self.mem_fraction)
@@ -240,7 +259,7 @@ class Plan:
     @property
     def kind(self) -> WorkerKind:
         """Its side of a prefill/decode pair and bootstrap port, as the command says."""
-        return WorkerKind.of_command(self.rendered.argv)
+        return WorkerKind.of_values(self.values)
 
     @property
     def pd_role(self) -> PdRole | None:
@@ -253,18 +272,19 @@ class Plan:
     @property
     def _listeners(self) -> dict[int, tuple[str, str]]:
         """The ports it listens on besides its server port: what each is for, and the address
-        it is bound on — the server's `bind_host` (SGLang's bootstrap server and the router's
-        Prometheus port bind its --host), or every address ("": torch's rendezvous store on a
-        multi-node rank 0)."""
-        bind_host = self.host.settings.bind_host
+        it is bound on — the server's --host (SGLang's bootstrap server binds it), the router's
+        `bind_host` (its template's --prometheus-host), or every address ("": torch's
+        rendezvous store on a multi-node rank 0)."""
         if self.role is Role.ROUTER:
             metrics = self.host.settings.router_metrics_port
-            return {metrics: ("router_metrics_port, its Prometheus port", bind_host)}
+            return {
+                metrics: ("router_metrics_port, its Prometheus port", self.host.settings.bind_host)
+            }
         found = {}
         if self.group and self.node_rank == 0:  # rank 0 also listens for the other nodes
             found[self.host.settings.dist_port] = ("dist_port, where the other nodes join", "")
         if self.bootstrap_port is not None and self.node_rank == 0:
-            found[self.bootstrap_port] = ("bootstrap_port, where decodes fetch KV", bind_host)
+            found[self.bootstrap_port] = ("bootstrap_port, where decodes fetch KV", self.bind_host)
         return found
 
     @property
@@ -301,10 +321,9 @@ class Plan:
     def check_paths(self) -> list[str]:
         """Paths the command needs on the host: its models, and the InfiniBand devices its
         KV transfer names (SGLang reads them from /sys/class/infiniband)."""
-        flags = command_flags(self.rendered.argv)
-        keys = ("--model-path", "--speculative-draft-model-path")
-        paths = [str(flags[k]) for k in keys if flags.get(k)]
-        return paths + ib_device_paths(flags.get("--disaggregation-ib-device"))
+        values = self.values
+        paths = [values.get(d) for d in ("model_path", "speculative_draft_model_path")]
+        return [p for p in paths if p] + ib_device_paths(values.get("disaggregation_ib_device"))
 
 
 IB_DEVICES = "/sys/class/infiniband"
@@ -980,10 +999,10 @@ def pd_server(host: Host, plan: Plan | None = None) -> PdServer:
         model, backend = str(settings.value("model_path")), settings.transfer_backend
         pp = _pp_size(settings.context().get("extra_args"))
     else:
-        flags = command_flags(plan.rendered.argv)
+        values = plan.values
         role, tp, bind = plan.pd_role, plan.tp, plan.bind_host
-        model = str(flags.get("--model-path"))
-        backend = str(flags.get("--disaggregation-transfer-backend") or "mooncake")
+        model = str(values.get("model_path"))
+        backend = str(values.get("disaggregation_transfer_backend") or "mooncake")
         pp = _pp_size(plan.rendered.argv)
         waits = pd_wait(plan.rendered.env)
     url_host = urlsplit(settings.worker_url or "").hostname or ""
@@ -993,8 +1012,7 @@ def pd_server(host: Host, plan: Plan | None = None) -> PdServer:
 def _pp_size(argv: Any) -> int:
     """Pipeline parallelism as a command (or `extra_args`) sets it; 1 when it does not."""
     words = argv.split() if isinstance(argv, str) else [str(w) for w in argv or []]
-    flags = command_flags(words)
-    value = flags.get("--pp-size") or flags.get("--pipeline-parallel-size")
+    value = CommandValues(words).get("pp_size")
     return int(value) if value is not None and is_number(value) else 1
 
 

@@ -33,9 +33,9 @@ from deployctl.fanout import Fleet
 from deployctl.inventory import Host
 from deployctl.launchers import launcher_for, launcher_of
 from deployctl.ops.flags import ROUTER_MODULE
-from deployctl.patchset import command_flags
 from deployctl.remote.protocol import RunRecord, StatusArgs
 from deployctl.remote.routing import HoldArgs, RouterArgs, RouterReply, listed_as, url_key
+from deployctl.remote.server_argv import CommandValues
 from deployctl.settings import SETTINGS
 from deployctl.text import is_number
 
@@ -57,12 +57,16 @@ class WorkerKind:
     @classmethod
     def of_command(cls, argv: Sequence[str]) -> WorkerKind:
         """As the server's command says (SGLang's default bootstrap port when it sets none)."""
-        flags = command_flags(argv)
-        mode = flags.get("--disaggregation-mode")
+        return cls.of_values(CommandValues(argv))
+
+    @classmethod
+    def of_values(cls, values: CommandValues) -> WorkerKind:
+        """As the values read from the server's command say."""
+        mode = values.get("disaggregation_mode")
         if mode not in tuple(PdRole):
             return cls()
         role = PdRole(mode)
-        port = flags.get("--disaggregation-bootstrap-port")
+        port = values.get("disaggregation_bootstrap_port")
         if role is not PdRole.PREFILL:
             return cls(role)
         return cls(role, int(port) if port is not None and is_number(port) else BOOTSTRAP_PORT)

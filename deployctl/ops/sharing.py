@@ -10,14 +10,14 @@ from dataclasses import dataclass
 
 from deployctl.deployments import describe_gpus
 from deployctl.facts import GpuState
-from deployctl.patchset import command_flags
 from deployctl.remote.protocol import LiveRun, shares_gpus
+from deployctl.remote.server_argv import CommandValues
 
 # The most of one GPU's memory the deployments sharing it may take together. SGLang's own
 # default on a large GPU is about 0.88 for one server: what is left over is the CUDA
 # contexts' and the activations', which each sharer needs again.
 SHARED_GPU_BOUND = 0.9
-FRACTION_FLAG = "--mem-fraction-static"
+FRACTION = "mem_fraction_static"  # as SGLang names the option
 
 
 @dataclass(frozen=True)
@@ -35,24 +35,26 @@ class GpuUser:
         return f"{self.name} (run {self.run})" if self.run else self.name
 
 
-def command_fraction(argv: Sequence[str]) -> float | None:
-    """The `--mem-fraction-static` the command gives SGLang (whoever wrote it: the template,
-    `extra_args`, `--set`); None when it gives none or not a number."""
-    value = command_flags(argv).get(FRACTION_FLAG)
+def command_fraction(values: CommandValues) -> float | None:
+    """The `--mem-fraction-static` the server takes from its command (whoever wrote it: the
+    template, `extra_args`, `--set`; the last given, by any spelling SGLang accepts); None
+    when it gives none or not a number."""
+    value = values.get(FRACTION)
     try:
         return None if value is None else float(value)
     except ValueError:
         return None
 
 
-def fraction_problem(argv: Sequence[str]) -> str | None:
+def fraction_problem(values: CommandValues) -> str | None:
     """Say why the command's `--mem-fraction-static` is not a fraction SGLang can use."""
-    flags = command_flags(argv)
-    if FRACTION_FLAG not in flags:
+    given = values.last(FRACTION)
+    if given is None:
         return None
-    fraction = command_fraction(argv)
+    fraction = command_fraction(values)
     if fraction is None or not 0 < fraction < 1:
-        return f"{FRACTION_FLAG} {flags[FRACTION_FLAG]!r} is not a fraction of GPU memory (above 0, below 1)"
+        value = values.get(FRACTION)
+        return f"{given.option} {value!r} is not a fraction of GPU memory (above 0, below 1)"
     return None
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
-from typing import Any, TypedDict
+from typing import Any
 
 from .files import read_bytes
 from .patches import sglang_install
@@ -18,6 +17,13 @@ from .protocol import (
     CheckArgsArgs,
     CheckArgsReply,
     SglangInstall,
+)
+from .server_argv import (
+    DEPLOYCTL_OPTIONS,
+    OptionSpec,
+    looks_like_flag,
+    parse_server_argv,
+    read_as,
 )
 
 # Where 0.5.23 declares its options: annotated fields `name: A[type, "help" | Arg(...)]` in
@@ -48,14 +54,6 @@ for action in parser._actions:
     out.append([list(action.option_strings), spec])
 print(json.dumps(out))
 """
-
-
-class OptionSpec(TypedDict):
-    dest: str
-    kind: str  # flag (no value), value (one), list (several), any (a custom action)
-    nargs: str | None  # "?" for an optional value, "+"/"*" for lists
-    type: str | None  # int, float or str when argparse checks it; None: not checked here
-    choices: list[Any] | None
 
 
 def _literal(node: Any) -> Any:
@@ -328,18 +326,6 @@ def sglang_options(install: SglangInstall) -> tuple[dict[str, OptionSpec] | None
     return None, "none", why
 
 
-def _resolve_flag(word: str, options: dict[str, OptionSpec]) -> tuple[str, list[str]]:
-    """argparse's lookup of `--name[=value]`: (the option, []) for an exact name or a unique
-    prefix, ("", candidates) for an ambiguous or unknown one."""
-    name = word.split("=", 1)[0]
-    if name in options:
-        return name, []
-    matches = sorted(o for o in options if o.startswith(name) and o.startswith("--"))
-    if len(matches) == 1:
-        return matches[0], []
-    return "", matches
-
-
 def _value_problem(value: str, spec: OptionSpec) -> str:
     kind = spec["type"]
     converted: Any = value
@@ -355,27 +341,10 @@ def _value_problem(value: str, spec: OptionSpec) -> str:
     return ""
 
 
-# argparse (3.11) takes these as values, not options: negative numbers, and words with a space.
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
-
-
-def _looks_like_flag(word: str) -> bool:
-    if not word.startswith("-") or word == "-":
-        return False
-    return not (_NEGATIVE_NUMBER.match(word) or (" " in word and "=" not in word))
-
-
-# Options whose values deployctl itself reads from the command (the GPUs a launch needs, the
-# port and address it probes, the paths it checks): given twice, it and SGLang could disagree.
-READ_BY_DEPLOYCTL = frozenset(
-    {"tp_size", "port", "host", "model_path", "speculative_draft_model_path", "nnodes",
-     "node_rank", "dist_init_addr"}
-)  # fmt: skip
-
-
 def check_server_argv(argv: list[str], options: dict[str, OptionSpec]) -> list[ArgFinding]:
     """What SGLang's argparse would say about the command, before anything starts: unknown and
-    ambiguous flags, abbreviations, flags given values they cannot take, bad values."""
+    ambiguous flags, abbreviations, flags given values they cannot take, bad values; and a
+    flag this SGLang reads as another option than deployctl does."""
     import difflib
 
     findings: list[ArgFinding] = []
@@ -385,64 +354,46 @@ def check_server_argv(argv: list[str], options: dict[str, OptionSpec]) -> list[A
             {"level": level, "flag": flag, "message": message, "candidates": candidates or []}
         )
 
-    first_given: dict[str, str] = {}  # dest → the flag as first given
-    index = 0
-    while index < len(argv):
-        word = argv[index]
-        index += 1
-        if not _looks_like_flag(word):
+    read = {spec["dest"] for spec in DEPLOYCTL_OPTIONS.values()}
+    for given in parse_server_argv(argv, options):
+        word, name, option = given.word, given.name, given.option
+        if not looks_like_flag(word):
             say(
                 "error", word, f"unexpected argument {word!r}: SGLang takes no positional arguments"
             )
             continue
-        given, eq, explicit = word.partition("=")
-        option, matches = _resolve_flag(word, options)
-        if not option and matches:
-            say("error", given, f"{given} is ambiguous: it could be {', '.join(matches)}", matches)
-        elif not option:
-            close = difflib.get_close_matches(given, list(options), n=3, cutoff=0.75)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            say("error", given, f"{given} is not an option of this SGLang{hint}", close)
-        elif option != given:
-            say(
-                "warning",
-                given,
-                f"{given} is an abbreviation of {option}; write {option}",
-                [option],
-            )
+        if not option and given.candidates:
+            matches = given.candidates
+            say("error", name, f"{name} is ambiguous: it could be {', '.join(matches)}", matches)
+            continue
         if not option:
-            while index < len(argv) and not _looks_like_flag(argv[index]):
-                index += 1  # its values, if any, go with it
+            close = difflib.get_close_matches(name, list(options), n=3, cutoff=0.75)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            say("error", name, f"{name} is not an option of this SGLang{hint}", close)
             continue
         spec = options[option]
-        earlier = first_given.setdefault(spec["dest"], given)
-        if earlier is not given and spec["dest"] in READ_BY_DEPLOYCTL:
-            # argparse keeps the last; deployctl's checks (GPUs for --tp-size…) may read another.
-            say(
-                "error",
-                option,
-                f"{option} is given twice ({earlier}, then {given}): SGLang would take the "
-                "last, so the checks and the server would disagree; give it once",
+        ours, ours_name = read_as(word)
+        if (ours or spec["dest"] in read) and ours != spec["dest"]:
+            # deployctl's own reading (GPUs, ports, memory) would not be the server's.
+            full = next(n for n, s in options.items() if s["dest"] == spec["dest"])
+            takes, fix = (
+                ("an option of its own", f"write {ours_name} for that")
+                if full == name
+                else (full, f"write {full}")
             )
-        values: list[str] = [explicit] if eq else []
+            reads = ours_name or "none of the options it reads"
+            say("error", name, f"{name} is {takes} to this SGLang but {reads} to deployctl; {fix}")
+        elif option != name:
+            say("warning", name, f"{name} is an abbreviation of {option}; write {option}", [option])
         if spec["kind"] == "flag":
-            if eq:
-                say("error", option, f"{option} takes no value (given {explicit!r})")
+            if given.explicit:
+                say("error", option, f"{option} takes no value (given {given.values[0]!r})")
             continue
         if spec["kind"] == "any":
-            while not eq and index < len(argv) and not _looks_like_flag(argv[index]):
-                index += 1
             continue
-        several = spec["kind"] == "list"
-        if not eq:
-            while index < len(argv) and not _looks_like_flag(argv[index]):
-                values.append(argv[index])
-                index += 1
-                if not several:
-                    break
-        if not values and spec["nargs"] not in ("?", "*"):
+        if not given.values and spec["nargs"] not in ("?", "*"):
             say("error", option, f"{option} needs a value")
-        for value in values:
+        for value in given.values:
             problem = _value_problem(value, spec)
             if problem:
                 say("error", option, f"{option}: {problem}")

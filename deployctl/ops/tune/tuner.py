@@ -60,7 +60,7 @@ from deployctl.ops.tune.search import (
     speculative_graph_sizes,
     tps,
 )
-from deployctl.patchset import command_flags, speculates
+from deployctl.patchset import speculates
 from deployctl.remote.measures import (
     CrashRecord,
     PhaseRecord,
@@ -346,10 +346,12 @@ class Tuner:
         options = self.options
         levels = Levels()
         if result.threshold_mode == "adaptive":
-            flags = command_flags(self.plans[Phase.SPECULATIVE].rendered.argv)
-            given = str(flags.get("--cuda-graph-max-bs-decode") or "")
+            values = self.plans[Phase.SPECULATIVE].values
+            given = str(values.get("cuda_graph_max_bs_decode") or "")
             max_bs = int(given) if is_number(given) else DEFAULT_MAX_GRAPH_BS
-            padded = not {"--disable-cuda-graph", "--disable-cuda-graph-padding"} & set(flags)
+            padded = not any(
+                values.has(d) for d in ("disable_cuda_graph", "disable_cuda_graph_padding")
+            )
             if padded:  # without graphs or padding every batch size is its own
                 levels = Levels(tuple(speculative_graph_sizes(max_bs)))
         search = Search(
