@@ -357,13 +357,15 @@ def test_the_record_names_the_split_and_rollback_steps_with_their_runs() -> None
 
 
 def test_a_running_kept_canary_is_shown_as_running_not_decided(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from deployctl.fanout import FleetResult, HostResult
     from deployctl.ops.canary import KeptCanary
     from deployctl.present.views import KEPT_CANARIES
 
-    running = record(canary=3, updated_at=time.time() - 4)
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now)  # the view's "ago" read on a busy machine
+    running = record(canary=3, updated_at=now - 4)
     edge = Host("edge", dict(DEFAULT_VARS))
     KEPT_CANARIES.human(FleetResult([HostResult(edge, KeptCanary("canary", running, [3], []))]))
     out = capsys.readouterr().out
