@@ -57,13 +57,25 @@ def action(doc: dict) -> dict:
     return done
 
 
+def acted(cli: CLI, verb: str, name: str, inventory: Path) -> dict:
+    """`patch apply|revert NAME`, which must succeed: what it did."""
+    code, doc, err = patch_json(cli, verb, name, "-i", str(inventory))
+    assert code == 0, err
+    return action(doc)
+
+
+def put_back_by_hand(site: Path, template: Path, path: str) -> None:
+    """One file of the installation back to the wheel's own, as `pip` or an editor would."""
+    (site / path).unlink()
+    shutil.copy(site_file(template, path), site / path)
+
+
 def test_a_set_applied_under_another_state_dir_is_applied_there_adopted_and_reverted(
     hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
 ) -> None:
     mine, theirs, site = two_inventories(hosts, sglang_template, tmp_path)
     wheel = sums(sglang_template / SITE, SPEC_DISABLE.files)
-    code, _, err = patch_json(cli, "apply", "spec-disable", "-i", str(theirs))
-    assert code == 0, err
+    assert acted(cli, "apply", "spec-disable", theirs)["action"] == "applied"
     patched = sums(site, SPEC_DISABLE.files)
 
     # Our state_dir has no record of it: the files have it all the same.
@@ -73,29 +85,24 @@ def test_a_set_applied_under_another_state_dir_is_applied_there_adopted_and_reve
     assert set(state["files"].values()) == {"applied"}
 
     # Applying it here adopts it: recorded, verified, no file changed.
-    code, doc, err = patch_json(cli, "apply", "spec-disable", "-i", str(mine))
-    assert code == 0, err
-    assert action(doc)["action"] == "adopted"
-    assert "backup: SGLang's own files" in action(doc)["detail"]
+    done = acted(cli, "apply", "spec-disable", mine)
+    assert done["action"] == "adopted" and "backup: SGLang's own files" in done["detail"]
     assert sums(site, SPEC_DISABLE.files) == patched
     [record] = (hosts.hosts["alpha"].home / ".deployctl" / "patches").rglob("spec-disable.json")
     assert json.loads(record.read_text())["adopted"] is True
     code, state = audited(cli, mine, "spec-disable")
     assert (code, state["state"], state["detail"], state["recorded"]) == (0, "applied", "", True)
-    code, doc, _ = patch_json(cli, "apply", "spec-disable", "-i", str(mine))
-    assert (code, action(doc)["action"]) == (0, "unchanged")
+    assert acted(cli, "apply", "spec-disable", mine)["action"] == "unchanged"
 
     # Reverted from our record: the backup, rebuilt by the reverse diff, is the wheel's bytes.
-    code, doc, err = patch_json(cli, "revert", "spec-disable", "-i", str(mine))
-    assert (code, action(doc)["action"]) == (0, "reverted"), err
+    assert acted(cli, "revert", "spec-disable", mine)["action"] == "reverted"
     assert sums(site, SPEC_DISABLE.files) == wheel
 
     # The colleague's record no longer matches the files: they say what they are.
     code, state = audited(cli, theirs, "spec-disable")
     assert (code, state["state"], state["recorded"]) == (1, "missing", True)
     assert "but the files lack it" in state["detail"]
-    code, doc, _ = patch_json(cli, "revert", "spec-disable", "-i", str(theirs))
-    assert (code, action(doc)["action"]) == (0, "not applied")
+    assert acted(cli, "revert", "spec-disable", theirs)["action"] == "not applied"
     code, state = audited(cli, theirs, "spec-disable")
     assert (state["state"], state["recorded"], state["detail"]) == ("missing", False, "")
 
@@ -115,17 +122,16 @@ def test_a_set_applied_by_hand_with_patch_p1_is_audited_reverted_and_adopted(
     assert (code, state["state"], state["detail"]) == (0, "applied", "no record here")
 
     # Reverted from the files: the set's reverse diff, with no record or backup of ours.
-    code, doc, err = patch_json(cli, "revert", "spec-disable", "-i", str(mine))
-    assert (code, action(doc)["action"]) == (0, "reverted"), err
-    assert "taken out by its reverse diff (no record here" in action(doc)["detail"]
+    done = acted(cli, "revert", "spec-disable", mine)
+    assert done["action"] == "reverted"
+    assert "taken out by its reverse diff (no record here" in done["detail"]
     assert sums(site, SPEC_DISABLE.files) == wheel
     code, state = audited(cli, mine, "spec-disable")
     assert (code, state["state"], state["recorded"]) == (1, "missing", False)
 
     # By hand again, then `patch apply`: adopted, exit 0, not "previously applied".
     hosts.hosts["alpha"].as_user(by_hand)
-    code, doc, err = patch_json(cli, "apply", "spec-disable", "-i", str(mine))
-    assert (code, action(doc)["action"]) == (0, "adopted"), err
+    assert acted(cli, "apply", "spec-disable", mine)["action"] == "adopted"
     assert sums(site, SPEC_DISABLE.files) == patched
 
 
@@ -134,11 +140,9 @@ def test_one_file_reverted_by_hand_is_partly_applied_and_apply_completes_it(
 ) -> None:
     mine, theirs, site = two_inventories(hosts, sglang_template, tmp_path)
     wheel = sums(sglang_template / SITE, SM120.files)
-    code, _, err = patch_json(cli, "apply", "sm120-support", "-i", str(mine))
-    assert code == 0, err
+    assert acted(cli, "apply", "sm120-support", mine)["action"] == "applied"
     patched = sums(site, SM120.files)
-    (site / ADD_NORM).unlink()
-    shutil.copy(site_file(sglang_template, ADD_NORM), site / ADD_NORM)
+    put_back_by_hand(site, sglang_template, ADD_NORM)
 
     for inventory in (mine, theirs):  # with our record, and without any
         code, state = audited(cli, inventory, "sm120-support")
@@ -146,18 +150,15 @@ def test_one_file_reverted_by_hand_is_partly_applied_and_apply_completes_it(
         assert state["detail"] == f"lacks it: {ADD_NORM}"
         assert state["files"][ADD_NORM] == "missing"
 
-    code, doc, err = patch_json(cli, "apply", "sm120-support", "-i", str(theirs))
-    assert (code, action(doc)["action"]) == (0, "applied"), err
-    assert action(doc)["detail"].startswith("completed")
+    done = acted(cli, "apply", "sm120-support", theirs)
+    assert done["action"] == "applied" and done["detail"].startswith("completed")
     assert sums(site, SM120.files) == patched
     code, state = audited(cli, mine, "sm120-support")
     assert (code, state["state"]) == (0, "applied")
 
     # Partly again, and reverted: what is left of it is taken out, nothing else.
-    (site / ADD_NORM).unlink()
-    shutil.copy(site_file(sglang_template, ADD_NORM), site / ADD_NORM)
-    code, doc, err = patch_json(cli, "revert", "sm120-support", "-i", str(mine))
-    assert (code, action(doc)["action"]) == (0, "reverted"), err
+    put_back_by_hand(site, sglang_template, ADD_NORM)
+    assert acted(cli, "revert", "sm120-support", mine)["action"] == "reverted"
     assert sums(site, SM120.files) == wheel
 
 
@@ -171,7 +172,7 @@ def test_two_sets_in_one_file_are_each_audited_and_one_is_taken_out_alone(
                     {spec: [(first, first + "    # early set\n")]})  # fmt: skip
     write_patch_set(cli.cwd, "top", "1.0.0", sglang_template,
                     {spec: [(second, second + "# top set\n")]})  # fmt: skip
-    code, doc, err = patch_json(cli, "apply", "early", "top", "-i", str(mine))
+    code, _, err = patch_json(cli, "apply", "early", "top", "-i", str(mine))
     assert code == 0, err
     for name in ("early", "top"):
         code, state = audited(cli, mine, name)
@@ -179,12 +180,10 @@ def test_two_sets_in_one_file_are_each_audited_and_one_is_taken_out_alone(
 
     # `early` was applied first; `top` changed the file since. Taken out by its reverse
     # diff, `early` leaves `top`'s line, and `top` stays applied.
-    code, doc, err = patch_json(cli, "revert", "early", "-i", str(mine))
-    assert (code, action(doc)["action"]) == (0, "reverted"), err
+    assert acted(cli, "revert", "early", mine)["action"] == "reverted"
     text = (site / spec).read_text()
     assert "# top set" in text and "# early set" not in text
     assert audited(cli, mine, "early")[1]["state"] == "missing"
     assert audited(cli, mine, "top")[1]["state"] == "applied"
-    code, doc, err = patch_json(cli, "revert", "top", "-i", str(mine))
-    assert code == 0, err
+    assert acted(cli, "revert", "top", mine)["action"] == "reverted"
     assert sums(site, (spec,)) == sums(sglang_template / SITE, (spec,))
