@@ -242,7 +242,10 @@ def set_state(facts: PatchFacts, patch_set: PatchSet) -> SetState:
     if verdict is FileState.MISSING:
         if record is None:
             return judged(PatchState.MISSING, None)
-        gone = f"recorded here as {record['version']}, but the files lack it (reverted by hand, or SGLang reinstalled)"
+        gone = (
+            f"recorded here as {record['version']}, but the files lack it (reverted by hand, "
+            "or SGLang reinstalled)"
+        )
         return judged(PatchState.MISSING, None, gone)
     if verdict is FileState.PARTLY:
         return judged(PatchState.PARTLY, applied, "lacks it: " + lacking(facts, name, files))

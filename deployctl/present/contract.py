@@ -886,7 +886,7 @@ DEFINITIONS: dict[str, Schema] = {
                     "drifted",
                     "unsupported",
                 ],
-                "description": "What the installation's files are, told by each file's shipped hashes, else hunk by hunk; the record of this state_dir second. applied: every hunk is in the files (detail `no record here` when this state_dir has no record of it); partly applied: some are (detail names the files that lack it); outdated: recorded here as an older version (or other content), the files as that apply left them; drifted: the files match neither the set nor SGLang's own (detail names them), or SGLang was reinstalled since apply.",
+                "description": "What the installation's files are, told by each file's shipped hashes, else hunk by hunk; the record of this state_dir second. applied: every hunk is in the files (detail `no record here` when this state_dir has no record of it); partly applied: some are (detail names the files that lack it); missing: none is; outdated: recorded here as an older version (or other content), the files as that apply left them; drifted: a file has, for some hunk, neither its lines nor those it expects (detail names it), or SGLang was reinstalled since apply; unsupported: no variant for this SGLang.",
             },
             "version": nullable(
                 "string", "The version the files carry (applied), else the one recorded here."

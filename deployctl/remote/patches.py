@@ -238,7 +238,7 @@ def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
             else:
                 write_atomic(target, data)
                 replaced.append(path)
-        for path in manifest["files"]:
+        for path in replaced:  # a file left as it was (an adopted set's) is not ours to judge
             if path.endswith(".py") and patched[path] is not None:
                 py_compile.compile(os.path.join(site, path), doraise=True)
         run_verify_scripts(site, manifest["verify"], members)
