@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -13,6 +14,7 @@ from typing import Any
 import yaml
 
 from deployctl.errors import PatchError
+from deployctl.remote.protocol import BlockMark, HunkMark
 from deployctl.remote.server_argv import CommandValues
 
 PATCH_FILE = "patch.yml"
@@ -31,13 +33,39 @@ class FlagRule:
 
 
 @dataclass(frozen=True)
+class FileHashes:
+    """A file's sha256 in the release (`original`) and with only this set applied (`patched`);
+    None: the file does not exist then."""
+
+    original: str | None
+    patched: str | None
+
+
+@dataclass(frozen=True)
 class Variant:
-    """The diffs and verify scripts for one SGLang version."""
+    """The diffs and verify scripts for one SGLang version; its hunks per file, and each
+    file's hashes from hashes.json (None: none shipped, or made for other diffs)."""
 
     sglang_version: str
     diffs: tuple[Path, ...]
     verify: tuple[Path, ...]
     files: tuple[str, ...]
+    sections: tuple[tuple[Path, tuple[FileDiff, ...]], ...] = ()
+    hashes: Mapping[str, FileHashes] | None = None
+
+    def hunks(self, path: str) -> list[Hunk]:
+        """The hunks of every diff that touch one file, in the order they apply."""
+        return [h for _, files in self.sections for f in files if f.path == path for h in f.hunks]
+
+    def marks(self) -> dict[str, list[HunkMark]]:
+        """Each file's hunks as the host looks for them (remote.patches.hunk_states)."""
+        return {
+            path: [
+                {"before": block_mark(h.before), "after": block_mark(h.after)}
+                for h in self.hunks(path)
+            ]
+            for path in self.files
+        }
 
 
 @dataclass(frozen=True)
@@ -96,31 +124,106 @@ def diff_targets(text: str, source: str) -> list[str]:
 
 def diff_hunks(text: str, source: str) -> dict[str, int]:
     """Each file a unified diff touches (site-relative, in order) and its number of hunks."""
-    hunks: dict[str, int] = {}
-    current: str | None = None
+    counts: dict[str, int] = {}
+    for section in parse_diff(text, source):
+        counts[section.path] = counts.get(section.path, 0) + len(section.hunks)
+    return counts
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One hunk: the lines it expects (context and removed) and the lines it leaves (context
+    and added), without their line ends, and its text as written (header included)."""
+
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    """One file's part of a unified diff: its header lines as written, and its hunks."""
+
+    path: str
+    head: str
+    hunks: tuple[Hunk, ...]
+
+
+def parse_diff(text: str, source: str) -> list[FileDiff]:
+    """Split a unified diff into its files and hunks; refuse paths that escape."""
+    sections: list[FileDiff] = []
+    path: str | None = None
+    head = ""
+    hunks: list[Hunk] = []
+    pending: list[str] = []  # lines outside any hunk, since the last hunk or file header
+    body: list[str] = []  # the current hunk's lines, header first
     old_path: str | None = None
     old_left = new_left = 0  # lines still to come in the current hunk
-    for line in text.splitlines():
+
+    def close_hunk() -> None:
+        if body:
+            before = tuple(_content(ln) for ln in body[1:] if ln[:1] in (" ", "-", "\n", ""))
+            after = tuple(_content(ln) for ln in body[1:] if ln[:1] in (" ", "+", "\n", ""))
+            hunks.append(Hunk(before, after, "".join(body)))
+            body.clear()
+
+    def close_file() -> None:
+        close_hunk()
+        if path is not None:
+            sections.append(FileDiff(path, head, tuple(hunks)))
+            hunks.clear()
+
+    for line in text.splitlines(keepends=True):
         if old_left > 0 or new_left > 0:  # a hunk's body: `--- x` here is a removed line
             tag = line[:1]
-            old_left -= tag in (" ", "-", "")
-            new_left -= tag in (" ", "+", "")
+            old_left -= tag in (" ", "-", "\n", "")
+            new_left -= tag in (" ", "+", "\n", "")
+            body.append(line)
+            continue
+        if line.startswith("\\") and body:  # `\ No newline at end of file`, after a hunk
+            body.append(line)
             continue
         hunk = _HUNK.match(line)
-        if hunk and current is not None:
+        if hunk and path is not None:
+            close_hunk()
             old_left = int(hunk.group(1) or 1)
             new_left = int(hunk.group(2) or 1)
-            hunks[current] += 1
+            body.append(line)
         elif line.startswith("--- "):
+            close_hunk()
             old_path = line[4:].split("\t")[0].strip()
+            pending.append(line)
         elif line.startswith("+++ ") and old_path is not None:
+            close_file()
             new_path = line[4:].split("\t")[0].strip()
-            current = _site_relative(new_path if new_path != "/dev/null" else old_path, source)
-            hunks.setdefault(current, 0)
+            path = _site_relative(new_path if new_path != "/dev/null" else old_path, source)
+            head = "".join([*pending, line])
+            pending.clear()
             old_path = None
-    if not hunks:
+        else:
+            close_hunk()
+            pending.append(line)
+    close_file()
+    if not sections:
         raise PatchError(f"{source} is not a unified diff (no ---/+++ file headers)")
-    return hunks
+    return sections
+
+
+def block_mark(lines: Sequence[str]) -> BlockMark:
+    """A run of lines as the host looks for it (remote.patches.hunk_states)."""
+    anchor = max(range(len(lines)), key=lambda i: len(lines[i].strip()), default=0)
+    data = "\n".join(lines).encode("utf-8", "surrogateescape")
+    return {
+        "lines": len(lines),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "anchor": anchor,
+        "line": lines[anchor] if lines else "",
+    }
+
+
+def _content(line: str) -> str:
+    """A hunk line's text: without its tag and its line end (a CR stays, as in the file)."""
+    return line[1:].removesuffix("\n") if line[:1] != "\n" else ""
 
 
 def _site_relative(path: str, source: str) -> str:
@@ -205,6 +308,7 @@ def load_patch_set(folder: Path) -> PatchSet:
     if not isinstance(data["variants"], dict):
         raise PatchError(f"{source}: variants must map SGLang versions to diffs")
     files = [folder / PATCH_FILE]
+    shipped = read_hashes(folder)
     variants: dict[str, Variant] = {}
     for sglang_version, body in data["variants"].items():
         where = f"{source}: variants.{sglang_version}"
@@ -215,6 +319,7 @@ def load_patch_set(folder: Path) -> PatchSet:
             _inside(folder, p, where) for p in _strings(body.get("verify"), f"{where}.verify")
         )
         targets: list[str] = []
+        sections = []
         for diff in diffs:
             try:
                 text = diff.read_text(encoding="utf-8")
@@ -223,9 +328,19 @@ def load_patch_set(folder: Path) -> PatchSet:
                     f"{diff} is not UTF-8 text (byte {exc.start})",
                     hint="SGLang's sources are UTF-8: write the diff as UTF-8",
                 ) from None
-            targets += [t for t in diff_targets(text, str(diff)) if t not in targets]
+            parsed = tuple(parse_diff(text, str(diff)))
+            sections.append((diff, parsed))
+            targets += [f.path for f in parsed if f.path not in targets]
         files += [*diffs, *verify]
-        variants[str(sglang_version)] = Variant(str(sglang_version), diffs, verify, tuple(targets))
+        version_name = str(sglang_version)
+        variants[version_name] = Variant(
+            version_name,
+            diffs,
+            verify,
+            tuple(targets),
+            tuple(sections),
+            shipped.get(version_name, {}).get(diffs_digest(diffs)),
+        )
     return PatchSet(
         name=name,
         version=version,
@@ -237,6 +352,83 @@ def load_patch_set(folder: Path) -> PatchSet:
         content_hash=_content_hash(folder, files),
         verified=str(data.get("verified", "")).strip(),
     )
+
+
+HASHES_FILE = "hashes.json"
+
+
+def diffs_digest(diffs: Iterable[Path | bytes]) -> str:
+    """The sha256 of a variant's diffs (files, or their bytes), in order: which diffs a
+    hashes.json entry was made from."""
+    digest = hashlib.sha256()
+    for diff in diffs:
+        data = diff if isinstance(diff, bytes) else diff.read_bytes()
+        digest.update(hashlib.sha256(data).digest())
+    return digest.hexdigest()
+
+
+def read_hashes(folder: Path) -> dict[str, dict[str, dict[str, FileHashes]]]:
+    """A set's hashes.json: SGLang version → the digest of the diffs it was made from →
+    each file's hashes. A set without one has none (its files are judged hunk by hunk)."""
+    source = folder / HASHES_FILE
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PatchError(f"{source}: malformed JSON: {exc}", hint=REGENERATE_HASHES) from None
+    found: dict[str, dict[str, dict[str, FileHashes]]] = {}
+    try:
+        for version, entry in data["variants"].items():
+            files = {
+                str(path): FileHashes(sums["original"], sums["patched"])
+                for path, sums in entry["files"].items()
+            }
+            found[str(version)] = {str(entry["diffs_sha256"]): files}
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise PatchError(
+            f"{source}: not a hashes file (missing or wrong {exc})", hint=REGENERATE_HASHES
+        ) from None
+    return found
+
+
+def hashes_document(variants: Mapping[str, tuple[str, Mapping[str, FileHashes]]]) -> str:
+    """hashes.json's text: SGLang version → (the digest of its diffs, each file's hashes)."""
+    body = {
+        version: {
+            "diffs_sha256": digest,
+            "files": {
+                path: {"original": sums.original, "patched": sums.patched}
+                for path, sums in sorted(files.items())
+            },
+        }
+        for version, (digest, files) in sorted(variants.items(), key=lambda v: version_key(v[0]))
+    }
+    document = {"about": HASHES_ABOUT, "variants": body}
+    return json.dumps(document, indent=2) + "\n"
+
+
+def file_hashes(
+    pristine: Mapping[str, bytes | None], patched: Mapping[str, bytes | None]
+) -> dict[str, FileHashes]:
+    """Each file's hashes from its bytes in the release and with the set applied."""
+    return {
+        path: FileHashes(_sha(pristine.get(path)), _sha(data)) for path, data in patched.items()
+    }
+
+
+def _sha(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+REGENERATE_HASHES = "regenerate it: scripts/patch-hashes --write"
+HASHES_ABOUT = (
+    "Each file a variant's diffs touch: its sha256 in SGLang's own wheel of that release "
+    "(original) and with only this set applied (patched); null: no such file. The audit "
+    "judges the files on a host by them. Generated from the diffs and the wheels by "
+    "scripts/patch-hashes; used only while diffs_sha256 matches "
+    "the variant's diffs."
+)
 
 
 def _inside(folder: Path, relative: str, where: str) -> Path:

@@ -67,6 +67,7 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
         "sglang": {"error": "not installed"},
         "records": {},
         "files": {},
+        "hunks": {},
         "live_runs": [],
         "module_found": True,
         "port_free": True,
@@ -90,6 +91,13 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
         "machine": "3d1219c7c4c5404aaa1f6d2a48adfda4/6aa92503-74d3-440a-8e33-aa44ec85be1c",
     }
     assert reply(host, base, PreflightReply) == base
+    # A patch record written before records said whether the set was adopted still reads.
+    record = {
+        "set": "s", "version": "1", "hash": "h", "variant": "0.5.23", "sglang_version": "0.5.23",
+        "site": "/s", "apply_id": "i", "applied_at": "t", "applied_by": "u", "backup_dir": "/b",
+        "files": {"x.py": {"original_sha256": "a", "patched_sha256": "b"}},
+    }  # fmt: skip
+    assert reply(host, {**base, "records": {"s": record}}, PreflightReply)["records"]["s"] == record
     with pytest.raises(AgentError, match=r"argv_check\.findings\[0\]\.level is missing"):
         finding = {"flag": "--x", "message": "m", "candidates": []}
         check = {**base["argv_check"], "findings": [finding]}  # type: ignore[dict-item]

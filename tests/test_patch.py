@@ -79,15 +79,19 @@ def test_apply_audit_drift_and_revert_restore_the_wheel_bytes(
     assert code == 1  # bravo still lacks it
     assert doc["hosts"]["alpha"]["patches"]["marker"] == {
         "state": "applied", "version": "1.0.0", "expected_version": "1.0.0", "detail": "",
+        "recorded": True, "files": {SPEC: "applied", VERSION_PY: "applied"},
     }  # fmt: skip
     assert doc["hosts"]["bravo"]["patches"]["marker"]["state"] == "missing"
 
-    with (site / SPEC).open("a") as handle:
-        handle.write("# a hand edit\n")
+    # A hand edit of the set's own line: neither its lines nor the release's are there.
+    text = (site / SPEC).read_text()
+    (site / SPEC).unlink()  # as an editor saves: a new file
+    (site / SPEC).write_text(text.replace("test marker v1", "test marker v1, edited"))
     code, doc = audit(cli, inventory, "marker")
     assert code == 1
     assert doc["hosts"]["alpha"]["patches"]["marker"]["state"] == "drifted"
     assert SPEC in doc["hosts"]["alpha"]["patches"]["marker"]["detail"]
+    assert doc["hosts"]["alpha"]["patches"]["marker"]["files"][SPEC] == "differs"
 
     refused = cli("patch", "revert", "marker", "-i", str(inventory), "-H", "alpha")
     assert refused.returncode == 1 and "drifted" in refused.stderr
@@ -356,9 +360,25 @@ def test_patch_versions_are_ordered_as_numbers_not_text(
     shipped = load_patch_sets([SHIPPED_DATA / "patches"])["spec-disable"]
     patch_set = dataclasses.replace(shipped, version=available)
     same_content = shipped.content_hash if applied == available else "another hash"
-    record = {"version": applied, "hash": same_content, "files": {}, "site": "/s",
+    # The files as that apply left them: another version's lines, neither this one's nor
+    # the release's.
+    variant = shipped.variants["0.5.23"]
+    files = {path: f"{applied} of {path}" for path in variant.files}
+    hunks = {path: ["differs"] * len(variant.hunks(path)) for path in variant.files}
+    sums = {p: {"original_sha256": None, "patched_sha256": sha} for p, sha in files.items()}
+    record = {"version": applied, "hash": same_content, "files": sums, "site": "/s",
               "sglang_version": "0.5.23"}  # fmt: skip
-    facts = PatchFacts("0.5.23", "/s", None, {"spec-disable": record}, {})  # type: ignore[dict-item]
+    facts = PatchFacts(
+        "0.5.23",
+        "/s",
+        None,
+        {"spec-disable": record},
+        files,
+        {"spec-disable": hunks},  # type: ignore[dict-item]
+    )
+    if state == "applied":  # the same content: the files are this version's
+        facts.files.update({p: s.patched for p, s in (variant.hashes or {}).items()})
+        sums.update({p: {"original_sha256": None, "patched_sha256": facts.files[p]} for p in sums})
     judged = set_state(facts, patch_set)
     assert (judged.state, judged.detail) == (state, detail)
     assert version_key("1.10.0") > version_key("1.9.2")

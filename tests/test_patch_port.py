@@ -84,6 +84,18 @@ def test_port_to_the_same_release_is_all_exact(cli: CLI) -> None:
     code, report, _ = port(cli, "spec-disable", "0.5.23")
     assert code == 0 and {h["outcome"] for h in report["hunks"]} == {"exact"}
     assert set(report["verify"].values()) == {"passed"}
+    # The candidate carries its files' hashes, as the audit judges them: the shipped
+    # variant's, made for the candidate's own diff.
+    from deployctl.patchset import diffs_digest, load_patch_sets
+
+    candidate = cli.cwd / "spec-disable-0.5.23-candidate"
+    entry = json.loads((candidate / "hashes.json").read_text())["variants"]["0.5.23"]
+    shipped = load_patch_sets([SHIPPED_DATA / "patches"])["spec-disable"].variants["0.5.23"]
+    assert entry["diffs_sha256"] == diffs_digest([candidate / "spec-disable.diff"])
+    assert entry["files"] == {
+        path: {"original": sums.original, "patched": sums.patched}
+        for path, sums in (shipped.hashes or {}).items()
+    }
 
 
 def children_cpu() -> float:

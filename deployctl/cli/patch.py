@@ -53,7 +53,8 @@ def patch_apply(
     ] = False,
     rolling: RollingPatchOpt = False,
 ) -> Reply:
-    """Apply patch sets: every hunk checked first, backups kept, compiled and verified."""
+    """Apply patch sets: every hunk checked first, backups kept, compiled and verified; a set
+    the files already have is adopted (recorded, no file changed)."""
     from deployctl.ops.patch import apply_patches
     from deployctl.present import views
 
@@ -72,11 +73,13 @@ def patch_revert(
     session: Session,
     names: NamesArg = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Restore even files that drifted.")
+        bool,
+        typer.Option("--force", help="Restore the recorded backup even over files that drifted."),
     ] = False,
     rolling: RollingPatchOpt = False,
 ) -> Reply:
-    """Restore the original SGLang files of patch sets and check their hashes."""
+    """Take patch sets out: the recorded backup while the files are as the apply left them
+    (hashes checked), else each set's reverse diff, hunk by hunk."""
     from deployctl.ops.patch import revert_patches
     from deployctl.present import views
 
@@ -165,7 +168,8 @@ def patch_audit(
         list[str] | None, typer.Option("--expect", help="Expected set (repeatable).")
     ] = None,
 ) -> Reply:
-    """Show which patch set versions each host has; exit 1 unless all expected are applied."""
+    """Show which patch set versions each host's files have (its records second); exit 1
+    unless all expected are applied."""
     from deployctl.ops.patch import audit_host
     from deployctl.patchset import select_sets
     from deployctl.present import views

@@ -26,6 +26,7 @@ from deployctl.inventory import Host
 from deployctl.patchset import PatchSet, Variant, select_sets, version_key
 from deployctl.remote.protocol import (
     ApplyArgs,
+    HunkMark,
     Manifest,
     PatchRecord,
     ProbeArgs,
@@ -38,17 +39,21 @@ T = TypeVar("T")
 
 # GNU patch, strict: no fuzz, so a hunk never lands in the wrong place.
 PATCH_ARGS = ["patch", "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch"]
+# The same, taking hunks out: only hunks the files are known to have are given.
+UNPATCH_ARGS = ["patch", "-p1", "--batch", "--reverse", "--fuzz=0", "--no-backup-if-mismatch"]
 
 
 @dataclass(frozen=True)
 class PatchFacts:
-    """What a host has: its SGLang, the patch records, and current file hashes."""
+    """What a host has: its SGLang, the patch records, current file hashes, and which hunks
+    of each set its files have (set → file → per hunk: applied, missing or differs)."""
 
     sglang_version: str | None
     site: str | None
     error: str | None
     records: dict[str, PatchRecord]
     files: dict[str, str | None]
+    hunks: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
     def require_sglang(self) -> tuple[str, str]:
         if self.error or not self.site or not self.sglang_version:
@@ -66,10 +71,40 @@ class PatchFacts:
             if self.files.get(path) != sums["patched_sha256"]
         )
 
+    def changed_by_others(self, name: str) -> list[str]:
+        """Files of an applied set changed since apply, but not by the last apply recorded
+        here over them (another set sharing the file)."""
+        return [
+            path
+            for path in self.drifted_files(name)
+            if not any(
+                path in other["files"]
+                and other["files"][path]["patched_sha256"] == self.files.get(path)
+                for other_name, other in self.records.items()
+                if other_name != name
+            )
+        ]
+
+    def as_recorded(self, name: str) -> bool:
+        """This state_dir has a record of the set, for this SGLang, and its files are as the
+        apply left them."""
+        record = self.records.get(name)
+        return (
+            record is not None
+            and record.get("site") == self.site
+            and record.get("sglang_version") == self.sglang_version
+            and not self.drifted_files(name)
+        )
+
 
 def probe_args(host: Host, sets: Sequence[PatchSet]) -> ProbeArgs:
     paths = sorted({f for s in sets for v in s.variants.values() for f in v.files})
-    return {"state_dir": host.settings.state_dir, "paths": paths}
+    return {"state_dir": host.settings.state_dir, "paths": paths, "hunks": hunk_marks(sets)}
+
+
+def hunk_marks(sets: Sequence[PatchSet]) -> dict[str, dict[str, dict[str, list[HunkMark]]]]:
+    """What the host looks for to tell which hunks of each set its files have."""
+    return {s.name: {v: variant.marks() for v, variant in s.variants.items()} for s in sets}
 
 
 def parse_patch_facts(reply: ProbeReply) -> PatchFacts:
@@ -81,11 +116,12 @@ def parse_patch_facts(reply: ProbeReply) -> PatchFacts:
         error=install.get("error"),
         records=dict(reply["records"]),
         files=dict(reply["files"]),
+        hunks=dict(reply["hunks"]),
     )
 
 
 def patch_facts(host: Host, conn: Connection, sets: Sequence[PatchSet]) -> PatchFacts:
-    """Probe SGLang and the patch records in one round trip."""
+    """Probe SGLang, the patch records and the sets' files in one round trip."""
     return parse_patch_facts(agent.call(host, conn, agent.PROBE, probe_args(host, sets)))
 
 
@@ -95,11 +131,21 @@ def patch_facts(host: Host, conn: Connection, sets: Sequence[PatchSet]) -> Patch
 class PatchState(StrEnum):
     """Where a patch set stands on one SGLang installation."""
 
-    APPLIED = "applied"
+    APPLIED = "applied"  # the files have every hunk (recorded here or not)
+    PARTLY = "partly applied"  # the files have some hunks; the others' lines are as before
     MISSING = "missing"
-    OUTDATED = "outdated"  # an older version, or content changed without a version bump
-    DRIFTED = "drifted"  # patched files changed since apply, or SGLang was reinstalled
+    OUTDATED = "outdated"  # recorded here as an older version (or other content), files as left
+    DRIFTED = "drifted"  # files match neither the set nor the release, or SGLang was reinstalled
     UNSUPPORTED = "unsupported"  # no variant for that SGLang version
+
+
+class FileState(StrEnum):
+    """Where one file stands for one set: told by its hashes, else hunk by hunk."""
+
+    APPLIED = "applied"
+    PARTLY = "partly applied"
+    MISSING = "missing"
+    DIFFERS = "differs"  # a hunk whose lines are neither the set's nor the release's
 
 
 @dataclass(frozen=True)
@@ -108,41 +154,130 @@ class SetState:
     version: str | None
     expected_version: str
     detail: str = ""
+    recorded: bool = False  # this state_dir has a record of the set on this installation
+    files: dict[str, FileState] = field(default_factory=dict)
 
     @property
     def good(self) -> bool:
         return self.state is PatchState.APPLIED
 
 
+def file_state(variant: Variant, path: str, sha: str | None, hunks: list[str] | None) -> FileState:
+    """Judge one file: its hash against the release's and the patched one (exact), else
+    what the host found of each hunk."""
+    sums = (variant.hashes or {}).get(path)
+    if sums is not None and sha == sums.patched:
+        return FileState.APPLIED
+    if sums is not None and sha == sums.original:
+        return FileState.MISSING
+    if not hunks or "differs" in hunks:
+        return FileState.DIFFERS
+    if all(h == "applied" for h in hunks):
+        return FileState.APPLIED
+    if all(h == "missing" for h in hunks):
+        return FileState.MISSING
+    return FileState.PARTLY
+
+
+def files_verdict(files: Mapping[str, FileState]) -> FileState:
+    """A set's files together: any that differs decides, then all applied or all missing."""
+    found = set(files.values())
+    if FileState.DIFFERS in found:
+        return FileState.DIFFERS
+    if found <= {FileState.APPLIED}:
+        return FileState.APPLIED
+    if found <= {FileState.MISSING}:
+        return FileState.MISSING
+    return FileState.PARTLY
+
+
+def set_files(facts: PatchFacts, patch_set: PatchSet, variant: Variant) -> dict[str, FileState]:
+    """Each file of the set's variant, judged on the host's installation."""
+    hunks = facts.hunks.get(patch_set.name, {})
+    return {p: file_state(variant, p, facts.files.get(p), hunks.get(p)) for p in variant.files}
+
+
 def set_state(facts: PatchFacts, patch_set: PatchSet) -> SetState:
-    """Judge one set on one host."""
-    expected = patch_set.version
-    record = facts.records.get(patch_set.name)
+    """Judge one set on one host: from the installation's files first, then this state_dir's
+    record (which says what was applied here, and when, but not what the files are)."""
+    expected, name = patch_set.version, patch_set.name
+    record = facts.records.get(name)
+    recorded = record is not None
     applied = record["version"] if record else None
-    if facts.sglang_version not in patch_set.variants and record is None:
-        return SetState(
-            PatchState.UNSUPPORTED, None, expected, f"no variant for SGLang {facts.sglang_version}"
-        )
-    if record is None:
-        return SetState(PatchState.MISSING, None, expected)
-    drifted = facts.drifted_files(patch_set.name)
-    if record.get("site") != facts.site or record.get("sglang_version") != facts.sglang_version:
+    variant = patch_set.variants.get(facts.sglang_version or "")
+    if variant is None:
+        if record is None:
+            return SetState(
+                PatchState.UNSUPPORTED,
+                None,
+                expected,
+                f"no variant for SGLang {facts.sglang_version}",
+            )
         reinstalled = "SGLang was reinstalled since apply"
-        return SetState(PatchState.DRIFTED, applied, expected, reinstalled)
-    if drifted:
-        changed = "changed since apply: " + ", ".join(drifted)
-        return SetState(PatchState.DRIFTED, applied, expected, changed)
-    if version_key(record["version"]) < version_key(expected):
-        return SetState(
-            PatchState.OUTDATED,
-            applied,
-            expected,
-            f"{record['version']} applied, {expected} available",
+        return SetState(PatchState.DRIFTED, applied, expected, reinstalled, recorded)
+    files = set_files(facts, patch_set, variant)
+    verdict = files_verdict(files)
+
+    def judged(state: PatchState, version: str | None, detail: str = "") -> SetState:
+        return SetState(state, version, expected, detail, recorded, files)
+
+    current = record is not None and (record["version"], record["hash"]) == (
+        expected,
+        patch_set.content_hash,
+    )
+    if verdict is FileState.APPLIED:
+        if record is None:
+            return judged(PatchState.APPLIED, expected, "no record here")
+        notes = []
+        if not current:
+            notes.append(f"recorded here as {record['version']} ({record['hash'][:12]})")
+        if facts.changed_by_others(name):  # outside the set's own lines: they are all there
+            notes.append("changed since apply: " + ", ".join(facts.changed_by_others(name)))
+        return judged(PatchState.APPLIED, expected, "; ".join(notes))
+    if record is not None and not current and facts.as_recorded(name):
+        if version_key(record["version"]) < version_key(expected):
+            newer = f"{record['version']} applied, {expected} available"
+            return judged(PatchState.OUTDATED, applied, newer)
+        return judged(PatchState.OUTDATED, applied, "set content changed without a version bump")
+    if verdict is FileState.MISSING:
+        if record is None:
+            return judged(PatchState.MISSING, None)
+        gone = (
+            f"recorded here as {record['version']}, but the files lack it (reverted by hand, "
+            "or SGLang reinstalled)"
         )
-    if record["hash"] != patch_set.content_hash:
-        unbumped = "set content changed without a version bump"
-        return SetState(PatchState.OUTDATED, applied, expected, unbumped)
-    return SetState(PatchState.APPLIED, applied, expected)
+        return judged(PatchState.MISSING, None, gone)
+    if verdict is FileState.PARTLY:
+        return judged(PatchState.PARTLY, applied, "lacks it: " + lacking(facts, name, files))
+    if record is not None and (record.get("site"), record.get("sglang_version")) != (
+        facts.site,
+        facts.sglang_version,
+    ):
+        return judged(PatchState.DRIFTED, applied, "SGLang was reinstalled since apply")
+    if record is not None and facts.drifted_files(name):
+        return judged(
+            PatchState.DRIFTED,
+            applied,
+            "changed since apply: " + ", ".join(facts.drifted_files(name)),
+        )
+    odd = [p for p, f in files.items() if f is FileState.DIFFERS]
+    neither = (
+        "neither its lines nor the lines it expects are in " + ", ".join(odd) + " (edited, "
+        "another version of the set, or not the release the diff was made for)"
+    )
+    return judged(PatchState.DRIFTED, applied, neither)
+
+
+def lacking(facts: PatchFacts, name: str, files: Mapping[str, FileState]) -> str:
+    """The files of a partly applied set that lack some of it, with how much they have."""
+    parts = []
+    for path, state in files.items():
+        if state is FileState.MISSING:
+            parts.append(path)
+        elif state is FileState.PARTLY:
+            hunks = facts.hunks.get(name, {}).get(path, [])
+            parts.append(f"{path} ({hunks.count('applied')} of {len(hunks)} hunks applied)")
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -164,9 +299,16 @@ def audit_host(
     facts = patch_facts(host, conn, list(available.values()))
     facts.require_sglang()
     expected = tuple(expect) or tuple(host_patch_names(host))
-    names = list(expected) + [n for n in facts.records if n not in expected and n in available]
+    names = list(expected) + [
+        n for n in available if n not in expected and (n in facts.records or _found(facts, n))
+    ]
     states = {name: set_state(facts, available[name]) for name in names}
     return AuditReport(facts.sglang_version, states, expected)
+
+
+def _found(facts: PatchFacts, name: str) -> bool:
+    """Some hunk of the set is in the files (recorded here or not)."""
+    return any("applied" in hunks for hunks in facts.hunks.get(name, {}).values())
 
 
 def host_patch_names(host: Host) -> list[str]:
@@ -182,8 +324,10 @@ class ActionKind(StrEnum):
 
     APPLIED = "applied"
     REPLACED = "replaced"  # an older version, replaced in one step
+    ADOPTED = "adopted"  # the files had it already: recorded here, no file changed
     UNCHANGED = "unchanged"
     WOULD_APPLY = "would apply"
+    WOULD_ADOPT = "would adopt"
     REVERTED = "reverted"
     NOT_APPLIED = "not applied"
 
@@ -195,21 +339,63 @@ class PatchAction:
     action: ActionKind
     files: list[str] = field(default_factory=list)
     replaced: str | None = None  # the version a REPLACED action replaced
+    detail: str = ""
 
 
 def patched_copies(
     variant: Variant, originals: Mapping[str, bytes | None], files: Sequence[str]
 ) -> dict[str, bytes | None]:
     """Apply the variant's diffs with GNU patch to a local copy of the original files."""
+    diffs = [(d.name, d.read_text(encoding="utf-8")) for d in variant.diffs]
+    return _run_patch(diffs, originals, files, reverse=False)
+
+
+def unpatched_copies(
+    variant: Variant,
+    current: Mapping[str, bytes | None],
+    files: Sequence[str],
+    present: Mapping[str, list[str]],
+) -> dict[str, bytes | None]:
+    """Take out of a local copy of the files the hunks of the variant that they have
+    (`present`: file → per hunk, as the host found it), by GNU patch's reverse diff: what is
+    left is the files without this set, other changes kept."""
+    diffs = []
+    for diff, sections in reversed(variant.sections):
+        chosen = [
+            (
+                section,
+                [
+                    h
+                    for h, state in zip(section.hunks, present.get(section.path, []), strict=False)
+                    if state == "applied"
+                ],
+            )
+            for section in sections
+        ]
+        text = "".join(s.head + "".join(h.text for h in hunks) for s, hunks in chosen if hunks)
+        if text:
+            diffs.append((diff.name, text))
+    return _run_patch(diffs, current, files, reverse=True)
+
+
+def _run_patch(
+    diffs: Sequence[tuple[str, str]],
+    originals: Mapping[str, bytes | None],
+    files: Sequence[str],
+    reverse: bool,
+) -> dict[str, bytes | None]:
     with tempfile.TemporaryDirectory(prefix="deployctl-patch-") as tmp:
-        root = Path(tmp)
+        root = Path(tmp) / "site"
         for path, data in originals.items():
             if data is not None:
                 (root / path).parent.mkdir(parents=True, exist_ok=True)
                 (root / path).write_bytes(data)
-        for diff in variant.diffs:
+        root.mkdir(exist_ok=True)
+        for name, text in diffs:
+            source = Path(tmp) / name
+            source.write_text(text, encoding="utf-8")
             done = subprocess.run(
-                [*PATCH_ARGS, "-d", str(root), "-i", str(diff)],
+                [*(UNPATCH_ARGS if reverse else PATCH_ARGS), "-d", str(root), "-i", str(source)],
                 check=False,
                 capture_output=True,
                 text=True,
@@ -219,8 +405,14 @@ def patched_copies(
                     ln.strip() for ln in done.stdout.splitlines() if "FAILED" in ln or "can't" in ln
                 ]
                 reason = "; ".join(failed[:3]) or done.stdout.strip()[-300:] or done.stderr.strip()
+                if reverse:
+                    raise PatchError(
+                        f"{name} cannot be taken out of this host's SGLang files: {reason}",
+                        hint="nothing was changed; reinstall SGLang's files (pip install "
+                        "--force-reinstall --no-deps) to be rid of the set",
+                    )
                 raise PatchError(
-                    f"{diff.name} does not apply to this host's SGLang files: {reason}",
+                    f"{name} does not apply to this host's SGLang files: {reason}",
                     hint="the files differ from the release the diff was made for; nothing was changed",
                 )
         return {p: (root / p).read_bytes() if (root / p).exists() else None for p in files}
@@ -246,37 +438,97 @@ def _tar(members: Mapping[str, bytes]) -> bytes:
 def apply_set(
     host: Host, conn: Connection, facts: PatchFacts, patch_set: PatchSet, dry_run: bool
 ) -> PatchAction:
-    """Apply one set on one host, or say why it is already in place."""
+    """Apply one set on one host, or say why it is already in place: a set the files have
+    already (applied by hand, or under another state_dir) is adopted, not applied again."""
     sglang_version, site = facts.require_sglang()
     variant = patch_set.variant_for(sglang_version)
-    record = facts.records.get(patch_set.name)
-    if record is not None:
-        drifted = facts.drifted_files(patch_set.name)
-        if drifted:
-            raise PatchError(
-                f"{patch_set.name} is applied but drifted ({', '.join(drifted)})",
-                hint=f"deployctl patch revert {patch_set.name} --force -H {host.name}, then apply again",
-            )
-        if record["version"] == patch_set.version and record["hash"] == patch_set.content_hash:
-            return PatchAction(
-                patch_set.name, patch_set.version, ActionKind.UNCHANGED, sorted(record["files"])
-            )
-    files = sorted(set(variant.files) | set(record["files"] if record else []))
-    if record is not None:
-        # A newer version replaces the older one in one step: diff the originals, not the old patch.
-        originals = read_files(host, conn, record["backup_dir"], files)
-        originals.update(
-            {
-                p: data
-                for p, data in read_files(host, conn, site, files).items()
-                if p not in record["files"]
-            }
+    name, version = patch_set.name, patch_set.version
+    record = facts.records.get(name)
+    judged = set_state(facts, patch_set)
+    current = record is not None and (record["version"], record["hash"]) == (
+        version,
+        patch_set.content_hash,
+    )
+    if judged.state is PatchState.APPLIED and current:
+        return PatchAction(name, version, ActionKind.UNCHANGED, list(variant.files))
+    # A newer version replaces the older one in one step: diff the originals, not the old patch.
+    replace = record is not None and not current and facts.as_recorded(name)
+    if judged.state is PatchState.DRIFTED and record is not None and not replace:
+        raise PatchError(
+            f"{name} is applied but drifted ({judged.detail})",
+            hint=f"deployctl patch revert {name} --force -H {host.name}, then apply again",
         )
-    else:
-        originals = read_files(host, conn, site, files)
+    files = sorted(set(variant.files) | set(record["files"] if replace and record else []))
+    found = read_files(host, conn, site, files)
+    adopt = detail = ""
+    if replace and record is not None:
+        originals = read_files(host, conn, record["backup_dir"], files)
+        originals.update({p: data for p, data in found.items() if p not in record["files"]})
+        kind = ActionKind.REPLACED
+    elif judged.state is PatchState.DRIFTED:  # GNU patch says which hunks do not apply
+        try:
+            patched_copies(variant, found, files)
+        except PatchError as exc:
+            raise PatchError(exc.message, hint=f"{judged.detail}; nothing was changed") from None
+        raise PatchError(f"{name} does not apply on {host.name}: {judged.detail}")
+    elif judged.state is PatchState.MISSING:
+        originals, kind = found, ActionKind.APPLIED
+    else:  # the files have some or all of it: what they are without it is the backup
+        originals = unpatched_copies(variant, found, files, facts.hunks.get(name, {}))
+        if judged.state is PatchState.APPLIED:
+            adopt, kind = backup_note(variant, originals), ActionKind.ADOPTED
+        else:
+            kind, detail = ActionKind.APPLIED, f"completed (it {judged.detail})"
     patched = patched_copies(variant, originals, files)
+    if adopt and patched != found:
+        raise PatchError(
+            f"{name} cannot be adopted on {host.name}: its reverse diff does not give back "
+            "the files",
+            hint="nothing was changed; put SGLang's own files back, then apply",
+        )
     if dry_run:
-        return PatchAction(patch_set.name, patch_set.version, ActionKind.WOULD_APPLY, files)
+        would = ActionKind.WOULD_ADOPT if adopt else ActionKind.WOULD_APPLY
+        return PatchAction(name, version, would, files, detail=adopt or detail)
+    new_record = send_apply(host, conn, facts, patch_set, variant, originals, patched, adopt)
+    facts.records[name] = new_record
+    facts.files.update({p: s["patched_sha256"] for p, s in new_record["files"].items()})
+    if kind is ActionKind.REPLACED and record is not None:
+        return PatchAction(name, version, kind, files, record["version"])
+    return PatchAction(name, version, kind, files, detail=adopt or detail)
+
+
+def backup_note(variant: Variant, originals: Mapping[str, bytes | None]) -> str:
+    """What the backup of an adopted set is: SGLang's own files (by the shipped hashes), or
+    the files without the set, other changes kept (both rebuilt by its reverse diff)."""
+    sums = variant.hashes or {}
+    own = all(
+        path in sums and sums[path].original == (None if data is None else sha256_of(data))
+        for path, data in originals.items()
+    )
+    if own:
+        return "the files had it; backup: SGLang's own files, rebuilt by its reverse diff"
+    return "the files had it; backup: the files without it, rebuilt by its reverse diff"
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def send_apply(
+    host: Host,
+    conn: Connection,
+    facts: PatchFacts,
+    patch_set: PatchSet,
+    variant: Variant,
+    originals: Mapping[str, bytes | None],
+    patched: Mapping[str, bytes | None],
+    adopt: str,
+    verify: bool = True,
+) -> PatchRecord:
+    """Have the host back up `originals`, write `patched` (the files that differ), compile,
+    verify and record the set; `adopt`: the files had it already (no file differs)."""
+    sglang_version, site = facts.require_sglang()
+    files = sorted(patched)
     manifest: Manifest = {
         "set": patch_set.name,
         "version": patch_set.version,
@@ -286,29 +538,24 @@ def apply_set(
         "site": site,
         "files": files,
         "expect": {p: facts.files.get(p) for p in files},
-        "verify": [v.name for v in variant.verify],
+        "verify": [v.name for v in variant.verify] if verify else [],
         "apply_id": time.strftime("%Y%m%dT%H%M%S") + f"-{time.time_ns() % 1_000_000:06d}",
         "applied_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "applied_by": f"{getpass.getuser()}@{socket.gethostname()}",
+        "adopted": bool(adopt),
     }
     members = {"manifest.json": json.dumps(manifest).encode()}
     members.update({f"originals/{p}": d for p, d in originals.items() if d is not None})
     members.update({f"patched/{p}": d for p, d in patched.items() if d is not None})
-    members.update({f"verify/{v.name}": v.read_bytes() for v in variant.verify})
+    if verify:
+        members.update({f"verify/{v.name}": v.read_bytes() for v in variant.verify})
     payload = _tar(members)
     args: ApplyArgs = {
         "state_dir": host.settings.state_dir,
         "payload_sha256": hashlib.sha256(payload).hexdigest(),
         "payload_size": len(payload),
     }
-    new_record = agent.call(host, conn, agent.APPLY, args, stdin=payload)["record"]
-    facts.records[patch_set.name] = new_record
-    facts.files.update({p: s["patched_sha256"] for p, s in new_record["files"].items()})
-    if record is None:
-        return PatchAction(patch_set.name, patch_set.version, ActionKind.APPLIED, files)
-    return PatchAction(
-        patch_set.name, patch_set.version, ActionKind.REPLACED, files, record["version"]
-    )
+    return agent.call(host, conn, agent.APPLY, args, stdin=payload)["record"]
 
 
 def apply_patches(
@@ -319,21 +566,69 @@ def apply_patches(
     return [apply_set(host, conn, facts, patch_set, dry_run) for patch_set in sets]
 
 
+def revert_set(
+    host: Host, conn: Connection, facts: PatchFacts, patch_set: PatchSet, force: bool
+) -> PatchAction:
+    """Take one set out of the files: from this state_dir's backup while the files are as
+    its apply left them (byte-exact), else by the set's reverse diff, hunk by hunk (applied by
+    hand, under another state_dir, or files changed since: other changes are kept)."""
+    name, version = patch_set.name, patch_set.version
+    record = facts.records.get(name)
+    if record is not None and facts.as_recorded(name):
+        return revert_recorded(host, conn, patch_set, force)
+    judged = set_state(facts, patch_set)
+    if judged.state is PatchState.UNSUPPORTED:
+        return PatchAction(name, version, ActionKind.NOT_APPLIED)
+    if judged.state is PatchState.MISSING:
+        if record is None:
+            return PatchAction(name, version, ActionKind.NOT_APPLIED)
+        args: RevertArgs = {
+            "state_dir": host.settings.state_dir, "set": name, "force": False, "forget": True,
+        }  # fmt: skip
+        agent.call(host, conn, agent.REVERT, args)
+        gone = "the files lacked it already; its record here was closed"
+        return PatchAction(name, version, ActionKind.NOT_APPLIED, detail=gone)
+    if judged.state in (PatchState.APPLIED, PatchState.PARTLY):
+        _, site = facts.require_sglang()
+        variant = patch_set.variant_for(facts.sglang_version or "")
+        files = list(variant.files)
+        found = read_files(host, conn, site, files)
+        originals = unpatched_copies(variant, found, files, facts.hunks.get(name, {}))
+        # Recorded first (no verify: it is being taken out), then reverted as any recorded set.
+        send_apply(host, conn, facts, patch_set, variant, originals, found, "adopted", False)
+        action = revert_recorded(host, conn, patch_set, False)
+        why = "no record here" if record is None else "files changed since apply"
+        action.detail = f"taken out by its reverse diff ({why}; other changes kept)"
+        return action
+    if record is not None:
+        return revert_recorded(host, conn, patch_set, force)
+    raise PatchError(
+        f"{name} cannot be reverted on {host.name}: {judged.detail}",
+        hint=f"put SGLang's own file back (pip install --force-reinstall --no-deps "
+        f"sglang=={facts.sglang_version})",
+    )
+
+
+def revert_recorded(host: Host, conn: Connection, patch_set: PatchSet, force: bool) -> PatchAction:
+    """Restore a set's originals from the backup its record names, checking their hashes."""
+    args: RevertArgs = {
+        "state_dir": host.settings.state_dir, "set": patch_set.name, "force": force,
+        "forget": False,
+    }  # fmt: skip
+    reply = agent.call(host, conn, agent.REVERT, args)
+    action = ActionKind.REVERTED if reply["reverted"] else ActionKind.NOT_APPLIED
+    return PatchAction(patch_set.name, patch_set.version, action, reply["files"])
+
+
 def revert_patches(
     host: Host, conn: Connection, sets: Sequence[PatchSet], force: bool = False
 ) -> list[PatchAction]:
-    """Restore the originals of each set, dependents first, checking their hashes."""
-    actions = []
-    for patch_set in reversed(sets):
-        args: RevertArgs = {
-            "state_dir": host.settings.state_dir,
-            "set": patch_set.name,
-            "force": force,
-        }
-        reply = agent.call(host, conn, agent.REVERT, args)
-        action = ActionKind.REVERTED if reply["reverted"] else ActionKind.NOT_APPLIED
-        actions.append(PatchAction(patch_set.name, patch_set.version, action, reply["files"]))
-    return actions
+    """Take each set out, dependents first; the files are read again after each (a later
+    set may share a file with it)."""
+    return [
+        revert_set(host, conn, patch_facts(host, conn, sets), patch_set, force)
+        for patch_set in reversed(sets)
+    ]
 
 
 def sets_per_host(

@@ -44,7 +44,7 @@ from deployctl.ops.flags import (
     server_argv,
 )
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
-from deployctl.ops.patch import parse_patch_facts, set_state
+from deployctl.ops.patch import hunk_marks, parse_patch_facts, set_state
 from deployctl.ops.router import (
     Select,
     WorkerKind,
@@ -400,6 +400,7 @@ def preflight_args(
         "paths": sorted(
             {f for s in plan.needed_sets for v in s.variants.values() for f in v.files}
         ),
+        "hunks": hunk_marks(plan.needed_sets),
         "port": plan.port,
         "also_ports": {str(p): a for p, a in sorted(plan.extra_port_addresses.items())},
         "bind_host": plan.bind_host,

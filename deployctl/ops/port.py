@@ -26,7 +26,17 @@ from deployctl.connection import Connection
 from deployctl.errors import PatchError
 from deployctl.inventory import Host
 from deployctl.localfiles import check_folder, write_folder
-from deployctl.patchset import PatchSet, Variant, diff_hunks, diff_targets, version_key
+from deployctl.patchset import (
+    HASHES_FILE,
+    PatchSet,
+    Variant,
+    diff_hunks,
+    diff_targets,
+    diffs_digest,
+    file_hashes,
+    hashes_document,
+    version_key,
+)
 from deployctl.remote.patches import dist_version, metadata_version, run_verify_scripts
 from deployctl.schema import versioned
 
@@ -308,6 +318,10 @@ def _port(
                 report.verify[script.name] = "passed"
             except RuntimeError as exc:
                 report.verify[script.name] = f"failed: {exc}"
+    # The candidate's files hashed as the audit judges them: hashes.json's entry for it.
+    digest = diffs_digest(candidate[d.name] for d in variant.diffs)
+    hashes = {report.to_version: (digest, file_hashes(pristine, patched))}
+    candidate[HASHES_FILE] = hashes_document(hashes).encode()
     # The --json document, kept beside the candidate; the folder appears whole or not at all.
     candidate["report.json"] = (json.dumps(versioned(report.to_json()), indent=2) + "\n").encode()
     write_folder(out, candidate)

@@ -727,10 +727,15 @@ DEFINITIONS: dict[str, Schema] = {
         {
             "set": string(),
             "version": string(),
-            "action": string("applied, replaced, unchanged, would apply, reverted or not applied."),
+            "action": string(
+                "applied, replaced <old version>, adopted (the files had it: recorded, no file changed), unchanged, would apply, would adopt, reverted or not applied."
+            ),
             "files": array(string()),
+            "detail": string(
+                "How: a partly applied set completed, what an adopted set's backup holds, a set taken out by its reverse diff; empty when nothing is to be said."
+            ),
         },
-        required=["set", "version", "action", "files"],
+        required=["set", "version", "action", "files", "detail"],
     ),
     "rollout": obj(
         {
@@ -887,12 +892,29 @@ DEFINITIONS: dict[str, Schema] = {
     ),
     "setState": obj(
         {
-            "state": string("applied, missing, outdated, drifted or unsupported."),
-            "version": nullable("string"),
+            "state": {
+                "enum": [
+                    "applied",
+                    "partly applied",
+                    "missing",
+                    "outdated",
+                    "drifted",
+                    "unsupported",
+                ],
+                "description": "What the installation's files are, told by each file's shipped hashes, else hunk by hunk; the record of this state_dir second. applied: every hunk is in the files (detail `no record here` when this state_dir has no record of it); partly applied: some are (detail names the files that lack it); missing: none is; outdated: recorded here as an older version (or other content), the files as that apply left them; drifted: a file has, for some hunk, neither its lines nor those it expects (detail names it), or SGLang was reinstalled since apply; unsupported: no variant for this SGLang.",
+            },
+            "version": nullable(
+                "string", "The version the files carry (applied), else the one recorded here."
+            ),
             "expected_version": string(),
             "detail": string(),
+            "recorded": boolean("This state_dir has a record of the set on this installation."),
+            "files": map_of(
+                {"enum": ["applied", "partly applied", "missing", "differs"]},
+                "Each file of the set's variant for this SGLang: applied, partly applied (some hunks), missing, or differs (a hunk whose lines are neither the set's nor the release's).",
+            ),
         },
-        required=["state", "version", "expected_version", "detail"],
+        required=["state", "version", "expected_version", "detail", "recorded", "files"],
     ),
     "patchList": obj(
         {

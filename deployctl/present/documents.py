@@ -152,6 +152,7 @@ def patch_action_json(action: PatchAction) -> dict[str, Any]:
         "version": action.version,
         "action": action_text(action),
         "files": action.files,
+        "detail": action.detail,
     }
 
 
@@ -165,6 +166,8 @@ def set_state_json(state: SetState) -> dict[str, Any]:
         "version": state.version,
         "expected_version": state.expected_version,
         "detail": state.detail,
+        "recorded": state.recorded,
+        "files": {path: file.value for path, file in state.files.items()},
     }
 
 

@@ -275,11 +275,11 @@ PATCH_LIST: View[Sequence[PatchSet]] = View(_patch_list, docs.patch_list_documen
 
 def _patch_actions(results: FleetResult[list[PatchAction]]) -> None:
     rows = [
-        [r.name, a.set, a.version, docs.action_text(a), str(len(a.files))]
+        [r.name, a.set, a.version, docs.action_text(a), str(len(a.files)), a.detail]
         for r in results
         for a in r.value or []
     ]
-    print_table(None, ["host", "set", "version", "result", "files"], rows)
+    print_table(None, ["host", "set", "version", "result", "files", "detail"], rows)
     print_host_errors(results)
 
 
@@ -306,7 +306,9 @@ def _audit_table(results: FleetResult[AuditReport]) -> None:
             if state is None:
                 cells.append("")
             elif state.state == "applied":
-                cells.append(f"applied {state.version}")
+                cells.append(
+                    f"applied {state.version}" + (f" ({state.detail})" if state.detail else "")
+                )
             elif state.state == "outdated":
                 cells.append(f"outdated {state.version} (want {state.expected_version})")
             else:

@@ -29,6 +29,8 @@ from .files import (
 from .protocol import (
     ApplyArgs,
     ApplyReply,
+    BlockMark,
+    HunkMark,
     Manifest,
     PatchRecord,
     ProbeArgs,
@@ -136,16 +138,59 @@ def lock_patches(state_dir: str) -> IO[str]:
 
 
 def cmd_probe(args: ProbeArgs) -> ProbeReply:
-    """SGLang version and site, patch records, and sha256 of the files of interest."""
+    """SGLang version and site, patch records, sha256 of the files of interest, and which
+    hunks of each set's variant for this version the files have."""
     install = sglang_install()
     found = records(args["state_dir"], install.get("site"))
     paths = set(args["paths"])
     for record in found.values():
         paths.update(record.get("files", {}))
     files: dict[str, str | None] = {}
+    hunks: dict[str, dict[str, list[str]]] = {}
     if "site" in install:
-        files = {p: sha256(os.path.join(install["site"], p)) for p in sorted(paths)}
-    return {"sglang": install, "records": found, "files": files}
+        site = install["site"]
+        files = {p: sha256(os.path.join(site, p)) for p in sorted(paths)}
+        for name, variants in args["hunks"].items():
+            variant = variants.get(str(install.get("version")))
+            if variant is not None:
+                hunks[name] = {
+                    path: hunk_states(read_bytes(os.path.join(site, path)), marks)
+                    for path, marks in variant.items()
+                }
+    return {"sglang": install, "records": found, "files": files, "hunks": hunks}
+
+
+def block_sha256(lines: list[str]) -> str:
+    """A run of lines hashed as the client's BlockMark is (protocol.BlockMark)."""
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def hunk_states(data: bytes | None, marks: list[HunkMark]) -> list[str]:
+    """For each hunk, whether the file has its lines (applied), else the lines it expects
+    (missing), else neither (differs). Found as GNU patch finds a hunk at fuzz 0: the whole
+    run of lines, anywhere in the file. An empty run stands for a file that does not exist
+    (before a hunk that creates it, after one that deletes it)."""
+    lines = None if data is None else data.decode("utf-8", "surrogateescape").split("\n")
+    where: dict[str, list[int]] = {}
+    for number, line in enumerate(lines or []):
+        where.setdefault(line, []).append(number)
+
+    def found(mark: BlockMark) -> bool:
+        if mark["lines"] == 0:
+            return lines is None
+        if lines is None:
+            return False
+        for number in where.get(mark["line"], []):
+            start = number - mark["anchor"]
+            run = lines[start : start + mark["lines"]]
+            if start >= 0 and len(run) == mark["lines"] and block_sha256(run) == mark["sha256"]:
+                return True
+        return False
+
+    return [
+        "applied" if found(m["after"]) else "missing" if found(m["before"]) else "differs"
+        for m in marks
+    ]
 
 
 def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
@@ -184,6 +229,8 @@ def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
                 write_atomic(os.path.join(backup_dir, path), data)
         for path, data in patched.items():
             target = os.path.join(site, path)
+            if data == before[path]:  # already so (a set found applied, being adopted)
+                continue
             if data is None:
                 if os.path.exists(target):
                     os.unlink(target)
@@ -191,7 +238,7 @@ def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
             else:
                 write_atomic(target, data)
                 replaced.append(path)
-        for path in manifest["files"]:
+        for path in replaced:  # a file left as it was (an adopted set's) is not ours to judge
             if path.endswith(".py") and patched[path] is not None:
                 py_compile.compile(os.path.join(site, path), doraise=True)
         run_verify_scripts(site, manifest["verify"], members)
@@ -205,6 +252,7 @@ def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
             "apply_id": manifest["apply_id"],
             "applied_at": manifest["applied_at"],
             "applied_by": manifest["applied_by"],
+            "adopted": manifest.get("adopted", False),
             "backup_dir": backup_dir,
             "files": {
                 p: {
@@ -273,6 +321,11 @@ def cmd_revert(args: RevertArgs) -> RevertReply:
     record: PatchRecord | None = read_json(where)
     if record is None:
         return {"reverted": False, "files": []}
+    if args["forget"]:  # the files lack the set already (reverted by hand, reinstalled)
+        archive(state_dir, record, "gone")
+        os.unlink(where)
+        lock.close()
+        return {"reverted": False, "files": sorted(record["files"])}
     for other_name, other in records(state_dir, site).items():
         shared = set(other.get("files", {})) & set(record["files"])
         if other_name != name and shared and other["applied_at"] > record["applied_at"]:

@@ -29,7 +29,7 @@ out here and nowhere else:
     tunes/<n>.json                        one record per tune, numbered, never overwritten
     canaries/<n>.json                     one record per canary of a router on this host,
                                           numbered; rewritten only while it runs
-    patches/history/<set>-<id>-<why>.json records of reverted or replaced applies
+    patches/history/<set>-<id>-<why>.json records of reverted, replaced or gone applies
     patches/backups/<set>/<id>/<relpath>  originals saved by one apply; never overwritten
 """
 
@@ -95,7 +95,11 @@ class FileSums(TypedDict):
     patched_sha256: str | None
 
 
-class AppliedSet(TypedDict):
+class Adopted(TypedDict, total=False):
+    adopted: bool  # the files had it already: the backup is them without its hunks (reverse diff)
+
+
+class AppliedSet(Adopted):
     """Which set, which version of it, on which SGLang, applied when and by whom."""
 
     set: str
@@ -117,15 +121,31 @@ class PatchRecord(AppliedSet):
     files: dict[str, FileSums]
 
 
+class BlockMark(TypedDict):
+    """Lines found without sending them: count, sha256 joined by "\\n", longest one and where."""
+
+    lines: int
+    sha256: str
+    anchor: int
+    line: str
+
+
+class HunkMark(TypedDict):  # a hunk of a set's diff: the lines it expects, and it leaves
+    before: BlockMark
+    after: BlockMark
+
+
 class ProbeArgs(TypedDict):
     state_dir: str
     paths: list[str]
+    hunks: dict[str, dict[str, dict[str, list[HunkMark]]]]  # set → SGLang version → file
 
 
 class ProbeReply(TypedDict):
     sglang: SglangInstall
     records: dict[str, PatchRecord]
     files: dict[str, str | None]
+    hunks: dict[str, dict[str, list[str]]]  # set → file → per hunk: applied, missing, differs
 
 
 class ReadArgs(TypedDict):
@@ -159,6 +179,7 @@ class RevertArgs(TypedDict):
     state_dir: str
     set: str
     force: bool
+    forget: bool  # the files already lack the set: drop its record, touch no file
 
 
 class RevertReply(TypedDict):

@@ -329,7 +329,7 @@ function drawAudit(doc) {
       const expected = (h.expected || []).includes(s);
       const drift = expected && st.state !== "applied";
       const word = st.state === "applied" ? `applied ${st.version || ""}` : st.state;
-      return el("td", { class: drift ? "drift" : st.state === "applied" ? "applied" : "", text: drift ? `${word} (expected ${st.expected_version})` : word });
+      return el("td", { class: drift ? "drift" : st.state === "applied" ? "applied" : "", title: st.detail || "", text: drift ? `${word} (expected ${st.expected_version})` : word });
     });
     return el("tr", {}, el("td", { text: name }), el("td", { text: h.sglang_version || "-" }), ...cells);
   });
