@@ -28,7 +28,7 @@ subprocess.run(
     [sys.executable, "-c", bootstrap.UNPACK, folder], input=agent.agent_bundle(), check=True
 )
 proc = subprocess.Popen(
-    [sys.executable, "-c", bootstrap.BOOTSTRAP, folder, proto.SESSION, "{}"],
+    [sys.executable, "-c", bootstrap.BOOTSTRAP, folder, agent.manifest_digest(), proto.SESSION, "{}"],
     stdin=subprocess.PIPE,
     stdout=subprocess.PIPE,
 )
