@@ -81,8 +81,8 @@ __all__ = [
     "STATUS", "STOP", "TUNE_LOCK", "TUNE_RECORDS", "TUNE_SAVE", "TUNE_UNLOCK", "Call",
     "KeptAgent", "agent_bundle", "agent_command", "agent_folder", "agent_hash", "call",
     "call_beside", "check_reply", "hold", "install_agent", "kept_agent", "manifest_digest",
-    "note", "notes_held", "parse_reply", "warn",
-    "shape_problems", "through_kept_agent",
+    "note", "notes_held", "parse_reply",
+    "shape_problems", "through_kept_agent", "warn",
 ]  # fmt: skip
 
 REMOTE_DIR = Path(proto.__file__).resolve().parent
@@ -192,8 +192,10 @@ def _send_agent(host: Host, conn: Connection) -> None:
         _BUNDLE_IN_MEMORY.add((host.name, agent_folder(host)))
 
 
-# (host, agent folder, why) already said in this process: a folder not run is said once.
+# (host, agent folder, why) already said in this process: a folder not run is said once
+# (the calls of one command to one host may miss it at once).
 _SAID: set[tuple[str, str, str]] = set()
+_SAID_LOCK = threading.Lock()
 
 
 def _send_again(host: Host, conn: Connection, why: str) -> None:
@@ -201,9 +203,10 @@ def _send_again(host: Host, conn: Connection, why: str) -> None:
     or open to another user), say so once."""
     _send_agent(host, conn)
     folder = agent_folder(host)
-    if why == proto.BUNDLE_ABSENT or (host.name, folder, why) in _SAID:
-        return
-    _SAID.add((host.name, folder, why))
+    with _SAID_LOCK:
+        if why == proto.BUNDLE_ABSENT or (host.name, folder, why) in _SAID:
+            return
+        _SAID.add((host.name, folder, why))
     if (host.name, folder) in _BUNDLE_IN_MEMORY:
         done = "it cannot be unpacked afresh there, so each call carries it"
     else:

@@ -321,8 +321,8 @@ class Limit:
         """Refuse a reply that has grown past the limit (`what`: what was asked)."""
         if size > self.most:
             raise AgentError(
-                f"{self.host}: more than {self.most >> 20} MiB came for {what} without its end;"
-                " the command was ended there",
+                f"{self.host}: more than {self.most >> 20} MiB came without an end ({what}); "
+                "the command was ended there",
                 hint="no host running deployctl's agent sends that much: look at the host; "
                 "the max_reply_mib setting raises the limit",
             )
@@ -351,7 +351,7 @@ def _read_until(
             mark = out.find(until, max(0, seen - len(until) + 1))
         if mark >= 0 and out.find(b"\n", max(mark, seen)) >= 0:
             return bytes(out), False
-        limit.check(len(out), "one reply")
+        limit.check(len(out), "a reply")
 
 
 class _LocalHeld(Held):
@@ -396,9 +396,7 @@ class _LocalHeld(Held):
 
 
 class _SSHHeld(Held):
-    def __init__(
-        self, channel: paramiko.Channel, output: bytes, ended: bool, limit: Limit
-    ) -> None:
+    def __init__(self, channel: paramiko.Channel, output: bytes, ended: bool, limit: Limit) -> None:
         super().__init__(output, ended, limit)
         self.channel = channel
 
@@ -687,7 +685,7 @@ class SSHConnection(Connection):
             # Read until EOF, not until the exit status: sshd may send the status first.
             limit, size = self.reply_limit(), 0
             while True:
-                size += _drain(channel, out, err)
+                size += _drain(channel, out, err, limit.most - size)
                 if size > limit.most:
                     channel.close()
                     limit.check(size, shown)
@@ -788,13 +786,14 @@ def _wait_for(fd: int, event: int, timeout: float) -> bool:
     return bool(poller.poll(timeout * 1000))
 
 
-def _drain(channel: paramiko.Channel, out: list[bytes], err: list[bytes]) -> int:
-    """Read what has come on stdout and stderr; how many bytes."""
+def _drain(channel: paramiko.Channel, out: list[bytes], err: list[bytes], room: int) -> int:
+    """Read what has come on stdout and stderr, stopping once past `room` bytes (a host that
+    sends faster than we read never keeps us here); how many bytes were read."""
     size = 0
-    while channel.recv_ready():
+    while size <= room and channel.recv_ready():
         out.append(channel.recv(1 << 16))
         size += len(out[-1])
-    while channel.recv_stderr_ready():
+    while size <= room and channel.recv_stderr_ready():
         err.append(channel.recv_stderr(1 << 16))
         size += len(err[-1])
     return size

@@ -163,6 +163,12 @@ def test_the_agent_is_sent_once_then_run_from_its_unpacked_folder(tmp_path: Path
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert stat.S_IMODE(folder.parent.stat().st_mode) == 0o700
     assert (folder / "complete").read_text() == agent.agent_hash()
+    # The manifest the host wrote is the one the client computed from its own bundle.
+    manifest = (folder / bootstrap.MANIFEST).read_bytes()
+    assert hashlib.sha256(manifest).hexdigest() == agent.manifest_digest()
+    assert manifest == bootstrap.manifest(
+        {f"{bootstrap.PACKAGE}/{name}": text for name, text in shipped_files().items()}
+    )
     assert list((folder / bootstrap.PACKAGE / "__pycache__").glob("dispatch.*.pyc"))
     assert sorted(p.name for p in folder.parent.iterdir()) == [agent.agent_hash()]
 
@@ -400,7 +406,9 @@ def test_a_kept_agent_that_floods_without_a_reply_is_ended_at_the_limit(tmp_path
     conn.keeps_agent = True
     began = time.monotonic()
     try:
-        with pytest.raises(AgentError, match=r"^here: more than 1 MiB came for one reply"):
+        with pytest.raises(
+            AgentError, match=r"^here: more than 1 MiB came without an end \(a reply\)"
+        ):
             agent.call(host, conn, agent.STATUS, STATUS_ARGS)
         kept = conn.kept
         assert isinstance(kept, agent.KeptAgent) and kept.ended  # the next call starts anew

@@ -216,6 +216,6 @@ def test_a_host_that_floods_a_kept_agents_reply_is_ended_at_the_limit_and_the_ot
     assert results["bravo"].error is None, results["bravo"].error
     error = str(results["alpha"].error)
     assert results["alpha"].code == "agent", error
-    assert error.startswith("alpha: more than 2 MiB came for one reply without its end"), error
+    assert error.startswith("alpha: more than 2 MiB came without an end (a reply)"), error
     # The limit ended it, not the command timeout (30 s).
     assert took < 20, f"the round took {took:.1f} s (bound 20 s)"
