@@ -20,8 +20,21 @@ each round, over N. Medians of --rounds.
 Then the kept agent's resident memory over --long-rounds `top` rounds of --long-hosts hosts
 (echo answers it at rounds 10 and the last).
 
+Then what the bootstrap's check of the bundle folder (every part the user's own and not open
+to others, each module's sha256 against the manifest: remote/bootstrap.py) costs, on
+--manifest-hosts hosts over --manifest-rounds rounds (each round's median wall time, and the
+hosts' mean CPU per host), with the check and with a bootstrap that skips it (the same script
+with `unsound` not called), side by side:
+
+  kept status   a `top` round through kept agents (the check ran once, at each agent's start)
+  kept echo     the floor round through kept agents
+  one-shot      a `runs` call per host, one Python per call: the check runs in each
+  agent start   a kept agent started anew on each host and its first echo (the check runs once)
+  check alone   `unsound()` itself in the host's Python: wall and CPU ms per call
+
 Run: python benchmarks/kept_agent.py [--hosts 32,128,256] [--rounds 10] (needs root and
-openssh-server). Results: a table on stdout and benchmarks/results/kept_agent.json.
+openssh-server); --manifest-only for the check's figures alone. Results: a table on stdout and
+benchmarks/results/kept_agent.json.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -50,9 +64,12 @@ from deployctl.crash.catalog import default_catalog  # noqa: E402
 from deployctl.fanout import Fleet  # noqa: E402
 from deployctl.inventory import Host, load_inventory  # noqa: E402
 from deployctl.ops.server import TOP_TAIL_BYTES, metrics_round  # noqa: E402
+from deployctl.remote import bootstrap  # noqa: E402
 from deployctl.remote.measures import EchoArgs  # noqa: E402
 from deployctl.remote.protocol import (  # noqa: E402
     ECHO,
+    RUNS,
+    RunsArgs,
     StatusArgs,
     StatusReply,
 )
@@ -166,6 +183,129 @@ def memory_over_rounds(inventory: Path, rounds: int) -> dict[str, Any]:
     return {"hosts": len(hosts), "rounds": rounds, "rss_kib": seen}
 
 
+# The bootstrap with its check of the folder skipped: what a round cost before the check.
+CHECK_CALL = "why = unsound(sys.argv[1], sys.argv[2])"
+UNCHECKED = bootstrap.BOOTSTRAP.replace(CHECK_CALL, 'why = ""')
+assert UNCHECKED != bootstrap.BOOTSTRAP, "the bootstrap no longer calls unsound() so"
+CHECKED = bootstrap.BOOTSTRAP
+
+
+def manifest_cost(lab: SSHLab, inventory: Path, rounds: int) -> dict[str, Any]:
+    """Each step with the bundle check and without it (see the docstring): the round's
+    median wall ms, and the hosts' mean CPU ms per host per round (remote_cpu_s: steadier than
+    wall time on a busy machine; a mean, as /proc counts whole 10 ms ticks)."""
+    hosts = load_inventory(inventory).select(None)
+    catalog = default_catalog()
+    uids = {int(h.home.stat().st_uid) for h in lab.hosts.values()}
+    users = tuple(h.user.encode() for h in lab.hosts.values())
+    kept = {"with": Fleet(hosts, ConnectOptions(), forks=32),
+            "without": Fleet(hosts, ConnectOptions(), forks=32)}  # fmt: skip
+    shots = {"with": Fleet(hosts, ConnectOptions(), forks=32),
+             "without": Fleet(hosts, ConnectOptions(), forks=32)}  # fmt: skip
+
+    def using(which: str) -> None:
+        bootstrap.BOOTSTRAP = CHECKED if which == "with" else UNCHECKED
+
+    def kept_status(which: str) -> None:
+        assert metrics_round(kept[which], catalog, within=60).ok
+
+    def one_shot(which: str) -> None:
+        def runs(host: Host, conn: Connection) -> object:
+            args: RunsArgs = {"state_dir": host.settings.state_dir}
+            return agent.call(host, conn, RUNS, args)
+
+        results = shots[which].run(runs)
+        assert results.ok, [r.error for r in results if r.error][:3]
+
+    def agent_start(which: str) -> None:
+        for conn in (kept[which].connection(host) for host in hosts):
+            if conn.kept is not None:  # ended: the next call starts another
+                conn.kept.close()
+        echo_round(kept[which])
+
+    steps: dict[str, Callable[[str], None]] = {
+        "kept status": kept_status,
+        "kept echo": lambda which: echo_round(kept[which]),
+        "one-shot": one_shot,
+        "agent start": agent_start,
+    }
+    samples: dict[str, dict[str, list[tuple[float, float]]]] = {
+        step: {"with": [], "without": []} for step in steps
+    }
+    try:
+        for which in ("with", "without"):  # connections opened, agents started: not measured
+            using(which)
+            kept[which].keep_agents()
+            for step in steps.values():
+                step(which)
+        for index in range(rounds):
+            for name, step in steps.items():
+                for which in ("with", "without")[:: 1 if index % 2 else -1]:
+                    using(which)
+                    cpu0 = remote_cpu_s(uids, users)
+                    began = time.perf_counter()
+                    step(which)
+                    wall = time.perf_counter() - began
+                    cpu = (remote_cpu_s(uids, users) - cpu0) / len(hosts)
+                    samples[name][which].append((wall, cpu))
+    finally:
+        using("with")
+        for fleet in [*kept.values(), *shots.values()]:
+            fleet.close()
+    result: dict[str, Any] = {"hosts": len(hosts), "rounds": rounds}
+    for name, pair in samples.items():
+        result[name] = {
+            which: {
+                "round_ms": round(1000 * statistics.median(v[0] for v in values), 2),
+                "host_cpu_ms": round(1000 * statistics.mean(v[1] for v in values), 2),
+            }
+            for which, values in pair.items()
+        }
+    result["check alone"] = check_alone(lab, hosts[0])
+    return result
+
+
+def check_alone(lab: SSHLab, host: Host) -> dict[str, float]:
+    """`unsound()` on a host's unpacked folder, in that host's Python: wall and CPU ms per
+    call (medians of 20 runs of 50 calls each)."""
+    test_host = lab.hosts[host.name]
+    folder = test_host.home / ".deployctl" / "agent" / agent.agent_hash()
+    script = (
+        "import hashlib, os, stat, statistics, sys, time\n" + bootstrap._UNSOUND + "runs = []\n"
+        "for _ in range(20):\n"
+        "    began, cpu = time.perf_counter(), time.process_time()\n"
+        "    for _ in range(50):\n"
+        "        assert not unsound(sys.argv[1], sys.argv[2])\n"
+        "    runs.append(((time.perf_counter() - began) / 50, (time.process_time() - cpu) / 50))\n"
+        "print(statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs))\n"
+    )
+    out = test_host.as_user(
+        f"{host.settings.python} -c {shlex.quote(script)} {folder} {agent.manifest_digest()}"
+    ).stdout
+    wall, cpu = (round(1000 * float(v), 3) for v in out.split())
+    return {"wall_ms": wall, "cpu_ms": cpu}
+
+
+def manifest_table(result: dict[str, Any]) -> str:
+    alone = result["check alone"]
+    lines = [
+        f"bundle check, {result['hosts']} hosts, medians of {result['rounds']} rounds: "
+        "median round wall ms / mean hosts' CPU ms per host",
+        "step | with the check | without | difference",
+        "---|---|---|---",
+    ]
+    for name in ("kept status", "kept echo", "one-shot", "agent start"):
+        got, base = result[name]["with"], result[name]["without"]
+        lines.append(
+            f"{name} | {got['round_ms']:.1f} / {got['host_cpu_ms']:.1f} | "
+            f"{base['round_ms']:.1f} / {base['host_cpu_ms']:.1f} | "
+            f"{got['round_ms'] - base['round_ms']:+.1f} / "
+            f"{got['host_cpu_ms'] - base['host_cpu_ms']:+.1f}"
+        )
+    lines.append(f"check alone | {alone['wall_ms']:.2f} / {alone['cpu_ms']:.2f} | — | —")
+    return "\n".join(lines)
+
+
 def table(results: list[dict[str, Any]]) -> str:
     names = ("per call", "kept", "no GPUs", "floor")
     lines = [
@@ -191,13 +331,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--long-hosts", type=int, default=4)
     parser.add_argument("--long-rounds", type=int, default=1000, help="0: skip")
+    parser.add_argument("--manifest-hosts", type=int, default=4)
+    parser.add_argument("--manifest-rounds", type=int, default=30)
+    parser.add_argument("--manifest-only", action="store_true", help="the bundle check alone")
     args = parser.parse_args()
-    sizes = [int(n) for n in args.hosts.split(",")]
+    sizes = [] if args.manifest_only else [int(n) for n in args.hosts.split(",")]
     base = Path(tempfile.mkdtemp(prefix="deployctl-kept-", dir="/tmp"))
     base.chmod(0o755)
-    lab, _ = setup_hosts(base / "lab", max(sizes), sglang=False)
+    lab, _ = setup_hosts(base / "lab", max([*sizes, args.manifest_hosts]), sglang=False)
     results = []
+    memory: dict[str, Any] = {}
     try:
+        names = list(lab.hosts)[: args.manifest_hosts]
+        manifest_inventory = lab.inventory(base / "inv-manifest.yml", names, command_timeout=120)
+        manifest = manifest_cost(lab, manifest_inventory, args.manifest_rounds)
+        print(json.dumps(manifest), flush=True)
         for size in sizes:
             names = list(lab.hosts)[:size]
             inventory = lab.inventory(base / f"inv-{size}.yml", names, command_timeout=120)
@@ -205,7 +353,8 @@ def main() -> None:
             print(json.dumps(results[-1]), flush=True)
         names = list(lab.hosts)[: args.long_hosts]
         long_inventory = lab.inventory(base / "inv-long.yml", names)
-        memory = memory_over_rounds(long_inventory, args.long_rounds) if args.long_rounds else {}
+        if args.long_rounds and not args.manifest_only:
+            memory = memory_over_rounds(long_inventory, args.long_rounds)
     finally:
         stop_lab(lab)
     document = {
@@ -213,11 +362,15 @@ def main() -> None:
         "load_after": os.getloadavg(),
         "sizes": results,
         "memory": memory,
+        "bundle_check": manifest,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "kept_agent.json").write_text(json.dumps(document, indent=2) + "\n")
-    print(table(results))
-    print(json.dumps(memory))
+    name = "kept_agent_bundle_check.json" if args.manifest_only else "kept_agent.json"
+    (RESULTS / name).write_text(json.dumps(document, indent=2) + "\n")
+    if results:
+        print(table(results))
+        print(json.dumps(memory))
+    print(manifest_table(manifest))
 
 
 if __name__ == "__main__":

@@ -499,7 +499,13 @@ def split_trace(events: list[dict[str, Any]], written: float, exit_time: float) 
 
 def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
     """Time one poll's parts over the same sshd while a (ready) server runs."""
-    from deployctl.agent import agent_bundle, agent_command, agent_hash, install_agent
+    from deployctl.agent import (
+        agent_bundle,
+        agent_command,
+        agent_hash,
+        install_agent,
+        manifest_digest,
+    )
     from deployctl.connection import ConnectOptions, open_connection
     from deployctl.inventory import load_inventory
     from deployctl.ops.runs import POLL_LIMIT_BYTES, POLL_WAIT
@@ -554,7 +560,7 @@ def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
     local: dict[str, list[float]] = {"python3 -c pass": [], "python3 agent poll": []}
     folder = str(bench.work / "agent" / agent_hash())  # run as on a host: unpacked once
     subprocess.run([HOST_PYTHON, "-c", UNPACK, folder], input=agent_bundle(), check=True)
-    poll_argv = [HOST_PYTHON, "-c", BOOTSTRAP, folder, "poll", json.dumps(args)]
+    poll_argv = [HOST_PYTHON, "-c", BOOTSTRAP, folder, manifest_digest(), "poll", json.dumps(args)]
     for _ in range(samples):
         for name, argv in (
             ("python3 -c pass", [HOST_PYTHON, "-c", "pass"]),

@@ -3,10 +3,12 @@
 The agent is the package `deployctl/remote/`, shipped as one bundle (a deterministic zip of
 its modules) named by the sha256 of its bytes. A host unpacks it once per state_dir into
 `<state_dir>/agent/<sha256>/`; each call then imports it from there (with its bytecode kept)
-through a short bootstrap. The bundle is sent again only when that folder is missing,
-incomplete or not private, so no call carries the agent in its argv (except on a host where
-nothing can be written: a full disk must not stop a `stop`; the bundle then rides in argv
-and is imported from memory).
+through a short bootstrap, which first checks every part of that folder against the
+manifest of the client's own bundle (remote/bootstrap.py). The bundle is sent again when that
+folder is missing, incomplete, damaged or open to another user (a folder that was there is
+said once), so no call carries the agent in its argv (except on a host where nothing can be
+written: a full disk must not stop a `stop`; the bundle then rides in argv and is imported
+from memory); one that still cannot be run after that is the host's error, naming the folder.
 Every reply is checked against the call's declared reply type; a reply that lacks a key is
 an error, never read as a default.
 """
@@ -22,8 +24,8 @@ import sys
 import threading
 import time
 import zipfile
-from collections.abc import Iterator, Mapping
-from functools import cache
+from collections.abc import Callable, Iterator, Mapping
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -78,14 +80,15 @@ __all__ = [
     "POLL", "PREFLIGHT", "PROBE", "READ", "RELEASE", "REVERT", "ROUTER", "RUNS", "START",
     "STATUS", "STOP", "TUNE_LOCK", "TUNE_RECORDS", "TUNE_SAVE", "TUNE_UNLOCK", "Call",
     "KeptAgent", "agent_bundle", "agent_command", "agent_folder", "agent_hash", "call",
-    "call_beside", "check_reply", "hold", "install_agent", "kept_agent", "note", "notes_held",
-    "parse_reply",
-    "shape_problems", "through_kept_agent",
+    "call_beside", "check_reply", "hold", "install_agent", "kept_agent", "manifest_digest",
+    "note", "notes_held", "parse_reply",
+    "shape_problems", "through_kept_agent", "warn",
 ]  # fmt: skip
 
 REMOTE_DIR = Path(proto.__file__).resolve().parent
 A = TypeVar("A", bound=Mapping[str, Any])
 R = TypeVar("R")
+T = TypeVar("T")
 # Every entry's date: the bundle's bytes (so its hash) depend only on the modules' text.
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -113,6 +116,19 @@ def agent_hash() -> str:
     return hashlib.sha256(agent_bundle()).hexdigest()
 
 
+def manifest_digest() -> str:
+    """The sha256 of the manifest a host writes when it unpacks this bundle: the bootstrap
+    runs only a folder whose manifest has it."""
+    return _manifest_digest(agent_bundle())
+
+
+@lru_cache(maxsize=4)
+def _manifest_digest(bundle: bytes) -> str:
+    with zipfile.ZipFile(io.BytesIO(bundle)) as unpacked:
+        files = {name: unpacked.read(name) for name in unpacked.namelist()}
+    return hashlib.sha256(bootstrap.manifest(files)).hexdigest()
+
+
 # (host, agent folder) where the bundle could not be unpacked in this invocation.
 _BUNDLE_IN_MEMORY: set[tuple[str, str]] = set()
 
@@ -133,11 +149,26 @@ def agent_command(host: Host, call: str, args: Mapping[str, Any]) -> str:
     if (host.name, folder) in _BUNDLE_IN_MEMORY:  # the bundle rides in argv where it cannot be kept
         carried = base64.b64encode(agent_bundle()).decode()
         return join([python, "-c", bootstrap.IN_MEMORY, carried, call, json.dumps(args)])
-    return join([python, "-c", bootstrap.BOOTSTRAP, folder, call, json.dumps(args)])
+    digest = manifest_digest()
+    return join([python, "-c", bootstrap.BOOTSTRAP, folder, digest, call, json.dumps(args)])
 
 
-def _agent_missing(exit_code: int, stdout: str) -> bool:
-    return exit_code == proto.AGENT_MISSING_EXIT and proto.AGENT_MISSING in stdout
+def _missing(exit_code: int | None, output: str) -> str | None:
+    """Why the host's bootstrap did not run the agent's folder (BUNDLE_ABSENT: there was
+    none); None: it ran the call."""
+    if exit_code != proto.AGENT_MISSING_EXIT:
+        return None
+    for line in output.splitlines():
+        if line.startswith(proto.AGENT_MISSING):
+            why = line[len(proto.AGENT_MISSING) :].strip()[:200]
+            return "".join(c if c.isprintable() else "?" for c in why) or proto.BUNDLE_ABSENT
+    return None
+
+
+def _held_missing(held: Held) -> str | None:
+    """As `_missing`, for a command held open: one that ended before its first reply."""
+    output = held.output.decode(errors="replace")
+    return _missing(proto.AGENT_MISSING_EXIT if held.ended else None, output)
 
 
 def install_agent(host: Host, conn: Connection) -> None:
@@ -161,21 +192,74 @@ def _send_agent(host: Host, conn: Connection) -> None:
         _BUNDLE_IN_MEMORY.add((host.name, agent_folder(host)))
 
 
+# (host, agent folder, why) already said in this process: a folder not run is said once
+# (the calls of one command to one host may miss it at once).
+_SAID: set[tuple[str, str, str]] = set()
+_SAID_LOCK = threading.Lock()
+
+
+def _send_again(host: Host, conn: Connection, why: str) -> None:
+    """Send the bundle after a miss; where a folder was there but could not be run (damaged,
+    or open to another user), say so once."""
+    _send_agent(host, conn)
+    folder = agent_folder(host)
+    with _SAID_LOCK:
+        if why == proto.BUNDLE_ABSENT or (host.name, folder, why) in _SAID:
+            return
+        _SAID.add((host.name, folder, why))
+    if (host.name, folder) in _BUNDLE_IN_MEMORY:
+        done = "it cannot be unpacked afresh there, so each call carries it"
+    else:
+        done = "it was unpacked afresh"
+    warn(f"{host.name}: deployctl's agent at {folder} was not run ({why}); {done}")
+
+
+def _with_agent(
+    host: Host,
+    conn: Connection,
+    run: Callable[[], T],
+    missing: Callable[[T], str | None],
+    discard: Callable[[T], None] = lambda _: None,
+) -> T:
+    """What `run` (a command through the bootstrap) gave once the host could run the agent:
+    after a miss the bundle is sent again, once; a second miss is the host's error."""
+    result = run()
+    why = missing(result)
+    if why is None:
+        return result
+    discard(result)
+    _send_again(host, conn, why)
+    result = run()
+    why = missing(result)
+    if why is None:
+        return result
+    discard(result)
+    folder = agent_folder(host)
+    raise AgentError(
+        f"{host.name}: deployctl's agent at {folder} cannot be run even after it was sent "
+        f"again: {why}",
+        hint=f"look at {folder} on the host: its owner, its modes, the file system it is on",
+    )
+
+
 def parse_reply(
     host: Host, call: str, exit_code: int, stdout: str, stderr: str, reply_type: type[R]
 ) -> R:
     """Read the agent's JSON answer and check it has every key its type declares."""
     doc = _reply_document(stdout)
     detail = (stderr.strip() or stdout.strip())[-300:] or f"exit {exit_code}"
+    if doc is None and f"\n{proto.REPLY_MARK}" in f"\n{stdout}":
+        detail = "its reply is no JSON deployctl can read (malformed, or nested too deep)"
     return check_reply(host, call, doc, detail, reply_type)
 
 
 def _reply_document(output: str) -> Any:
-    """The JSON document on the output's last reply line (None: none, or not JSON)."""
+    """The JSON document on the output's last reply line (None: none, or not JSON, or nested
+    deeper than Python can read)."""
     lines = [line for line in output.splitlines() if line.startswith(proto.REPLY_MARK)]
     try:
         return json.loads(lines[-1][len(proto.REPLY_MARK) :]) if lines else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -184,10 +268,13 @@ def check_reply(host: Host, call: str, doc: Any, detail: str, reply_type: type[R
     what the host printed, for an answer that is no JSON object."""
     if not isinstance(doc, dict):
         raise AgentError(f"{host.settings.python} on {host.name} failed: {detail}")
-    if "error" in doc:
-        error_type = {"patch": PatchError, "host": HostError}.get(str(doc.get("code")), AgentError)
-        raise error_type(str(doc["error"]))
-    problems = shape_problems(doc, reply_type, call)
+    try:  # what the host sent is read whatever its nesting: too deep is no reply of ours
+        if "error" in doc:
+            code, message = str(doc.get("code")), str(doc["error"])
+            raise {"patch": PatchError, "host": HostError}.get(code, AgentError)(message)
+        problems = shape_problems(doc, reply_type, call)
+    except RecursionError:
+        problems = ["it is nested too deep to read"]
     if problems:
         raise AgentError(
             f"{host.name}: the host agent's {call} reply is malformed: {'; '.join(problems[:3])}",
@@ -216,23 +303,19 @@ def call(
     kept = through_kept_agent(host, conn, spec, args, timeout=timeout) if stdin is None else None
     if kept is not None:
         return kept[0]
-    result = run()
-    if _agent_missing(result.exit_code, result.stdout):
-        _send_agent(host, conn)
-        result = run()
+    result = _with_agent(host, conn, run, lambda done: _missing(done.exit_code, done.stdout))
     return parse_reply(host, spec.name, result.exit_code, result.stdout, result.stderr, spec.reply)
 
 
 def hold(host: Host, conn: Connection, spec: Call[A, R], args: A) -> tuple[R, Held]:
     """Run an agent call that keeps running after its reply (a lock it holds) until the
     returned `Held` is closed, or this process goes."""
-    mark = proto.REPLY_MARK.encode()
-    command = agent_command(host, spec.name, args)
-    held = conn.start(command, mark, purpose=spec.purpose)
-    if held.ended and proto.AGENT_MISSING.encode() in held.output:
-        held.close()
-        _send_agent(host, conn)
-        held = conn.start(command, mark, purpose=spec.purpose)
+
+    def start() -> Held:  # the command is built anew: a failed send changes it
+        command = agent_command(host, spec.name, args)
+        return conn.start(command, proto.REPLY_MARK.encode(), purpose=spec.purpose)
+
+    held = _with_agent(host, conn, start, _held_missing, lambda ended: ended.close())
     try:
         reply = parse_reply(
             host, spec.name, 0, held.output.decode(errors="replace"), "", spec.reply
@@ -259,10 +342,9 @@ def call_beside(
     kept = through_kept_agent(host, conn, spec, args, probes=probes)
     if kept is not None:
         return kept[1], kept[0]
-    outputs = run()
-    if _agent_missing(outputs["agent"].exit_code, outputs["agent"].output):
-        _send_agent(host, conn)
-        outputs = run()
+    outputs = _with_agent(
+        host, conn, run, lambda done: _missing(done["agent"].exit_code, done["agent"].output)
+    )
     agent = outputs.pop("agent")
     return outputs, parse_reply(
         host, spec.name, agent.exit_code, agent.output, agent.stderr, spec.reply
@@ -279,16 +361,25 @@ NO_KEPT_AGENT_FOR = 600.0  # seconds
 ENDED_STATUS_WAIT = 5.0
 
 
-# Notes held while a full screen shows (notes_held); else they go to stderr at once.
+# Lines held while a full screen shows (notes_held); else they go to stderr at once.
 _HELD_NOTES: list[list[str]] = []
 
 
 def note(text: str) -> None:
     """Say that a host answers one process per call."""
+    _say(f"note: {text}")
+
+
+def warn(text: str) -> None:
+    """Say that a host's agent could not be run as it was found."""
+    _say(f"warning: {text}")
+
+
+def _say(line: str) -> None:
     if _HELD_NOTES:
-        _HELD_NOTES[-1].append(text)
+        _HELD_NOTES[-1].append(line)
     else:
-        print(f"note: {text}", file=sys.stderr)
+        print(line, file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -300,8 +391,8 @@ def notes_held() -> Iterator[list[str]]:
         yield held
     finally:
         _HELD_NOTES.remove(held)
-        for text in held:
-            note(text)
+        for line in held:
+            print(line, file=sys.stderr)
 
 
 class KeptAgent:
@@ -445,11 +536,7 @@ def _start_kept_agent(host: Host, conn: Connection) -> KeptAgent | None:
         command = "exec " + agent_command(host, proto.SESSION, {})
         return conn.start(command, mark, purpose="start deployctl's kept host agent")
 
-    held = start()
-    if held.ended and proto.AGENT_MISSING.encode() in held.output:
-        held.close()
-        _send_agent(host, conn)
-        held = start()
+    held = _with_agent(host, conn, start, _held_missing, lambda ended: ended.close())
     ready = _reply_document(held.output.decode(errors="replace"))
     # Its folder's name is the hash it runs; from memory its modules are "<bundle>".
     in_memory = (host.name, agent_folder(host)) in _BUNDLE_IN_MEMORY

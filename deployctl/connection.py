@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from deployctl.errors import CommandError, CommandTimeoutError, ConnectError, HostKeyError
+from deployctl.errors import (
+    AgentError,
+    CommandError,
+    CommandTimeoutError,
+    ConnectError,
+    HostKeyError,
+)
 from deployctl.localfiles import append_file
 from deployctl.shell import join, quote
 
@@ -46,6 +52,9 @@ HANDSHAKE_RETRY_DELAY = (0.5, 1.0)  # seconds, drawn at random so retries do not
 # How long close() waits for a command holding the connection; a connect under way is not waited for.
 CLOSE_WAIT = 1.0
 DEFAULT_COMMAND_TIMEOUT = 120.0
+# The most one command's output (a reply) may be: a host that sends more without ending is
+# stopped there, not held in memory until the timeout (the `max_reply_mib` setting).
+DEFAULT_MAX_REPLY_MIB = 64
 _STDERR_TAIL = 400
 # accept-new appends to one known_hosts file from many threads.
 _KNOWN_HOSTS_LOCK = threading.Lock()
@@ -175,9 +184,12 @@ class Closable(Protocol):
 class Connection(ABC):
     """Run commands and read or write files on one host; counts round trips."""
 
-    def __init__(self, name: str, command_timeout: float) -> None:
+    def __init__(
+        self, name: str, command_timeout: float, max_reply_mib: int = DEFAULT_MAX_REPLY_MIB
+    ) -> None:
         self.name = name
         self.command_timeout = command_timeout
+        self.max_reply = max_reply_mib << 20  # bytes
         self.round_trips = 0
         # Front ends that poll keep one agent process over the connection (agent.py): they
         # set `keeps_agent`; the agent kept, once started, is closed with the connection.
@@ -238,6 +250,10 @@ class Connection(ABC):
     def _start(self, command: str, until: bytes, timeout: float, late: str) -> Held:
         raise NotImplementedError(f"{type(self).__name__} cannot hold a command open")
 
+    def reply_limit(self) -> Limit:
+        """The most one command's output may take on this host."""
+        return Limit(self.name, self.max_reply)
+
     def dial(self) -> None:  # noqa: B027 - optional hook
         """Start connecting now and return at once; the first command finishes the connect."""
 
@@ -257,9 +273,10 @@ class Connection(ABC):
 class Held(ABC):
     """A command left running by `Connection.start`: its output so far, and how to end it."""
 
-    def __init__(self, output: bytes, ended: bool) -> None:
+    def __init__(self, output: bytes, ended: bool, limit: Limit) -> None:
         self.output = output  # stdout up to the awaited line (all of it if it ended)
         self.ended = ended  # it ended before that line: it holds nothing
+        self.limit = limit  # for each reply read from it
 
     @abstractmethod
     def close(self, wait: float = 10) -> None:
@@ -272,9 +289,9 @@ class Held(ABC):
     def read_until(self, until: bytes, timeout: float, late: str) -> bytes:
         """Its output from here up to the end of the next line holding `until` (a kept
         agent's reply); ConnectError if it ended first, CommandTimeoutError (`late`) at
-        `timeout`."""
+        `timeout`, AgentError past the reply's limit (the caller then closes it)."""
         out, ended = _read_until(
-            self._read, self._fileno(), until, time.monotonic() + timeout, late
+            self._read, self._fileno(), until, time.monotonic() + timeout, late, self.limit
         )
         if ended:
             raise ConnectError("the kept command ended")
@@ -293,14 +310,33 @@ class Held(ABC):
     def _fileno(self) -> int: ...
 
 
-def _read_until(read: Any, fd: int, until: bytes, deadline: float, late: str) -> tuple[bytes, bool]:
+@dataclass(frozen=True)
+class Limit:
+    """The most bytes one reply may take, and the host's name for the error past it."""
+
+    host: str
+    most: int
+
+    def check(self, size: int, what: str) -> None:
+        """Refuse a reply that has grown past the limit (`what`: what was asked)."""
+        if size > self.most:
+            raise AgentError(
+                f"{self.host}: more than {self.most >> 20} MiB came without an end ({what}); "
+                "the command was ended there",
+                hint="no host running deployctl's agent sends that much: look at the host; "
+                "the max_reply_mib setting raises the limit",
+            )
+
+
+def _read_until(
+    read: Any, fd: int, until: bytes, deadline: float, late: str, limit: Limit
+) -> tuple[bytes, bool]:
     """Read `fd` (through `read`) until a line holds `until` or EOF: (output, ended); `late`:
-    the timeout's message."""
-    out = b""
+    the timeout's message. Each chunk is searched once (a mark split between two chunks
+    too); past `limit` it is an AgentError."""
+    out = bytearray()
+    mark = -1  # where `until` starts, once seen
     while True:
-        line_end = out.find(b"\n", out.find(until)) if until in out else -1
-        if line_end >= 0:
-            return out, False
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise CommandTimeoutError(late)
@@ -308,13 +344,21 @@ def _read_until(read: Any, fd: int, until: bytes, deadline: float, late: str) ->
             continue
         chunk = read()
         if not chunk:
-            return out, True
+            return bytes(out), True
+        seen = len(out)
         out += chunk
+        if mark < 0:
+            mark = out.find(until, max(0, seen - len(until) + 1))
+        if mark >= 0 and out.find(b"\n", max(mark, seen)) >= 0:
+            return bytes(out), False
+        limit.check(len(out), "a reply")
 
 
 class _LocalHeld(Held):
-    def __init__(self, proc: subprocess.Popen[bytes], output: bytes, ended: bool) -> None:
-        super().__init__(output, ended)
+    def __init__(
+        self, proc: subprocess.Popen[bytes], output: bytes, ended: bool, limit: Limit
+    ) -> None:
+        super().__init__(output, ended, limit)
         self.proc = proc
 
     def close(self, wait: float = 10) -> None:
@@ -352,8 +396,8 @@ class _LocalHeld(Held):
 
 
 class _SSHHeld(Held):
-    def __init__(self, channel: paramiko.Channel, output: bytes, ended: bool) -> None:
-        super().__init__(output, ended)
+    def __init__(self, channel: paramiko.Channel, output: bytes, ended: bool, limit: Limit) -> None:
+        super().__init__(output, ended, limit)
         self.channel = channel
 
     def close(self, wait: float = 10) -> None:
@@ -415,15 +459,16 @@ class LocalConnection(Connection):
         proc = self._shell(command, subprocess.DEVNULL)
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
+        limit = self.reply_limit()
         try:
             out, ended = _read_until(
-                lambda: os.read(fd, 1 << 16), fd, until, time.monotonic() + timeout, late
+                lambda: os.read(fd, 1 << 16), fd, until, time.monotonic() + timeout, late, limit
             )
         except BaseException:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
-        return _LocalHeld(proc, out, ended)
+        return _LocalHeld(proc, out, ended, limit)
 
 
 class SSHConnection(Connection):
@@ -431,7 +476,9 @@ class SSHConnection(Connection):
 
     def __init__(self, host: Host, options: ConnectOptions) -> None:
         own = host.settings
-        super().__init__(host.name, _either(own.command_timeout, options.command_timeout))
+        super().__init__(
+            host.name, _either(own.command_timeout, options.command_timeout), own.max_reply_mib
+        )
         self.host = host
         self.options = options
         self.connect_timeout = _either(own.connect_timeout, options.connect_timeout)
@@ -636,8 +683,12 @@ class SSHConnection(Connection):
                         raise
             channel.shutdown_write()
             # Read until EOF, not until the exit status: sshd may send the status first.
+            limit, size = self.reply_limit(), 0
             while True:
-                _drain(channel, out, err)
+                size += _drain(channel, out, err, limit.most - size)
+                if size > limit.most:
+                    channel.close()
+                    limit.check(size, shown)
                 if (channel.eof_received or channel.closed) and not (
                     channel.recv_ready() or channel.recv_stderr_ready()
                 ):
@@ -690,6 +741,7 @@ class SSHConnection(Connection):
             channel = transport.open_session(timeout=min(timeout, self.connect_timeout))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ConnectError(f"{self.name}: SSH failure: {exc or type(exc).__name__}") from None
+        limit = self.reply_limit()
         try:
             channel.exec_command(command)
             out, ended = _read_until(
@@ -698,6 +750,7 @@ class SSHConnection(Connection):
                 until,
                 time.monotonic() + timeout,
                 late,
+                limit,
             )
         except (paramiko.SSHException, OSError, EOFError) as exc:
             channel.close()
@@ -705,7 +758,7 @@ class SSHConnection(Connection):
         except BaseException:
             channel.close()
             raise
-        return _SSHHeld(channel, out, ended)
+        return _SSHHeld(channel, out, ended, limit)
 
     def _disconnect(self) -> None:
         self._closes += 1
@@ -733,11 +786,17 @@ def _wait_for(fd: int, event: int, timeout: float) -> bool:
     return bool(poller.poll(timeout * 1000))
 
 
-def _drain(channel: paramiko.Channel, out: list[bytes], err: list[bytes]) -> None:
-    while channel.recv_ready():
+def _drain(channel: paramiko.Channel, out: list[bytes], err: list[bytes], room: int) -> int:
+    """Read what has come on stdout and stderr, stopping once past `room` bytes (a host that
+    sends faster than we read never keeps us here); how many bytes were read."""
+    size = 0
+    while size <= room and channel.recv_ready():
         out.append(channel.recv(1 << 16))
-    while channel.recv_stderr_ready():
+        size += len(out[-1])
+    while size <= room and channel.recv_stderr_ready():
         err.append(channel.recv_stderr(1 << 16))
+        size += len(err[-1])
+    return size
 
 
 class _DroppedError(ConnectError):
@@ -792,7 +851,9 @@ def open_connection(host: Host, options: ConnectOptions) -> Connection:
     """Return the connection for a host: local or SSH, by its ansible_connection."""
     if host.is_local:
         return LocalConnection(
-            host.name, _either(host.settings.command_timeout, options.command_timeout)
+            host.name,
+            _either(host.settings.command_timeout, options.command_timeout),
+            host.settings.max_reply_mib,
         )
     return SSHConnection(host, options)
 

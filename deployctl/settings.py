@@ -326,6 +326,15 @@ _DECLARED = [
     # At most a week: past what the system's timers take, a timeout is no timeout.
     Setting("connect_timeout", float, "seconds to connect", 10, above=0, most=_WEEK),
     Setting("command_timeout", float, "seconds a command may take", 120, above=0, most=_WEEK),
+    Setting(
+        "max_reply_mib",
+        int,
+        "MiB one command's output may take: a host that sends more is stopped there",
+        64,
+        least=1,
+        most=1 << 20,
+        wanted="a number of MiB",
+    ),
 ]
 SETTINGS: dict[str, Setting] = {s.name: s for s in _DECLARED}
 
@@ -889,3 +898,7 @@ class Settings:
     def command_timeout(self) -> float | None:
         """Seconds a command may take; None when the host sets none (the options decide)."""
         return self._seconds("command_timeout")
+
+    @property
+    def max_reply_mib(self) -> int:
+        return self._int("max_reply_mib")

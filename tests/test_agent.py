@@ -158,8 +158,10 @@ def test_the_agent_is_sent_once_then_run_from_its_unpacked_folder(tmp_path: Path
     host, conn = local_host(tmp_path), LocalConnection("here", 30)
     folder = tmp_path / "state" / "agent" / agent.agent_hash()
     command = agent.agent_command(host, "status", STATUS_ARGS)
-    # The bundle never rides in the command line (one argument is capped at 128 KiB).
-    assert len(command) < 2000 and bootstrap.PACKAGE + ".dispatch" in command
+    # The bundle never rides in the command line (one argument is capped at 128 KiB): only
+    # the bootstrap with its check of the folder.
+    assert len(command) < 8000 < len(agent.agent_bundle())
+    assert bootstrap.PACKAGE + ".dispatch" in command
 
     assert agent.call(host, conn, agent.STATUS, STATUS_ARGS)["run"] is None
     assert unpacked_files(folder) == shipped_files()
@@ -170,34 +172,89 @@ def test_the_agent_is_sent_once_then_run_from_its_unpacked_folder(tmp_path: Path
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert stat.S_IMODE(folder.parent.stat().st_mode) == 0o700
     assert (folder / "complete").read_text() == agent.agent_hash()
+    # The manifest the host wrote is the one the client computed from its own bundle.
+    manifest = (folder / bootstrap.MANIFEST).read_bytes()
+    assert hashlib.sha256(manifest).hexdigest() == agent.manifest_digest()
+    assert manifest == bootstrap.manifest(
+        {f"{bootstrap.PACKAGE}/{name}": text for name, text in shipped_files().items()}
+    )
     assert list((folder / bootstrap.PACKAGE / "__pycache__").glob("dispatch.*.pyc"))
     assert sorted(p.name for p in folder.parent.iterdir()) == [agent.agent_hash()]
 
 
-@pytest.mark.parametrize("damage", ["marker", "mode", "module"])
-def test_an_incomplete_or_open_folder_is_unpacked_again_not_run(
-    tmp_path: Path, damage: str
+def _replace_dispatch(folder: Path) -> None:
+    """What would run in deployctl's place if the folder were run: a call that fails."""
+    (folder / bootstrap.PACKAGE / "dispatch.py").write_text("raise SystemExit(3)\n")
+
+
+def _symlink_runs(folder: Path) -> None:
+    module = folder / bootstrap.PACKAGE / "runs.py"
+    copy = folder.parent.parent / "elsewhere-runs.py"
+    copy.write_bytes(module.read_bytes())
+    module.unlink()
+    module.symlink_to(copy)
+
+
+def _foreign_owner(folder: Path) -> None:
+    os.chown(folder / bootstrap.PACKAGE / "dispatch.py", 65534, 65534)  # nobody's
+
+
+# What a folder must not be run with, and why the host says it was not: each a part that
+# another user can change, or one that is not what the bundle holds.
+DAMAGES = {
+    "no marker": (lambda f: ((f / "complete").unlink(), _replace_dispatch(f)), "incomplete"),
+    "open folder": (lambda f: (f.chmod(0o777), _replace_dispatch(f)), "the folder is writable"),
+    "open package": (
+        lambda f: (f.chmod(0o711), (f / bootstrap.PACKAGE).chmod(0o777), _replace_dispatch(f)),
+        f"{bootstrap.PACKAGE} is writable by others",
+    ),
+    "open module": (
+        lambda f: (f / bootstrap.PACKAGE / "dispatch.py").chmod(0o666),
+        "dispatch.py is writable by others",
+    ),
+    "open bytecode": (
+        lambda f: (f / bootstrap.PACKAGE / "__pycache__").chmod(0o777),
+        "__pycache__ is writable by others",
+    ),
+    "foreign module": (_foreign_owner, "dispatch.py belongs to another user"),
+    "symlink": (_symlink_runs, "runs.py is a symlink"),
+    "deleted module": (
+        lambda f: (f / bootstrap.PACKAGE / "runs.py").unlink(),
+        "runs.py is missing",
+    ),
+    "changed module": (_replace_dispatch, "dispatch.py was changed"),
+    "shadowing module": (
+        lambda f: (f / "json.py").write_text("raise SystemExit(3)\n"),
+        "a file the bundle has not: json.py",
+    ),
+    "no manifest": (lambda f: (f / "manifest").unlink(), "incomplete"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_folder_not_whole_or_open_to_others_is_unpacked_afresh_and_said_once(
+    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     host, conn = local_host(tmp_path), LocalConnection("here", 30)
-    agent.install_agent(host, conn)
+    assert agent.call(host, conn, agent.STATUS, STATUS_ARGS)["run"] is None  # unpacked, run
     folder = tmp_path / "state" / "agent" / agent.agent_hash()
-    if damage == "marker":  # as if an unpack had stopped half-way
-        (folder / "complete").unlink()
-        (folder / bootstrap.PACKAGE / "dispatch.py").write_text("raise SystemExit(3)\n")
-    elif damage == "mode":  # anyone may change what it runs
-        folder.chmod(0o777)
-        (folder / bootstrap.PACKAGE / "dispatch.py").write_text("raise SystemExit(3)\n")
-    else:  # the marker is there: a module changed by its owner is the owner's business
-        (folder / bootstrap.PACKAGE / "dispatch.py").write_text("raise SystemExit(3)\n")
+    damage_folder, why = DAMAGES[damage]
+    damage_folder(folder)
+    capsys.readouterr()
     before = conn.round_trips
-    if damage == "module":
-        with pytest.raises(AgentError):
-            agent.call(host, conn, agent.STATUS, STATUS_ARGS)
-        return
     assert agent.call(host, conn, agent.STATUS, STATUS_ARGS)["run"] is None
-    assert conn.round_trips == before + 3
+    assert conn.round_trips == before + 3  # the miss, the bundle, the call
     assert unpacked_files(folder) == shipped_files()
-    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for part in [folder, *folder.rglob("*")]:
+        assert not part.is_symlink() and part.stat().st_uid == os.getuid(), part
+        assert stat.S_IMODE(part.stat().st_mode) in (0o700, 0o600), part
+    warned = capsys.readouterr().err
+    assert warned.count("warning: ") == 1 and why in warned and str(folder) in warned, warned
+    assert "unpacked afresh" in warned
+    # Said once: the next call runs the fresh folder, and says nothing.
+    agent.call(host, conn, agent.STATUS, STATUS_ARGS)
+    assert conn.round_trips == before + 4
+    assert capsys.readouterr().err == ""
 
 
 def test_two_first_calls_at_once_both_unpack_and_both_answer(tmp_path: Path) -> None:
@@ -304,3 +361,79 @@ def test_an_agent_call_that_breaks_on_the_host_is_one_line_without_a_traceback(
     message = str(failed.value)
     assert message.startswith("bench_results failed on the host: TypeError: "), message
     assert "Traceback" not in message and "\n" not in message
+
+
+# ---- what a host that does not run deployctl's agent may send back --------------------------
+
+# A host's `python` in deployctl's agent's place (a compromised host): every call, and every
+# request of a kept agent (whose ready line it fakes), is answered by ANSWER(), in Python.
+FAKE_PYTHON = """#!{python}
+import json, os, sys
+def answer():
+{answer}
+if "{session}" in sys.argv:  # ready as a kept agent: the folder's name is the hash it runs
+    ready = {{"session": os.path.basename(sys.argv[3]), "pid": os.getpid()}}
+    print("{mark}" + json.dumps(ready), flush=True)
+    for line in sys.stdin:
+        answer()
+else:
+    answer()
+"""
+DEEP = "    print('{mark}' + '[' * 200_000 + ']' * 200_000, flush=True)"
+FLOOD = "    while True:\n        sys.stdout.buffer.write(b'x' * 65536)"
+
+
+def fake_host(tmp_path: Path, answer: str, **settings: object) -> Host:
+    script = tmp_path / "fake-python"
+    text = FAKE_PYTHON.format(
+        python=sys.executable, answer=answer, session=protocol.SESSION, mark=protocol.REPLY_MARK
+    )
+    script.write_text(text.replace("{mark}", protocol.REPLY_MARK))
+    script.chmod(0o755)
+    return Host("here", {**DEFAULT_VARS, **settings, "python": str(script),
+                         "state_dir": str(tmp_path / "state"), "ansible_connection": "local"})  # fmt: skip
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["one-shot", "kept"])
+def test_a_reply_nested_deeper_than_python_reads_is_the_hosts_agent_error(
+    tmp_path: Path, kept: bool
+) -> None:
+    host = fake_host(tmp_path, DEEP)
+    conn = open_connection(host, ConnectOptions())
+    conn.keeps_agent = kept
+    try:
+        with pytest.raises(AgentError) as failed:
+            agent.call(host, conn, agent.STATUS, STATUS_ARGS)
+    finally:
+        conn.close()
+    assert "here" in str(failed.value) and "[[[" not in str(failed.value), failed.value
+
+
+def test_a_kept_agent_that_floods_without_a_reply_is_ended_at_the_limit(tmp_path: Path) -> None:
+    host = fake_host(tmp_path, FLOOD, max_reply_mib=1, command_timeout=20)
+    conn = open_connection(host, ConnectOptions())
+    conn.keeps_agent = True
+    began = time.monotonic()
+    try:
+        with pytest.raises(
+            AgentError, match=r"^here: more than 1 MiB came without an end \(a reply\)"
+        ):
+            agent.call(host, conn, agent.STATUS, STATUS_ARGS)
+        kept = conn.kept
+        assert isinstance(kept, agent.KeptAgent) and kept.ended  # the next call starts anew
+    finally:
+        conn.close()
+    # Long before the command timeout (20 s): the limit, not the clock, ended it.
+    assert time.monotonic() - began < 10, time.monotonic() - began
+
+
+def test_a_held_command_that_floods_before_its_first_line_is_ended_at_the_limit(
+    tmp_path: Path,
+) -> None:
+    host = fake_host(tmp_path, FLOOD, max_reply_mib=1, command_timeout=20)
+    conn = open_connection(host, ConnectOptions())
+    try:
+        with pytest.raises(AgentError, match=r"more than 1 MiB"):
+            conn.start("yes", protocol.REPLY_MARK.encode())
+    finally:
+        conn.close()

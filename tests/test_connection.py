@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import socket
 import threading
 import time
@@ -18,7 +20,7 @@ from deployctl.connection import (
     LocalConnection,
     SSHConnection,
 )
-from deployctl.errors import CommandError, CommandTimeoutError, ConnectError
+from deployctl.errors import AgentError, CommandError, CommandTimeoutError, ConnectError
 from deployctl.inventory import Host
 from tests.sshd_hosts import SSHLab, free_port
 
@@ -487,3 +489,75 @@ def test_closing_does_not_wait_for_a_connect_under_way(tmp_path: Path) -> None:
     worker.join(10)
     assert not worker.is_alive()
     assert failures and isinstance(failures[0], ConnectError)
+
+
+# ---- a reply is read once and only so far --------------------------------------------------
+
+
+class FakeStream:
+    """Chunks as a host would send them, through a descriptor that is always ready."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.read_bytes = chunks, 0
+        self.ready, writer = os.pipe()
+        os.write(writer, b"!")  # never read: poll says "ready" every time
+        os.close(writer)
+
+    def read(self) -> bytes:
+        chunk = next(self.chunks, b"")
+        self.read_bytes += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        os.close(self.ready)
+
+
+def test_a_reply_split_in_small_chunks_is_searched_once_and_a_split_mark_found() -> None:
+    mark = b"@@deployctl-reply@@ "
+    junk = itertools.repeat(b"x" * 4096, 8192)  # 32 MiB before the reply line
+    # The mark and the line's end come split across chunks.
+    tail = iter([b"motd\n@@deployctl-re", b"ply@@ {", b'"ok": 1}', b"\nafter"])
+    stream = FakeStream(itertools.chain(junk, tail))
+    limit = connection.Limit("flood", 64 << 20)
+    began = time.process_time()
+    try:
+        out, ended = connection._read_until(
+            stream.read, stream.ready, mark, time.monotonic() + 60, "late", limit
+        )
+    finally:
+        stream.close()
+    took = time.process_time() - began
+    assert not ended and out.endswith(b'motd\n@@deployctl-reply@@ {"ok": 1}\nafter')
+    # Each byte searched once: ~0.1 s here. Searching the whole output again for each of
+    # 8,196 chunks (and copying it) is ~275 GB of work: minutes.
+    assert took < 5, f"{took:.2f} CPU s to read 32 MiB in 4 KiB chunks (bound 5 s)"
+
+
+def test_a_reply_past_the_limit_is_the_hosts_agent_error_and_reading_stops_there() -> None:
+    stream = FakeStream(itertools.repeat(b"x" * 65536))  # a flood with no reply mark
+    limit = connection.Limit("flood", 1 << 20)
+    try:
+        with pytest.raises(
+            AgentError, match=r"^flood: more than 1 MiB came without an end \(a reply\)"
+        ) as e:
+            connection._read_until(
+                stream.read, stream.ready, b"@@mark", time.monotonic() + 60, "late", limit
+            )
+    finally:
+        stream.close()
+    assert e.value.hint and "max_reply_mib" in e.value.hint
+    assert stream.read_bytes <= (1 << 20) + 65536
+
+
+def test_a_host_that_floods_one_commands_output_is_stopped_at_the_limit(hosts: SSHLab) -> None:
+    conn = SSHConnection(ssh_host(hosts, "alpha", max_reply_mib=1), ConnectOptions())
+    try:
+        began = time.monotonic()
+        with pytest.raises(
+            AgentError, match=r"^alpha: more than 1 MiB came without an end \(yes\)"
+        ):
+            conn.run("yes")
+        assert time.monotonic() - began < 20  # the limit, not the 120 s timeout
+        assert conn.run("echo still-there").stdout == "still-there\n"  # the connection stays
+    finally:
+        conn.close()

@@ -72,13 +72,14 @@ def user_argvs(host: TestHost) -> dict[int, list[str]]:
 
 
 def agents(host: TestHost, command: str | None = None) -> list[int]:
-    """PIDs of host agents (`python -c BOOTSTRAP STATE/agent/HASH.py CALL ARGS`) on the host."""
+    """PIDs of host agents (`python -c BOOTSTRAP STATE/agent/HASH DIGEST CALL ARGS`) on the
+    host."""
     return [
         pid
         for pid, argv in user_argvs(host).items()
-        if len(argv) > 4
+        if len(argv) > 5
         and argv[1:3] == ["-c", BOOTSTRAP]
-        and (command is None or argv[4] == command)
+        and (command is None or argv[5] == command)
     ]
 
 

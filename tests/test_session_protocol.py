@@ -1,5 +1,6 @@
 """The kept agent's side of the wire (remote/session.py), run as a host runs it: the bundle
-unpacked into a private folder, `python -c BOOTSTRAP FOLDER --session`, requests on stdin."""
+unpacked into a private folder, `python -c BOOTSTRAP FOLDER DIGEST --session`, requests on
+stdin."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ class Session:
             bundle = base64.b64encode(agent.agent_bundle()).decode()
             argv = [sys.executable, "-c", bootstrap.IN_MEMORY, bundle, proto.SESSION, "{}"]
         else:
-            argv = [sys.executable, "-c", bootstrap.BOOTSTRAP, str(folder), proto.SESSION, "{}"]
+            digest = agent.manifest_digest()
+            argv = [sys.executable, "-c", bootstrap.BOOTSTRAP, str(folder), digest, proto.SESSION]
+            argv.append("{}")
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,

@@ -83,11 +83,12 @@ def test_default_vars_are_the_layered_settings_and_still_importable_from_invento
     assert DEFAULT_VARS["port"] == 30000 and DEFAULT_VARS["tp"] == 8
 
 
-def test_the_declared_timeouts_are_the_connections_defaults() -> None:
+def test_the_declared_timeouts_and_reply_limit_are_the_connections_defaults() -> None:
     from deployctl import connection
 
     assert SETTINGS["connect_timeout"].default == connection.DEFAULT_CONNECT_TIMEOUT
     assert SETTINGS["command_timeout"].default == connection.DEFAULT_COMMAND_TIMEOUT
+    assert SETTINGS["max_reply_mib"].default == connection.DEFAULT_MAX_REPLY_MIB
     assert [n for n, s in SETTINGS.items() if s.type is float] == [
         "mem_fraction_static",
         "connect_timeout",
@@ -450,6 +451,7 @@ def test_every_number_has_its_bounds_where_it_is_declared() -> None:
         "slurm_gpus_per_node": (1, None, None),
         "connect_timeout": (None, 7 * 24 * 3600, 0),
         "command_timeout": (None, 7 * 24 * 3600, 0),
+        "max_reply_mib": (1, 1 << 20, None),
         "mem_fraction_static": (None, None, 0),
     }
     assert {n: s.below for n, s in SETTINGS.items() if s.below is not None} == {

@@ -27,8 +27,9 @@ folder = f"/tmp/kept/agent/{agent.agent_hash()}"
 subprocess.run(
     [sys.executable, "-c", bootstrap.UNPACK, folder], input=agent.agent_bundle(), check=True
 )
+digest = agent.manifest_digest()
 proc = subprocess.Popen(
-    [sys.executable, "-c", bootstrap.BOOTSTRAP, folder, proto.SESSION, "{}"],
+    [sys.executable, "-c", bootstrap.BOOTSTRAP, folder, digest, proto.SESSION, "{}"],
     stdin=subprocess.PIPE,
     stdout=subprocess.PIPE,
 )

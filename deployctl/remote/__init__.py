@@ -8,11 +8,12 @@ with `measures` (the types of what is measured and kept: bench levels, the tune 
 are imported by the client (tests/test_layers.py).
 
 deployctl ships the package as one bundle (a deterministic zip of its modules) named by the
-sha256 of its bytes, unpacked once per host and state_dir into a private folder, and runs
-each call through `bootstrap.BOOTSTRAP` as `python -c BOOTSTRAP FOLDER CALL JSON-ARGS`, with
-any payload on stdin; it reads one JSON document from stdout. A folder that is missing,
-incomplete or writable by others answers `AGENT_MISSING` instead, and the client sends the
-bundle again. Each call is one round trip; the client checks every reply against its
+sha256 of its bytes, unpacked once per host and state_dir into a private folder with a
+manifest of its modules' sha256s, and runs each call through `bootstrap.BOOTSTRAP` as
+`python -c BOOTSTRAP FOLDER DIGEST CALL JSON-ARGS` (DIGEST: the manifest's sha256), with any
+payload on stdin; it reads one JSON document from stdout. A folder that is missing,
+incomplete, damaged, or that another user could change, answers `AGENT_MISSING` and why
+instead, and the client sends the bundle again. Each call is one round trip; the client checks every reply against its
 declared type. Apply and revert read their whole input before touching anything, ignore a
 dropped connection, and restore every file on failure, so a host is never left half-patched.
 """

@@ -4,42 +4,128 @@ deployctl ships `deployctl/remote/` as one bundle: a zip of its modules under th
 name `PACKAGE`, named by the sha256 of its bytes. Each call runs `BOOTSTRAP` (`python -c`),
 which imports the package from the folder the bundle was unpacked into, once, by `UNPACK`;
 `IN_MEMORY` runs a call from a bundle carried in argv where nothing can be written.
+
+What a call runs is trusted only when every part of its folder is the login user's own and
+whole: `UNPACK` writes a manifest (each module's sha256, as the bundle holds it) beside the
+modules, and `BOOTSTRAP` checks, before it imports anything from there, that every folder and
+file is the user's, writable by nobody else and no symlink, that the manifest is the one the
+client computed from its own bundle (`manifest_digest`), and that each module has its sha256.
 """
 
 from __future__ import annotations
 
-from .protocol import AGENT_MISSING, AGENT_MISSING_EXIT, BUNDLE_COMPLETE
+import hashlib
+from collections.abc import Mapping
+
+from .protocol import AGENT_MISSING, AGENT_MISSING_EXIT, BUNDLE_ABSENT, BUNDLE_COMPLETE
 
 # The package's name inside the bundle and on the host: unlike `deployctl`, no module a
 # server or a verify script imports from the home folder is ever shadowed by it.
 PACKAGE = "deployctl_remote"
+# Beside the package in an unpacked folder: "<sha256>  <path>" per module, sorted by path.
+MANIFEST = "manifest"
 
-# `python -c BOOTSTRAP FOLDER CALL JSON-ARGS`: use FOLDER only when it is complete (its
-# marker names it, written last by UNPACK) and only its owner can change it; else ask for
-# the bundle. The modules are imported normally, so Python keeps their bytecode there.
-BOOTSTRAP = f"""import os, sys
-folder = sys.argv[1]
-try:
-    info = os.stat(folder)
-    with open(os.path.join(folder, "{BUNDLE_COMPLETE}")) as marker:
-        ok = marker.read() == os.path.basename(folder)
-    ok = ok and info.st_uid == os.getuid() and not info.st_mode & 0o022
-except OSError:
-    ok = False
-if not ok:
-    print("{AGENT_MISSING}")
+
+def manifest(files: Mapping[str, bytes]) -> bytes:
+    """The manifest of a bundle's files (path in the bundle → bytes), as UNPACK writes it."""
+    lines = (f"{hashlib.sha256(files[name]).hexdigest()}  {name}\n" for name in sorted(files))
+    return "".join(lines).encode()
+
+
+# `unsound(FOLDER, DIGEST)`: why FOLDER must not be run ("": it may). Only what the login user
+# alone can change is run: a file another user can write, or a symlink anywhere in the folder,
+# is code someone else chose. Bytecode in `__pycache__` is Python's own, so only its owner and
+# mode are checked; any other file the manifest does not list could shadow a module.
+_UNSOUND = f"""def unsound(folder, digest):
+    uid = os.getuid()
+    def odd(info, name):
+        if stat.S_ISLNK(info.st_mode):
+            return name + " is a symlink"
+        if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+            return name + " is not a file"
+        if info.st_uid != uid:
+            return name + " belongs to another user"
+        if info.st_mode & 0o022:
+            return name + " is writable by others"
+        return ""
+    try:
+        top = os.lstat(folder)
+        parent = os.stat(os.path.dirname(folder))
+    except OSError:
+        return "{BUNDLE_ABSENT}"
+    why = odd(parent, "its parent folder") or odd(top, "the folder")
+    if why or not stat.S_ISDIR(top.st_mode):
+        return why or "the folder is a file"
+    files, folders, pending = {{}}, set(), [("", folder)]
+    try:
+        while pending:
+            prefix, path = pending.pop()
+            for entry in os.scandir(path):
+                name = prefix + ascii(entry.name)[1:-1]
+                why = odd(entry.stat(follow_symlinks=False), name)
+                if why:
+                    return why
+                if entry.is_dir(follow_symlinks=False):
+                    folders.add(name)
+                    pending.append((name + "/", entry.path))
+                else:
+                    files[name] = entry.path
+        if "{BUNDLE_COMPLETE}" not in files or "{MANIFEST}" not in files:
+            return "it is incomplete (no completion marker or manifest)"
+        with open(files["{BUNDLE_COMPLETE}"]) as marker:
+            if marker.read() != os.path.basename(folder):
+                return "its completion marker names another bundle"
+        with open(files["{MANIFEST}"], "rb") as listing:
+            text = listing.read()
+        if hashlib.sha256(text).hexdigest() != digest:
+            return "its manifest is not this bundle's"
+        listed = dict(reversed(line.split("  ", 1)) for line in text.decode().splitlines())
+        for name in sorted(listed):
+            if name not in files:
+                return name + " is missing"
+            with open(files[name], "rb") as module:
+                if hashlib.sha256(module.read()).hexdigest() != listed[name]:
+                    return name + " was changed"
+    except OSError as exc:
+        return "it cannot be read: " + str(exc.strerror) + ": " + ascii(exc.filename)
+    wanted = {{"{BUNDLE_COMPLETE}", "{MANIFEST}"}} | set(listed)
+    for name in sorted(files):
+        if name not in wanted and os.path.basename(os.path.dirname(name)) != "__pycache__":
+            return "it holds a file the bundle has not: " + name
+    parents = set()
+    for name in listed:
+        while "/" in name:
+            name = os.path.dirname(name)
+            parents.add(name)
+    for name in sorted(folders):
+        if name not in parents and os.path.basename(name) != "__pycache__":
+            return "it holds a folder the bundle has not: " + name
+    return ""
+"""
+
+# `python -c BOOTSTRAP FOLDER DIGEST CALL JSON-ARGS`: run FOLDER only when `unsound` finds
+# nothing (DIGEST: the sha256 of its manifest); else say why and ask for the bundle. The
+# modules are imported normally, so Python keeps their bytecode there.
+BOOTSTRAP = f"""import hashlib, os, stat, sys
+{_UNSOUND}
+why = unsound(sys.argv[1], sys.argv[2])
+if why:
+    print("{AGENT_MISSING} " + why)
     sys.exit({AGENT_MISSING_EXIT})
-sys.path.insert(0, folder)
+sys.path.insert(0, sys.argv[1])
 sys.dont_write_bytecode = False  # the cache is the folder's own, whatever the login's env says
-sys.argv = sys.argv[1:]
+sys.argv = sys.argv[2:]
 from {PACKAGE}.dispatch import main
 main()
 """
 
 # `python -c UNPACK FOLDER` with the bundle on stdin: unpack it into a private temporary
-# folder beside FOLDER, mark it complete, then rename it into place, so a call never sees a
-# half-unpacked folder and two first calls at once both succeed.
-UNPACK = f"""import hashlib, io, os, shutil, sys, tempfile, zipfile
+# folder beside FOLDER, every folder 0700 and file 0600 whatever the umask, with its manifest
+# and each package's `__pycache__` (Python would make that one by the umask); mark it complete,
+# then rename it into place, so a call never sees a half-unpacked folder and two first calls
+# at once both succeed. A folder already there that `unsound` refuses is moved aside first.
+UNPACK = f"""import hashlib, io, os, shutil, stat, sys, tempfile, zipfile
+{_UNSOUND}
 folder = sys.argv[1]
 name, parent = os.path.basename(folder), os.path.dirname(folder)
 data = sys.stdin.buffer.read()
@@ -51,30 +137,33 @@ if info.st_uid != os.getuid():
     sys.exit(parent + " belongs to another user")
 if info.st_mode & 0o022:
     os.chmod(parent, 0o700)
-def complete(path):
-    try:
-        with open(os.path.join(path, "{BUNDLE_COMPLETE}")) as marker:
-            ok = marker.read() == name
-        info = os.stat(path)
-        return ok and info.st_uid == os.getuid() and not info.st_mode & 0o022
-    except OSError:
-        return False
 unpacking = tempfile.mkdtemp(prefix=".unpack-", dir=parent)
 try:
+    sums = []
     with zipfile.ZipFile(io.BytesIO(data)) as bundle:
-        for member in bundle.namelist():
+        for member in sorted(bundle.namelist()):
             if member.startswith("/") or ".." in member.split("/"):
                 sys.exit("the bundle names a file outside its folder: " + member)
             target = os.path.join(unpacking, member)
-            os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-            with open(target, "wb") as out:
-                out.write(bundle.read(member))
+            cache = os.path.join(os.path.dirname(target), "__pycache__")
+            os.makedirs(cache, mode=0o700, exist_ok=True)
+            content = bundle.read(member)
+            with open(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+                out.write(content)
+            sums.append(hashlib.sha256(content).hexdigest() + "  " + member + "\\n")
+    listing = "".join(sums).encode()
+    for place, _, _ in os.walk(unpacking):
+        os.chmod(place, 0o700)
+    with open(os.path.join(unpacking, "{MANIFEST}"), "wb") as out:
+        out.write(listing)
     with open(os.path.join(unpacking, "{BUNDLE_COMPLETE}"), "w") as marker:
         marker.write(name)
+    for each in ("{MANIFEST}", "{BUNDLE_COMPLETE}"):
+        os.chmod(os.path.join(unpacking, each), 0o600)
     try:
         os.rename(unpacking, folder)
-    except OSError:  # there already: another first call's (fine) or an incomplete one
-        if not complete(folder):
+    except OSError:  # there already: another first call's (fine) or one not to be run
+        if unsound(folder, hashlib.sha256(listing).hexdigest()):
             stale = tempfile.mkdtemp(prefix=".stale-", dir=parent)
             os.rename(folder, os.path.join(stale, name))
             os.rename(unpacking, folder)

@@ -10,6 +10,8 @@ out here and nowhere else:
     agent/<sha256>/                       the agent's bundle, unpacked (mode 0700), named by
                                           the hash of the bundle; its modules and their
                                           __pycache__ under deployctl_remote/
+    agent/<sha256>/manifest               "<sha256>  <path>" per module: checked before each
+                                          import (with every part's owner and mode)
     agent/<sha256>/complete               the folder's name, written last: it is complete
     agent/<sha256>.py                     (older deployctl: the agent as one file)
     lock                                  held while a launch changes the host
@@ -61,9 +63,10 @@ from .routing import HoldArgs, HoldReply, RouterArgs, RouterReply
 AGENT_DIR = "agent"
 # Written last into an unpacked bundle's folder, holding the folder's name (the hash).
 BUNDLE_COMPLETE = "complete"
-# Printed (with exit status AGENT_MISSING_EXIT) when the bundle's folder is absent, incomplete
-# or writable by others than its owner.
+# Printed (with exit status AGENT_MISSING_EXIT), then why, when the bundle's folder must not
+# be run: absent (BUNDLE_ABSENT), incomplete, damaged, or open to others than its owner.
 AGENT_MISSING = "@@deployctl-agent-missing@@"
+BUNDLE_ABSENT = "absent"
 AGENT_MISSING_EXIT = 97
 # Starts the line that holds a reply: what a login prints (motd, an rc file) is never read.
 REPLY_MARK = "@@deployctl-reply@@ "

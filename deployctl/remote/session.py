@@ -1,8 +1,8 @@
 """A kept agent: one process that answers calls read from stdin until its client goes.
 
 The front ends that poll (`top`, `watch`, the dashboard) start it once per host over their
-open connection (`python -c BOOTSTRAP FOLDER --session`) instead of a Python process per
-call. It first prints a ready line (`REPLY_MARK` + {"session": bundle hash, "pid": …}), then
+open connection (`python -c BOOTSTRAP FOLDER DIGEST --session`) instead of a Python process
+per call. It first prints a ready line (`REPLY_MARK` + {"session": bundle hash, "pid": …}), then
 answers each request line, one at a time, with one reply line:
 
     request  {"call": NAME, "args": {...}, "probes": {NAME: COMMAND} or null, "timeout": S}
