@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from deployctl.errors import PatchError
-from deployctl.remote.protocol import BlockMark, HunkMark
+from deployctl.remote.patch_types import BlockMark, HunkMark
 from deployctl.remote.server_argv import CommandValues
 
 PATCH_FILE = "patch.yml"

@@ -24,16 +24,15 @@ from deployctl.errors import PatchError
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet, Variant, select_sets, version_key
-from deployctl.remote.protocol import (
+from deployctl.remote.patch_types import (
     ApplyArgs,
     HunkMark,
     Manifest,
     PatchRecord,
-    ProbeArgs,
-    ProbeReply,
     ReadArgs,
     RevertArgs,
 )
+from deployctl.remote.protocol import ProbeArgs, ProbeReply
 
 T = TypeVar("T")
 

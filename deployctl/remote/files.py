@@ -9,7 +9,7 @@ import os
 import tempfile
 from typing import Any, NoReturn
 
-from .protocol import ReadArgs, ReadReply
+from .patch_types import ReadArgs, ReadReply
 
 
 def digest(data: bytes | None) -> str | None:

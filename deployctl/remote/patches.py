@@ -26,19 +26,17 @@ from .files import (
     write_atomic,
     write_json,
 )
-from .protocol import (
+from .patch_types import (
     ApplyArgs,
     ApplyReply,
     BlockMark,
     HunkMark,
     Manifest,
     PatchRecord,
-    ProbeArgs,
-    ProbeReply,
     RevertArgs,
     RevertReply,
-    SglangInstall,
 )
+from .protocol import ProbeArgs, ProbeReply, SglangInstall
 
 
 def sglang_install() -> SglangInstall:
@@ -161,7 +159,7 @@ def cmd_probe(args: ProbeArgs) -> ProbeReply:
 
 
 def block_sha256(lines: list[str]) -> str:
-    """A run of lines hashed as the client's BlockMark is (protocol.BlockMark)."""
+    """A run of lines hashed as the client's BlockMark is (patch_types.BlockMark)."""
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
 
 
