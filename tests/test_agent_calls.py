@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 
 from deployctl import agent
-from deployctl.remote import dispatch, measures, protocol, routing
+from deployctl.remote import dispatch, measures, patch_types, protocol, routing
 
 
 def test_the_client_and_the_agent_name_the_same_calls() -> None:
@@ -34,6 +34,7 @@ def test_each_call_is_typed_by_its_handlers_typeddicts() -> None:
                 protocol.__name__,
                 measures.__name__,
                 routing.__name__,
+                patch_types.__name__,
             ), spec.name
         hints = typing.get_type_hints(dispatch.HANDLERS[spec.name])
         first = next(iter(hints))  # the handler's args; `apply` also takes the payload
