@@ -140,11 +140,12 @@ def render_commands(
         # What the command says, whoever wrote it (a template, extra_args, --set), read as
         # the server will read it.
         values = command_values(host, rendered.argv)
-        if not runs_router(rendered.argv):
-            check_reading(host, values)
+        # A value that is no number is said as such before any disagreement it also makes.
         problems = number_problems(host, values)
         if problems:
             raise PreflightError(problems[0], hint="fix the value in the inventory or --set")
+        if not runs_router(rendered.argv):
+            check_reading(host, values)
         check_layer(overrides, "--set")  # what number_problems does not see
         if patch_sets is not None:
             problems = flag_violations(rendered.argv, sets_for_flags(rendered.argv, patch_sets))
