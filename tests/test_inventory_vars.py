@@ -130,7 +130,7 @@ def test_a_huge_value_fails_fast_naming_host_and_variable(
     lines = result.stderr.splitlines()
     assert lines[0].startswith("error: host h1: variable big:"), lines
     assert "internal error" not in result.stderr and len(lines) <= 2, lines
-    assert seconds < 20 and mib < 400, (seconds, mib)
+    assert seconds < 20 and mib < 400, f"took {seconds:.2f}s and {mib} MiB, bounds 20s and 400 MiB"
     assert cli("hosts", "-i", str(inventory), "-H", "h2").returncode == 0  # only h1 is broken
 
 
@@ -149,7 +149,7 @@ def test_an_endless_loop_stops_at_the_time_limit_naming_host_and_variable(
         "error: host h1: variable big: takes longer than 0.5s to render",
         "hint: an inventory template must not loop for long",
     ]
-    assert seconds < 10 and mib < 400, (seconds, mib)
+    assert seconds < 10 and mib < 400, f"took {seconds:.2f}s and {mib} MiB, bounds 10s and 400 MiB"
     h2, _, _ = run_measured(cli, tmp_path, *args, "-H", "h2", render_seconds=0.5)
     assert h2.returncode == 0, h2.stderr  # only h1 is broken
 
