@@ -20,9 +20,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -38,9 +37,9 @@ from tests.conftest import CLI
 from tests.sglang_wheel import SITE, install_on, site_file
 from tests.sshd_hosts import SSHLab, TestHost, sh
 from tests.test_lifecycle import prepare
+from tests.timing import side_by_side
 
 SET = "spec-disable"
-T = TypeVar("T")
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -105,18 +104,6 @@ def paused_guard(hosts: SSHLab) -> Iterator[SSHLab]:
 
 
 # ---- hosts down or silent ------------------------------------------------------------------
-
-
-def side_by_side(*runs: Callable[[], T]) -> list[tuple[T, float]]:
-    """Run each at the same time; return each one's result and how long it took."""
-
-    def timed(run: Callable[[], T]) -> tuple[T, float]:
-        started = time.monotonic()
-        value = run()
-        return value, time.monotonic() - started
-
-    with ThreadPoolExecutor(len(runs)) as pool:
-        return [future.result() for future in [pool.submit(timed, run) for run in runs]]
 
 
 def test_down_and_silent_hosts_are_reported_in_bounded_time(

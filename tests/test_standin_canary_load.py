@@ -62,8 +62,12 @@ def test_arrivals_keep_their_poisson_rate_while_the_server_is_slow(
     )
     # Many at once: no arrival waited for another to end.
     assert during.in_flight >= 10, f"{during.in_flight} in flight, bound 10"
-    arrived = [r.arrived_s for r in load.results()]
-    gaps = [b - a for a, b in itertools.pairwise([0.0, *arrived])]
+    # Each left when it was due: a busy machine delays a few, which bunches the gaps measured
+    # (their spread then says how busy the machine was); the schedule's gaps are the process.
+    late = statistics.median(r.arrived_s - r.due_s for r in load.results())
+    assert late < 0.2, f"arrivals left {late:.3f}s after they were due (median), bound 0.2s"
+    due = [r.due_s for r in load.results()]
+    gaps = [b - a for a, b in itertools.pairwise([0.0, *due])]
     mean = statistics.fmean(gaps)
     # Exponential gaps: mean 1 / rate, and as spread as their mean (a fixed pace's sd is 0).
     bound = 4 / rate / len(gaps) ** 0.5
