@@ -369,8 +369,8 @@ def test_open_event_streams_hold_no_thread_and_the_page_loads_at_once(
                 started = time.monotonic()
                 assert served.get(path)[0] == 200
                 took = time.monotonic() - started
-                # At once: a loaded machine (load 18) measured 1.5 s.
-                assert took < 5, f"{path} took {took:.2f}s, bound 5s, 45 streams open"
+                # At once: a loaded machine (load 12-18) measured up to 3.3 s.
+                assert took < 10, f"{path} took {took:.2f}s, bound 10s, 45 streams open"
         finally:
             for stream in streams:
                 stream.close()
