@@ -69,7 +69,8 @@ def test_a_huge_host_range_is_refused_before_it_is_expanded(
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = cli("hosts", "-i", str(path), timeout=30)
+    # Refusing takes a second of CPU; a loaded machine (load 32) stretched it past 30 s of wall.
+    result = cli("hosts", "-i", str(path), timeout=120)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # CPU time, not wall time: on a loaded machine (xdist workers) the wait is longer, but
     # expanding the range would cost minutes of CPU.
