@@ -29,9 +29,11 @@ from urllib.parse import urlsplit
 
 @dataclass
 class RequestResult:
-    """One request: when it arrived (seconds from the load's start), its time to the first
-    chunk and to the end, and why it failed (None: it ended with [DONE], no error event)."""
+    """One request: when it was due and when it arrived (seconds from the load's start; a
+    busy machine makes it late), its time to the first chunk and to the end, and why it failed
+    (None: it ended with [DONE], no error event)."""
 
+    due_s: float
     arrived_s: float
     ttft_s: float | None = None
     e2e_s: float | None = None
@@ -146,7 +148,7 @@ class PoissonLoad:
                     continue
                 self._in_flight += 1
                 self._peak = max(self._peak, self._in_flight)
-                result = RequestResult(arrived_s=time.monotonic() - self._t0)
+                result = RequestResult(due - self._t0, time.monotonic() - self._t0)
                 self._results.append(result)
                 thread = threading.Thread(target=self._request, args=(result,), daemon=True)
                 self._threads.append(thread)

@@ -363,11 +363,15 @@ def test_open_event_streams_hold_no_thread_and_the_page_loads_at_once(
         streams = [open_stream(served.base) for _ in range(45)]
         try:
             time.sleep(2.5)  # every stream waits for its next round
+            # Counted, not timed: a stream that waited in a thread of the pool (40) held it.
+            threads = len(os.listdir(f"/proc/{served.proc.pid}/task"))
+            assert threads < 20, f"{threads} threads with 45 streams open, bound 20"
             for path in ("/", "/static/app.js", "/api/dashboard", "/api/status"):
                 started = time.monotonic()
                 assert served.get(path)[0] == 200
                 took = time.monotonic() - started
-                assert took < 1.5, f"{path} took {took:.1f}s with 45 streams open"
+                # At once: a loaded machine (load 12-18) measured up to 3.3 s.
+                assert took < 10, f"{path} took {took:.2f}s, bound 10s, 45 streams open"
         finally:
             for stream in streams:
                 stream.close()

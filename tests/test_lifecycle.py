@@ -152,7 +152,8 @@ def test_crash_during_start_fails_fast_with_the_report(
     assert crash["signature"] == "tensor-shape-mismatch"
     assert crash["exception"] == "RuntimeError"
     assert set(crash["ranks"]) <= {"TP0", "TP1"} and crash["ranks"]
-    assert time.monotonic() - start < 30
+    took = time.monotonic() - start
+    assert took < 30, f"took {took:.2f}s, bound 30s"
     human = cli("status", "-i", str(inv))
     assert human.returncode == 1 and "crashed" in human.stdout
 
@@ -415,12 +416,13 @@ def test_stop_ends_every_rank_with_sigterm_to_the_group(
     ranks = rank_pids(hosts.hosts["alpha"])
     assert len(ranks) == 2
     started = time.monotonic()
-    stopped = cli("stop", "-i", str(inv), "--timeout", "15", "--json")
+    # A grace period far longer than a loaded machine's stop (20 s measured at load 20).
+    stopped = cli("stop", "-i", str(inv), "--timeout", "60", "--json")
     took = time.monotonic() - started
     entry = json.loads(stopped.stdout)["hosts"]["alpha"]
     assert stopped.returncode == 0, stopped.stderr
-    assert set(ranks) <= set(entry["ended"]) and entry["killed"] == []
-    assert took < 15, "stop waited out its grace period: the ranks never got SIGTERM"
+    assert set(ranks) <= set(entry["ended"]) and entry["killed"] == [], entry
+    assert took < 45, f"stop took {took:.2f}s, bound 45s: the ranks never got SIGTERM"
     assert rank_pids(hosts.hosts["alpha"]) == []
 
 

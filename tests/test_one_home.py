@@ -219,12 +219,23 @@ def test_tunes_search_does_no_io() -> None:
 
 
 def test_status_rounds_pace_count_and_stop() -> None:
+    now = [100.0]
+
+    def step() -> str:  # a round that takes 1.5 s of its clock
+        now[0] += 1.5
+        return "r"
+
     waits: list[float] = []
-    assert list(status_rounds(lambda: "r", 5.0, 3, waits.append)) == ["r", "r", "r"]
-    assert len(waits) == 2 and all(4.0 < w <= 5.0 for w in waits)  # less the round's time
+    rounds = status_rounds(step, 5.0, 3, waits.append, clock=lambda: now[0])
+    assert list(rounds) == ["r", "r", "r"]
+    assert waits == [3.5, 3.5]  # less the round's time
     waits.clear()
-    list(status_rounds(lambda: "r", 5.0, 2, waits.append, pace=False))
+    list(status_rounds(step, 5.0, 2, waits.append, pace=False, clock=lambda: now[0]))
     assert waits == [5.0]  # watch: a full interval after each round
+    waits.clear()
+    list(status_rounds(lambda: step() + step() + step() + step(), 5.0, 2, waits.append,
+                       clock=lambda: now[0]))  # fmt: skip
+    assert waits == [0.0]  # a round longer than the interval: the next one at once
     stop = threading.Event()
     seen = []
     started = time.monotonic()
@@ -232,4 +243,5 @@ def test_status_rounds_pace_count_and_stop() -> None:
         seen.append(result)
         threading.Timer(0.2, stop.set).start()  # in the middle of the 60 s wait
     assert seen == [0]  # the wait returned at once, and no round followed
-    assert time.monotonic() - started < 10
+    took = time.monotonic() - started
+    assert took < 10, f"took {took:.2f}s, bound 10s (the wait was 60 s)"

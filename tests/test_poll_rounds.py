@@ -39,7 +39,8 @@ def test_a_slow_host_is_shown_waiting_the_others_on_time_and_its_late_answer_sta
         assert [r.value for r in first] == ["fast 1", "slow 1"]
         began = time.monotonic()
         second = {r.name: r for r in fleet.poll(read, answer_within=0.2)}
-        assert time.monotonic() - began < 2  # not the 10 s the slow host takes
+        took = time.monotonic() - began
+        assert took < 2, f"took {took:.2f}s, bound 2s (not the 10 s the slow host takes)"
         assert second["fast"].value == "fast 2"
         assert isinstance(second["slow"].exception, CommandTimeoutError)
         assert "still running" in str(second["slow"].exception)

@@ -22,7 +22,7 @@ from tests.test_lifecycle import launch_json, prepare, rank_pids
 def wait_for(condition: Callable[[], bool], limit: float = 20) -> None:
     deadline = time.monotonic() + limit
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() < deadline, f"not within {limit}s"
         time.sleep(0.05)
 
 

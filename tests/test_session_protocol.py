@@ -115,7 +115,8 @@ def test_a_probe_past_its_timeout_is_killed_and_reported(session: Session) -> No
     answer = session.ask(
         {"call": "echo", "args": {}, "probes": {"gpus": "sleep 30"}, "timeout": 0.5}
     )
-    assert time.monotonic() - began < 5
+    took = time.monotonic() - began
+    assert took < 5, f"took {took:.2f}s, bound 5s (timeout 0.5 s)"
     assert answer["probes"]["gpus"]["exit_code"] == 124
     assert "killed after 0.5s" in answer["probes"]["gpus"]["stderr"]
 

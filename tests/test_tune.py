@@ -352,8 +352,9 @@ def test_tune_finds_the_crossover_and_leaves_the_tuned_run_serving(
     assert code == 0, (err, entry["envelope_ratio"], verdicts(entry))
     t = entry["threshold"]
     assert t in NEAR_2_5, verdicts(entry)
-    assert entry["outcome"] == "tuned" and entry["held"]
-    assert min(entry["envelope_ratio"].values()) >= 0.9
+    assert entry["outcome"] == "tuned" and entry["held"], verdicts(entry)
+    ratios = entry["envelope_ratio"]
+    assert min(ratios.values()) >= 0.9, f"envelope ratios {ratios}, bound 0.9"
     assert entry["serving"] == entry["phases"]["tuned"]["run"] == f"eagle3_t{t}_v1"
     assert entry["patches"] == ["spec-disable 1.2.0 (applied)"]
     # Narrowed to adjacent levels: T and the level above it were both measured.
@@ -398,7 +399,8 @@ def test_tune_in_adaptive_mode_finds_a_crossover_near_9_at_cuda_graph_sizes(
     # server's one-token chunks most).
     assert entry["threshold"] in (7, 8, 10), verdicts(entry)
     assert entry["threshold"] in sizes and set(entry["refined_levels"]) <= set(sizes)
-    assert entry["held"] and min(entry["envelope_ratio"].values()) >= 0.9
+    ratios = entry["envelope_ratio"]
+    assert entry["held"] and min(ratios.values()) >= 0.9, f"envelope ratios {ratios}, bound 0.9"
     assert entry["threshold_mode"] == "adaptive" and entry["patches"] == []
     run = entry["serving"]
     status = status_of(cli, inv, "bravo")
@@ -479,7 +481,9 @@ def test_a_tune_below_min_ratio_at_one_level_does_not_hold(
     assert "the tuned run fell below 0.8 of the better curve at concurrency 4" in result.stderr
     assert "keep it:" not in result.stdout and "threshold: 4" not in result.stdout
     assert entry["outcome"] == "tuned" and entry["held"] is False
-    assert ratios["4"] < 0.8 <= ratios["10"], ratios
+    assert ratios["4"] < 0.8 <= ratios["10"], (
+        f"envelope ratios {ratios}, bound 0.8 between 4 and 10"
+    )
     # The tuned run measured the levels compared, not the split no launch was left for.
     assert set(entry["phases"]["tuned"]["samples"]) == {"4", "10"}
 

@@ -111,18 +111,19 @@ def status_rounds(
     sleep: Callable[[float], None] = time.sleep,
     stop: threading.Event | None = None,
     pace: bool = True,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[T]:
     """`step`'s result every `interval` seconds (less the round's own time when `pace`),
     `rounds` times (None: until stopped). The one status-rounds loop: `top`, `watch` and the
     dashboard's collector. `stop` ends the rounds, also in the middle of a wait."""
     done = 0
     while (rounds is None or done < rounds) and not (stop is not None and stop.is_set()):
-        started = time.monotonic()
+        started = clock()
         result = step()
         done += 1
         yield result
         if rounds is None or done < rounds:
-            left = max(0.0, interval - (time.monotonic() - started)) if pace else interval
+            left = max(0.0, interval - (clock() - started)) if pace else interval
             if stop is not None:
                 stop.wait(left)
             else:
