@@ -665,7 +665,9 @@ class SSHConnection(Connection):
 
             def expire() -> None:
                 expired.set()
-                channel.close()
+                # A connection lost meanwhile has closed the channel already: nothing to end.
+                with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+                    channel.close()
 
             # exec_command waits for the server's reply without any timeout: closing the
             # channel at the deadline is what ends that wait (and any other) on a silent host.

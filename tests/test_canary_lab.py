@@ -105,7 +105,9 @@ def test_a_candidate_8_percent_slower_at_batches_of_16_and_above_is_rolled_back(
     with load_through(port, hosts.hosts["alpha"].address, seed=1) as load:
         code, doc, err = canary_json(cli, inv, "--max-duration", "240")
     report = load.report()
-    assert doc["decision"] == "rolled back" and doc["verdict"] == "regression", (judged(doc), err)
+    assert doc["decision"] == "rolled back" and doc["verdict"] == "regression", (
+        f"{judged(doc)}; stderr: {err}"
+    )
     assert code == 1 and doc["candidates"] == ["alpha/r1"] and doc["controls"] == ["alpha/r2"]
     assert doc["estimate"] is not None and doc["estimate"] > 1.0, judged(doc)
     assert any(b["bucket"] >= 16 and b["candidate_n"] for b in doc["buckets"]), doc["buckets"]
@@ -145,7 +147,9 @@ def test_a_candidate_three_times_slower_whose_load_never_meets_the_controls_is_r
     to_new_model(inv, hosts)
     with load_through(port, hosts.hosts["alpha"].address, seed=5):
         code, doc, err = canary_json(cli, inv, "--max-duration", "120")
-    assert doc["decision"] == "rolled back" and doc["verdict"] == "regression", (judged(doc), err)
+    assert doc["decision"] == "rolled back" and doc["verdict"] == "regression", (
+        f"{judged(doc)}; stderr: {err}"
+    )
     assert "running requests against the control's" in doc["reason"], judged(doc)
     assert doc["estimate"] is not None and doc["estimate"] > 1.5, f"bound 1.5: {judged(doc)}"
     assert code == 1 and runs(cli, inv)["r2"] == before["r2"]
@@ -161,7 +165,7 @@ def test_a_candidate_identical_to_the_control_is_never_rolled_back(
     assert code == 0, err
     with load_through(port, hosts.hosts["alpha"].address, seed=2) as load:
         code, doc, err = canary_json(cli, inv, "--restart", "--max-duration", "60")
-    assert doc["decision"] in ("promoted", "kept"), (judged(doc), err)
+    assert doc["decision"] in ("promoted", "kept"), f"{judged(doc)}; stderr: {err}"
     assert doc["verdict"] in ("no_regression", "undecided"), judged(doc)
     assert code == 0, err
     assert load.report().failed == 0, load.report().errors[:3]

@@ -489,6 +489,31 @@ def test_a_host_known_by_name_is_not_dialed_ahead(hosts: SSHLab) -> None:
     conn.close()
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_timeout_whose_channel_is_already_gone_raises_nothing_in_its_thread(
+    hosts: SSHLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog that ends a command at its timeout closes the channel; a connection lost
+    meanwhile makes that close fail, which must stay in the watchdog (the CLI would print the
+    thread's traceback)."""
+    from paramiko import Channel
+
+    real_close = Channel.close
+
+    def close(self: Channel) -> None:
+        if isinstance(threading.current_thread(), threading.Timer):
+            raise EOFError  # what a close over a transport that has gone raises
+        real_close(self)
+
+    monkeypatch.setattr(Channel, "close", close)
+    conn = SSHConnection(ssh_host(hosts, "alpha"), ConnectOptions())
+    try:
+        with pytest.raises(CommandTimeoutError, match=r"timed out after 0\.5s"):
+            conn.run("sleep 10", timeout=0.5)
+    finally:
+        conn.close()
+
+
 def test_closing_does_not_wait_for_a_connect_under_way(tmp_path: Path) -> None:
     """A second Ctrl-C closes the fleet while a worker thread is connecting to a silent host
     (TCP up, no SSH banner): the close must not wait out the handshake's timeouts."""
