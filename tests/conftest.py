@@ -166,12 +166,12 @@ class CLI:
         env.update(HOME=str(self.home), PYTHONPATH=path, COLUMNS="200", **extra)
         return env
 
-    def popen(self, *args: str) -> subprocess.Popen[str]:
+    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         """Start the CLI without waiting, its stdout and stderr piped as text."""
         return CheckedPopen(
             [sys.executable, "-m", "deployctl", *args],
             cwd=self.cwd,
-            env=self.env(),
+            env=self.env(**(env or {})),
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

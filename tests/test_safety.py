@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab, TestHost, free_port, sh
 from tests.test_lifecycle import launch_json, prepare, rank_pids
@@ -269,13 +271,19 @@ def test_ctrl_c_ends_a_multi_host_launch_at_once_and_leaves_the_servers(
     names = ["alpha", "bravo"]
     host_vars = {n: prepare(hosts.hosts[n], tp=1, startup_s=60) for n in names}
     inv = hosts.inventory(tmp_path / "inv.yml", names, host_vars)
-    proc = cli.popen("launch", "-i", str(inv), "--template", "baseline", "--timeout", "120")
+    # A launch that does not end is made to show where each of its threads waits.
+    proc = cli.popen("launch", "-i", str(inv), "--template", "baseline", "--timeout", "120",
+                     env={"PYTHONFAULTHANDLER": "1"})  # fmt: skip
     try:
         wait_for(lambda: all(rank_pids(hosts.hosts[n]) for n in names), 30)
         time.sleep(0.5)
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=30)
+        try:
+            _out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            pytest.fail(f"Ctrl-C did not end the launch in 30 s: {proc.communicate()[1]}")
         took = time.monotonic() - started
     finally:
         proc.kill()
