@@ -93,10 +93,13 @@ def load_through(port: int, address: str, seed: int) -> PoissonLoad:
     )  # fmt: skip
 
 
-def test_a_candidate_8_percent_slower_at_batches_of_16_and_above_is_rolled_back(
+def test_a_candidate_15_percent_slower_at_batches_of_16_and_above_is_rolled_back(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    slower = {"slowdown": {"factor": 1.08, "min_batch": 16}}
+    # The rollback end to end; how small a regression is caught in how long is measured by
+    # benchmarks/canary_lab.py (8 % here ended undecided in 240 s on a loaded 2-core
+    # machine: estimate 1.062 in [1.026, 1.099] against the 5 % bound).
+    slower = {"slowdown": {"factor": 1.15, "min_batch": 16}}
     inv, port = canary_fleet(hosts, tmp_path, slower)
     code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
     assert code == 0, err
