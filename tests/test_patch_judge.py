@@ -240,3 +240,21 @@ def test_two_sets_in_one_file_are_each_judged_and_taken_out_alone(tmp_path: Path
     assert without_a == patched_copies(b.variants["0.5.23"], {path: original}, [path])
     assert set_state(facts_of(a, without_a), a).state == "missing"
     assert set_state(facts_of(b, without_a), b).state == "applied"
+
+
+def test_a_set_applied_by_hand_on_one_node_and_recorded_on_another_is_no_skew(
+    release: dict,
+) -> None:
+    """The nodes of a group are compared by what their files are, as the audit judges."""
+    from deployctl.ops.skew import skew_problem, software_of
+
+    spec = SHIPPED["spec-disable"]
+    pristine, patched = release[("spec-disable", "0.5.23")]
+    recorded = software_of(facts_of(spec, patched, record_of(spec, patched)), [spec])
+    by_hand = software_of(facts_of(spec, patched), [spec])
+    assert skew_problem([("a", recorded), ("b", by_hand)]) is None, (recorded, by_hand)
+    # A record over files that lack the set is no set: that node is the odd one.
+    gone = software_of(facts_of(spec, pristine, record_of(spec, patched)), [spec])
+    assert skew_problem([("a", recorded), ("b", gone)]) == (
+        "a runs SGLang 0.5.23 with spec-disable 1.2.0; b runs SGLang 0.5.23 with no patch set"
+    )

@@ -533,7 +533,7 @@ def run_preflight(
         )
         hints.append("set the host's `python` to the interpreter that has SGLang installed")
     facts = parse_patch_facts(doc)
-    result.software = software_of(facts)
+    result.software = software_of(facts, plan.needed_sets)
     unpatched: list[str] = []  # flags whose missing patch set a problem names
     if plan.needed_sets and facts.error:
         problems.append(facts.error)

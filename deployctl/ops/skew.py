@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deployctl.ops.patch import PatchFacts
+from deployctl.ops.patch import PatchFacts, PatchState, set_state
+from deployctl.patchset import PatchSet
 
 
 @dataclass(frozen=True)
@@ -38,16 +39,27 @@ class Software:
         return f"SGLang {self.sglang} with {sets}"
 
 
-def software_of(facts: PatchFacts) -> Software | None:
+def software_of(facts: PatchFacts, judged: Sequence[PatchSet] = ()) -> Software | None:
     """What a host's preflight read of its SGLang; None when SGLang could not be read there
-    (its own check says why)."""
+    (its own check says why). The sets in `judged` are read from the files, as the audit
+    reads them (applied by hand or under another state_dir is applied); others from this
+    state_dir's records."""
     if facts.error or not facts.sglang_version:
         return None
-    patches = tuple(
-        AppliedPatch(name, record["version"], record["hash"], bool(facts.drifted_files(name)))
-        for name, record in sorted(facts.records.items())
-    )
-    return Software(facts.sglang_version, patches)
+    patches = {
+        name: AppliedPatch(name, record["version"], record["hash"], bool(facts.drifted_files(name)))
+        for name, record in facts.records.items()
+    }
+    for patch_set in judged:
+        state = set_state(facts, patch_set).state
+        if state is PatchState.APPLIED:
+            changed = bool(facts.changed_by_others(patch_set.name))
+            patches[patch_set.name] = AppliedPatch(
+                patch_set.name, patch_set.version, patch_set.content_hash, changed
+            )
+        elif state is PatchState.MISSING:
+            patches.pop(patch_set.name, None)
+    return Software(facts.sglang_version, tuple(patches[n] for n in sorted(patches)))
 
 
 def skew_problem(members: Sequence[tuple[str, Software | None]]) -> str | None:
