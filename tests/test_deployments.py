@@ -56,9 +56,12 @@ def two_replicas(lab: SSHLab, tmp_path: Path) -> tuple[Path, dict[str, int]]:
 
 
 def run_json(cli: CLI, *args: str) -> tuple[int, dict[str, Any], str]:
+    """(exit status, the document, stderr); stderr then the document when the command
+    failed, so `assert code == 0, err` says why (with --json, why is in the document)."""
     result = cli(*args, "--json")
     assert "Traceback" not in result.stderr, result.stderr
-    return result.returncode, json.loads(result.stdout), result.stderr
+    said = result.stderr + (f"\n{result.stdout}" if result.returncode else "")
+    return result.returncode, json.loads(result.stdout), said
 
 
 def deployments_of(doc: dict[str, Any], name: str = "alpha") -> dict[str, Any]:

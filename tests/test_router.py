@@ -21,6 +21,7 @@ import yaml
 from tests.conftest import CLI
 from tests.router_venv import legacy_router_python, router_venv
 from tests.sshd_hosts import SSHLab, free_port, loopback_address
+from tests.test_deployments import run_json
 from tests.test_faults import wait_until
 from tests.test_lifecycle import prepare
 
@@ -70,12 +71,6 @@ def fleet(
 
 def real_router() -> str:
     return str(router_venv() / "bin" / "python")
-
-
-def run_json(cli: CLI, *args: str) -> tuple[int, dict[str, Any], str]:
-    result = cli(*args, "--json")
-    assert "Traceback" not in result.stderr, result.stderr
-    return result.returncode, json.loads(result.stdout), result.stderr
 
 
 def router_entry(cli: CLI, inv: Path) -> dict[str, Any]:
