@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from deployctl import DEFAULT_FORKS
+from deployctl import DEFAULT_FORKS, interrupts
 from deployctl.connection import Connection, ConnectOptions, open_connection
 from deployctl.errors import (
     CommandTimeoutError,
@@ -204,6 +204,7 @@ class Fleet:
         pool = ThreadPoolExecutor(max_workers=min(self.forks, len(targets)))
         try:
             futures = [pool.submit(one, host) for host in targets]
+            interrupts.wait_all(futures)
             return FleetResult(future.result() for future in futures)
         finally:
             # On Ctrl-C, do not wait for hosts still at work (a launch waits up to --timeout):

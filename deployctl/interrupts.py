@@ -14,9 +14,16 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterable
+from concurrent.futures import Future, wait
 from types import FrameType
+from typing import Any
 
 GRACE_S = 2.0
+# How long a thread waiting on workers sleeps at most before it looks again. The kernel may
+# hand a process's SIGINT to any of its threads; Python then runs the handler in the main
+# thread only once that thread runs again, which a wait without a timeout never does.
+POLL_S = 0.25
 EXIT_CODE = 130
 MESSAGE = (
     "interrupted: what was already started on hosts keeps running (deployctl status shows it)\n"
@@ -24,6 +31,13 @@ MESSAGE = (
 
 _timer: list[threading.Timer] = []
 _said = threading.Event()
+
+
+def wait_all(futures: Iterable[Future[Any]]) -> None:
+    """Wait until every future is done, waking every POLL_S so Ctrl-C gets through."""
+    pending = list(futures)
+    while pending:
+        pending = list(wait(pending, timeout=POLL_S).not_done)
 
 
 def install() -> None:

@@ -6,6 +6,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import yaml
 
 from deployctl import interrupts
 from tests.sshd_hosts import REPO
@@ -65,3 +68,48 @@ def test_a_command_that_takes_charge_of_ctrl_c_is_not_ended_early() -> None:
     assert took >= interrupts.GRACE_S + 1, (
         f"ended {took:.2f}s after Ctrl-C, bound {interrupts.GRACE_S + 1}s"
     )
+
+
+# Two hosts whose work takes 30 s; the SIGINT goes to one of the worker threads, as the
+# kernel may deliver a process's signal to any thread that does not block it.
+TO_A_WORKER = """
+import os, signal, threading, time
+from deployctl.fanout import Fleet
+from deployctl.connection import ConnectOptions
+from deployctl.inventory import load_inventory
+workers = []
+def work(host, connection):
+    workers.append(threading.get_ident())
+    time.sleep(30)
+def interrupt_a_worker():
+    while len(workers) < 2:
+        time.sleep(0.01)
+    print("ready", flush=True)
+    time.sleep(0.3)
+    signal.pthread_kill(workers[0], signal.SIGINT)
+from pathlib import Path
+with Fleet(load_inventory(Path(sys.argv[1])).select(None), ConnectOptions(), forks=4) as fleet:
+    threading.Thread(target=interrupt_a_worker, daemon=True).start()
+    began = time.monotonic()
+    try:
+        fleet.run(work)
+    except KeyboardInterrupt:
+        print(f"interrupted after {time.monotonic() - began:.2f}", flush=True)
+        os._exit(0)  # not joining the workers still asleep
+"""
+
+
+def test_ctrl_c_delivered_to_a_worker_thread_still_interrupts_a_fleet_wait(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yml"
+    local = {"ansible_connection": "local"}
+    inv.write_text(yaml.safe_dump({"all": {"hosts": {"a": local, "b": local}}}))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys\n" + TO_A_WORKER, str(inv)],
+        cwd=REPO, text=True, capture_output=True, timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    lines = proc.stdout.splitlines()
+    assert lines[:1] == ["ready"], (proc.stdout, proc.stderr)
+    assert len(lines) == 2 and lines[1].startswith("interrupted after "), (proc.stdout, proc.stderr)
+    # Ended by the Ctrl-C, not by the work's end 30 s later.
+    assert float(lines[1].split()[-1]) < 10, lines

@@ -509,8 +509,9 @@ def test_two_rollouts_through_one_router_the_second_is_refused_naming_the_first(
     alpha = hosts.hosts["alpha"]
     inv, table = serving(hosts, cli, tmp_path, 2)
     rewrite(inv, {"mem_fraction_static": 0.8})
-    # A long request straight to w1 keeps it busy: the first rollout's drain waits for it.
-    long_body = {"model": "m", "prompt": "hi", "max_tokens": 1500, "stream": True}
+    # A long request straight to w1 keeps it busy (80 s): the first rollout's drain waits
+    # for it while the commands below run, however slowly.
+    long_body = {"model": "m", "prompt": "hi", "max_tokens": 4000, "stream": True}
     w1_url = f"{url_of(alpha.address, table['w1']['port'])}/v1/completions"
     threading.Thread(target=lambda: stream_text(w1_url, long_body), daemon=True).start()
     with Load(alpha.address, table["router"]["port"]) as load:
@@ -555,7 +556,8 @@ def test_a_new_run_that_serves_but_its_dead_router_cannot_take_is_kept_and_said(
     inv, table = serving(hosts, cli, tmp_path, 2)
     slow = alpha.home / "slow-model"
     slow.mkdir()
-    (slow / "standin.json").write_text(json.dumps({"startup_s": 4, **KNOBS}))
+    # Long enough that the router is dead before w1 is ready, however slow `status` is.
+    (slow / "standin.json").write_text(json.dumps({"startup_s": 12, **KNOBS}))
     subprocess.run(["chown", "-R", f"{alpha.user}:{alpha.user}", str(slow)], check=True)
     rewrite(inv, {"model_path": str(slow)})
     rolling = cli.popen("rollout", "-i", str(inv), "--json", "-d", "w1")
@@ -603,7 +605,7 @@ def test_a_host_that_fails_mid_drain_gets_its_unit_put_back_in_its_router(
     w1_url = workers["w1"]["worker_url"]
     router_url = url_of(charlie.address, router_deployment["port"])
     assert w1_url in registered(router_url)
-    long_body = {"model": "m", "prompt": "hi", "max_tokens": 1500, "stream": True}
+    long_body = {"model": "m", "prompt": "hi", "max_tokens": 4000, "stream": True}
     threading.Thread(
         target=lambda: stream_text(f"{w1_url}/v1/completions", long_body), daemon=True
     ).start()

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from deployctl import interrupts
 
 T = TypeVar("T")
-
-# How long the waiting thread sleeps at most before it looks again (Ctrl-C gets through).
-POLL_S = 0.5
 
 
 @dataclass
@@ -59,8 +56,7 @@ def drive(
     try:
         for thread in threads:
             thread.start()
-        while wait(futures, timeout=POLL_S).not_done:
-            pass
+        interrupts.wait_all(futures)
     except KeyboardInterrupt:
         interrupted = True
         interrupts.take_charge()  # the jobs put back what they changed: no forced end
@@ -70,6 +66,5 @@ def drive(
             if thread.ident is None:
                 thread.start()
         on_interrupt()
-        while wait(futures, timeout=POLL_S).not_done:  # a second Ctrl-C leaves from here
-            pass
+        interrupts.wait_all(futures)  # a second Ctrl-C leaves from here
     return Driven(futures, interrupted)
