@@ -400,6 +400,8 @@ def test_sglang_tool_runs_the_hosts_own_serving_benchmark(
         assert level["failed"] == 0 and level["completed"] == level["prompts"] == 2 * c
         assert level["output_tokens"] == 60 * 2 * c
         assert_paced(level, spec_tps(c))
+        # Its requests' details (tokens, TTFT, ITLs) make the level's rounds: two a stream.
+        assert len(level["rounds_tokens_per_s"]) == 2 and level["spread"] is not None, level
     # bench_serving's ITL is per token: a chunk's gap divided by the tokens it brought.
     step_ms = MODEL["spec_step_ms"] + MODEL["spec_per_req_ms"]
     per_token = step_ms / MODEL["accept_len"]
