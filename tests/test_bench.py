@@ -14,9 +14,18 @@ from typing import Any
 import pytest
 
 from deployctl.errors import DeployctlError, UsageError
-from deployctl.ops.bench import Comparison, parse_levels, suggest_threshold
-from deployctl.present.views import COMPARISON, SUGGESTION, render_result
-from deployctl.remote.bench import bench_serving_module, percentile
+from deployctl.ops.bench import (
+    BenchResult,
+    Comparison,
+    drift_of,
+    parse_levels,
+    spread_of,
+    suggest_threshold,
+    t975,
+    with_figures,
+)
+from deployctl.present.views import BENCH, COMPARISON, SUGGESTION, render_result
+from deployctl.remote.bench import bench_serving_module, percentile, rounds_of
 from tests.conftest import CLI
 from tests.sglang_wheel import bench_serving_venv, write_tokenizer
 from tests.sshd_hosts import SSHLab, sh
@@ -53,6 +62,58 @@ def test_percentiles_interpolate_like_numpy() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([1.0, 2.0, 3.0, 4.0], 99) == pytest.approx(3.97)
     assert percentile([5.0], 99) == 5.0 and percentile([], 50) is None
+
+
+def test_a_levels_rounds_give_its_spread_and_drift() -> None:
+    # Requests in the order they ended, one round a `concurrency` of them, in level units.
+    assert rounds_of([10.0, 11.0, 12.0, 13.0, 14.0], 2) == [21.0, 25.0]  # a part round is none
+    assert rounds_of([10.0], 1) == [10.0] and rounds_of([10.0], 2) == []
+    # The 95 % interval of the mean, Student's t: few rounds are wide.
+    assert t975(1) == 12.706 and t975(30) == 2.042 and t975(120) == pytest.approx(1.98, abs=0.002)
+    assert spread_of([98.0, 102.0, 100.0, 100.0]) == pytest.approx(3.182 * (8 / 3) ** 0.5 / 2 / 100)
+    assert spread_of([98.0, 102.0]) == pytest.approx(12.706 * 8**0.5 / 2**0.5 / 100)
+    assert spread_of([100.0]) is None and spread_of([]) is None and drift_of([100.0]) is None
+    # The second half against the first (an odd middle round in neither), over the mean.
+    assert drift_of([90.0, 95.0, 100.0, 105.0]) == pytest.approx(10 / 97.5)
+    assert drift_of([90.0, 0.0, 110.0]) == pytest.approx(20 / (200 / 3))
+
+
+def swept_level(
+    rounds: list[float], warmup_s: float | None = None, first: float | None = None
+) -> dict[str, Any]:
+    level = sweep(sum(rounds) / len(rounds))["levels"][0]
+    return {**level, "rounds_tokens_per_s": rounds, "warmup_s": warmup_s,
+            "first_sample_tokens_per_s": first}  # fmt: skip
+
+
+def test_a_level_says_how_far_its_cold_first_sample_was_and_whether_it_still_drifts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deployctl.fanout import FleetResult, HostResult
+    from deployctl.inventory import Host
+
+    warm = with_figures(swept_level([99.0, 101.0, 100.0, 100.0], 1.25, 40.0))  # type: ignore[arg-type]
+    assert warm["first_sample_bias"] == pytest.approx(-0.6) and not warm["drifting"]
+    assert warm["spread"] == pytest.approx(spread_of([99.0, 101.0, 100.0, 100.0]))
+    moving = with_figures(swept_level([80.0, 90.0, 100.0, 110.0, 120.0, 130.0]))  # type: ignore[arg-type]
+    assert moving["first_sample_bias"] is None and moving["drift"] == pytest.approx(0.3 / 1.05)
+    assert moving["drifting"]  # 29 % from half to half, beyond its ±19 %
+    assert not with_figures(swept_level([80.0, 120.0]))["drifting"]  # type: ignore[arg-type]
+
+    params = {"tool": "builtin", "input_len": 16, "output_len": 30, "warmup": True}
+    doc = {"run": "baseline_v1", "params": params, "levels": [warm, {**moving, "concurrency": 8}]}
+    render_result(BENCH, FleetResult([HostResult(Host("alpha"), BenchResult(doc, "k"))]), False)
+    out, err = capsys.readouterr()
+    assert "warm-up, first sample" in out and "1.2 s, first -60.0 %" in out and "±1.3 %" in out
+    assert (
+        "alpha: note: concurrency 8: its rounds still drift (+28.6 % from the first half to the "
+        "second, beyond their spread ±18.7 %)"
+    ) in err
+    assert "alpha: hint: more --requests-per-stream" in err
+    doc["params"] = {**params, "warmup": False}
+    render_result(BENCH, FleetResult([HostResult(Host("alpha"), BenchResult(doc, "k"))]), False)
+    out, err = capsys.readouterr()
+    assert "warm-up" not in out and "alpha: hint: bench with --warmup, or more" in err
 
 
 @pytest.mark.parametrize("text", ["", "0,4", "1,x", "-1"])
@@ -262,6 +323,42 @@ def test_bench_agrees_with_the_model_and_suggests_its_crossover(
     cli("stop", "-i", str(inv))
 
 
+def test_a_warm_up_takes_a_cold_start_out_of_the_level_and_says_how_cold_it_was(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """The stand-in's `cold` knob: a server's first 30 decode steps at each batch size take 3
+    times longer (kernels compiled at first use, CUDA graphs first replayed). A level of 2
+    answers a stream of 30 tokens is 60 steps at its batch size: cold, half of them, the
+    level reads about half the model. With --warmup, the warm-up's request a stream at the
+    level's batch size takes the cold steps: the level reads the model, and its first
+    sample, a third of it, is reported."""
+    alpha = hosts.hosts["alpha"]
+    cold = {"factor": 3.0, "steps": 30}
+    variables = {**prepare(alpha, tp=1, **MODEL, cold=cold), "template": "baseline"}
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables})
+    sweep = ["bench", "-i", str(inv), "--concurrency", "1,4", "--input-len", "16",
+             "--output-len", "30", "--requests-per-stream", "2"]  # fmt: skip
+    for warmup in ([], ["--warmup"]):
+        code, doc, err = run_json(cli, "launch", "-i", str(inv), "--replace")  # a cold server
+        assert code == 0, err
+        code, doc, err = run_json(cli, *sweep, *warmup)
+        assert code == 0, err
+        levels = doc["hosts"]["alpha"]["levels"]
+        assert [lv["concurrency"] for lv in levels] == [1, 4], levels
+        for level in levels:
+            model = plain_tps(level["concurrency"])
+            if not warmup:
+                assert level["output_tokens_per_s"] < 0.65 * model, (level, model)
+                assert level["warmup_s"] is None and level["first_sample_bias"] is None
+                continue
+            assert_paced(level, model)
+            assert level["warmup_s"] > 0 and level["first_sample_bias"] < -0.4, level
+            assert len(level["rounds_tokens_per_s"]) == 2 and level["spread"] is not None
+    kept = json.loads(Path(doc["hosts"]["alpha"]["saved"]).read_text())
+    assert kept["params"]["warmup"] is True and kept["levels"][0]["first_sample_bias"] < -0.4
+    cli("stop", "-i", str(inv))
+
+
 def test_sglang_tool_runs_the_hosts_own_serving_benchmark(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
@@ -303,6 +400,8 @@ def test_sglang_tool_runs_the_hosts_own_serving_benchmark(
         assert level["failed"] == 0 and level["completed"] == level["prompts"] == 2 * c
         assert level["output_tokens"] == 60 * 2 * c
         assert_paced(level, spec_tps(c))
+        # Its requests' details (tokens, TTFT, ITLs) make the level's rounds: two a stream.
+        assert len(level["rounds_tokens_per_s"]) == 2 and level["spread"] is not None, level
     # bench_serving's ITL is per token: a chunk's gap divided by the tokens it brought.
     step_ms = MODEL["spec_step_ms"] + MODEL["spec_per_req_ms"]
     per_token = step_ms / MODEL["accept_len"]

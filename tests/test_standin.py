@@ -30,9 +30,11 @@ from deployctl.remote.bench import cmd_bench
 from deployctl.remote.measures import BenchLevel
 from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
 from tests.standin.sglang_standin import (
+    ColdStart,
     adaptive_steps,
     cuda_graph_batch_sizes,
     load_adaptive_config,
+    load_knobs,
 )
 from tests.test_bench import (  # its decode figures tell spec from plain
     MODEL,
@@ -483,7 +485,7 @@ def bench_level(server: Server, concurrency: int, output_len: int) -> BenchLevel
     return cmd_bench(
         {"bind_host": "127.0.0.1", "port": server.port, "concurrency": concurrency,
          "prompts": concurrency, "input_len": 8, "output_len": output_len, "flush": False,
-         "timeout": 10.0, "tool": "builtin", "env": {}}
+         "timeout": 10.0, "tool": "builtin", "env": {}, "warmup": False}
     )  # fmt: skip
 
 
@@ -551,6 +553,35 @@ def test_adaptive_speculation_drafts_up_to_the_threshold_then_steps_plain(
         level = bench_level(server, concurrency, 90)
         assert level["failed"] == 0 and level["output_tokens"] == 90 * concurrency, level
         assert_paced(level, model(concurrency))
+
+
+def test_a_cold_start_slows_the_first_steps_at_each_batch_size_once(tmp_path: Path) -> None:
+    """The `cold` knob: per batch size, its first `steps` steps are `factor` times slower;
+    kept in the model folder across launches with `persist`, else each launch is cold."""
+    (tmp_path / "standin.json").write_text(json.dumps({"cold": {"factor": 3, "steps": 2}}))
+    knob = load_knobs(str(tmp_path))["cold"]
+    assert knob == {"factor": 3.0, "steps": 2, "persist": False}
+    cache = str(tmp_path / "standin-jit-cache.json")
+    first = ColdStart(knob, cache)
+    assert [first.factor_for(b) for b in (4, 4, 4, 1, 4)] == [3.0, 3.0, 1.0, 3.0, 1.0]
+    assert ColdStart(knob, cache).factor_for(4) == 3.0  # a new launch: cold again
+    kept = {**knob, "persist": True}
+    server = ColdStart(kept, cache)
+    assert [server.factor_for(4) for _ in range(3)] == [3.0, 3.0, 1.0]
+    assert json.loads(Path(cache).read_text()) == [4]
+    relaunched = ColdStart(kept, cache)
+    assert relaunched.factor_for(4) == 1.0 and relaunched.factor_for(5) == 3.0
+
+
+@pytest.mark.parametrize(
+    "cold",
+    [{"factor": 2}, {"steps": 3}, {"factor": 0, "steps": 3}, {"factor": 2, "steps": 0},
+     {"factor": 2, "steps": 3, "persist": "yes"}, {"factor": 2, "steps": 3, "per": 1}, [2, 3]],
+)  # fmt: skip
+def test_a_bad_cold_knob_is_an_error(tmp_path: Path, cold: object) -> None:
+    (tmp_path / "standin.json").write_text(json.dumps({"cold": cold}))
+    with pytest.raises(ValueError, match="cold must be"):
+        load_knobs(str(tmp_path))
 
 
 @pytest.mark.parametrize("mode", ["patch", "adaptive"])

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from deployctl.ops.bench import per_token_ms
+from deployctl.ops.bench import per_token_ms, with_figures
 from deployctl.ops.tune import (
     Levels,
     LevelVerdict,
@@ -193,6 +193,104 @@ def test_a_close_level_is_measured_again_and_its_spread_reported() -> None:
     assert judged.spread[Phase.BASELINE] == pytest.approx(0.02)
     # Every speculative sample beats every baseline one: a win, so T is 4.
     assert judged.verdict is LevelVerdict.WIN and search.threshold == 4
+
+
+def rounded(
+    concurrency: int, rounds: list[float], warmup_s: float | None = None, first: float | None = None
+) -> BenchLevel:
+    """A level whose rounds measured these tok/s (its throughput, their mean), after a
+    warm-up of `warmup_s` whose first sample measured `first`."""
+    measured = {**level(concurrency, sum(rounds) / len(rounds)), "rounds_tokens_per_s": rounds,
+                "warmup_s": warmup_s, "first_sample_tokens_per_s": first}  # fmt: skip
+    return with_figures(measured)  # type: ignore[arg-type]
+
+
+# 10 % apart, past the 3 % noise, but each server's rounds spread wider than that (±15 %,
+# ±13 %): one sample of each does not decide it.
+WIDE_BASE = [90.0, 110.0, 95.0, 105.0]
+WIDE_SPEC = [100.0, 120.0, 105.0, 115.0]
+
+
+def test_a_level_inside_its_rounds_spread_is_measured_again_and_said() -> None:
+    base, spec = rounded(4, WIDE_BASE), rounded(4, WIDE_SPEC)
+    judged = judge(4, [base], [spec], Objective(), noise=0.03, repeats=3)
+    assert judged.within_spread and not judged.settled
+    assert judged.verdict is LevelVerdict.WIN  # so far
+    assert judged.level_spread["baseline"] == pytest.approx(base["spread"])
+    steady = judge(
+        4, [rounded(4, [99.0, 101.0, 100.0, 100.0])], [rounded(4, [109.0, 111.0, 110.0, 110.0])],
+        Objective(), noise=0.03, repeats=3,
+    )  # fmt: skip
+    assert not steady.within_spread and steady.settled
+    # Measured up to --repeats times on each server: all their rounds together (12 each,
+    # ±6 %) now decide it.
+    search = Search([4], Levels((4,)))
+    search.add(Phase.BASELINE, [base])
+    search.add(Phase.SPECULATIVE, [spec])
+    assert search.owed(Phase.BASELINE) == [4] and search.owed(Phase.SPECULATIVE) == [4]
+    search.add(Phase.BASELINE, [base, base])
+    search.add(Phase.SPECULATIVE, [spec, spec])
+    assert search.owed(Phase.BASELINE) == [] and search.owed(Phase.SPECULATIVE) == []
+    judged = search.judged()[4]
+    assert judged.settled and not judged.within_spread and judged.verdict is LevelVerdict.WIN
+
+
+def test_a_tune_record_says_how_warm_and_steady_each_level_was(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Per phase and level: the warm-up, its first sample against the level, the spread and
+    drift of all the level's rounds; a level its samples do not decide is said, in the
+    record (checked against the schema) and in the report."""
+    from deployctl.fanout import FleetResult, HostResult
+    from deployctl.inventory import Host
+    from deployctl.ops.tune import TuneReport, tune_record
+    from deployctl.present.documents import tune_document
+    from deployctl.present.views import TUNE
+    from tests.json_contract import check_document
+
+    # At 8 the baseline's rounds rise by 29 % from their first half to their second (±14 %).
+    base = [
+        rounded(4, WIDE_BASE, 2.5, 40.0),
+        rounded(8, [100.0, 120.0, 105.0, 115.0, 140.0, 150.0, 145.0, 155.0], 3.0, 100.0),
+    ]
+    spec = [
+        rounded(4, WIDE_SPEC, 1.5, 110.0),
+        rounded(8, [60.0, 61.0, 60.0, 61.0]),
+    ]
+    result = TuneResult("alpha", None, "patch", TuneOptions([4, 8]))
+    result.search = Search([4, 8], Levels((4, 8)))
+    result.phases = {
+        Phase.BASELINE: PhaseRun(Phase.BASELINE, "baseline", None, state="ready", measured=base),
+        Phase.SPECULATIVE: PhaseRun(Phase.SPECULATIVE, "eagle3", None, state="ready",
+                                    measured=spec),
+    }  # fmt: skip
+    result.search.add(Phase.BASELINE, base)
+    result.search.add(Phase.SPECULATIVE, spec)
+    record = tune_record(result)
+    figures = record["phases"]["baseline"]["per_level"]["4"]
+    assert figures["warmup_s"] == 2.5 and figures["rounds"] == 4
+    assert figures["first_sample_bias"] == pytest.approx(-0.6)
+    assert figures["spread"] is not None and not figures["drifting"]
+    assert record["phases"]["speculative"]["per_level"]["4"]["first_sample_bias"] == 0.0
+    verdict = record["verdicts"]["4"]
+    assert verdict["within_spread"] and set(verdict["level_spread"]) == {"baseline", "speculative"}
+    assert record["params"]["warmup"] is True
+    report = TuneReport(FleetResult([HostResult(Host("alpha"), result)]))
+    check_document(["tune", "--json"], {"schema": 1, **tune_document(report)})
+
+    TUNE.human(report)
+    out = capsys.readouterr().out
+    assert "2.5 s, first -60.0 %; ±" in out and "1.5 s, first +0.0 %; ±" in out
+    ratio = record["verdicts"]["4"]["speculative"] / record["verdicts"]["4"]["baseline"]
+    assert (
+        f"note: at 4 speculative ÷ baseline is {ratio:.3f}, inside the spread of their rounds"
+        in out
+    )
+    assert (
+        "note: baseline at 8: its rounds still drift (+29.1 % from the first half to the "
+        "second, beyond their spread ±13.9 %)"
+    ) in out
+    assert "at 4: its rounds still drift" not in out and "note: at 8 speculative" not in out
 
 
 def test_a_win_after_a_loss_is_measured_again_not_averaged_away() -> None:
@@ -405,6 +503,43 @@ def test_tune_in_adaptive_mode_finds_a_crossover_near_9_at_cuda_graph_sizes(
     run = entry["serving"]
     status = status_of(cli, inv, "bravo")
     assert status["run"] == run and status["state"] == "ready"
+
+
+def test_tune_measures_each_level_warm_so_a_cold_first_phase_moves_nothing(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """The stand-in's `cold` knob kept across launches (as Triton's cache on disk): on each
+    host, the first 15 decode steps at each batch size take 3 times longer, so the first
+    phase, the baseline, pays them. Without a warm-up (bravo) 15 of its answers' 21 tokens
+    are cold: it reads 0.4 of its curve, speculation seems to win at 10 too (where it has
+    0.69 of the baseline's), and tune calls for no threshold. With the warm-up (alpha, the
+    default) each level's warm-up pays them: T is 4, as the curves say, and the baseline's
+    cold first samples are reported. The two tunes run side by side."""
+    cold = {"factor": 3.0, "steps": 15, "persist": True}
+    host_vars = {n: adaptive_host(hosts, n, QUICK_MODEL, cold=cold) for n in ("alpha", "bravo")}
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], host_vars)
+    # --min-ratio 0: what is pinned here is the decision, not the tuned run's throughput.
+    flags = ["--json", "--input-len", "8", "--output-len", str(OUTPUT_LEN),
+             "--requests-per-stream", str(PER_STREAM), "--timeout", "60", *QUICK,
+             "--min-ratio", "0"]  # fmt: skip
+    unwarmed = cli.popen("tune", "-i", str(inv), "-H", "bravo", "--no-warmup", *flags)
+    code, doc, err = tune_json(cli, inv, "-H", "alpha", *QUICK, "--min-ratio", "0")
+    out, cold_err = unwarmed.communicate(timeout=600)
+    entry = doc["hosts"]["alpha"]
+    assert code == 0, (err, json.dumps(entry)[:3000])
+    assert entry["threshold"] == 4 and entry["speculation"] == "up_to", verdicts(entry)
+    assert entry["params"]["warmup"] is True
+    for phase in ("baseline", "speculative", "tuned"):
+        for c, figures in entry["phases"][phase]["per_level"].items():
+            assert figures["warmup_s"] > 0, (phase, c, figures)
+    baseline = entry["phases"]["baseline"]["per_level"]
+    assert baseline["4"]["first_sample_bias"] < -0.4 and baseline["10"]["first_sample_bias"] < -0.4
+
+    entry = json.loads(out)["hosts"]["bravo"]
+    assert unwarmed.returncode == 0, (cold_err, json.dumps(entry)[:3000])
+    assert entry["speculation"] == "always" and entry["threshold"] is None, verdicts(entry)
+    assert entry["params"]["warmup"] is False
+    assert entry["phases"]["baseline"]["per_level"]["10"]["warmup_s"] is None
 
 
 def test_a_tuned_server_that_crashes_over_t_is_replaced_by_the_best_stable_one(

@@ -46,6 +46,14 @@ def bench(
             "serving benchmark on the host: numbers comparable with upstream reports).",
         ),
     ] = BenchTool.BUILTIN,
+    warmup: Annotated[
+        bool,
+        typer.Option(
+            "--warmup",
+            help="Before each level, run it once uncounted (one request a stream, then every "
+            "smaller batch size) and report how far that cold first sample was off.",
+        ),
+    ] = False,
     compare: Annotated[
         list[str] | None,
         typer.Option("--compare", help="Show kept results of these runs side by side."),
@@ -85,7 +93,7 @@ def bench(
                 plots.plot_runs(comparison.runs, plot)
             return views.COMPARISON, comparison
         levels = ops.parse_levels(concurrency)
-        plan = ops.BenchPlan(levels, input_len, output_len, per_stream, timeout, tool)
+        plan = ops.BenchPlan(levels, input_len, output_len, per_stream, timeout, tool, warmup)
         with live.Progress(enabled=not session.options.json) as progress:
             results = ops.bench_fleet(fleet, plan, progress)
         if plot is not None:
@@ -148,8 +156,21 @@ def tune(
         ),
     ] = 0.03,
     repeats: Annotated[
-        int, typer.Option("--repeats", min=1, max=9, help="Samples of a level inside the noise.")
+        int,
+        typer.Option(
+            "--repeats",
+            min=1,
+            max=9,
+            help="Samples of a level inside the noise, or inside its rounds' spread.",
+        ),
     ] = 3,
+    warmup: Annotated[
+        bool,
+        typer.Option(
+            "--warmup/--no-warmup",
+            help="Warm each server up at each level before measuring it (uncounted).",
+        ),
+    ] = True,
     template: Annotated[
         str | None,
         typer.Option(
@@ -224,7 +245,7 @@ def tune(
     options = ops.TuneOptions(
         levels=bench_ops.parse_levels(concurrency), input_len=input_len, output_len=output_len,
         per_stream=per_stream, level_timeout=level_timeout, objective=goal,
-        keep=keep, min_ratio=min_ratio, noise=noise, repeats=repeats,
+        keep=keep, min_ratio=min_ratio, noise=noise, repeats=repeats, warmup=warmup,
         threshold_mode=threshold_mode,
         baseline_template=baseline_template, speculative_template=template,
         timeout=timeout, stop_timeout=stop_timeout, drain_timeout=drain_timeout,

@@ -4,7 +4,9 @@ and the `--threshold` the numbers suggest."""
 from __future__ import annotations
 
 import getpass
+import math
 import socket
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,9 +44,14 @@ class BenchPlan:
     per_stream: int = 4  # requests per level: this many per concurrent stream
     level_timeout: float = 900
     tool: BenchTool = BenchTool.BUILTIN
+    warmup: bool = False  # a warm-up at each level's concurrency before its samples
+    warmed: frozenset[int] = frozenset()  # levels this server has been warmed up at: skipped
 
     def prompts_for(self, concurrency: int) -> int:
         return self.per_stream * concurrency
+
+    def warms(self, concurrency: int) -> bool:
+        return self.warmup and concurrency not in self.warmed
 
 
 # The most streams one level may open: each is a thread of the benchmark on the host.
@@ -80,6 +87,58 @@ def per_token_ms(level: Mapping[str, Any]) -> float | None:
     if e2e is None or ttft is None or per_request <= 1:
         return None
     return float(e2e - ttft) / float(per_request - 1)
+
+
+# Student's t at 0.975 (a two-sided 95 % interval) for 1 … 30 degrees of freedom.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t975(df: int) -> float:
+    """Student's t quantile at 0.975 (past 30 degrees of freedom, within 0.002 of it)."""
+    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
+
+
+def spread_of(rounds: Sequence[float]) -> float | None:
+    """The half-width of a 95 % confidence interval of the rounds' mean, as a fraction of
+    it; None with fewer than two rounds (one round says nothing of the next)."""
+    mean = statistics.fmean(rounds) if len(rounds) > 1 else 0.0
+    if mean <= 0:
+        return None
+    return t975(len(rounds) - 1) * statistics.stdev(rounds) / math.sqrt(len(rounds)) / mean
+
+
+def drift_of(rounds: Sequence[float]) -> float | None:
+    """The mean of the rounds' second half less their first half's, as a fraction of their
+    mean (an odd middle round is in neither); None with fewer than two rounds."""
+    half = len(rounds) // 2
+    mean = statistics.fmean(rounds) if half else 0.0
+    if mean <= 0:
+        return None
+    return (statistics.fmean(rounds[-half:]) - statistics.fmean(rounds[:half])) / mean
+
+
+def drifting(spread: float | None, drift: float | None) -> bool:
+    """Whether the rounds still move: their halves differ by more than the spread."""
+    return spread is not None and drift is not None and abs(drift) > spread
+
+
+def with_figures(level: BenchLevel) -> BenchLevel:
+    """The level with what its rounds and its warm-up say: the spread of its rounds, their
+    drift, and how far the warm-up's first sample was from the level's throughput."""
+    rounds = level.get("rounds_tokens_per_s", [])
+    spread, drift = spread_of(rounds), drift_of(rounds)
+    first, tps = level.get("first_sample_tokens_per_s"), level["output_tokens_per_s"]
+    return {
+        **level,
+        "first_sample_bias": first / tps - 1 if first is not None and tps > 0 else None,
+        "spread": spread,
+        "drift": drift,
+        "drifting": drifting(spread, drift),
+    }
 
 
 @dataclass
@@ -140,9 +199,12 @@ def run_bench(
             "timeout": plan.level_timeout,
             "tool": plan.tool,
             "env": run.get("env", {}),
+            "warmup": plan.warms(concurrency),
         }
         limit = max(conn.command_timeout, plan.level_timeout + 30)
-        level = agent.call(host, conn, agent.BENCH, level_args, timeout=limit)
+        if plan.warms(concurrency):  # the warm-up's time too: a level's again at most
+            limit += plan.level_timeout
+        level = with_figures(agent.call(host, conn, agent.BENCH, level_args, timeout=limit))
         levels.append(level)
         events.emit(
             ev.BenchLevelDone(
@@ -170,6 +232,7 @@ def run_bench(
             "output_len": plan.output_len,
             "concurrency": plan.concurrency,
             "prompts": [plan.prompts_for(c) for c in plan.concurrency],
+            "warmup": plan.warmup,
         },
         "levels": levels,
     }

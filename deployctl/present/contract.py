@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from deployctl.metrics import COUNTERS, GAUGES, HISTOGRAMS
-from deployctl.remote.measures import CanaryRecord, Crossover, PhaseRecord, TuneRecord, Verdict
+from deployctl.remote.measures import (
+    CanaryRecord,
+    Crossover,
+    LevelFigures,
+    PhaseRecord,
+    TuneRecord,
+    Verdict,
+)
 
 Schema = dict[str, Any]
 
@@ -410,6 +417,7 @@ DEFINITIONS: dict[str, Schema] = {
                     "output_len": integer(),
                     "concurrency": array(integer()),
                     "prompts": array(integer()),
+                    "warmup": boolean("Each level was warmed up first (--warmup)."),
                 },
                 required=[],
             ),
@@ -432,6 +440,33 @@ DEFINITIONS: dict[str, Schema] = {
             "ttft_ms": ref("spread"),
             "itl_ms": ref("spread"),
             "e2e_ms": ref("spread"),
+            "warmup_s": nullable(
+                "number",
+                "Seconds of the warm-up run before the level at its concurrency, not counted (bench --warmup; tune's default); null: none.",
+            ),
+            "first_sample_tokens_per_s": nullable(
+                "number",
+                "The warm-up's first requests, one a stream shaped as the level's: what a cold first sample measured; null: no warm-up.",
+            ),
+            "first_sample_bias": nullable(
+                "number",
+                "first_sample_tokens_per_s ÷ output_tokens_per_s - 1 (-0.4: the cold first sample was 40 % slower); null: no warm-up.",
+            ),
+            "rounds_tokens_per_s": array(
+                number(),
+                "Each round of the streams (concurrency requests in the order they ended; at concurrency 1 one request): their per-request output tok/s summed, in order.",
+            ),
+            "spread": nullable(
+                "number",
+                "The half-width of a 95 % confidence interval of the rounds' mean (Student's t), as a fraction of it; null with fewer than 2 rounds.",
+            ),
+            "drift": nullable(
+                "number",
+                "The rounds' second half's mean less their first half's, as a fraction of their mean; null with fewer than 2 rounds.",
+            ),
+            "drifting": boolean(
+                "|drift| > spread: the level's rounds still moved (not warm, or not steady)."
+            ),
         },
         required=[
             "concurrency",
@@ -1303,6 +1338,13 @@ DEFINITIONS: dict[str, Schema] = {
                         "speculative": number(),
                         "spread": map_of(number()),
                         "samples": map_of(integer()),
+                        "level_spread": map_of(
+                            nullable("number"),
+                            description="Phase → the spread of all its rounds at this level (per_level's).",
+                        ),
+                        "within_spread": boolean(
+                            "The two phases' spreads together (in quadrature) exceed |speculative ÷ baseline - 1|: the samples do not decide this level (measured up to --repeats times, then judged by the medians)."
+                        ),
                     },
                 )
             ),
@@ -1352,6 +1394,29 @@ DEFINITIONS: dict[str, Schema] = {
             "runs": array(
                 string(),
                 description="The phase's runs, one per visit of its server (the search comes back to it).",
+            ),
+            "per_level": map_of(
+                declared(
+                    LevelFigures,
+                    {
+                        "warmup_s": nullable(
+                            "number",
+                            "The warm-ups at this level on the phase's servers, in seconds; null: none.",
+                        ),
+                        "first_sample_bias": nullable(
+                            "number",
+                            "The first warm-up's sample ÷ the level's median - 1; null: no warm-up.",
+                        ),
+                        "spread": nullable(
+                            "number",
+                            "Of all the rounds of the level's samples, as in a level's spread.",
+                        ),
+                        "drift": nullable("number", "Of all those rounds, as in a level's drift."),
+                        "drifting": boolean("|drift| > spread."),
+                        "rounds": integer(),
+                    },
+                ),
+                description="Concurrency → how warm and how steady this phase measured it.",
             ),
         },
     ),

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from deployctl.ops.server import RestartReport, Stray
     from deployctl.ops.tune import TunePlan, TuneReport
     from deployctl.patchset import PatchSet
-    from deployctl.remote.measures import CanaryRecord, TuneRecord
+    from deployctl.remote.measures import CanaryRecord, LevelFigures, TuneRecord
     from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
 
@@ -814,7 +814,23 @@ def _level_row(level: dict[str, Any]) -> list[str]:
 
 
 LEVEL_COLUMNS = ["concurrency", "out tok/s", "req/s", "TTFT p50/p99 ms", "ITL p50/p99 ms",
-                 "e2e p50/p99 ms"]  # fmt: skip
+                 "e2e p50/p99 ms", "spread (95 %)"]  # fmt: skip
+
+
+def percent(fraction: float | None, sign: str = "+") -> str:
+    """0.052 → `+5.2 %`, or with `±` as the sign `±5.2 %` (`-` for None)."""
+    if fraction is None:
+        return "-"
+    if sign == "±":
+        return f"±{abs(fraction) * 100:.1f} %"
+    return f"{fraction * 100:{sign}.1f} %"
+
+
+def warmup_cell(warmup_s: float | None, bias: float | None) -> str:
+    """A warm-up's seconds and how far its first sample was from the measured throughput."""
+    if warmup_s is None:
+        return "-"
+    return f"{warmup_s:.1f} s" + ("" if bias is None else f", first {percent(bias)}")
 
 
 def _bench(results: FleetResult[BenchResult | None]) -> None:
@@ -825,11 +841,33 @@ def _bench(results: FleetResult[BenchResult | None]) -> None:
         params = doc["params"]
         by = ", SGLang's serving benchmark" if params["tool"] == "sglang" else ""
         title = f"{r.name}: {doc['run']} (input {params['input_len']}, output {params['output_len']}{by})"
-        print_table(title, LEVEL_COLUMNS, [_level_row(dict(lv)) for lv in r.value.levels])
+        levels = r.value.levels
+        warmed = params.get("warmup", False)
+        columns = LEVEL_COLUMNS + (["warm-up, first sample"] if warmed else [])
+        rows = [
+            _level_row(dict(lv))
+            + [percent(lv.get("spread"), "±")]
+            + ([warmup_cell(lv.get("warmup_s"), lv.get("first_sample_bias"))] if warmed else [])
+            for lv in levels
+        ]
+        print_table(title, columns, rows)
         sys.stderr.write(f"{r.name}: kept as {r.value.saved}\n")
-        for level in r.value.levels:
+        for level in levels:
             for error in level["errors"]:
                 print_error(f"concurrency {level['concurrency']}: {error}", host=r.name)
+            if level.get("drifting"):
+                sys.stderr.write(
+                    tagged(
+                        "note",
+                        f"concurrency {level['concurrency']}: its rounds still drift "
+                        f"({percent(level.get('drift'))} from the first half to the second, "
+                        f"beyond their spread {percent(level.get('spread'), '±')})",
+                        r.name,
+                    )
+                )
+        if any(lv.get("drifting") for lv in levels):
+            hint = "" if warmed else "bench with --warmup, or "
+            sys.stderr.write(tagged("hint", f"{hint}more --requests-per-stream", r.name))
     print_host_errors(results)
 
 
@@ -981,6 +1019,7 @@ def _tune_record(record: TuneRecord, label: str) -> None:
     columns = ["concurrency", "baseline tok/s", "speculative tok/s", "tuned tok/s",
                "÷ baseline", "÷ speculative", "÷ better"]  # fmt: skip
     print_table(title, columns, rows)
+    _tune_figures(record)
     write = sys.stdout.write
     if record["refined_levels"]:
         write(
@@ -1028,6 +1067,50 @@ def _tune_record(record: TuneRecord, label: str) -> None:
             "tune again with --max-launches raised, or with --concurrency nearer the crossover",
             host=label,
         )
+
+
+def _tune_figures(record: TuneRecord) -> None:
+    """Per level and phase, how warm and how steady it was measured; then the levels whose
+    samples do not decide the comparison, and those whose rounds still drift."""
+    phases = {
+        name: figures
+        for name, phase in record["phases"].items()
+        if (figures := phase.get("per_level"))
+    }
+    if not phases:
+        return  # a record from before these figures
+    levels = sorted({int(c) for figures in phases.values() for c in figures})
+
+    def cell(figures: LevelFigures | None) -> str:
+        if figures is None:
+            return "-"
+        warm = warmup_cell(figures["warmup_s"], figures["first_sample_bias"])
+        return f"{warm}; {percent(figures['spread'], '±')}"
+
+    print_table(
+        "warm-up, its first sample against the level, and the spread (95 %) of the level's rounds",
+        ["concurrency", *phases],
+        [[str(c), *(cell(f.get(str(c))) for f in phases.values())] for c in levels],
+    )
+    write = sys.stdout.write
+    for c, verdict in sorted(record.get("verdicts", {}).items(), key=lambda item: int(item[0])):
+        if verdict.get("within_spread"):
+            ratio = verdict["speculative"] / verdict["baseline"] if verdict["baseline"] else 0.0
+            spreads = ", ".join(
+                f"{phase} {percent(v, '±')}" for phase, v in verdict.get("level_spread", {}).items()
+            )
+            write(
+                f"note: at {c} speculative ÷ baseline is {ratio:.3f}, inside the spread of "
+                f"their rounds ({spreads}): the samples do not decide it; measure with more "
+                "--requests-per-stream\n"
+            )
+    for phase, figures in phases.items():
+        for c, f in sorted(figures.items(), key=lambda item: int(item[0])):
+            if f["drifting"]:
+                write(
+                    f"note: {phase} at {c}: its rounds still drift ({percent(f['drift'])} from "
+                    f"the first half to the second, beyond their spread {percent(f['spread'], '±')})\n"
+                )
 
 
 def _tunes(report: TuneReport) -> None:

@@ -52,15 +52,16 @@ def bench_prompt(index: int, words: int) -> str:
     return " ".join(f"w{rng.randrange(100000)}" for _ in range(words))
 
 
-def stream_completion(args: BenchArgs, prompt: str) -> Timing:
-    """One streamed /v1/completions request (EOS ignored), timed from the request."""
+def stream_completion(args: BenchArgs, prompt: str, output_len: int | None = None) -> Timing:
+    """One streamed /v1/completions request (EOS ignored; `output_len` tokens, else the
+    level's), timed from the request."""
     import http.client
 
     body = json.dumps(
         {
             "model": "default",
             "prompt": prompt,
-            "max_tokens": args["output_len"],
+            "max_tokens": output_len or args["output_len"],
             "ignore_eos": True,
             "temperature": 0,
             "stream": True,
@@ -107,38 +108,88 @@ def stream_completion(args: BenchArgs, prompt: str) -> Timing:
     return timing
 
 
-def cmd_bench(args: BenchArgs) -> BenchLevel:
-    """One load level: flush the prefix cache, then keep `concurrency` streams busy until
-    `prompts` requests have finished; report the level's figures."""
+def run_streams(args: BenchArgs, requests: list[tuple[int, int]]) -> tuple[list[Timing], float]:
+    """Keep `concurrency` streams busy until every request (prompt index, output tokens) has
+    finished; return the timings in the order the requests ended, and the seconds taken."""
     import threading
 
-    if args["tool"] == "sglang":
-        return bench_serving_level(args)
-    if args["flush"]:
-        http_get(args["bind_host"], args["port"], "/flush_cache", method="POST")
     timings: list[Timing] = []
     lock = threading.Lock()
-    indices = iter(range(args["prompts"]))
+    pending = iter(requests)
 
     def worker() -> None:
         while True:
             with lock:
-                index = next(indices, None)
-            if index is None:
+                request = next(pending, None)
+            if request is None:
                 return
-            timing = stream_completion(args, bench_prompt(index, args["input_len"]))
+            index, output_len = request
+            timing = stream_completion(args, bench_prompt(index, args["input_len"]), output_len)
             with lock:
                 timings.append(timing)
 
     begin = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(args["concurrency"])]
+    threads = [
+        threading.Thread(target=worker) for _ in range(min(args["concurrency"], len(requests)))
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    duration = time.perf_counter() - begin
+    return timings, time.perf_counter() - begin
+
+
+# Warm-up prompts are seeded apart from any level's (and the cache is flushed after them).
+WARMUP_PROMPTS = 1 << 30
+
+
+def warm_up(args: BenchArgs) -> tuple[float, float | None]:
+    """Run the level's concurrency before its samples, uncounted: first one request a stream
+    shaped as the level's (what a cold first sample measures), then c - 1 requests of 1/c …
+    (c - 1)/c of the output length at once, so the batch steps down through every size
+    below c (each CUDA-graph bucket the level touches has run). Return the seconds it took
+    and the first requests' output tok/s (None: none completed)."""
+    concurrency, length = args["concurrency"], args["output_len"]
+    first, seconds = run_streams(args, [(WARMUP_PROMPTS + i, length) for i in range(concurrency)])
+    stairs = [
+        (WARMUP_PROMPTS + concurrency + k, -(-length * k // concurrency))
+        for k in range(1, concurrency)
+    ]
+    _, stair_seconds = run_streams(args, stairs)
+    tokens = sum(t["tokens"] for t in first if not t["error"])
+    return seconds + stair_seconds, (tokens / seconds if tokens and seconds > 0 else None)
+
+
+def rounds_of(rates: list[float], concurrency: int) -> list[float]:
+    """Per-request output tok/s, in the order the requests ended, summed `concurrency` at a
+    time: one round of the streams each (at concurrency 1, one request), in the level's
+    units. Requests of one round share their batches; rounds are nearly independent."""
+    return [
+        sum(rates[i : i + concurrency]) for i in range(0, len(rates) - concurrency + 1, concurrency)
+    ]
+
+
+def cmd_bench(args: BenchArgs) -> BenchLevel:
+    """One load level: flush the prefix cache (and warm up, when asked), then keep
+    `concurrency` streams busy until `prompts` requests have finished; report the level's
+    figures."""
+    warmup_s, first = None, None
+    if args["warmup"]:
+        if args["flush"]:
+            http_get(args["bind_host"], args["port"], "/flush_cache", method="POST")
+        warmup_s, first = warm_up(args)
+    level = bench_serving_level(args) if args["tool"] == "sglang" else builtin_level(args)
+    return {**level, "warmup_s": warmup_s, "first_sample_tokens_per_s": first}
+
+
+def builtin_level(args: BenchArgs) -> BenchLevel:
+    """The level measured by this agent's own streams."""
+    if args["flush"]:
+        http_get(args["bind_host"], args["port"], "/flush_cache", method="POST")
+    timings, duration = run_streams(args, [(i, args["output_len"]) for i in range(args["prompts"])])
     done = [t for t in timings if not t["error"]]
     tokens = sum(t["tokens"] for t in done)
+    rates = [t["tokens"] / t["e2e"] for t in done if t["e2e"] > 0]
     return {
         "concurrency": args["concurrency"],
         "prompts": args["prompts"],
@@ -152,6 +203,7 @@ def cmd_bench(args: BenchArgs) -> BenchLevel:
         "ttft_ms": spread_ms([t["ttft"] for t in done]),
         "itl_ms": spread_ms([gap for t in done for gap in t["itl"]]),
         "e2e_ms": spread_ms([t["e2e"] for t in done]),
+        "rounds_tokens_per_s": rounds_of(rates, args["concurrency"]),
     }
 
 
@@ -222,6 +274,16 @@ def bench_serving_result(args: BenchArgs, result: dict[str, Any]) -> BenchLevel:
         return {"p50": result[f"median_{name}"], "p99": result[f"p99_{name}"]}
 
     errors = sorted({e.strip().splitlines()[-1] for e in result.get("errors", []) if e.strip()})
+    # Per request (in the order sent): its tokens over its first token's time and gaps.
+    details = zip(
+        result.get("output_lens", []), result.get("ttfts", []), result.get("itls", []),
+        result.get("errors", []), strict=False,
+    )  # fmt: skip
+    rates = [
+        tokens / (ttft + sum(itl))
+        for tokens, ttft, itl, error in details
+        if not error and ttft + sum(itl) > 0
+    ]
     return {
         "concurrency": args["concurrency"],
         "prompts": args["prompts"],
@@ -235,4 +297,5 @@ def bench_serving_result(args: BenchArgs, result: dict[str, Any]) -> BenchLevel:
         "ttft_ms": spread("ttft_ms"),
         "itl_ms": spread("itl_ms"),
         "e2e_ms": spread("e2e_latency_ms"),
+        "rounds_tokens_per_s": rounds_of(rates, args["concurrency"]),
     }

@@ -24,6 +24,7 @@ class BenchArgs(TypedDict):
     timeout: float
     tool: str  # "builtin" (this agent's generator) or "sglang" (SGLang's serving benchmark)
     env: dict[str, str]  # the run's own variables (HF_HOME, …): the sglang tool runs with them
+    warmup: bool  # a warm-up at the level's concurrency first, not counted
 
 
 class Spread(TypedDict):
@@ -31,7 +32,19 @@ class Spread(TypedDict):
     p99: float | None
 
 
-class BenchLevel(TypedDict):
+class BenchLevelMore(TypedDict, total=False):
+    # Kept levels from before these keys lack them (a kept sweep or tune record is not refused
+    # for it). The agent gives the first three; the client works out the others from them.
+    warmup_s: float | None  # the warm-up's seconds; None: no warm-up before this level
+    first_sample_tokens_per_s: float | None  # the warm-up's first requests, one a stream
+    rounds_tokens_per_s: list[float]  # each round of the streams' throughput, in order
+    first_sample_bias: float | None  # first sample ÷ the level's throughput - 1
+    spread: float | None  # the 95 % CI half-width of the rounds' mean ÷ it; None: < 2 rounds
+    drift: float | None  # (mean of the rounds' second half - first half's) ÷ their mean
+    drifting: bool  # |drift| > spread: the level's samples still move
+
+
+class BenchLevel(BenchLevelMore):
     concurrency: int
     prompts: int
     completed: int
@@ -100,7 +113,7 @@ class Crossover(TypedDict):
     first_loss: int | None  # that first non-win; None: it wins at every level measured
 
 
-class PhaseRecord(TypedDict):
+class PhaseRecordBase(TypedDict):
     """One phase's server (baseline, speculative, tuned) and what it measured."""
 
     run: str | None  # its latest run
@@ -113,7 +126,22 @@ class PhaseRecord(TypedDict):
     sweeps: list[str]  # its kept bench files on the host
 
 
-class Verdict(TypedDict):
+class LevelFigures(TypedDict):
+    """How one phase measured one level: warm, and how steady its rounds were."""
+
+    warmup_s: float | None  # the warm-ups at this level on the phase's servers; None: none
+    first_sample_bias: float | None  # the first warm-up's sample ÷ the level's median - 1
+    spread: float | None  # 95 % CI half-width of all its rounds' mean ÷ it; None: < 2 rounds
+    drift: float | None  # (their second half's mean - their first half's) ÷ their mean
+    drifting: bool  # |drift| > spread
+    rounds: int
+
+
+class PhaseRecord(PhaseRecordBase, total=False):
+    per_level: dict[str, LevelFigures]  # concurrency → its figures (records before: none)
+
+
+class VerdictBase(TypedDict):
     verdict: str  # win, loss or tie
     baseline: float  # median output tok/s
     speculative: float
@@ -121,12 +149,18 @@ class Verdict(TypedDict):
     samples: dict[str, int]  # phase → how many
 
 
+class Verdict(VerdictBase, total=False):
+    # Records before these keys lack them.
+    level_spread: dict[str, float | None]  # phase → LevelFigures.spread
+    within_spread: bool  # the two spreads together exceed |speculative ÷ baseline - 1|
+
+
 class ObjectiveShown(TypedDict):
     kind: str  # throughput, max_itl_ms or max_ttft_ms
     bound: float | None
 
 
-class TuneParams(TypedDict):
+class TuneParamsBase(TypedDict):
     """What the tune was asked to measure and how it decided (also `tune --dry-run`'s)."""
 
     concurrency: list[int]
@@ -138,6 +172,10 @@ class TuneParams(TypedDict):
     min_ratio: float
     noise: float
     repeats: int
+
+
+class TuneParams(TuneParamsBase, total=False):
+    warmup: bool  # each level warmed up on each server before it was measured (records before: no)
 
 
 class CrashRecord(TypedDict):

@@ -100,6 +100,11 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # A regression to catch (deployctl canary): {"factor": F, "min_batch": B} makes every
     # decode step (plain or speculative) over a batch of at least B take F times longer.
     "slowdown": None,
+    # A cold start (JIT kernels compiled, CUDA graphs first replayed): {"factor": F, "steps": N,
+    # "persist": P} makes the first N decode steps at each batch size take F times longer;
+    # with P, the batch sizes done are kept in <model_path>/standin-jit-cache.json for the
+    # next launch (as Triton's cache on disk), else each launch starts cold.
+    "cold": None,
     # PD disaggregation (--disaggregation-mode prefill|decode); see README.md.
     # Prefill: "mid_transfer" crashes the schedulers while a room's KV is being handed over.
     "pd_crash": None,
@@ -1709,6 +1714,34 @@ class DecodeRequest:
         self.aborted = False
 
 
+class ColdStart:
+    """The `cold` knob: the first `steps` decode steps at each batch size are `factor` times
+    slower; with `persist`, the batch sizes that got past them are kept in `path`."""
+
+    def __init__(self, knob: dict[str, Any], path: str | None) -> None:
+        self.factor, self.steps = float(knob["factor"]), int(knob["steps"])
+        self.path = path if knob["persist"] else None
+        self.taken: dict[int, int] = {}  # batch size -> cold steps taken by this server
+        self.warm: set[int] = set()
+        if self.path is not None:
+            with contextlib.suppress(OSError, ValueError), open(self.path, encoding="utf-8") as f:
+                self.warm = {int(b) for b in json.load(f)}
+
+    def factor_for(self, batch: int) -> float:
+        """How much slower this step over `batch` requests is (counted as taken)."""
+        if batch in self.warm:
+            return 1.0
+        self.taken[batch] = self.taken.get(batch, 0) + 1
+        if self.taken[batch] >= self.steps:
+            self.warm.add(batch)
+            if self.path is not None:  # once a batch size: written whole, then renamed
+                part = f"{self.path}.{os.getpid()}"
+                with open(part, "w", encoding="utf-8") as f:
+                    json.dump(sorted(self.warm), f)
+                os.replace(part, self.path)
+        return self.factor
+
+
 class Decoder:
     """The decode model: one scheduler loop stepping over the running requests."""
 
@@ -1718,6 +1751,7 @@ class Decoder:
         speculative: bool,
         threshold: int | None,
         adaptive: Callable[[int], int] | None = None,
+        cold_cache: str | None = None,
     ) -> None:
         import queue
 
@@ -1726,6 +1760,7 @@ class Decoder:
         self.speculative = speculative
         self.threshold = threshold
         self.adaptive = adaptive  # batch -> draft steps, with --speculative-adaptive
+        self.cold = ColdStart(knobs["cold"], cold_cache) if knobs["cold"] else None
         # Called at the first step speculation's threshold makes plain (crash "above_threshold").
         self.on_plain_fallback: Callable[[], None] | None = None
         self.thresholded = False  # speculation turns off above some batch size
@@ -1798,6 +1833,8 @@ class Decoder:
         slowdown = k["slowdown"]
         if slowdown is not None and batch >= slowdown["min_batch"]:
             seconds *= slowdown["factor"]
+        if self.cold is not None:
+            seconds *= self.cold.factor_for(batch)
         return seconds, tokens
 
     def loop(self) -> None:
@@ -1884,7 +1921,10 @@ class Launcher:
                 num_steps=args.speculative_num_steps,
                 graph_bs=graph_bs,
             )
-        self.decoder = Decoder(knobs, bool(args.speculative_algorithm), threshold, adaptive)
+        self.decoder = Decoder(
+            knobs, bool(args.speculative_algorithm), threshold, adaptive,
+            os.path.join(args.model_path, "standin-jit-cache.json"),
+        )  # fmt: skip
         self.decoder.thresholded = threshold is not None or any(
             initial_slot_steps(c, args.speculative_num_steps) == 0
             for c in (adaptive_slots or {}).values()
@@ -2568,7 +2608,28 @@ def load_knobs(model_path: str) -> dict[str, Any]:
         raise ValueError(f"standin.json: pd_crash must be one of {PD_CRASH_MODES}")
     if knobs["slowdown"] is not None:
         knobs["slowdown"] = slowdown_knob(knobs["slowdown"])
+    if knobs["cold"] is not None:
+        knobs["cold"] = cold_knob(knobs["cold"])
     return knobs
+
+
+def cold_knob(given: Any) -> dict[str, Any]:
+    """The `cold` knob checked: {"factor": F > 0, "steps": N >= 1, "persist": bool (false)}."""
+    wanted = 'cold must be {"factor": F > 0, "steps": N >= 1, "persist": true|false}'
+    if not isinstance(given, dict) or not set(given) <= {"factor", "steps", "persist"}:
+        raise ValueError(f"standin.json: {wanted}, not {given!r}")
+    factor, steps, persist = given.get("factor"), given.get("steps"), given.get("persist", False)
+    if (
+        isinstance(factor, bool)
+        or not isinstance(factor, int | float)
+        or not factor > 0
+        or isinstance(steps, bool)
+        or not isinstance(steps, int)
+        or steps < 1
+        or not isinstance(persist, bool)
+    ):
+        raise ValueError(f"standin.json: {wanted}, not {given!r}")
+    return {"factor": float(factor), "steps": steps, "persist": persist}
 
 
 def slowdown_knob(given: Any) -> dict[str, Any]:

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from deployctl.ops.bench import per_token_ms
+from deployctl.ops.bench import drift_of, drifting, per_token_ms, spread_of
 
 if TYPE_CHECKING:
-    from deployctl.remote.measures import BenchLevel, ObjectiveShown
+    from deployctl.remote.measures import BenchLevel, LevelFigures, ObjectiveShown
 
 
 class Phase(StrEnum):
@@ -100,6 +100,32 @@ def spread(samples: Sequence[BenchLevel]) -> float:
     return (max(values) - min(values)) / middle if middle > 0 else 0.0
 
 
+def pooled_rounds(samples: Sequence[BenchLevel]) -> list[float]:
+    """Every round of the level's samples, in the order measured."""
+    return [r for s in samples for r in s.get("rounds_tokens_per_s", [])]
+
+
+def level_figures(samples: Sequence[BenchLevel]) -> LevelFigures:
+    """How warm and how steady one server's samples of a level were: the warm-ups' time, the
+    first warm-up's sample against the level's median, and the spread and drift of all their
+    rounds together."""
+    warmups = [w for s in samples if (w := s.get("warmup_s")) is not None]
+    first = next(
+        (f for s in samples if (f := s.get("first_sample_tokens_per_s")) is not None), None
+    )
+    middle = median_tps(samples)
+    found = pooled_rounds(samples)
+    half_width, drift = spread_of(found), drift_of(found)
+    return {
+        "warmup_s": sum(warmups) if warmups else None,
+        "first_sample_bias": first / middle - 1 if first is not None and middle > 0 else None,
+        "spread": half_width,
+        "drift": drift,
+        "drifting": drifting(half_width, drift),
+        "rounds": len(found),
+    }
+
+
 @dataclass(frozen=True)
 class Judged:
     """Speculation against the baseline at one concurrency."""
@@ -108,9 +134,11 @@ class Judged:
     verdict: LevelVerdict
     baseline: float  # median output tok/s
     speculative: float
-    settled: bool  # False: inside the noise and not yet measured `repeats` times each
+    settled: bool  # False: inside the noise or the spread, not yet measured `repeats` times
     spread: dict[str, float]
     samples: dict[str, int]
+    level_spread: dict[str, float | None] = field(default_factory=dict)  # phase → its rounds'
+    within_spread: bool = False  # the rounds' spreads exceed the difference to decide
 
 
 def judge(
@@ -123,14 +151,20 @@ def judge(
 ) -> Judged:
     """Compare the two at one level.
 
-    Throughputs further apart than `noise` (a fraction) decide at once. Closer ones are
-    measured `repeats` times each; then speculation wins or loses only when every sample of
-    one beats every sample of the other, else it is a tie. Under a latency bound, the one
-    that meets it wins; when neither does, neither is better (a tie).
+    Throughputs further apart than `noise` (a fraction) and than their rounds' spreads
+    together decide at once. Closer ones are measured `repeats` times each; then
+    speculation wins or loses only when every sample of one beats every sample of the other
+    (one further apart than the noise, by its median), else it is a tie. Under a latency
+    bound, the one that meets it wins; when neither does, neither is better (a tie).
     """
     enough = len(base) >= repeats and len(spec) >= repeats
     mb, ms = median_tps(base), median_tps(spec)
-    verdict, settled = _by_throughput(base, spec, mb, ms, noise, enough)
+    spreads = {
+        p: spread_of(pooled_rounds(s))
+        for p, s in ((Phase.BASELINE, base), (Phase.SPECULATIVE, spec))
+    }
+    within = _within_spread(mb, ms, *spreads.values())
+    verdict, settled = _by_throughput(base, spec, mb, ms, noise, enough, within)
     if objective.bound is not None:
         near = objective.near_bound(base, noise) or objective.near_bound(spec, noise)
         meets_b, meets_s = objective.meets(base), objective.meets(spec)
@@ -153,7 +187,17 @@ def judge(
         settled,
         {Phase.BASELINE: spread(base), Phase.SPECULATIVE: spread(spec)},
         {Phase.BASELINE: len(base), Phase.SPECULATIVE: len(spec)},
+        {str(p): v for p, v in spreads.items()},
+        within,
     )
+
+
+def _within_spread(mb: float, ms: float, sb: float | None, ss: float | None) -> bool:
+    """Whether the two servers' rounds spread wider than the ratio's distance from 1 (their
+    relative half-widths added in quadrature, as a ratio's are); unknown spreads: no."""
+    if sb is None or ss is None or mb <= 0:
+        return False
+    return math.hypot(sb, ss) > abs(ms / mb - 1)
 
 
 def _by_throughput(
@@ -163,14 +207,20 @@ def _by_throughput(
     ms: float,
     noise: float,
     enough: bool,
+    within: bool,
 ) -> tuple[LevelVerdict, bool]:
+    """`within`: the rounds spread wider than the difference, which then only `repeats`
+    samples decide."""
     by_sign = LevelVerdict.WIN if ms > mb else LevelVerdict.LOSS
-    if mb <= 0 or abs(ms - mb) / mb >= noise:
+    apart = mb <= 0 or abs(ms - mb) / mb >= noise
+    if apart and (enough or not within):
         return (by_sign if ms != mb else LevelVerdict.TIE), True
     if not enough:
-        return LevelVerdict.TIE, False
-    apart = min(map(tps, spec)) > max(map(tps, base)) or min(map(tps, base)) > max(map(tps, spec))
-    return (by_sign if apart else LevelVerdict.TIE), True
+        return (by_sign if apart else LevelVerdict.TIE), False
+    separated = min(map(tps, spec)) > max(map(tps, base)) or min(map(tps, base)) > max(
+        map(tps, spec)
+    )
+    return (by_sign if separated else LevelVerdict.TIE), True
 
 
 # ---- which levels are worth measuring -----------------------------------------------------

@@ -16,7 +16,7 @@ import functools
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -54,6 +54,7 @@ from deployctl.ops.tune.search import (
     Phase,
     Search,
     by_concurrency,
+    level_figures,
     median_sample,
     median_tps,
     rounds,
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
     from deployctl.inventory import Host
     from deployctl.patchset import PatchSet
     from deployctl.project import Project
-    from deployctl.remote.measures import BenchLevel
+    from deployctl.remote.measures import BenchLevel, LevelFigures
 
 T = TypeVar("T")
 
@@ -110,6 +111,7 @@ class TuneOptions:
     noise: float = 0.03
     repeats: int = 3
     points: int = 3
+    warmup: bool = True  # each level warmed up on each server before it is measured
     threshold_mode: ThresholdMode | None = None  # None: each host's `threshold_mode`
     baseline_template: str = "baseline"
     speculative_template: str | None = None  # None: the deployment's, when it speculates
@@ -123,10 +125,12 @@ class TuneOptions:
         # A level given twice, or out of order, is one level, measured in order.
         object.__setattr__(self, "levels", sorted(set(self.levels)))
 
-    def bench_plan(self, levels: Sequence[int]) -> BenchPlan:
+    def bench_plan(self, levels: Sequence[int], warmed: Collection[int] = ()) -> BenchPlan:
+        """The sweep of `levels` on a server already warmed up at `warmed`."""
         return BenchPlan(
-            list(levels), self.input_len, self.output_len, self.per_stream, self.level_timeout
-        )
+            list(levels), self.input_len, self.output_len, self.per_stream, self.level_timeout,
+            warmup=self.warmup, warmed=frozenset(warmed),
+        )  # fmt: skip
 
     def describe(self) -> TuneParams:
         return {
@@ -139,6 +143,7 @@ class TuneOptions:
             "min_ratio": self.min_ratio,
             "noise": self.noise,
             "repeats": self.repeats,
+            "warmup": self.warmup,
         }
 
 
@@ -153,6 +158,7 @@ class PhaseRun:
     state: str = "not started"  # a RunState value once launched
     measured: list[BenchLevel] = field(default_factory=list)
     sweeps: list[str] = field(default_factory=list)  # kept bench files on the host
+    _warmed: dict[str, set[int]] = field(default_factory=dict)  # run → levels warmed up at
 
     @property
     def run(self) -> str | None:
@@ -165,6 +171,14 @@ class PhaseRun:
 
     def samples(self) -> dict[int, list[float]]:
         return {c: [tps(s) for s in found] for c, found in by_concurrency(self.measured).items()}
+
+    def figures(self) -> dict[int, LevelFigures]:
+        """Each level's warm-up and the spread and drift of all its rounds."""
+        return {c: level_figures(found) for c, found in by_concurrency(self.measured).items()}
+
+    def warmed(self) -> set[int]:
+        """The levels the phase's current run has been warmed up at."""
+        return self._warmed.setdefault(self.run or "", set())
 
 
 @dataclass
@@ -537,8 +551,9 @@ class Tuner:
         self._step(phase, "measuring", list(levels))
         began = time.monotonic()
         try:
+            warmed = phase_run.warmed()
             swept = run_bench(
-                self.host, self.conn, self.options.bench_plan(levels), self.events,
+                self.host, self.conn, self.options.bench_plan(levels, warmed), self.events,
                 stop=self.cancel.is_set,
             )  # fmt: skip
         except DeployctlError as exc:
@@ -548,6 +563,7 @@ class Tuner:
         self.level_seconds.append((time.monotonic() - began) / max(1, len(swept.levels)))
         phase_run.measured += swept.levels
         phase_run.sweeps.append(swept.saved)
+        warmed.update(lv["concurrency"] for lv in swept.levels)
         failed = [lv for lv in swept.levels if lv["failed"]]
         if failed:
             first = failed[0]
@@ -668,6 +684,7 @@ def tune_record(result: TuneResult) -> TuneRecord:
             "levels": run.levels(),
             "samples": {str(c): v for c, v in run.samples().items()},
             "sweeps": run.sweeps,
+            "per_level": {str(c): v for c, v in run.figures().items()},
         }
         for phase, run in result.phases.items()
     }
@@ -678,6 +695,8 @@ def tune_record(result: TuneResult) -> TuneRecord:
             "speculative": j.speculative,
             "spread": j.spread,
             "samples": j.samples,
+            "level_spread": j.level_spread,
+            "within_spread": j.within_spread,
         }
         for c, j in judged.items()
     }
@@ -736,7 +755,9 @@ class TunePlan:
         splits = min(rounds(max(gaps), self.options.points), self.options.max_visits - 2)
         launches = 2 + splits + 1  # and the tuned run
         measured = len(coarse) * 3 + splits * self.options.points * 3
-        per_level = self.options.per_stream * self.options.output_len * ASSUMED_TOKEN_S
+        # A warm-up runs about two requests a stream (the level's, then the smaller batches).
+        requests = self.options.per_stream + (2 if self.options.warmup else 0)
+        per_level = requests * self.options.output_len * ASSUMED_TOKEN_S
         return {
             "launches": launches,
             "levels": measured,
