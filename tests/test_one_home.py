@@ -211,8 +211,13 @@ def test_tunes_search_does_no_io() -> None:
         elif isinstance(n, ast.Import):
             imported |= {a.name for a in n.names}
     ours = {name for name in imported if name.startswith("deployctl")}
-    types = {"deployctl.remote.measures.BenchLevel", "deployctl.remote.measures.ObjectiveShown"}
-    assert ours <= {"deployctl.ops.bench.per_token_ms", *types}
+    types = {
+        f"deployctl.remote.measures.{t}" for t in ("BenchLevel", "ObjectiveShown", "LevelFigures")
+    }
+    numbers = {
+        f"deployctl.ops.bench.{f}" for f in ("per_token_ms", "spread_of", "drift_of", "drifting")
+    }
+    assert ours <= numbers | types
     assert not {"time", "threading", "subprocess", "socket"} & {
         name.split(".")[0] for name in imported
     }
