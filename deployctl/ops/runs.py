@@ -15,6 +15,7 @@ import base64
 import codecs
 import contextlib
 import dataclasses
+import functools
 import getpass
 import socket
 import threading
@@ -74,6 +75,9 @@ from deployctl.ops.router import (
     router_state,
 )
 from deployctl.remote.protocol import (
+    FIRST_SIGNAL_GROUP,
+    FIRST_SIGNAL_LEADER,
+    FIRST_SIGNAL_NONE,
     GPUS_COMMAND,
     JobInfo,
     MetricsPage,
@@ -527,7 +531,10 @@ def launch(
     )
     # A multi-node server that failed on one node leaves no process on any other.
     failed = {key for key, watch in groups.items() if watch.state is Verdict.FAILED}
-    cleanup = fleet.run(end_run, [p.host for p in plans if p.group in failed])
+    cleanup = fleet.run(
+        lambda host, conn: end_run(host, conn, drain=False),
+        [p.host for p in plans if p.group in failed],
+    )
     ready = [
         by_name[r.name] for r in outcomes if r.value is not None and r.value.state is RunState.READY
     ]
@@ -605,19 +612,35 @@ def recorded_run(
 
 
 def end_run(
-    host: Host, conn: Connection, timeout: float = 10, run_id: str | None = None
+    host: Host,
+    conn: Connection,
+    timeout: float = 10,
+    run_id: str | None = None,
+    drain: bool = True,
 ) -> StopReply:
-    """End the deployment's current run (or run `run_id`) on one host: SIGTERM its group,
-    SIGKILL leftovers; a Slurm job: scancel."""
+    """End the deployment's current run (or run `run_id`) on one host: SIGTERM its main
+    process (SGLang drains: what it runs finishes, then it ends its children), and after
+    `timeout` its whole group, SIGKILL leftovers; a Slurm job: scancel.
+
+    A node > 0 of a multi-node server gets no signal of its own at first: its schedulers
+    end when rank 0's drain shuts them down (a SIGTERM to its main process would take them
+    down at once and break rank 0's requests). `drain` False: the group gets SIGTERM at
+    once (a server that failed has nothing to finish)."""
     args: StopArgs = {
         "state_dir": host.settings.state_dir,
         "deployment": host.deployment,
         "timeout": timeout,
         "run": run_id,
+        "first_signal": FIRST_SIGNAL_LEADER,
     }
-    # The agent waits `timeout` for SIGTERM, then up to 10 s after SIGKILL: the round trip
-    # must outlast both, whatever the host's command timeout.
-    limit = max(conn.command_timeout, timeout + 20)
+    if not drain:
+        args["first_signal"] = FIRST_SIGNAL_GROUP
+    elif node_rank(host) > 0:
+        args["first_signal"] = FIRST_SIGNAL_NONE
+    # The agent waits `timeout` for the drain, up to 10 s for the group's SIGTERM, then up
+    # to 10 s after SIGKILL: the round trip must outlast them all, whatever the host's
+    # command timeout.
+    limit = max(conn.command_timeout, timeout + 30)
     return agent.call(host, conn, agent.STOP, args, timeout=limit)
 
 
@@ -808,6 +831,11 @@ class StopResult:
     router: Registration | None = None
     drained: bool | None = None  # None: not drained (no router, or not asked)
     job: JobInfo | None = None  # a Slurm job as the stop left it
+    # How the run ended: "drained" (by itself after SIGTERM to its main process: what it
+    # ran finished), "cut" (still running at the timeout: its whole group was signalled);
+    # None: nothing of it was running.
+    shutdown: str | None = None
+    shutdown_s: float | None = None  # seconds from the first signal until it had ended
 
     @property
     def ok(self) -> bool:
@@ -816,10 +844,11 @@ class StopResult:
 
 
 def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120) -> StopResult:
-    """SIGTERM the run's process group, SIGKILL leftovers, then wait until the GPUs it was
-    given (the deployment's, or the host's) are clean; a run that may share them (its
-    fraction recorded) waits until every process left on them is another live run's of ours
-    (its own gone, none of anyone else's), so the deployment beside it keeps serving."""
+    """End the run (`end_run`: its main process drains for up to `timeout`), then wait
+    until the GPUs it was given (the deployment's, or the host's) are clean; a run that
+    may share them (its fraction recorded) waits until every process left on them is
+    another live run's of ours (its own gone, none of anyone else's), so the deployment
+    beside it keeps serving."""
     doc = end_run(host, conn, timeout)
     run = doc["run"]
     if run is None:
@@ -827,25 +856,26 @@ def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 
     if doc["left"]:
         raise DeployctlError(f"{host.label}: processes {doc['left']} survived SIGKILL")
     note = "" if doc["ended"] else "was not running"
+    ended = functools.partial(
+        StopResult, run["id"], shutdown=doc["shutdown"], shutdown_s=doc["shutdown_s"]
+    )
     launcher = launcher_of(run)
     if not launcher.checks_host:  # its GPUs were its nodes': its scheduler gives them back
-        return StopResult(run["id"], [], [], None, launcher.words(doc["job"]), job=doc["job"])
+        return ended([], [], None, launcher.words(doc["job"]), job=doc["job"])
     if run.get("gpus") == []:  # a router: it held no GPU
-        return StopResult(run["id"], doc["ended"], doc["killed"], None, note or "holds no GPU")
+        return ended(doc["ended"], doc["killed"], None, note or "holds no GPU")
     deadline = time.monotonic() + gpu_timeout
     while True:
         try:
             gpus = check_gpus(host, conn, only=run.get("gpus"))
         except DeployctlError as exc:
-            return StopResult(
-                run["id"], doc["ended"], doc["killed"], None, f"GPUs not checked: {exc.message}"
-            )
+            return ended(doc["ended"], doc["killed"], None, f"GPUs not checked: {exc.message}")
         clean = gpus.clean
         if not clean and run.get("mem_fraction_static") is not None:
             # What is left may be the servers it shared its GPUs with: those may stay.
             clean = find_holders(host, conn, gpus).held_by_ours
         if clean or time.monotonic() > deadline:
-            return StopResult(run["id"], doc["ended"], doc["killed"], clean, note)
+            return ended(doc["ended"], doc["killed"], clean, note)
         time.sleep(0.5)
 
 
@@ -1060,7 +1090,8 @@ def replace(
         return stop_serving(fleet, host, conn, stop_timeout, drain_timeout=drain_timeout)
 
     # A failed stop is not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
-    stops = fleet.run(stop, stopped)
+    # Rank 0s first: a node > 0 waits for its rank 0's drain, which must not queue behind it.
+    stops = fleet.run(stop, sorted(stopped, key=node_rank))
     broken = {p.group for p in plans if p.host.label in stops.failed and p.group is not None}
     kept = [p for p in plans if p.host.label not in stops.failed and p.group not in broken]
     if not kept or (between is not None and not between(stops)):

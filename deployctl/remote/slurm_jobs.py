@@ -233,7 +233,8 @@ def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
     if run["status"] == "running":
         run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
     write_json(record, run, mode=0o600)
-    return {"run": run, "ended": [], "killed": [], "left": [], "job": job}
+    return {"run": run, "ended": [], "killed": [], "left": [], "job": job,
+            "shutdown": None, "shutdown_s": None}  # fmt: skip
 
 
 class JobWatch:
@@ -308,5 +309,5 @@ class SlurmJobLauncher:
         job = query_job(run["job"]["id"], run["job"])
         return [], job_alive(job), {"job": job["id"]}
 
-    def stop(self, state_dir: str, run: RunRecord, timeout: float) -> StopReply:
+    def stop(self, state_dir: str, run: RunRecord, timeout: float, first_signal: str) -> StopReply:
         return stop_job_run(state_dir, run, timeout)
