@@ -35,7 +35,7 @@ from tests.standin.sglang_standin import (
     drain_line,
     kill_tree_line,
 )
-from tests.test_standin import Launch, free_port, wait_for
+from tests.test_standin import Launch, free_port, standin, wait_for  # noqa: F401 (the fixture)
 
 REAL = Path(__file__).parent / "data" / "real-sglang-0.5.17"
 
@@ -228,7 +228,7 @@ def label_shapes(text: str) -> dict[str, set[str]]:
     return shapes
 
 
-def test_standin_matches_the_real_server(standin: Launch) -> None:
+def test_standin_matches_the_real_server(standin: Launch) -> None:  # noqa: F811 (the fixture)
     server = standin(None, "--enable-metrics", tp=1, knobs={"startup_s": 0.3, "health_s": 1.0})
     wait_for(lambda: server.status() == 200, 8, "/health 200")
     log = server.text()
