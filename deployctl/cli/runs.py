@@ -81,8 +81,7 @@ def stop(
 
     Without -d it also ends this inventory's own leftovers (a run it launched that it no
     longer names); runs another inventory launched are listed and left alone (--orphans)."""
-    from deployctl.deployments import node_rank
-    from deployctl.ops.runs import stop_serving
+    from deployctl.ops.runs import stop_in_rank_order, stop_serving
     from deployctl.ops.server import stray_runs
     from deployctl.present import views
 
@@ -93,11 +92,12 @@ def stop(
             views.print_strays(strays, ending_others=orphans)
             targets = [*targets, *(s.host for s in strays if s.ours or orphans)]
             views.print_stopping(targets)
-        # Rank 0s first: a node > 0 waits for its rank 0's drain, which must not queue
-        # behind it when there are fewer forks than nodes.
-        return views.STOP, fleet.run(
-            lambda host, conn: stop_serving(fleet, host, conn, timeout),
-            sorted(targets, key=node_rank),
+        return views.STOP, stop_in_rank_order(
+            fleet,
+            targets,
+            lambda host, conn, let_drain: stop_serving(
+                fleet, host, conn, timeout, let_drain=let_drain
+            ),
         )
 
 

@@ -532,7 +532,7 @@ def launch(
     # A multi-node server that failed on one node leaves no process on any other.
     failed = {key for key, watch in groups.items() if watch.state is Verdict.FAILED}
     cleanup = fleet.run(
-        lambda host, conn: end_run(host, conn, drain=False),
+        lambda host, conn: end_run(host, conn, let_drain=False),
         [p.host for p in plans if p.group in failed],
     )
     ready = [
@@ -616,7 +616,7 @@ def end_run(
     conn: Connection,
     timeout: float = 10,
     run_id: str | None = None,
-    drain: bool = True,
+    let_drain: bool = True,
 ) -> StopReply:
     """End the deployment's current run (or run `run_id`) on one host: SIGTERM its main
     process (SGLang drains: what it runs finishes, then it ends its children), and after
@@ -624,7 +624,7 @@ def end_run(
 
     A node > 0 of a multi-node server gets no signal of its own at first: its schedulers
     end when rank 0's drain shuts them down (a SIGTERM to its main process would take them
-    down at once and break rank 0's requests). `drain` False: the group gets SIGTERM at
+    down at once and break rank 0's requests). `let_drain` False: the group gets SIGTERM at
     once (a server that failed has nothing to finish)."""
     args: StopArgs = {
         "state_dir": host.settings.state_dir,
@@ -633,7 +633,7 @@ def end_run(
         "run": run_id,
         "first_signal": FIRST_SIGNAL_LEADER,
     }
-    if not drain:
+    if not let_drain:
         args["first_signal"] = FIRST_SIGNAL_GROUP
     elif node_rank(host) > 0:
         args["first_signal"] = FIRST_SIGNAL_NONE
@@ -843,13 +843,19 @@ class StopResult:
         return self.gpus_clean is not False
 
 
-def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120) -> StopResult:
+def stop_run(
+    host: Host,
+    conn: Connection,
+    timeout: float,
+    gpu_timeout: float = 120,
+    let_drain: bool = True,
+) -> StopResult:
     """End the run (`end_run`: its main process drains for up to `timeout`), then wait
     until the GPUs it was given (the deployment's, or the host's) are clean; a run that
     may share them (its fraction recorded) waits until every process left on them is
     another live run's of ours (its own gone, none of anyone else's), so the deployment
-    beside it keeps serving."""
-    doc = end_run(host, conn, timeout)
+    beside it keeps serving. `let_drain`: as `end_run`'s."""
+    doc = end_run(host, conn, timeout, let_drain=let_drain)
     run = doc["run"]
     if run is None:
         return StopResult(None, [], [], None, "no run recorded")
@@ -953,10 +959,11 @@ def stop_serving(
     timeout: float,
     gpu_timeout: float = 120,
     drain_timeout: float = 0.0,
+    let_drain: bool = True,
 ) -> StopResult:
     """Remove a worker from its router (when it names one), let it finish what it runs (up
-    to `drain_timeout`), then `stop_run` it. A router that cannot be reached does not keep
-    the worker running: its result says so."""
+    to `drain_timeout`), then `stop_run` it (`let_drain`: as `end_run`'s). A router that cannot
+    be reached does not keep the worker running: its result says so."""
     head, url = "", ""
     if host.settings.router is not None and node_rank(host) == 0:
         # The URL the run was registered at: the inventory's may name another server now.
@@ -967,9 +974,32 @@ def stop_serving(
     drained = None
     if removed is not None and removed.ok and drain_timeout > 0:
         drained = drain(fleet, host, drain_timeout, removed.url).idle
-    result = stop_run(host, conn, timeout, gpu_timeout)
+    result = stop_run(host, conn, timeout, gpu_timeout, let_drain=let_drain)
     result.router, result.drained = removed, drained
     return result
+
+
+def stop_in_rank_order(
+    fleet: Fleet,
+    targets: Sequence[Host],
+    stop: Callable[[Host, Connection, bool], StopResult],
+) -> FleetResult[StopResult]:
+    """Stop each target with `stop(host, conn, let_drain)`: single servers and the rank 0s of
+    multi-node servers first, then their other nodes. Those get no signal while their rank
+    0 drained (its ShutdownReq ends their schedulers; they only follow), and are cut at
+    once where it did not (it was not running, or it was cut: their schedulers wait on
+    collectives that never complete). Results in the targets' order."""
+    firsts = [h for h in targets if node_rank(h) == 0]
+    first = fleet.run(lambda host, conn: stop(host, conn, True), firsts)
+    drained = {
+        group_of(r.host) for r in first if r.value is not None and r.value.shutdown == "drained"
+    }
+    rest = fleet.run(
+        lambda host, conn: stop(host, conn, group_of(host) in drained),
+        [h for h in targets if node_rank(h) > 0],
+    )
+    found = {id(r.host): r for r in (*first, *rest)}
+    return FleetResult(found[id(h)] for h in targets)
 
 
 @dataclass
@@ -1084,14 +1114,15 @@ def replace(
         if check.refused:
             return Replacement(FleetResult([]), check)
 
-    def stop(host: Host, conn: Connection) -> StopResult:
+    def stop(host: Host, conn: Connection, let_drain: bool) -> StopResult:
         if out_of_router:
-            return stop_run(host, conn, stop_timeout)
-        return stop_serving(fleet, host, conn, stop_timeout, drain_timeout=drain_timeout)
+            return stop_run(host, conn, stop_timeout, let_drain=let_drain)
+        return stop_serving(
+            fleet, host, conn, stop_timeout, drain_timeout=drain_timeout, let_drain=let_drain
+        )
 
     # A failed stop is not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
-    # Rank 0s first: a node > 0 waits for its rank 0's drain, which must not queue behind it.
-    stops = fleet.run(stop, sorted(stopped, key=node_rank))
+    stops = stop_in_rank_order(fleet, stopped, stop)
     broken = {p.group for p in plans if p.host.label in stops.failed and p.group is not None}
     kept = [p for p in plans if p.host.label not in stops.failed and p.group not in broken]
     if not kept or (between is not None and not between(stops)):
