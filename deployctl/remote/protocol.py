@@ -412,6 +412,12 @@ POINTER = "current"
 # the head node. The state it ended in is kept in its record: MinJobAge purges it from
 # slurmctld, and a cluster need not keep accounting.
 
+# A stop signals a job's steps with this (`scancel --signal`); a batch script whose step
+# supervisor turns it into SGLang's drain says so in this line (an older script's step would
+# die of it: its job gets SIGTERM, every process at once).
+STOP_SIGNAL = "USR2"
+STEP_DRAINS = f"# deployctl: a stop's scancel --signal={STOP_SIGNAL} drains the server"
+
 # States in which a job holds (or waits for) its allocation.
 ACTIVE_JOB_STATES = frozenset(
     {
