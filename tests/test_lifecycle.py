@@ -430,19 +430,28 @@ def streaming(
     return threads, answers
 
 
+def slow_alpha(hosts: SSHLab, cli: CLI, tmp_path: Path) -> tuple[Path, TestHost, Path]:
+    """alpha serving the baseline at 20 ms a decode step, its drain looking every 0.5 s: its
+    inventory, the host and the run's log."""
+    inv = inventory(hosts, tmp_path, ["alpha"], drain_s=0.5, step_ms=20.0)
+    code, doc, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    return inv, hosts.hosts["alpha"], Path(doc["hosts"]["alpha"]["log"])
+
+
+def assert_no_crash(cli: CLI, inv: Path) -> None:
+    crash = cli("crash", "-i", str(inv), "--json")
+    assert crash.returncode == 0 and json.loads(crash.stdout)["hosts"]["alpha"]["crashes"] == []
+
+
 def test_stop_lets_every_streamed_request_finish_and_the_server_end_its_ranks(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
     # Ranks outlive their parent (no PR_SET_PDEATHSIG): the server's own drain ends them.
-    inv = inventory(hosts, tmp_path, ["alpha"], drain_s=0.5, step_ms=20.0)
-    alpha = hosts.hosts["alpha"]
-    code, doc, err = launch_json(cli, inv, "--template", "baseline")
-    assert code == 0, err
-    entry = doc["hosts"]["alpha"]
+    inv, alpha, log = slow_alpha(hosts, cli, tmp_path)
     ranks = rank_pids(alpha)
     assert len(ranks) == 2
     # Four streams of 300 tokens: about 7 s each, all in flight when the stop begins.
-    log = Path(entry["log"])
     threads, answers = streaming(alpha, inv, log, 4, 300)
     stopped = cli("stop", "-i", str(inv), "--timeout", "60", "--json")
     for thread in threads:
@@ -459,8 +468,7 @@ def test_stop_lets_every_streamed_request_finish_and_the_server_end_its_ranks(
     looks = re.findall(r"Gracefully exiting\.\.\. Remaining number of requests (\d+)\.", text)
     assert looks[-1] == "0" and int(looks[0]) > 0, looks  # it waited for the requests
     assert "crashed with exit code" not in text  # no child died under the server
-    crash = cli("crash", "-i", str(inv), "--json")
-    assert crash.returncode == 0 and json.loads(crash.stdout)["hosts"]["alpha"]["crashes"] == []
+    assert_no_crash(cli, inv)
     status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["alpha"]
     assert status["state"] == "stopped" and status["crashed"] is False
     human = cli("stop", "-i", str(inv))  # nothing left: said so
@@ -470,13 +478,9 @@ def test_stop_lets_every_streamed_request_finish_and_the_server_end_its_ranks(
 def test_a_request_longer_than_the_timeout_is_cut_at_it_and_stop_says_so(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    inv = inventory(hosts, tmp_path, ["alpha"], drain_s=0.5, step_ms=20.0)
-    alpha = hosts.hosts["alpha"]
-    code, doc, err = launch_json(cli, inv, "--template", "baseline")
-    assert code == 0, err
-    entry = doc["hosts"]["alpha"]
+    inv, alpha, log = slow_alpha(hosts, cli, tmp_path)
     # 3000 tokens: over 60 s, far past a 3 s timeout.
-    threads, answers = streaming(alpha, inv, Path(entry["log"]), 1, 3000)
+    threads, answers = streaming(alpha, inv, log, 1, 3000)
     started = time.monotonic()
     stopped = cli("stop", "-i", str(inv), "--timeout", "3", "--json")
     took = time.monotonic() - started
@@ -491,8 +495,8 @@ def test_a_request_longer_than_the_timeout_is_cut_at_it_and_stop_says_so(
     assert not done and got < 3000, answers  # cut, not finished
     assert rank_pids(alpha) == [] and result["gpus_clean"] is True
     # The ranks died of the group's SIGTERM ("crashed with exit code -15"): the stop's doing.
-    crash = cli("crash", "-i", str(inv), "--json")
-    assert crash.returncode == 0 and json.loads(crash.stdout)["hosts"]["alpha"]["crashes"] == []
+    assert "crashed with exit code -15" in log.read_text()
+    assert_no_crash(cli, inv)
 
 
 def test_stop_escalates_to_sigkill_for_ranks_that_ignore_sigterm(
