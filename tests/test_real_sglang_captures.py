@@ -34,6 +34,7 @@ from tests.standin.sglang_standin import (
     child_crashed_line,
     drain_line,
     kill_tree_line,
+    scheduler_exit_line,
 )
 from tests.test_standin import Launch, free_port, standin, wait_for  # noqa: F401 (the fixture)
 
@@ -143,6 +144,26 @@ def test_the_stand_ins_shutdown_lines_are_the_real_ones() -> None:
             os=types.SimpleNamespace(getpid=lambda: 7),
         )
         assert "".join(tree) == kill_tree_line(7, False)
+        proc = types.SimpleNamespace(pid=820, exitcode=0)
+        ended = rendered(wheel, "srt/entrypoints/engine.py", "terminated with", proc=proc)
+        assert ended == [scheduler_exit_line(820, 0)]
+
+
+def test_a_drains_lines_are_no_crash() -> None:
+    """What a drained server logs, rank 0 and a node > 0, in the real lines' forms: nothing
+    of it is a crash, stopped or not."""
+    stamp = "[2026-12-02 04:34:19] "
+    drained = [
+        SIGTERM_LINE,
+        SHUTDOWN_HEALTH_LINE,
+        drain_line(["3f2a", "9c1d"]),
+        drain_line([]),
+        kill_tree_line(721, True),
+        scheduler_exit_line(820, 0),
+        kill_tree_line(722, False),
+    ]
+    text = "".join(stamp + line + "\n" for line in drained)
+    assert scan_text(text) == []
 
 
 def test_metrics_parser_reads_the_real_page_under_load() -> None:

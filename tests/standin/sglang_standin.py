@@ -194,6 +194,11 @@ def child_crashed_line(name: str, pid: int, code: int) -> str:
     )
 
 
+def scheduler_exit_line(pid: int, code: int) -> str:
+    """A node > 0's block_until_scheduler_exits, for each scheduler that ended."""
+    return f"Scheduler or DataParallelController {pid} terminated with {code}"
+
+
 def kill_tree_line(pid: int, include_parent: bool) -> str:
     return f"kill_process_tree called: parent_pid={pid}, include_parent={include_parent}, pid={pid}"
 
@@ -2455,10 +2460,7 @@ class Launcher:
             if all(rank.poll() is not None for rank in self.ranks):
                 # block_until_scheduler_exits() returned: this node's schedulers are gone.
                 for rank in self.ranks:
-                    log(
-                        f"Scheduler or DataParallelController {rank.pid} terminated with "
-                        f"{rank.returncode}"
-                    )
+                    log(scheduler_exit_line(rank.pid, rank.returncode))
                 # launch_server's `finally: kill_process_tree(os.getpid(), include_parent=False)`
                 self.kill_process_tree(include_parent=False)
                 os._exit(0)
