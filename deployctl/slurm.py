@@ -17,7 +17,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deployctl.errors import TemplateError
-from deployctl.remote.protocol import ACTIVE_JOB_STATES, JobInfo, LiveRun, RunRecord
+from deployctl.remote.protocol import (
+    ACTIVE_JOB_STATES,
+    STEP_DRAINS,
+    JobInfo,
+    LiveRun,
+    RunRecord,
+)
 from deployctl.settings import Settings
 from deployctl.shell import quote
 
@@ -65,21 +71,34 @@ with socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET) as sock:
         sys.exit(f"[deployctl] port {port} on node {node} is in use ({exc})")
 print(f"[deployctl] node {node}: GPUs {given or 'all'} clean, port {port} free", flush=True)
 """
-# The server's step on each node. A stop (`scancel --signal=TERM`: every process of the step
-# gets it) is done on purpose: the step then ends 0 whatever the server's exit (SGLang ends
-# a drain by SIGKILLing itself, 137), so Slurm records the job COMPLETED, not FAILED (a full
-# scancel records CANCELLED; a time limit or preemption their own states). The shell runs the
-# server in the foreground, so it keeps its signals (an `&` job would ignore SIGINT and
-# SIGQUIT), and takes its own TERM only once the server has exited.
-STOPPED_IS_DONE = """\
-trap 'stopping=1' TERM
-{command}
-code=$?
-if [ -n "${{stopping:-}}" ]; then
-  echo "[deployctl] the server on node $SLURMD_NODENAME was stopped (exit $code)"
-  exit 0
-fi
-exit "$code"
+# The server's step on each node runs the server under this supervisor (the host's python),
+# which makes a stop SGLang's drain. A stop is `scancel --signal=USR2` (STOP_SIGNAL), which
+# every process of the step gets: the server and its children ignore it (started with it
+# ignored, which a program keeps), and the supervisor, on node 0 only, SIGTERMs the server's
+# main process alone, which drains (its requests finish) and ends its children; a node > 0
+# follows its rank 0 (SGLang's ShutdownReq ends its schedulers). A stop, or SIGTERM to the
+# whole step (the stop's `scancel` at its timeout), ends the step 0 whatever the server's exit
+# (SGLang ends a drain by SIGKILLing itself, 137), so Slurm records the job COMPLETED, not
+# FAILED (a time limit or a preemption record their own states). argv: the server's command.
+STEP_SUPERVISOR = """\
+import os, signal, subprocess, sys
+stopping = False
+def stop(signum, frame):
+    global stopping
+    stopping = True
+    if signum == signal.SIGUSR2 and os.environ.get("SLURM_NODEID", "0") == "0":
+        server.send_signal(signal.SIGTERM)
+signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+server = subprocess.Popen(sys.argv[1:])
+signal.signal(signal.SIGUSR2, stop)
+signal.signal(signal.SIGTERM, stop)
+code = server.wait()
+code = code if code >= 0 else 128 - code
+if stopping:
+    node = os.environ.get("SLURMD_NODENAME", "")
+    print(f"[deployctl] the server on node {node} was stopped (exit {code})", flush=True)
+    sys.exit(0)
+sys.exit(code)
 """
 # The line that opens each start of the job in its log (a requeued job starts again, in the
 # same log).
@@ -151,12 +170,13 @@ def batch_script(
     """The batch script for one server: its command and environment as given (the real
     ones for sbatch, the masked ones for people)."""
     command = " ".join(step_word(w) for w in argv)
-    server = STOPPED_IS_DONE.format(command=command)
+    server = f"exec {quote(settings.python)} -c {quote(STEP_SUPERVISOR)} {command}"
     if _STEP_END in command.splitlines():
         raise TemplateError(f"the command has a line {_STEP_END!r}, which ends its step")
     step = f"srun --ntasks-per-node=1 --gpus-per-node={gpus_per_node(settings, tp)}"
     step += " --kill-on-bad-exit=1"
     lines = ["#!/bin/bash", "# deployctl: one server as a Slurm job (see deployctl render)"]
+    lines += [STEP_DRAINS]
     lines += [f"#SBATCH {option}" for option in directives(settings, tp)]
     lines += ["set -u"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in env.items()]

@@ -95,6 +95,15 @@ def free_port(address: str) -> int:
     raise RuntimeError(f"no free test port on {address}")
 
 
+def alive(pid: int) -> bool:
+    """Say whether pid runs (a zombie awaiting its reaper counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def sh(*argv: str | Path, check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(a) for a in argv], check=check, text=True, capture_output=True, **kwargs

@@ -1,4 +1,5 @@
-"""A long-running command (`watch`, `logs -f`) read in threads while a test waits on it.
+"""A long-running command (`watch`, `logs -f`) read in threads while a test waits on it; a
+streamed completion read to its end (`stream_tokens`).
 
 A wait for a line ends at its deadline even while the command prints nothing (a blocking
 `readline` in the test's own thread would wait for ever, and CI would run into its time
@@ -8,6 +9,7 @@ command). A JSON line that breaks its schema (checked as it is read) fails the t
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
 import signal
@@ -141,3 +143,23 @@ def watch_events(
 def kind_in(*kinds: str) -> Callable[[list[dict[str, Any]]], bool]:
     """`done` for `watch_events`: the newest event is of one of `kinds`."""
     return lambda events: bool(events) and events[-1]["event"] in kinds
+
+
+def stream_tokens(address: str, port: int, tokens: int, out: list[tuple[int, bool]]) -> None:
+    """One streamed completion read to its end: (tokens got, ended with [DONE]) into `out`;
+    a connection cut before the end counts what came."""
+    got, done = 0, False
+    conn = http.client.HTTPConnection(address, port, timeout=120)
+    try:
+        body = {"model": "m", "prompt": "hi", "max_tokens": tokens, "stream": True}
+        conn.request("POST", "/v1/completions", json.dumps(body))
+        reply = conn.getresponse()
+        for line in iter(reply.readline, b""):
+            if line.startswith(b"data: {"):
+                got += line.count(b" tok")
+            done = done or line.strip() == b"data: [DONE]"
+    except (OSError, http.client.HTTPException):
+        pass
+    finally:
+        conn.close()
+    out.append((got, done))

@@ -168,7 +168,7 @@ def test_metrics_targets_stay_a_bare_prometheus_list(cli: CLI) -> None:
 
 
 STOPPED = {"ok": True, "error": None, "code": None, "run": None, "ended": [], "killed": [],
-           "gpus_clean": True, "note": ""}  # fmt: skip
+           "gpus_clean": True, "note": "", "shutdown": None, "shutdown_s": None}  # fmt: skip
 
 
 def without(entry: dict[str, Any], key: str) -> dict[str, Any]:

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import CLI
-from tests.sshd_hosts import STANDIN, SSHLab, TestHost, free_port, sh
-from tests.streamed import Streamed
+from tests.sshd_hosts import STANDIN, SSHLab, TestHost, alive, free_port, sh
+from tests.streamed import Streamed, stream_tokens
 
 
 def prepare(host: TestHost, tp: int = 2, **knobs: object) -> dict[str, object]:
@@ -405,25 +408,95 @@ def test_the_dry_run_announces_the_log_the_launch_uses_after_a_log_was_deleted(
     cli("stop", "-i", str(inv))
 
 
-def test_stop_ends_every_rank_with_sigterm_to_the_group(
+def streaming(
+    host: TestHost, inv: Path, log: Path, count: int, tokens: int
+) -> tuple[list[threading.Thread], list[tuple[int, bool]]]:
+    """`count` streamed requests of `tokens` tokens each to the host's server (at its port in
+    `inv`), in flight once this returns."""
+    port = yaml.safe_load(inv.read_text())["all"]["hosts"][host.name]["port"]
+    answers: list[tuple[int, bool]] = []
+    before = log.read_text().count("POST /v1/completions")
+    threads = [
+        threading.Thread(target=stream_tokens, args=(host.address, port, tokens, answers))
+        for _ in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    # The access line is written with the answer's headers: the request is in flight.
+    while log.read_text().count("POST /v1/completions") < before + count:
+        assert time.monotonic() < deadline, "the requests never reached the server"
+        time.sleep(0.05)
+    return threads, answers
+
+
+def slow_alpha(hosts: SSHLab, cli: CLI, tmp_path: Path) -> tuple[Path, TestHost, Path]:
+    """alpha serving the baseline at 20 ms a decode step, its drain looking every 0.5 s: its
+    inventory, the host and the run's log."""
+    inv = inventory(hosts, tmp_path, ["alpha"], drain_s=0.5, step_ms=20.0)
+    code, doc, err = launch_json(cli, inv, "--template", "baseline")
+    assert code == 0, err
+    return inv, hosts.hosts["alpha"], Path(doc["hosts"]["alpha"]["log"])
+
+
+def assert_no_crash(cli: CLI, inv: Path) -> None:
+    crash = cli("crash", "-i", str(inv), "--json")
+    assert crash.returncode == 0 and json.loads(crash.stdout)["hosts"]["alpha"]["crashes"] == []
+
+
+def test_stop_lets_every_streamed_request_finish_and_the_server_end_its_ranks(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    # Ranks outlive their parent (no PR_SET_PDEATHSIG): only a signal to the whole group
-    # ends them before the grace period is over.
-    inv = inventory(hosts, tmp_path, ["alpha"], drain_s=0.2)
-    code, _, err = launch_json(cli, inv, "--template", "baseline")
-    assert code == 0, err
-    ranks = rank_pids(hosts.hosts["alpha"])
+    # Ranks outlive their parent (no PR_SET_PDEATHSIG): the server's own drain ends them.
+    inv, alpha, log = slow_alpha(hosts, cli, tmp_path)
+    ranks = rank_pids(alpha)
     assert len(ranks) == 2
-    started = time.monotonic()
-    # A grace period far longer than a loaded machine's stop (20 s measured at load 20).
+    # Four streams of 300 tokens: about 7 s each, all in flight when the stop begins.
+    threads, answers = streaming(alpha, inv, log, 4, 300)
     stopped = cli("stop", "-i", str(inv), "--timeout", "60", "--json")
-    took = time.monotonic() - started
-    entry = json.loads(stopped.stdout)["hosts"]["alpha"]
+    for thread in threads:
+        thread.join(timeout=60)
+    assert answers == [(300, True)] * 4, answers  # every token of every request, then [DONE]
     assert stopped.returncode == 0, stopped.stderr
-    assert set(ranks) <= set(entry["ended"]) and entry["killed"] == [], entry
-    assert took < 45, f"stop took {took:.2f}s, bound 45s: the ranks never got SIGTERM"
-    assert rank_pids(hosts.hosts["alpha"]) == []
+    result = json.loads(stopped.stdout)["hosts"]["alpha"]
+    assert result["shutdown"] == "drained" and result["killed"] == [], result
+    assert 0 < result["shutdown_s"] < 60
+    assert set(ranks) <= set(result["ended"]) and result["gpus_clean"] is True
+    assert rank_pids(alpha) == [] and not [p for p in result["ended"] if alive(p)]
+    text = log.read_text()
+    assert "SIGTERM received. signum=None frame=None. Draining requests" in text
+    looks = re.findall(r"Gracefully exiting\.\.\. Remaining number of requests (\d+)\.", text)
+    assert looks[-1] == "0" and int(looks[0]) > 0, looks  # it waited for the requests
+    assert "crashed with exit code" not in text  # no child died under the server
+    assert_no_crash(cli, inv)
+    status = json.loads(cli("status", "-i", str(inv), "--json").stdout)["hosts"]["alpha"]
+    assert status["state"] == "stopped" and status["crashed"] is False
+    human = cli("stop", "-i", str(inv))  # nothing left: said so
+    assert human.returncode == 0 and "was not running" in human.stdout
+
+
+def test_a_request_longer_than_the_timeout_is_cut_at_it_and_stop_says_so(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    inv, alpha, log = slow_alpha(hosts, cli, tmp_path)
+    # 3000 tokens: over 60 s, far past a 3 s timeout.
+    threads, answers = streaming(alpha, inv, log, 1, 3000)
+    started = time.monotonic()
+    stopped = cli("stop", "-i", str(inv), "--timeout", "3", "--json")
+    took = time.monotonic() - started
+    for thread in threads:
+        thread.join(timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    result = json.loads(stopped.stdout)["hosts"]["alpha"]
+    assert result["shutdown"] == "cut", result
+    assert 3 <= result["shutdown_s"] < 3 + 10 + 10  # the timeout, then the group's grace
+    assert took < 40, f"stop took {took:.1f}s"
+    ((got, done),) = answers
+    assert not done and got < 3000, answers  # cut, not finished
+    assert rank_pids(alpha) == [] and result["gpus_clean"] is True
+    # The ranks died of the group's SIGTERM ("crashed with exit code -15"): the stop's doing.
+    assert "crashed with exit code -15" in log.read_text()
+    assert_no_crash(cli, inv)
 
 
 def test_stop_escalates_to_sigkill_for_ranks_that_ignore_sigterm(

@@ -23,7 +23,7 @@ from tests.sglang_wheel import SGLANG_VERSION, claim_version, install_on
 from tests.sshd_hosts import REPO, STANDIN, SSHLab, free_port, loopback_address
 from tests.test_deployments import run_json, standin_starts
 from tests.test_faults import agents, wait_until
-from tests.test_lifecycle import prepare, rank_pids, watch_until
+from tests.test_lifecycle import prepare, rank_pids, streaming, watch_until
 
 # ---- over real sshd hosts --------------------------------------------------------------------
 
@@ -101,6 +101,35 @@ def test_a_group_launches_to_ready_with_its_ranks_and_one_init_address(
     stopped = node_entries(json.loads(result.stdout), names)
     assert all(e["gpus_clean"] is True for e in stopped.values())
     assert all(rank_pids(hosts.hosts[n]) == [] for n in names)
+
+
+def test_a_groups_stop_drains_rank_0_whose_end_ends_the_other_nodes(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    # Node > 0's main process dies of SIGTERM at once (it has no drain of its own) and its
+    # ranks with it: a stop that signals it breaks rank 0's requests. Rank 0's drain ends it.
+    names = ["alpha", "bravo"]
+    inv = group_inventory(hosts, tmp_path, names, drain_s=0.5, step_ms=20.0)
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    launched = node_entries(doc, names)
+    threads, answers = streaming(hosts.hosts["alpha"], inv, Path(launched["alpha"]["log"]), 2, 300)
+    result = cli("stop", "-i", str(inv), "--json", "--timeout", "60")
+    for thread in threads:
+        thread.join(timeout=60)
+    assert answers == [(300, True)] * 2, answers  # every token, through rank 0's drain
+    assert result.returncode == 0, result.stderr
+    stopped = node_entries(json.loads(result.stdout), names)
+    assert (stopped["alpha"]["shutdown"], stopped["alpha"]["killed"]) == ("drained", [])
+    # Bravo's stop comes after rank 0's: it followed rank 0 (ended already, or ending).
+    assert stopped["bravo"]["shutdown"] in ("drained", None) and stopped["bravo"]["killed"] == []
+    assert all(e["gpus_clean"] is True for e in stopped.values())
+    assert all(rank_pids(hosts.hosts[n]) == [] for n in names)
+    bravo = Path(launched["bravo"]["log"]).read_text()
+    assert re.search(r"Scheduler or DataParallelController \d+ terminated with 0$", bravo, re.M)
+    assert "NCCL error" not in bravo and "crashed with exit code" not in bravo
+    code, doc, _ = run_json(cli, "crash", "-i", str(inv))
+    assert code == 0 and all(not e["crashes"] for e in node_entries(doc, names).values()), doc
 
 
 def test_one_node_failing_preflight_starts_nothing_anywhere(

@@ -167,6 +167,31 @@ def test_host_text_reaches_the_terminal_with_its_control_characters_escaped(
     assert "\\x1b]0;title\\x07" in out and "\x1b" not in out and "\x07" not in out
 
 
+def test_a_stop_says_whether_the_run_drained_or_was_cut_in_the_table_and_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deployctl.ops.runs import StopResult
+    from deployctl.schema import versioned
+    from tests.json_contract import check_agreement, problem, validator
+
+    bravo = Host("bravo", dict(DEFAULT_VARS))
+    drained = StopResult("baseline_v1", [42, 43], [], True, shutdown="drained", shutdown_s=6.25)
+    cut = StopResult("baseline_v2", [44], [44], True, shutdown="cut", shutdown_s=40.0)
+    stops = FleetResult([HostResult(HOST, drained), HostResult(bravo, cut)])
+    document = views.STOP.document(stops)
+    assert document["hosts"]["alpha"]["shutdown"] == "drained"
+    assert document["hosts"]["alpha"]["shutdown_s"] == 6.25
+    assert (document["hosts"]["bravo"]["shutdown"], document["hosts"]["bravo"]["killed"]) == (
+        "cut",
+        [44],
+    )
+    assert problem(versioned(document), validator(["stop", "--json"])) is None
+    check_agreement(["stop", "--json"], 0, versioned(document))
+    views.render_result(views.STOP, stops, as_json=False)
+    out = capsys.readouterr().out
+    assert "drained in 6.2s" in out and "cut after 40.0s" in out
+
+
 def test_launch_replace_shows_each_stop_and_what_a_failed_stop_kept_from_starting(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

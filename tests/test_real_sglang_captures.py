@@ -6,6 +6,7 @@ The captures come from `scripts/gpu-real-sglang-check` runs (benchmarks/h200-rea
 
 from __future__ import annotations
 
+import ast
 import http.client
 import json
 import os
@@ -13,6 +14,8 @@ import re
 import shutil
 import sys
 import time
+import types
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,16 @@ from deployctl.metrics import GAUGES, HISTOGRAMS, PREFIX, parse_metrics
 from deployctl.ops.logs import LogScan, stop_effect
 from deployctl.ops.runs import READY_LINE
 from tests.conftest import CLI
+from tests.sglang_wheel import sglang_wheel
+from tests.standin.sglang_standin import (
+    SHUTDOWN_HEALTH_LINE,
+    SIGQUIT_LINE,
+    SIGTERM_LINE,
+    child_crashed_line,
+    drain_line,
+    kill_tree_line,
+    scheduler_exit_line,
+)
 from tests.test_standin import Launch, free_port, standin, wait_for  # noqa: F401 (the fixture)
 
 REAL = Path(__file__).parent / "data" / "real-sglang-0.5.17"
@@ -55,7 +68,8 @@ def test_crash_scanner_explains_the_real_kv_cache_memory_crash() -> None:
 
 
 def test_a_stop_of_the_real_server_is_not_reported_as_a_crash() -> None:
-    # `stop` signals the whole process group: the parent logs its scheduler as crashed -15.
+    # This stop signalled the whole process group (as a stop still does at its timeout): the
+    # parent logs its scheduler as crashed -15.
     text = real("baseline.log")
     reports = scan_text(text)
     assert [r.signature for r in reports] == ["subprocess-crashed"]
@@ -67,6 +81,89 @@ def test_a_stop_of_the_real_server_is_not_reported_as_a_crash() -> None:
     # A run that ended on its own (no stop recorded) still reports it.
     died = LogScan("baseline.log", len(text), len(text), reports, stopped=False)
     assert died.crashes == reports
+
+
+def logged_messages(text: str) -> set[str]:
+    """The messages of a log's logger records, without their `[time]` prefix."""
+    return {line.split("] ", 1)[1] for line in text.splitlines() if line.startswith("[")}
+
+
+def rendered(wheel: zipfile.ZipFile, member: str, needle: str, **names: object) -> list[str]:
+    """The log messages of `member` that contain `needle`, each rendered as that source
+    would render it with `names` (an f-string is evaluated; a plain string is itself)."""
+    tree = ast.parse(wheel.read(f"sglang/{member}").decode())
+    fstrings = [n for n in ast.walk(tree) if isinstance(n, ast.JoinedStr)]
+    parts = {id(part) for f in fstrings for part in f.values}
+    found = [
+        eval(compile(ast.Expression(f), member, "eval"), {}, dict(names))
+        for f in fstrings
+        if needle in ast.unparse(f)
+    ]
+    found += [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        and needle in n.value and id(n) not in parts
+    ]  # fmt: skip
+    return found
+
+
+def test_the_stand_ins_shutdown_lines_are_the_real_ones() -> None:
+    """Each line the stand-in writes when it is stopped: the real 0.5.17's as captured (the
+    baseline's stop, which signalled the whole group: tests/data/real-sglang-0.5.17/README.md)
+    and, for the lines of a drain no capture has yet, as the 0.5.17 wheel's source logs them
+    (the f-string itself, evaluated)."""
+    messages = logged_messages(real("baseline.log"))
+    assert SIGTERM_LINE in messages  # line 517
+    assert child_crashed_line("scheduler_0", 820, -15) in messages  # line 518
+    assert SIGQUIT_LINE in messages  # line 519
+    assert kill_tree_line(721, True) in messages  # line 522
+    with zipfile.ZipFile(sglang_wheel("0.5.17")) as wheel:
+        rids = ["3f2a", "9c1d"]
+        tokenizer = "srt/managers/tokenizer_manager.py"
+        assert rendered(wheel, tokenizer, "Draining requests", signum=None, frame=None) == [
+            SIGTERM_LINE
+        ]
+        assert rendered(
+            wheel, tokenizer, "Gracefully exiting", remain_num_req=2, remaining_rids=rids
+        ) == [drain_line(rids)]
+        assert drain_line([]).endswith("requests 0. Remaining requests remaining_rids=[].")
+        health = rendered(wheel, "srt/entrypoints/http_server.py", "during shutdown")
+        assert health == [SHUTDOWN_HEALTH_LINE]
+        proc = types.SimpleNamespace(pid=4242, exitcode=-15)
+        watchdog = rendered(
+            wheel, "srt/utils/watchdog.py", "crashed ", name="detokenizer", proc=proc
+        )
+        assert "".join(watchdog) == child_crashed_line("detokenizer", 4242, -15)
+        tree = rendered(
+            wheel,
+            "srt/utils/common.py",
+            "kill_process_tree called",
+            parent_pid=7,
+            include_parent=False,
+            os=types.SimpleNamespace(getpid=lambda: 7),
+        )
+        assert "".join(tree) == kill_tree_line(7, False)
+        proc = types.SimpleNamespace(pid=820, exitcode=0)
+        ended = rendered(wheel, "srt/entrypoints/engine.py", "terminated with", proc=proc)
+        assert ended == [scheduler_exit_line(820, 0)]
+
+
+def test_a_drains_lines_are_no_crash() -> None:
+    """What a drained server logs, rank 0 and a node > 0, in the real lines' forms: nothing
+    of it is a crash, stopped or not."""
+    stamp = "[2026-12-02 04:34:19] "
+    drained = [
+        SIGTERM_LINE,
+        SHUTDOWN_HEALTH_LINE,
+        drain_line(["3f2a", "9c1d"]),
+        drain_line([]),
+        kill_tree_line(721, True),
+        scheduler_exit_line(820, 0),
+        kill_tree_line(722, False),
+    ]
+    text = "".join(stamp + line + "\n" for line in drained)
+    assert scan_text(text) == []
 
 
 def test_metrics_parser_reads_the_real_page_under_load() -> None:
@@ -226,7 +323,9 @@ def test_crash_after_a_stop_reports_no_crash(cli: CLI, tmp_path: Path) -> None:
     stopped = cli("stop", "-i", str(inv), env=env)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     log = next((tmp_path / "logs").glob("*.log")).read_text()
-    assert "crashed with exit code -15" in log  # the group's SIGTERM, as real SGLang logs it
+    # SIGTERM to the main process: it drained and ended its children itself.
+    assert SIGTERM_LINE in log and drain_line([]) in log
+    assert "crashed with exit code" not in log
     crash = cli("crash", "-i", str(inv), "--json", env=env)
     assert crash.returncode == 0, crash.stdout
     assert json.loads(crash.stdout)["hosts"]["localhost"]["crashes"] == []

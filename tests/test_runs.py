@@ -4,6 +4,7 @@ step that restart and watch share."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -121,6 +122,32 @@ def test_stop_returns_only_once_a_group_killed_with_sigkill_is_gone(
     entry = json.loads(stopped.stdout)["hosts"]["alpha"]
     assert stopped.returncode == 0, stopped.stderr
     assert set(ranks) <= set(entry["killed"]), entry
+
+
+def test_a_main_process_that_dies_of_sigterm_alone_gets_its_group_cut_soon(tmp_path: Path) -> None:
+    # A wrapper (not exec'd) dies of the SIGTERM meant for the server and never ends what
+    # it started: the group is cut a few seconds later, not at the end of the timeout.
+    import os
+    import subprocess
+
+    from deployctl.remote.processes import LEADER_GONE_GRACE, ProcessLauncher, process_starttime
+
+    (tmp_path / "runs").mkdir()
+    wrapper = subprocess.Popen(["/bin/sh", "-c", "sleep 120; true"], start_new_session=True)
+    time.sleep(0.2)
+    pid = wrapper.pid
+    run: Any = {"id": "w_v1", "pid": pid, "pgid": pid, "sid": pid, "status": "running",
+                "starttime": process_starttime(pid)}  # fmt: skip
+    try:
+        reply = ProcessLauncher().stop(str(tmp_path), run, 30, "leader")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, 9)
+        wrapper.wait()
+    assert reply["shutdown"] == "cut" and len(reply["ended"]) == 2, reply
+    assert reply["shutdown_s"] is not None
+    assert LEADER_GONE_GRACE <= reply["shutdown_s"] < LEADER_GONE_GRACE + 5, reply
+    assert reply["left"] == [] and reply["killed"] == [], reply  # the sleep took the SIGTERM
 
 
 # ---- launch --replace: the same replace step -------------------------------------------------

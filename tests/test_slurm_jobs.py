@@ -7,12 +7,15 @@ node's address there (its `bind_by_node` knob), as a server on a real node binds
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from deployctl.remote.protocol import STEP_DRAINS
 from tests import streamed
 from tests.conftest import CLI
 from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster
@@ -375,6 +378,55 @@ def test_a_stop_on_purpose_ends_the_job_completed_not_failed(
     ]
     assert len(ends) == 1 and " JobState=COMPLETED " in ends[0], ends
     assert " ExitCode=0:0" in ends[0], ends
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_stop_drains_the_jobs_server_and_its_streamed_requests_finish(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path, nodes: int
+) -> None:
+    # `scancel --signal=TERM` reaches every process of the step: the schedulers die under
+    # the server and its requests are cut. The step's supervisor drains it instead.
+    inv = slurm_inventory(hosts, tmp_path, nodes=nodes)
+    set_knobs(hosts, drain_s=0.5, step_ms=20.0)
+    doc = launched(cli, inv)
+    log = Path(entry(doc)["log"])
+    port = yaml.safe_load(inv.read_text())["all"]["hosts"]["alpha"]["port"]
+    answers: list[tuple[int, bool]] = []
+    streams = [
+        threading.Thread(
+            target=streamed.stream_tokens, args=(job_of(doc)["head"], port, 300, answers)
+        )
+        for _ in range(2)
+    ]
+    for thread in streams:
+        thread.start()
+    wait_until(lambda: log.read_text().count("POST /v1/completions") >= 2, 30, 0.05)
+    code, doc, err = run_json(cli, "stop", "-i", str(inv), "--timeout", "60")
+    for thread in streams:
+        thread.join(timeout=60)
+    assert answers == [(300, True)] * 2, answers  # every token of both
+    assert code == 0, err
+    assert (entry(doc)["shutdown"], job_of(doc)["state"]) == ("drained", "COMPLETED"), doc
+    assert slurm_lab.active_jobs() == [] and standin_processes(hosts) == ""
+    text = log.read_text()
+    assert "Gracefully exiting... Remaining number of requests 0." in text
+    assert text.count("was stopped (exit") == nodes
+    assert "crashed with exit code" not in text and "NCCL error" not in text
+    code, doc, _ = run_json(cli, "crash", "-i", str(inv))
+    assert code == 0 and entry(doc)["crashes"] == [], doc
+
+
+def test_a_job_whose_script_predates_the_drain_is_sent_sigterm_as_then(
+    hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(hosts, tmp_path)
+    run = entry(launched(cli, inv))["run"]
+    script = hosts.hosts["alpha"].home / ".deployctl" / "runs" / f"{run}.sbatch"
+    script.write_text(script.read_text().replace(STEP_DRAINS + "\n", ""))
+    code, doc, err = run_json(cli, "stop", "-i", str(inv))
+    assert code == 0, err
+    assert (entry(doc)["shutdown"], job_of(doc)["state"]) == ("cut", "COMPLETED"), doc
+    assert slurm_lab.active_jobs() == [] and standin_processes(hosts) == ""
 
 
 def test_env_values_reach_the_job_byte_exact_and_run_nothing(

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 import zipfile
@@ -29,13 +30,20 @@ from deployctl.ops.tune import speculative_graph_sizes
 from deployctl.remote.bench import cmd_bench
 from deployctl.remote.measures import BenchLevel
 from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
+from tests.sshd_hosts import alive
 from tests.standin.sglang_standin import (
+    SHUTDOWN_HEALTH_LINE,
+    SIGTERM_LINE,
     ColdStart,
     adaptive_steps,
+    child_crashed_line,
     cuda_graph_batch_sizes,
+    drain_line,
+    kill_tree_line,
     load_adaptive_config,
     load_knobs,
 )
+from tests.streamed import stream_tokens
 from tests.test_bench import (  # its decode figures tell spec from plain
     MODEL,
     assert_paced,
@@ -63,15 +71,6 @@ def wait_for(predicate: Callable[[], object], timeout: float = 8.0, what: str = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
         time.sleep(0.02)
-
-
-def alive(pid: int) -> bool:
-    """Say whether pid runs (a zombie awaiting its reaper counts as dead)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def group_members(pgid: int) -> dict[int, str]:
@@ -251,17 +250,79 @@ def test_sigterm_to_the_group_ends_everything_like_sglang(standin: Launch) -> No
     assert re.search(r"Subprocess scheduler_\d \(pid=\d+\) crashed with exit code -15", log)
 
 
-def test_ranks_that_ignore_sigterm_need_sigkill(standin: Launch) -> None:
+def test_a_wedged_server_ignores_sigterm_and_only_sigkill_ends_it(standin: Launch) -> None:
     server = standin(knobs={"startup_s": 0.3, "ignore_sigterm": True, "drain_s": 0.2})
     server.wait_log(READY)
-    ranks = list(server.schedulers())
+    members = list(group_members(server.pid))
     os.killpg(server.pid, signal.SIGTERM)
-    assert server.proc.wait(timeout=5) == 0  # the parent drains and exits cleanly
-    assert "Finished server process" in server.text()
-    time.sleep(0.2)
-    assert all(alive(pid) for pid in ranks)
+    time.sleep(1.5)  # past the drain's first look and the watchdog's
+    assert all(alive(pid) for pid in members)
+    assert "Gracefully exiting" not in server.text()
     os.killpg(server.pid, signal.SIGKILL)
-    wait_for(lambda: not any(alive(pid) for pid in ranks), 5, "the ranks to die")
+    wait_for(lambda: not any(alive(pid) for pid in members), 5, "the group to die")
+
+
+def in_flight(server: Server, count: int, tokens: int) -> tuple[list[threading.Thread], list]:
+    """`count` streamed requests of `tokens` tokens, each answering once this returns."""
+    answers: list[tuple[int, bool]] = []
+    before = server.text().count("POST /v1/completions")
+    threads = [
+        threading.Thread(target=stream_tokens, args=("127.0.0.1", server.port, tokens, answers))
+        for _ in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    wait_for(
+        lambda: server.text().count("POST /v1/completions") >= before + count, 10, "the requests"
+    )
+    return threads, answers
+
+
+def test_sigterm_to_the_main_process_drains_like_sglang(standin: Launch) -> None:
+    knobs = {"startup_s": 0.3, "drain_s": 0.4, "step_ms": 20.0}
+    server = standin(knobs=knobs)
+    server.wait_log(READY)
+    ranks = list(server.schedulers())
+    threads, answers = in_flight(server, 3, 100)  # about 2 s each
+    os.kill(server.pid, signal.SIGTERM)
+    server.wait_log("SIGTERM received")
+    # Draining: /health says 503, and a new request is still taken and answered in full.
+    assert server.status() == 503
+    late, late_answers = in_flight(server, 1, 20)
+    for thread in threads + late:
+        thread.join(timeout=30)
+    assert answers == [(100, True)] * 3 and late_answers == [(20, True)]
+    assert server.proc.wait(timeout=10) == -signal.SIGKILL  # kill_process_tree, itself too
+    wait_for(lambda: not group_members(server.pid), 5, "the group to end")
+    log = server.text()
+    lines = [line.split("] ", 1)[1] for line in log.splitlines() if line.startswith("[")]
+    assert lines.count(SIGTERM_LINE) == 1 and SHUTDOWN_HEALTH_LINE in lines
+    looks = [line for line in lines if line.startswith("Gracefully exiting")]
+    first = re.fullmatch(
+        r"Gracefully exiting\.\.\. Remaining number of requests (\d)\. .*", looks[0]
+    )
+    assert first is not None and int(first.group(1)) >= 3, looks
+    assert looks[-1] == drain_line([]) and lines[-1] == kill_tree_line(server.pid, True)
+    assert "crashed with exit code" not in log
+    # The ranks exited on the ShutdownReq (0) before the tree was killed: nothing left.
+    assert not any(alive(pid) for pid in ranks)
+
+
+@pytest.mark.parametrize("child", ["scheduler_1", "detokenizer"])
+def test_sigterm_to_one_child_alone_is_a_crash_the_server_ends_on(
+    standin: Launch, child: str
+) -> None:
+    server = standin(knobs={"startup_s": 0.3})
+    server.wait_log(READY)
+    title = "sglang::detokenizer" if child == "detokenizer" else "sglang::scheduler_TP1"
+    (pid,) = [p for p, args in group_members(server.pid).items() if args.startswith(title)]
+    os.kill(pid, signal.SIGTERM)
+    assert server.proc.wait(timeout=10) != 0
+    wait_for(lambda: not group_members(server.pid), 5, "the group to end")
+    log = server.text()
+    crashed = child_crashed_line(child, pid, -signal.SIGTERM)
+    assert crashed in log and log.index(RUNNING_SIGQUIT) > log.index(crashed)
+    assert "Gracefully exiting" not in log
 
 
 def test_startup_crash_prints_one_traceback_per_rank_then_sigquit(standin: Launch) -> None:

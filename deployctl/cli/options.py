@@ -41,7 +41,10 @@ DrainTimeoutOpt = Annotated[
 StopTimeoutOpt = Annotated[
     float,
     typer.Option(
-        "--stop-timeout", min=0, help="Seconds between SIGTERM and SIGKILL of the old run."
+        "--stop-timeout",
+        min=0,
+        help="Seconds the old run has to drain after SIGTERM to its main process; then its "
+        "whole group gets SIGTERM, and SIGKILL up to 10 s later.",
     ),
 ]
 NoWaitOpt = Annotated[bool, typer.Option("--no-wait", help="Return once started.")]

@@ -58,7 +58,13 @@ def launch(
 def stop(
     session: Session,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0, help="Seconds between SIGTERM and SIGKILL.")
+        float,
+        typer.Option(
+            "--timeout",
+            min=0,
+            help="Seconds the server has to drain after SIGTERM to its main process (what it "
+            "runs finishes); then its whole group gets SIGTERM, and SIGKILL up to 10 s later.",
+        ),
     ] = 30,
     orphans: Annotated[
         bool,
@@ -69,11 +75,13 @@ def stop(
         ),
     ] = False,
 ) -> Reply:
-    """End each deployment's run (its whole process group); wait until its GPUs are clean.
+    """End each deployment's run: SIGTERM to its main process (SGLang drains: its requests
+    finish, then it ends its children), its whole group at --timeout; wait until its GPUs
+    are clean.
 
     Without -d it also ends this inventory's own leftovers (a run it launched that it no
     longer names); runs another inventory launched are listed and left alone (--orphans)."""
-    from deployctl.ops.runs import stop_serving
+    from deployctl.ops.runs import stop_in_rank_order, stop_serving
     from deployctl.ops.server import stray_runs
     from deployctl.present import views
 
@@ -84,8 +92,12 @@ def stop(
             views.print_strays(strays, ending_others=orphans)
             targets = [*targets, *(s.host for s in strays if s.ours or orphans)]
             views.print_stopping(targets)
-        return views.STOP, fleet.run(
-            lambda host, conn: stop_serving(fleet, host, conn, timeout), targets
+        return views.STOP, stop_in_rank_order(
+            fleet,
+            targets,
+            lambda host, conn, let_drain: stop_serving(
+                fleet, host, conn, timeout, let_drain=let_drain
+            ),
         )
 
 

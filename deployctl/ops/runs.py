@@ -15,6 +15,7 @@ import base64
 import codecs
 import contextlib
 import dataclasses
+import functools
 import getpass
 import socket
 import threading
@@ -74,6 +75,9 @@ from deployctl.ops.router import (
     router_state,
 )
 from deployctl.remote.protocol import (
+    FIRST_SIGNAL_GROUP,
+    FIRST_SIGNAL_LEADER,
+    FIRST_SIGNAL_NONE,
     GPUS_COMMAND,
     JobInfo,
     MetricsPage,
@@ -527,7 +531,10 @@ def launch(
     )
     # A multi-node server that failed on one node leaves no process on any other.
     failed = {key for key, watch in groups.items() if watch.state is Verdict.FAILED}
-    cleanup = fleet.run(end_run, [p.host for p in plans if p.group in failed])
+    cleanup = fleet.run(
+        lambda host, conn: end_run(host, conn, let_drain=False),
+        [p.host for p in plans if p.group in failed],
+    )
     ready = [
         by_name[r.name] for r in outcomes if r.value is not None and r.value.state is RunState.READY
     ]
@@ -605,19 +612,35 @@ def recorded_run(
 
 
 def end_run(
-    host: Host, conn: Connection, timeout: float = 10, run_id: str | None = None
+    host: Host,
+    conn: Connection,
+    timeout: float = 10,
+    run_id: str | None = None,
+    let_drain: bool = True,
 ) -> StopReply:
-    """End the deployment's current run (or run `run_id`) on one host: SIGTERM its group,
-    SIGKILL leftovers; a Slurm job: scancel."""
+    """End the deployment's current run (or run `run_id`) on one host: SIGTERM its main
+    process (SGLang drains: what it runs finishes, then it ends its children), and after
+    `timeout` its whole group, SIGKILL leftovers; a Slurm job: scancel.
+
+    A node > 0 of a multi-node server gets no signal of its own at first: its schedulers
+    end when rank 0's drain shuts them down (a SIGTERM to its main process would take them
+    down at once and break rank 0's requests). `let_drain` False: the group gets SIGTERM at
+    once (a server that failed has nothing to finish)."""
     args: StopArgs = {
         "state_dir": host.settings.state_dir,
         "deployment": host.deployment,
         "timeout": timeout,
         "run": run_id,
+        "first_signal": FIRST_SIGNAL_LEADER,
     }
-    # The agent waits `timeout` for SIGTERM, then up to 10 s after SIGKILL: the round trip
-    # must outlast both, whatever the host's command timeout.
-    limit = max(conn.command_timeout, timeout + 20)
+    if not let_drain:
+        args["first_signal"] = FIRST_SIGNAL_GROUP
+    elif node_rank(host) > 0:
+        args["first_signal"] = FIRST_SIGNAL_NONE
+    # The agent waits `timeout` for the drain, up to 10 s for the group's SIGTERM, then up
+    # to 10 s after SIGKILL: the round trip must outlast them all, whatever the host's
+    # command timeout.
+    limit = max(conn.command_timeout, timeout + 30)
     return agent.call(host, conn, agent.STOP, args, timeout=limit)
 
 
@@ -808,6 +831,11 @@ class StopResult:
     router: Registration | None = None
     drained: bool | None = None  # None: not drained (no router, or not asked)
     job: JobInfo | None = None  # a Slurm job as the stop left it
+    # How the run ended: "drained" (by itself after SIGTERM to its main process: what it
+    # ran finished), "cut" (still running at the timeout: its whole group was signalled);
+    # None: nothing of it was running.
+    shutdown: str | None = None
+    shutdown_s: float | None = None  # seconds from the first signal until it had ended
 
     @property
     def ok(self) -> bool:
@@ -815,37 +843,45 @@ class StopResult:
         return self.gpus_clean is not False
 
 
-def stop_run(host: Host, conn: Connection, timeout: float, gpu_timeout: float = 120) -> StopResult:
-    """SIGTERM the run's process group, SIGKILL leftovers, then wait until the GPUs it was
-    given (the deployment's, or the host's) are clean; a run that may share them (its
-    fraction recorded) waits until every process left on them is another live run's of ours
-    (its own gone, none of anyone else's), so the deployment beside it keeps serving."""
-    doc = end_run(host, conn, timeout)
+def stop_run(
+    host: Host,
+    conn: Connection,
+    timeout: float,
+    gpu_timeout: float = 120,
+    let_drain: bool = True,
+) -> StopResult:
+    """End the run (`end_run`: its main process drains for up to `timeout`), then wait
+    until the GPUs it was given (the deployment's, or the host's) are clean; a run that
+    may share them (its fraction recorded) waits until every process left on them is
+    another live run's of ours (its own gone, none of anyone else's), so the deployment
+    beside it keeps serving. `let_drain`: as `end_run`'s."""
+    doc = end_run(host, conn, timeout, let_drain=let_drain)
     run = doc["run"]
     if run is None:
         return StopResult(None, [], [], None, "no run recorded")
     if doc["left"]:
         raise DeployctlError(f"{host.label}: processes {doc['left']} survived SIGKILL")
     note = "" if doc["ended"] else "was not running"
+    ended = functools.partial(
+        StopResult, run["id"], shutdown=doc["shutdown"], shutdown_s=doc["shutdown_s"]
+    )
     launcher = launcher_of(run)
     if not launcher.checks_host:  # its GPUs were its nodes': its scheduler gives them back
-        return StopResult(run["id"], [], [], None, launcher.words(doc["job"]), job=doc["job"])
+        return ended([], [], None, launcher.words(doc["job"]), job=doc["job"])
     if run.get("gpus") == []:  # a router: it held no GPU
-        return StopResult(run["id"], doc["ended"], doc["killed"], None, note or "holds no GPU")
+        return ended(doc["ended"], doc["killed"], None, note or "holds no GPU")
     deadline = time.monotonic() + gpu_timeout
     while True:
         try:
             gpus = check_gpus(host, conn, only=run.get("gpus"))
         except DeployctlError as exc:
-            return StopResult(
-                run["id"], doc["ended"], doc["killed"], None, f"GPUs not checked: {exc.message}"
-            )
+            return ended(doc["ended"], doc["killed"], None, f"GPUs not checked: {exc.message}")
         clean = gpus.clean
         if not clean and run.get("mem_fraction_static") is not None:
             # What is left may be the servers it shared its GPUs with: those may stay.
             clean = find_holders(host, conn, gpus).held_by_ours
         if clean or time.monotonic() > deadline:
-            return StopResult(run["id"], doc["ended"], doc["killed"], clean, note)
+            return ended(doc["ended"], doc["killed"], clean, note)
         time.sleep(0.5)
 
 
@@ -923,10 +959,11 @@ def stop_serving(
     timeout: float,
     gpu_timeout: float = 120,
     drain_timeout: float = 0.0,
+    let_drain: bool = True,
 ) -> StopResult:
     """Remove a worker from its router (when it names one), let it finish what it runs (up
-    to `drain_timeout`), then `stop_run` it. A router that cannot be reached does not keep
-    the worker running: its result says so."""
+    to `drain_timeout`), then `stop_run` it (`let_drain`: as `end_run`'s). A router that cannot
+    be reached does not keep the worker running: its result says so."""
     head, url = "", ""
     if host.settings.router is not None and node_rank(host) == 0:
         # The URL the run was registered at: the inventory's may name another server now.
@@ -937,9 +974,32 @@ def stop_serving(
     drained = None
     if removed is not None and removed.ok and drain_timeout > 0:
         drained = drain(fleet, host, drain_timeout, removed.url).idle
-    result = stop_run(host, conn, timeout, gpu_timeout)
+    result = stop_run(host, conn, timeout, gpu_timeout, let_drain=let_drain)
     result.router, result.drained = removed, drained
     return result
+
+
+def stop_in_rank_order(
+    fleet: Fleet,
+    targets: Sequence[Host],
+    stop: Callable[[Host, Connection, bool], StopResult],
+) -> FleetResult[StopResult]:
+    """Stop each target with `stop(host, conn, let_drain)`: single servers and the rank 0s of
+    multi-node servers first, then their other nodes. Those get no signal while their rank
+    0 drained (its ShutdownReq ends their schedulers; they only follow), and are cut at
+    once where it did not (it was not running, or it was cut: their schedulers wait on
+    collectives that never complete). Results in the targets' order."""
+    firsts = [h for h in targets if node_rank(h) == 0]
+    first = fleet.run(lambda host, conn: stop(host, conn, True), firsts)
+    drained = {
+        group_of(r.host) for r in first if r.value is not None and r.value.shutdown == "drained"
+    }
+    rest = fleet.run(
+        lambda host, conn: stop(host, conn, group_of(host) in drained),
+        [h for h in targets if node_rank(h) > 0],
+    )
+    found = {id(r.host): r for r in (*first, *rest)}
+    return FleetResult(found[id(h)] for h in targets)
 
 
 @dataclass
@@ -1054,13 +1114,15 @@ def replace(
         if check.refused:
             return Replacement(FleetResult([]), check)
 
-    def stop(host: Host, conn: Connection) -> StopResult:
+    def stop(host: Host, conn: Connection, let_drain: bool) -> StopResult:
         if out_of_router:
-            return stop_run(host, conn, stop_timeout)
-        return stop_serving(fleet, host, conn, stop_timeout, drain_timeout=drain_timeout)
+            return stop_run(host, conn, stop_timeout, let_drain=let_drain)
+        return stop_serving(
+            fleet, host, conn, stop_timeout, drain_timeout=drain_timeout, let_drain=let_drain
+        )
 
     # A failed stop is not judged by the GPUs (`ok`): only a stop that raised keeps a host out.
-    stops = fleet.run(stop, stopped)
+    stops = stop_in_rank_order(fleet, stopped, stop)
     broken = {p.group for p in plans if p.host.label in stops.failed and p.group is not None}
     kept = [p for p in plans if p.host.label not in stops.failed and p.group not in broken]
     if not kept or (between is not None and not between(stops)):

@@ -1237,6 +1237,19 @@ DEFINITIONS: dict[str, Schema] = {
             "killed": array(integer()),
             "gpus_clean": nullable("boolean"),
             "note": string(),
+            "shutdown": {
+                "enum": ["drained", "cut", None],
+                "description": "How the run ended: drained (by itself within the timeout "
+                "after SIGTERM to its main process, or, a node > 0 of a multi-node server, "
+                "to its rank 0's: what it ran finished), cut (still running at the "
+                "timeout: its whole group was signalled, what it ran was cut); null: "
+                "nothing of it was running.",
+            },
+            "shutdown_s": nullable(
+                "number",
+                "Seconds from the first signal until nothing of the run was left; null: "
+                "nothing of it was running.",
+            ),
             "router": {
                 "$ref": "#/$defs/registration",
                 "description": "Its removal from its router before the stop.",
@@ -1244,7 +1257,7 @@ DEFINITIONS: dict[str, Schema] = {
             "job": ref("job"),
         },
         required=["ok"],
-        required_when_ok=["run", "ended", "killed", "gpus_clean", "note"],
+        required_when_ok=["run", "ended", "killed", "gpus_clean", "note", "shutdown", "shutdown_s"],
     ),
     "tuned": obj(
         {

@@ -374,6 +374,8 @@ def stop_json(stop: StopResult) -> dict[str, Any]:
         "killed": stop.killed,
         "gpus_clean": stop.gpus_clean,
         "note": stop.note,
+        "shutdown": stop.shutdown,
+        "shutdown_s": stop.shutdown_s,
         **({"router": registration_json(stop.router)} if stop.router else {}),
         **job_fields(stop.job),
     }

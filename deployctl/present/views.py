@@ -489,6 +489,8 @@ def _stop_lines(result: LaunchReport) -> None:
         if stop.value is not None:
             pids = ", ".join(map(str, stop.value.ended))
             ended = f"pids {pids}" if pids else "nothing left running"
+            if stop.value.shutdown is not None:
+                ended += f"; {shutdown_text(stop.value)}"
             console().print(f"{stop.name}: stopped {stop.value.run} ({ended})", markup=False)
             if stop.value.router is not None:
                 print_registration(stop.value.router)
@@ -518,9 +520,19 @@ def _stop_table(results: FleetResult[StopResult]) -> None:
         gpus = {True: "clean", False: "NOT clean", None: "not checked"}[v.gpus_clean]
         ended = ", ".join(map(str, v.ended)) or "-"
         note = "; ".join(filter(None, [v.note, registration_text(v.router) if v.router else ""]))
-        rows.append([r.name, v.run or "-", ended, ", ".join(map(str, v.killed)) or "-", gpus, note])
-    print_table(None, ["host", "run", "ended pids", "needed SIGKILL", "GPUs", "note"], rows)
+        killed = ", ".join(map(str, v.killed)) or "-"
+        rows.append([r.name, v.run or "-", shutdown_text(v), ended, killed, gpus, note])
+    columns = ["host", "run", "shutdown", "ended pids", "needed SIGKILL", "GPUs", "note"]
+    print_table(None, columns, rows)
     print_host_errors(results)
+
+
+def shutdown_text(stop: StopResult) -> str:
+    """How the run ended: `drained in 6.2s` (its requests finished), `cut after 30.0s`."""
+    if stop.shutdown is None:
+        return "-"
+    took = f"{stop.shutdown_s:.1f}s" if stop.shutdown_s is not None else "?"
+    return f"drained in {took}" if stop.shutdown == "drained" else f"cut after {took}"
 
 
 def print_stopping(targets: Sequence[Host]) -> None:

@@ -42,7 +42,9 @@ class HostLauncher(Protocol):
 
     def liveness(self, run: RunRecord) -> tuple[list[int], bool, LiveRunOrigin]: ...
 
-    def stop(self, state_dir: str, run: RunRecord, timeout: float) -> StopReply: ...
+    def stop(
+        self, state_dir: str, run: RunRecord, timeout: float, first_signal: str
+    ) -> StopReply: ...
 
 
 # The process launcher last: it claims whatever no other launcher does (older records too).

@@ -3,6 +3,7 @@ session), found through /proc, ended by signals."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,6 +12,10 @@ from typing import cast
 
 from .files import state_path, write_json
 from .protocol import (
+    FIRST_SIGNAL_GROUP,
+    FIRST_SIGNAL_LEADER,
+    SHUTDOWN_CUT,
+    SHUTDOWN_DRAINED,
     JobInfo,
     JobRef,
     LeaderIdentity,
@@ -131,26 +136,89 @@ class ProcessLauncher:
         members = run_members(run)
         return members, bool(members), {}
 
-    def stop(self, state_dir: str, run: RunRecord, timeout: float) -> StopReply:
-        """SIGTERM the run's process group, SIGKILL what is left after the timeout."""
+    def stop(self, state_dir: str, run: RunRecord, timeout: float, first_signal: str) -> StopReply:
+        """SIGTERM the run's main process (or, `first_signal` none, nothing) and wait up to
+        `timeout` for the group to end by itself; then SIGTERM the group, and SIGKILL what
+        is left a little later."""
         members = run_members(run)
         killed: list[int] = []
+        shutdown, shutdown_s = None, None
         record = state_path(state_dir, "runs", run["id"] + ".json")
         if members and run["status"] == "running":
             run = cast(RunRecord, dict(run, stop_requested_at=time.time()))
             write_json(record, run)
         if members:
-            os.killpg(run["pgid"], signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while run_members(run) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            killed = run_members(run)
-            if killed:
-                os.killpg(run["pgid"], signal.SIGKILL)
-                while run_members(run) and time.monotonic() < deadline + 10:
-                    time.sleep(0.05)
+            began = time.monotonic()
+            drained = first_signal != FIRST_SIGNAL_GROUP and drain_group(
+                run, timeout, first_signal == FIRST_SIGNAL_LEADER
+            )
+            shutdown = SHUTDOWN_DRAINED if drained else SHUTDOWN_CUT
+            if not drained:
+                killed = cut_group(run, min(CUT_GRACE, timeout))
+            shutdown_s = round(time.monotonic() - began, 3)
         if run["status"] == "running":
             run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
             write_json(record, run)
         left = run_members(run)
-        return {"run": run, "ended": members, "killed": killed, "left": left, "job": None}
+        return {
+            "run": run, "ended": members, "killed": killed, "left": left, "job": None,
+            "shutdown": shutdown, "shutdown_s": shutdown_s,
+        }  # fmt: skip
+
+
+# After the drain's timeout the group gets SIGTERM, and SIGKILL this much later at most (a
+# server that died of its schedulers' deaths ends its tree itself: SGLang within ~5 s).
+CUT_GRACE = 10.0
+# A group whose main process is gone gets this long to follow it before it is cut: SGLang
+# SIGKILLs its children just before itself; a wrapper that died of the SIGTERM never ends
+# the server under it.
+LEADER_GONE_GRACE = 5.0
+# /proc/PID/stat's flags: the process is exiting (a SIGKILLed process tearing down its
+# memory, which a big one takes a while to do).
+PF_EXITING = 0x4
+
+
+def exiting(pid: int) -> bool:
+    """The process is on its way out (dying of a signal already): no signal is needed."""
+    fields = stat_fields(pid)
+    return fields is None or bool(int(fields[6]) & PF_EXITING)
+
+
+def drain_group(run: RunRecord, timeout: float, signal_leader: bool) -> bool:
+    """SIGTERM the run's main process (when asked) and wait up to `timeout` for the whole
+    group to end by itself: True when it did."""
+    leader = run["pid"]
+    if signal_leader and leader in run_members(run):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(leader, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    leader_gone_at: float | None = None
+    while True:
+        members = run_members(run)
+        if not members:
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if leader not in members:
+            leader_gone_at = now if leader_gone_at is None else leader_gone_at
+            dying = all(exiting(pid) for pid in members)
+            if not dying and now >= leader_gone_at + LEADER_GONE_GRACE:
+                return False
+        time.sleep(0.05)
+
+
+def cut_group(run: RunRecord, grace: float) -> list[int]:
+    """SIGTERM the whole group, SIGKILL what is left after `grace`; the PIDs SIGKILLed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(run["pgid"], signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while run_members(run) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killed = run_members(run)
+    if killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run["pgid"], signal.SIGKILL)
+        while run_members(run) and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+    return killed

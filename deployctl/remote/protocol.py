@@ -338,11 +338,29 @@ class StatusReply(PollReply):
     metrics: MetricsPage | None  # asked for and the server alive
 
 
+# How a stop begins. SGLang drains on SIGTERM to its main process: it finishes the requests
+# it runs, then ends its own children; a SIGTERM to every process at once kills the
+# schedulers under it and cuts those requests. A node > 0 of a multi-node server has no
+# drain of its own (its main process dies of SIGTERM and takes its schedulers along, which
+# breaks rank 0's collectives): its schedulers end when rank 0's drain shuts them down.
+FIRST_SIGNAL_LEADER = "leader"  # SIGTERM the run's main process only
+FIRST_SIGNAL_NONE = "none"  # signal nothing; the run ends when its rank 0 ends it
+FIRST_SIGNAL_GROUP = "group"  # no drain: SIGTERM the whole group at once (a failed server)
+
+# How a run ended under a stop: by itself after the first signal (what it ran finished), or
+# cut at the timeout (its whole group signalled).
+SHUTDOWN_DRAINED = "drained"
+SHUTDOWN_CUT = "cut"
+
+
 class StopArgs(TypedDict):
     state_dir: str
     deployment: str | None
+    # Seconds the run has to end by itself after the first signal; then its group gets
+    # SIGTERM, and SIGKILL a little later.
     timeout: float
     run: str | None  # a run of the deployment by id (a renewed job's predecessor); None: current
+    first_signal: str  # FIRST_SIGNAL_LEADER, _NONE or _GROUP
 
 
 class PointArgs(TypedDict):
@@ -361,6 +379,8 @@ class StopReply(TypedDict):
     killed: list[int]
     left: list[int]
     job: JobInfo | None  # a Slurm job as the stop left it
+    shutdown: str | None  # SHUTDOWN_DRAINED or SHUTDOWN_CUT; None: nothing of it was running
+    shutdown_s: float | None  # seconds from the first signal until nothing of it was left
 
 
 class ReleaseArgs(TypedDict):
@@ -391,6 +411,12 @@ POINTER = "current"
 # sacct, once slurmctld has forgotten it) says whether it lives, and its server answers on
 # the head node. The state it ended in is kept in its record: MinJobAge purges it from
 # slurmctld, and a cluster need not keep accounting.
+
+# A stop signals a job's steps with this (`scancel --signal`); a batch script whose step
+# supervisor turns it into SGLang's drain says so in this line (an older script's step would
+# die of it: its job gets SIGTERM, every process at once).
+STOP_SIGNAL = "USR2"
+STEP_DRAINS = f"# deployctl: a stop's scancel --signal={STOP_SIGNAL} drains the server"
 
 # States in which a job holds (or waits for) its allocation.
 ACTIVE_JOB_STATES = frozenset(

@@ -336,8 +336,10 @@ def cmd_stop(args: StopArgs) -> StopReply:
     state_dir = args["state_dir"]
     run = current_run(state_dir, args["run"], args["deployment"])
     if run is None:
-        return {"run": None, "ended": [], "killed": [], "left": [], "job": None}
-    return launcher_of(run).stop(state_dir, run, float(args["timeout"]))
+        return {"run": None, "ended": [], "killed": [], "left": [], "job": None,
+                "shutdown": None, "shutdown_s": None}  # fmt: skip
+    timeout = float(args["timeout"])
+    return launcher_of(run).stop(state_dir, run, timeout, args["first_signal"])
 
 
 def cmd_point(args: PointArgs) -> PointReply:

@@ -14,6 +14,10 @@ from typing import cast
 from .files import fail, read_json, state_path, write_atomic, write_json
 from .protocol import (
     ACTIVE_JOB_STATES,
+    SHUTDOWN_CUT,
+    SHUTDOWN_DRAINED,
+    STEP_DRAINS,
+    STOP_SIGNAL,
     JobInfo,
     JobRef,
     LiveRunOrigin,
@@ -198,27 +202,39 @@ def submit_job(args: StartArgs, run_id: str, log_path: str) -> RunRecord:
     })  # fmt: skip
 
 
-def stop_job(state_dir: str, run: RunRecord, timeout: float) -> JobInfo:
-    """SIGTERM the job's steps (the server shuts down as it would here), cancel it outright
-    after `timeout`, and wait until Slurm says it has ended."""
+def stop_job(state_dir: str, run: RunRecord, timeout: float) -> tuple[JobInfo, str | None]:
+    """Ask the job's server to drain (STOP_SIGNAL to its steps: its step supervisor SIGTERMs
+    the server's main process), cancel it outright after `timeout`, and wait until Slurm
+    says it has ended. The job as it ended, and whether it drained or was cut (None: it
+    was pending)."""
     known = run["job"]
     job = query_job(known["id"], known)
+    script = state_path(state_dir, "runs", run["id"] + ".sbatch")
+    try:
+        with open(script, encoding="utf-8", errors="replace") as handle:
+            drains = STEP_DRAINS in handle.read()
+    except OSError:
+        drains = False
+    shutdown: str | None = None
     if job["state"] == "PENDING":
         slurm("scancel", job["id"])
     elif job_alive(job):
-        slurm("scancel", "--signal=TERM", job["id"])
+        # An older script's step dies of STOP_SIGNAL: SIGTERM every process of it, as then.
+        signal_name = STOP_SIGNAL if drains else "TERM"
+        slurm("scancel", f"--signal={signal_name}", job["id"])
+        shutdown = SHUTDOWN_DRAINED if drains else SHUTDOWN_CUT
     deadline = time.monotonic() + timeout
     cancelled = job["state"] == "PENDING"
     while job_alive(job):
         if not cancelled and time.monotonic() >= deadline:
             slurm("scancel", job["id"])  # TERM again, then KILL after the cluster's KillWait
-            cancelled = True
+            cancelled, shutdown = True, SHUTDOWN_CUT
         if time.monotonic() >= deadline + 120:
             break
         time.sleep(0.25)
         job = query_job(job["id"], job)
     remember_job(state_dir, run["id"], job)
-    return job
+    return job, shutdown
 
 
 def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
@@ -228,12 +244,15 @@ def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
     if job_alive(was) and run["status"] == "running":
         run = cast(RunRecord, dict(run, stop_requested_at=time.time(), job=was))
         write_json(record, run, mode=0o600)
-    job = stop_job(state_dir, run, timeout) if job_alive(was) else was
+    began = time.monotonic()
+    job, shutdown = stop_job(state_dir, run, timeout) if job_alive(was) else (was, None)
     run = cast(RunRecord, dict(read_json(record) or run, job=job))
     if run["status"] == "running":
         run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
     write_json(record, run, mode=0o600)
-    return {"run": run, "ended": [], "killed": [], "left": [], "job": job}
+    took = round(time.monotonic() - began, 3) if shutdown is not None else None
+    return {"run": run, "ended": [], "killed": [], "left": [], "job": job,
+            "shutdown": shutdown, "shutdown_s": took}  # fmt: skip
 
 
 class JobWatch:
@@ -308,5 +327,5 @@ class SlurmJobLauncher:
         job = query_job(run["job"]["id"], run["job"])
         return [], job_alive(job), {"job": job["id"]}
 
-    def stop(self, state_dir: str, run: RunRecord, timeout: float) -> StopReply:
+    def stop(self, state_dir: str, run: RunRecord, timeout: float, first_signal: str) -> StopReply:
         return stop_job_run(state_dir, run, timeout)

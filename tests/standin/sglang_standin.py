@@ -63,7 +63,7 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # Where 0.5.23 is gentler than the worst case, the default is the worst case:
     "late_bind": False,  # True: listen only once ranks are up, as 0.5.23 does
     "pdeathsig": False,  # True: ranks die with the parent (0.5.23's PR_SET_PDEATHSIG)
-    "drain_s": 2.0,  # SIGTERM to a ready server: delay before "Gracefully exiting"
+    "drain_s": 2.0,  # SIGTERM to a ready server: its drain looks this often (SGLang: 5 s)
     # A ready server's /health and /health_generate answer after this long: real SGLang
     # (0.5.17, tests/data/real-sglang-0.5.17) runs a 1-token request and sleeps 1 s first.
     # 0 keeps the suite fast; the fidelity tests run with the real 1.0.
@@ -137,6 +137,12 @@ DEFAULT_CUDA_GRAPH_MAX_BS = 256
 # ranks to print their tracebacks before it kills the tree.
 CRASH_GATHER_S = 1.0
 WATCHDOG_INTERVAL_S = 1.0  # SGLang's SubprocessWatchdog polls every second
+# After a drain, how long the main process waits for its schedulers to exit on the
+# ShutdownReq before it kills its tree (TokenizerManager.sigterm_watchdog's 15 s).
+SCHEDULER_EXIT_S = 15.0
+# What rank 0 sends the other nodes once its drain has ended: its ShutdownReq, which SGLang
+# broadcasts to every rank.
+SHUTDOWN_BYTE = b"S"
 GIB = 1024**3
 
 
@@ -166,6 +172,40 @@ def log(msg: str, prefix: str = "") -> None:
 def uvicorn_log(level: str, msg: str, fd: int = 2) -> None:
     """Write one uvicorn record in the format SGLang configures for it."""
     _write(fd, f"[{_stamp()}] {(level + ':').ljust(9)} {msg}\n")
+
+
+# The shutdown lines (TokenizerManager's SignalHandler and sigterm_watchdog, http_server's
+# health_generate, SubprocessWatchdog, utils' kill_process_tree; the same in 0.5.17 and
+# 0.5.23).  The SIGTERM and SIGQUIT handlers are added through the event loop, which calls
+# them without arguments: SGLang prints signum and frame as None.
+SIGTERM_LINE = "SIGTERM received. signum=None frame=None. Draining requests and shutting down..."
+SIGQUIT_LINE = "SIGQUIT received. signum=None, frame=None. It usually means one child failed."
+SHUTDOWN_HEALTH_LINE = "Health check request received during shutdown. Returning 503."
+
+
+def drain_line(rids: list[str]) -> str:
+    """sigterm_watchdog's look at the requests left."""
+    return (
+        f"Gracefully exiting... Remaining number of requests {len(rids)}. "
+        f"Remaining requests remaining_rids={rids!r}."
+    )
+
+
+def child_crashed_line(name: str, pid: int, code: int) -> str:
+    """SubprocessWatchdog's line for a child that exited non-zero."""
+    return (
+        f"Subprocess {name} (pid={pid}) crashed with exit code {code}. "
+        "Triggering SIGQUIT for cleanup..."
+    )
+
+
+def scheduler_exit_line(pid: int, code: int) -> str:
+    """A node > 0's block_until_scheduler_exits, for each scheduler that ended."""
+    return f"Scheduler or DataParallelController {pid} terminated with {code}"
+
+
+def kill_tree_line(pid: int, include_parent: bool) -> str:
+    return f"kill_process_tree called: parent_pid={pid}, include_parent={include_parent}, pid={pid}"
 
 
 # --------------------------------------------------------------------------
@@ -681,19 +721,19 @@ def _rank_main(cfg: dict[str, Any]) -> NoReturn:
             prefix,
         )
     _report(cfg, "ready")
-    # The parent writes "serving <time>" once it logged the ready line.  EOF
-    # means it is gone; unless pdeathsig is set we stay and keep any GPU
-    # memory, the orphaned-rank case that makes deployctl kill the group.
+    # The parent writes "serving <time>" once it logged the ready line, "crash <time>" once
+    # the decoder steps a batch above the threshold or a prefill is mid-transfer (pd_crash),
+    # and "shutdown" at the end of a SIGTERM drain (SGLang's ShutdownReq: the event loop
+    # ends and the rank exits 0).  EOF means it is gone; unless pdeathsig is set we stay and
+    # keep any GPU memory, the orphaned-rank case that makes deployctl kill the group.
     with os.fdopen(cfg["ctl_fd"], "rb", buffering=0) as ctl:
-        line = ctl.readline()
-        if line.startswith(b"serving ") and cfg["await_crash"]:
-            # "crash <time>" comes once the decoder steps a batch above the threshold, or
-            # once a prefill is mid-transfer (pd_crash).
-            line = ctl.readline()
-    if line.startswith(b"serving ") and cfg["crash"] == "after_ready":
-        _crash(cfg, _RUNNING_FRAMES, float(line.split()[1]) + cfg["crash_after_s"])
-    if line.startswith(b"crash "):
-        _crash(cfg, _RUNNING_FRAMES, float(line.split()[1]))
+        for line in iter(ctl.readline, b""):
+            if line.startswith(b"serving ") and cfg["crash"] == "after_ready":
+                _crash(cfg, _RUNNING_FRAMES, float(line.split()[1]) + cfg["crash_after_s"])
+            if line.startswith(b"crash "):
+                _crash(cfg, _RUNNING_FRAMES, float(line.split()[1]))
+            if line == b"shutdown\n" and not cfg["ignore_sigterm"]:
+                os._exit(0)
     while True:
         signal.pause()
 
@@ -736,10 +776,15 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
             body = self.rfile.read(length) if length else b""
             path = self.path.split("?", 1)[0]
             launcher = self.server.launcher
-            if path == "/v1/completions" and launcher.healthy() and launcher.node_rank == 0:
-                self._stream_completion(json.loads(body or b"{}"))
-            elif path == "/generate" and launcher.healthy() and launcher.node_rank == 0:
-                self._generate(json.loads(body or b"{}"))
+            # A drain (SIGTERM) still takes new requests, as SGLang's does: only /health
+            # answers 503 then.
+            generates = launcher.ready and launcher.node_rank == 0
+            if path == "/v1/completions" and generates:
+                with launcher.in_flight():
+                    self._stream_completion(json.loads(body or b"{}"))
+            elif path == "/generate" and generates:
+                with launcher.in_flight():
+                    self._generate(json.loads(body or b"{}"))
             elif path == "/flush_cache" and launcher.node_rank == 0:
                 self._send(200, b"Cache flushed.\nPlease check backend logs for more details.")
             else:
@@ -894,6 +939,8 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
             path = self.path.split("?", 1)[0]
             if path in ("/health", "/health_generate", "/ready", "/ping"):
                 healthy = launcher.healthy()
+                if launcher.exiting and path in ("/health", "/health_generate"):
+                    log(SHUTDOWN_HEALTH_LINE)
                 if path in ("/health", "/health_generate") and healthy:
                     # SGLang runs a 1-token request and sleeps 1 s before it looks.
                     time.sleep(float(launcher.knobs["health_s"]))
@@ -1898,6 +1945,7 @@ class Launcher:
         self.served_model_name: str = self.server_args["served_model_name"]
         self.ranks: list[subprocess.Popen[bytes]] = []
         self.children: list[subprocess.Popen[bytes]] = []
+        self.detokenizer: subprocess.Popen[bytes] | None = None
         self.ctl_fds: list[int] = []
         self.status_r: int | None = None  # ranks report "ready N" / "crashed N" here
         self.status_buf = b""
@@ -1908,6 +1956,8 @@ class Launcher:
         self.ready = False
         self.exiting = False
         self.sigterm_at: float | None = None
+        self.requests: dict[str, float] = {}  # rid -> arrival, of the requests answering now
+        self.requests_lock = threading.Lock()
         self.startup_time = time.time()
         self.node_rank = args.node_rank if args.nnodes > 1 else 0
         threshold = getattr(args, THRESHOLD_FIELD, None)
@@ -1937,6 +1987,7 @@ class Launcher:
         elif args.disaggregation_mode == "decode":
             self.pd = DecodePD(self)
         self.peers: list[socket.socket] = []  # rank 0: the other nodes; others: rank 0
+        self.shutdown_asked = False  # a node > 0: rank 0's drain has ended
         self.peer_lost_at: float | None = None
         config = self._hf_config()
         archs = config.get("architectures") or ["LlamaForCausalLM"]
@@ -1958,6 +2009,19 @@ class Launcher:
 
     def healthy(self) -> bool:
         return self.ready and not self.exiting
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """Count a request as the tokenizer manager's rid_to_state does, until its answer
+        is written: a drain waits for it."""
+        rid = uuid_hex()
+        with self.requests_lock:
+            self.requests[rid] = time.time()
+        try:
+            yield
+        finally:
+            with self.requests_lock:
+                del self.requests[rid]
 
     def log_health_check_failed(self) -> None:
         # http_server.health_generate after HEALTH_CHECK_TIMEOUT (20 s; here health_s).
@@ -2126,8 +2190,6 @@ class Launcher:
             "t0": t0,
             "startup_s": float(self.knobs["startup_s"]),
             "crash": self.knobs["crash"],
-            "await_crash": self.knobs["crash"] == "above_threshold"
-            or self.knobs["pd_crash"] == "mid_transfer",
             "crash_after_s": float(self.knobs["crash_after_s"]),
             "crash_message": str(self.knobs["crash_message"]),
             "gpu_mib": int(self.knobs["gpu_mib"]),
@@ -2172,7 +2234,8 @@ class Launcher:
             self.ranks.append(proc)
             self.ctl_fds.append(ctl_w)
         detok = {**common, "role": "detokenizer", "title": "sglang::detokenizer"}
-        self._spawn({**detok, "ignore_sigterm": False}, ())
+        ignore = bool(self.knobs["ignore_sigterm"])
+        self.detokenizer = self._spawn({**detok, "ignore_sigterm": ignore}, ())
         os.close(status_w)
 
     def crash_schedulers(self) -> None:
@@ -2251,10 +2314,7 @@ class Launcher:
         os._exit(1)
 
     def kill_process_tree(self, include_parent: bool) -> None:
-        log(
-            f"kill_process_tree called: parent_pid={self.pid}, "
-            f"include_parent={include_parent}, pid={self.pid}"
-        )
+        log(kill_tree_line(self.pid, include_parent))
         for proc in self.children:
             with contextlib.suppress(OSError):
                 proc.kill()
@@ -2279,18 +2339,19 @@ class Launcher:
         if self.ready:
             # The tokenizer manager's handler, added through the event loop,
             # so SGLang formats signum and frame as None.
-            log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+            log(SIGQUIT_LINE)
         else:
             log("Received sigquit from a child process. It usually means the child failed.")
         self.kill_process_tree(include_parent=True)
         os._exit(1)  # not reached: kill_process_tree SIGKILLs this process
 
     def on_sigterm_running(self, signum: int, frame: Any) -> None:
-        if self.exiting:
-            return
-        log("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
-        self.exiting = True
-        self.sigterm_at = time.time()
+        # TokenizerManager's SignalHandler.sigterm_handler: it only sets gracefully_exit;
+        # sigterm_watchdog does the rest (serve() here).
+        log(SIGTERM_LINE)
+        if not self.exiting:
+            self.exiting = True
+            self.sigterm_at = time.time()
 
     # -- phases -------------------------------------------------------------------
 
@@ -2385,12 +2446,20 @@ class Launcher:
                     )
                 time.sleep(0.1)
 
-    def check_peers(self) -> None:
-        """Another node gone: NCCL's watchdog ends this node a little later."""
+    def check_peers(self) -> bool:
+        """Another node gone: NCCL's watchdog ends this node a little later.  True once
+        rank 0's drain has ended (its ShutdownReq reaches every rank): from then on the
+        nodes part without an error."""
+        if self.shutdown_asked:
+            return False
         if self.peer_lost_at is None:
             readable, _, _ = select.select(self.peers, [], [], 0)
             for peer in readable:
-                if not peer.recv(1):
+                byte = peer.recv(1)
+                if byte == SHUTDOWN_BYTE:
+                    self.shutdown_asked = True
+                    return True
+                if not byte:
                     self.peer_lost_at = time.time()
         elif time.time() >= self.peer_lost_at + float(self.knobs["peer_loss_s"]):
             first = self.rank_layout()[0][1]
@@ -2403,17 +2472,15 @@ class Launcher:
             log("Received sigquit from a child process. It usually means the child failed.")
             self.kill_process_tree(include_parent=False)
             os._exit(1)
-
-    def on_sigterm_node(self, signum: int, frame: Any) -> None:
-        log(
-            f"SIGTERM received on node_rank {self.node_rank}; waiting for the rank-0 "
-            "ShutdownReq broadcast to stop the schedulers."
-        )
+        return False
 
     def run_node(self) -> NoReturn:
         """A node > 0: join rank 0, bring up its ranks, then serve only a dummy /health."""
+        # A node > 0 installs no SIGTERM handler: its main process blocks in
+        # block_until_scheduler_exits, and SIGTERM ends it at once.
         signal.signal(signal.SIGQUIT, self.on_sigquit)
-        signal.signal(signal.SIGTERM, self.on_sigterm_node)
+        if self.knobs["ignore_sigterm"]:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.join_rank0()
         self.spawn_children(time.time())
         self.wait_for_ranks()
@@ -2428,9 +2495,13 @@ class Launcher:
                 os.write(fd, serving)
         while True:
             self.pump(0.05)
-            self.check_peers()
+            if self.check_peers():
+                self.tell_ranks(b"shutdown\n")  # rank 0's ShutdownReq, broadcast to every rank
             if all(rank.poll() is not None for rank in self.ranks):
                 # block_until_scheduler_exits() returned: this node's schedulers are gone.
+                for rank in self.ranks:
+                    log(scheduler_exit_line(rank.pid, rank.returncode))
+                # launch_server's `finally: kill_process_tree(os.getpid(), include_parent=False)`
                 self.kill_process_tree(include_parent=False)
                 os._exit(0)
 
@@ -2480,7 +2551,8 @@ class Launcher:
         uvicorn_log("INFO", f'{client} - "POST /generate HTTP/1.1" 200 OK', fd=1)
         self.idle_until(max(t0 + span, warm + 0.1 * span))
         # From here on SGLang's tokenizer manager owns SIGTERM and SIGQUIT.
-        signal.signal(signal.SIGTERM, self.on_sigterm_running)
+        ignore = self.knobs["ignore_sigterm"]
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore else self.on_sigterm_running)
         self.ready = True
         if isinstance(self.pd, PrefillPD):
             self.pd.on_ready()
@@ -2492,9 +2564,13 @@ class Launcher:
         self.serve()
 
     def serve(self) -> NoReturn:
-        """Watch the ranks like SubprocessWatchdog; finish a SIGTERM drain."""
+        """Watch the children like SubprocessWatchdog; drain after a SIGTERM."""
         drain = float(self.knobs["drain_s"])
+        watched = [(f"scheduler_{i}", proc) for i, proc in enumerate(self.ranks)]
+        if self.detokenizer is not None:
+            watched.append(("detokenizer", self.detokenizer))
         next_check = time.time() + WATCHDOG_INTERVAL_S
+        next_drain_check: float | None = None
         request_error_at = (
             time.time() + float(self.knobs["crash_after_s"])
             if self.knobs["request_error"]
@@ -2508,20 +2584,29 @@ class Launcher:
             if request_error_at is not None and now >= request_error_at:
                 request_error_at = None
                 self.log_request_error()
-            if self.sigterm_at is not None and now >= self.sigterm_at + drain:
-                self.shutdown()
+            if self.sigterm_at is not None:
+                # sigterm_watchdog: a look every drain_s (5 s in SGLang) until none is left.
+                next_drain_check = next_drain_check or self.sigterm_at + drain
+                if now >= next_drain_check:
+                    if not self.log_remaining():
+                        self.shutdown()
+                    next_drain_check = now + drain
             if now < next_check:
                 continue
             next_check = now + WATCHDOG_INTERVAL_S
-            for index, proc in enumerate(self.ranks):
+            for name, proc in watched:
                 code = proc.poll()
                 if code is not None and code != 0:
-                    log(
-                        f"Subprocess scheduler_{index} (pid={proc.pid}) crashed with exit "
-                        f"code {code}. Triggering SIGQUIT for cleanup..."
-                    )
+                    log(child_crashed_line(name, proc.pid, code))
                     self.sigquit_pending = True  # SGLang SIGQUITs itself here
                     break
+
+    def log_remaining(self) -> int:
+        """Log the drain's look at the requests still answering; how many there are."""
+        with self.requests_lock:
+            rids = list(self.requests)
+        log(drain_line(rids))
+        return len(rids)
 
     def log_request_error(self) -> None:
         """One failed request, as uvicorn logs it; the server keeps serving."""
@@ -2538,17 +2623,25 @@ class Launcher:
         ]
         uvicorn_log("ERROR", "Exception in ASGI application\n" + "\n".join(lines))
 
+    def tell_ranks(self, line: bytes) -> None:
+        for fd in self.ctl_fds:
+            with contextlib.suppress(OSError):
+                os.write(fd, line)
+
     def shutdown(self) -> NoReturn:
-        # Ranks are left to the process-group signal (deployctl's job); real
-        # 0.5.23 would also send them a ShutdownReq and then SIGKILL stragglers.
-        log(
-            "Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[]."
-        )
-        uvicorn_log("INFO", "Shutting down")
-        uvicorn_log("INFO", "Waiting for application shutdown.")
-        uvicorn_log("INFO", "Application shutdown complete.")
-        uvicorn_log("INFO", f"Finished server process [{self.pid}]")
-        os._exit(0)
+        """The end of a drain, as sigterm_watchdog ends it: the watchdog stopped (children
+        exiting now are no crash), a ShutdownReq to every scheduler (the other nodes' too),
+        up to 15 s for them to exit, then kill_process_tree of everything, this process
+        included (SIGKILL: no uvicorn shutdown lines)."""
+        self.tell_ranks(b"shutdown\n")
+        for peer in self.peers:
+            with contextlib.suppress(OSError):
+                peer.sendall(SHUTDOWN_BYTE)
+        deadline = time.time() + SCHEDULER_EXIT_S
+        while time.time() < deadline and any(rank.poll() is None for rank in self.ranks):
+            time.sleep(0.05)
+        self.kill_process_tree(include_parent=True)
+        os._exit(0)  # not reached: kill_process_tree SIGKILLs this process
 
 
 # --------------------------------------------------------------------------
