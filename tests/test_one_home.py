@@ -214,9 +214,7 @@ def test_tunes_search_does_no_io() -> None:
     types = {
         f"deployctl.remote.measures.{t}" for t in ("BenchLevel", "ObjectiveShown", "LevelFigures")
     }
-    numbers = {
-        f"deployctl.ops.bench.{f}" for f in ("per_token_ms", "spread_of", "drift_of", "drifting")
-    }
+    numbers = {f"deployctl.ops.bench.{f}" for f in ("per_token_ms", "spread_of", "round_figures")}
     assert ours <= numbers | types
     assert not {"time", "threading", "subprocess", "socket"} & {
         name.split(".")[0] for name in imported

@@ -10,7 +10,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from deployctl import __version__, agent
 from deployctl import events as ev
@@ -105,7 +105,9 @@ def t975(df: int) -> float:
 def spread_of(rounds: Sequence[float]) -> float | None:
     """The half-width of a 95 % confidence interval of the rounds' mean, as a fraction of
     it; None with fewer than two rounds (one round says nothing of the next)."""
-    mean = statistics.fmean(rounds) if len(rounds) > 1 else 0.0
+    if len(rounds) < 2:
+        return None
+    mean = statistics.fmean(rounds)
     if mean <= 0:
         return None
     return t975(len(rounds) - 1) * statistics.stdev(rounds) / math.sqrt(len(rounds)) / mean
@@ -115,7 +117,9 @@ def drift_of(rounds: Sequence[float]) -> float | None:
     """The mean of the rounds' second half less their first half's, as a fraction of their
     mean (an odd middle round is in neither); None with fewer than two rounds."""
     half = len(rounds) // 2
-    mean = statistics.fmean(rounds) if half else 0.0
+    if not half:
+        return None
+    mean = statistics.fmean(rounds)
     if mean <= 0:
         return None
     return (statistics.fmean(rounds[-half:]) - statistics.fmean(rounds[:half])) / mean
@@ -126,19 +130,25 @@ def drifting(spread: float | None, drift: float | None) -> bool:
     return spread is not None and drift is not None and abs(drift) > spread
 
 
-def with_figures(level: BenchLevel) -> BenchLevel:
-    """The level with what its rounds and its warm-up say: the spread of its rounds, their
-    drift, and how far the warm-up's first sample was from the level's throughput."""
-    rounds = level.get("rounds_tokens_per_s", [])
+def round_figures(
+    rounds: Sequence[float], first: float | None, middle: float
+) -> dict[str, float | bool | None]:
+    """What a level's rounds and its warm-up say: the rounds' spread and drift, and how far
+    the warm-up's first sample (`first`) was from the level's throughput (`middle`)."""
     spread, drift = spread_of(rounds), drift_of(rounds)
-    first, tps = level.get("first_sample_tokens_per_s"), level["output_tokens_per_s"]
     return {
-        **level,
-        "first_sample_bias": first / tps - 1 if first is not None and tps > 0 else None,
+        "first_sample_bias": first / middle - 1 if first is not None and middle > 0 else None,
         "spread": spread,
         "drift": drift,
         "drifting": drifting(spread, drift),
     }
+
+
+def with_figures(level: BenchLevel) -> BenchLevel:
+    """The level with what its rounds and its warm-up say (`round_figures`)."""
+    rounds = level.get("rounds_tokens_per_s", [])
+    first = level.get("first_sample_tokens_per_s")
+    return cast(BenchLevel, {**level, **round_figures(rounds, first, level["output_tokens_per_s"])})
 
 
 @dataclass

@@ -79,6 +79,7 @@ from deployctl.remote.protocol import (
     FIRST_SIGNAL_LEADER,
     FIRST_SIGNAL_NONE,
     GPUS_COMMAND,
+    SHUTDOWN_DRAINED,
     JobInfo,
     MetricsPage,
     PollReply,
@@ -992,7 +993,9 @@ def stop_in_rank_order(
     firsts = [h for h in targets if node_rank(h) == 0]
     first = fleet.run(lambda host, conn: stop(host, conn, True), firsts)
     drained = {
-        group_of(r.host) for r in first if r.value is not None and r.value.shutdown == "drained"
+        group_of(r.host)
+        for r in first
+        if r.value is not None and r.value.shutdown == SHUTDOWN_DRAINED
     }
     rest = fleet.run(
         lambda host, conn: stop(host, conn, group_of(host) in drained),

@@ -139,7 +139,7 @@ def run_streams(args: BenchArgs, requests: list[tuple[int, int]]) -> tuple[list[
     return timings, time.perf_counter() - begin
 
 
-# Warm-up prompts are seeded apart from any level's (and the cache is flushed after them).
+# Warm-up prompts are seeded apart from any level's.
 WARMUP_PROMPTS = 1 << 30
 
 
@@ -170,14 +170,11 @@ def rounds_of(rates: list[float], concurrency: int) -> list[float]:
 
 
 def cmd_bench(args: BenchArgs) -> BenchLevel:
-    """One load level: flush the prefix cache (and warm up, when asked), then keep
+    """One load level: warm up (when asked), flush the prefix cache, then keep
     `concurrency` streams busy until `prompts` requests have finished; report the level's
     figures."""
-    warmup_s, first = None, None
-    if args["warmup"]:
-        if args["flush"]:
-            http_get(args["bind_host"], args["port"], "/flush_cache", method="POST")
-        warmup_s, first = warm_up(args)
+    # The warm-up's prompts are seeded apart from the level's, whose flush follows.
+    warmup_s, first = warm_up(args) if args["warmup"] else (None, None)
     level = bench_serving_level(args) if args["tool"] == "sglang" else builtin_level(args)
     return {**level, "warmup_s": warmup_s, "first_sample_tokens_per_s": first}
 

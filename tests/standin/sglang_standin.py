@@ -2706,21 +2706,22 @@ def load_knobs(model_path: str) -> dict[str, Any]:
     return knobs
 
 
+def _positive(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+
+
+def _count(value: Any) -> bool:
+    """An int of at least 1 (a bool is no count)."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
 def cold_knob(given: Any) -> dict[str, Any]:
     """The `cold` knob checked: {"factor": F > 0, "steps": N >= 1, "persist": bool (false)}."""
     wanted = 'cold must be {"factor": F > 0, "steps": N >= 1, "persist": true|false}'
     if not isinstance(given, dict) or not set(given) <= {"factor", "steps", "persist"}:
         raise ValueError(f"standin.json: {wanted}, not {given!r}")
     factor, steps, persist = given.get("factor"), given.get("steps"), given.get("persist", False)
-    if (
-        isinstance(factor, bool)
-        or not isinstance(factor, int | float)
-        or not factor > 0
-        or isinstance(steps, bool)
-        or not isinstance(steps, int)
-        or steps < 1
-        or not isinstance(persist, bool)
-    ):
+    if not (_positive(factor) and _count(steps) and isinstance(persist, bool)):
         raise ValueError(f"standin.json: {wanted}, not {given!r}")
     return {"factor": float(factor), "steps": steps, "persist": persist}
 
@@ -2731,14 +2732,7 @@ def slowdown_knob(given: Any) -> dict[str, Any]:
     if not isinstance(given, dict) or not set(given) <= {"factor", "min_batch"}:
         raise ValueError(f"standin.json: {wanted}, not {given!r}")
     factor, min_batch = given.get("factor"), given.get("min_batch", 1)
-    if (
-        isinstance(factor, bool)
-        or not isinstance(factor, int | float)
-        or not factor > 0
-        or isinstance(min_batch, bool)
-        or not isinstance(min_batch, int)
-        or min_batch < 1
-    ):
+    if not (_positive(factor) and _count(min_batch)):
         raise ValueError(f"standin.json: {wanted}, not {given!r}")
     return {"factor": float(factor), "min_batch": min_batch}
 

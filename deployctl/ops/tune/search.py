@@ -10,9 +10,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from deployctl.ops.bench import drift_of, drifting, per_token_ms, spread_of
+from deployctl.ops.bench import per_token_ms, round_figures, spread_of
 
 if TYPE_CHECKING:
     from deployctl.remote.measures import BenchLevel, LevelFigures, ObjectiveShown
@@ -113,17 +113,12 @@ def level_figures(samples: Sequence[BenchLevel]) -> LevelFigures:
     first = next(
         (f for s in samples if (f := s.get("first_sample_tokens_per_s")) is not None), None
     )
-    middle = median_tps(samples)
     found = pooled_rounds(samples)
-    half_width, drift = spread_of(found), drift_of(found)
-    return {
-        "warmup_s": sum(warmups) if warmups else None,
-        "first_sample_bias": first / middle - 1 if first is not None and middle > 0 else None,
-        "spread": half_width,
-        "drift": drift,
-        "drifting": drifting(half_width, drift),
-        "rounds": len(found),
-    }
+    figures = round_figures(found, first, median_tps(samples))
+    return cast(
+        "LevelFigures",
+        {"warmup_s": sum(warmups) if warmups else None, **figures, "rounds": len(found)},
+    )
 
 
 @dataclass(frozen=True)
