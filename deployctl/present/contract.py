@@ -467,6 +467,12 @@ DEFINITIONS: dict[str, Schema] = {
             "drifting": boolean(
                 "|drift| > spread: the level's rounds still moved (not warm, or not steady)."
             ),
+            "client_processes": integer(
+                "The builtin tool's client processes the level's streams were spread over."
+            ),
+            "client_busy": number(
+                "The busiest client process's CPU seconds ÷ its wall seconds (builtin tool): near 1, the level measured the client's limit, not the server's."
+            ),
         },
         required=[
             "concurrency",

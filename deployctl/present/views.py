@@ -829,6 +829,10 @@ LEVEL_COLUMNS = ["concurrency", "out tok/s", "req/s", "TTFT p50/p99 ms", "ITL p5
                  "e2e p50/p99 ms", "spread (95 %)"]  # fmt: skip
 
 
+# A client process busy this share of a level's wall time could not have read faster.
+CLIENT_BUSY = 0.9
+
+
 def percent(fraction: float | None, sign: str = "+") -> str:
     """0.052 → `+5.2 %`, or with `±` as the sign `±5.2 %` (`-` for None)."""
     if fraction is None:
@@ -880,6 +884,19 @@ def _bench(results: FleetResult[BenchResult | None]) -> None:
         if any(lv.get("drifting") for lv in levels):
             hint = "" if warmed else "bench with --warmup, or "
             sys.stderr.write(tagged("hint", f"{hint}more --requests-per-stream", r.name))
+        busy = [lv for lv in levels if lv.get("client_busy", 0.0) >= CLIENT_BUSY]
+        if busy:
+            worst = max(busy, key=lambda lv: lv["client_busy"])
+            sys.stderr.write(
+                tagged(
+                    "warning",
+                    f"concurrency {', '.join(str(lv['concurrency']) for lv in busy)}: the bench "
+                    f"client was busy {worst['client_busy'] * 100:.0f} % of the level (at "
+                    f"{worst['concurrency']}, over {worst.get('client_processes', 1)} "
+                    "process(es)): these figures may be the client's limit, not the server's",
+                    r.name,
+                )
+            )
     print_host_errors(results)
 
 

@@ -22,6 +22,7 @@ class Timing(TypedDict):
     itl: list[float]
     e2e: float
     tokens: int
+    ended: float  # perf_counter when the request ended
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -69,7 +70,7 @@ def stream_completion(args: BenchArgs, prompt: str, output_len: int | None = Non
         }
     )
     address = server_address(args["bind_host"])
-    timing: Timing = {"error": "", "ttft": 0.0, "itl": [], "e2e": 0.0, "tokens": 0}
+    timing: Timing = {"error": "", "ttft": 0.0, "itl": [], "e2e": 0.0, "tokens": 0, "ended": 0.0}
     start = time.perf_counter()
     last: float | None = None
     try:
@@ -78,6 +79,7 @@ def stream_completion(args: BenchArgs, prompt: str, output_len: int | None = Non
         response = conn.getresponse()
         if response.status != 200:
             timing["error"] = f"HTTP {response.status} from /v1/completions"
+            timing["ended"] = time.perf_counter()
             return timing
         finished = False
         for raw in response:
@@ -99,8 +101,10 @@ def stream_completion(args: BenchArgs, prompt: str, output_len: int | None = Non
         conn.close()
     except (OSError, ValueError, http.client.HTTPException) as exc:
         timing["error"] = str(exc) or type(exc).__name__
+        timing["ended"] = time.perf_counter()
         return timing
-    timing["e2e"] = time.perf_counter() - start
+    timing["ended"] = time.perf_counter()
+    timing["e2e"] = timing["ended"] - start
     if last is None:
         timing["error"] = "no token streamed"
     elif not finished:  # the server went away mid-answer: not a completed request
@@ -108,35 +112,148 @@ def stream_completion(args: BenchArgs, prompt: str, output_len: int | None = Non
     return timing
 
 
-def run_streams(args: BenchArgs, requests: list[tuple[int, int]]) -> tuple[list[Timing], float]:
+# One client process keeps up with about this many streams of a fast server; past it, a
+# Python client under one GIL reads chunks slower than the server sends them and measures
+# itself, not the server (seen on the H200: a 1B and a 6.7B model both capped near 6.5 k
+# chunks/s at 128-256 streams from one process).
+STREAMS_PER_PROCESS = 16
+MAX_PROCESSES = 8
+
+
+def client_processes(concurrency: int, cpus: int | None = None) -> int:
+    """How many processes share a level's streams: one per STREAMS_PER_PROCESS, at most half
+    the host's CPUs (the server's own processes need the rest) and MAX_PROCESSES."""
+    spare = max(1, (cpus if cpus is not None else (os.cpu_count() or 1)) // 2)
+    return max(1, min(-(-concurrency // STREAMS_PER_PROCESS), spare, MAX_PROCESSES))
+
+
+class Streamed(TypedDict):
+    timings: list[Timing]  # in the order the requests ended
+    seconds: float  # from the first stream's start to the last one's end
+    processes: int
+    busy: float  # the busiest client process's CPU seconds ÷ its wall seconds
+
+
+def run_streams(
+    args: BenchArgs, requests: list[tuple[int, int]], processes: int | None = None
+) -> Streamed:
     """Keep `concurrency` streams busy until every request (prompt index, output tokens) has
-    finished; return the timings in the order the requests ended, and the seconds taken."""
+    finished, the streams spread over `processes` client processes (default:
+    `client_processes`)."""
+    streams = min(args["concurrency"], len(requests))
+    processes = min(processes or client_processes(streams), max(1, streams))
+    if processes == 1:
+        return _streams_here(args, requests, streams, _ListTaker(requests))
+    return _forked_streams(args, requests, streams, processes)
+
+
+class _ListTaker:
+    """Hands out the requests one at a time to the threads of this process."""
+
+    def __init__(self, requests: list[tuple[int, int]]) -> None:
+        import threading
+
+        self.requests, self.next, self.lock = requests, 0, threading.Lock()
+
+    def take(self) -> tuple[int, int] | None:
+        with self.lock:
+            if self.next >= len(self.requests):
+                return None
+            self.next += 1
+            return self.requests[self.next - 1]
+
+
+class _SharedTaker(_ListTaker):
+    """Hands out the requests one at a time to the threads of every client process, through
+    a counter in memory the forked processes share."""
+
+    def __init__(self, requests: list[tuple[int, int]]) -> None:
+        import multiprocessing
+
+        self.requests = requests
+        self.counter = multiprocessing.get_context("fork").Value("l", 0)
+
+    def take(self) -> tuple[int, int] | None:
+        with self.counter.get_lock():
+            index = int(self.counter.value)
+            if index >= len(self.requests):
+                return None
+            self.counter.value = index + 1
+        return self.requests[index]
+
+
+def _streams_here(
+    args: BenchArgs, requests: list[tuple[int, int]], streams: int, taker: _ListTaker
+) -> Streamed:
+    """`streams` threads of this process, each taking requests until none is left."""
     import threading
 
     timings: list[Timing] = []
     lock = threading.Lock()
-    pending = iter(requests)
 
     def worker() -> None:
-        while True:
-            with lock:
-                request = next(pending, None)
-            if request is None:
-                return
+        while (request := taker.take()) is not None:
             index, output_len = request
             timing = stream_completion(args, bench_prompt(index, args["input_len"]), output_len)
             with lock:
                 timings.append(timing)
 
-    begin = time.perf_counter()
-    threads = [
-        threading.Thread(target=worker) for _ in range(min(args["concurrency"], len(requests)))
-    ]
+    begin, cpu = time.perf_counter(), time.process_time()
+    threads = [threading.Thread(target=worker) for _ in range(streams)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return timings, time.perf_counter() - begin
+    seconds = time.perf_counter() - begin
+    busy = (time.process_time() - cpu) / seconds if seconds > 0 else 0.0
+    timings.sort(key=lambda t: t["ended"])
+    return {"timings": timings, "seconds": seconds, "processes": 1, "busy": busy}
+
+
+def _forked_streams(
+    args: BenchArgs, requests: list[tuple[int, int]], streams: int, processes: int
+) -> Streamed:
+    """The streams split over forked processes that take requests from one shared counter;
+    each sends back its timings (with perf_counter's begin and end: CLOCK_MONOTONIC, one
+    clock for every process of the host) through a pipe."""
+    taker = _SharedTaker(requests)
+    shares = [streams // processes + (i < streams % processes) for i in range(processes)]
+    sys.stdout.flush()  # nothing buffered is written twice by a child
+    children: list[tuple[int, int]] = []  # (pid, read end)
+    for share in shares:
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: run its share, send its result, leave without cleanup
+            os.close(read_end)
+            status = 1
+            try:
+                begin = time.perf_counter()
+                result = _streams_here(args, requests, share, taker)
+                reply = {**result, "begin": begin}
+                with os.fdopen(write_end, "wb") as pipe:
+                    pipe.write(json.dumps(reply).encode())
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write_end)
+        children.append((pid, read_end))
+    replies = []
+    for pid, read_end in children:
+        with os.fdopen(read_end, "rb") as pipe:
+            data = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        if status != 0 or not data:
+            fail(f"a bench client process ended with status {status} and no result", "host")
+        replies.append(json.loads(data))
+    timings = sorted((t for r in replies for t in r["timings"]), key=lambda t: t["ended"])
+    begin = min(r["begin"] for r in replies)
+    end = max(r["begin"] + r["seconds"] for r in replies)
+    return {
+        "timings": timings,
+        "seconds": end - begin,
+        "processes": processes,
+        "busy": max(r["busy"] for r in replies),
+    }
 
 
 # Warm-up prompts are seeded apart from any level's.
@@ -150,13 +267,14 @@ def warm_up(args: BenchArgs) -> tuple[float, float | None]:
     below c (each CUDA-graph bucket the level touches has run). Return the seconds it took
     and the first requests' output tok/s (None: none completed)."""
     concurrency, length = args["concurrency"], args["output_len"]
-    first, seconds = run_streams(args, [(WARMUP_PROMPTS + i, length) for i in range(concurrency)])
+    first = run_streams(args, [(WARMUP_PROMPTS + i, length) for i in range(concurrency)])
     stairs = [
         (WARMUP_PROMPTS + concurrency + k, -(-length * k // concurrency))
         for k in range(1, concurrency)
     ]
-    _, stair_seconds = run_streams(args, stairs)
-    tokens = sum(t["tokens"] for t in first if not t["error"])
+    stair_seconds = run_streams(args, stairs)["seconds"]
+    seconds = first["seconds"]
+    tokens = sum(t["tokens"] for t in first["timings"] if not t["error"])
     return seconds + stair_seconds, (tokens / seconds if tokens and seconds > 0 else None)
 
 
@@ -183,7 +301,8 @@ def builtin_level(args: BenchArgs) -> BenchLevel:
     """The level measured by this agent's own streams."""
     if args["flush"]:
         http_get(args["bind_host"], args["port"], "/flush_cache", method="POST")
-    timings, duration = run_streams(args, [(i, args["output_len"]) for i in range(args["prompts"])])
+    streamed = run_streams(args, [(i, args["output_len"]) for i in range(args["prompts"])])
+    timings, duration = streamed["timings"], streamed["seconds"]
     done = [t for t in timings if not t["error"]]
     tokens = sum(t["tokens"] for t in done)
     rates = [t["tokens"] / t["e2e"] for t in done if t["e2e"] > 0]
@@ -201,6 +320,8 @@ def builtin_level(args: BenchArgs) -> BenchLevel:
         "itl_ms": spread_ms([gap for t in done for gap in t["itl"]]),
         "e2e_ms": spread_ms([t["e2e"] for t in done]),
         "rounds_tokens_per_s": rounds_of(rates, args["concurrency"]),
+        "client_processes": streamed["processes"],
+        "client_busy": streamed["busy"],
     }
 
 

@@ -42,6 +42,8 @@ class BenchLevelMore(TypedDict, total=False):
     spread: float | None  # the 95 % CI half-width of the rounds' mean ÷ it; None: < 2 rounds
     drift: float | None  # (mean of the rounds' second half - first half's) ÷ their mean
     drifting: bool  # |drift| > spread: the level's samples still move
+    client_processes: int  # builtin: the processes its streams were spread over
+    client_busy: float  # builtin: the busiest client process's CPU ÷ wall seconds
 
 
 class BenchLevel(BenchLevelMore):
