@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -66,7 +67,7 @@ def server() -> Iterator[_Streaming]:
     server.server_close()
 
 
-def _args(port: int, concurrency: int) -> BenchArgs:
+def _args(port: int, concurrency: int, processes: int = 0) -> BenchArgs:
     return {
         "bind_host": "127.0.0.1",
         "port": port,
@@ -79,6 +80,7 @@ def _args(port: int, concurrency: int) -> BenchArgs:
         "tool": "builtin",
         "env": {},
         "warmup": False,
+        "client_processes": processes,
     }
 
 
@@ -88,7 +90,7 @@ def test_streams_over_processes_send_every_request_once_at_the_levels_concurrenc
     server: _Streaming, processes: int
 ) -> None:
     requests = [(i, 3 + i % 4) for i in range(40)]
-    streamed = run_streams(_args(server.server_address[1], 6), requests, processes)
+    streamed = run_streams(_args(server.server_address[1], 6, processes), requests)
 
     assert streamed["processes"] == processes
     assert sorted(server.prompts) == sorted(bench_prompt(i, 4) for i, _ in requests)
@@ -134,13 +136,16 @@ def test_a_level_whose_client_was_busy_warns_that_it_may_measure_the_client(
 
     params = {"tool": "builtin", "input_len": 16, "output_len": 30}
     levels = [level(1, 0.2), level(64, 0.9), level(128, 0.97)]
-    doc = {"run": "baseline_v1", "params": params, "levels": levels}
-    render_result(BENCH, FleetResult([HostResult(Host("alpha"), BenchResult(doc, "k"))]), False)
+    doc: dict[str, Any] = {"run": "baseline_v1", "params": params, "levels": levels}
+    fleet: FleetResult[BenchResult | None] = FleetResult(
+        [HostResult(Host("alpha"), BenchResult(doc, "k"))]
+    )
+    render_result(BENCH, fleet, False)
     err = capsys.readouterr().err
     assert (
         "alpha: warning: concurrency 64, 128: the bench client was busy 97 % of the level (at "
         "128, over 2 process(es)): these figures may be the client's limit, not the server's"
     ) in err
     doc["levels"] = [level(1, 0.2), level(64, 0.89)]
-    render_result(BENCH, FleetResult([HostResult(Host("alpha"), BenchResult(doc, "k"))]), False)
+    render_result(BENCH, fleet, False)
     assert "bench client was busy" not in capsys.readouterr().err

@@ -54,6 +54,15 @@ def bench(
             "smaller batch size) and report how far that cold first sample was off.",
         ),
     ] = False,
+    client_processes: Annotated[
+        int,
+        typer.Option(
+            "--client-processes",
+            min=0,
+            help="Processes the builtin tool spreads each level's streams over; 0: one per 16 "
+            "streams, at most half the host's CPUs.",
+        ),
+    ] = 0,
     compare: Annotated[
         list[str] | None,
         typer.Option("--compare", help="Show kept results of these runs side by side."),
@@ -93,7 +102,10 @@ def bench(
                 plots.plot_runs(comparison.runs, plot)
             return views.COMPARISON, comparison
         levels = ops.parse_levels(concurrency)
-        plan = ops.BenchPlan(levels, input_len, output_len, per_stream, timeout, tool, warmup)
+        plan = ops.BenchPlan(
+            levels, input_len, output_len, per_stream, timeout, tool, warmup,
+            client_processes=client_processes,
+        )  # fmt: skip
         with live.Progress(enabled=not session.options.json) as progress:
             results = ops.bench_fleet(fleet, plan, progress)
         if plot is not None:

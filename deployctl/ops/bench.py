@@ -46,6 +46,7 @@ class BenchPlan:
     tool: BenchTool = BenchTool.BUILTIN
     warmup: bool = False  # a warm-up at each level's concurrency before its samples
     warmed: frozenset[int] = frozenset()  # levels this server has been warmed up at: skipped
+    client_processes: int = 0  # builtin: the processes a level's streams are spread over; 0: auto
 
     def prompts_for(self, concurrency: int) -> int:
         return self.per_stream * concurrency
@@ -210,6 +211,7 @@ def run_bench(
             "tool": plan.tool,
             "env": run.get("env", {}),
             "warmup": plan.warms(concurrency),
+            "client_processes": plan.client_processes,
         }
         limit = max(conn.command_timeout, plan.level_timeout + 30)
         if plan.warms(concurrency):  # the warm-up's time too: a level's again at most

@@ -138,10 +138,11 @@ def run_streams(
     args: BenchArgs, requests: list[tuple[int, int]], processes: int | None = None
 ) -> Streamed:
     """Keep `concurrency` streams busy until every request (prompt index, output tokens) has
-    finished, the streams spread over `processes` client processes (default:
-    `client_processes`)."""
+    finished, the streams spread over `processes` client processes (default: the level's
+    `client_processes`, else as many as `client_processes` gives)."""
     streams = min(args["concurrency"], len(requests))
-    processes = min(processes or client_processes(streams), max(1, streams))
+    asked = processes or args.get("client_processes") or client_processes(streams)
+    processes = min(asked, max(1, streams))
     if processes == 1:
         return _streams_here(args, requests, streams, _ListTaker(requests))
     return _forked_streams(args, requests, streams, processes)

@@ -25,6 +25,7 @@ class BenchArgs(TypedDict):
     tool: str  # "builtin" (this agent's generator) or "sglang" (SGLang's serving benchmark)
     env: dict[str, str]  # the run's own variables (HF_HOME, …): the sglang tool runs with them
     warmup: bool  # a warm-up at the level's concurrency first, not counted
+    client_processes: int  # builtin: the processes the streams are spread over; 0: as many as fit
 
 
 class Spread(TypedDict):
