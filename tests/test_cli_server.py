@@ -104,10 +104,14 @@ def test_stdin_is_the_callers_a_terminal_or_not(tmp_path: Path) -> None:
 
 
 def test_a_forked_run_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    # The server started first, so that the 2 s are the forked run's alone, not its start-up.
+    first = cli_server.run(PROBE, cwd=str(tmp_path), env=env_for(tmp_path), timeout=60)
+    assert first.returncode == 0, first.stderr
     with pytest.raises(subprocess.TimeoutExpired) as timed_out:
         cli_server.run([*PROBE, "sleep"], cwd=str(tmp_path), env=env_for(tmp_path), timeout=2)
     out = timed_out.value.output
-    pid = json.loads(out if isinstance(out, str) else "")["pid"]
+    assert isinstance(out, str) and out.strip(), f"no pid printed within the 2 s: {out!r}"
+    pid = json.loads(out)["pid"]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
