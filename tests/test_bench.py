@@ -18,6 +18,7 @@ from deployctl.ops.bench import (
     BenchResult,
     Comparison,
     drift_of,
+    merged_sweeps,
     parse_levels,
     spread_of,
     suggest_threshold,
@@ -114,6 +115,28 @@ def test_a_level_says_how_far_its_cold_first_sample_was_and_whether_it_still_dri
     render_result(BENCH, FleetResult([HostResult(Host("alpha"), BenchResult(doc, "k"))]), False)
     out, err = capsys.readouterr()
     assert "warm-up" not in out and "alpha: hint: bench with --warmup, or more" in err
+
+
+def test_a_runs_sweeps_are_merged_newest_level_first_and_only_of_one_load_shape() -> None:
+    def kept(output_len: int, *levels: tuple[int, float]) -> dict[str, Any]:
+        doc = sweep(0.0)
+        doc["params"] = {"tool": "builtin", "input_len": 32, "output_len": output_len}
+        doc["levels"] = [
+            {**doc["levels"][0], "concurrency": c, "output_tokens_per_s": tps} for c, tps in levels
+        ]
+        return doc
+
+    whole = kept(128, (1, 200.0), (4, 700.0), (64, 5000.0))
+    other_shape = kept(512, (16, 1.0), (64, 2.0))
+    again = kept(128, (64, 5100.0))  # tune measuring one level again
+    merged = merged_sweeps([whole, other_shape, again])
+    assert [(lv["concurrency"], lv["output_tokens_per_s"]) for lv in merged["levels"]] == [
+        (1, 200.0),
+        (4, 700.0),
+        (64, 5100.0),
+    ]
+    assert merged["params"]["output_len"] == 128
+    assert merged_sweeps([whole]) == whole
 
 
 @pytest.mark.parametrize("text", ["", "0,4", "1,x", "-1"])

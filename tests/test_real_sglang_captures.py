@@ -166,6 +166,19 @@ def test_a_drains_lines_are_no_crash() -> None:
     assert scan_text(text) == []
 
 
+def test_a_real_drain_under_streams_is_no_crash_and_logs_the_stand_ins_lines() -> None:
+    """`deployctl stop` of the real EAGLE3 server with 16 streams in flight
+    (drain-eagle3.log, the log's last 30 lines): SGLang drained them (all 16 ended whole)
+    and logged the lines the stand-in writes for a drain; nothing in it is a crash."""
+    text = real("drain-eagle3.log")
+    messages = logged_messages(text)
+    assert SIGTERM_LINE in messages
+    assert drain_line([]) in messages  # every request had finished
+    assert kill_tree_line(2863, True) in messages
+    assert first_line(text, "Draining") < first_line(text, "Gracefully exiting")
+    assert scan_text(text) == []
+
+
 def test_metrics_parser_reads_the_real_page_under_load() -> None:
     found = parse_metrics(real("metrics-under-load.txt"))
 

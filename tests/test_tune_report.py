@@ -396,3 +396,32 @@ def test_every_key_a_reader_of_the_record_reads_is_declared() -> None:
     assert {"phases", "crossover", "threshold", "tune"} <= tune and {"levels", "p50"} <= read
     assert tune <= top, f"app.js: not keys of a record: {tune - top}"
     assert read <= declared, f"app.js reads undeclared keys: {read - declared}"
+
+
+def test_a_shortfall_above_t_is_named_the_off_states_cost_and_one_below_it_noise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """As on SGLang 0.5.17 on the H200 (benchmarks/h200-threshold/): T = 32 and the tuned
+    run at 0.59 and 0.55 of the baseline at 64 and 128, where its drafting was off."""
+    from deployctl.present.views import _tune_record
+
+    record = tuned_record()
+    above = [c for c in record["envelope_ratio"] if int(c) > T]
+    record["envelope_ratio"] = {c: 1.0 for c in record["envelope_ratio"]}
+    record["envelope_ratio"][above[-1]] = 0.55
+    record["envelope_ratio"][above[0]] = 0.59
+    record["envelope_ratio"]["1"] = 0.9  # at or below T: drafting was on
+    _tune_record(record, "alpha")
+    err = capsys.readouterr().err
+    assert (
+        f"alpha: error: above its threshold {T} the tuned run fell below 0.95 of the better "
+        f"curve at concurrency {above[0]}, {above[-1]} (down to 0.55): with drafting off there"
+    ) in err
+    assert "tune --keep baseline" in err
+    assert "fell below 0.95 of the better curve at concurrency 1\n" in err
+
+    record["threshold_mode"] = "adaptive"  # SGLang's own switch: not our off state
+    _tune_record(record, "alpha")
+    err = capsys.readouterr().err
+    assert "above its threshold" not in err
+    assert f"fell below 0.95 of the better curve at concurrency 1, {above[0]}" in err

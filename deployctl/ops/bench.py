@@ -255,7 +255,8 @@ def run_bench(
 
 @dataclass
 class Comparison:
-    """Kept sweeps of the named runs, side by side (the newest sweep of each run)."""
+    """Kept sweeps of the named runs, side by side (each run's sweeps merged, the newest
+    measurement of each level)."""
 
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # run id → its document
     missing: list[str] = field(default_factory=list)
@@ -265,6 +266,24 @@ class Comparison:
     @property
     def ok(self) -> bool:
         return not self.missing and not self.failed
+
+
+# What makes two sweeps' levels comparable: the same load shape from the same tool.
+SWEEP_SHAPE = ("tool", "input_len", "output_len")
+
+
+def merged_sweeps(kept: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A run's kept sweeps (oldest first) as one: the newest sweep, with each level only an
+    older sweep of the same load shape measured added (tune measures a level again on its
+    own; a sweep of one level must not hide the run's others)."""
+    newest = kept[-1]
+    shape = {k: newest.get("params", {}).get(k) for k in SWEEP_SHAPE}
+    levels = {lv["concurrency"]: lv for lv in newest["levels"]}
+    for older in reversed(kept[:-1]):
+        if {k: older.get("params", {}).get(k) for k in SWEEP_SHAPE} == shape:
+            for level in older["levels"]:
+                levels.setdefault(level["concurrency"], level)
+    return {**newest, "levels": [levels[c] for c in sorted(levels)]}
 
 
 def find_results(fleet: Fleet, run_ids: Sequence[str]) -> Comparison:
@@ -282,7 +301,7 @@ def find_results(fleet: Fleet, run_ids: Sequence[str]) -> Comparison:
     for reply in found.succeeded.values():
         for run_id, kept in reply["results"].items():
             if kept and run_id not in comparison.runs:
-                comparison.runs[run_id] = kept[-1]
+                comparison.runs[run_id] = merged_sweeps(kept)
     comparison.missing = [r for r in run_ids if r not in comparison.runs]
     comparison.runs = {r: comparison.runs[r] for r in run_ids if r in comparison.runs}
     return comparison
