@@ -12,8 +12,10 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -437,3 +439,49 @@ def test_a_held_command_that_floods_before_its_first_line_is_ended_at_the_limit(
             conn.start("yes", protocol.REPLY_MARK.encode())
     finally:
         conn.close()
+
+
+class _Vanishing:
+    """A directory entry whose file is renamed away between the listing and its stat."""
+
+    def __init__(self, entry: os.DirEntry[str]) -> None:
+        self.name, self.path = entry.name, entry.path
+
+    def stat(self, follow_symlinks: bool = True) -> os.stat_result:
+        raise FileNotFoundError(2, "No such file or directory", self.path)
+
+    def is_dir(self, follow_symlinks: bool = True) -> bool:
+        return False
+
+
+def _unsound_with_vanishing(folder: Path, where: Path) -> str:
+    """The bootstrap's own check of the agent `folder`, with the listing of `where` holding
+    one more file that is gone when it is looked at (as another agent call's bytecode
+    write, renamed from its temporary name in between)."""
+    import types
+
+    gone = where / "dispatch.cpython-311.pyc.140233"
+    gone.touch()
+    [vanished] = [e for e in os.scandir(where) if e.name == gone.name]
+    gone.unlink()
+
+    def scandir(path: str) -> list[Any]:
+        listed: list[Any] = list(os.scandir(path))
+        return [*listed, _Vanishing(vanished)] if Path(path) == where else listed
+
+    wrapped = types.SimpleNamespace(getuid=os.getuid, lstat=os.lstat, stat=os.stat)
+    wrapped.path, wrapped.scandir = os.path, scandir
+    namespace: dict[str, Any] = {"os": wrapped, "stat": stat, "hashlib": hashlib}
+    exec(bootstrap._UNSOUND, namespace)
+    unsound: Callable[[str, str], str] = namespace["unsound"]
+    return unsound(str(folder), agent.manifest_digest())
+
+
+def test_a_bytecode_file_renamed_away_mid_check_is_no_damage(tmp_path: Path) -> None:
+    host, conn = local_host(tmp_path), LocalConnection("here", 30)
+    agent.call(host, conn, agent.STATUS, STATUS_ARGS)  # unpacked, run: its bytecode kept
+    folder = tmp_path / "state" / "agent" / agent.agent_hash()
+    package = folder / bootstrap.PACKAGE
+    assert _unsound_with_vanishing(folder, package / "__pycache__") == ""
+    # Anywhere else a file that vanishes under the check is still a folder not to run.
+    assert _unsound_with_vanishing(folder, package).startswith("it cannot be read: ")

@@ -62,7 +62,15 @@ _UNSOUND = f"""def unsound(folder, digest):
             prefix, path = pending.pop()
             for entry in os.scandir(path):
                 name = prefix + ascii(entry.name)[1:-1]
-                why = odd(entry.stat(follow_symlinks=False), name)
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    # Python writes bytecode to a temporary name and renames it: another
+                    # call of the agent at the same moment may rename it away mid-scan.
+                    if os.path.basename(path) == "__pycache__":
+                        continue
+                    raise
+                why = odd(info, name)
                 if why:
                     return why
                 if entry.is_dir(follow_symlinks=False):
