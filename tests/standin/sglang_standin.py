@@ -97,6 +97,12 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # Speculative steps take this many times longer when speculation has a threshold (a
     # server tune relaunched with T): a tuned run that falls below its curves up to T.
     "threshold_slowdown": 1.0,
+    # Plain steps take this many times longer where --speculative-disable-batch-threshold has
+    # switched speculation off (b > T): real 0.5.17 still runs the target through the
+    # speculative worker's 1-token verify path there and extends the draft every step (an
+    # H200 with EAGLE3 and CUDA graphs: 0.59 of a plain server's throughput at 64, 0.55 at
+    # 128). Not a server without speculation, nor stock --speculative-adaptive's 0-step slots.
+    "off_state_slowdown": 1.0,
     # A regression to catch (deployctl canary): {"factor": F, "min_batch": B} makes every
     # decode step (plain or speculative) over a batch of at least B take F times longer.
     "slowdown": None,
@@ -1864,9 +1870,14 @@ class Decoder:
 
     def speculates(self, batch: int) -> bool:
         """Say whether a step over ``batch`` requests drafts (threshold and adaptive slot)."""
-        if not self.speculative or (self.threshold is not None and batch > self.threshold):
+        if not self.speculative or self.switched_off(batch):
             return False
         return self.adaptive is None or self.adaptive(batch) > 0
+
+    def switched_off(self, batch: int) -> bool:
+        """Say whether --speculative-disable-batch-threshold turns a step over ``batch``
+        requests plain (the patched server's off state, not an adaptive 0-step slot)."""
+        return self.speculative and self.threshold is not None and batch > self.threshold
 
     def step(self, batch: int) -> tuple[float, int]:
         """(seconds, tokens per request) of one step over `batch` requests."""
@@ -1877,6 +1888,8 @@ class Decoder:
             tokens = int(k["accept_len"])
         else:
             seconds, tokens = (k["step_ms"] + k["per_req_ms"] * batch) / 1000, 1
+            if self.switched_off(batch):
+                seconds *= float(k["off_state_slowdown"])
         slowdown = k["slowdown"]
         if slowdown is not None and batch >= slowdown["min_batch"]:
             seconds *= slowdown["factor"]
@@ -2699,6 +2712,11 @@ def load_knobs(model_path: str) -> dict[str, Any]:
         raise ValueError(f"standin.json: crash must be one of {CRASH_MODES}")
     if knobs["pd_crash"] not in PD_CRASH_MODES:
         raise ValueError(f"standin.json: pd_crash must be one of {PD_CRASH_MODES}")
+    if not _positive(knobs["off_state_slowdown"]):
+        raise ValueError(
+            "standin.json: off_state_slowdown must be a number > 0, "
+            f"not {knobs['off_state_slowdown']!r}"
+        )
     if knobs["slowdown"] is not None:
         knobs["slowdown"] = slowdown_knob(knobs["slowdown"])
     if knobs["cold"] is not None:
