@@ -607,13 +607,44 @@ def test_adaptive_speculation_drafts_up_to_the_threshold_then_steps_plain(
     server = standin(
         None, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
         "--speculative-adaptive", "--speculative-adaptive-config", config,
-        tp=1, knobs={"startup_s": 0.2, **MODEL},
+        tp=1, knobs={"startup_s": 0.2, **MODEL, "off_state_slowdown": 1.8},
     )  # fmt: skip
     server.wait_log(READY)
+    # A 0-step slot is a plain step: off_state_slowdown is the patched server's cost alone.
     for concurrency, model in ((2, spec_tps), (8, plain_tps)):
         level = bench_level(server, concurrency, 90)
         assert level["failed"] == 0 and level["output_tokens"] == 90 * concurrency, level
         assert_paced(level, model(concurrency))
+
+
+def test_the_off_state_above_a_patched_threshold_steps_slower_than_plain(
+    standin: Launch, tmp_path: Path
+) -> None:
+    """`off_state_slowdown` F: above --speculative-disable-batch-threshold the patched server's
+    plain steps take F times longer (real 0.5.17 still verifies through the speculative worker
+    there), so it serves 1/F of the plain model; up to T it drafts as before, and a server
+    without speculation, or with stock adaptive speculation, is untouched (the test above)."""
+    knobs = {"startup_s": 0.2, **MODEL, "off_state_slowdown": 1.8}
+    patched = standin(
+        None, "--speculative-algorithm", "EAGLE3", "--speculative-disable-batch-threshold", "4",
+        tp=1, knobs=knobs,
+    )  # fmt: skip
+    plain = standin(tmp_path / "plain", tp=1, knobs=knobs)
+    patched.wait_log(READY)
+    plain.wait_log(READY)
+    for server, concurrency, modelled in (
+        (patched, 8, plain_tps(8) / 1.8), (patched, 2, spec_tps(2)), (plain, 8, plain_tps(8)),
+    ):  # fmt: skip
+        level = bench_level(server, concurrency, 60)
+        assert level["failed"] == 0 and level["output_tokens"] == 60 * concurrency, level
+        assert_paced(level, modelled)
+
+
+@pytest.mark.parametrize("factor", [0, -1.5, "2", True, None])
+def test_a_bad_off_state_slowdown_is_an_error(tmp_path: Path, factor: object) -> None:
+    (tmp_path / "standin.json").write_text(json.dumps({"off_state_slowdown": factor}))
+    with pytest.raises(ValueError, match="off_state_slowdown must be a number > 0"):
+        load_knobs(str(tmp_path))
 
 
 def test_a_cold_start_slows_the_first_steps_at_each_batch_size_once(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import re
 import select
 import signal
 import socket
@@ -78,8 +79,9 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # Slurm node name -> address: on that node (SLURMD_NODENAME) the HTTP server binds there,
     # not to --host, so two "nodes" on one machine have addresses of their own.
     "bind_by_node": {},
-    # With --enable-metrics: gauge values by SGLang name without "sglang:" (others read 0;
-    # spec_accept_length is exported only with speculation), and observations in seconds
+    # With --enable-metrics: gauge values by SGLang name without "sglang:" (others read their
+    # live value or 0; spec_accept_length, live as of the last Decode batch line, is exported
+    # only with speculation), and observations in seconds
     # for the histograms ("time_to_first_token_seconds", "inter_token_latency_seconds",
     # "e2e_request_latency_seconds"); a histogram not given here is the live one.
     "metrics": {},
@@ -88,15 +90,24 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # takes step_ms + per_req_ms * b and gives each request one token; with speculation
     # (while b <= --speculative-disable-batch-threshold, when given, and, with
     # --speculative-adaptive, while b's slot drafts steps > 0) a step takes
-    # spec_step_ms + spec_per_req_ms * b and gives each request accept_len tokens.
+    # spec_step_ms + spec_per_req_ms * b and gives each request its accept length in tokens:
+    # accept_len, or that of the first of accept_by_class whose "match" (a regex, searched
+    # for) is in its prompt text; a fractional one carries its remainder from step to step.
     "step_ms": 10.0,
     "per_req_ms": 0.5,
     "spec_step_ms": 14.0,
     "spec_per_req_ms": 2.0,
     "accept_len": 3,
+    "accept_by_class": [],  # [{"match": REGEX, "accept_len": A >= 1}, ...]
     # Speculative steps take this many times longer when speculation has a threshold (a
     # server tune relaunched with T): a tuned run that falls below its curves up to T.
     "threshold_slowdown": 1.0,
+    # Plain steps take this many times longer where --speculative-disable-batch-threshold has
+    # switched speculation off (b > T): real 0.5.17 still runs the target through the
+    # speculative worker's 1-token verify path there and extends the draft every step (an
+    # H200 with EAGLE3 and CUDA graphs: 0.59 of a plain server's throughput at 64, 0.55 at
+    # 128). Not a server without speculation, nor stock --speculative-adaptive's 0-step slots.
+    "off_state_slowdown": 1.0,
     # A regression to catch (deployctl canary): {"factor": F, "min_batch": B} makes every
     # decode step (plain or speculative) over a batch of at least B take F times longer.
     "slowdown": None,
@@ -323,6 +334,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--served-model-name",), {"type": str}),
     (("--log-level",), {"type": str, "default": "info"}),
     (("--enable-metrics",), {"action": "store_true"}),
+    (("--decode-log-interval",), {"type": int, "default": 40}),
     (("--attention-backend",), {"type": str}),
     # 0.5.23 has only the -decode/-prefill spellings, so a bare
     # --cuda-graph-max-bs is an ambiguous abbreviation there, as here.
@@ -862,7 +874,7 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
                     self._sse(answer(True, failure))
                     self._sse(None)
                     return
-            tokens = launcher.decoder.submit(wanted, stream)
+            tokens = launcher.decoder.submit(wanted, stream, request)
             if not stream:
                 while sent < wanted:
                     n = tokens.out.get()
@@ -922,7 +934,7 @@ def make_http_server(family: int, sockaddr: Any, launcher: Launcher) -> Threadin
                         self._sse({**chunk("", None), "choices": [], "usage": usage()})
                     self._sse(None)
                     return
-            tokens = launcher.decoder.submit(wanted, stream)
+            tokens = launcher.decoder.submit(wanted, stream, request)
             if launcher.pd is None:
                 self._start_stream()
             with launcher.decoder.aborted_when_gone(tokens):
@@ -1648,6 +1660,22 @@ def prompt_tokens(request: dict[str, Any]) -> int:
     return len(ids) if isinstance(ids, list) else len(str(text).split())
 
 
+def prompt_text(request: dict[str, Any] | None) -> str:
+    """A request's prompt as text: /generate's "text", /v1/completions' "prompt" (a list of
+    them joined), a chat request's messages' contents; "" for token ids alone."""
+    if not request:
+        return ""
+    found = request.get("text", request.get("prompt"))
+    if found is None and isinstance(request.get("messages"), list):
+        contents = [m.get("content") for m in request["messages"] if isinstance(m, dict)]
+        # A message's content is its text, or a list of parts, the text ones {"text": …}.
+        found = [p for c in contents for p in (c if isinstance(c, list) else [c])]
+    if isinstance(found, list):
+        parts = [p.get("text") if isinstance(p, dict) else p for p in found]
+        return "\n".join(p for p in parts if isinstance(p, str))
+    return found if isinstance(found, str) else ""
+
+
 def uuid_hex() -> str:
     return f"{random.getrandbits(128):032x}"  # a request id, as SGLang's uuid4().hex
 
@@ -1749,16 +1777,32 @@ class RequestMetrics:
 class DecodeRequest:
     """One request in the decode loop, with the times its metrics need."""
 
-    __slots__ = ("aborted", "arrived", "last", "left", "out", "sent", "streaming")
+    __slots__ = (
+        "aborted", "accept", "arrived", "carry", "last", "left", "out", "prompt_len", "sent",
+        "streaming",
+    )  # fmt: skip
 
-    def __init__(self, tokens: int, out: Any, streaming: bool) -> None:
+    def __init__(
+        self, tokens: int, out: Any, streaming: bool, accept: float = 1.0, prompt_len: int = 0
+    ) -> None:
         self.left = max(1, tokens)
+        self.accept = accept  # its tokens per speculative step, on average
+        self.carry = 0.0  # the fraction of a token its speculative steps owe it
+        self.prompt_len = prompt_len
         self.out = out  # a queue of the tokens each step gives it
         self.streaming = streaming
         self.arrived = time.time()
         self.last: float | None = None  # when its last tokens came out
         self.sent = 0
         self.aborted = False
+
+    def drafted(self) -> int:
+        """The tokens a speculative step gives it: its accept length, the fraction carried
+        to its next step, so that over its steps it averages exactly that."""
+        owed = self.accept + self.carry
+        tokens = math.floor(owed + 1e-9)
+        self.carry = owed - tokens
+        return tokens
 
 
 class ColdStart:
@@ -1789,6 +1833,73 @@ class ColdStart:
         return self.factor
 
 
+class DecodeStats:
+    """0.5.23's decode statistics (MetricsReporter.report_decode_stats): every `interval`
+    decode steps the scheduler logs a `Decode batch` line and sets its gauges from the steps
+    since the last one. With speculation the accept length is their tokens over their
+    request-steps (update_spec_metrics adds each step's batch size and the tokens it gave: a
+    plain step of a speculative server, past its threshold, counts 1 a request), and the
+    accept rate the drafts accepted over those proposed. Callers hold the decoder's lock."""
+
+    def __init__(
+        self,
+        interval: int = 0,
+        speculative: bool = False,
+        draft_per_round: int = 0,
+        graph_max_bs: int | None = None,
+        prefix: str = "",
+        extra: Callable[[], str] | None = None,
+    ) -> None:
+        self.interval = interval  # 0: no lines (the decoder alone, in unit tests)
+        self.speculative = speculative
+        self.draft_per_round = draft_per_round
+        self.graph_max_bs = graph_max_bs  # None: CUDA graphs off
+        self.prefix = prefix
+        self.extra = extra  # PD decode's queue figures
+        self.steps = 0
+        self.tokens = 0  # since the last line
+        self.spec_tokens = 0
+        self.spec_forwards = 0
+        self.since = time.perf_counter()
+        self.accept_length = 0.0  # the gauges, as of the last line
+        self.accept_rate = 0.0
+
+    def step(self, batch: int, served: int, forwards: int, kv_tokens: int) -> None:
+        """One decode step over ``batch`` requests: ``served`` tokens to ``forwards`` of them
+        (an aborted one's last step gives it none), ``kv_tokens`` held by those running."""
+        self.steps += 1
+        self.tokens += served
+        if self.speculative:
+            self.spec_tokens += served
+            self.spec_forwards += forwards
+        if self.interval <= 0 or self.steps % self.interval:
+            return
+        now = time.perf_counter()
+        throughput = self.tokens / max(now - self.since, 1e-9)
+        self.since, self.tokens = now, 0
+        msg = f"Decode batch, #running-req: {batch}, #token: {kv_tokens}, token usage: 0.00, "
+        if self.speculative:
+            forwards_seen = max(self.spec_forwards, 1)
+            self.accept_length = self.spec_tokens / forwards_seen
+            proposed = forwards_seen * self.draft_per_round
+            correct = self.spec_tokens - self.spec_forwards
+            self.accept_rate = correct / proposed if proposed > 0 else 0.0
+            self.spec_tokens = self.spec_forwards = 0
+            msg += f"accept len: {self.accept_length:.2f}, accept rate: {self.accept_rate:.2f}, "
+        if self.extra is not None:
+            msg += self.extra()
+        graph = self.graph_max_bs is not None and batch <= self.graph_max_bs
+        log(
+            f"{msg}cuda graph: {graph}, gen throughput (token/s): {throughput:.2f}, #queue-req: 0",
+            self.prefix,
+        )
+
+
+def accept_classes(knob: list[dict[str, Any]]) -> list[tuple[re.Pattern[str], float]]:
+    """The `accept_by_class` knob (checked by accept_by_class_knob) compiled, in order."""
+    return [(re.compile(c["match"]), float(c["accept_len"])) for c in knob]
+
+
 class Decoder:
     """The decode model: one scheduler loop stepping over the running requests."""
 
@@ -1815,10 +1926,23 @@ class Decoder:
         self.cond = threading.Condition()
         self.emitted: list[tuple[float, int]] = []  # (time, tokens) of recent steps
         self.metrics = RequestMetrics()  # kept under self.cond
+        # Silent here; the Launcher gives it one that logs its `Decode batch` lines.
+        self.stats = DecodeStats(speculative=speculative)
+        self.classes = accept_classes(knobs["accept_by_class"])
         threading.Thread(target=self.loop, daemon=True).start()
 
-    def submit(self, tokens: int, streaming: bool = True) -> DecodeRequest:
-        request = DecodeRequest(tokens, self.queue_type(), streaming)
+    def accept_for(self, prompt: str) -> float:
+        """The accept length of a request with this prompt: its class's, else accept_len."""
+        found = (a for pattern, a in self.classes if pattern.search(prompt))
+        return next(found, float(self.knobs["accept_len"]))
+
+    def submit(
+        self, tokens: int, streaming: bool = True, body: dict[str, Any] | None = None
+    ) -> DecodeRequest:
+        """Add a request (its HTTP body gives its prompt) to the running batch."""
+        accept = self.accept_for(prompt_text(body))
+        length = prompt_tokens(body) if body else 0
+        request = DecodeRequest(tokens, self.queue_type(), streaming, accept, length)
         with self.cond:
             self.running.append(request)
             self.cond.notify()
@@ -1864,25 +1988,32 @@ class Decoder:
 
     def speculates(self, batch: int) -> bool:
         """Say whether a step over ``batch`` requests drafts (threshold and adaptive slot)."""
-        if not self.speculative or (self.threshold is not None and batch > self.threshold):
+        if not self.speculative or self.switched_off(batch):
             return False
         return self.adaptive is None or self.adaptive(batch) > 0
 
-    def step(self, batch: int) -> tuple[float, int]:
-        """(seconds, tokens per request) of one step over `batch` requests."""
+    def switched_off(self, batch: int) -> bool:
+        """Say whether --speculative-disable-batch-threshold turns a step over ``batch``
+        requests plain (the patched server's off state, not an adaptive 0-step slot)."""
+        return self.speculative and self.threshold is not None and batch > self.threshold
+
+    def step(self, batch: int) -> tuple[float, bool]:
+        """(seconds, whether it drafts) of one step over `batch` requests."""
         k = self.knobs
-        if self.speculates(batch):
+        drafts = self.speculates(batch)
+        if drafts:
             slow = float(k["threshold_slowdown"]) if self.thresholded else 1.0
             seconds = (k["spec_step_ms"] + k["spec_per_req_ms"] * batch) / 1000 * slow
-            tokens = int(k["accept_len"])
         else:
-            seconds, tokens = (k["step_ms"] + k["per_req_ms"] * batch) / 1000, 1
+            seconds = (k["step_ms"] + k["per_req_ms"] * batch) / 1000
+            if self.switched_off(batch):
+                seconds *= float(k["off_state_slowdown"])
         slowdown = k["slowdown"]
         if slowdown is not None and batch >= slowdown["min_batch"]:
             seconds *= slowdown["factor"]
         if self.cold is not None:
             seconds *= self.cold.factor_for(batch)
-        return seconds, tokens
+        return seconds, drafts
 
     def loop(self) -> None:
         # Steps keep to a clock: the time the loop and the streams spend on the CPU between
@@ -1902,23 +2033,26 @@ class Decoder:
             ):
                 self.on_plain_fallback()
                 threading.Event().wait()  # the schedulers are dead: no token comes any more
-            seconds, per_request = self.step(len(batch))
+            seconds, drafts = self.step(len(batch))
             due = max(due, time.time() - seconds) + seconds  # behind by a step at most
             _sleep_until(due)
-            total = 0
+            total = forwards = 0
             with self.cond:
                 now = time.time()
                 for entry in batch:
                     # An aborted request runs this last step, its token thrown away.
-                    n = 0 if entry.aborted else min(per_request, entry.left)
+                    n = 0 if entry.aborted else min(entry.drafted() if drafts else 1, entry.left)
                     entry.left -= n
                     total += n
+                    forwards += n > 0
                     self._tokens_out(entry, n, now)
                     if n:
                         entry.out.put(n)
                     if entry.left <= 0 or entry.aborted:
                         self.running.remove(entry)
                 self.emitted = [e for e in self.emitted if e[0] > now - 1.0] + [(now, total)]
+                kv_tokens = sum(e.prompt_len + e.sent for e in self.running)
+                self.stats.step(len(batch), total, forwards, kv_tokens)
 
     def gen_throughput(self) -> float:
         now = time.time()
@@ -1986,6 +2120,15 @@ class Launcher:
             self.pd = PrefillPD(self)
         elif args.disaggregation_mode == "decode":
             self.pd = DecodePD(self)
+        graphs = not args.disable_cuda_graph and args.cuda_graph_backend_decode != "disabled"
+        self.decoder.stats = DecodeStats(
+            args.decode_log_interval,
+            bool(args.speculative_algorithm),
+            (args.speculative_num_draft_tokens or 4) - 1,
+            (args.cuda_graph_max_bs_decode or DEFAULT_CUDA_GRAPH_MAX_BS) if graphs else None,
+            self.rank_prefix(0 if args.dp_size > 1 else None, 0),
+            self.pd_decode_figures if isinstance(self.pd, DecodePD) else None,
+        )
         self.peers: list[socket.socket] = []  # rank 0: the other nodes; others: rank 0
         self.shutdown_asked = False  # a node > 0: rank 0's drain has ended
         self.peer_lost_at: float | None = None
@@ -2059,9 +2202,12 @@ class Launcher:
             f'engine_type="{engine}",model_name="{self.served_model_name}",'
             'moe_ep_rank="0",pp_rank="0",tp_rank="0"'
         )
+        with self.decoder.cond:
+            accept_length = self.decoder.stats.accept_length
         values = {
             "num_running_reqs": len(self.decoder.running),
             "gen_throughput": self.decoder.gen_throughput(),
+            "spec_accept_length": accept_length,
             **self.knobs["metrics"],
         }
         names = ["num_running_reqs", "num_queue_reqs", "gen_throughput", "cache_hit_rate",
@@ -2171,6 +2317,18 @@ class Launcher:
             width = tp // dp if tp % dp == 0 else 1
             return [(t // width, t) for t in range(tp)]
         return [(d, t) for d in range(dp) for t in range(tp)]
+
+    def pd_decode_figures(self) -> str:
+        """The part of a PD decode's `Decode batch` line about its queues (no pool here)."""
+        queues = self.pd.queues if self.pd is not None else {}
+        figures = (
+            "pre-allocated usage: 0.00, "
+            f"#prealloc-req: {queues.get('num_decode_prealloc_queue_reqs', 0)}, "
+            f"#transfer-req: {queues.get('num_decode_transfer_queue_reqs', 0)}, "
+        )
+        if self.args.disaggregation_decode_host_receive_threshold < 1:
+            figures += "#host-receive-req: 0, "
+        return figures + "#retracted-req: 0, "
 
     def rank_prefix(self, dp_rank: int | None, tp_rank: int) -> str:
         """The `[time DPd TPt]` part a rank's log lines carry."""
@@ -2540,8 +2698,7 @@ class Launcher:
         self.idle_until(max(t0 + 0.9 * span, warm + 0.05 * span))
         client = f"127.0.0.1:{random.randint(40000, 60000)}"
         uvicorn_log("INFO", f'{client} - "GET /model_info HTTP/1.1" 200 OK', fd=1)
-        first_prefix = " DP0" if self.args.dp_size > 1 else ""
-        first_prefix += " TP0" if self.args.tp_size > 1 else ""
+        first_prefix = self.rank_prefix(0 if self.args.dp_size > 1 else None, 0)
         log(
             "Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, "
             "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
@@ -2699,6 +2856,16 @@ def load_knobs(model_path: str) -> dict[str, Any]:
         raise ValueError(f"standin.json: crash must be one of {CRASH_MODES}")
     if knobs["pd_crash"] not in PD_CRASH_MODES:
         raise ValueError(f"standin.json: pd_crash must be one of {PD_CRASH_MODES}")
+    if not _positive(knobs["off_state_slowdown"]):
+        raise ValueError(
+            "standin.json: off_state_slowdown must be a number > 0, "
+            f"not {knobs['off_state_slowdown']!r}"
+        )
+    if not _accept_length(knobs["accept_len"]):
+        raise ValueError(
+            f"standin.json: accept_len must be a number >= 1, not {knobs['accept_len']!r}"
+        )
+    knobs["accept_by_class"] = accept_by_class_knob(knobs["accept_by_class"])
     if knobs["slowdown"] is not None:
         knobs["slowdown"] = slowdown_knob(knobs["slowdown"])
     if knobs["cold"] is not None:
@@ -2708,6 +2875,33 @@ def load_knobs(model_path: str) -> dict[str, Any]:
 
 def _positive(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float) and value > 0
+
+
+def _accept_length(value: Any) -> bool:
+    """A number of at least 1: a speculative step gives each request its bonus token."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and value >= 1
+
+
+def accept_by_class_knob(given: Any) -> list[dict[str, Any]]:
+    """The `accept_by_class` knob checked: a list of {"match": REGEX, "accept_len": A >= 1}."""
+    wanted = 'accept_by_class must be a list of {"match": REGEX, "accept_len": A >= 1}'
+    if not isinstance(given, list):
+        raise ValueError(f"standin.json: {wanted}, not {given!r}")
+    for entry in given:
+        if (
+            not isinstance(entry, dict)
+            or set(entry) != {"match", "accept_len"}
+            or not isinstance(entry["match"], str)
+            or not _accept_length(entry["accept_len"])
+        ):
+            raise ValueError(f"standin.json: {wanted}, not {entry!r}")
+        try:
+            re.compile(entry["match"])
+        except re.error as exc:
+            raise ValueError(
+                f"standin.json: accept_by_class: {entry['match']!r} is not a regex: {exc}"
+            ) from None
+    return [{"match": e["match"], "accept_len": float(e["accept_len"])} for e in given]
 
 
 def _count(value: Any) -> bool:
