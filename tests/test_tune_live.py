@@ -224,3 +224,14 @@ def test_ctrl_c_puts_both_replicas_back_and_no_request_is_lost(
         assert state == "ready" and "_baseline_v" in run, (name, after)
     assert load.report().failed == 0, load.report().errors[:3]
     cli("stop", "-i", str(inv))
+
+
+def test_a_live_window_refuses_a_dry_run_before_any_host_is_asked(cli: Any, tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  hosts:\n    alpha:\n      ansible_host: 127.0.0.1\n"
+        "      template: baseline\n      model_path: /m\n"
+    )
+    refused = cli("tune", "--live", "--dry-run", "-i", str(inv))
+    assert refused.returncode == 1 and "a live window has none to show" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -299,6 +299,11 @@ def tune(
         max_visits=max_launches, reconnect_window=reconnect_window,
     )  # fmt: skip
     if live_traffic:
+        if dry_run:
+            raise UsageError(
+                "--dry-run shows a synthetic tune's plan; a live window has none to show",
+                hint="deployctl rollout --dry-run shows what relaunching the replicas changes",
+            )
         from deployctl.ops.rollout import RolloutOptions
         from deployctl.ops.tune.live import LiveOptions
 
