@@ -113,6 +113,16 @@ def live_fleet(lab: Any, tmp_path: Path) -> tuple[Path, int]:
     return lab.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables}), router["port"]
 
 
+def launched_fleet(lab: Any, cli: Any, tmp_path: Path) -> tuple[Path, str]:
+    """The fleet of live_fleet, launched; the inventory and the router's URL."""
+    from tests.test_router import run_json
+
+    inv, port = live_fleet(lab, tmp_path)
+    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 0, err
+    return inv, f"http://{lab.hosts['alpha'].address}:{port}"
+
+
 def templates(cli: Any, inv: Path) -> dict[str, tuple[str, str]]:
     from tests.test_router import run_json
 
@@ -131,13 +141,9 @@ def test_live_window_brackets_the_known_crossover_and_rolls_t_out_losing_no_requ
     hosts: Any, cli: Any, tmp_path: Path
 ) -> None:
     from tests.canary_load import PoissonLoad
-    from tests.test_router import run_json
 
-    inv, port = live_fleet(hosts, tmp_path)
-    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    inv, url = launched_fleet(hosts, cli, tmp_path)
     before = templates(cli, inv)
-    address = hosts.hosts["alpha"].address
     proc = cli.popen(
         "tune", "--live", "-i", str(inv), "--json", "--interval", "0.5", "--max-duration", "120",
         "--min-samples", "20", "--drain-timeout", "10", "--timeout", "60",
@@ -145,7 +151,7 @@ def test_live_window_brackets_the_known_crossover_and_rolls_t_out_losing_no_requ
     failed, finished = 0, 0
     for seconds, rate in PHASES:
         load = PoissonLoad(
-            f"http://{address}:{port}", rate_per_s=rate, max_in_flight=96, max_tokens=48,
+            url, rate_per_s=rate, max_in_flight=96, max_tokens=48,
             seed=int(rate), model="m",
         )  # fmt: skip
         with load:
@@ -189,15 +195,11 @@ def test_ctrl_c_puts_both_replicas_back_and_no_request_is_lost(
     hosts: Any, cli: Any, tmp_path: Path
 ) -> None:
     from tests.canary_load import PoissonLoad
-    from tests.test_router import run_json
 
-    inv, port = live_fleet(hosts, tmp_path)
-    code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
-    assert code == 0, err
+    inv, url = launched_fleet(hosts, cli, tmp_path)
     before = templates(cli, inv)
-    address = hosts.hosts["alpha"].address
     load = PoissonLoad(
-        f"http://{address}:{port}", rate_per_s=8.0, max_in_flight=96, max_tokens=48, seed=3,
+        url, rate_per_s=8.0, max_in_flight=96, max_tokens=48, seed=3,
         model="m",
     )  # fmt: skip
     with load:

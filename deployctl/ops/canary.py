@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol, TypeVar
 
 from deployctl import agent
 from deployctl import events as ev
@@ -623,8 +624,23 @@ def canary(
     Ctrl-C leaves at once)."""
     cancel = threading.Event()
     engine = Canary(fleet, plan, catalog, available, options, events, cancel)
-    with router_locks(fleet, [engine.keeper.router], "canary"):
-        driven = drive([engine.run], 1, cancel)
+    return run_under_lock(fleet, engine.keeper.router, "canary", engine.run, cancel)
+
+
+class _Interruptible(Protocol):
+    interrupted: bool
+
+
+Report = TypeVar("Report", bound=_Interruptible)
+
+
+def run_under_lock(
+    fleet: Fleet, router: Host, what: str, run: Callable[[], Report], cancel: threading.Event
+) -> Report:
+    """`run` in a driven thread with the router's lock held: the first Ctrl-C sets `cancel`
+    (the run puts back what it changed), a second leaves at once."""
+    with router_locks(fleet, [router], what):
+        driven = drive([run], 1, cancel)
     [future] = driven.futures
     report = future.result()
     report.interrupted = report.interrupted or driven.interrupted

@@ -23,11 +23,16 @@ from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet
 from deployctl.inventory import Host
 from deployctl.metrics import interval
-from deployctl.ops.canary import ROUTER_SILENT_ROUNDS, Read, put_back, read_replica, read_router
-from deployctl.ops.driver import drive
+from deployctl.ops.canary import (
+    ROUTER_SILENT_ROUNDS,
+    Read,
+    put_back,
+    read_replica,
+    read_router,
+    run_under_lock,
+)
 from deployctl.ops.plan import Plan
 from deployctl.ops.rollout import Rollout, RolloutOptions, UnitOutcome, UnitPlan, UnitResult
-from deployctl.ops.router import router_locks
 from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture
 from deployctl.patchset import PatchSet
@@ -310,9 +315,4 @@ def tune_live(
     Ctrl-C leaves at once)."""
     cancel = threading.Event()
     engine = LiveTune(fleet, plan, catalog, available, options, events, cancel)
-    with router_locks(fleet, [plan.router], "tune --live"):
-        driven = drive([engine.run], 1, cancel)
-    [future] = driven.futures
-    report = future.result()
-    report.interrupted = report.interrupted or driven.interrupted
-    return report
+    return run_under_lock(fleet, plan.router, "tune --live", engine.run, cancel)
