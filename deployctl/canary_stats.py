@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -115,6 +116,17 @@ class BucketStat:
     )  # the side's central value (geometric mean of clipped samples), metric units
     candidate: float | None
     ratio: float | None  # candidate / control, oriented so that > 1 is worse for every metric
+
+
+@dataclass(frozen=True)
+class BucketInterval:
+    """One matched bucket's worse-ratio (candidate ÷ control, > 1 worse) and its interval."""
+
+    bucket: int
+    samples: int
+    ratio: float
+    low: float | None  # None: unbounded, before the noise can be estimated
+    high: float | None
 
 
 @dataclass(frozen=True)
@@ -342,6 +354,29 @@ class Judge:
             f"stays about {ratio:.1f} times as long"
         )
         return ratio, note
+
+    def bucket_intervals(self) -> list[BucketInterval]:
+        """Each matched bucket's worse-ratio with its own interval, for one look at the end
+        of a window of fixed length: Student-free normal intervals (the noise has at least
+        MIN_DF degrees of freedom, else every interval is unbounded) at the configured
+        confidence, Bonferroni-split over the matched buckets. Unlike `verdict`, this is not
+        valid when asked again and again while samples come in."""
+        _, matched = self._matched()
+        if not matched:
+            return []
+        variance, df = self._noise()
+        alpha = (1 - self.confidence) / len(matched)
+        z = statistics.NormalDist().inv_cdf(1 - alpha / 2)
+        found = []
+        for bucket, difference, weight, count in matched:
+            width = z * math.sqrt(variance / weight) if df >= MIN_DF else math.inf
+            found.append(
+                BucketInterval(
+                    bucket, count, math.exp(difference),
+                    _ratio(difference - width), _ratio(difference + width),
+                )
+            )  # fmt: skip
+        return found
 
     def verdict(self) -> Verdict:
         buckets, matched = self._matched()

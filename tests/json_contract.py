@@ -25,7 +25,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "render": {"--check": "checked", "": "rendered"},
     "crash": {"--file": "local", "": "fleet"},
     "bench": {"--compare": "comparison", "--suggest-threshold": "suggestion", "": "sweep"},
-    "tune": {"--report": "reported", "--dry-run": "planned", "": "tuned"},
+    "tune": {"--report": "reported", "--dry-run": "planned", "--live": "tuneLive", "": "tuned"},
 }
 # Commands that print one document per line (JSON lines), each checked on its own.
 JSON_LINES: dict[str, Callable[[Sequence[str]], bool]] = {

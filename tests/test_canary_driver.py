@@ -127,7 +127,7 @@ class Site:
             if self.rounds >= self.max_rounds:
                 self.cancel.set()
         replica = self.replicas[host.label]
-        return driver._Read(
+        return driver.Read(
             2.0 * self.rounds, replica.read(self.rounds), replica.serving(self.rounds)
         )
 
@@ -135,7 +135,7 @@ class Site:
         assert host.label == "edge/router", host.label
         self.router_reads += 1
         silence = self.router_silence(self.rounds)
-        return driver._Read(2.0 * self.rounds, None, not silence, silence)
+        return driver.Read(2.0 * self.rounds, None, not silence, silence)
 
     def rollout(self, fleet: Any, unit_plans: Any, *rest: Any) -> Any:
         options = rest[2]

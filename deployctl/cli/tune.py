@@ -10,11 +10,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from deployctl.choices import BenchTool, Keep, ThresholdMode
-from deployctl.cli.options import DrainTimeoutOpt, StopTimeoutOpt, TimeoutOpt
+from deployctl.cli.options import DrainTimeoutOpt, StopTimeoutOpt, TimeoutOpt, duration_of
 from deployctl.cli.session import SERVERS, Reply, Session, app, fleet_command
 from deployctl.errors import UsageError
 
 if TYPE_CHECKING:
+    from deployctl.ops.plan import Plan
+    from deployctl.ops.tune import TuneOptions
+    from deployctl.ops.tune.live import LiveOptions
     from deployctl.remote.measures import TuneRecord
 
 # The load of one level, as bench and tune take it.
@@ -230,9 +233,41 @@ def tune(
     html: Annotated[
         Path | None, typer.Option("--html", help="Also write a self-contained HTML report.")
     ] = None,
+    live_traffic: Annotated[
+        bool,
+        typer.Option(
+            "--live",
+            help="Measure on the traffic two replicas behind one router serve: one with "
+            "speculation, one without, compared per load bucket; then roll T out.",
+        ),
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.2, help="With --live: seconds between samples.")
+    ] = 2.0,
+    max_duration: Annotated[
+        str,
+        typer.Option("--max-duration", help="With --live: the window at most (30m, 90s)."),
+    ] = "30m",
+    confidence: Annotated[
+        float,
+        typer.Option(
+            "--confidence", min=0.5, max=0.999, help="With --live: each bucket's interval."
+        ),
+    ] = 0.95,
+    min_samples: Annotated[
+        int,
+        typer.Option(
+            "--min-samples", min=2, help="With --live: samples of each replica before it ends."
+        ),
+    ] = 20,
+    no_promote: Annotated[
+        bool,
+        typer.Option("--no-promote", help="With --live: report T only; put both replicas back."),
+    ] = False,
 ) -> Reply:
     """Find where speculation stops paying, relaunch with that --threshold, check it holds
-    at every level, and leave it serving (baseline, speculative, tuned; kept on the host)."""
+    at every level, and leave it serving (baseline, speculative, tuned; kept on the host).
+    With --live, measure it on the traffic a router's replicas serve."""
     from deployctl.ops import bench as bench_ops
     from deployctl.ops import tune as ops
     from deployctl.present import live, views
@@ -263,6 +298,21 @@ def tune(
         timeout=timeout, stop_timeout=stop_timeout, drain_timeout=drain_timeout,
         max_visits=max_launches, reconnect_window=reconnect_window,
     )  # fmt: skip
+    if live_traffic:
+        if dry_run:
+            raise UsageError(
+                "--dry-run shows a synthetic tune's plan; a live window has none to show",
+                hint="deployctl rollout --dry-run shows what relaunching the replicas changes",
+            )
+        from deployctl.ops.rollout import RolloutOptions
+        from deployctl.ops.tune.live import LiveOptions
+
+        window = LiveOptions(
+            interval, duration_of("--max-duration", max_duration, "30m"), confidence,
+            min_samples, not no_promote,
+            RolloutOptions(1, drain_timeout, stop_timeout, timeout, True, what="tune --live"),
+        )  # fmt: skip
+        return _tune_live(session, options, window)
     plans = ops.plan_tune(session.project, session.targets, session.patch_sets(), options)
     if dry_run:
         return views.TUNE_PLAN, plans
@@ -301,3 +351,38 @@ def _drawing(
             write_tune_html(record, html)
 
     return draw
+
+
+def _tune_live(session: Session, options: TuneOptions, window: LiveOptions) -> Reply:
+    """tune --live: the two replicas' plans (speculation always on, and none), the window,
+    then the threshold rolled out or both put back."""
+    from deployctl.ops import plan as launch_plans
+    from deployctl.ops import tune as ops
+    from deployctl.ops.rollout import plan_rollout
+    from deployctl.ops.tune.live import LivePlan, choose_pair, tune_live
+    from deployctl.present import live, views
+
+    catalog, patch_sets = session.catalog(), session.patch_sets()
+    current = launch_plans.plan_launch(session.project, session.targets, None, None, [], patch_sets)
+    progress = live.Progress(enabled=not session.options.json, steps_when_piped=True)
+    with session.fleet() as fleet, progress:
+        router, replicas = choose_pair(plan_rollout(fleet, current, catalog, patch_sets))
+        tunes = {
+            t.host.label: t for t in ops.plan_tune(session.project, replicas, patch_sets, options)
+        }
+        first, second = replicas[0].label, replicas[1].label
+        split = plan_rollout(
+            fleet,
+            [tunes[first].plans[ops.Phase.SPECULATIVE], tunes[second].plans[ops.Phase.BASELINE]],
+            catalog, patch_sets, restart=True,
+        )  # fmt: skip
+        by_host = {u.rank0.label: u for u in split}
+
+        def tuned(threshold: int) -> list[Plan]:
+            return [tunes[h.label].tuned(threshold, True) for h in replicas]
+
+        plan = LivePlan(
+            router, by_host[first], by_host[second], tuned, [h.label for h in replicas[2:]]
+        )
+        report = tune_live(fleet, plan, catalog, patch_sets, window, progress)
+    return views.TUNE_LIVE, report

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol, TypeVar
 
 from deployctl import agent
 from deployctl import events as ev
@@ -238,7 +239,7 @@ def _check_one_role(units: Sequence[UnitPlan]) -> None:
 
 
 @dataclass
-class _Read:
+class Read:
     """One replica's /metrics read: when, and the counts (None: not serving or unreadable);
     or its router's answer (`silence`: why it does not answer, "" when it does)."""
 
@@ -248,7 +249,7 @@ class _Read:
     silence: str = ""
 
 
-def read_replica(host: Host, conn: Connection) -> _Read:
+def read_replica(host: Host, conn: Connection) -> Read:
     """Is the replica's run alive and healthy, and its /metrics counts (one round trip)."""
     reply = recorded_run(host, conn, metrics=True)
     serving = bool(reply["alive"]) and reply["health"] == 200
@@ -259,13 +260,13 @@ def read_replica(host: Host, conn: Connection) -> _Read:
             counts = read_counts(page["text"])
         except MetricsError:
             counts = None
-    return _Read(time.monotonic(), counts, serving)
+    return Read(time.monotonic(), counts, serving)
 
 
-def read_router(host: Host, conn: Connection) -> _Read:
+def read_router(host: Host, conn: Connection) -> Read:
     """Does the router answer for its worker list now (one call to the agent on its host)?"""
     silence = router_silence(host, conn)
-    return _Read(time.monotonic(), None, not silence, silence)
+    return Read(time.monotonic(), None, not silence, silence)
 
 
 class Canary:
@@ -351,7 +352,7 @@ class Canary:
         canaries = [u.rank0 for u in self.plan.candidates]
         controls = [u.rank0 for u in self.plan.controls]
         side = {h.label: "candidate" for h in canaries} | {h.label: "control" for h in controls}
-        last: dict[str, _Read] = {}
+        last: dict[str, Read] = {}
         failed = {"candidate": 0, "control": 0}
         finished = {"candidate": 0, "control": 0}
         # A round's aborted and finished requests, counted once the router answers the round
@@ -362,7 +363,7 @@ class Canary:
         router = self.keeper.router
         silent = 0  # rounds in a row the router has not answered
 
-        def read(host: Host, conn: Connection) -> _Read:
+        def read(host: Host, conn: Connection) -> Read:
             return (
                 read_router(host, conn) if host.label == router.label else read_replica(host, conn)
             )
@@ -440,33 +441,51 @@ class Canary:
         self, previous: Sequence[Serving], split: Sequence[UnitResult]
     ) -> list[UnitResult]:
         """Each canary back on its previous run, drained out of its router first."""
-        canary_runs = {r.name: r.new_run for r in split}
-        results = []
-        options = self.options.rollout
-        for unit in self.plan.candidates:
-            labels = {p.host.label for p in unit.plans}
-            mine = [s for s in previous if s.host.label in labels]
-            result = UnitResult(unit.name, UnitOutcome.REPLACED, old_run=canary_runs.get(unit.name))
-            try:
-                back = relaunch(
-                    self.fleet, mine, self.catalog, restart_of={}, timeout=options.timeout,
-                    stop_timeout=options.stop_timeout, events=self.events,
-                    drain_timeout=options.drain_timeout,
-                )  # fmt: skip
-            except DeployctlError as exc:
-                result.outcome, result.error = UnitOutcome.FAILED, exc.message
+        o = self.options.rollout
+        return put_back(
+            self.fleet, self.plan.candidates, previous, split, self.catalog, o.timeout,
+            o.stop_timeout, o.drain_timeout, self.events,
+        )  # fmt: skip
+
+
+def put_back(
+    fleet: Fleet,
+    units: Sequence[UnitPlan],
+    previous: Sequence[Serving],
+    split: Sequence[UnitResult],
+    catalog: Catalog,
+    timeout: float,
+    stop_timeout: float,
+    drain_timeout: float,
+    events: EventSink,
+) -> list[UnitResult]:
+    """Each unit replaced by `split` back on its `previous` run, drained out of its router
+    first (a canary's rollback, a live tune's end)."""
+    replaced = {r.name: r.new_run for r in split}
+    results = []
+    for unit in units:
+        labels = {p.host.label for p in unit.plans}
+        mine = [s for s in previous if s.host.label in labels]
+        result = UnitResult(unit.name, UnitOutcome.REPLACED, old_run=replaced.get(unit.name))
+        try:
+            back = relaunch(
+                fleet, mine, catalog, restart_of={}, timeout=timeout, stop_timeout=stop_timeout,
+                events=events, drain_timeout=drain_timeout,
+            )  # fmt: skip
+        except DeployctlError as exc:
+            result.outcome, result.error = UnitOutcome.FAILED, exc.message
+        else:
+            if back.launch is None or not back.launch.up:
+                result.outcome, result.error = UnitOutcome.FAILED, "previous run not back"
             else:
-                if back.launch is None or not back.launch.up:
-                    result.outcome, result.error = UnitOutcome.FAILED, "previous run not back"
-                else:
-                    result.new_run = launched_run(back.launch)
-                    # Serving again; a router that does not answer (why a canary may end)
-                    # adds it when it is launched again.
-                    unlisted = [r.error for r in back.launch.registrations if not r.ok]
-                    if unlisted:
-                        result.error = f"back on its previous run, not in its router: {unlisted[0]}"
-            results.append(result)
-        return results
+                result.new_run = launched_run(back.launch)
+                # Serving again; a router that does not answer (why a canary may end) adds
+                # it when it is launched again.
+                unlisted = [r.error for r in back.launch.registrations if not r.ok]
+                if unlisted:
+                    result.error = f"back on its previous run, not in its router: {unlisted[0]}"
+        results.append(result)
+    return results
 
 
 class Keeper:
@@ -562,7 +581,7 @@ def _fails_more(failed: Mapping[str, int], finished: Mapping[str, int]) -> bool:
     return rate > failed["control"] / max(finished["control"], 1)
 
 
-def _silence(asked: HostResult[_Read]) -> str:
+def _silence(asked: HostResult[Read]) -> str:
     """Why the router did not answer this round ("" when it did)."""
     if asked.value is None:
         return f"its host cannot be read: {asked.error}"
@@ -605,8 +624,23 @@ def canary(
     Ctrl-C leaves at once)."""
     cancel = threading.Event()
     engine = Canary(fleet, plan, catalog, available, options, events, cancel)
-    with router_locks(fleet, [engine.keeper.router], "canary"):
-        driven = drive([engine.run], 1, cancel)
+    return run_under_lock(fleet, engine.keeper.router, "canary", engine.run, cancel)
+
+
+class _Interruptible(Protocol):
+    interrupted: bool
+
+
+Report = TypeVar("Report", bound=_Interruptible)
+
+
+def run_under_lock(
+    fleet: Fleet, router: Host, what: str, run: Callable[[], Report], cancel: threading.Event
+) -> Report:
+    """`run` in a driven thread with the router's lock held: the first Ctrl-C sets `cancel`
+    (the run puts back what it changed), a second leaves at once."""
+    with router_locks(fleet, [router], what):
+        driven = drive([run], 1, cancel)
     [future] = driven.futures
     report = future.result()
     report.interrupted = report.interrupted or driven.interrupted

@@ -822,6 +822,91 @@ DEFINITIONS: dict[str, Schema] = {
             "keep_error",
         ],
     ),
+    "tuneLive": obj(
+        {
+            "ok": boolean(
+                "The window ended with the threshold rolled out (promoted) or reported, and every action after it worked; false when it failed (a replica that did not serve, a router that stopped answering) or on Ctrl-C."
+            ),
+            "interrupted": boolean("Ctrl-C: both replicas were put back."),
+            "router": string(),
+            "speculative": string("The replica relaunched with speculation always on."),
+            "plain": string("The replica relaunched without speculation."),
+            "others": array(string(), "The router's other selected replicas: left serving."),
+            "decision": {"enum": ["promoted", "reported", "failed", "interrupted"]},
+            "reason": string(),
+            "elapsed_s": number("The window's length."),
+            "samples": obj(
+                {"speculative": integer(), "plain": integer()},
+                required=["speculative", "plain"],
+                description="Intervals read from each replica that carried a sample.",
+            ),
+            "buckets": array(
+                obj(
+                    {
+                        "bucket": integer(
+                            "A CUDA-graph batch size: the samples' running requests up to it."
+                        ),
+                        "samples": integer(),
+                        "gain": number(
+                            "Speculative ÷ plain output tok/s per running request in the bucket."
+                        ),
+                        "low": nullable("number", "The gain's interval; null: unbounded."),
+                        "high": nullable("number"),
+                        "verdict": {"enum": ["win", "loss", "undecided"]},
+                    },
+                    required=["bucket", "samples", "gain", "low", "high", "verdict"],
+                ),
+                "Each load bucket both replicas served at, ascending.",
+            ),
+            "crossover": {
+                "anyOf": [
+                    obj(
+                        {
+                            "last_win": nullable(
+                                "integer",
+                                "The largest bucket where speculation is better beyond its interval, below the first loss.",
+                            ),
+                            "first_loss": nullable(
+                                "integer",
+                                "The smallest bucket where it is worse beyond its interval.",
+                            ),
+                            "threshold": nullable(
+                                "integer", "T: last_win when both exist; null otherwise."
+                            ),
+                            "speculation": {"enum": ["threshold", "never", "always", "undecided"]},
+                            "reached": integer(
+                                "The largest bucket both replicas served at: nothing is said above it."
+                            ),
+                        },
+                        required=["last_win", "first_loss", "threshold", "speculation", "reached"],
+                    ),
+                    {"type": "null"},
+                ]
+            },
+            "units": array(ref("rolloutUnit"), "The two replicas' relaunch for the window."),
+            "actions": array(
+                {"type": "object"},
+                "After the window: the threshold's rollout, or both replicas put back.",
+            ),
+        },
+        required=[
+            "ok",
+            "interrupted",
+            "router",
+            "speculative",
+            "plain",
+            "others",
+            "decision",
+            "reason",
+            "elapsed_s",
+            "samples",
+            "buckets",
+            "crossover",
+            "units",
+            "actions",
+        ],
+        description="tune --live: the window's per-bucket comparison, the live crossover and what followed.",
+    ),
     "canaryRecord": declared(
         CanaryRecord,
         CANARY_FIELDS,
@@ -1724,10 +1809,11 @@ COMMANDS: dict[str, Schema] = {
     ),
     "tune": command(
         "deployctl tune --json",
-        "Each deployment's tune record (as kept on its host); with --dry-run, the plan; with --report, a kept record.",
+        "Each deployment's tune record (as kept on its host); with --dry-run, the plan; with --report, a kept record; with --live, the live window.",
         ref("tuned"),
         ref("planned"),
         ref("reported"),
+        ref("tuneLive"),
     ),
     "watch": {
         "$schema": DRAFT,

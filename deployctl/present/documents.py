@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit
     from deployctl.ops.server import RestartReport
     from deployctl.ops.tune import TunePlan, TuneReport, TuneResult
+    from deployctl.ops.tune.live import LiveReport
     from deployctl.patchset import PatchSet
     from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
@@ -649,6 +650,60 @@ def canary_document(report: CanaryReport) -> dict[str, Any]:
             for p in plans
         ],
         "keep_error": report.keep_error or None,
+    }
+
+
+def tune_live_document(report: LiveReport) -> dict[str, Any]:
+    """A live window: the two replicas, each bucket's speculative ÷ plain gain with its
+    interval, the live crossover, and what was done after."""
+    crossover = report.crossover
+    done = {u.name: u for u in [*report.split, *report.actions]}
+    units = [report.plan.speculative, report.plan.plain]
+
+    def gain(worse: float | None) -> float | None:  # worse-ratio -> speculative ÷ plain tok/s
+        return None if worse is None else round(1 / worse, 4)
+
+    def verdict(bucket: int) -> str:
+        if crossover is not None and bucket in crossover.wins:
+            return "win"
+        return "loss" if crossover is not None and bucket in crossover.losses else "undecided"
+
+    return {
+        "ok": report.ok,
+        "interrupted": report.interrupted,
+        "router": report.plan.router.label,
+        "speculative": report.plan.speculative.name,
+        "plain": report.plan.plain.name,
+        "others": report.plan.others,
+        "decision": report.decision,
+        "reason": report.reason,
+        "elapsed_s": round(report.elapsed_s, 1),
+        "samples": report.samples,
+        "buckets": [
+            {
+                "bucket": i.bucket,
+                "samples": i.samples,
+                "gain": gain(i.ratio),
+                "low": gain(i.high),
+                "high": gain(i.low),
+                "verdict": verdict(i.bucket),
+            }
+            for i in report.intervals
+        ],
+        "crossover": None
+        if crossover is None
+        else {
+            "last_win": crossover.last_win,
+            "first_loss": crossover.first_loss,
+            "threshold": crossover.threshold,
+            "speculation": crossover.speculation,
+            "reached": crossover.reached,
+        },
+        "units": [
+            {**unit_plan_json(u), **(unit_result_json(done[u.name]) if u.name in done else {})}
+            for u in units
+        ],
+        "actions": [unit_result_json(a) | {"unit": a.name} for a in report.actions],
     }
 
 

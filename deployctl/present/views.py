@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult
     from deployctl.ops.server import RestartReport, Stray
     from deployctl.ops.tune import TunePlan, TuneReport
+    from deployctl.ops.tune.live import LiveReport
     from deployctl.patchset import PatchSet
     from deployctl.remote.measures import CanaryRecord, LevelFigures, TuneRecord
     from deployctl.remote.protocol import JobInfo
@@ -1182,6 +1183,49 @@ def _tunes(report: TuneReport) -> None:
 
 
 TUNE: View[TuneReport] = View(_tunes, docs.tune_document)
+
+
+def _tune_live(report: LiveReport) -> None:
+    doc = docs.tune_live_document(report)
+    router = doc["router"]
+    title = (
+        f"{router}: tune --live ({doc['decision']}): {doc['speculative']} with speculation, "
+        f"{doc['plain']} without, {doc['elapsed_s']:g}s, {doc['samples']['speculative']} + "
+        f"{doc['samples']['plain']} samples"
+    )
+    rows = [
+        [
+            str(b["bucket"]), str(b["samples"]), f"{b['gain']:.3f}",
+            "-" if b["low"] is None or b["high"] is None else f"{b['low']:.3f} – {b['high']:.3f}",
+            b["verdict"],
+        ]
+        for b in doc["buckets"]
+    ]  # fmt: skip
+    print_table(title, ["bucket", "samples", "speculative ÷ plain", "interval", "verdict"], rows)
+    write = sys.stdout.write
+    crossover = doc["crossover"]
+    if crossover is not None:
+        above = f"; the traffic never reached a bucket above {crossover['reached']}"
+        said = {
+            "threshold": f"live crossover: speculation wins up to bucket {crossover['last_win']}"
+            f", loses from {crossover['first_loss']}: T = {crossover['threshold']}",
+            "never": f"speculation loses from bucket {crossover['first_loss']} and wins at no "
+            "bucket below it: run without it",
+            "always": f"speculation wins at every bucket decided, up to {crossover['last_win']}: "
+            "no threshold needed on this traffic",
+            "undecided": "no bucket decided yet: the window was too short for this traffic",
+        }[crossover["speculation"]]
+        write(said + above + "\n")
+        if crossover["threshold"] is not None:
+            write(f"keep it: `threshold: {crossover['threshold']}` for the router's replicas\n")
+    for action in report.actions:
+        if not action.ok:
+            print_error(f"{action.name}: {action.outcome}: {action.error}", host=router)
+    if not report.ok and doc["reason"]:
+        print_error(doc["reason"], host=router)
+
+
+TUNE_LIVE: View[LiveReport] = View(_tune_live, docs.tune_live_document)
 
 
 def _tune_plans(plans: list[TunePlan]) -> None:
