@@ -32,7 +32,14 @@ from deployctl.ops.canary import (
     run_under_lock,
 )
 from deployctl.ops.plan import Plan
-from deployctl.ops.rollout import Rollout, RolloutOptions, UnitOutcome, UnitPlan, UnitResult
+from deployctl.ops.rollout import (
+    Rollout,
+    RolloutOptions,
+    UnitOutcome,
+    UnitPlan,
+    UnitResult,
+    plan_rollout,
+)
 from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture
 from deployctl.patchset import PatchSet
@@ -183,8 +190,6 @@ class LiveTune:
             report.actions = self._put_back(units, previous, report.split)
         elif self.options.promote and crossover is not None and crossover.threshold is not None:
             report.decision = "promoted"
-            from deployctl.ops.rollout import plan_rollout
-
             tuned = plan_rollout(
                 self.fleet, self.plan.tuned(crossover.threshold), self.catalog, self.available,
                 restart=False,
