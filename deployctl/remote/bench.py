@@ -112,10 +112,10 @@ def stream_completion(args: BenchArgs, prompt: str, output_len: int | None = Non
     return timing
 
 
-# One client process keeps up with about this many streams of a fast server; past it, a
-# Python client under one GIL reads chunks slower than the server sends them and measures
-# itself, not the server (seen on the H200: a 1B and a 6.7B model both capped near 6.5 k
-# chunks/s at 128-256 streams from one process).
+# Streams per client process: one Python process reads its chunks under one GIL, and a
+# client that cannot keep up measures itself, not the server. On the H200 one process was
+# 62 % busy reading 128 streams of a 6.7 B model (6.2 k tok/s); a fast server or a slower
+# host CPU would saturate it, so each process takes a share well below that.
 STREAMS_PER_PROCESS = 16
 MAX_PROCESSES = 8
 
@@ -144,7 +144,7 @@ def run_streams(
     asked = processes or args.get("client_processes") or client_processes(streams)
     processes = min(asked, max(1, streams))
     if processes == 1:
-        return _streams_here(args, requests, streams, _ListTaker(requests))
+        return _streams_here(args, streams, _ListTaker(requests))
     return _forked_streams(args, requests, streams, processes)
 
 
@@ -164,7 +164,7 @@ class _ListTaker:
             return self.requests[self.next - 1]
 
 
-class _SharedTaker(_ListTaker):
+class _SharedTaker:
     """Hands out the requests one at a time to the threads of every client process, through
     a counter in memory the forked processes share."""
 
@@ -183,9 +183,7 @@ class _SharedTaker(_ListTaker):
         return self.requests[index]
 
 
-def _streams_here(
-    args: BenchArgs, requests: list[tuple[int, int]], streams: int, taker: _ListTaker
-) -> Streamed:
+def _streams_here(args: BenchArgs, streams: int, taker: _ListTaker | _SharedTaker) -> Streamed:
     """`streams` threads of this process, each taking requests until none is left."""
     import threading
 
@@ -229,7 +227,7 @@ def _forked_streams(
             status = 1
             try:
                 begin = time.perf_counter()
-                result = _streams_here(args, requests, share, taker)
+                result = _streams_here(args, share, taker)
                 reply = {**result, "begin": begin}
                 with os.fdopen(write_end, "wb") as pipe:
                     pipe.write(json.dumps(reply).encode())
