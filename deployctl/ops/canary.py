@@ -309,7 +309,7 @@ class Canary:
         self.keeper.keep(report)
         report.split = engine.run()
         if not all(r.outcome is UnitOutcome.REPLACED for r in report.split):
-            report.decision, report.reason = Decision.FAILED, _split_failure(report.split)
+            report.decision, report.reason = Decision.FAILED, split_failure(report.split)
             report.interrupted = self.cancel.is_set()
             return report
         verdict, reason, ending = self._judge(report)
@@ -603,7 +603,8 @@ def _nothing_to_compare(
     return ""
 
 
-def _split_failure(results: Sequence[UnitResult]) -> str:
+def split_failure(results: Sequence[UnitResult]) -> str:
+    """Why a replacement of units did not serve: the first that was not replaced."""
     failed = next((r for r in results if r.outcome is not UnitOutcome.REPLACED), None)
     if failed is None:
         return ""

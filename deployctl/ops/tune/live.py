@@ -30,6 +30,7 @@ from deployctl.ops.canary import (
     read_replica,
     read_router,
     run_under_lock,
+    split_failure,
 )
 from deployctl.ops.plan import Plan
 from deployctl.ops.rollout import (
@@ -175,9 +176,7 @@ class LiveTune:
             self.cancel,
         ).run()  # fmt: skip
         if not all(r.outcome is UnitOutcome.REPLACED for r in report.split):
-            failed = next(r for r in report.split if r.outcome is not UnitOutcome.REPLACED)
-            report.decision = "failed"
-            report.reason = f"{failed.name} {failed.outcome}: {failed.error}".rstrip(": ")
+            report.decision, report.reason = "failed", split_failure(report.split)
             report.actions = self._put_back(units, previous, report.split)
             report.interrupted = self.cancel.is_set()
             return report
