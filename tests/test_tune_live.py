@@ -175,8 +175,15 @@ def test_live_window_brackets_the_known_crossover_and_rolls_t_out_losing_no_requ
     verdicts = {b["bucket"]: b["verdict"] for b in doc["buckets"]}
     assert all(b < TRUE_CROSSOVER for b, v in verdicts.items() if v == "win"), said
     assert all(b > TRUE_CROSSOVER for b, v in verdicts.items() if v == "loss"), said
-    lowest, highest = doc["buckets"][0], doc["buckets"][-1]
-    assert highest["bucket"] > TRUE_CROSSOVER and highest["gain"] < lowest["gain"], said
+
+    # Speculation's gain, weighted by samples, is higher below the crossover than above it
+    # (one bucket's estimate is not: 8 samples at batch 1 once read 0.55).
+    def mean_gain(buckets: list[dict[str, Any]]) -> float:
+        return sum(b["gain"] * b["samples"] for b in buckets) / sum(b["samples"] for b in buckets)
+
+    below = [b for b in doc["buckets"] if b["bucket"] < TRUE_CROSSOVER]
+    above = [b for b in doc["buckets"] if b["bucket"] > TRUE_CROSSOVER]
+    assert below and above and mean_gain(below) > 1 > mean_gain(above), said
     after = templates(cli, inv)
     threshold = crossover["threshold"]
     if threshold is None:  # no crossover decided in the window: nothing rolled out, both back
