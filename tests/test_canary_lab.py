@@ -39,6 +39,13 @@ def canary_fleet(lab: SSHLab, tmp_path: Path, candidate: dict[str, Any]) -> tupl
     new.mkdir(exist_ok=True)
     (new / "standin.json").write_text(json.dumps({**KNOBS, **candidate}))
     sh("chown", "-R", f"{alpha.user}:{alpha.user}", new)
+    return router_fleet(lab, tmp_path, variables)
+
+
+def router_fleet(lab: SSHLab, tmp_path: Path, variables: dict[str, Any]) -> tuple[Path, int]:
+    """alpha with `variables`: the real router (round robin) and replicas r1, r2 behind it
+    on GPUs 0 and 1. The inventory and the router's port."""
+    alpha = lab.hosts["alpha"]
     router = {**router_vars(alpha.address, real_router()), "router_policy": "round_robin"}
     table: dict[str, Any] = {"router": router}
     for i in (1, 2):

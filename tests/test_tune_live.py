@@ -92,25 +92,14 @@ TRUE_CROSSOVER = 6.9
 def live_fleet(lab: Any, tmp_path: Path) -> tuple[Path, int]:
     """alpha: the real router and replicas r1, r2 of the stand-in, on the baseline template
     (threshold mode adaptive: stock flags, nothing to patch). The router's port."""
-    from tests.sshd_hosts import free_port
+    from tests.test_canary_lab import router_fleet
     from tests.test_lifecycle import prepare
-    from tests.test_router import real_router, router_vars
 
-    alpha = lab.hosts["alpha"]
     variables = {
-        **prepare(alpha, tp=1, **KNOBS), "template": "baseline", "threshold_mode": "adaptive"
+        **prepare(lab.hosts["alpha"], tp=1, **KNOBS), "template": "baseline",
+        "threshold_mode": "adaptive",
     }  # fmt: skip
-    router = {**router_vars(alpha.address, real_router()), "router_policy": "round_robin"}
-    table: dict[str, Any] = {"router": router}
-    for i in (1, 2):
-        table[f"r{i}"] = {
-            "gpus": [i - 1],
-            "port": free_port(alpha.address),
-            "router": "alpha/router",
-        }
-    variables["deployments"] = table
-    alpha.set_gpus("live", 2)
-    return lab.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables}), router["port"]
+    return router_fleet(lab, tmp_path, variables)
 
 
 def launched_fleet(lab: Any, cli: Any, tmp_path: Path) -> tuple[Path, str]:
@@ -243,4 +232,20 @@ def test_a_live_window_refuses_a_dry_run_before_any_host_is_asked(cli: Any, tmp_
     )
     refused = cli("tune", "--live", "--dry-run", "-i", str(inv))
     assert refused.returncode == 1 and "a live window has none to show" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_a_live_window_needs_two_replicas_of_one_router_and_asks_no_host(
+    cli: Any, tmp_path: Path
+) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  hosts:\n    alpha:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n"
+        "      model_path: /m\n"
+        "      deployments:\n        router: {template: router, port: 31000}\n"
+        "        r1: {port: 31010, router: alpha/router}\n"
+    )
+    refused = cli("tune", "--live", "-i", str(inv), timeout=60)
+    assert refused.returncode == 1, refused.stderr
+    assert "tune --live compares two replicas behind one router: 1 selected" in refused.stderr
     assert "Traceback" not in refused.stderr

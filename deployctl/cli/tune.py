@@ -356,17 +356,15 @@ def _drawing(
 def _tune_live(session: Session, options: TuneOptions, window: LiveOptions) -> Reply:
     """tune --live: the two replicas' plans (speculation always on, and none), the window,
     then the threshold rolled out or both put back."""
-    from deployctl.ops import plan as launch_plans
     from deployctl.ops import tune as ops
     from deployctl.ops.rollout import plan_rollout
     from deployctl.ops.tune.live import LivePlan, choose_pair, tune_live
     from deployctl.present import live, views
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
-    current = launch_plans.plan_launch(session.project, session.targets, None, None, [], patch_sets)
     progress = live.Progress(enabled=not session.options.json, steps_when_piped=True)
     with session.fleet() as fleet, progress:
-        router, replicas = choose_pair(plan_rollout(fleet, current, catalog, patch_sets))
+        router, replicas = choose_pair(session.targets, fleet.select)
         tunes = {
             t.host.label: t for t in ops.plan_tune(session.project, replicas, patch_sets, options)
         }

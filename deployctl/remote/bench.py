@@ -134,14 +134,12 @@ class Streamed(TypedDict):
     busy: float  # the busiest client process's CPU seconds ÷ its wall seconds
 
 
-def run_streams(
-    args: BenchArgs, requests: list[tuple[int, int]], processes: int | None = None
-) -> Streamed:
+def run_streams(args: BenchArgs, requests: list[tuple[int, int]]) -> Streamed:
     """Keep `concurrency` streams busy until every request (prompt index, output tokens) has
-    finished, the streams spread over `processes` client processes (default: the level's
-    `client_processes`, else as many as `client_processes` gives)."""
+    finished, the streams spread over the level's `client_processes` (0: as many as
+    `client_processes` gives)."""
     streams = min(args["concurrency"], len(requests))
-    asked = processes or args.get("client_processes") or client_processes(streams)
+    asked = args.get("client_processes") or client_processes(streams)
     processes = min(asked, max(1, streams))
     if processes == 1:
         return _streams_here(args, streams, _ListTaker(requests))

@@ -41,6 +41,7 @@ from deployctl.ops.rollout import (
     UnitResult,
     plan_rollout,
 )
+from deployctl.ops.router import Select, router_of
 from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture
 from deployctl.patchset import PatchSet
@@ -281,12 +282,13 @@ class LiveTune:
         return ""
 
 
-def choose_pair(unit_plans: Sequence[UnitPlan]) -> tuple[Host, list[Host]]:
-    """The router and its selected replicas (single-node), in inventory order: the first is
-    the speculative one, the second the plain one. Refused with fewer than two, or replicas
-    of more than one router."""
-    replicas = [u for u in unit_plans if u.router is not None]
-    routers = {u.router.label: u.router for u in replicas if u.router is not None}
+def choose_pair(targets: Sequence[Host], select: Select) -> tuple[Host, list[Host]]:
+    """The router and its selected replicas, in inventory order, from the inventory alone
+    (no host is asked): the first is the speculative one, the second the plain one. Refused
+    with fewer than two, replicas of more than one router, or a multi-node replica."""
+    behind = [(host, router_of(host, select)) for host in targets]
+    replicas = [(host, router) for host, router in behind if router is not None]
+    routers = {router.label: router for _, router in replicas}
     if len(routers) > 1:
         raise UsageError(
             "tune --live compares replicas of one router; these are behind "
@@ -298,13 +300,13 @@ def choose_pair(unit_plans: Sequence[UnitPlan]) -> tuple[Host, list[Host]]:
             f"tune --live compares two replicas behind one router: {len(replicas)} selected",
             hint="select a router's replicas (two or more) with -H/-d",
         )
-    multi = next((u.name for u in replicas if len(u.plans) > 1), None)
+    multi = next((h.label for h, _ in replicas if h.settings.nnodes > 1), None)
     if multi is not None:
         raise UsageError(
             f"{multi} is a multi-node server: tune --live compares single-node replicas"
         )
     [router] = routers.values()
-    return router, [u.rank0 for u in replicas]
+    return router, [host for host, _ in replicas]
 
 
 def tune_live(
