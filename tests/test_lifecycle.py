@@ -162,7 +162,9 @@ def test_crash_during_start_fails_fast_with_the_report(
 
 
 def test_restart_crashed_brings_the_run_back(hosts: SSHLab, cli: CLI, tmp_path: Path) -> None:
-    inv = inventory(hosts, tmp_path, ["alpha", "bravo"], crash="after_ready", crash_after_s=0.5)
+    # The crash waits long enough after ready that a launch polling on a loaded machine
+    # sees the run ready first (0.5 s was seen lost between two polls in CI).
+    inv = inventory(hosts, tmp_path, ["alpha", "bravo"], crash="after_ready", crash_after_s=3.0)
     model = hosts.hosts["bravo"].home / "model" / "standin.json"
     model.write_text(json.dumps({"startup_s": 0.3}))  # bravo stays healthy
     code, doc, err = launch_json(cli, inv)
@@ -202,7 +204,7 @@ def watch_until(cli: CLI, inv: Path, needle: str) -> tuple[str, str]:
 def test_watch_restarts_once_then_stops_at_a_crash_loop(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    inv = inventory(hosts, tmp_path, ["alpha"], crash="after_ready", crash_after_s=0.3)
+    inv = inventory(hosts, tmp_path, ["alpha"], crash="after_ready", crash_after_s=3.0)
     code, _, err = launch_json(cli, inv)
     assert code == 0, err
     text, err = watch_until(cli, inv, "crash loop")

@@ -21,8 +21,8 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 def test_watch_json_prints_one_event_per_line_through_a_crash_loop(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
-    # A second after ready: the launch sees it ready even on a loaded machine.
-    inv = inventory(hosts, tmp_path, ["alpha"], crash="after_ready", crash_after_s=1.0)
+    # Seconds after ready: the launch sees it ready even on a loaded machine.
+    inv = inventory(hosts, tmp_path, ["alpha"], crash="after_ready", crash_after_s=3.0)
     code, _, err = launch_json(cli, inv)
     assert code == 0, err
     proc = cli.popen("watch", "-i", str(inv), "--interval", "0.5", "--timeout", "30", "--json")

@@ -316,7 +316,7 @@ def test_watch_restarts_a_crashed_job_as_a_new_job_and_stops_at_a_crash_loop(
     hosts: SSHLab, slurm_lab: SlurmCluster, cli: CLI, tmp_path: Path
 ) -> None:
     inv = slurm_inventory(hosts, tmp_path)
-    set_knobs(hosts, crash="after_ready", crash_after_s=1.0)
+    set_knobs(hosts, crash="after_ready", crash_after_s=3.0)
     doc = launched(cli, inv)
     first = job_of(doc)["id"]
     events = watch_events(cli, inv, ("crash_loop", "watch_stopped"), 60)
