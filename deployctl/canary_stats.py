@@ -41,7 +41,7 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from deployctl.choices import CanaryMetric
@@ -377,6 +377,26 @@ class Judge:
                 )
             )  # fmt: skip
         return found
+
+    def weighted_interval(self, shares: Mapping[int, float]) -> BucketInterval | None:
+        """The worse-ratio over the matched buckets `shares` names, each weighted by its
+        share (of the traffic, not of the information), with its normal interval at the
+        configured confidence: one look at the end of a window, as `bucket_intervals`. Its
+        `bucket` is 0; None when no bucket of `shares` is matched."""
+        _, matched = self._matched()
+        used = [(b, d, w, n) for b, d, w, n in matched if shares.get(b, 0) > 0]
+        if not used:
+            return None
+        total = sum(shares[b] for b, *_ in used)
+        estimate = sum(shares[b] / total * d for b, d, _, _ in used)
+        variance, df = self._noise()
+        spread = math.sqrt(variance * sum((shares[b] / total) ** 2 / w for b, _, w, _ in used))
+        z = statistics.NormalDist().inv_cdf(1 - (1 - self.confidence) / 2)
+        width = z * spread if df >= MIN_DF else math.inf
+        return BucketInterval(
+            0, sum(n for *_, n in used), math.exp(estimate),
+            _ratio(estimate - width), _ratio(estimate + width),
+        )  # fmt: skip
 
     def verdict(self) -> Verdict:
         buckets, matched = self._matched()

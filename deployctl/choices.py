@@ -60,6 +60,14 @@ class CanaryMetric(StrEnum):
     THROUGHPUT = "throughput"  # output tokens per second per running request, higher is better
 
 
+class SpeculationPolicy(StrEnum):
+    """When a server speculates, as `tune --live --policies` races them."""
+
+    THRESHOLD = "threshold"  # while the batch is at most T (deployctl's --threshold)
+    ADAPTIVE = "adaptive"  # SGLang's own --speculative-adaptive, its default configuration
+    OFF = "off"  # never: the same model without a draft
+
+
 def spelled(choice: type[StrEnum]) -> str:
     """The choices as a sentence says them: `patch or adaptive`."""
     values = [str(c) for c in choice]

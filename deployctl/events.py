@@ -135,6 +135,17 @@ class CanaryProgress(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RaceProgress(Event):
+    """Policies raced on live traffic after a round of samples: per load bucket, each
+    policy's samples (policies in the race's order)."""
+
+    kind: ClassVar[str] = "race_progress"
+    policies: tuple[str, ...]
+    buckets: dict[str, list[int]]  # bucket -> samples of each policy
+    elapsed_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class StopFailed(Event):
     """A run to be replaced could not be stopped; it is not relaunched."""
 

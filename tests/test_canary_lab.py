@@ -42,20 +42,22 @@ def canary_fleet(lab: SSHLab, tmp_path: Path, candidate: dict[str, Any]) -> tupl
     return router_fleet(lab, tmp_path, variables)
 
 
-def router_fleet(lab: SSHLab, tmp_path: Path, variables: dict[str, Any]) -> tuple[Path, int]:
-    """alpha with `variables`: the real router (round robin) and replicas r1, r2 behind it
-    on GPUs 0 and 1. The inventory and the router's port."""
+def router_fleet(
+    lab: SSHLab, tmp_path: Path, variables: dict[str, Any], replicas: int = 2
+) -> tuple[Path, int]:
+    """alpha with `variables`: the real router (round robin) and replicas r1, r2, … behind
+    it on GPUs 0, 1, …. The inventory and the router's port."""
     alpha = lab.hosts["alpha"]
     router = {**router_vars(alpha.address, real_router()), "router_policy": "round_robin"}
     table: dict[str, Any] = {"router": router}
-    for i in (1, 2):
+    for i in range(1, replicas + 1):
         table[f"r{i}"] = {
             "gpus": [i - 1],
             "port": free_port(alpha.address),
             "router": "alpha/router",
         }
     variables["deployments"] = table
-    alpha.set_gpus("live", 2)
+    alpha.set_gpus("live", replicas)
     return lab.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": variables}), router["port"]
 
 

@@ -89,24 +89,26 @@ KNOBS = {
 TRUE_CROSSOVER = 6.9
 
 
-def live_fleet(lab: Any, tmp_path: Path) -> tuple[Path, int]:
-    """alpha: the real router and replicas r1, r2 of the stand-in, on the baseline template
-    (threshold mode adaptive: stock flags, nothing to patch). The router's port."""
+def live_fleet(lab: Any, tmp_path: Path, knobs: dict[str, Any], replicas: int) -> tuple[Path, int]:
+    """alpha: the real router and replicas r1, r2, … of the stand-in, on the baseline
+    template (threshold mode adaptive: stock flags, nothing to patch). The router's port."""
     from tests.test_canary_lab import router_fleet
     from tests.test_lifecycle import prepare
 
     variables = {
-        **prepare(lab.hosts["alpha"], tp=1, **KNOBS), "template": "baseline",
+        **prepare(lab.hosts["alpha"], tp=1, **knobs), "template": "baseline",
         "threshold_mode": "adaptive",
     }  # fmt: skip
-    return router_fleet(lab, tmp_path, variables)
+    return router_fleet(lab, tmp_path, variables, replicas)
 
 
-def launched_fleet(lab: Any, cli: Any, tmp_path: Path) -> tuple[Path, str]:
+def launched_fleet(
+    lab: Any, cli: Any, tmp_path: Path, knobs: dict[str, Any] = KNOBS, replicas: int = 2
+) -> tuple[Path, str]:
     """The fleet of live_fleet, launched; the inventory and the router's URL."""
     from tests.test_router import run_json
 
-    inv, port = live_fleet(lab, tmp_path)
+    inv, port = live_fleet(lab, tmp_path, knobs, replicas)
     code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
     assert code == 0, err
     return inv, f"http://{lab.hosts['alpha'].address}:{port}"
@@ -224,6 +226,50 @@ def test_ctrl_c_puts_both_replicas_back_and_no_request_is_lost(
     cli("stop", "-i", str(inv))
 
 
+# Drafts never accepted (random weights): a speculative step over b requests takes 6 + 5 b
+# ms for one token against a plain one's 10 + 0.5 b: 0.96 times plain at b = 1, 0.69 at 2,
+# 0.55 at 3. Every policy that speculates loses wherever the load is above one request.
+NEVER_ACCEPTED = {**KNOBS, "accept_len": 1}
+
+
+@pytest.mark.lab
+def test_a_race_keeps_speculation_off_when_drafts_never_pay_and_rolls_it_out(
+    hosts: Any, cli: Any, tmp_path: Path
+) -> None:
+    from tests.canary_load import PoissonLoad
+
+    inv, url = launched_fleet(hosts, cli, tmp_path, NEVER_ACCEPTED, replicas=3)
+    load = PoissonLoad(
+        url, rate_per_s=9.0, max_in_flight=96, max_tokens=48, seed=9, model="m"
+    )  # fmt: skip
+    with load:
+        result = cli(
+            "tune", "--live", "-i", str(inv), "--json", "--policies", "threshold,adaptive,off",
+            "--race-threshold", "4", "--interval", "0.5", "--max-duration", "120",
+            "--min-samples", "20", "--drain-timeout", "10", "--timeout", "60", timeout=480,
+        )  # fmt: skip
+    assert "Traceback" not in result.stderr, result.stderr
+    doc = json.loads(result.stdout)
+    race = doc["race"]
+    said = f"{doc['decision']}: {doc['reason']}; race {race}; stderr {result.stderr[-2000:]}"
+    assert load.report().failed == 0, (load.report().errors[:3], said)
+    assert doc["speculative"] is None and doc["threshold"] == 4, said  # no crossover window
+    assert race["policies"] == ["threshold", "adaptive", "off"], said
+    assert race["replicas"] == ["alpha/r1", "alpha/r2", "alpha/r3"], said
+    # No bucket above one request is won by a policy that speculates there.
+    for row in race["buckets"]:
+        if row["decided"] and row["bucket"] >= 2:
+            assert row["winner"] == "off", said
+    assert race["winner"] == "off" and race["decided"], said
+    assert doc["kept"] == "off" and doc["decision"] == "promoted" and doc["ok"], said
+    after = templates(cli, inv)
+    for name in ("r1", "r2", "r3"):  # every replica serves without speculation now
+        run, state = after[name]
+        assert state == "ready" and "_baseline_v" in run, (name, after)
+    assert result.returncode == 0, said
+    cli("stop", "-i", str(inv))
+
+
 def test_a_live_window_refuses_a_dry_run_before_any_host_is_asked(cli: Any, tmp_path: Path) -> None:
     inv = tmp_path / "inv.yml"
     inv.write_text(
@@ -248,4 +294,34 @@ def test_a_live_window_needs_two_replicas_of_one_router_and_asks_no_host(
     refused = cli("tune", "--live", "-i", str(inv), timeout=60)
     assert refused.returncode == 1, refused.stderr
     assert "tune --live compares two replicas behind one router: 1 selected" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--policies", "threshold,off"], "add --live"),
+        (["--live", "--policies", "threshold,fast"], "'fast' is not a policy"),
+        (["--live", "--policies", "off"], "two or more distinct policies"),
+        (["--live", "--policies", "off,off"], "two or more distinct policies"),
+        (["--live", "--race-threshold", "8"], "give --policies"),
+        (
+            ["--live", "--policies", "threshold,adaptive,off"],
+            "races each of 3 policies on a replica of its own: 2 selected",
+        ),
+    ],
+)
+def test_a_race_is_refused_before_any_host_is_asked(
+    cli: Any, tmp_path: Path, args: list[str], said: str
+) -> None:
+    inv = tmp_path / "inv.yml"
+    inv.write_text(  # ansible_port 1: a host asked would fail to connect, not refuse
+        "all:\n  hosts:\n    alpha:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n"
+        "      model_path: /m\n"
+        "      deployments:\n        router: {template: router, port: 31000}\n"
+        "        r1: {port: 31010, router: alpha/router}\n"
+        "        r2: {port: 31011, router: alpha/router}\n"
+    )
+    refused = cli("tune", *args, "-i", str(inv), timeout=60)
+    assert refused.returncode == 1 and said in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from deployctl.choices import BenchTool, Keep, ThresholdMode
+from deployctl.choices import BenchTool, Keep, SpeculationPolicy, ThresholdMode, spelled
 from deployctl.cli.options import DrainTimeoutOpt, StopTimeoutOpt, TimeoutOpt, duration_of
 from deployctl.cli.session import SERVERS, Reply, Session, app, fleet_command
 from deployctl.errors import UsageError
@@ -264,6 +264,22 @@ def tune(
         bool,
         typer.Option("--no-promote", help="With --live: report T only; put both replicas back."),
     ] = False,
+    policies: Annotated[
+        str | None,
+        typer.Option(
+            "--policies",
+            help="With --live: after the crossover, race these on one replica each and keep "
+            "the winner: threshold (T), adaptive (SGLang's own), off; e.g. threshold,adaptive,off.",
+        ),
+    ] = None,
+    race_threshold: Annotated[
+        int | None,
+        typer.Option(
+            "--race-threshold",
+            min=1,
+            help="With --live --policies: race this T (no crossover window first).",
+        ),
+    ] = None,
 ) -> Reply:
     """Find where speculation stops paying, relaunch with that --threshold, check it holds
     at every level, and leave it serving (baseline, speculative, tuned; kept on the host).
@@ -298,7 +314,17 @@ def tune(
         timeout=timeout, stop_timeout=stop_timeout, drain_timeout=drain_timeout,
         max_visits=max_launches, reconnect_window=reconnect_window,
     )  # fmt: skip
+    if not live_traffic and (policies is not None or race_threshold is not None):
+        raise UsageError(
+            "--policies and --race-threshold race policies on live traffic: add --live"
+        )
     if live_traffic:
+        raced = _policies(policies)
+        if race_threshold is not None and not raced:
+            raise UsageError(
+                "--race-threshold is the T a race uses: give --policies",
+                hint="e.g. --policies threshold,adaptive,off",
+            )
         if dry_run:
             raise UsageError(
                 "--dry-run shows a synthetic tune's plan; a live window has none to show",
@@ -311,6 +337,7 @@ def tune(
             interval, duration_of("--max-duration", max_duration, "30m"), confidence,
             min_samples, not no_promote,
             RolloutOptions(1, drain_timeout, stop_timeout, timeout, True, what="tune --live"),
+            raced, race_threshold,
         )  # fmt: skip
         return _tune_live(session, options, window)
     plans = ops.plan_tune(session.project, session.targets, session.patch_sets(), options)
@@ -353,34 +380,60 @@ def _drawing(
     return draw
 
 
+def _policies(text: str | None) -> tuple[SpeculationPolicy, ...]:
+    """--policies threshold,adaptive,off: two or more distinct policies, in race order."""
+    if text is None:
+        return ()
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = next((n for n in names if n not in set(SpeculationPolicy)), None)
+    if bad is not None:
+        raise UsageError(
+            f"--policies: {bad!r} is not a policy", hint=f"each of {spelled(SpeculationPolicy)}"
+        )
+    if len(names) < 2 or len(set(names)) != len(names):
+        raise UsageError(f"--policies {text!r}: a race needs two or more distinct policies")
+    return tuple(SpeculationPolicy(n) for n in names)
+
+
 def _tune_live(session: Session, options: TuneOptions, window: LiveOptions) -> Reply:
     """tune --live: the two replicas' plans (speculation always on, and none), the window,
-    then the threshold rolled out or both put back."""
+    the policies raced, then the winner rolled out or every replica touched put back."""
     from deployctl.ops import tune as ops
     from deployctl.ops.rollout import plan_rollout
-    from deployctl.ops.tune.live import LivePlan, choose_pair, tune_live
+    from deployctl.ops.tune.live import LivePlan, choose_pair, policy_plan, tune_live
     from deployctl.present import live, views
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
     progress = live.Progress(enabled=not session.options.json, steps_when_piped=True)
     with session.fleet() as fleet, progress:
         router, replicas = choose_pair(session.targets, fleet.select)
+        if len(window.policies) > len(replicas):
+            raise UsageError(
+                f"--policies races each of {len(window.policies)} policies on a replica of its "
+                f"own: {len(replicas)} selected",
+                hint="select more of the router's replicas, or race fewer policies",
+            )
         tunes = {
             t.host.label: t for t in ops.plan_tune(session.project, replicas, patch_sets, options)
         }
-        first, second = replicas[0].label, replicas[1].label
-        split = plan_rollout(
-            fleet,
-            [tunes[first].plans[ops.Phase.SPECULATIVE], tunes[second].plans[ops.Phase.BASELINE]],
-            catalog, patch_sets, restart=True,
-        )  # fmt: skip
-        by_host = {u.rank0.label: u for u in split}
 
-        def tuned(threshold: int) -> list[Plan]:
-            return [tunes[h.label].tuned(threshold, True) for h in replicas]
+        def serving(policy: SpeculationPolicy, threshold: int) -> list[Plan]:
+            return [policy_plan(tunes[h.label], policy, threshold) for h in replicas]
 
+        speculative = plain = None
+        if window.threshold is None:
+            first, second = replicas[0].label, replicas[1].label
+            split = plan_rollout(
+                fleet,
+                [tunes[first].plans[ops.Phase.SPECULATIVE],
+                 tunes[second].plans[ops.Phase.BASELINE]],
+                catalog, patch_sets, restart=True,
+            )  # fmt: skip
+            by_host = {u.rank0.label: u for u in split}
+            speculative, plain = by_host[first], by_host[second]
+        used = max(2, len(window.policies))
         plan = LivePlan(
-            router, by_host[first], by_host[second], tuned, [h.label for h in replicas[2:]]
+            router, speculative, plain, serving, [h.label for h in replicas[used:]], replicas
         )
         report = tune_live(fleet, plan, catalog, patch_sets, window, progress)
     return views.TUNE_LIVE, report

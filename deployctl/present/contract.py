@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from deployctl.choices import SpeculationPolicy
 from deployctl.metrics import COUNTERS, GAUGES, HISTOGRAMS
 from deployctl.remote.measures import (
     CanaryRecord,
@@ -33,6 +34,8 @@ Schema = dict[str, Any]
 SCHEMAS = Path(__file__).resolve().parent.parent / "data" / "schemas"
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 REGENERATE = "python -m deployctl.present.contract --write"
+
+POLICY = {"enum": [str(p) for p in SpeculationPolicy]}  # tune --live --policies
 
 
 def ref(name: str, description: str | None = None) -> Schema:
@@ -829,8 +832,11 @@ DEFINITIONS: dict[str, Schema] = {
             ),
             "interrupted": boolean("Ctrl-C: both replicas were put back."),
             "router": string(),
-            "speculative": string("The replica relaunched with speculation always on."),
-            "plain": string("The replica relaunched without speculation."),
+            "speculative": nullable(
+                "string",
+                "The replica relaunched with speculation always on; null: --race-threshold (no crossover window).",
+            ),
+            "plain": nullable("string", "The replica relaunched without speculation."),
             "others": array(string(), "The router's other selected replicas: left serving."),
             "decision": {"enum": ["promoted", "reported", "failed", "interrupted"]},
             "reason": string(),
@@ -852,9 +858,13 @@ DEFINITIONS: dict[str, Schema] = {
                         ),
                         "low": nullable("number", "The gain's interval; null: unbounded."),
                         "high": nullable("number"),
+                        "detectable": nullable(
+                            "number",
+                            "The interval's half-width as a fraction: the smallest gain the bucket's samples could tell from none; null: unbounded.",
+                        ),
                         "verdict": {"enum": ["win", "loss", "undecided"]},
                     },
-                    required=["bucket", "samples", "gain", "low", "high", "verdict"],
+                    required=["bucket", "samples", "gain", "low", "high", "detectable", "verdict"],
                 ),
                 "Each load bucket both replicas served at, ascending.",
             ),
@@ -883,10 +893,18 @@ DEFINITIONS: dict[str, Schema] = {
                     {"type": "null"},
                 ]
             },
+            "threshold": nullable(
+                "integer", "T: the crossover's, or --race-threshold; null: none decided."
+            ),
+            "race": {"anyOf": [ref("policyRace"), {"type": "null"}]},
+            "kept": {
+                "anyOf": [POLICY, {"type": "null"}],
+                "description": "The policy that serves after (promoted), or would (reported); null: the replicas are back as they were.",
+            },
             "units": array(ref("rolloutUnit"), "The two replicas' relaunch for the window."),
             "actions": array(
                 {"type": "object"},
-                "After the window: the threshold's rollout, or both replicas put back.",
+                "After the windows: the kept policy's rollout, or every replica touched put back.",
             ),
         },
         required=[
@@ -902,10 +920,64 @@ DEFINITIONS: dict[str, Schema] = {
             "samples",
             "buckets",
             "crossover",
+            "threshold",
+            "race",
+            "kept",
             "units",
             "actions",
         ],
-        description="tune --live: the window's per-bucket comparison, the live crossover and what followed.",
+        description="tune --live: the window's per-bucket comparison, the live crossover, the policies raced and what followed.",
+    ),
+    "policyRace": obj(
+        {
+            "policies": array(POLICY, "In race order, one replica each."),
+            "replicas": array(string(), "The replica each policy served on, in that order."),
+            "buckets": array(
+                obj(
+                    {
+                        "bucket": integer("A CUDA-graph batch size."),
+                        "samples": {
+                            "type": "object",
+                            "additionalProperties": integer(),
+                            "description": "Policy -> its samples in the bucket.",
+                        },
+                        "values": {
+                            "type": "object",
+                            "additionalProperties": number(),
+                            "description": "Policy -> output tok/s per running request (geometric mean).",
+                        },
+                        "winner": nullable(
+                            "string",
+                            "null: a policy has too few samples here to compare (under 5).",
+                        ),
+                        "decided": boolean(
+                            "The winner is better than every other policy beyond their interval."
+                        ),
+                    },
+                    required=["bucket", "samples", "values", "winner", "decided"],
+                ),
+                "Each load bucket a policy served at, ascending.",
+            ),
+            "winner": nullable(
+                "string", "The best policy weighted by the traffic's share of each bucket."
+            ),
+            "decided": boolean("Its lead over every other policy is beyond the interval."),
+            "versus": {
+                "type": "object",
+                "additionalProperties": obj(
+                    {"gain": number(), "low": nullable("number"), "high": nullable("number")},
+                    required=["gain", "low", "high"],
+                ),
+                "description": "Each other policy -> the winner's traffic-weighted gain over it and its interval.",
+            },
+            "shares": {
+                "type": "object",
+                "additionalProperties": number(),
+                "description": "Bucket -> its share of the traffic (the buckets every policy served at).",
+            },
+        },
+        required=["policies", "replicas", "buckets", "winner", "decided", "versus", "shares"],
+        description="tune --live --policies: the policies raced on one replica each.",
     ),
     "canaryRecord": declared(
         CanaryRecord,

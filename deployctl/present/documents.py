@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from deployctl.ops.server import RestartReport
     from deployctl.ops.tune import TunePlan, TuneReport, TuneResult
     from deployctl.ops.tune.live import LiveReport
+    from deployctl.ops.tune.race import RaceResult
     from deployctl.patchset import PatchSet
     from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
@@ -655,10 +656,10 @@ def canary_document(report: CanaryReport) -> dict[str, Any]:
 
 def tune_live_document(report: LiveReport) -> dict[str, Any]:
     """A live window: the two replicas, each bucket's speculative ÷ plain gain with its
-    interval, the live crossover, and what was done after."""
+    interval, the live crossover, the policies raced, and what was done after."""
     crossover = report.crossover
-    done = {u.name: u for u in [*report.split, *report.actions]}
-    units = [report.plan.speculative, report.plan.plain]
+    done = {u.name: u for u in [*report.split, *report.race_split, *report.actions]}
+    plan = report.plan
 
     def gain(worse: float | None) -> float | None:  # worse-ratio -> speculative ÷ plain tok/s
         return None if worse is None else round(1 / worse, 4)
@@ -668,13 +669,20 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
             return "win"
         return "loss" if crossover is not None and bucket in crossover.losses else "undecided"
 
+    def units(plans: Sequence[UnitPlan | None]) -> list[dict[str, Any]]:
+        return [
+            {**unit_plan_json(u), **(unit_result_json(done[u.name]) if u.name in done else {})}
+            for u in plans
+            if u is not None
+        ]
+
     return {
         "ok": report.ok,
         "interrupted": report.interrupted,
-        "router": report.plan.router.label,
-        "speculative": report.plan.speculative.name,
-        "plain": report.plan.plain.name,
-        "others": report.plan.others,
+        "router": plan.router.label,
+        "speculative": plan.speculative.name if plan.speculative else None,
+        "plain": plan.plain.name if plan.plain else None,
+        "others": plan.others,
         "decision": report.decision,
         "reason": report.reason,
         "elapsed_s": round(report.elapsed_s, 1),
@@ -686,6 +694,8 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
                 "gain": gain(i.ratio),
                 "low": gain(i.high),
                 "high": gain(i.low),
+                # The interval's half-width as a ratio: the smallest gain it can tell from 1.
+                "detectable": None if i.low is None else round(i.ratio / i.low - 1, 4),
                 "verdict": verdict(i.bucket),
             }
             for i in report.intervals
@@ -699,11 +709,41 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
             "speculation": crossover.speculation,
             "reached": crossover.reached,
         },
-        "units": [
-            {**unit_plan_json(u), **(unit_result_json(done[u.name]) if u.name in done else {})}
-            for u in units
-        ],
+        "threshold": report.threshold,
+        "race": None if report.race is None else race_json(report.race, report),
+        "kept": None if report.kept is None else str(report.kept),
+        "units": units([plan.speculative, plan.plain]),
         "actions": [unit_result_json(a) | {"unit": a.name} for a in report.actions],
+    }
+
+
+def race_json(race: RaceResult, report: LiveReport) -> dict[str, Any]:
+    """The policies raced: each bucket's values and winner, the traffic-weighted winner."""
+    overall = race.overall
+    return {
+        "policies": list(race.policies),
+        "replicas": [r.name for r in report.race_split],
+        "buckets": [
+            {
+                "bucket": row.bucket,
+                "samples": row.samples,
+                "values": {p: round(v, 3) for p, v in row.values.items()},
+                "winner": row.winner,
+                "decided": row.decided,
+            }
+            for row in race.buckets
+        ],
+        "winner": overall.winner,
+        "decided": overall.decided,
+        "versus": {
+            policy: {
+                "gain": round(g.ratio, 4),
+                "low": None if g.low is None else round(g.low, 4),
+                "high": None if g.high is None else round(g.high, 4),
+            }
+            for policy, g in overall.versus.items()
+        },
+        "shares": {str(b): round(share, 4) for b, share in overall.shares.items()},
     }
 
 

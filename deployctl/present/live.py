@@ -89,7 +89,9 @@ class Progress:
         elif isinstance(event, ev.RolloutStep):
             self._rollout_step(event)
         elif isinstance(event, ev.CanaryProgress):
-            self._canary(event)
+            self._step(event.target, event.elapsed_s, canary_progress_text(event))
+        elif isinstance(event, ev.RaceProgress):
+            self._step(event.target, event.elapsed_s, race_progress_text(event))
         if self._live is None:
             return
         if isinstance(event, ev.Waiting):
@@ -112,12 +114,11 @@ class Progress:
         elif self.piped_steps:
             sys.stderr.write(f"{event.target}: {event.step}\n")
 
-    def _canary(self, event: ev.CanaryProgress) -> None:
-        text = canary_progress_text(event)
+    def _step(self, target: str, elapsed: float, text: str) -> None:
         if self._live is not None:
-            self._show(event.target, event.elapsed_s, text)
+            self._show(target, elapsed, text)
         elif self.piped_steps:
-            sys.stderr.write(f"{event.target}: {text}\n")
+            sys.stderr.write(f"{target}: {text}\n")
 
     def _tune_step(self, event: ev.TuneStep) -> None:
         if not event.target:  # Ctrl-C: every deployment stops at its next safe point
@@ -153,6 +154,17 @@ def canary_progress_text(event: ev.CanaryProgress) -> str:
         interval = interval_text(event.low, event.high)
         text += f" · candidate/control {event.estimate:.3f}{interval}"
     return text
+
+
+def race_progress_text(event: ev.RaceProgress) -> str:
+    """`racing threshold/adaptive/off: 30 samples (bucket 4: 6/5/6, 16: 4/4/5)`."""
+    buckets = ", ".join(
+        f"{b}: {'/'.join(map(str, n))}"
+        for b, n in sorted(event.buckets.items(), key=lambda i: int(i[0]))
+    )
+    samples = sum(sum(n) for n in event.buckets.values())
+    text = f"racing {'/'.join(event.policies)}: {samples} samples"
+    return text + (f" (bucket {buckets})" if buckets else "")
 
 
 class LogPrinter:

@@ -1188,41 +1188,95 @@ TUNE: View[TuneReport] = View(_tunes, docs.tune_document)
 def _tune_live(report: LiveReport) -> None:
     doc = docs.tune_live_document(report)
     router = doc["router"]
-    title = (
-        f"{router}: tune --live ({doc['decision']}): {doc['speculative']} with speculation, "
-        f"{doc['plain']} without, {doc['elapsed_s']:g}s, {doc['samples']['speculative']} + "
-        f"{doc['samples']['plain']} samples"
-    )
-    rows = [
-        [
-            str(b["bucket"]), str(b["samples"]), f"{b['gain']:.3f}",
-            "-" if b["low"] is None or b["high"] is None else f"{b['low']:.3f} – {b['high']:.3f}",
-            b["verdict"],
-        ]
-        for b in doc["buckets"]
-    ]  # fmt: skip
-    print_table(title, ["bucket", "samples", "speculative ÷ plain", "interval", "verdict"], rows)
     write = sys.stdout.write
-    crossover = doc["crossover"]
-    if crossover is not None:
-        above = f"; the traffic never reached a bucket above {crossover['reached']}"
-        said = {
-            "threshold": f"live crossover: speculation wins up to bucket {crossover['last_win']}"
-            f", loses from {crossover['first_loss']}: T = {crossover['threshold']}",
-            "never": f"speculation loses from bucket {crossover['first_loss']} and wins at no "
-            "bucket below it: run without it",
-            "always": f"speculation wins at every bucket decided, up to {crossover['last_win']}: "
-            "no threshold needed on this traffic",
-            "undecided": "no bucket decided yet: the window was too short for this traffic",
-        }[crossover["speculation"]]
-        write(said + above + "\n")
-        if crossover["threshold"] is not None:
-            write(f"keep it: `threshold: {crossover['threshold']}` for the router's replicas\n")
+    if doc["speculative"] is not None:
+        _live_crossover(doc)
+    if doc["race"] is not None:
+        _live_race(doc)
+    if doc["kept"] is not None:
+        policy = {
+            "threshold": f"threshold T = {doc['threshold']}",
+            "adaptive": "SGLang's own adaptive speculation",
+            "off": "speculation off",
+        }[doc["kept"]]
+        done = (
+            "rolled out to" if doc["decision"] == "promoted" else "not rolled out (--no-promote):"
+        )
+        write(f"kept: {policy}; {done} the router's replicas\n")
+    elif doc["reason"] and report.ok:
+        write(doc["reason"] + "\n")
     for action in report.actions:
         if not action.ok:
             print_error(f"{action.name}: {action.outcome}: {action.error}", host=router)
     if not report.ok and doc["reason"]:
         print_error(doc["reason"], host=router)
+
+
+def _live_crossover(doc: dict[str, Any]) -> None:
+    title = (
+        f"{doc['router']}: tune --live ({doc['decision']}): {doc['speculative']} with "
+        f"speculation, {doc['plain']} without, {doc['elapsed_s']:g}s, "
+        f"{doc['samples']['speculative']} + {doc['samples']['plain']} samples"
+    )
+    rows = [
+        [
+            str(b["bucket"]), str(b["samples"]), f"{b['gain']:.3f}",
+            "-" if b["low"] is None or b["high"] is None else f"{b['low']:.3f} – {b['high']:.3f}",
+            "-" if b["detectable"] is None else f"{b['detectable']:.1%}",
+            b["verdict"],
+        ]
+        for b in doc["buckets"]
+    ]  # fmt: skip
+    header = ["bucket", "samples", "speculative ÷ plain", "interval", "detectable", "verdict"]
+    print_table(title, header, rows)
+    crossover = doc["crossover"]
+    if crossover is None:
+        return
+    above = f"; the traffic never reached a bucket above {crossover['reached']}"
+    said = {
+        "threshold": f"live crossover: speculation wins up to bucket {crossover['last_win']}"
+        f", loses from {crossover['first_loss']}: T = {crossover['threshold']}",
+        "never": f"speculation loses from bucket {crossover['first_loss']} and wins at no "
+        "bucket below it: run without it",
+        "always": f"speculation wins at every bucket decided, up to {crossover['last_win']}: "
+        "no threshold needed on this traffic",
+        "undecided": "no bucket decided yet: the window was too short for this traffic",
+    }[crossover["speculation"]]
+    sys.stdout.write(said + above + "\n")
+
+
+def _live_race(doc: dict[str, Any]) -> None:
+    race = doc["race"]
+    policies = race["policies"]
+    title = (
+        f"{doc['router']}: policies raced at T = {doc['threshold']} ({', '.join(race['replicas'])})"
+    )
+    rows = [
+        [
+            str(b["bucket"]),
+            *(
+                "-" if p not in b["values"] else f"{b['values'][p]:.1f} ({b['samples'][p]})"
+                for p in policies
+            ),
+            "-"
+            if b["winner"] is None
+            else b["winner"] + ("" if b["decided"] else " (within noise)"),
+        ]
+        for b in race["buckets"]
+    ]
+    header = ["bucket", *(f"{p} tok/s (n)" for p in policies), "best"]
+    print_table(title, header, rows)
+    if race["winner"] is None:
+        sys.stdout.write("no load bucket every policy served at: no overall winner\n")
+        return
+    versus = ", ".join(
+        f"{p} by {g['gain']:.3f}{interval_text(g['low'], g['high'])}"
+        for p, g in race["versus"].items()
+    )
+    state = "" if race["decided"] else " (within noise)"
+    sys.stdout.write(
+        f"overall, weighted by the traffic's buckets: {race['winner']}{state}, ahead of {versus}\n"
+    )
 
 
 TUNE_LIVE: View[LiveReport] = View(_tune_live, docs.tune_live_document)

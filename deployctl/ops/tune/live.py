@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from deployctl import events as ev
 from deployctl.canary_stats import BucketInterval, Judge, Sample
+from deployctl.choices import SpeculationPolicy
 from deployctl.connection import Connection
 from deployctl.crash import Catalog
 from deployctl.errors import UsageError
@@ -44,7 +45,11 @@ from deployctl.ops.rollout import (
 from deployctl.ops.router import Select, router_of
 from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture
+from deployctl.ops.tune.race import PolicyRace, RaceResult
+from deployctl.ops.tune.search import Phase
+from deployctl.ops.tune.tuner import TunePlan
 from deployctl.patchset import PatchSet
+from deployctl.render import ADAPTIVE_FLAG
 
 # The judge's regression margin: not used here (each bucket's interval decides), only by
 # the pooled estimate the progress line shows.
@@ -106,23 +111,28 @@ def live_crossover(intervals: Sequence[BucketInterval]) -> LiveCrossover:
 @dataclass
 class LiveOptions:
     interval: float = 2.0
-    max_duration: float = 1800.0
+    max_duration: float = 1800.0  # each window's: the crossover's, then the race's
     confidence: float = 0.95
     min_samples: int = 20
     promote: bool = True
     rollout: RolloutOptions = field(default_factory=lambda: RolloutOptions(what="tune --live"))
+    # Raced after the crossover, one replica each, in the selected replicas' order.
+    policies: tuple[SpeculationPolicy, ...] = ()
+    threshold: int | None = None  # race this T: no crossover window first
 
 
 @dataclass
 class LivePlan:
-    """The two replicas of one router a live window compares, and how each replica would
-    serve with a threshold T (the promotion)."""
+    """The replicas of one router a live window compares, and how every selected replica
+    would serve under each policy (the race, then the promotion)."""
 
     router: Host
-    speculative: UnitPlan  # relaunched with speculation always on
-    plain: UnitPlan  # relaunched without speculation
-    tuned: Callable[[int], list[Plan]]  # every replica of the router with threshold T
+    speculative: UnitPlan | None  # relaunched with speculation always on (None: T given)
+    plain: UnitPlan | None  # relaunched without speculation
+    # Every selected replica's plan, in order, under a policy (with threshold T).
+    serving: Callable[[SpeculationPolicy, int], list[Plan]]
     others: list[str] = field(default_factory=list)  # replicas left serving as they are
+    replicas: list[Host] = field(default_factory=list)  # every selected replica, in order
 
 
 @dataclass
@@ -134,6 +144,10 @@ class LiveReport:
     intervals: list[BucketInterval] = field(default_factory=list)
     samples: dict[str, int] = field(default_factory=lambda: {"speculative": 0, "plain": 0})
     crossover: LiveCrossover | None = None
+    threshold: int | None = None  # the crossover's T, or the one given to race
+    race_split: list[UnitResult] = field(default_factory=list)
+    race: RaceResult | None = None
+    kept: SpeculationPolicy | None = None  # what serves after (promoted, or would be)
     decision: str = ""  # "promoted", "reported", "failed", "interrupted"
     reason: str = ""
     actions: list[UnitResult] = field(default_factory=list)  # the promotion's or put-back's
@@ -149,7 +163,8 @@ SIDE = {"speculative": "candidate", "plain": "control"}
 
 
 class LiveTune:
-    """One window: split, judge, then promote the threshold or put the two back."""
+    """One window (or two): split, judge, race the policies, then promote what won or put
+    every replica touched back."""
 
     def __init__(
         self,
@@ -163,71 +178,157 @@ class LiveTune:
     ) -> None:
         self.fleet, self.plan, self.catalog = fleet, plan, catalog
         self.available, self.options, self.events, self.cancel = available, options, events, cancel
+        self.touched: dict[str, UnitPlan] = {}  # every unit relaunched, by name
+        self.previous: dict[str, Serving] = {}  # what each of their hosts served before
 
     def run(self) -> LiveReport:
         report = LiveReport(self.plan, self.options, time.time())
-        units = [self.plan.speculative, self.plan.plain]
-        previous = [
-            capture(p.host, s, self.available)
-            for u in units
-            for p, s in zip(u.plans, u.statuses, strict=True)
-        ]
-        report.split = Rollout(
-            self.fleet, units, self.catalog, self.available, self._one_at_a_time(), self.events,
-            self.cancel,
-        ).run()  # fmt: skip
-        if not all(r.outcome is UnitOutcome.REPLACED for r in report.split):
-            report.decision, report.reason = "failed", split_failure(report.split)
-            report.actions = self._put_back(units, previous, report.split)
-            report.interrupted = self.cancel.is_set()
-            return report
-        failure = self._judge(report)
-        crossover = report.crossover
+        report.threshold = self.options.threshold
+        failure = ""
+        if report.threshold is None:
+            failure = self._crossover(report)
+            if report.crossover is not None:
+                report.threshold = report.crossover.threshold
+        if not failure and self.options.policies and not self.cancel.is_set():
+            if report.threshold is None:
+                report.reason = "no threshold to race: " + _no_threshold(report.crossover)
+            else:
+                failure = self._race(report, report.threshold)
+        elif report.threshold is not None and not failure:
+            report.kept = SpeculationPolicy.THRESHOLD
         if self.cancel.is_set() or failure:
             report.decision = "interrupted" if self.cancel.is_set() else "failed"
             report.reason = failure or "interrupted"
             report.interrupted = self.cancel.is_set()
-            report.actions = self._put_back(units, previous, report.split)
-        elif self.options.promote and crossover is not None and crossover.threshold is not None:
+            report.kept = None
+            report.actions = self._put_back(report)
+        elif self.options.promote and report.kept is not None and report.threshold is not None:
             report.decision = "promoted"
-            tuned = plan_rollout(
-                self.fleet, self.plan.tuned(crossover.threshold), self.catalog, self.available,
-                restart=False,
+            kept = plan_rollout(
+                self.fleet, self.plan.serving(report.kept, report.threshold), self.catalog,
+                self.available, restart=False,
             )  # fmt: skip
-            report.actions = Rollout(
-                self.fleet, tuned, self.catalog, self.available, self._one_at_a_time(),
-                self.events, self.cancel,
-            ).run()  # fmt: skip
+            report.actions = self._rollout(kept)
         else:
             report.decision = "reported"
-            report.actions = self._put_back(units, previous, report.split)
+            report.actions = self._put_back(report)
         return report
 
-    def _one_at_a_time(self) -> RolloutOptions:
+    def _relaunch(self, units: Sequence[UnitPlan]) -> list[UnitResult]:
+        """Relaunch `units` one at a time, first keeping what their hosts serve now (the
+        first time each is touched: what put-back restores)."""
+        for unit in units:
+            for plan, status in zip(unit.plans, unit.statuses, strict=True):
+                if plan.host.label not in self.previous:
+                    self.previous[plan.host.label] = capture(plan.host, status, self.available)
+        fresh = [u.name for u in units if u.name not in self.touched]
+        self.touched.update((u.name, u) for u in units)
+        results = self._rollout(units)
+        for result in results:  # one already serving its policy needs no putting back
+            if result.outcome is UnitOutcome.SKIPPED and result.name in fresh:
+                del self.touched[result.name]
+        return results
+
+    def _rollout(self, units: Sequence[UnitPlan]) -> list[UnitResult]:
         o = self.options.rollout
-        return RolloutOptions(
+        one_at_a_time = RolloutOptions(
             1, o.drain_timeout, o.stop_timeout, o.timeout, True, o.allow_downtime, o.what
         )
+        return Rollout(
+            self.fleet, units, self.catalog, self.available, one_at_a_time, self.events,
+            self.cancel,
+        ).run()  # fmt: skip
 
-    def _put_back(
-        self, units: Sequence[UnitPlan], previous: Sequence[Serving], split: Sequence[UnitResult]
-    ) -> list[UnitResult]:
+    def _put_back(self, report: LiveReport) -> list[UnitResult]:
         o = self.options.rollout
         return put_back(
-            self.fleet, units, previous, split, self.catalog, o.timeout, o.stop_timeout,
+            self.fleet, list(self.touched.values()), list(self.previous.values()),
+            [*report.split, *report.race_split], self.catalog, o.timeout, o.stop_timeout,
             o.drain_timeout, self.events,
         )  # fmt: skip
 
-    def _judge(self, report: LiveReport) -> str:
-        """Sample both replicas (and ask the router) each interval for `max_duration` (or
-        until Ctrl-C), then judge each bucket once; "" or why the window failed."""
+    def _crossover(self, report: LiveReport) -> str:
+        """The first window: speculation always on against none; "" or why it failed."""
+        speculative, plain = self.plan.speculative, self.plan.plain
+        assert speculative is not None and plain is not None  # planned when no T is given
+        report.split = self._relaunch([speculative, plain])
+        if not all(r.outcome is UnitOutcome.REPLACED for r in report.split):
+            return split_failure(report.split)
         options = self.options
         judge = Judge("throughput", LIVE_MARGIN, options.confidence, options.min_samples)
-        speculative, plain = self.plan.speculative.rank0, self.plan.plain.rank0
-        side = {speculative.label: "speculative", plain.label: "plain"}
+        sides = {speculative.rank0.label: "speculative", plain.rank0.label: "plain"}
+
+        def add(side: str, sample: Sample) -> None:
+            judge.add(SIDE[side], sample)
+            report.samples[side] += 1
+
+        def progress(elapsed: float) -> ev.Event:
+            now = judge.verdict()
+            return ev.CanaryProgress(
+                target=self.plan.router.label, samples=now.samples,
+                buckets={str(b.bucket): [b.control_n, b.candidate_n] for b in now.buckets},
+                estimate=now.estimate, low=now.low, high=now.high, elapsed_s=elapsed,
+            )  # fmt: skip
+
+        failure = self._window(report, sides, add, progress)
+        if not failure:
+            # One look, at the window's end: the intervals hold for it, not for every round.
+            report.intervals = judge.bucket_intervals()
+            report.crossover = live_crossover(report.intervals)
+        return failure
+
+    def _race(self, report: LiveReport, threshold: int) -> str:
+        """The policies on one replica each, judged on the same traffic; sets the kept
+        policy. "" or why it failed."""
+        policies = self.options.policies
+        serving = {p: self.plan.serving(p, threshold) for p in policies}
+        plans = [serving[p][i] for i, p in enumerate(policies)]
+        units = plan_rollout(self.fleet, plans, self.catalog, self.available, restart=False)
+        report.race_split = self._relaunch(units)
+        done = (UnitOutcome.REPLACED, UnitOutcome.SKIPPED)  # the plain replica stays plain
+        if not all(r.outcome in done for r in report.race_split):
+            return split_failure(report.race_split)
+        race = PolicyRace([str(p) for p in policies], self.options.confidence,
+                          self.options.min_samples)  # fmt: skip
+        sides = {plan.host.label: str(p) for plan, p in zip(plans, policies, strict=True)}
+
+        def progress(elapsed: float) -> ev.Event:
+            counts: dict[str, list[int]] = {}
+            for row in race.result().buckets:
+                counts[str(row.bucket)] = [row.samples[str(p)] for p in policies]
+            return ev.RaceProgress(
+                target=self.plan.router.label, policies=tuple(map(str, policies)),
+                buckets=counts, elapsed_s=elapsed,
+            )  # fmt: skip
+
+        failure = self._window(report, sides, race.add, progress)
+        if failure:
+            return failure
+        report.race = race.result()
+        overall = report.race.overall
+        if overall.decided and overall.winner is not None:
+            report.kept = SpeculationPolicy(overall.winner)
+        elif SpeculationPolicy.THRESHOLD in policies:  # the crossover's evidence stands
+            report.kept = SpeculationPolicy.THRESHOLD
+            report.reason = "the race did not separate the policies: the threshold is kept"
+        else:
+            report.reason = "the race did not separate the policies: nothing changes"
+        return ""
+
+    def _window(
+        self,
+        report: LiveReport,
+        sides: Mapping[str, str],
+        add: Callable[[str, Sample], None],
+        progress: Callable[[float], ev.Event],
+    ) -> str:
+        """Sample the replicas of `sides` (label -> side) and ask the router each interval
+        for `max_duration` (or until Ctrl-C); "" or why the window failed."""
+        options = self.options
         router = self.plan.router
+        replicas = [h for h in self.plan.replicas if h.label in sides]
         last: dict[str, Read] = {}
-        started = time.monotonic()
+        before_window, started = report.elapsed_s, time.monotonic()
         silent = 0  # rounds in a row the router has not answered
 
         def read(host: Host, conn: Connection) -> Read:
@@ -236,9 +337,7 @@ class LiveTune:
             return read_replica(host, conn)
 
         rounds = status_rounds(
-            lambda: self.fleet.run(read, [speculative, plain, router]),
-            options.interval,
-            stop=self.cancel,
+            lambda: self.fleet.run(read, [*replicas, router]), options.interval, stop=self.cancel
         )
         for reads in rounds:
             for result in reads:
@@ -249,7 +348,7 @@ class LiveTune:
                 if now is None:
                     continue  # not read this round: asked again next
                 if not now.serving:
-                    return f"{result.name} ({side[result.name]}) stopped serving"
+                    return f"{result.name} ({sides[result.name]}) stopped serving"
                 before = last.get(result.name)
                 if now.counts is None:
                     continue
@@ -259,27 +358,42 @@ class LiveTune:
                 part = interval(before.counts, now.counts, now.at - before.at)
                 rate = part.value("throughput")
                 if rate is not None and part.requests > 0:
-                    who = side[result.name]
-                    judge.add(SIDE[who], Sample(part.running, rate, part.requests, result.name))
-                    report.samples[who] += 1
+                    add(sides[result.name], Sample(part.running, rate, part.requests, result.name))
             if silent >= ROUTER_SILENT_ROUNDS:
                 return f"router {router.label} stopped answering"
-            report.elapsed_s = time.monotonic() - started
-            progress = judge.verdict()
-            self.events.emit(
-                ev.CanaryProgress(
-                    target=router.label, samples=progress.samples,
-                    buckets={str(b.bucket): [b.control_n, b.candidate_n] for b in progress.buckets},
-                    estimate=progress.estimate, low=progress.low, high=progress.high,
-                    elapsed_s=report.elapsed_s,
-                )
-            )  # fmt: skip
-            if report.elapsed_s >= options.max_duration:
+            elapsed = time.monotonic() - started
+            report.elapsed_s = before_window + elapsed  # the windows' lengths, summed
+            self.events.emit(progress(elapsed))
+            if elapsed >= options.max_duration:
                 break
-        # One look, at the window's end: the intervals hold for it, not for every round.
-        report.intervals = judge.bucket_intervals()
-        report.crossover = live_crossover(report.intervals)
         return ""
+
+
+def _no_threshold(crossover: LiveCrossover | None) -> str:
+    if crossover is None:
+        return "no crossover was measured"
+    return {
+        "never": "speculation lost at every bucket it was judged",
+        "always": f"speculation won as far as the traffic went (bucket {crossover.reached})",
+    }.get(crossover.speculation, "no bucket was decided")
+
+
+def policy_plan(tune: TunePlan, policy: SpeculationPolicy, threshold: int) -> Plan:
+    """One replica's plan under a policy: its tune's run with threshold T, its speculative
+    run under SGLang's own adaptive speculation (no config: SGLang's default), or its
+    baseline."""
+    if policy is SpeculationPolicy.OFF:
+        return tune.tuned(None, False)
+    if policy is SpeculationPolicy.THRESHOLD:
+        return tune.tuned(threshold, True)
+    speculative = tune.plans[Phase.SPECULATIVE]
+    rendered = speculative.rendered
+    if ADAPTIVE_FLAG in rendered.argv:
+        return speculative
+    adaptive = replace(
+        rendered, template=f"{rendered.template}-adaptive", argv=[*rendered.argv, ADAPTIVE_FLAG]
+    )
+    return replace(speculative, rendered=adaptive)
 
 
 def choose_pair(targets: Sequence[Host], select: Select) -> tuple[Host, list[Host]]:
