@@ -43,10 +43,14 @@ def canary_fleet(lab: SSHLab, tmp_path: Path, candidate: dict[str, Any]) -> tupl
 
 
 def router_fleet(
-    lab: SSHLab, tmp_path: Path, variables: dict[str, Any], replicas: int = 2
+    lab: SSHLab,
+    tmp_path: Path,
+    variables: dict[str, Any],
+    replicas: int = 2,
+    replica_vars: dict[str, Any] | None = None,
 ) -> tuple[Path, int]:
     """alpha with `variables`: the real router (round robin) and replicas r1, r2, … behind
-    it on GPUs 0, 1, …. The inventory and the router's port."""
+    it on GPUs 0, 1, … (each also with `replica_vars`). The inventory and the router's port."""
     alpha = lab.hosts["alpha"]
     router = {**router_vars(alpha.address, real_router()), "router_policy": "round_robin"}
     table: dict[str, Any] = {"router": router}
@@ -55,6 +59,7 @@ def router_fleet(
             "gpus": [i - 1],
             "port": free_port(alpha.address),
             "router": "alpha/router",
+            **(replica_vars or {}),
         }
     variables["deployments"] = table
     alpha.set_gpus("live", replicas)

@@ -71,9 +71,38 @@ def test_the_crossover_is_the_last_win_below_the_first_loss() -> None:
     assert never.speculation == "never" and never.threshold is None and never.first_loss == 8
     always = live_crossover([interval_of(4, *win), interval_of(8, *tie)])
     assert always.speculation == "always" and always.threshold is None and always.reached == 8
+    assert crossover.judge(32) == "too high" and crossover.judge(16) == "too high"
+    assert crossover.judge(2) == "too low" and crossover.judge(4) == crossover.judge(8) == "agrees"
+    assert never.judge(8) == "too high" and never.judge(1) == "agrees"
+    assert always.judge(2) == "too low" and always.judge(4) == "agrees"
     unbounded = live_crossover([interval_of(4, None, None)])
     assert unbounded.speculation == "undecided" and unbounded.undecided == (4,)
-    assert live_crossover([]).reached == 0
+    assert live_crossover([]).reached == 0 and unbounded.judge(8) is None
+
+
+def test_the_view_says_the_crossover_and_whether_the_inventorys_threshold_fits_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deployctl.inventory import Host
+    from deployctl.ops.rollout import UnitPlan
+    from deployctl.ops.tune.live import LiveOptions, LivePlan, LiveReport
+    from deployctl.present import views
+    from deployctl.settings import DEFAULT_VARS
+
+    def unit(name: str) -> UnitPlan:
+        return UnitPlan(f"alpha/{name}", [], [], [], [], [], {}, None)
+
+    replica = Host("alpha", {**DEFAULT_VARS, "threshold": 32}, "r1")
+    router = Host("alpha", dict(DEFAULT_VARS), "router")
+    plan = LivePlan(router, unit("r1"), unit("r2"), lambda p, t: [], replicas=[replica])
+    report = LiveReport(plan, LiveOptions(), decision="reported")
+    report.intervals = [interval_of(2, 0.6, 0.8), interval_of(8, 1.2, 1.4)]
+    report.crossover = live_crossover(report.intervals)
+    views.TUNE_LIVE.human(report)
+    out = capsys.readouterr().out
+    assert "live crossover: speculation wins up to bucket 2, loses from 8: T = 2" in out, out
+    said = "the inventory's threshold 32 (a synthetic bench's) is too high for this traffic: "
+    assert said + "speculation loses from bucket 8" in out, out
 
 
 # ---- the window, in the lab ----------------------------------------------------------------------
@@ -87,9 +116,12 @@ KNOBS = {
     "spec_per_req_ms": 5.0, "accept_len": 3, "drain_s": 0.3,
 }  # fmt: skip
 TRUE_CROSSOVER = 6.9
+SYNTHETIC_T = 32
 
 
-def live_fleet(lab: Any, tmp_path: Path, knobs: dict[str, Any], replicas: int) -> tuple[Path, int]:
+def live_fleet(
+    lab: Any, tmp_path: Path, knobs: dict[str, Any], replicas: int, **replica_vars: Any
+) -> tuple[Path, int]:
     """alpha: the real router and replicas r1, r2, … of the stand-in, on the baseline
     template (threshold mode adaptive: stock flags, nothing to patch). The router's port."""
     from tests.test_canary_lab import router_fleet
@@ -99,16 +131,21 @@ def live_fleet(lab: Any, tmp_path: Path, knobs: dict[str, Any], replicas: int) -
         **prepare(lab.hosts["alpha"], tp=1, **knobs), "template": "baseline",
         "threshold_mode": "adaptive",
     }  # fmt: skip
-    return router_fleet(lab, tmp_path, variables, replicas)
+    return router_fleet(lab, tmp_path, variables, replicas, replica_vars)
 
 
 def launched_fleet(
-    lab: Any, cli: Any, tmp_path: Path, knobs: dict[str, Any] = KNOBS, replicas: int = 2
+    lab: Any,
+    cli: Any,
+    tmp_path: Path,
+    knobs: dict[str, Any] = KNOBS,
+    replicas: int = 2,
+    **replica_vars: Any,
 ) -> tuple[Path, str]:
     """The fleet of live_fleet, launched; the inventory and the router's URL."""
     from tests.test_router import run_json
 
-    inv, port = live_fleet(lab, tmp_path, knobs, replicas)
+    inv, port = live_fleet(lab, tmp_path, knobs, replicas, **replica_vars)
     code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
     assert code == 0, err
     return inv, f"http://{lab.hosts['alpha'].address}:{port}"
@@ -133,8 +170,10 @@ def test_live_window_brackets_the_known_crossover_and_rolls_t_out_losing_no_requ
 ) -> None:
     from tests.canary_load import PoissonLoad
 
-    inv, url = launched_fleet(hosts, cli, tmp_path)
+    # The replicas serve T = 32, as a synthetic bench's tune might have written it.
+    inv, url = launched_fleet(hosts, cli, tmp_path, template="eagle3", threshold=SYNTHETIC_T)
     before = templates(cli, inv)
+    assert all("_eagle3_t32_v" in before[n][0] for n in ("r1", "r2")), before
     proc = cli.popen(
         "tune", "--live", "-i", str(inv), "--json", "--interval", "0.5", "--max-duration", "120",
         "--min-samples", "20", "--drain-timeout", "10", "--timeout", "60",
@@ -175,11 +214,15 @@ def test_live_window_brackets_the_known_crossover_and_rolls_t_out_losing_no_requ
     below = [b for b in doc["buckets"] if b["bucket"] < TRUE_CROSSOVER]
     above = [b for b in doc["buckets"] if b["bucket"] > TRUE_CROSSOVER]
     assert below and above and mean_gain(below) > 1 > mean_gain(above), said
+    # Judged against the live crossover, the synthetic T is too high once a loss is decided.
+    assert doc["inventory_threshold"] == SYNTHETIC_T, said
+    if crossover["first_loss"] is not None:
+        assert doc["inventory_verdict"] == "too high", said
     after = templates(cli, inv)
     threshold = crossover["threshold"]
     if threshold is None:  # no crossover decided in the window: nothing rolled out, both back
         assert doc["decision"] == "reported", said
-        assert all("_baseline_v" in after[n][0] for n in ("r1", "r2")), after
+        assert all("_eagle3_t32_v" in after[n][0] for n in ("r1", "r2")), after
     else:  # both replicas serve the threshold now
         assert doc["decision"] == "promoted" and threshold < TRUE_CROSSOVER, said
         assert crossover["first_loss"] > TRUE_CROSSOVER, said

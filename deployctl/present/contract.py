@@ -896,6 +896,14 @@ DEFINITIONS: dict[str, Schema] = {
             "threshold": nullable(
                 "integer", "T: the crossover's, or --race-threshold; null: none decided."
             ),
+            "inventory_threshold": nullable(
+                "integer",
+                "The replicas' `threshold` in the inventory (what tune wrote from a synthetic bench); null: none set.",
+            ),
+            "inventory_verdict": {
+                "anyOf": [{"enum": ["agrees", "too high", "too low"]}, {"type": "null"}],
+                "description": "That threshold on this traffic: too high (it speculates at a bucket speculation lost), too low (it stops below a bucket speculation won); null: none set, or nothing decided.",
+            },
             "race": {"anyOf": [ref("policyRace"), {"type": "null"}]},
             "kept": {
                 "anyOf": [POLICY, {"type": "null"}],
@@ -921,6 +929,8 @@ DEFINITIONS: dict[str, Schema] = {
             "buckets",
             "crossover",
             "threshold",
+            "inventory_threshold",
+            "inventory_verdict",
             "race",
             "kept",
             "units",

@@ -660,6 +660,7 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
     crossover = report.crossover
     done = {u.name: u for u in [*report.split, *report.race_split, *report.actions]}
     plan = report.plan
+    inventory = plan.inventory_threshold
 
     def gain(worse: float | None) -> float | None:  # worse-ratio -> speculative ÷ plain tok/s
         return None if worse is None else round(1 / worse, 4)
@@ -710,6 +711,10 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
             "reached": crossover.reached,
         },
         "threshold": report.threshold,
+        "inventory_threshold": inventory,
+        "inventory_verdict": None
+        if inventory is None or crossover is None
+        else crossover.judge(inventory),
         "race": None if report.race is None else race_json(report.race, report),
         "kept": None if report.kept is None else str(report.kept),
         "units": units([plan.speculative, plan.plain]),

@@ -1243,6 +1243,17 @@ def _live_crossover(doc: dict[str, Any]) -> None:
         "undecided": "no bucket decided yet: the window was too short for this traffic",
     }[crossover["speculation"]]
     sys.stdout.write(said + above + "\n")
+    inventory, verdict = doc["inventory_threshold"], doc["inventory_verdict"]
+    if verdict is not None:
+        why = {
+            "too high": f"speculation loses from bucket {crossover['first_loss']}",
+            "too low": f"speculation still wins at bucket {crossover['last_win']}",
+            "agrees": "it lies within the live crossover",
+        }[verdict]
+        sys.stdout.write(
+            f"the inventory's threshold {inventory} (a synthetic bench's) is "
+            f"{'right' if verdict == 'agrees' else verdict} for this traffic: {why}\n"
+        )
 
 
 def _live_race(doc: dict[str, Any]) -> None:

@@ -96,6 +96,16 @@ class LiveCrossover:
             return "always"
         return "undecided"
 
+    def judge(self, threshold: int) -> str | None:
+        """A threshold set elsewhere (a synthetic tune's) against this traffic: "too high"
+        (it speculates at a bucket speculation lost), "too low" (it stops below a bucket
+        speculation won), "agrees", or None when nothing was decided."""
+        if self.first_loss is not None and threshold >= self.first_loss:
+            return "too high"
+        if self.last_win is not None and threshold < self.last_win:
+            return "too low"
+        return "agrees" if self.first_loss is not None or self.last_win is not None else None
+
 
 def live_crossover(intervals: Sequence[BucketInterval]) -> LiveCrossover:
     ordered = sorted(intervals, key=lambda i: i.bucket)
@@ -133,6 +143,12 @@ class LivePlan:
     serving: Callable[[SpeculationPolicy, int], list[Plan]]
     others: list[str] = field(default_factory=list)  # replicas left serving as they are
     replicas: list[Host] = field(default_factory=list)  # every selected replica, in order
+
+    @property
+    def inventory_threshold(self) -> int | None:
+        """The replicas' `threshold` in the inventory (what `tune` wrote from a synthetic
+        bench): the first replica's that has one."""
+        return next((h.settings.threshold for h in self.replicas if h.settings.threshold), None)
 
 
 @dataclass
