@@ -83,6 +83,21 @@ SEPARATION_RATE = 1.1
 LOAD_SEPARATION = "load separation"
 
 
+# The load adjustment needs some spread of the load within the buckets to fit a slope to.
+LOAD_SPREAD_FLOOR = 1e-9
+
+# The buckets `bucket_sequences` splits its error rate over: every CUDA-graph size, then the
+# 16-wide buckets past 256 up to 512 running requests (51), with room to spare.
+BUCKET_FAMILY = 64
+
+
+def bucket_index(bucket: int) -> int:
+    """A bucket's place among the buckets: 0 for 1, one step per CUDA-graph size, then per 16."""
+    if bucket <= CUDA_GRAPH_SIZES[-1]:
+        return bisect.bisect_left(CUDA_GRAPH_SIZES, bucket)
+    return len(CUDA_GRAPH_SIZES) - 1 + math.ceil((bucket - CUDA_GRAPH_SIZES[-1]) / BEYOND_STEP)
+
+
 def bucket_of(running: float, sizes: Sequence[int] = CUDA_GRAPH_SIZES) -> int:
     """The load bucket of a sample by its mean running requests: the smallest CUDA-graph batch
     size >= running (past the largest size, on by 16); 0 for an idle sample."""
@@ -156,21 +171,30 @@ class Verdict:
 @dataclass
 class _Cell:
     """One side of one bucket: raw log values sorted (for the median); the clipped values'
-    count, mean and sum of squared deviations (Welford's, free of cancellation)."""
+    count, mean and sum of squared deviations (Welford's, free of cancellation); and the
+    samples' log running requests: their mean, squared deviations and co-deviations with
+    the values (for the load adjustment)."""
 
     raw: list[float]
     n: int = 0
     mean: float = 0.0
     squares: float = 0.0
+    load_mean: float = 0.0
+    load_squares: float = 0.0
+    co_squares: float = 0.0
 
     def median(self) -> float:
         return _median(self.raw)
 
-    def push(self, value: float) -> None:
+    def push(self, value: float, load: float) -> None:
         self.n += 1
         delta = value - self.mean
         self.mean += delta / self.n
         self.squares += delta * (value - self.mean)
+        load_delta = load - self.load_mean
+        self.load_mean += load_delta / self.n
+        self.load_squares += load_delta * (load - self.load_mean)
+        self.co_squares += load_delta * (value - self.mean)
 
 
 def _median(ordered: list[float]) -> float:
@@ -207,6 +231,8 @@ class Judge:
         max_regression: float = 0.05,
         confidence: float = 0.95,
         min_samples: int = 20,
+        *,
+        adjust_load: bool = False,
     ) -> None:
         if metric not in METRICS:
             raise UsageError(
@@ -222,6 +248,10 @@ class Judge:
         self.max_regression = max_regression
         self.confidence = confidence
         self.min_samples = min_samples
+        # Regress each value on its log running requests within its bucket (one slope for
+        # all cells): a replica running more requests within a bucket is slower per token
+        # without being worse, and what the load explains is noise no longer.
+        self.adjust_load = adjust_load
         self._sign = -1.0 if metric == "throughput" else 1.0
         self._threshold = math.log1p(max_regression)
         # The mixture's scale: tightest where the interval's half-width is the MDE / sqrt(2)
@@ -234,6 +264,8 @@ class Judge:
         self._lag_squares = 0.0
         self._squares = 0.0  # the cells' squared deviations and degrees of freedom, summed
         self._df = 0
+        self._load_squares = 0.0  # and their load's, and the co-deviations
+        self._co_squares = 0.0
         # Each bucket's stats and matched entry, dropped when a sample lands in it: verdict()
         # is asked after every sample, and one sample changes one bucket.
         self._stats: dict[int, tuple[BucketStat, tuple[int, float, float, int] | None]] = {}
@@ -267,11 +299,24 @@ class Judge:
             self._previous[key] = residual
         bisect.insort(cell.raw, self._sign * math.log(sample.value))
         self._squares -= cell.squares
-        cell.push(value)
+        self._load_squares -= cell.load_squares
+        self._co_squares -= cell.co_squares
+        cell.push(value, math.log(sample.running))
         self._squares += cell.squares
+        self._load_squares += cell.load_squares
+        self._co_squares += cell.co_squares
         if cell.n > 1:
             self._df += 1
-        self._stats.pop(bucket, None)
+        if self.adjust_load:
+            self._stats.clear()  # the slope moved: every bucket's difference with it
+        else:
+            self._stats.pop(bucket, None)
+
+    def _slope(self) -> float:
+        """The within-bucket slope of the log value on the log load (0 without adjustment)."""
+        if not self.adjust_load or self._load_squares <= LOAD_SPREAD_FLOOR:
+            return 0.0
+        return self._co_squares / self._load_squares
 
     def _scale(self) -> float:
         return max(MAD_TO_SIGMA * _median(self._abs_residuals), SIGMA_FLOOR)
@@ -279,9 +324,12 @@ class Judge:
     def _noise(self) -> tuple[float, int]:
         """The variance of one sample (log units, inflated for serial correlation) and its df."""
         df = self._df
-        if not df:
+        squares = self._squares
+        if self._slope():  # what the load explains is not noise; the slope costs one df
+            squares, df = squares - self._slope() * self._co_squares, df - 1
+        if df <= 0:
             return math.inf, 0
-        variance = max(self._squares / df, SIGMA_FLOOR**2)
+        variance = max(squares / df, SIGMA_FLOOR**2)
         phi = self._lagged / self._lag_squares if self._lag_squares > 0 else 0.0
         phi = min(max(phi, 0.0), MAX_PHI)
         return variance * (1 + phi) / (1 - phi), df
@@ -307,7 +355,14 @@ class Judge:
         entry = None
         if control and candidate:
             weight = control.n * candidate.n / (control.n + candidate.n)
-            entry = (bucket, candidate.mean - control.mean, weight, control.n + candidate.n)
+            difference = candidate.mean - control.mean
+            if slope := self._slope():
+                # Compared at one load: each side's mean moved along the slope to the
+                # other's mean load; the slope's own uncertainty widens it a little.
+                apart = candidate.load_mean - control.load_mean
+                difference -= slope * apart
+                weight = 1 / (1 / weight + apart * apart / self._load_squares)
+            entry = (bucket, difference, weight, control.n + candidate.n)
         stat = BucketStat(
             bucket=bucket,
             control_n=control.n if control else 0,
@@ -355,21 +410,41 @@ class Judge:
         )
         return ratio, note
 
-    def bucket_intervals(self) -> list[BucketInterval]:
+    def bucket_intervals(self, share: float = 1.0) -> list[BucketInterval]:
         """Each matched bucket's worse-ratio with its own interval, for one look at the end
         of a window of fixed length: Student-free normal intervals (the noise has at least
         MIN_DF degrees of freedom, else every interval is unbounded) at the configured
-        confidence, Bonferroni-split over the matched buckets. Unlike `verdict`, this is not
-        valid when asked again and again while samples come in."""
+        confidence (or `share` of its error rate), Bonferroni-split over the matched buckets.
+        Unlike `verdict`, this is not valid when asked again and again while samples come in."""
         _, matched = self._matched()
         if not matched:
             return []
         variance, df = self._noise()
-        alpha = (1 - self.confidence) / len(matched)
+        alpha = share * (1 - self.confidence) / len(matched)
         z = statistics.NormalDist().inv_cdf(1 - alpha / 2)
         found = []
         for bucket, difference, weight, count in matched:
             width = z * math.sqrt(variance / weight) if df >= MIN_DF else math.inf
+            found.append(
+                BucketInterval(
+                    bucket, count, math.exp(difference),
+                    _ratio(difference - width), _ratio(difference + width),
+                )
+            )  # fmt: skip
+        return found
+
+    def bucket_sequences(self, share: float = 1.0) -> list[BucketInterval]:
+        """Each matched bucket's worse-ratio with an always-valid interval (the normal-mixture
+        boundary of `verdict`): it may be asked after every sample. The error rate (`share`
+        of the configured one) is split over BUCKET_FAMILY buckets, a family fixed before any
+        data, so the intervals hold together however often and at whichever buckets they
+        are read. Wider than `bucket_intervals` at the same samples: the price of looking."""
+        _, matched = self._matched()
+        variance, df = self._noise()
+        alpha = share * (1 - self.confidence) / BUCKET_FAMILY
+        found = []
+        for bucket, difference, weight, count in matched:
+            width = self._half_width(weight / variance, alpha) if df >= MIN_DF else math.inf
             found.append(
                 BucketInterval(
                     bucket, count, math.exp(difference),

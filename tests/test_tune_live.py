@@ -15,6 +15,7 @@ import pytest
 
 from deployctl.canary_stats import BucketInterval, Judge, Sample
 from deployctl.ops.tune.live import live_crossover
+from tests.load_mix import CHAT_MATCH, CHAT_PROMPT, CODE_MATCH, CODE_PROMPT, LoadMix, PromptClass
 
 # ---- the statistics ----------------------------------------------------------------------------
 
@@ -50,6 +51,82 @@ def test_each_bucket_gets_its_own_interval_and_a_clear_gain_is_decided() -> None
     assert crossover.threshold == 4 and crossover.speculation == "threshold"
 
 
+def test_always_valid_intervals_hold_however_often_they_are_read() -> None:
+    # 40 windows of equal replicas at buckets 2, 8 and 32, the intervals read after every
+    # round for 150 rounds: none may ever exclude even in more than 5 % of the windows.
+    wrong = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        judge = Judge("throughput", 0.03, 0.95, 20)
+        ever = False
+        for _ in range(150):
+            for bucket in (2, 8, 32):
+                for side in ("control", "candidate"):
+                    judge.add(side, Sample(bucket - 0.5, 100 * (1 + rng.gauss(0, 0.05)), 3, side))
+            for i in judge.bucket_sequences():
+                ever = (
+                    ever or (i.low is not None and i.low > 1) or (i.high is not None and i.high < 1)
+                )
+        wrong += ever
+    assert wrong <= 2, wrong
+
+
+def test_always_valid_intervals_are_wider_than_one_look_but_still_decide_a_clear_gain() -> None:
+    judge = gains({2: 1.3, 16: 0.97}, n=80, noise=0.05, seed=3)
+    once = {i.bucket: i for i in judge.bucket_intervals()}
+    always = {i.bucket: i for i in judge.bucket_sequences()}
+    for bucket in (2, 16):
+        a, o = always[bucket], once[bucket]
+        assert a.low is not None and o.low is not None and a.high is not None and o.high is not None
+        assert a.low < o.low and a.high > o.high and a.ratio == o.ratio
+    assert always[2].high is not None and always[2].high < 1  # 30 %: decided
+    half = {i.bucket: i for i in judge.bucket_sequences(share=0.5)}[2]
+    assert half.low is not None and half.low < always[2].low  # half the error rate: wider
+
+
+def loaded_pair(seed: int, adjust: bool, gain: float, apart: float) -> Judge:
+    """Two replicas whose throughput per running request falls with their load as the
+    stand-in's decode model does (1 / (10 + 0.5 b) per ms), the candidate `gain` better and
+    sitting `apart` requests higher within each bucket (bucket 16: 14 to 16 requests)."""
+    rng = random.Random(seed)
+    judge = Judge("throughput", 0.03, 0.95, 20, adjust_load=adjust)
+    for _ in range(120):
+        for side, shift, factor in (("control", 0.0, 1.0), ("candidate", apart, 1 + gain)):
+            running = min(16.0, 14.01 + rng.random() * (2 - apart) + shift)
+            value = factor * 1000 / (10 + 0.5 * running * 4) * (1 + rng.gauss(0, 0.01))
+            judge.add(side, Sample(running, value, 3, side))
+    return judge
+
+
+def test_the_load_adjustment_compares_two_replicas_at_one_load() -> None:
+    # Equal replicas, the candidate at the top of the bucket: unadjusted it looks slower.
+    [raw] = loaded_pair(1, False, 0.0, 1.0).bucket_intervals()
+    [adjusted] = loaded_pair(1, True, 0.0, 1.0).bucket_intervals()
+    assert raw.low is not None and raw.low > 1.02, raw  # a false loss of a few per cent
+    assert adjusted.low is not None and adjusted.high is not None
+    assert adjusted.low < 1 < adjusted.high and abs(adjusted.ratio - 1) < 0.01, adjusted
+
+
+def test_the_load_adjustment_narrows_the_interval_where_the_load_spreads() -> None:
+    [raw] = loaded_pair(2, False, 0.03, 0.0).bucket_intervals()
+    [adjusted] = loaded_pair(2, True, 0.03, 0.0).bucket_intervals()
+    assert raw.low is not None and adjusted.low is not None
+    # The half-width: what the load explained (most of the spread here) is gone from it.
+    assert adjusted.ratio / adjusted.low - 1 < 0.5 * (raw.ratio / raw.low - 1), (raw, adjusted)
+    assert adjusted.high is not None and adjusted.high < 1  # 3 % better: decided
+
+
+def test_without_a_spread_of_load_the_adjustment_changes_nothing() -> None:
+    plain = gains({2: 1.2, 16: 0.9}, n=40, noise=0.05, seed=5)
+    adjusted = Judge("throughput", 0.03, 0.95, 20, adjust_load=True)
+    rng = random.Random(5)
+    for _ in range(40):
+        for bucket, gain in {2: 1.2, 16: 0.9}.items():
+            for side, value in (("control", 100.0), ("candidate", 100.0 * gain)):
+                adjusted.add(side, Sample(bucket - 0.5, value * (1 + rng.gauss(0, 0.05)), 3, side))
+    assert plain.bucket_intervals() == adjusted.bucket_intervals()
+
+
 def test_few_samples_decide_nothing() -> None:
     judge = gains({2: 1.4, 16: 0.8}, n=2, noise=0.05, seed=2)
     crossover = live_crossover(judge.bucket_intervals())
@@ -71,6 +148,9 @@ def test_the_crossover_is_the_last_win_below_the_first_loss() -> None:
     assert never.speculation == "never" and never.threshold is None and never.first_loss == 8
     always = live_crossover([interval_of(4, *win), interval_of(8, *tie)])
     assert always.speculation == "always" and always.threshold is None and always.reached == 8
+    assert crossover.width == 8  # 4, then 5 6 7 8 10 12 14 16: eight steps to the loss
+    neighbours = live_crossover([interval_of(8, *win), interval_of(10, *loss)])
+    assert neighbours.width == 1 and never.width is None and always.width is None
     assert crossover.judge(32) == "too high" and crossover.judge(16) == "too high"
     assert crossover.judge(2) == "too low" and crossover.judge(4) == crossover.judge(8) == "agrees"
     assert never.judge(8) == "too high" and never.judge(1) == "agrees"
@@ -266,6 +346,55 @@ def test_ctrl_c_puts_both_replicas_back_and_no_request_is_lost(
         run, state = after[name]
         assert state == "ready" and "_baseline_v" in run, (name, after)
     assert load.report().failed == 0, load.report().errors[:3]
+    cli("stop", "-i", str(inv))
+
+
+# Acceptance by prompt class (the decode model of KNOBS): a chat prompt's drafts give 1.6
+# tokens a step, a code prompt's 5. Per running request speculation gives A / (6 + 5 b)
+# against 1 / (10 + 0.5 b): the crossover is (10 A - 6) / (5 - 0.5 A), 2.4 for chat and
+# 17.6 for code. The synthetic bench's prompts are neither (accept_len 3): its crossover is
+# 6.9, and the T a tune over it writes is 6.
+BY_CLASS = {
+    **KNOBS,
+    "accept_by_class": [
+        {"match": CODE_MATCH, "accept_len": 5},
+        {"match": CHAT_MATCH, "accept_len": 1.6},
+    ],
+}  # fmt: skip
+# mix -> (its prompt, its true crossover, what the live window says of T = 6, the load:
+# closed-loop streams through the router over time)
+MIXES = {
+    "chat": (CHAT_PROMPT, 2.4, "too high", [(40.0, 8), (90.0, 14)]),
+    "code": (CODE_PROMPT, 17.6, "too low", [(40.0, 14), (90.0, 24)]),
+}
+
+
+@pytest.mark.lab
+def test_two_traffic_mixes_move_the_live_crossover_and_the_synthetic_t_is_wrong_for_each(
+    hosts: Any, cli: Any, tmp_path: Path
+) -> None:
+    inv, url = launched_fleet(hosts, cli, tmp_path, BY_CLASS, template="eagle3", threshold=6)
+    for name, (prompt, truth, synthetic, schedule) in MIXES.items():
+        proc = cli.popen(
+            "tune", "--live", "-i", str(inv), "--json", "--no-promote", "--interval", "0.5",
+            "--max-duration", "100", "--drain-timeout", "10", "--timeout", "60",
+        )  # fmt: skip
+        load = LoadMix(url, [PromptClass(name, prompt, 1)], schedule, 48, seed=11, model="m")
+        outcomes = load.run()
+        out, err = proc.communicate(timeout=300)
+        assert "Traceback" not in err, err
+        doc = json.loads(out)
+        said = f"{name}: {doc['decision']}: {doc['reason']}; {doc['buckets']}; {err[-1500:]}"
+        lost = [o for o in outcomes if not o.completed]
+        assert not lost and outcomes, (lost[:3], said)
+        verdicts = {b["bucket"]: b["verdict"] for b in doc["buckets"]}
+        assert all(b < truth for b, v in verdicts.items() if v == "win"), said
+        assert all(b > truth for b, v in verdicts.items() if v == "loss"), said
+        # The bench's T is wrong for this traffic, and the window says so.
+        assert doc["inventory_threshold"] == 6 and doc["inventory_verdict"] == synthetic, said
+        assert doc["decision"] == "reported" and doc["ok"], said  # --no-promote: put back
+    after = templates(cli, inv)
+    assert all("_eagle3_t6_v" in after[n][0] and after[n][1] == "ready" for n in ("r1", "r2"))
     cli("stop", "-i", str(inv))
 
 

@@ -260,6 +260,15 @@ def tune(
             "--min-samples", min=2, help="With --live: samples of each replica before it ends."
         ),
     ] = 20,
+    precision: Annotated[
+        int,
+        typer.Option(
+            "--precision",
+            min=0,
+            help="With --live: end the window once the crossover lies within this many "
+            "CUDA-graph buckets (0: run --max-duration whole).",
+        ),
+    ] = 1,
     no_promote: Annotated[
         bool,
         typer.Option("--no-promote", help="With --live: report T only; put both replicas back."),
@@ -337,7 +346,7 @@ def tune(
             interval, duration_of("--max-duration", max_duration, "30m"), confidence,
             min_samples, not no_promote,
             RolloutOptions(1, drain_timeout, stop_timeout, timeout, True, what="tune --live"),
-            raced, race_threshold,
+            raced, race_threshold, precision,
         )  # fmt: skip
         return _tune_live(session, options, window)
     plans = ops.plan_tune(session.project, session.targets, session.patch_sets(), options)

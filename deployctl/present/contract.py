@@ -840,7 +840,18 @@ DEFINITIONS: dict[str, Schema] = {
             "others": array(string(), "The router's other selected replicas: left serving."),
             "decision": {"enum": ["promoted", "reported", "failed", "interrupted"]},
             "reason": string(),
-            "elapsed_s": number("The window's length."),
+            "elapsed_s": number("The windows' lengths, summed."),
+            "precision": obj(
+                {
+                    "buckets": integer(
+                        "--precision: the crossover's bracket, in CUDA-graph buckets, that ends the window (0: it runs whole)."
+                    ),
+                    "reached": boolean(
+                        "The window ended early, its bracket that narrow; its intervals are then the always-valid ones it stopped on."
+                    ),
+                },
+                required=["buckets", "reached"],
+            ),
             "samples": obj(
                 {"speculative": integer(), "plain": integer()},
                 required=["speculative", "plain"],
@@ -925,6 +936,7 @@ DEFINITIONS: dict[str, Schema] = {
             "decision",
             "reason",
             "elapsed_s",
+            "precision",
             "samples",
             "buckets",
             "crossover",

@@ -687,6 +687,7 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
         "decision": report.decision,
         "reason": report.reason,
         "elapsed_s": round(report.elapsed_s, 1),
+        "precision": {"buckets": report.options.precision, "reached": report.precise},
         "samples": report.samples,
         "buckets": [
             {

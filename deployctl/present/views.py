@@ -1218,6 +1218,8 @@ def _live_crossover(doc: dict[str, Any]) -> None:
         f"speculation, {doc['plain']} without, {doc['elapsed_s']:g}s, "
         f"{doc['samples']['speculative']} + {doc['samples']['plain']} samples"
     )
+    if doc["precision"]["reached"]:
+        title += f" (ended early: the crossover within {doc['precision']['buckets']} bucket)"
     rows = [
         [
             str(b["bucket"]), str(b["samples"]), f"{b['gain']:.3f}",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from deployctl import events as ev
-from deployctl.canary_stats import BucketInterval, Judge, Sample
+from deployctl.canary_stats import BucketInterval, Judge, Sample, bucket_index
 from deployctl.choices import SpeculationPolicy
 from deployctl.connection import Connection
 from deployctl.crash import Catalog
@@ -96,6 +96,14 @@ class LiveCrossover:
             return "always"
         return "undecided"
 
+    @property
+    def width(self) -> int | None:
+        """The bracket's width in buckets (1: T and the first loss are neighbours); None
+        without a threshold."""
+        if self.last_win is None or self.first_loss is None:
+            return None
+        return bucket_index(self.first_loss) - bucket_index(self.last_win)
+
     def judge(self, threshold: int) -> str | None:
         """A threshold set elsewhere (a synthetic tune's) against this traffic: "too high"
         (it speculates at a bucket speculation lost), "too low" (it stops below a bucket
@@ -129,6 +137,9 @@ class LiveOptions:
     # Raced after the crossover, one replica each, in the selected replicas' order.
     policies: tuple[SpeculationPolicy, ...] = ()
     threshold: int | None = None  # race this T: no crossover window first
+    # End the crossover window once the bracket is this many CUDA-graph buckets wide (0:
+    # run it whole, one look at the end).
+    precision: int = 1
 
 
 @dataclass
@@ -161,6 +172,7 @@ class LiveReport:
     samples: dict[str, int] = field(default_factory=lambda: {"speculative": 0, "plain": 0})
     crossover: LiveCrossover | None = None
     threshold: int | None = None  # the crossover's T, or the one given to race
+    precise: bool = False  # the crossover window ended early: its bracket reached --precision
     race_split: list[UnitResult] = field(default_factory=list)
     race: RaceResult | None = None
     kept: SpeculationPolicy | None = None  # what serves after (promoted, or would be)
@@ -271,7 +283,9 @@ class LiveTune:
         if not all(r.outcome is UnitOutcome.REPLACED for r in report.split):
             return split_failure(report.split)
         options = self.options
-        judge = Judge("throughput", LIVE_MARGIN, options.confidence, options.min_samples)
+        judge = Judge(
+            "throughput", LIVE_MARGIN, options.confidence, options.min_samples, adjust_load=True
+        )
         sides = {speculative.rank0.label: "speculative", plain.rank0.label: "plain"}
 
         def add(side: str, sample: Sample) -> None:
@@ -286,10 +300,22 @@ class LiveTune:
                 estimate=now.estimate, low=now.low, high=now.high, elapsed_s=elapsed,
             )  # fmt: skip
 
-        failure = self._window(report, sides, add, progress)
+        # With --precision the window looks every round (always-valid intervals) and may
+        # end early; half the error rate goes to those looks, half to the one at the end.
+        share = 0.5 if options.precision else 1.0
+
+        def enough() -> bool:
+            if not options.precision:
+                return False
+            width = live_crossover(judge.bucket_sequences(share)).width
+            report.precise = width is not None and width <= options.precision
+            return report.precise
+
+        failure = self._window(report, sides, add, progress, enough)
         if not failure:
-            # One look, at the window's end: the intervals hold for it, not for every round.
-            report.intervals = judge.bucket_intervals()
+            report.intervals = (
+                judge.bucket_sequences(share) if report.precise else judge.bucket_intervals(share)
+            )
             report.crossover = live_crossover(report.intervals)
         return failure
 
@@ -317,7 +343,7 @@ class LiveTune:
                 buckets=counts, elapsed_s=elapsed,
             )  # fmt: skip
 
-        failure = self._window(report, sides, race.add, progress)
+        failure = self._window(report, sides, race.add, progress, lambda: False)
         if failure:
             return failure
         report.race = race.result()
@@ -337,9 +363,10 @@ class LiveTune:
         sides: Mapping[str, str],
         add: Callable[[str, Sample], None],
         progress: Callable[[float], ev.Event],
+        enough: Callable[[], bool],
     ) -> str:
         """Sample the replicas of `sides` (label -> side) and ask the router each interval
-        for `max_duration` (or until Ctrl-C); "" or why the window failed."""
+        for `max_duration` (or until Ctrl-C, or `enough`); "" or why the window failed."""
         options = self.options
         router = self.plan.router
         replicas = [h for h in self.plan.replicas if h.label in sides]
@@ -380,7 +407,7 @@ class LiveTune:
             elapsed = time.monotonic() - started
             report.elapsed_s = before_window + elapsed  # the windows' lengths, summed
             self.events.emit(progress(elapsed))
-            if elapsed >= options.max_duration:
+            if elapsed >= options.max_duration or enough():
                 break
         return ""
 

@@ -87,7 +87,8 @@ class PolicyRace:
         pair_confidence = 1 - (1 - confidence) / len(pairs)
         # (a, b): a is the judge's candidate, b its control.
         self._judges = {
-            pair: Judge("throughput", RACE_MARGIN, pair_confidence, min_samples) for pair in pairs
+            pair: Judge("throughput", RACE_MARGIN, pair_confidence, min_samples, adjust_load=True)
+            for pair in pairs
         }
         self._logs: dict[tuple[str, int], list[float]] = {}
         self._traffic: Counter[int] = Counter()
