@@ -83,6 +83,10 @@ SEPARATION_RATE = 1.1
 LOAD_SEPARATION = "load separation"
 
 
+# Samples each side needs in a bucket before tune --live compares it there: a bucket one
+# replica passed through once or twice would be judged on a noisy sample or two.
+MIN_CELL = 5
+
 # The load adjustment needs some spread of the load within the buckets to fit a slope to.
 LOAD_SPREAD_FLOOR = 1e-9
 
@@ -410,13 +414,23 @@ class Judge:
         )
         return ratio, note
 
-    def bucket_intervals(self, share: float = 1.0) -> list[BucketInterval]:
+    def _compared(self, min_cell: int) -> list[tuple[int, float, float, int]]:
+        """The matched buckets' entries where each side has at least `min_cell` samples."""
+        _, matched = self._matched()
+        return [
+            entry
+            for entry in matched
+            if min(self._cells[side, entry[0]].n for side in SIDES) >= min_cell
+        ]
+
+    def bucket_intervals(self, share: float = 1.0, min_cell: int = 1) -> list[BucketInterval]:
         """Each matched bucket's worse-ratio with its own interval, for one look at the end
         of a window of fixed length: Student-free normal intervals (the noise has at least
         MIN_DF degrees of freedom, else every interval is unbounded) at the configured
         confidence (or `share` of its error rate), Bonferroni-split over the matched buckets.
-        Unlike `verdict`, this is not valid when asked again and again while samples come in."""
-        _, matched = self._matched()
+        Unlike `verdict`, this is not valid when asked again and again while samples come in.
+        Buckets where a side has fewer than `min_cell` samples are left out."""
+        matched = self._compared(min_cell)
         if not matched:
             return []
         variance, df = self._noise()
@@ -433,13 +447,14 @@ class Judge:
             )  # fmt: skip
         return found
 
-    def bucket_sequences(self, share: float = 1.0) -> list[BucketInterval]:
+    def bucket_sequences(self, share: float = 1.0, min_cell: int = 1) -> list[BucketInterval]:
         """Each matched bucket's worse-ratio with an always-valid interval (the normal-mixture
         boundary of `verdict`): it may be asked after every sample. The error rate (`share`
         of the configured one) is split over BUCKET_FAMILY buckets, a family fixed before any
         data, so the intervals hold together however often and at whichever buckets they
-        are read. Wider than `bucket_intervals` at the same samples: the price of looking."""
-        _, matched = self._matched()
+        are read. Wider than `bucket_intervals` at the same samples: the price of looking.
+        Buckets where a side has fewer than `min_cell` samples are left out."""
+        matched = self._compared(min_cell)
         variance, df = self._noise()
         alpha = share * (1 - self.confidence) / BUCKET_FAMILY
         found = []

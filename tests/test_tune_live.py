@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from deployctl.canary_stats import BucketInterval, Judge, Sample
+from deployctl.canary_stats import MIN_CELL, BucketInterval, Judge, Sample
 from deployctl.ops.tune.live import live_crossover
 from tests.load_mix import CHAT_MATCH, CHAT_PROMPT, CODE_MATCH, CODE_PROMPT, LoadMix, PromptClass
 
@@ -125,6 +125,17 @@ def test_without_a_spread_of_load_the_adjustment_changes_nothing() -> None:
             for side, value in (("control", 100.0), ("candidate", 100.0 * gain)):
                 adjusted.add(side, Sample(bucket - 0.5, value * (1 + rng.gauss(0, 0.05)), 3, side))
     assert plain.bucket_intervals() == adjusted.bucket_intervals()
+
+
+def test_a_bucket_one_side_passed_through_a_few_times_is_left_out() -> None:
+    judge = gains({2: 1.4}, n=40, noise=0.05, seed=6)
+    for _ in range(MIN_CELL - 1):  # the candidate's few samples at 8, far better there
+        judge.add("candidate", Sample(7.5, 500.0, 3, "candidate"))
+    for _ in range(40):
+        judge.add("control", Sample(7.5, 100.0, 3, "control"))
+    assert [i.bucket for i in judge.bucket_intervals()] == [2, 8]
+    assert [i.bucket for i in judge.bucket_intervals(min_cell=MIN_CELL)] == [2]
+    assert [i.bucket for i in judge.bucket_sequences(min_cell=MIN_CELL)] == [2]
 
 
 def test_few_samples_decide_nothing() -> None:

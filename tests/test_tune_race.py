@@ -8,7 +8,8 @@ import random
 import pytest
 
 from deployctl.canary_stats import Judge, Sample
-from deployctl.ops.tune.race import MIN_CELL, PolicyRace
+from deployctl.canary_stats import MIN_CELL
+from deployctl.ops.tune.race import PolicyRace
 
 # Output tok/s per running request of each policy in each bucket (plain serves 100): the
 # threshold speculates up to 6, SGLang's own adaptive up to 32, where speculating loses.

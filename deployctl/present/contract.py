@@ -877,7 +877,7 @@ DEFINITIONS: dict[str, Schema] = {
                     },
                     required=["bucket", "samples", "gain", "low", "high", "detectable", "verdict"],
                 ),
-                "Each load bucket both replicas served at, ascending.",
+                "Each load bucket both replicas served at (5 samples each, at least), ascending.",
             ),
             "crossover": {
                 "anyOf": [

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from deployctl import events as ev
-from deployctl.canary_stats import BucketInterval, Judge, Sample, bucket_index
+from deployctl.canary_stats import MIN_CELL, BucketInterval, Judge, Sample, bucket_index
 from deployctl.choices import SpeculationPolicy
 from deployctl.connection import Connection
 from deployctl.crash import Catalog
@@ -307,15 +307,16 @@ class LiveTune:
         def enough() -> bool:
             if not options.precision:
                 return False
-            width = live_crossover(judge.bucket_sequences(share)).width
+            width = live_crossover(judge.bucket_sequences(share, MIN_CELL)).width
             report.precise = width is not None and width <= options.precision
             return report.precise
 
         failure = self._window(report, sides, add, progress, enough)
         if not failure:
-            report.intervals = (
-                judge.bucket_sequences(share) if report.precise else judge.bucket_intervals(share)
-            )
+            if report.precise:
+                report.intervals = judge.bucket_sequences(share, MIN_CELL)
+            else:
+                report.intervals = judge.bucket_intervals(share, MIN_CELL)
             report.crossover = live_crossover(report.intervals)
         return failure
 

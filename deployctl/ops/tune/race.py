@@ -21,13 +21,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deployctl.canary_stats import BucketInterval, Judge, Sample, bucket_of
+from deployctl.canary_stats import MIN_CELL, BucketInterval, Judge, Sample, bucket_of
 
 # The judges' regression margin: unused here (intervals decide), as in the live window.
 RACE_MARGIN = 0.03
-# Samples each policy needs in a bucket before it is compared there: a bucket one policy
-# passed through once would weigh its share of the traffic on one noisy sample.
-MIN_CELL = 5
 
 
 @dataclass(frozen=True)
