@@ -52,6 +52,8 @@ from deployctl.remote.protocol import (
     CANARY_RECORDS,
     CHECK_ARGS,
     HOLD,
+    LIVE_KEEP,
+    LIVE_RECORDS,
     POINT,
     POLL,
     PREFLIGHT,
@@ -76,7 +78,7 @@ from deployctl.shell import join
 # The calls, as the protocol declares them: `agent.STATUS` is `protocol.STATUS`.
 __all__ = [
     "APPLY", "BENCH", "BENCH_RESULTS", "BENCH_SAVE", "CALLS", "CANARY_KEEP", "CANARY_RECORDS",
-    "CHECK_ARGS", "HOLD", "POINT",
+    "CHECK_ARGS", "HOLD", "LIVE_KEEP", "LIVE_RECORDS", "POINT",
     "POLL", "PREFLIGHT", "PROBE", "READ", "RELEASE", "REVERT", "ROUTER", "RUNS", "START",
     "STATUS", "STOP", "TUNE_LOCK", "TUNE_RECORDS", "TUNE_SAVE", "TUNE_UNLOCK", "Call",
     "KeptAgent", "agent_bundle", "agent_command", "agent_folder", "agent_hash", "call",

@@ -19,13 +19,20 @@ from jsonschema.exceptions import best_match
 SCHEMAS = Path(__file__).resolve().parent.parent / "deployctl" / "data" / "schemas"
 # Output that is JSON without --json: Prometheus's file_sd list (unless written with -o).
 ALWAYS_JSON = {"metrics-targets"}
-# A flag that changes the document → the variant in the schema's $defs it must match.
+# A flag (or flags, all given) that changes the document → the variant in the schema's $defs
+# it must match; the first that matches is taken.
 VARIANTS: dict[str, dict[str, str]] = {
     "hosts": {"--graph": "graph", "": "inventory"},
     "render": {"--check": "checked", "": "rendered"},
     "crash": {"--file": "local", "": "fleet"},
     "bench": {"--compare": "comparison", "--suggest-threshold": "suggestion", "": "sweep"},
-    "tune": {"--report": "reported", "--dry-run": "planned", "--live": "tuneLive", "": "tuned"},
+    "tune": {
+        "--live --report": "liveReported",
+        "--report": "reported",
+        "--dry-run": "planned",
+        "--live": "tuneLive",
+        "": "tuned",
+    },
 }
 # Commands that print one document per line (JSON lines), each checked on its own.
 JSON_LINES: dict[str, Callable[[Sequence[str]], bool]] = {
@@ -62,7 +69,7 @@ def validator(args: Sequence[str]) -> Draft202012Validator:
     schema = schema_of(command)
     variants = VARIANTS.get(command)
     if variants is not None:
-        flag = next((f for f in variants if f and f in args), "")
+        flag = next((f for f in variants if f and all(w in args for w in f.split())), "")
         chosen = {"$ref": f"#/$defs/{variants[flag]}"}
         schema = {**schema, "anyOf": [chosen, {"$ref": "#/$defs/failure"}]}
     return Draft202012Validator(schema)

@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from deployctl.canary_stats import Judge, Sample
-from deployctl.canary_stats import MIN_CELL
+from deployctl.canary_stats import MIN_CELL, Judge, Sample
 from deployctl.ops.tune.race import PolicyRace
 
 # Output tok/s per running request of each policy in each bucket (plain serves 100): the

@@ -281,6 +281,15 @@ def tune(
             "the winner: threshold (T), adaptive (SGLang's own), off; e.g. threshold,adaptive,off.",
         ),
     ] = None,
+    resume: Annotated[
+        int | None,
+        typer.Option(
+            "--resume",
+            min=1,
+            help="With --live: start from kept window N's samples (--report lists them); "
+            "the new window adds its own.",
+        ),
+    ] = None,
     race_threshold: Annotated[
         int | None,
         typer.Option(
@@ -300,6 +309,8 @@ def tune(
     drawing = _drawing(session, plot, html)
     if number is not None and not report:
         raise UsageError(f"{number}: a tune number is given only with --report")
+    if report and live_traffic:
+        return _live_report(session, number)
     if report:
         with session.fleet() as fleet:
             found = ops.find_tunes(fleet, number)
@@ -323,10 +334,10 @@ def tune(
         timeout=timeout, stop_timeout=stop_timeout, drain_timeout=drain_timeout,
         max_visits=max_launches, reconnect_window=reconnect_window,
     )  # fmt: skip
-    if not live_traffic and (policies is not None or race_threshold is not None):
-        raise UsageError(
-            "--policies and --race-threshold race policies on live traffic: add --live"
-        )
+    if not live_traffic and (policies, race_threshold, resume) != (None, None, None):
+        raise UsageError("--policies, --race-threshold and --resume are for --live: add it")
+    if resume is not None and race_threshold is not None:
+        raise UsageError("--resume adds to a crossover window; --race-threshold runs none")
     if live_traffic:
         raced = _policies(policies)
         if race_threshold is not None and not raced:
@@ -348,7 +359,7 @@ def tune(
             RolloutOptions(1, drain_timeout, stop_timeout, timeout, True, what="tune --live"),
             raced, race_threshold, precision,
         )  # fmt: skip
-        return _tune_live(session, options, window)
+        return _tune_live(session, options, window, resume)
     plans = ops.plan_tune(session.project, session.targets, session.patch_sets(), options)
     if dry_run:
         return views.TUNE_PLAN, plans
@@ -404,18 +415,43 @@ def _policies(text: str | None) -> tuple[SpeculationPolicy, ...]:
     return tuple(SpeculationPolicy(n) for n in names)
 
 
-def _tune_live(session: Session, options: TuneOptions, window: LiveOptions) -> Reply:
+def _live_report(session: Session, number: int | None) -> Reply:
+    """tune --live --report: each selected router's kept window N (the newest), judged
+    again from its samples."""
+    from deployctl.ops.canary import routers_of
+    from deployctl.ops.plan import plan_launch
+    from deployctl.ops.tune.live import find_live
+    from deployctl.present import views
+
+    patch_sets = session.patch_sets()
+    plans = plan_launch(session.project, session.targets, None, None, [], patch_sets)
+    with session.fleet() as fleet:
+        routers = routers_of(fleet, plans)
+        if not routers:
+            raise UsageError(
+                "no selected deployment is a router or behind one: a live window is kept on "
+                "its router's host",
+                hint="select the replicas (or their router) with -H/-d",
+            )
+        return views.KEPT_LIVE, find_live(fleet, routers, number)
+
+
+def _tune_live(
+    session: Session, options: TuneOptions, window: LiveOptions, resume: int | None
+) -> Reply:
     """tune --live: the two replicas' plans (speculation always on, and none), the window,
     the policies raced, then the winner rolled out or every replica touched put back."""
     from deployctl.ops import tune as ops
     from deployctl.ops.rollout import plan_rollout
-    from deployctl.ops.tune.live import LivePlan, choose_pair, policy_plan, tune_live
+    from deployctl.ops.tune.live import LivePlan, choose_pair, kept_window, policy_plan, tune_live
     from deployctl.present import live, views
 
     catalog, patch_sets = session.catalog(), session.patch_sets()
     progress = live.Progress(enabled=not session.options.json, steps_when_piped=True)
     with session.fleet() as fleet, progress:
         router, replicas = choose_pair(session.targets, fleet.select)
+        if resume is not None:
+            window.resume = kept_window(fleet, router, resume, replicas[0], replicas[1])
         if len(window.policies) > len(replicas):
             raise UsageError(
                 f"--policies races each of {len(window.policies)} policies on a replica of its "

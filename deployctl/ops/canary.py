@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from deployctl import agent
 from deployctl import events as ev
@@ -46,11 +46,12 @@ from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture, relaunch
 from deployctl.patchset import PatchSet
 from deployctl.remote.measures import (
-    CanaryKeepArgs,
+    CanaryKeepReply,
     CanaryRecord,
     CanaryRecordsArgs,
     CanaryStep,
 )
+from deployctl.remote.protocol import Call
 
 # A running canary's record on the router's host is brought up to date at most this often
 # (one call; `canary --report` and the dashboard read it from there).
@@ -286,14 +287,20 @@ class Canary:
         self.available, self.options, self.events, self.cancel = available, options, events, cancel
         router = plan.candidates[0].router
         assert router is not None  # plan_canary refused replicas without one
-        self.keeper = Keeper(fleet, router)
+        self.keeper = Keeper(fleet, router, agent.CANARY_KEEP)
 
     def run(self) -> CanaryReport:
         report = CanaryReport(self.plan, self.options, time.time())
         try:
             return self._run(report)
         finally:
-            self.keeper.keep(report, done=True)
+            self._keep(report, done=True)
+
+    def _keep(self, report: CanaryReport, done: bool = False) -> None:
+        if report.dry_run:
+            return
+        self.keeper.keep(lambda _: canary_record(report, done), done)
+        report.kept, report.keep_error = self.keeper.number, self.keeper.error
 
     def _run(self, report: CanaryReport) -> CanaryReport:
         # What serves the canaries now: what a rollback relaunches.
@@ -306,7 +313,7 @@ class Canary:
             self.fleet, self.plan.candidates, self.catalog, self.available,
             self._unit_options(restart=True), self.events, self.cancel,
         )  # fmt: skip
-        self.keeper.keep(report)
+        self._keep(report)
         report.split = engine.run()
         if not all(r.outcome is UnitOutcome.REPLACED for r in report.split):
             report.decision, report.reason = Decision.FAILED, split_failure(report.split)
@@ -424,7 +431,7 @@ class Canary:
                     elapsed_s=report.elapsed_s,
                 )
             )  # fmt: skip
-            self.keeper.keep(report)
+            self._keep(report)
             if verdict.state == "regression":
                 return verdict, verdict.note or f"{options.metric} regressed", _Ending.BAD
             if verdict.state == "no_regression":
@@ -489,34 +496,38 @@ def put_back(
 
 
 class Keeper:
-    """Keeps the canary's record on its router's host: created when the split starts, brought
-    up to date while it is judged, finished at the end. A record that cannot be written is
-    said (`keep_error`), never a reason to stop judging live traffic."""
+    """Keeps a window's record on its router's host (a canary's, a live tune's): created
+    when the window starts, brought up to date while it is judged (every KEEP_EVERY_S at
+    most), finished at the end. A record that cannot be written is said (`error`), never a
+    reason to stop judging live traffic."""
 
-    def __init__(self, fleet: Fleet, router: Host) -> None:
-        self.fleet, self.router = fleet, router
+    def __init__(self, fleet: Fleet, router: Host, call: Call[Any, CanaryKeepReply]) -> None:
+        self.fleet, self.router, self.call = fleet, router, call
+        self.number: int | None = None  # what the host kept it as
+        self.error = ""
         # None until the first keep, which always writes: the monotonic clock's origin is
         # unspecified (boot, on Linux), so no constant start is safely "long ago".
         self.last: float | None = None
 
-    def keep(self, report: CanaryReport, done: bool = False) -> None:
+    def keep(self, record: Callable[[int | None], Any], done: bool = False) -> None:
+        """Write `record(number)` unless one was written less than KEEP_EVERY_S ago (and
+        this is not the last)."""
         now = time.monotonic()
-        throttled = self.last is not None and now - self.last < KEEP_EVERY_S
-        if report.dry_run or (not done and throttled):
+        if not done and self.last is not None and now - self.last < KEEP_EVERY_S:
             return
         self.last = now
-        args = CanaryKeepArgs(
-            state_dir=self.router.settings.state_dir,
-            number=report.kept,
-            record=canary_record(report, done),
-        )
+        args = {
+            "state_dir": self.router.settings.state_dir,
+            "number": self.number,
+            "record": record(self.number),
+        }
         [result] = self.fleet.run(
-            lambda host, conn: agent.call(host, conn, agent.CANARY_KEEP, args), [self.router]
+            lambda host, conn: agent.call(host, conn, self.call, args), [self.router]
         )
         if result.value is not None:
-            report.kept = result.value["number"]
+            self.number = result.value["number"]
         elif result.exception is not None:
-            report.keep_error = str(getattr(result.exception, "message", result.exception))
+            self.error = str(getattr(result.exception, "message", result.exception))
 
 
 def canary_record(report: CanaryReport, done: bool) -> CanaryRecord:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from deployctl.errors import DeployctlError, ServerError, error_code, explain
 
 if TYPE_CHECKING:
+    from deployctl.canary_stats import BucketInterval
     from deployctl.events import Event
     from deployctl.fanout import FleetResult, HostResult
     from deployctl.inventory import GroupNode, Host
@@ -33,9 +34,10 @@ if TYPE_CHECKING:
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit
     from deployctl.ops.server import RestartReport
     from deployctl.ops.tune import TunePlan, TuneReport, TuneResult
-    from deployctl.ops.tune.live import LiveReport
+    from deployctl.ops.tune.live import LiveCrossover, LiveReport
     from deployctl.ops.tune.race import RaceResult
     from deployctl.patchset import PatchSet
+    from deployctl.remote.measures import LiveRecord
     from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
 
@@ -662,14 +664,6 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
     plan = report.plan
     inventory = plan.inventory_threshold
 
-    def gain(worse: float | None) -> float | None:  # worse-ratio -> speculative ÷ plain tok/s
-        return None if worse is None else round(1 / worse, 4)
-
-    def verdict(bucket: int) -> str:
-        if crossover is not None and bucket in crossover.wins:
-            return "win"
-        return "loss" if crossover is not None and bucket in crossover.losses else "undecided"
-
     def units(plans: Sequence[UnitPlan | None]) -> list[dict[str, Any]]:
         return [
             {**unit_plan_json(u), **(unit_result_json(done[u.name]) if u.name in done else {})}
@@ -689,28 +683,8 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
         "elapsed_s": round(report.elapsed_s, 1),
         "precision": {"buckets": report.options.precision, "reached": report.precise},
         "samples": report.samples,
-        "buckets": [
-            {
-                "bucket": i.bucket,
-                "samples": i.samples,
-                "gain": gain(i.ratio),
-                "low": gain(i.high),
-                "high": gain(i.low),
-                # The interval's half-width as a ratio: the smallest gain it can tell from 1.
-                "detectable": None if i.low is None else round(i.ratio / i.low - 1, 4),
-                "verdict": verdict(i.bucket),
-            }
-            for i in report.intervals
-        ],
-        "crossover": None
-        if crossover is None
-        else {
-            "last_win": crossover.last_win,
-            "first_loss": crossover.first_loss,
-            "threshold": crossover.threshold,
-            "speculation": crossover.speculation,
-            "reached": crossover.reached,
-        },
+        "buckets": live_buckets_json(report.intervals, crossover),
+        "crossover": None if crossover is None else crossover_json(crossover),
         "threshold": report.threshold,
         "inventory_threshold": inventory,
         "inventory_verdict": None
@@ -720,7 +694,71 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
         "kept": None if report.kept is None else str(report.kept),
         "units": units([plan.speculative, plan.plain]),
         "actions": [unit_result_json(a) | {"unit": a.name} for a in report.actions],
+        "window": report.window,
+        "keep_error": report.keep_error or None,
     }
+
+
+def live_buckets_json(
+    intervals: Sequence[BucketInterval], crossover: LiveCrossover | None
+) -> list[dict[str, Any]]:
+    """Each bucket's speculative ÷ plain gain (the intervals hold worse-ratios, plain ÷
+    speculative), its interval, the smallest gain it could tell, and its verdict."""
+
+    def gain(worse: float | None) -> float | None:
+        return None if worse is None else round(1 / worse, 4)
+
+    def verdict(bucket: int) -> str:
+        if crossover is not None and bucket in crossover.wins:
+            return "win"
+        return "loss" if crossover is not None and bucket in crossover.losses else "undecided"
+
+    return [
+        {
+            "bucket": i.bucket,
+            "samples": i.samples,
+            "gain": gain(i.ratio),
+            "low": gain(i.high),
+            "high": gain(i.low),
+            # The interval's half-width as a ratio: the smallest gain it can tell from 1.
+            "detectable": None if i.low is None else round(i.ratio / i.low - 1, 4),
+            "verdict": verdict(i.bucket),
+        }
+        for i in intervals
+    ]
+
+
+def crossover_json(crossover: LiveCrossover) -> dict[str, Any]:
+    return {
+        "last_win": crossover.last_win,
+        "first_loss": crossover.first_loss,
+        "threshold": crossover.threshold,
+        "speculation": crossover.speculation,
+        "reached": crossover.reached,
+    }
+
+
+def live_record_json(record: LiveRecord) -> dict[str, Any]:
+    """A kept live window without its raw samples (their count per side instead), its
+    buckets judged again from them, and its crossover."""
+    from deployctl.ops.tune.live import live_crossover, rejudge
+
+    intervals = rejudge(record)
+    crossover = live_crossover(intervals)
+    sides = ("speculative", "plain")
+    return {
+        **{k: v for k, v in record.items() if k != "samples"},
+        "samples": {side: sum(s["side"] == side for s in record["samples"]) for side in sides},
+        "buckets": live_buckets_json(intervals, crossover),
+        "crossover": crossover_json(crossover),
+    }
+
+
+def kept_live_json(kept: Kept[LiveRecord]) -> dict[str, Any]:
+    found = kept_json(kept)
+    if kept.record is not None:
+        found["record"] = live_record_json(kept.record)
+    return found
 
 
 def race_json(race: RaceResult, report: LiveReport) -> dict[str, Any]:

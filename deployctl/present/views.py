@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from deployctl.ops.tune import TunePlan, TuneReport
     from deployctl.ops.tune.live import LiveReport
     from deployctl.patchset import PatchSet
-    from deployctl.remote.measures import CanaryRecord, LevelFigures, TuneRecord
+    from deployctl.remote.measures import CanaryRecord, LevelFigures, LiveRecord, TuneRecord
     from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
 
@@ -1220,6 +1220,24 @@ def _live_crossover(doc: dict[str, Any]) -> None:
     )
     if doc["precision"]["reached"]:
         title += f" (ended early: the crossover within {doc['precision']['buckets']} bucket)"
+    crossover = _live_buckets(title, doc["buckets"], doc["crossover"])
+    inventory, verdict = doc["inventory_threshold"], doc["inventory_verdict"]
+    if crossover is not None and verdict is not None:
+        why = {
+            "too high": f"speculation loses from bucket {crossover['first_loss']}",
+            "too low": f"speculation still wins at bucket {crossover['last_win']}",
+            "agrees": "it lies within the live crossover",
+        }[verdict]
+        sys.stdout.write(
+            f"the inventory's threshold {inventory} (a synthetic bench's) is "
+            f"{'right' if verdict == 'agrees' else verdict} for this traffic: {why}\n"
+        )
+
+
+def _live_buckets(
+    title: str, buckets: list[dict[str, Any]], crossover: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Each bucket's gain and verdict, then what the crossover says; the crossover."""
     rows = [
         [
             str(b["bucket"]), str(b["samples"]), f"{b['gain']:.3f}",
@@ -1227,13 +1245,12 @@ def _live_crossover(doc: dict[str, Any]) -> None:
             "-" if b["detectable"] is None else f"{b['detectable']:.1%}",
             b["verdict"],
         ]
-        for b in doc["buckets"]
+        for b in buckets
     ]  # fmt: skip
     header = ["bucket", "samples", "speculative ÷ plain", "interval", "detectable", "verdict"]
     print_table(title, header, rows)
-    crossover = doc["crossover"]
     if crossover is None:
-        return
+        return None
     above = f"; the traffic never reached a bucket above {crossover['reached']}"
     said = {
         "threshold": f"live crossover: speculation wins up to bucket {crossover['last_win']}"
@@ -1245,17 +1262,31 @@ def _live_crossover(doc: dict[str, Any]) -> None:
         "undecided": "no bucket decided yet: the window was too short for this traffic",
     }[crossover["speculation"]]
     sys.stdout.write(said + above + "\n")
-    inventory, verdict = doc["inventory_threshold"], doc["inventory_verdict"]
-    if verdict is not None:
-        why = {
-            "too high": f"speculation loses from bucket {crossover['first_loss']}",
-            "too low": f"speculation still wins at bucket {crossover['last_win']}",
-            "agrees": "it lies within the live crossover",
-        }[verdict]
-        sys.stdout.write(
-            f"the inventory's threshold {inventory} (a synthetic bench's) is "
-            f"{'right' if verdict == 'agrees' else verdict} for this traffic: {why}\n"
-        )
+    return crossover
+
+
+def _kept_live(kept: LiveRecord, router: str) -> None:
+    """A router's kept window, judged again from its samples."""
+    record = docs.live_record_json(kept)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["started_at"]))
+    resumed = f", resuming {', '.join(map(str, record['resumed']))}" if record["resumed"] else ""
+    title = (
+        f"{router}: live window {record['window']} ({record['state']}{resumed}), started "
+        f"{started}: {record['speculative']} with speculation, {record['plain']} without, "
+        f"{record['elapsed_s']:g}s, {record['samples']['speculative']} + "
+        f"{record['samples']['plain']} samples"
+    )
+    _live_buckets(title, record["buckets"], record["crossover"])
+    if record["state"] == "running":
+        ago = duration_text(max(0.0, time.time() - record["updated_at"]))
+        sys.stdout.write(f"running (last written {ago} ago)\n")
+    else:
+        sys.stdout.write(f"decision: {record['decision']}\n")
+
+
+KEPT_LIVE: View[FleetResult[Kept[LiveRecord]]] = View(
+    lambda results: _kept(results, _kept_live), docs.per_host(docs.kept_live_json)
+)
 
 
 def _live_race(doc: dict[str, Any]) -> None:

@@ -22,6 +22,8 @@ from .protocol import (
     CANARY_RECORDS,
     CHECK_ARGS,
     HOLD,
+    LIVE_KEEP,
+    LIVE_RECORDS,
     POINT,
     POLL,
     PREFLIGHT,
@@ -45,6 +47,8 @@ from .records import (
     cmd_bench_save,
     cmd_canary_keep,
     cmd_canary_records,
+    cmd_live_keep,
+    cmd_live_records,
     cmd_tune_records,
     cmd_tune_save,
 )
@@ -80,6 +84,8 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     HOLD.name: cmd_hold,
     CANARY_KEEP.name: cmd_canary_keep,
     CANARY_RECORDS.name: cmd_canary_records,
+    LIVE_KEEP.name: cmd_live_keep,
+    LIVE_RECORDS.name: cmd_live_records,
 }
 
 

@@ -310,6 +310,55 @@ class CanaryRecordsReply(TypedDict):
     unreadable: list[str]
 
 
+# ---- the live window's record: tune-live/<n>.json on the router's host ---------------------------
+# Kept when the window starts, brought up to date while it samples (state "running"), and
+# finished at its end; `tune --live --report` re-judges its samples, `--resume` adds to them.
+
+
+class LiveSample(TypedDict):
+    side: str  # speculative or plain
+    running: float  # the replica's mean running requests over the interval
+    value: float  # output tok/s per running request
+    requests: int  # requests finished in the interval
+    source: str  # the replica: serial correlation is measured per replica
+
+
+class LiveRecord(TypedDict):
+    """One live window of one router (with the windows it resumed, their samples)."""
+
+    window: int | None  # its number on the router's host; None before it is kept
+    router: str  # host/deployment
+    state: str  # running or done
+    started_at: float
+    updated_at: float
+    speculative: str  # the replicas compared
+    plain: str
+    confidence: float
+    resumed: list[int]  # the windows whose samples it started from, oldest first
+    samples: list[LiveSample]
+    decision: str | None  # promoted, reported, failed, interrupted; None while running
+    threshold: int | None  # the crossover's T at the end
+    elapsed_s: float  # this window's sampling, and the resumed ones'
+
+
+class LiveKeepArgs(TypedDict):
+    state_dir: str
+    number: int | None  # None: keep it as the next number; else update that running record
+    record: LiveRecord
+
+
+class LiveRecordsArgs(TypedDict):
+    state_dir: str
+    router: str  # host/deployment
+    number: int | None  # None: the newest
+
+
+class LiveRecordsReply(TypedDict):
+    record: LiveRecord | None
+    numbers: list[int]  # every kept window of the router, oldest first
+    unreadable: list[str]
+
+
 # ---- what a kept agent costs (remote/session.py: its `echo` call) ---------------------------
 
 

@@ -53,6 +53,9 @@ from .measures import (
     CanaryRecordsReply,
     EchoArgs,
     EchoReply,
+    LiveKeepArgs,
+    LiveRecordsArgs,
+    LiveRecordsReply,
     TuneRecordsArgs,
     TuneRecordsReply,
     TuneSaveArgs,
@@ -537,6 +540,9 @@ TUNE_RECORDS = Call("tune_records", TuneRecordsArgs, TuneRecordsReply, "read kep
 CANARY_KEEP = Call("canary_keep", CanaryKeepArgs, CanaryKeepReply, "keep a canary's record")
 CANARY_RECORDS = Call("canary_records", CanaryRecordsArgs, CanaryRecordsReply,
                       "read kept canary records")
+LIVE_KEEP = Call("live_keep", LiveKeepArgs, CanaryKeepReply, "keep a live window's record")
+LIVE_RECORDS = Call("live_records", LiveRecordsArgs, LiveRecordsReply,
+                    "read kept live windows")
 TUNE_LOCK = Call("tune_lock", TuneLockArgs, LockReply, "take the tune lock")
 TUNE_UNLOCK = Call("tune_unlock", ReleaseArgs, ReleaseReply, "release the tune lock")
 ROUTER = Call("router", RouterArgs, RouterReply, "ask the router for its workers or change them")
@@ -545,7 +551,7 @@ HOLD = Call("hold", HoldArgs, HoldReply, "take a router's rollout lock")
 CALLS: tuple[Call[Any, Any], ...] = (
     PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
     BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, TUNE_LOCK, TUNE_UNLOCK, ROUTER,
-    POINT, HOLD, CANARY_KEEP, CANARY_RECORDS,
+    POINT, HOLD, CANARY_KEEP, CANARY_RECORDS, LIVE_KEEP, LIVE_RECORDS,
 )
 # fmt: on
 

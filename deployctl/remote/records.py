@@ -1,4 +1,4 @@
-"""Kept benchmark results and tune records under state_dir."""
+"""Kept benchmark results, tune records, canary records and live windows under state_dir."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ from .measures import (
     CanaryRecord,
     CanaryRecordsArgs,
     CanaryRecordsReply,
+    LiveKeepArgs,
+    LiveRecord,
+    LiveRecordsArgs,
+    LiveRecordsReply,
     TuneRecord,
     TuneRecordsArgs,
     TuneRecordsReply,
@@ -159,22 +163,28 @@ def is_canary_record(document: Any) -> bool:
     return not shape_problems(document, CanaryRecord, "record")
 
 
-def cmd_canary_keep(args: CanaryKeepArgs) -> CanaryKeepReply:
-    """Keep a canary's record as the next numbered file, or update the running one it was
-    kept as (only a running record of the same router: a finished one is never rewritten)."""
-    record, folder = args["record"], canary_dir(args["state_dir"])
-    if args["number"] is None:
-        number, path = keep_numbered(folder, lambda n: {**record, "canary": n})
+def keep_running(
+    folder: str, key: str, record: Any, number: int | None, valid: Callable[[Any], bool]
+) -> CanaryKeepReply:
+    """Keep a router's `key` record (a canary, a live window) as the folder's next numbered
+    file (its number under `key`),
+    or update the running one it was kept as (only a running record of the same router: a
+    finished one is never rewritten)."""
+    if number is None:
+        number, path = keep_numbered(folder, lambda n: {**record, key: n})
         return {"number": number, "path": path}
-    number = args["number"]
     path = os.path.join(folder, f"{number}.json")
     kept = read_json(path)
-    if not (
-        is_canary_record(kept) and kept["state"] == "running" and kept["router"] == record["router"]
-    ):
-        fail(f"{path} is not this canary's running record: not rewritten", "host")
-    write_atomic(path, json.dumps({**record, "canary": number}).encode(), 0o600)
+    if not (valid(kept) and kept["state"] == "running" and kept["router"] == record["router"]):
+        fail(f"{path} is not this {key}'s running record: not rewritten", "host")
+    write_atomic(path, json.dumps({**record, key: number}).encode(), 0o600)
     return {"number": number, "path": path}
+
+
+def cmd_canary_keep(args: CanaryKeepArgs) -> CanaryKeepReply:
+    return keep_running(
+        canary_dir(args["state_dir"]), "canary", args["record"], args["number"], is_canary_record
+    )
 
 
 def cmd_canary_records(args: CanaryRecordsArgs) -> CanaryRecordsReply:
@@ -182,6 +192,30 @@ def cmd_canary_records(args: CanaryRecordsArgs) -> CanaryRecordsReply:
         canary_dir(args["state_dir"]),
         lambda d: d.get("router") == args["router"],
         is_canary_record,
+        args["number"],
+    )
+    return {"record": record, "numbers": numbers, "unreadable": unreadable}
+
+
+def live_dir(state_dir: str) -> str:
+    return state_path(state_dir, "tune-live")
+
+
+def is_live_record(document: Any) -> bool:
+    return not shape_problems(document, LiveRecord, "record")
+
+
+def cmd_live_keep(args: LiveKeepArgs) -> CanaryKeepReply:
+    return keep_running(
+        live_dir(args["state_dir"]), "window", args["record"], args["number"], is_live_record
+    )
+
+
+def cmd_live_records(args: LiveRecordsArgs) -> LiveRecordsReply:
+    record, numbers, unreadable = kept_records(
+        live_dir(args["state_dir"]),
+        lambda d: d.get("router") == args["router"],
+        is_live_record,
         args["number"],
     )
     return {"record": record, "numbers": numbers, "unreadable": unreadable}

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from deployctl import agent
 from deployctl import events as ev
 from deployctl.canary_stats import MIN_CELL, BucketInterval, Judge, Sample, bucket_index
 from deployctl.choices import SpeculationPolicy
@@ -21,11 +22,12 @@ from deployctl.connection import Connection
 from deployctl.crash import Catalog
 from deployctl.errors import UsageError
 from deployctl.events import DISCARD, EventSink
-from deployctl.fanout import Fleet
+from deployctl.fanout import Fleet, FleetResult
 from deployctl.inventory import Host
 from deployctl.metrics import interval
 from deployctl.ops.canary import (
     ROUTER_SILENT_ROUNDS,
+    Keeper,
     Read,
     put_back,
     read_replica,
@@ -33,6 +35,7 @@ from deployctl.ops.canary import (
     run_under_lock,
     split_failure,
 )
+from deployctl.ops.kept import Kept
 from deployctl.ops.plan import Plan
 from deployctl.ops.rollout import (
     Rollout,
@@ -49,6 +52,7 @@ from deployctl.ops.tune.race import PolicyRace, RaceResult
 from deployctl.ops.tune.search import Phase
 from deployctl.ops.tune.tuner import TunePlan
 from deployctl.patchset import PatchSet
+from deployctl.remote.measures import LiveRecord, LiveRecordsArgs, LiveSample
 from deployctl.render import ADAPTIVE_FLAG
 
 # The judge's regression margin: not used here (each bucket's interval decides), only by
@@ -140,6 +144,7 @@ class LiveOptions:
     # End the crossover window once the bracket is this many CUDA-graph buckets wide (0:
     # run it whole, one look at the end).
     precision: int = 1
+    resume: LiveRecord | None = None  # a kept window whose samples this one starts from
 
 
 @dataclass
@@ -181,6 +186,8 @@ class LiveReport:
     actions: list[UnitResult] = field(default_factory=list)  # the promotion's or put-back's
     elapsed_s: float = 0.0
     interrupted: bool = False
+    window: int | None = None  # the number its record is kept as on the router's host
+    keep_error: str = ""  # why the record could not be kept there
 
     @property
     def ok(self) -> bool:
@@ -208,9 +215,28 @@ class LiveTune:
         self.available, self.options, self.events, self.cancel = available, options, events, cancel
         self.touched: dict[str, UnitPlan] = {}  # every unit relaunched, by name
         self.previous: dict[str, Serving] = {}  # what each of their hosts served before
+        self.keeper = Keeper(fleet, plan.router, agent.LIVE_KEEP)
+        resumed = options.resume
+        self.samples: list[LiveSample] = list(resumed["samples"]) if resumed else []
 
     def run(self) -> LiveReport:
         report = LiveReport(self.plan, self.options, time.time())
+        if self.options.resume is not None:
+            report.elapsed_s = self.options.resume["elapsed_s"]
+        try:
+            return self._run(report)
+        finally:
+            if self.keeper.last is not None:  # finish the record the window started
+                self._keep(report, done=True)
+
+    def _keep(self, report: LiveReport, done: bool = False) -> None:
+        """Keep the crossover window's record (its samples: what --resume starts from)."""
+        if self.plan.speculative is None or self.plan.plain is None:
+            return  # a race of a given T has no crossover window to keep
+        self.keeper.keep(lambda number: live_record(report, self.samples, number, done), done)
+        report.window, report.keep_error = self.keeper.number, self.keeper.error
+
+    def _run(self, report: LiveReport) -> LiveReport:
         report.threshold = self.options.threshold
         failure = ""
         if report.threshold is None:
@@ -291,17 +317,31 @@ class LiveTune:
         def add(side: str, sample: Sample) -> None:
             judge.add(SIDE[side], sample)
             report.samples[side] += 1
-
-        def progress(elapsed: float) -> ev.Event:
-            now = judge.verdict()
-            return ev.CanaryProgress(
-                target=self.plan.router.label, samples=now.samples,
-                buckets={str(b.bucket): [b.control_n, b.candidate_n] for b in now.buckets},
-                estimate=now.estimate, low=now.low, high=now.high, elapsed_s=elapsed,
+            self.samples.append(
+                LiveSample(side=side, running=sample.running, value=sample.value,
+                           requests=sample.requests, source=sample.source)
             )  # fmt: skip
+
+        for kept in list(self.samples):  # a resumed window's evidence first
+            judge.add(SIDE[kept["side"]], sample_of(kept))
+            report.samples[kept["side"]] += 1
+        self._keep(report)
+
+        def each_round(elapsed: float) -> None:
+            now = judge.verdict()
+            self.events.emit(
+                ev.CanaryProgress(
+                    target=self.plan.router.label, samples=now.samples,
+                    buckets={str(b.bucket): [b.control_n, b.candidate_n] for b in now.buckets},
+                    estimate=now.estimate, low=now.low, high=now.high, elapsed_s=elapsed,
+                )
+            )  # fmt: skip
+            self._keep(report)
 
         # With --precision the window looks every round (always-valid intervals) and may
         # end early; half the error rate goes to those looks, half to the one at the end.
+        # A resumed window's end is one look more at samples already looked at: it too
+        # takes the always-valid intervals.
         share = 0.5 if options.precision else 1.0
 
         def enough() -> bool:
@@ -311,9 +351,10 @@ class LiveTune:
             report.precise = width is not None and width <= options.precision
             return report.precise
 
-        failure = self._window(report, sides, add, progress, enough)
+        resumed = options.resume is not None
+        failure = self._window(report, sides, add, each_round, enough)
         if not failure:
-            if report.precise:
+            if report.precise or resumed:
                 report.intervals = judge.bucket_sequences(share, MIN_CELL)
             else:
                 report.intervals = judge.bucket_intervals(share, MIN_CELL)
@@ -335,16 +376,18 @@ class LiveTune:
                           self.options.min_samples)  # fmt: skip
         sides = {plan.host.label: str(p) for plan, p in zip(plans, policies, strict=True)}
 
-        def progress(elapsed: float) -> ev.Event:
+        def each_round(elapsed: float) -> None:
             counts: dict[str, list[int]] = {}
             for row in race.result().buckets:
                 counts[str(row.bucket)] = [row.samples[str(p)] for p in policies]
-            return ev.RaceProgress(
-                target=self.plan.router.label, policies=tuple(map(str, policies)),
-                buckets=counts, elapsed_s=elapsed,
+            self.events.emit(
+                ev.RaceProgress(
+                    target=self.plan.router.label, policies=tuple(map(str, policies)),
+                    buckets=counts, elapsed_s=elapsed,
+                )
             )  # fmt: skip
 
-        failure = self._window(report, sides, race.add, progress, lambda: False)
+        failure = self._window(report, sides, race.add, each_round, lambda: False)
         if failure:
             return failure
         report.race = race.result()
@@ -363,7 +406,7 @@ class LiveTune:
         report: LiveReport,
         sides: Mapping[str, str],
         add: Callable[[str, Sample], None],
-        progress: Callable[[float], ev.Event],
+        each_round: Callable[[float], None],
         enough: Callable[[], bool],
     ) -> str:
         """Sample the replicas of `sides` (label -> side) and ask the router each interval
@@ -407,10 +450,55 @@ class LiveTune:
                 return f"router {router.label} stopped answering"
             elapsed = time.monotonic() - started
             report.elapsed_s = before_window + elapsed  # the windows' lengths, summed
-            self.events.emit(progress(elapsed))
+            each_round(elapsed)
             if elapsed >= options.max_duration or enough():
                 break
         return ""
+
+
+def sample_of(kept: LiveSample) -> Sample:
+    return Sample(kept["running"], kept["value"], kept["requests"], kept["source"])
+
+
+def live_record(
+    report: LiveReport, samples: list[LiveSample], number: int | None, done: bool
+) -> LiveRecord:
+    """The crossover window's record as kept on the router's host."""
+    plan, resumed = report.plan, report.options.resume
+    assert plan.speculative is not None and plan.plain is not None
+    return LiveRecord(
+        window=number, router=plan.router.label, state="done" if done else "running",
+        started_at=report.started_at, updated_at=time.time(),
+        speculative=plan.speculative.name, plain=plan.plain.name,
+        confidence=report.options.confidence,
+        resumed=[*resumed["resumed"], resumed["window"] or 0] if resumed else [],
+        samples=samples, decision=report.decision if done else None,
+        threshold=report.crossover.threshold if report.crossover else None,
+        elapsed_s=report.elapsed_s,
+    )  # fmt: skip
+
+
+def rejudge(record: LiveRecord) -> list[BucketInterval]:
+    """A kept window's buckets, judged again from its samples: always-valid intervals, as
+    a report is one look more (a running window's, or one resumed since)."""
+    judge = Judge("throughput", LIVE_MARGIN, record["confidence"], 0, adjust_load=True)
+    for kept in record["samples"]:
+        judge.add(SIDE[kept["side"]], sample_of(kept))
+    return judge.bucket_sequences(min_cell=MIN_CELL)
+
+
+KeptLive = Kept[LiveRecord]
+
+
+def find_live(fleet: Fleet, routers: Sequence[Host], number: int | None) -> FleetResult[KeptLive]:
+    """Each router's kept live window `number` (None: its newest), from the router's host."""
+
+    def lookup(host: Host, conn: Connection) -> KeptLive:
+        args = LiveRecordsArgs(state_dir=host.settings.state_dir, router=host.label, number=number)
+        reply = agent.call(host, conn, agent.LIVE_RECORDS, args)
+        return Kept("tune --live", reply["record"], reply["numbers"], reply["unreadable"], number)
+
+    return fleet.run(lookup, routers)
 
 
 def _no_threshold(crossover: LiveCrossover | None) -> str:
@@ -438,6 +526,26 @@ def policy_plan(tune: TunePlan, policy: SpeculationPolicy, threshold: int) -> Pl
         rendered, template=f"{rendered.template}-adaptive", argv=[*rendered.argv, ADAPTIVE_FLAG]
     )
     return replace(speculative, rendered=adaptive)
+
+
+def kept_window(
+    fleet: Fleet, router: Host, number: int, speculative: Host, plain: Host
+) -> LiveRecord:
+    """Kept window `number` of the router, to resume: it must have compared the same two
+    replicas, in the same roles."""
+    [found] = find_live(fleet, [router], number)
+    if found.value is None:
+        raise UsageError(f"{router.label}: window {number} cannot be read: {found.error}")
+    record = found.value.record
+    if record is None:
+        raise UsageError(f"{router.label}: {found.value.missing}", hint="tune --live --report")
+    if (record["speculative"], record["plain"]) != (speculative.label, plain.label):
+        raise UsageError(
+            f"window {number} compared {record['speculative']} (speculative) and "
+            f"{record['plain']} (plain); these are {speculative.label} and {plain.label}",
+            hint="select the same replicas, in the same order",
+        )
+    return record
 
 
 def choose_pair(targets: Sequence[Host], select: Select) -> tuple[Host, list[Host]]:
