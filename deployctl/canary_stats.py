@@ -41,7 +41,7 @@ from __future__ import annotations
 import bisect
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deployctl.choices import CanaryMetric
@@ -433,19 +433,9 @@ class Judge:
         matched = self._compared(min_cell)
         if not matched:
             return []
-        variance, df = self._noise()
         alpha = share * (1 - self.confidence) / len(matched)
         z = statistics.NormalDist().inv_cdf(1 - alpha / 2)
-        found = []
-        for bucket, difference, weight, count in matched:
-            width = z * math.sqrt(variance / weight) if df >= MIN_DF else math.inf
-            found.append(
-                BucketInterval(
-                    bucket, count, math.exp(difference),
-                    _ratio(difference - width), _ratio(difference + width),
-                )
-            )  # fmt: skip
-        return found
+        return self._intervals(min_cell, lambda information: z / math.sqrt(information))
 
     def bucket_sequences(self, share: float = 1.0, min_cell: int = 1) -> list[BucketInterval]:
         """Each matched bucket's worse-ratio with an always-valid interval (the normal-mixture
@@ -454,12 +444,18 @@ class Judge:
         data, so the intervals hold together however often and at whichever buckets they
         are read. Wider than `bucket_intervals` at the same samples: the price of looking.
         Buckets where a side has fewer than `min_cell` samples are left out."""
-        matched = self._compared(min_cell)
-        variance, df = self._noise()
         alpha = share * (1 - self.confidence) / BUCKET_FAMILY
+        return self._intervals(min_cell, lambda information: self._half_width(information, alpha))
+
+    def _intervals(
+        self, min_cell: int, half_width: Callable[[float], float]
+    ) -> list[BucketInterval]:
+        """The compared buckets' worse-ratios, each with `half_width(its information)` on
+        the log scale (unbounded before the noise has MIN_DF degrees of freedom)."""
+        variance, df = self._noise()
         found = []
-        for bucket, difference, weight, count in matched:
-            width = self._half_width(weight / variance, alpha) if df >= MIN_DF else math.inf
+        for bucket, difference, weight, count in self._compared(min_cell):
+            width = half_width(weight / variance) if df >= MIN_DF else math.inf
             found.append(
                 BucketInterval(
                     bucket, count, math.exp(difference),

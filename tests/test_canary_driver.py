@@ -30,7 +30,6 @@ from deployctl.ops.canary import (
     CanaryPlan,
     CanaryReport,
     Decision,
-    Keeper,
     plan_canary,
 )
 from deployctl.ops.rollout import RolloutOptions, UnitOutcome, UnitResult
@@ -540,9 +539,12 @@ def test_a_record_the_host_will_not_keep_is_said_and_judging_goes_on(site: Site)
 
 def test_a_dry_run_keeps_no_record(site: Site) -> None:
     plan = split_of(3)
-    keeper = Keeper(FakeFleet(), plan.candidates[0].router)  # type: ignore[arg-type]
-    keeper.keep(CanaryReport(plan, dry_run=True), done=True)
+    fleet: Any = FakeFleet()
+    canary = Canary(fleet, plan, None, {}, options(), driver.DISCARD, site.cancel)  # type: ignore[arg-type]
+    canary._keep(CanaryReport(plan, dry_run=True), done=True)
     assert site.keeps == []
+    canary._keep(CanaryReport(plan), done=True)  # a real one is kept
+    assert len(site.keeps) == 1
 
 
 # ---- Ctrl-C through the command's driver ---------------------------------------------------

@@ -198,8 +198,8 @@ def canary(
         CanaryOptions,
         CanaryReport,
         find_canaries,
+        keeping_routers,
         plan_canary,
-        routers_of,
     )
     from deployctl.ops.canary import canary as run_canary
     from deployctl.ops.rollout import RolloutOptions, plan_rollout
@@ -212,13 +212,7 @@ def canary(
     plans = ops.plan_launch(session.project, session.targets, None, None, [], patch_sets)
     if report:
         with session.fleet() as fleet:
-            routers = routers_of(fleet, plans)
-            if not routers:
-                raise UsageError(
-                    "no selected deployment is a router or behind one: a canary is kept on "
-                    "its router's host",
-                    hint="select the replicas (or their router) with -H/-d",
-                )
+            routers = keeping_routers(fleet, plans, "a canary")
             return views.KEPT_CANARIES, find_canaries(fleet, routers, number)
     options = CanaryOptions(
         replicas, metric.value, max_regression / 100, confidence, min_samples, duration,

@@ -418,7 +418,7 @@ def _policies(text: str | None) -> tuple[SpeculationPolicy, ...]:
 def _live_report(session: Session, number: int | None) -> Reply:
     """tune --live --report: each selected router's kept window N (the newest), judged
     again from its samples."""
-    from deployctl.ops.canary import routers_of
+    from deployctl.ops.canary import keeping_routers
     from deployctl.ops.plan import plan_launch
     from deployctl.ops.tune.live import find_live
     from deployctl.present import views
@@ -426,13 +426,7 @@ def _live_report(session: Session, number: int | None) -> Reply:
     patch_sets = session.patch_sets()
     plans = plan_launch(session.project, session.targets, None, None, [], patch_sets)
     with session.fleet() as fleet:
-        routers = routers_of(fleet, plans)
-        if not routers:
-            raise UsageError(
-                "no selected deployment is a router or behind one: a live window is kept on "
-                "its router's host",
-                hint="select the replicas (or their router) with -H/-d",
-            )
+        routers = keeping_routers(fleet, plans, "a live window")
         return views.KEPT_LIVE, find_live(fleet, routers, number)
 
 

@@ -676,6 +676,19 @@ def routers_of(fleet: Fleet, plans: Sequence[Plan]) -> list[Host]:
     return list(found.values())
 
 
+def keeping_routers(fleet: Fleet, plans: Sequence[Plan], kept: str) -> list[Host]:
+    """routers_of, refused when there is none: `kept` (a canary, a live window) is kept on
+    its router's host."""
+    routers = routers_of(fleet, plans)
+    if not routers:
+        raise UsageError(
+            f"no selected deployment is a router or behind one: {kept} is kept on its "
+            "router's host",
+            hint="select the replicas (or their router) with -H/-d",
+        )
+    return routers
+
+
 def find_canaries(
     fleet: Fleet, routers: Sequence[Host], number: int | None
 ) -> FleetResult[KeptCanary]:

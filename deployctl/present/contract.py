@@ -235,6 +235,32 @@ def tune_host_entry(outcome: str, what: str) -> Schema:
     )
 
 
+def kept_report(prefix: str, record: str, command: str, one: str, many: str) -> dict[str, Schema]:
+    """`<prefix>Reported` and `<prefix>Kept`: a `--report` of records kept on routers' hosts,
+    per router's host (and deployment), its record `record` or why there is none."""
+    kept = f"{prefix}Kept"
+    return {
+        f"{prefix}Reported": obj(
+            {"hosts": map_of(tune_host_entry(kept, f"kept {many}"))},
+            required=["hosts"],
+            description=f"deployctl {command} --report --json: per router's host (and deployment), its kept {one}.",
+        ),
+        kept: obj(
+            {
+                **OUTCOME,
+                "record": {"anyOf": [ref(record), {"type": "null"}]},
+                "numbers": array(integer(), f"Every kept {one} of the router, oldest first."),
+                "unreadable": array(string(), f"Kept files that are not {one} records: skipped."),
+            },
+            required=["ok", "error", "code"],
+            anyOf=[
+                {"properties": {"ok": {"const": False}}, "required": ["error", "code"]},
+                {"required": ["record", "numbers", "unreadable"]},
+            ],
+        ),
+    }
+
+
 def event(
     kind: str, properties: dict[str, Schema], required: Sequence[str], **keywords: Any
 ) -> Schema:
@@ -1008,24 +1034,7 @@ DEFINITIONS: dict[str, Schema] = {
         required=["policies", "replicas", "buckets", "winner", "decided", "versus", "shares"],
         description="tune --live --policies: the policies raced on one replica each.",
     ),
-    "liveReported": obj(
-        {"hosts": map_of(tune_host_entry("liveKept", "kept live windows"))},
-        required=["hosts"],
-        description="deployctl tune --live --report --json: per router's host (and deployment), its kept window.",
-    ),
-    "liveKept": obj(
-        {
-            **OUTCOME,
-            "record": {"anyOf": [ref("liveRecord"), {"type": "null"}]},
-            "numbers": array(integer(), "Every kept window of the router, oldest first."),
-            "unreadable": array(string(), "Kept files that are not live windows: skipped."),
-        },
-        required=["ok", "error", "code"],
-        anyOf=[
-            {"properties": {"ok": {"const": False}}, "required": ["error", "code"]},
-            {"required": ["record", "numbers", "unreadable"]},
-        ],
-    ),
+    **kept_report("live", "liveRecord", "tune --live", "window", "live windows"),
     "liveRecord": obj(
         {
             "window": nullable("integer", "Its number on the router's host (tune-live/N.json)."),
@@ -1075,24 +1084,7 @@ DEFINITIONS: dict[str, Schema] = {
         CANARY_FIELDS,
         "One canary of one router, as kept on the router's host (canaries/N.json).",
     ),
-    "canaryReported": obj(
-        {"hosts": map_of(tune_host_entry("canaryKept", "kept canaries"))},
-        required=["hosts"],
-        description="deployctl canary --report --json: per router's host (and deployment), its kept canary.",
-    ),
-    "canaryKept": obj(
-        {
-            **OUTCOME,
-            "record": {"anyOf": [ref("canaryRecord"), {"type": "null"}]},
-            "numbers": array(integer(), "Every kept canary of the router, oldest first."),
-            "unreadable": array(string(), "Kept files that are not canary records: skipped."),
-        },
-        required=["ok", "error", "code"],
-        anyOf=[
-            {"properties": {"ok": {"const": False}}, "required": ["error", "code"]},
-            {"required": ["record", "numbers", "unreadable"]},
-        ],
-    ),
+    **kept_report("canary", "canaryRecord", "canary", "canary", "canaries"),
     "rolloutUnit": obj(
         {
             "unit": string(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from .files import fail, read_json, state_path, write_atomic
 from .measures import (
@@ -187,14 +187,20 @@ def cmd_canary_keep(args: CanaryKeepArgs) -> CanaryKeepReply:
     )
 
 
-def cmd_canary_records(args: CanaryRecordsArgs) -> CanaryRecordsReply:
+def routers_records(
+    folder: str, router: str, valid: Callable[[Any], bool], number: int | None
+) -> dict[str, Any]:
+    """A router's kept record `number` (None: its newest), its numbers, the unreadable files."""
     record, numbers, unreadable = kept_records(
-        canary_dir(args["state_dir"]),
-        lambda d: d.get("router") == args["router"],
-        is_canary_record,
-        args["number"],
+        folder, lambda d: d.get("router") == router, valid, number
     )
     return {"record": record, "numbers": numbers, "unreadable": unreadable}
+
+
+def cmd_canary_records(args: CanaryRecordsArgs) -> CanaryRecordsReply:
+    folder = canary_dir(args["state_dir"])
+    found = routers_records(folder, args["router"], is_canary_record, args["number"])
+    return cast(CanaryRecordsReply, found)
 
 
 def live_dir(state_dir: str) -> str:
@@ -212,10 +218,6 @@ def cmd_live_keep(args: LiveKeepArgs) -> CanaryKeepReply:
 
 
 def cmd_live_records(args: LiveRecordsArgs) -> LiveRecordsReply:
-    record, numbers, unreadable = kept_records(
-        live_dir(args["state_dir"]),
-        lambda d: d.get("router") == args["router"],
-        is_live_record,
-        args["number"],
-    )
-    return {"record": record, "numbers": numbers, "unreadable": unreadable}
+    folder = live_dir(args["state_dir"])
+    found = routers_records(folder, args["router"], is_live_record, args["number"])
+    return cast(LiveRecordsReply, found)
