@@ -444,14 +444,14 @@ def _tune_live(
     progress = live.Progress(enabled=not session.options.json, steps_when_piped=True)
     with session.fleet() as fleet, progress:
         router, replicas = choose_pair(session.targets, fleet.select)
-        if resume is not None:
-            window.resume = kept_window(fleet, router, resume, replicas[0], replicas[1])
         if len(window.policies) > len(replicas):
             raise UsageError(
                 f"--policies races each of {len(window.policies)} policies on a replica of its "
                 f"own: {len(replicas)} selected",
                 hint="select more of the router's replicas, or race fewer policies",
             )
+        if resume is not None:
+            window.resume = kept_window(fleet, router, resume, replicas[0], replicas[1])
         tunes = {
             t.host.label: t for t in ops.plan_tune(session.project, replicas, patch_sets, options)
         }
