@@ -157,6 +157,7 @@ def test_the_race_is_shown_per_bucket_with_the_overall_winner_and_what_was_kept(
     assert "threshold tok/s (n)" in out and "(within noise)" in out, out
     assert "overall, weighted by the traffic's buckets: threshold, ahead of adaptive by" in out
     assert "kept: threshold T = 4; rolled out to the router's replicas" in out, out
+    assert "keep it: `threshold: 4` for the router's replicas" in out, out
     document = tune_live_document(report)
     check_document(["tune", "--live"], versioned(document))
     assert document["kept"] == "threshold" and document["race"]["winner"] == "threshold"

@@ -1203,6 +1203,8 @@ def _tune_live(report: LiveReport) -> None:
             "rolled out to" if doc["decision"] == "promoted" else "not rolled out (--no-promote):"
         )
         write(f"kept: {policy}; {done} the router's replicas\n")
+        if doc["kept"] == "threshold":  # a later launch takes it from the inventory
+            write(f"keep it: `threshold: {doc['threshold']}` for the router's replicas\n")
     elif doc["reason"] and report.ok:
         write(doc["reason"] + "\n")
     for action in report.actions:
