@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -267,8 +268,10 @@ class Fleet:
         self, operation: Callable[[Host, Connection], T], hosts: list[Host], within: float
     ) -> tuple[dict[str, HostResult[T]], set[str]]:
         """`operation` on each host, in a pool kept across rounds: the results that came
-        within `within` seconds, and the hosts whose calls still run (kept in
-        `_unanswered` until a later round takes their answer)."""
+        within `within` seconds a call, and the hosts whose calls still run (kept in
+        `_unanswered` until a later round takes their answer). The deployments of one
+        machine share its connection, whose kept agent answers one call at a time: the
+        round waits `within` for each call queued on the busiest machine."""
         if self._poll_pool is None:
             self._poll_pool = ThreadPoolExecutor(max_workers=self.forks)
 
@@ -276,7 +279,8 @@ class Fleet:
             return attempt(host, lambda: operation(host, self.connection(host)))
 
         started = {host.label: self._poll_pool.submit(one, host) for host in hosts}
-        wait(started.values(), timeout=within)
+        queued = Counter(host.name for host in hosts)
+        wait(started.values(), timeout=within * max(queued.values(), default=1))
         answered = {label: f.result() for label, f in started.items() if f.done()}
         unanswered = {label: f for label, f in started.items() if label not in answered}
         self._unanswered.update(unanswered)

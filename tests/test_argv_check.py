@@ -21,7 +21,7 @@ import pytest
 
 from deployctl.errors import DeployctlError, PreflightError
 from deployctl.inventory import DEFAULT_VARS, Host, load_inventory
-from deployctl.ops.flags import check_reading, server_argv
+from deployctl.ops.flags import adaptive_graph_warning, check_reading, server_argv
 from deployctl.project import SHIPPED_DATA
 from deployctl.remote import protocol
 from deployctl.remote import sglang_options as remote_options
@@ -31,7 +31,7 @@ from deployctl.remote.sglang_options import (
     declared_options,
     sglang_options,
 )
-from deployctl.render import TemplateSet
+from deployctl.render import ADAPTIVE_CONFIG_FLAG, ADAPTIVE_FLAG, TemplateSet
 from tests.conftest import CLI
 from tests.sglang_wheel import SGLANG_VERSION, extract_site, install_on
 from tests.sshd_hosts import STANDIN, SSHLab
@@ -327,7 +327,7 @@ def test_every_name_and_prefix_sglang_takes_for_an_option_deployctl_reads_is_rea
                 continue
             assert read_by_deployctl(argv) == sglang, word
             checked += 1
-    assert (checked, refused) == (203, 249)  # 0.5.23's spellings and their prefixes
+    assert (checked, refused) == (211, 288)  # 0.5.23's spellings and their prefixes
 
 
 def test_a_flag_this_sglang_reads_as_another_option_than_deployctl_is_refused(
@@ -454,6 +454,24 @@ def test_threshold_is_refused_unpatched_and_accepted_once_applied(
     assert dry.returncode == 0, dry.stderr
 
 
+def test_stock_adaptive_with_graphs_is_warned_at_launch_and_deployctls_own_is_not(
+    hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
+) -> None:
+    inv = host_with_sglang(
+        hosts, sglang_template, tmp_path, template="eagle3", extra_args=[ADAPTIVE_FLAG]
+    )
+    dry = cli("launch", "--dry-run", "-i", inv, "--json")
+    assert dry.returncode == 0, dry.stderr
+    (warning,) = json.loads(dry.stdout)["hosts"]["alpha"]["preflight"]["warnings"]
+    assert warning.startswith(f"{ADAPTIVE_FLAG} without {ADAPTIVE_CONFIG_FLAG} drafts up to 7")
+    own = host_with_sglang(
+        hosts, sglang_template, tmp_path, template="eagle3", threshold_mode="adaptive"
+    )
+    dry = cli("launch", "--dry-run", "--threshold", "5", "-i", own, "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout)["hosts"]["alpha"]["preflight"]["warnings"] == []
+
+
 def test_extra_args_changing_a_value_deployctl_takes_from_the_inventory_are_refused(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
@@ -501,3 +519,24 @@ def test_the_parser_fallback_reads_the_last_line_and_survives_garbage(
     server_args.write_text("raise SystemExit(0)\n")  # prints nothing at all
     options, method, note = sglang_options({"site": str(tmp_path), "version": "9.9"})
     assert (options, method) == (None, "none") and "SGLang's parser" in note
+
+
+@pytest.mark.parametrize(
+    ("extra", "warned"),
+    [
+        ([ADAPTIVE_FLAG], True),  # SGLang's default candidates (up to 7) over 3 steps, graphs on
+        ([ADAPTIVE_FLAG, f"{ADAPTIVE_CONFIG_FLAG}=/tmp/a.json"], False),  # its own candidates
+        ([ADAPTIVE_FLAG, "--disable-cuda-graph"], False),  # no graph to capture
+        ([ADAPTIVE_FLAG, "--speculative-num-steps", "7"], False),  # the default fits
+        ([], False),  # no adaptive speculation
+    ],
+)
+def test_stock_adaptive_past_the_draft_steps_with_graphs_is_warned(
+    extra: list[str], warned: bool
+) -> None:
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", "/m"]
+    argv += ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", *extra]
+    warning = adaptive_graph_warning(CommandValues(argv))
+    assert (warning is not None) is warned, warning
+    if warned:
+        assert "--speculative-num-steps 3" in warning and "--speculative-adaptive-config" in warning

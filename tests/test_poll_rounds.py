@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from deployctl.connection import Connection, ConnectOptions
+from deployctl.deployments import deployment_targets
 from deployctl.errors import CommandTimeoutError
 from deployctl.fanout import Fleet
 from deployctl.inventory import Host, load_inventory
@@ -65,3 +66,30 @@ def test_the_first_round_waits_for_every_host(tmp_path: Path) -> None:
         assert [r.value for r in first] == ["fast", "slow"]
         later = {r.name: r for r in fleet.poll(read, answer_within=0.1)}
         assert later["fast"].value == "fast" and later["slow"].failed
+
+
+def test_deployments_of_one_machine_answer_in_turn_without_being_shown_late(
+    tmp_path: Path,
+) -> None:
+    """A PD pair and its router on one machine: its kept agent answers one call at a time, so
+    the third deployment's call starts after the other two (seen on the H200: a real
+    prefill's /health runs a 1-token prefill, and the decode was shown not answering every
+    round). The round waits a window for each call queued on one machine."""
+    path = tmp_path / "inv.yml"
+    path.write_text(
+        "all:\n  hosts:\n    box:\n      ansible_connection: local\n      deployments:\n"
+        "        router: {port: 1}\n        prefill: {port: 2}\n        decode: {port: 3}\n"
+    )
+    hosts = deployment_targets(load_inventory(path).select(None))
+    assert {h.name for h in hosts} == {"box"} and len(hosts) == 3
+
+    def read(host: Host, conn: Connection) -> str:
+        with conn.kept_lock:  # one call at a time on the machine, as its kept agent answers
+            time.sleep(0.3)
+        return host.label
+
+    with Fleet(hosts, ConnectOptions(), forks=4) as fleet:
+        fleet.poll(read, answer_within=0.5)
+        later = list(fleet.poll(read, answer_within=0.5))
+    late = [r.name for r in later if r.failed]
+    assert late == [], f"shown not answering: {late} (each call 0.3 s, in turn; window 0.5 s)"

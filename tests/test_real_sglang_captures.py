@@ -67,6 +67,19 @@ def test_crash_scanner_explains_the_real_kv_cache_memory_crash() -> None:
     assert "Raise `--mem-fraction-static`" in report.hint
 
 
+def test_crash_scanner_explains_stock_adaptive_dying_in_its_graph_capture() -> None:
+    """SGLang's own --speculative-adaptive with CUDA graphs (default candidates 1, 3, 7 over
+    --speculative-num-steps 3): the states of 0 and 1 steps were built, then the 7-step
+    state's draft-extend capture (8 tokens a request) hit an illegal memory access."""
+    text = real("adaptive-graphs-crash.log")
+    (report,) = scan_text(text)
+
+    assert report.signature == "cuda-error"
+    assert report.exception == "torch.AcceleratorError"
+    assert "illegal memory access" in report.message
+    assert report.log_line > first_line(text, "num_tokens_per_req=8")
+
+
 def test_a_stop_of_the_real_server_is_not_reported_as_a_crash() -> None:
     # This stop signalled the whole process group (as a stop still does at its timeout): the
     # parent logs its scheduler as crashed -15.

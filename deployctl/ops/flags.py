@@ -148,6 +148,32 @@ def flag_report(
     return report
 
 
+# SGLang's adaptive speculation with no config drafts up to this many steps (its default
+# candidates are 1, 3 and 7). Seen on an H200 with 0.5.17 over --speculative-num-steps 3 and
+# CUDA graphs: the capture of that state's graphs crashed the server at start (an illegal
+# memory access; tests/data/real-sglang-0.5.17/adaptive-graphs-crash.log).
+ADAPTIVE_DEFAULT_MAX_STEPS = 7
+
+
+def adaptive_graph_warning(values: CommandValues) -> str | None:
+    """Warn of SGLang's default adaptive candidates past the command's own draft steps, with
+    CUDA graphs on; None otherwise."""
+    if not values.has("speculative_adaptive") or values.has("speculative_adaptive_config"):
+        return None
+    if values.has("disable_cuda_graph"):
+        return None
+    steps = values.get("speculative_num_steps")
+    if steps is not None and is_number(steps) and float(steps) >= ADAPTIVE_DEFAULT_MAX_STEPS:
+        return None
+    return (
+        f"--speculative-adaptive without --speculative-adaptive-config drafts up to "
+        f"{ADAPTIVE_DEFAULT_MAX_STEPS} steps, past --speculative-num-steps {steps or '(default)'}"
+        "; with CUDA graphs SGLang 0.5.17 crashed capturing that state on an H200 (an "
+        "illegal memory access): give a config whose candidate steps stay within "
+        "--speculative-num-steps, or --threshold-mode adaptive"
+    )
+
+
 @dataclass
 class CheckedCommand:
     """`render --check`: the command and what the host's SGLang says of it."""

@@ -37,6 +37,7 @@ from deployctl.inventory import Host
 from deployctl.launchers import Launcher, ServerCommand, launcher_for, launcher_of
 from deployctl.ops.flags import (
     FlagReport,
+    adaptive_graph_warning,
     check_reading,
     checked_argv,
     flag_report,
@@ -553,6 +554,9 @@ def run_preflight(
     problems += result.flags.problems
     hints += result.flags.hints
     result.warnings += result.flags.warnings
+    adaptive = adaptive_graph_warning(plan.values)
+    if adaptive:
+        result.warnings.append(adaptive)
     for path, exists in doc["paths"].items():
         if exists:
             continue

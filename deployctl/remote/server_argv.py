@@ -131,6 +131,8 @@ DEPLOYCTL_OPTIONS: dict[str, OptionSpec] = {
     "--speculative-algorithm": _read("speculative_algorithm", type_name="str"),
     "--speculative-num-steps": _read("speculative_num_steps", type_name="int"),
     "--speculative-eagle-topk": _read("speculative_eagle_topk", type_name="int"),
+    "--speculative-adaptive": _read("speculative_adaptive", "flag"),
+    "--speculative-adaptive-config": _read("speculative_adaptive_config", type_name="str"),
     "--cuda-graph-max-bs-decode": _read("cuda_graph_max_bs_decode", type_name="int"),
     "--cuda-graph-max-bs-prefill": _read("cuda_graph_max_bs_prefill", type_name="int"),
     "--disable-cuda-graph": _read("disable_cuda_graph", "any"),  # a deprecated switch
