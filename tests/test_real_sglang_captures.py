@@ -34,6 +34,8 @@ from tests.standin.sglang_standin import (
     child_crashed_line,
     drain_line,
     kill_tree_line,
+    lost_prefill_line,
+    reconnect_line,
     scheduler_exit_line,
 )
 from tests.test_standin import Launch, free_port, standin, wait_for  # noqa: F401 (the fixture)
@@ -189,6 +191,19 @@ def test_a_real_drain_under_streams_is_no_crash_and_logs_the_stand_ins_lines() -
     assert drain_line([]) in messages  # every request had finished
     assert kill_tree_line(2863, True) in messages
     assert first_line(text, "Draining") < first_line(text, "Gracefully exiting")
+    assert scan_text(text) == []
+
+
+def test_a_real_decode_losing_its_prefill_is_no_crash_and_logs_the_stand_ins_lines() -> None:
+    """A real PD pair over mooncake_tcp (pd-decode-lost-prefill.log): the prefill's main
+    process killed under load; the decode's heartbeat failed twice, 5 s apart, and it forgot
+    the prefill, in the lines the stand-in writes. Nothing in it is the decode's crash."""
+    text = real("pd-decode-lost-prefill.log")
+    messages = logged_messages(text)
+    assert reconnect_line("localhost:31011") in messages
+    assert text.count(reconnect_line("localhost:31011")) == 2
+    assert lost_prefill_line("localhost:31011", 0) in messages
+    assert first_line(text, "Attempting to reconnect") < first_line(text, "Lost connection")
     assert scan_text(text) == []
 
 

@@ -215,6 +215,19 @@ def scheduler_exit_line(pid: int, code: int) -> str:
     return f"Scheduler or DataParallelController {pid} terminated with {code}"
 
 
+def reconnect_line(addr: str) -> str:
+    """A decode's heartbeat that found its prefill's bootstrap server gone."""
+    return f"Attempting to reconnect to {addr}..."
+
+
+def lost_prefill_line(addr: str, affected: int) -> str:
+    """_handle_node_failure: the decode forgets the prefill after the heartbeat's failures."""
+    return (
+        f"Lost connection with prefill instance (bootstrap_addr: {addr}), "
+        f"{affected} requests affected"
+    )
+
+
 def kill_tree_line(pid: int, include_parent: bool) -> str:
     return f"kill_process_tree called: parent_pid={pid}, include_parent={include_parent}, pid={pid}"
 
@@ -1626,7 +1639,7 @@ class DecodePD(PDState):
                 if ok:
                     failures[addr] = 0
                     continue
-                log(f"Attempting to reconnect to {addr}...")
+                log(reconnect_line(addr))
                 failures[addr] = failures.get(addr, 0) + 1
                 if failures[addr] >= max_failures:
                     failures.pop(addr)
@@ -1641,7 +1654,7 @@ class DecodePD(PDState):
             for room in rooms:
                 self.lost[room] = reason
             self.unhealthy_until = time.time() + float(self.knobs["pd_health_fail_s"])
-        log(f"{reason}, {len(rooms)} requests affected")
+        log(lost_prefill_line(addr, len(rooms)))
 
 
 def client_gone(conn: socket.socket) -> bool:
