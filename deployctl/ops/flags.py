@@ -170,7 +170,8 @@ def adaptive_graph_warning(values: CommandValues) -> str | None:
         f"{ADAPTIVE_DEFAULT_MAX_STEPS} steps, past --speculative-num-steps {steps or '(default)'}"
         "; with CUDA graphs SGLang 0.5.17 crashed capturing that state on an H200 (an "
         "illegal memory access): give a config whose candidate steps stay within "
-        "--speculative-num-steps, or --threshold-mode adaptive"
+        "--speculative-num-steps, or let deployctl write one (--threshold N with "
+        "threshold_mode adaptive)"
     )
 
 
