@@ -148,7 +148,11 @@ def test_host_that_goes_silent_mid_launch_is_reported_and_others_finish(
     proc = cli.popen("launch", "-i", str(inv), "--json", "--timeout", "60")
     try:
         # bravo's server is starting (a loaded machine, load 32, took more than 30 s to it).
-        wait_until(lambda: (bravo.home / "logs" / "eagle3_v1.log").exists(), 90)
+        log = bravo.home / "logs" / "eagle3_v1.log"
+        wait_until(lambda: log.exists() or proc.poll() is not None, 90)
+        if not log.exists():  # the launch ended first: say what it said (preflight under load?)
+            out, err = proc.communicate(timeout=10)
+            raise AssertionError(f"launch ended before bravo's server started: {err}{out}")
         bravo.pause()  # bravo's server runs on; its sshd answers nothing more
         paused_at = time.monotonic()
         out, err = proc.communicate(timeout=60)
