@@ -1,6 +1,6 @@
 """The off-state check of scripts/gpu-threshold-check: its server set and its table.
 
-inventory FILE PORT T   turn the one-deployment inventory FILE into four on GPU 0: base
+inventory FILE PORT T   turn the one-server inventory FILE (at PORT) into four on GPU 0: base
                         (no speculation), tT (EAGLE3 at T), tTskip (the same with SGLang
                         0.5.17's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND) and adaptive
                         (EAGLE3 with SGLang's own --speculative-adaptive, its defaults)
@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 SKIP_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 
 
@@ -22,28 +24,27 @@ def names(t: str) -> list[str]:
 
 
 def inventory(path: str, port: int, t: str) -> None:
-    lines = [ln for ln in Path(path).read_text().splitlines() if ln != f"    port: {port}"]
-    at = lines.index("      ansible_connection: local") + 1
-    extra = next(ln for ln in lines if ln.startswith("    extra_args: ["))
-    adaptive_args = extra.split(": ", 1)[1][:-1] + ", --speculative-adaptive]"
-    deployments = [
-        "      deployments:",
-        f"        base: {{gpus: [0], port: {port + 1}, template: baseline}}",
-        f"        t{t}: {{gpus: [0], port: {port + 3}, threshold: {t}}}",
-        f"        t{t}skip: {{gpus: [0], port: {port + 4}, threshold: {t}, "
-        f"env: {{{SKIP_ENV}: '1'}}}}",
-        f"        adaptive: {{gpus: [0], port: {port + 5}, extra_args: {adaptive_args}}}",
-    ]
-    Path(path).write_text("\n".join(lines[:at] + deployments + lines[at:]) + "\n")
+    doc = yaml.safe_load(Path(path).read_text())
+    shared = doc["all"]["vars"]
+    base_port = shared.pop("port")
+    adaptive_args = [*shared["extra_args"], "--speculative-adaptive"]
+    doc["all"]["hosts"]["localhost"]["deployments"] = {
+        "base": {"gpus": [0], "port": base_port + 1, "template": "baseline"},
+        f"t{t}": {"gpus": [0], "port": base_port + 3, "threshold": int(t)},
+        f"t{t}skip": {
+            "gpus": [0], "port": base_port + 4, "threshold": int(t), "env": {SKIP_ENV: "1"},
+        },
+        "adaptive": {"gpus": [0], "port": base_port + 5, "extra_args": adaptive_args},
+    }  # fmt: skip
+    Path(path).write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 def table(out: str, t: str) -> None:
     curves = {}
     for name in names(t):
         doc = json.loads(Path(f"{out}/offstate-{name}.json").read_text())
-        host = next(iter(doc["hosts"].values()), {})
-        entry = host.get("deployments", {}).get(name, host)  # a deployment's bench, or a host's
-        curves[name] = {lv["concurrency"]: lv for lv in entry.get("levels", [])}
+        entry = doc["hosts"]["localhost"]["deployments"][name]
+        curves[name] = {lv["concurrency"]: lv for lv in entry.get("levels") or []}
     tuned, skip = f"t{t}", f"t{t}skip"
     print(
         f"{'conc':>5} "

@@ -464,6 +464,8 @@ def test_stock_adaptive_with_graphs_is_warned_at_launch_and_deployctls_own_is_no
     assert dry.returncode == 0, dry.stderr
     (warning,) = json.loads(dry.stdout)["hosts"]["alpha"]["preflight"]["warnings"]
     assert warning.startswith(f"{ADAPTIVE_FLAG} without {ADAPTIVE_CONFIG_FLAG} drafts up to 7")
+    shown = cli("render", "--check", "-i", inv)  # the flag check says it too
+    assert f"alpha: warning: {warning}" in shown.stderr, shown.stderr
     own = host_with_sglang(
         hosts, sglang_template, tmp_path, template="eagle3", threshold_mode="adaptive"
     )

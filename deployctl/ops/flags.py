@@ -17,7 +17,7 @@ from deployctl.inventory import Host
 from deployctl.patchset import PatchSet
 from deployctl.remote.protocol import ArgvCheck, CheckArgsArgs, SglangInstall
 from deployctl.remote.server_argv import CommandValues
-from deployctl.render import RenderedCommand
+from deployctl.render import ADAPTIVE_CONFIG_FLAG, ADAPTIVE_FLAG, RenderedCommand
 from deployctl.text import is_number
 
 ROUTER_MODULE = "sglang_router.launch_router"
@@ -39,6 +39,14 @@ def server_argv(argv: Sequence[str], module: str = "sglang.launch_server") -> li
         if words[i].rsplit("/", 1)[-1] == "sglang" and words[i + 1] == "serve":
             return words[i + 2 :]
     return None
+
+
+def command_values(host: Host, argv: Sequence[str]) -> CommandValues:
+    """The values deployctl reads from a host's command, as the program it starts will take
+    them: SGLang's abbreviations only for SGLang (a router has its own parser)."""
+    if runs_router(argv):
+        return CommandValues(argv, abbreviations=False)
+    return CommandValues(server_argv(argv, host.settings.launch_module) or argv)
 
 
 def checked_argv(host: Host, argv: Sequence[str]) -> list[str] | None:
@@ -123,13 +131,15 @@ class FlagReport:
 
 def flag_report(
     host: Host,
+    values: CommandValues,
     check: ArgvCheck,
     sglang: SglangInstall,
     patch_sets: Mapping[str, PatchSet],
     reported: Sequence[str] = (),
 ) -> FlagReport:
-    """Say what the host's SGLang would refuse. `reported`: flags whose missing patch set a
-    problem already names (one problem per cause)."""
+    """Say what the host's SGLang would refuse, and warn of what it takes but was seen to
+    crash on. `reported`: flags whose missing patch set a problem already names (one problem
+    per cause)."""
     report = FlagReport(check["method"], check["note"], check["options"], check["seconds"])
     which = f"SGLang {sglang.get('version') or '(unknown version)'} on {host.name}"
     adds = {rule.flag: s.name for s in patch_sets.values() for rule in s.flags}
@@ -145,6 +155,9 @@ def flag_report(
             message += f"; patch set {adds[flag]} adds it"
             report.hints.append(f"deployctl patch apply {adds[flag]} -H {host.name}")
         report.problems.append(message)
+    adaptive = adaptive_graph_warning(values)
+    if adaptive:
+        report.warnings.append(adaptive)
     return report
 
 
@@ -166,7 +179,7 @@ def adaptive_graph_warning(values: CommandValues) -> str | None:
     if steps is not None and is_number(steps) and float(steps) >= ADAPTIVE_DEFAULT_MAX_STEPS:
         return None
     return (
-        f"--speculative-adaptive without --speculative-adaptive-config drafts up to "
+        f"{ADAPTIVE_FLAG} without {ADAPTIVE_CONFIG_FLAG} drafts up to "
         f"{ADAPTIVE_DEFAULT_MAX_STEPS} steps, past --speculative-num-steps {steps or '(default)'}"
         "; with CUDA graphs SGLang 0.5.17 crashed capturing that state on an H200 (an "
         "illegal memory access): give a config whose candidate steps stay within "
@@ -193,7 +206,9 @@ def check_command(
     """Ask the host's SGLang about one rendered command (one round trip; nothing starts)."""
     args: CheckArgsArgs = {"server_argv": checked_argv(host, rendered.argv)}
     reply = agent.call(host, conn, agent.CHECK_ARGS, args)
-    return CheckedCommand(rendered, flag_report(host, reply["check"], reply["sglang"], patch_sets))
+    values = command_values(host, rendered.argv)
+    report = flag_report(host, values, reply["check"], reply["sglang"], patch_sets)
+    return CheckedCommand(rendered, report)
 
 
 def check_commands(

@@ -37,12 +37,11 @@ from deployctl.inventory import Host
 from deployctl.launchers import Launcher, ServerCommand, launcher_for, launcher_of
 from deployctl.ops.flags import (
     FlagReport,
-    adaptive_graph_warning,
     check_reading,
     checked_argv,
+    command_values,
     flag_report,
     runs_router,
-    server_argv,
 )
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
 from deployctl.ops.patch import hunk_marks, parse_patch_facts, set_state
@@ -162,14 +161,6 @@ def render_commands(
         return rendered
 
     return FleetResult(attempt(host, partial(render_one, host)) for host in hosts)
-
-
-def command_values(host: Host, argv: Sequence[str]) -> CommandValues:
-    """The values deployctl reads from a host's command, as the program it starts will take
-    them: SGLang's abbreviations only for SGLang (a router has its own parser)."""
-    if runs_router(argv):
-        return CommandValues(argv, abbreviations=False)
-    return CommandValues(server_argv(argv, host.settings.launch_module) or argv)
 
 
 def number_problems(host: Host, values: CommandValues) -> list[str]:
@@ -550,13 +541,10 @@ def run_preflight(
                 )
                 hints.append(f"deployctl patch apply {patch_set.name} -H {host.name}")
     sets = {s.name: s for s in plan.needed_sets}
-    result.flags = flag_report(host, doc["argv_check"], doc["sglang"], sets, unpatched)
+    result.flags = flag_report(host, plan.values, doc["argv_check"], doc["sglang"], sets, unpatched)
     problems += result.flags.problems
     hints += result.flags.hints
     result.warnings += result.flags.warnings
-    adaptive = adaptive_graph_warning(plan.values)
-    if adaptive:
-        result.warnings.append(adaptive)
     for path, exists in doc["paths"].items():
         if exists:
             continue
