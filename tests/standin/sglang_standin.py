@@ -645,6 +645,18 @@ def _report(cfg: dict[str, Any], word: str) -> None:
         os.write(cfg["status_fd"], f"{word} {cfg['index']}\n".encode())
 
 
+def _released_at(ctl_fd: int) -> float:
+    """Block until the parent's "go T" line (read a byte at a time, leaving the rest of the
+    control pipe to the serving loop) and return T; exit if the parent is gone."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(ctl_fd, 1)
+        if not byte:
+            os._exit(0)
+        line += byte
+    return float(line.split()[1])
+
+
 def _crash(
     cfg: dict[str, Any], frames: list[_Frame], crash_at: float, exc_line: str | None = None
 ) -> NoReturn:
@@ -685,9 +697,10 @@ def _rank_main(cfg: dict[str, Any]) -> NoReturn:
     prefix: str = cfg["prefix"]
     span: float = cfg["startup_s"]
     spec: bool = cfg["speculative"]
-    # The schedule runs from the parent's start, or from this rank's own
-    # start when process creation lagged (eight ranks on a small CPU).
-    t0 = max(float(cfg["t0"]), time.time() - 0.05 * span)
+    # torch.distributed's init is a barrier: no rank loads before every rank of the node
+    # has started, so the schedule runs from the moment the parent releases them all.
+    _report(cfg, "started")
+    t0 = _released_at(cfg["ctl_fd"])
 
     def at(fraction: float) -> None:
         _sleep_until(t0 + fraction * span)
@@ -2096,6 +2109,7 @@ class Launcher:
         self.ctl_fds: list[int] = []
         self.status_r: int | None = None  # ranks report "ready N" / "crashed N" here
         self.status_buf = b""
+        self.started_ranks: set[int] = set()
         self.ready_ranks: set[int] = set()
         self.crashed_ranks: set[int] = set()
         self.sigquit_pending = False
@@ -2408,6 +2422,14 @@ class Launcher:
         ignore = bool(self.knobs["ignore_sigterm"])
         self.detokenizer = self._spawn({**detok, "ignore_sigterm": ignore}, ())
         os.close(status_w)
+        self.release_ranks(t0)
+
+    def release_ranks(self, t0: float) -> None:
+        """Wait until every rank has started, then start their schedules together: from t0,
+        or from now less a little when process creation lagged (eight ranks on a small CPU)."""
+        self.wait_for_reports(self.started_ranks)
+        span = float(self.knobs["startup_s"])
+        self.tell_ranks(f"go {max(t0, time.time() - 0.05 * span)!r}\n".encode())
 
     def crash_schedulers(self) -> None:
         """Tell every rank to fail now, as the running schedulers do on the threshold bug."""
@@ -2428,7 +2450,8 @@ class Launcher:
         return proc
 
     def read_reports(self, timeout: float) -> None:
-        """Collect "ready N" / "crashed N" lines from the ranks for up to ``timeout`` s."""
+        """Collect "started N", "ready N" and "crashed N" lines from the ranks for up to
+        ``timeout`` s."""
         if self.status_r is None:
             time.sleep(timeout)
             return
@@ -2443,7 +2466,8 @@ class Launcher:
         *lines, self.status_buf = (self.status_buf + chunk).split(b"\n")
         for line in lines:
             word, _, index = line.partition(b" ")
-            (self.ready_ranks if word == b"ready" else self.crashed_ranks).add(int(index))
+            reports = {b"started": self.started_ranks, b"ready": self.ready_ranks}
+            reports.get(word, self.crashed_ranks).add(int(index))
 
     def pump(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for rank reports, then act on a pending SIGQUIT."""
@@ -2457,11 +2481,15 @@ class Launcher:
 
     def wait_for_ranks(self) -> None:
         """Block until every rank reports ready, failing like SGLang if one dies."""
-        while len(self.ready_ranks) < len(self.ranks):
+        self.wait_for_reports(self.ready_ranks)
+
+    def wait_for_reports(self, reported: set[int]) -> None:
+        """Block until every rank is in ``reported``, failing like SGLang if one dies."""
+        while len(reported) < len(self.ranks):
             self.pump(0.2)
             for index, proc in enumerate(self.ranks):
                 code = proc.poll()
-                if code is not None and index not in self.ready_ranks:
+                if code is not None and index not in reported:
                     self.fail_rank_died(index, code)
 
     def fail_rank_died(self, index: int, code: int) -> NoReturn:
