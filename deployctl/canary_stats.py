@@ -95,11 +95,12 @@ LOAD_SPREAD_FLOOR = 1e-9
 BUCKET_FAMILY = 64
 
 
-def bucket_index(bucket: int) -> int:
-    """A bucket's place among the buckets: 0 for 1, one step per CUDA-graph size, then per 16."""
-    if bucket <= CUDA_GRAPH_SIZES[-1]:
-        return bisect.bisect_left(CUDA_GRAPH_SIZES, bucket)
-    return len(CUDA_GRAPH_SIZES) - 1 + math.ceil((bucket - CUDA_GRAPH_SIZES[-1]) / BEYOND_STEP)
+def bucket_index(bucket: int, sizes: Sequence[int] = CUDA_GRAPH_SIZES) -> int:
+    """A bucket's place among the buckets of `sizes` (sorted): 0 for the smallest, one step
+    per CUDA-graph size, then per 16."""
+    if bucket <= sizes[-1]:
+        return bisect.bisect_left(sizes, bucket)
+    return len(sizes) - 1 + math.ceil((bucket - sizes[-1]) / BEYOND_STEP)
 
 
 def bucket_of(running: float, sizes: Sequence[int] = CUDA_GRAPH_SIZES) -> int:
@@ -237,6 +238,7 @@ class Judge:
         min_samples: int = 20,
         *,
         adjust_load: bool = False,
+        sizes: Sequence[int] = CUDA_GRAPH_SIZES,
     ) -> None:
         if metric not in METRICS:
             raise UsageError(
@@ -252,6 +254,9 @@ class Judge:
         self.max_regression = max_regression
         self.confidence = confidence
         self.min_samples = min_samples
+        # The batch sizes a sample's running requests are bucketed by: the server's decode
+        # CUDA-graph sizes, as it pads a batch to the next one and steps it at that size.
+        self.sizes = tuple(sorted(sizes))
         # Regress each value on its log running requests within its bucket (one slope for
         # all cells): a replica running more requests within a bucket is slower per token
         # without being worse, and what the load explains is noise no longer.
@@ -279,7 +284,7 @@ class Judge:
     def add(self, side: str, sample: Sample) -> None:
         if side not in SIDES:
             raise ValueError(f"side must be one of {SIDES}, not {side!r}")
-        bucket = bucket_of(sample.running)
+        bucket = bucket_of(sample.running, self.sizes)
         if sample.requests <= 0 or bucket == 0:
             return
         if not (math.isfinite(sample.value) and sample.value > 0):

@@ -275,8 +275,15 @@ def parsed(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any] |
 
 
 def read_by_deployctl(argv: list[str]) -> dict[str, Any]:
+    """What deployctl reads: each option's value, every value of a list option."""
     values = CommandValues(argv)
-    return {d: values.get(d) for d in READ if values.has(d)}
+    read: dict[str, Any] = {}
+    for dest in READ:
+        given = values.last(dest)
+        if given is not None:
+            listed = DEPLOYCTL_OPTIONS[given.option]["kind"] == "list"
+            read[dest] = given.values if listed else values.get(dest)
+    return read
 
 
 @pytest.mark.parametrize(
@@ -303,6 +310,8 @@ def read_by_deployctl(argv: list[str]) -> dict[str, Any]:
         ["--pipeline-parallel-size", "2", "--speculative-algorithm", "EAGLE3",
          "--speculative-num-steps=3", "--speculative-eagle-topk", "1", "--pp-size=4"],
         ["--enable-metrics", "--trust-remote-code", "--host", "-x y"],
+        ["--cuda-graph-bs-decode", "1", "4", "16", "--cuda-graph-max-bs-decode=16"],
+        ["--cuda-graph-bs-decode=8", "--cuda-graph-bs-dec", "2", "4", "--port", "7"],
     ],
 )  # fmt: skip
 def test_deployctl_reads_what_sglangs_parser_takes(argv: list[str]) -> None:
@@ -320,14 +329,15 @@ def test_every_name_and_prefix_sglang_takes_for_an_option_deployctl_reads_is_rea
     for name in names:
         for end in range(3, len(name) + 1):
             word = name[:end]
-            argv = [word] if DEPLOYCTL_OPTIONS[name]["kind"] != "value" else [f"{word}=1"]
+            takes = DEPLOYCTL_OPTIONS[name]["kind"] in ("value", "list")
+            argv = [f"{word}=1"] if takes else [word]
             sglang = parsed(parser, argv)
             if sglang is None:  # ambiguous there: SGLang refuses it, and so does its check
                 refused += 1
                 continue
             assert read_by_deployctl(argv) == sglang, word
             checked += 1
-    assert (checked, refused) == (211, 288)  # 0.5.23's spellings and their prefixes
+    assert (checked, refused) == (217, 302)  # 0.5.23's spellings and their prefixes
 
 
 def test_a_flag_this_sglang_reads_as_another_option_than_deployctl_is_refused(

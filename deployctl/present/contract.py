@@ -1046,6 +1046,10 @@ DEFINITIONS: dict[str, Schema] = {
             "plain": string(),
             "confidence": number(),
             "resumed": array(integer(), "The windows whose samples it started from, oldest first."),
+            "sizes": array(
+                integer(),
+                "The decode CUDA-graph batch sizes its samples are bucketed by (the speculative replica's; absent in a record kept before windows said theirs).",
+            ),
             "samples": obj(
                 {"speculative": integer(), "plain": integer()},
                 required=["speculative", "plain"],

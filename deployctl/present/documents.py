@@ -741,10 +741,10 @@ def crossover_json(crossover: LiveCrossover) -> dict[str, Any]:
 def live_record_json(record: LiveRecord) -> dict[str, Any]:
     """A kept live window without its raw samples (their count per side instead), its
     buckets judged again from them, and its crossover."""
-    from deployctl.ops.tune.live import live_crossover, rejudge
+    from deployctl.ops.tune.live import live_crossover, record_sizes, rejudge
 
     intervals = rejudge(record)
-    crossover = live_crossover(intervals)
+    crossover = live_crossover(intervals, record_sizes(record))
     sides = ("speculative", "plain")
     return {
         **{k: v for k, v in record.items() if k != "samples"},

@@ -323,7 +323,14 @@ class LiveSample(TypedDict):
     source: str  # the replica: serial correlation is measured per replica
 
 
-class LiveRecord(TypedDict):
+class LiveRecordSizes(TypedDict, total=False):
+    # The decode CUDA-graph sizes the samples are bucketed by: absent in a record kept before
+    # windows said theirs (total=False: NotRequired is not seen under postponed annotations
+    # on 3.11, which the host side runs).
+    sizes: list[int]
+
+
+class LiveRecord(LiveRecordSizes):
     """One live window of one router (with the windows it resumed, their samples)."""
 
     window: int | None  # its number on the router's host; None before it is kept

@@ -134,6 +134,7 @@ DEPLOYCTL_OPTIONS: dict[str, OptionSpec] = {
     "--speculative-adaptive": _read("speculative_adaptive", "flag"),
     "--speculative-adaptive-config": _read("speculative_adaptive_config", type_name="str"),
     "--cuda-graph-max-bs-decode": _read("cuda_graph_max_bs_decode", type_name="int"),
+    "--cuda-graph-bs-decode": _read("cuda_graph_bs_decode", "list", type_name="int"),
     "--cuda-graph-max-bs-prefill": _read("cuda_graph_max_bs_prefill", type_name="int"),
     "--disable-cuda-graph": _read("disable_cuda_graph", "any"),  # a deprecated switch
     "--disable-cuda-graph-padding": _read("disable_cuda_graph_padding", "flag"),

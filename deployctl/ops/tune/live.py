@@ -16,7 +16,14 @@ from dataclasses import dataclass, field, replace
 
 from deployctl import agent
 from deployctl import events as ev
-from deployctl.canary_stats import MIN_CELL, BucketInterval, Judge, Sample, bucket_index
+from deployctl.canary_stats import (
+    CUDA_GRAPH_SIZES,
+    MIN_CELL,
+    BucketInterval,
+    Judge,
+    Sample,
+    bucket_index,
+)
 from deployctl.choices import SpeculationPolicy
 from deployctl.connection import Connection
 from deployctl.crash import Catalog
@@ -49,7 +56,7 @@ from deployctl.ops.router import Select, router_of
 from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture
 from deployctl.ops.tune.race import PolicyRace, RaceResult
-from deployctl.ops.tune.search import Phase
+from deployctl.ops.tune.search import Phase, decode_graph_sizes
 from deployctl.ops.tune.tuner import TunePlan
 from deployctl.patchset import PatchSet
 from deployctl.remote.measures import LiveRecord, LiveRecordsArgs, LiveSample
@@ -72,6 +79,7 @@ class LiveCrossover:
     losses: tuple[int, ...]  # buckets where it is worse beyond the interval
     undecided: tuple[int, ...]  # matched buckets whose interval holds 1
     reached: int  # the largest bucket both replicas served at (0: none)
+    sizes: tuple[int, ...] = CUDA_GRAPH_SIZES  # the buckets there are (the width counts them)
 
     @property
     def first_loss(self) -> int | None:
@@ -106,7 +114,7 @@ class LiveCrossover:
         without a threshold."""
         if self.last_win is None or self.first_loss is None:
             return None
-        return bucket_index(self.first_loss) - bucket_index(self.last_win)
+        return bucket_index(self.first_loss, self.sizes) - bucket_index(self.last_win, self.sizes)
 
     def judge(self, threshold: int) -> str | None:
         """A threshold set elsewhere (a synthetic tune's) against this traffic: "too high"
@@ -119,12 +127,15 @@ class LiveCrossover:
         return "agrees" if self.first_loss is not None or self.last_win is not None else None
 
 
-def live_crossover(intervals: Sequence[BucketInterval]) -> LiveCrossover:
+def live_crossover(
+    intervals: Sequence[BucketInterval], sizes: Sequence[int] = CUDA_GRAPH_SIZES
+) -> LiveCrossover:
     ordered = sorted(intervals, key=lambda i: i.bucket)
     wins = tuple(i.bucket for i in ordered if i.high is not None and i.high < 1)
     losses = tuple(i.bucket for i in ordered if i.low is not None and i.low > 1)
     undecided = tuple(i.bucket for i in ordered if i.bucket not in (*wins, *losses))
-    return LiveCrossover(wins, losses, undecided, ordered[-1].bucket if ordered else 0)
+    reached = ordered[-1].bucket if ordered else 0
+    return LiveCrossover(wins, losses, undecided, reached, tuple(sorted(sizes)))
 
 
 # ---- the window --------------------------------------------------------------------------------
@@ -158,6 +169,14 @@ class LivePlan:
     # Every selected replica's plan, in order, under a policy (with threshold T).
     serving: Callable[[SpeculationPolicy, int], list[Plan]]
     others: list[str] = field(default_factory=list)  # replicas left serving as they are
+
+    def graph_sizes(self) -> tuple[int, ...]:
+        """The buckets samples are judged in: the decode CUDA-graph sizes the replicas pad a
+        batch to, from the speculative command (SGLang's own sizes without graphs)."""
+        unit = self.speculative
+        plan = unit.plans[0] if unit else self.serving(SpeculationPolicy.THRESHOLD, 1)[0]
+        return decode_graph_sizes(plan.values) or CUDA_GRAPH_SIZES
+
     replicas: list[Host] = field(default_factory=list)  # every selected replica, in order
 
     @property
@@ -309,9 +328,8 @@ class LiveTune:
         if not all(r.outcome is UnitOutcome.REPLACED for r in report.split):
             return split_failure(report.split)
         options = self.options
-        judge = Judge(
-            "throughput", LIVE_MARGIN, options.confidence, options.min_samples, adjust_load=True
-        )
+        sizes = self.plan.graph_sizes()
+        judge = window_judge(options.confidence, options.min_samples, sizes)
         sides = {speculative.rank0.label: "speculative", plain.rank0.label: "plain"}
 
         def add(side: str, sample: Sample) -> None:
@@ -347,7 +365,7 @@ class LiveTune:
         def enough() -> bool:
             if not options.precision:
                 return False
-            width = live_crossover(judge.bucket_sequences(share, MIN_CELL)).width
+            width = live_crossover(judge.bucket_sequences(share, MIN_CELL), sizes).width
             report.precise = width is not None and width <= options.precision
             return report.precise
 
@@ -358,7 +376,7 @@ class LiveTune:
                 report.intervals = judge.bucket_sequences(share, MIN_CELL)
             else:
                 report.intervals = judge.bucket_intervals(share, MIN_CELL)
-            report.crossover = live_crossover(report.intervals)
+            report.crossover = live_crossover(report.intervals, sizes)
         return failure
 
     def _race(self, report: LiveReport, threshold: int) -> str:
@@ -373,7 +391,7 @@ class LiveTune:
         if not all(r.outcome in done for r in report.race_split):
             return split_failure(report.race_split)
         race = PolicyRace([str(p) for p in policies], self.options.confidence,
-                          self.options.min_samples)  # fmt: skip
+                          self.options.min_samples, self.plan.graph_sizes())  # fmt: skip
         sides = {plan.host.label: str(p) for plan, p in zip(plans, policies, strict=True)}
 
         def each_round(elapsed: float) -> None:
@@ -472,16 +490,28 @@ def live_record(
         speculative=plan.speculative.name, plain=plan.plain.name,
         confidence=report.options.confidence,
         resumed=[*resumed["resumed"], resumed["window"] or 0] if resumed else [],
-        samples=samples, decision=report.decision if done else None,
+        samples=samples, sizes=list(plan.graph_sizes()), decision=report.decision if done else None,
         threshold=report.crossover.threshold if report.crossover else None,
         elapsed_s=report.elapsed_s,
     )  # fmt: skip
 
 
+def window_judge(confidence: float, min_samples: int, sizes: Sequence[int]) -> Judge:
+    """The crossover window's judge: speculative (candidate) against plain (control) output
+    tokens/s per running request, per bucket of `sizes`, the load adjusted for."""
+    return Judge("throughput", LIVE_MARGIN, confidence, min_samples, adjust_load=True, sizes=sizes)
+
+
+def record_sizes(record: LiveRecord) -> tuple[int, ...]:
+    """The buckets a kept window's samples are judged in (SGLang's sizes for a record kept
+    before windows said theirs)."""
+    return tuple(sorted(record.get("sizes") or CUDA_GRAPH_SIZES))
+
+
 def rejudge(record: LiveRecord) -> list[BucketInterval]:
     """A kept window's buckets, judged again from its samples: always-valid intervals, as
     a report is one look more (a running window's, or one resumed since)."""
-    judge = Judge("throughput", LIVE_MARGIN, record["confidence"], 0, adjust_load=True)
+    judge = window_judge(record["confidence"], 0, record_sizes(record))
     for kept in record["samples"]:
         judge.add(SIDE[kept["side"]], sample_of(kept))
     return judge.bucket_sequences(min_cell=MIN_CELL)

@@ -21,7 +21,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deployctl.canary_stats import MIN_CELL, BucketInterval, Judge, Sample, bucket_of
+from deployctl.canary_stats import (
+    CUDA_GRAPH_SIZES,
+    MIN_CELL,
+    BucketInterval,
+    Judge,
+    Sample,
+    bucket_of,
+)
 
 # The judges' regression margin: unused here (intervals decide), as in the live window.
 RACE_MARGIN = 0.03
@@ -76,15 +83,29 @@ def _flipped(interval: BucketInterval) -> Gain:
 class PolicyRace:
     """Feed each policy's samples with `add`; read `result()` once, at the window's end."""
 
-    def __init__(self, policies: Sequence[str], confidence: float, min_samples: int) -> None:
+    def __init__(
+        self,
+        policies: Sequence[str],
+        confidence: float,
+        min_samples: int,
+        sizes: Sequence[int] = CUDA_GRAPH_SIZES,
+    ) -> None:
         if len(set(policies)) != len(policies) or len(policies) < 2:
             raise ValueError(f"a race needs two or more distinct policies, not {policies!r}")
         self.policies = tuple(policies)
+        self.sizes = tuple(sorted(sizes))  # the buckets: the replicas' CUDA-graph sizes
         pairs = list(itertools.combinations(self.policies, 2))
         pair_confidence = 1 - (1 - confidence) / len(pairs)
         # (a, b): a is the judge's candidate, b its control.
         self._judges = {
-            pair: Judge("throughput", RACE_MARGIN, pair_confidence, min_samples, adjust_load=True)
+            pair: Judge(
+                "throughput",
+                RACE_MARGIN,
+                pair_confidence,
+                min_samples,
+                adjust_load=True,
+                sizes=self.sizes,
+            )
             for pair in pairs
         }
         self._logs: dict[tuple[str, int], list[float]] = {}
@@ -96,7 +117,7 @@ class PolicyRace:
                 judge.add("candidate", sample)
             elif policy == control:
                 judge.add("control", sample)
-        bucket = bucket_of(sample.running)
+        bucket = bucket_of(sample.running, self.sizes)
         if sample.requests > 0 and bucket and math.isfinite(sample.value) and sample.value > 0:
             self._logs.setdefault((policy, bucket), []).append(math.log(sample.value))
             self._traffic[bucket] += 1

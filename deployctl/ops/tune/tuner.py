@@ -48,17 +48,16 @@ from deployctl.ops.runs import (
 from deployctl.ops.runs import Outcome as RunOutcome
 from deployctl.ops.serving import Serving, capture, relaunch
 from deployctl.ops.tune.search import (
-    DEFAULT_MAX_GRAPH_BS,
     Levels,
     Objective,
     Phase,
     Search,
     by_concurrency,
+    decode_graph_sizes,
     level_figures,
     median_sample,
     median_tps,
     rounds,
-    speculative_graph_sizes,
     tps,
 )
 from deployctl.patchset import speculates
@@ -72,7 +71,6 @@ from deployctl.remote.measures import (
     Verdict,
 )
 from deployctl.remote.protocol import ReleaseArgs, TuneLockArgs
-from deployctl.text import is_number
 
 if TYPE_CHECKING:
     from deployctl.connection import Connection
@@ -360,14 +358,9 @@ class Tuner:
         options = self.options
         levels = Levels()
         if result.threshold_mode == "adaptive":
-            values = self.plans[Phase.SPECULATIVE].values
-            given = str(values.get("cuda_graph_max_bs_decode") or "")
-            max_bs = int(given) if is_number(given) else DEFAULT_MAX_GRAPH_BS
-            padded = not any(
-                values.has(d) for d in ("disable_cuda_graph", "disable_cuda_graph_padding")
-            )
-            if padded:  # without graphs or padding every batch size is its own
-                levels = Levels(tuple(speculative_graph_sizes(max_bs)))
+            sizes = decode_graph_sizes(self.plans[Phase.SPECULATIVE].values)
+            if sizes is not None:  # without graphs or padding every batch size is its own
+                levels = Levels(sizes)
         search = Search(
             list(options.levels), levels, options.objective, options.noise, options.repeats,
             options.points,

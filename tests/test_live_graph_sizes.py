@@ -1,0 +1,106 @@
+"""tune --live buckets its samples by the replicas' own decode CUDA-graph sizes: SGLang pads a
+batch to the next captured size and steps it at that size, so a server captured at 1, 4, 16,
+32, 64 and 128 runs 17 to 32 requests alike. Checked against a real window on the H200."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from deployctl.canary_stats import CUDA_GRAPH_SIZES, MIN_CELL, Judge, Sample
+from deployctl.ops.tune.live import (
+    SIDE,
+    LiveCrossover,
+    live_crossover,
+    rejudge,
+    sample_of,
+    window_judge,
+)
+from deployctl.ops.tune.race import PolicyRace
+from deployctl.ops.tune.search import decode_graph_sizes, speculative_graph_sizes
+from deployctl.present.documents import live_record_json
+from deployctl.remote.server_argv import CommandValues
+
+REPO = Path(__file__).resolve().parent.parent
+# A real tune --live window (scripts/gpu-threshold-check, phase live): two SGLang 0.5.17
+# replicas of the 6.7 B known-acceptance pair (accept length 2) sharing one H200 at 0.35
+# each behind sglang-router 0.3.2, EAGLE3 against none, CUDA graphs captured at the sizes
+# below, a closed-loop load sweeping 2 to 256 streams through the router; 421 s, 415 samples.
+WINDOW = REPO / "tests" / "data" / "real-sglang-0.5.17" / "live-window.json"
+H200_ARGV = [
+    "--speculative-algorithm", "EAGLE3", "--cuda-graph-max-bs-decode=128",
+    "--max-running-requests=128", "--cuda-graph-bs-decode", "1", "4", "16", "32", "64", "128",
+]  # fmt: skip
+# The same pair alone on the GPU, swept at those levels (benchmarks/h200-threshold).
+SWEEP = REPO / "benchmarks" / "h200-threshold" / "large-sweep.json"
+
+
+def test_the_buckets_are_the_servers_list_else_sglangs_sizes_up_to_its_max() -> None:
+    assert decode_graph_sizes(CommandValues(H200_ARGV)) == (1, 4, 16, 32, 64, 128)
+    listed = ["--cuda-graph-bs-dec", "16", "4", "4", "--port", "1"]  # a prefix, unsorted
+    assert decode_graph_sizes(CommandValues(listed)) == (4, 16)
+    at_most = CommandValues(["--cuda-graph-max-bs-decode", "16"])
+    assert decode_graph_sizes(at_most) == (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+    assert decode_graph_sizes(CommandValues([])) == tuple(speculative_graph_sizes(256))
+    # Without graphs, or without their padding, every batch size is its own.
+    assert decode_graph_sizes(CommandValues([*H200_ARGV, "--disable-cuda-graph"])) is None
+    assert decode_graph_sizes(CommandValues(["--disable-cuda-graph-padding"])) is None
+
+
+def test_a_judge_and_a_race_bucket_samples_at_the_sizes_they_are_given() -> None:
+    judge = Judge("throughput", 0.03, 0.95, 0, adjust_load=True, sizes=[16, 4])
+    race = PolicyRace(["threshold", "off"], 0.95, 0, sizes=(4, 16))
+    for i in range(8):
+        for side, policy, value in (("candidate", "threshold", 90.0), ("control", "off", 100.0)):
+            sample = Sample(5.0 + i % 3, value + i, 10, side)  # 5 to 7 running: bucket 16
+            judge.add(side, sample)
+            race.add(policy, sample)
+    assert [b.bucket for b in judge.bucket_intervals(min_cell=MIN_CELL)] == [16]
+    assert [row.bucket for row in race.result().buckets] == [16]
+    default = Judge("throughput", 0.03, 0.95, 0, adjust_load=True)
+    default.add("control", Sample(5.0, 100.0, 10, "x"))
+    assert default.verdict().buckets[0].bucket == 5  # SGLang's own sizes: 5 is one
+
+
+def judged(sizes: tuple[int, ...]) -> tuple[list[tuple[int, float]], LiveCrossover]:
+    """The H200 window judged at `sizes`: each bucket's speculative ÷ plain, the crossover."""
+    record = json.loads(WINDOW.read_text())
+    judge = window_judge(record["confidence"], 20, sizes)
+    for kept in record["samples"]:
+        judge.add(SIDE[kept["side"]], sample_of(kept))
+    # The window's end (its precision not reached): the fixed look at half the error rate.
+    intervals = judge.bucket_intervals(0.5, MIN_CELL)
+    crossover = live_crossover(intervals, sizes)
+    return [(b.bucket, round(1 / b.ratio, 2)) for b in intervals], crossover
+
+
+def test_the_h200_window_at_its_servers_sizes_brackets_the_swept_crossover() -> None:
+    sizes = decode_graph_sizes(CommandValues(H200_ARGV))
+    assert sizes is not None
+    gains, crossover = judged(sizes)
+    # Speculative ÷ plain output tokens/s per running request, as the sweep alone on the GPU
+    # measured it (1.48, 1.40, 1.21, 1.05, 0.89, 0.81 at these levels).
+    assert gains == [(1, 1.0), (4, 1.65), (16, 1.32), (32, 1.09), (64, 0.87), (128, 0.76)]
+    assert crossover.wins == (4, 16) and crossover.losses == (64, 128)
+    assert crossover.threshold == 16 and crossover.width == 2
+    sweep = json.loads(SWEEP.read_text())
+    assert (sweep["last_better"], sweep["first_worse"]) == (32, 64)
+    # Within one bucket: the first loss is the sweep's; the last win one size below its own.
+    assert crossover.first_loss == sweep["first_worse"]
+    assert sizes.index(sweep["last_better"]) - sizes.index(crossover.threshold) == 1
+    # SGLang's default sizes spread the same samples over 29 buckets, 4 of them with 5 a
+    # side: the bracket was 2 to 40, nineteen buckets wide, and T = 2.
+    gains, crossover = judged(CUDA_GRAPH_SIZES)
+    assert [b for b, _ in gains] == [1, 2, 40, 48]
+    assert (crossover.threshold, crossover.first_loss, crossover.width) == (2, 40, 19)
+
+
+def test_a_kept_window_is_judged_again_at_the_sizes_it_kept() -> None:
+    record = json.loads(WINDOW.read_text())
+    assert "sizes" not in record  # kept before windows said theirs: SGLang's own sizes
+    assert [b.bucket for b in rejudge(record)] == [1, 2, 40, 48]
+    record["sizes"] = [1, 4, 16, 32, 64, 128]
+    assert [b.bucket for b in rejudge(record)] == record["sizes"]
+    shown = live_record_json(record)
+    assert [b["bucket"] for b in shown["buckets"]] == record["sizes"]
+    assert shown["sizes"] == record["sizes"]
