@@ -250,6 +250,24 @@ def test_a_router_launched_after_its_workers_registers_the_ready_ones(
     cli("stop", "-i", str(inv))
 
 
+def test_a_power_of_two_router_crash_at_start_is_said_in_the_routers_words(
+    hosts: SSHLab, cli: CLI, tmp_path: Path
+) -> None:
+    """sglang-router 0.3.2 refuses power_of_two with fewer than two workers at its start, and
+    a router starts with none (its workers are added as they become ready): the launch fails
+    with the router's own reason, and its workers are launched all the same."""
+    inv, _ = fleet(hosts, tmp_path, workers=1)
+    document = yaml.safe_load(inv.read_text())
+    document["all"]["hosts"]["alpha"]["deployments"]["router"]["router_policy"] = "power_of_two"
+    inv.write_text(yaml.safe_dump(document, sort_keys=False))
+    code, doc, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
+    assert code == 1 and "Traceback" not in err, err
+    deployments = doc["hosts"]["alpha"]["deployments"]
+    assert "Power-of-two policy requires at least 2 workers" in deployments["router"]["error"]
+    assert deployments["w1"]["state"] == "ready", deployments["w1"]
+    cli("stop", "-i", str(inv))
+
+
 def test_a_worker_its_router_cannot_reach_is_refused_before_anything_starts(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
