@@ -90,9 +90,9 @@ MIN_CELL = 5
 # The load adjustment needs some spread of the load within the buckets to fit a slope to.
 LOAD_SPREAD_FLOOR = 1e-9
 
-# The buckets `bucket_sequences` splits its error rate over: every CUDA-graph size, then the
-# 16-wide buckets past 256 up to 512 running requests (51), with room to spare.
-BUCKET_FAMILY = 64
+# The buckets `bucket_sequences` splits its error rate over: every CUDA-graph size of the
+# judge's, then this many 16-wide buckets past the largest (to 512 past SGLang's 256: 67).
+BUCKETS_BEYOND = 16
 
 
 def bucket_index(bucket: int, sizes: Sequence[int] = CUDA_GRAPH_SIZES) -> int:
@@ -445,11 +445,11 @@ class Judge:
     def bucket_sequences(self, share: float = 1.0, min_cell: int = 1) -> list[BucketInterval]:
         """Each matched bucket's worse-ratio with an always-valid interval (the normal-mixture
         boundary of `verdict`): it may be asked after every sample. The error rate (`share`
-        of the configured one) is split over BUCKET_FAMILY buckets, a family fixed before any
-        data, so the intervals hold together however often and at whichever buckets they
-        are read. Wider than `bucket_intervals` at the same samples: the price of looking.
+        of the configured one) is split over the judge's sizes and BUCKETS_BEYOND more, a
+        family fixed before any data, so the intervals hold together however often and at
+        whichever buckets they are read. Wider than `bucket_intervals` at the same samples: the price of looking.
         Buckets where a side has fewer than `min_cell` samples are left out."""
-        alpha = share * (1 - self.confidence) / BUCKET_FAMILY
+        alpha = share * (1 - self.confidence) / (len(self.sizes) + BUCKETS_BEYOND)
         return self._intervals(min_cell, lambda information: self._half_width(information, alpha))
 
     def _intervals(

@@ -7,10 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from deployctl.canary_stats import CUDA_GRAPH_SIZES, MIN_CELL, Judge, Sample
+from deployctl.errors import UsageError
 from deployctl.ops.tune.live import (
     SIDE,
     LiveCrossover,
+    check_resumable,
     live_crossover,
     rejudge,
     sample_of,
@@ -104,3 +108,12 @@ def test_a_kept_window_is_judged_again_at_the_sizes_it_kept() -> None:
     shown = live_record_json(record)
     assert [b["bucket"] for b in shown["buckets"]] == record["sizes"]
     assert shown["sizes"] == record["sizes"]
+
+
+def test_a_window_is_resumed_only_at_the_sizes_its_samples_were_bucketed_by() -> None:
+    record = json.loads(WINDOW.read_text())
+    check_resumable(record, CUDA_GRAPH_SIZES)  # kept before windows said theirs: no sizes
+    record["sizes"] = [128, 1, 4, 16, 32, 64]
+    check_resumable(record, (1, 4, 16, 32, 64, 128))
+    with pytest.raises(UsageError, match=r"bucketed by CUDA-graph sizes \[1, 4, 16, 32, 64, 128\]"):
+        check_resumable(record, (1, 2, 4, 8, 16))

@@ -649,7 +649,9 @@ def _released_at(ctl_fd: int) -> float:
     """Block until the parent's "go T" line (read a byte at a time, leaving the rest of the
     control pipe to the serving loop) and return T; exit if the parent is gone."""
     line = b""
-    while not line.endswith(b"\n"):
+    while not (line.startswith(b"go ") and line.endswith(b"\n")):
+        if line.endswith(b"\n"):
+            line = b""  # nothing else is sent before the release; a stray line is no start
         byte = os.read(ctl_fd, 1)
         if not byte:
             os._exit(0)

@@ -172,7 +172,8 @@ class LivePlan:
 
     def graph_sizes(self) -> tuple[int, ...]:
         """The buckets samples are judged in: the decode CUDA-graph sizes the replicas pad a
-        batch to, from the speculative command (SGLang's own sizes without graphs)."""
+        batch to, from the speculative command (SGLang's default sizes as bins when it runs
+        without graphs or their padding)."""
         unit = self.speculative
         plan = unit.plans[0] if unit else self.serving(SpeculationPolicy.THRESHOLD, 1)[0]
         return decode_graph_sizes(plan.values) or CUDA_GRAPH_SIZES
@@ -502,6 +503,19 @@ def window_judge(confidence: float, min_samples: int, sizes: Sequence[int]) -> J
     return Judge("throughput", LIVE_MARGIN, confidence, min_samples, adjust_load=True, sizes=sizes)
 
 
+def check_resumable(record: LiveRecord, sizes: tuple[int, ...]) -> None:
+    """Refuse to add to a kept window whose samples were bucketed by other CUDA-graph sizes:
+    they came from servers that padded batches otherwise."""
+    kept = record.get("sizes")
+    if kept and tuple(sorted(kept)) != sizes:
+        raise UsageError(
+            f"window {record['window']} was bucketed by CUDA-graph sizes {sorted(kept)}; the "
+            f"replicas now capture {list(sizes)}: its samples came from servers that padded "
+            "batches otherwise",
+            hint="start a new window (no --resume)",
+        )
+
+
 def record_sizes(record: LiveRecord) -> tuple[int, ...]:
     """The buckets a kept window's samples are judged in (SGLang's sizes for a record kept
     before windows said theirs)."""
@@ -615,6 +629,8 @@ def tune_live(
 ) -> LiveReport:
     """Run the window with the router locked; Ctrl-C puts both replicas back (a second
     Ctrl-C leaves at once)."""
+    if options.resume is not None:
+        check_resumable(options.resume, plan.graph_sizes())
     cancel = threading.Event()
     engine = LiveTune(fleet, plan, catalog, available, options, events, cancel)
     return run_under_lock(fleet, plan.router, "tune --live", engine.run, cancel)
