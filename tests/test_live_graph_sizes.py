@@ -107,7 +107,7 @@ def test_a_kept_window_is_judged_again_at_the_sizes_it_kept() -> None:
     assert [b.bucket for b in rejudge(record)] == record["sizes"]
     shown = live_record_json(record)
     assert [b["bucket"] for b in shown["buckets"]] == record["sizes"]
-    assert shown["sizes"] == record["sizes"]
+    assert shown["sizes"] == shown["crossover"]["sizes"] == record["sizes"]
 
 
 def test_a_window_is_resumed_only_at_the_sizes_its_samples_were_bucketed_by() -> None:

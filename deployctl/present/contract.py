@@ -924,8 +924,19 @@ DEFINITIONS: dict[str, Schema] = {
                             "reached": integer(
                                 "The largest bucket both replicas served at: nothing is said above it."
                             ),
+                            "sizes": array(
+                                integer(),
+                                "The buckets there are: the replicas' decode CUDA-graph batch sizes (past the largest, 16 wide).",
+                            ),
                         },
-                        required=["last_win", "first_loss", "threshold", "speculation", "reached"],
+                        required=[
+                            "last_win",
+                            "first_loss",
+                            "threshold",
+                            "speculation",
+                            "reached",
+                            "sizes",
+                        ],
                     ),
                     {"type": "null"},
                 ]

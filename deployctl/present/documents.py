@@ -735,6 +735,7 @@ def crossover_json(crossover: LiveCrossover) -> dict[str, Any]:
         "threshold": crossover.threshold,
         "speculation": crossover.speculation,
         "reached": crossover.reached,
+        "sizes": list(crossover.sizes),
     }
 
 
