@@ -447,7 +447,8 @@ class Judge:
         boundary of `verdict`): it may be asked after every sample. The error rate (`share`
         of the configured one) is split over the judge's sizes and BUCKETS_BEYOND more, a
         family fixed before any data, so the intervals hold together however often and at
-        whichever buckets they are read. Wider than `bucket_intervals` at the same samples: the price of looking.
+        whichever buckets they are read. Wider than `bucket_intervals` at the same samples:
+        the price of looking.
         Buckets where a side has fewer than `min_cell` samples are left out."""
         alpha = share * (1 - self.confidence) / (len(self.sizes) + BUCKETS_BEYOND)
         return self._intervals(min_cell, lambda information: self._half_width(information, alpha))
