@@ -2374,7 +2374,6 @@ class Launcher:
         capture_bs += list(range(80, max_bs + 1, 16))
         common = {
             "parent": self.pid,
-            "t0": t0,
             "startup_s": float(self.knobs["startup_s"]),
             "crash": self.knobs["crash"],
             "crash_after_s": float(self.knobs["crash_after_s"]),
