@@ -21,7 +21,8 @@ from deployctl.ops.tune.live import (
     window_judge,
 )
 from deployctl.ops.tune.race import PolicyRace
-from deployctl.ops.tune.search import decode_graph_sizes, speculative_graph_sizes
+from deployctl.ops.tune.search import speculative_graph_sizes
+from deployctl.ops.tune.tuner import decode_graph_sizes
 from deployctl.present.documents import live_record_json
 from deployctl.remote.server_argv import CommandValues
 

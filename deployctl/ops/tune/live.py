@@ -56,8 +56,8 @@ from deployctl.ops.router import Select, router_of
 from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture
 from deployctl.ops.tune.race import PolicyRace, RaceResult
-from deployctl.ops.tune.search import Phase, decode_graph_sizes
-from deployctl.ops.tune.tuner import TunePlan
+from deployctl.ops.tune.search import Phase
+from deployctl.ops.tune.tuner import TunePlan, decode_graph_sizes
 from deployctl.patchset import PatchSet
 from deployctl.remote.measures import LiveRecord, LiveRecordsArgs, LiveSample
 from deployctl.render import ADAPTIVE_FLAG

@@ -13,11 +13,9 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, cast
 
 from deployctl.ops.bench import per_token_ms, round_figures, spread_of
-from deployctl.text import is_number
 
 if TYPE_CHECKING:
     from deployctl.remote.measures import BenchLevel, LevelFigures, ObjectiveShown
-    from deployctl.remote.server_argv import CommandValues
 
 
 class Phase(StrEnum):
@@ -240,19 +238,6 @@ def speculative_graph_sizes(max_bs: int) -> list[int]:
     ]
     sizes = [s for s in sizes if s <= max_bs]
     return sizes if max_bs in sizes else [*sizes, max_bs]
-
-
-def decode_graph_sizes(values: CommandValues) -> tuple[int, ...] | None:
-    """The decode batch sizes a speculative server pads a batch to, from its command: its
-    --cuda-graph-bs-decode list, else SGLang's sizes up to --cuda-graph-max-bs-decode; None
-    without CUDA graphs or their padding (every batch size is its own then)."""
-    if any(values.has(d) for d in ("disable_cuda_graph", "disable_cuda_graph_padding")):
-        return None
-    given = values.last("cuda_graph_bs_decode")
-    if given is not None and given.values and all(v.isdecimal() for v in given.values):
-        return tuple(sorted({int(v) for v in given.values}))
-    most = str(values.get("cuda_graph_max_bs_decode") or "")
-    return tuple(speculative_graph_sizes(int(most) if is_number(most) else DEFAULT_MAX_GRAPH_BS))
 
 
 @dataclass(frozen=True)

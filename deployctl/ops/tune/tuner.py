@@ -48,16 +48,17 @@ from deployctl.ops.runs import (
 from deployctl.ops.runs import Outcome as RunOutcome
 from deployctl.ops.serving import Serving, capture, relaunch
 from deployctl.ops.tune.search import (
+    DEFAULT_MAX_GRAPH_BS,
     Levels,
     Objective,
     Phase,
     Search,
     by_concurrency,
-    decode_graph_sizes,
     level_figures,
     median_sample,
     median_tps,
     rounds,
+    speculative_graph_sizes,
     tps,
 )
 from deployctl.patchset import speculates
@@ -71,6 +72,7 @@ from deployctl.remote.measures import (
     Verdict,
 )
 from deployctl.remote.protocol import ReleaseArgs, TuneLockArgs
+from deployctl.text import is_number
 
 if TYPE_CHECKING:
     from deployctl.connection import Connection
@@ -80,6 +82,7 @@ if TYPE_CHECKING:
     from deployctl.patchset import PatchSet
     from deployctl.project import Project
     from deployctl.remote.measures import BenchLevel, LevelFigures
+    from deployctl.remote.server_argv import CommandValues
 
 T = TypeVar("T")
 
@@ -265,6 +268,19 @@ def best_stable(result: TuneResult) -> Phase | None:
         return Phase.BASELINE
     top = judged[max(judged)]
     return Phase.SPECULATIVE if top.speculative > top.baseline else Phase.BASELINE
+
+
+def decode_graph_sizes(values: CommandValues) -> tuple[int, ...] | None:
+    """The decode batch sizes a speculative server pads a batch to, from its command: its
+    --cuda-graph-bs-decode list, else SGLang's sizes up to --cuda-graph-max-bs-decode; None
+    without CUDA graphs or their padding (every batch size is its own then)."""
+    if any(values.has(d) for d in ("disable_cuda_graph", "disable_cuda_graph_padding")):
+        return None
+    given = values.last("cuda_graph_bs_decode")
+    if given is not None and given.values and all(v.isdecimal() for v in given.values):
+        return tuple(sorted({int(v) for v in given.values}))
+    most = str(values.get("cuda_graph_max_bs_decode") or "")
+    return tuple(speculative_graph_sizes(int(most) if is_number(most) else DEFAULT_MAX_GRAPH_BS))
 
 
 class Tuner:
