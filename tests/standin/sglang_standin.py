@@ -2465,9 +2465,9 @@ class Launcher:
             self.status_r = None
             return
         *lines, self.status_buf = (self.status_buf + chunk).split(b"\n")
+        reports = {b"started": self.started_ranks, b"ready": self.ready_ranks}
         for line in lines:
             word, _, index = line.partition(b" ")
-            reports = {b"started": self.started_ranks, b"ready": self.ready_ranks}
             reports.get(word, self.crashed_ranks).add(int(index))
 
     def pump(self, timeout: float) -> None:

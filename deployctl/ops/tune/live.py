@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from deployctl import agent
 from deployctl import events as ev
@@ -170,10 +171,11 @@ class LivePlan:
     serving: Callable[[SpeculationPolicy, int], list[Plan]]
     others: list[str] = field(default_factory=list)  # replicas left serving as they are
 
-    def graph_sizes(self) -> tuple[int, ...]:
+    @cached_property
+    def sizes(self) -> tuple[int, ...]:
         """The buckets samples are judged in: the decode CUDA-graph sizes the replicas pad a
         batch to, from the speculative command (SGLang's default sizes as bins when it runs
-        without graphs or their padding)."""
+        without graphs or their padding). Read once: every keep of the record says them."""
         unit = self.speculative
         plan = unit.plans[0] if unit else self.serving(SpeculationPolicy.THRESHOLD, 1)[0]
         return decode_graph_sizes(plan.values) or CUDA_GRAPH_SIZES
@@ -329,7 +331,7 @@ class LiveTune:
         if not all(r.outcome is UnitOutcome.REPLACED for r in report.split):
             return split_failure(report.split)
         options = self.options
-        sizes = self.plan.graph_sizes()
+        sizes = self.plan.sizes
         judge = window_judge(options.confidence, options.min_samples, sizes)
         sides = {speculative.rank0.label: "speculative", plain.rank0.label: "plain"}
 
@@ -392,7 +394,7 @@ class LiveTune:
         if not all(r.outcome in done for r in report.race_split):
             return split_failure(report.race_split)
         race = PolicyRace([str(p) for p in policies], self.options.confidence,
-                          self.options.min_samples, self.plan.graph_sizes())  # fmt: skip
+                          self.options.min_samples, self.plan.sizes)  # fmt: skip
         sides = {plan.host.label: str(p) for plan, p in zip(plans, policies, strict=True)}
 
         def each_round(elapsed: float) -> None:
@@ -491,7 +493,7 @@ def live_record(
         speculative=plan.speculative.name, plain=plan.plain.name,
         confidence=report.options.confidence,
         resumed=[*resumed["resumed"], resumed["window"] or 0] if resumed else [],
-        samples=samples, sizes=list(plan.graph_sizes()), decision=report.decision if done else None,
+        samples=samples, sizes=list(plan.sizes), decision=report.decision if done else None,
         threshold=report.crossover.threshold if report.crossover else None,
         elapsed_s=report.elapsed_s,
     )  # fmt: skip
@@ -506,10 +508,10 @@ def window_judge(confidence: float, min_samples: int, sizes: Sequence[int]) -> J
 def check_resumable(record: LiveRecord, sizes: tuple[int, ...]) -> None:
     """Refuse to add to a kept window whose samples were bucketed by other CUDA-graph sizes:
     they came from servers that padded batches otherwise."""
-    kept = record.get("sizes")
-    if kept and tuple(sorted(kept)) != sizes:
+    kept = record_sizes(record)
+    if record.get("sizes") and kept != sizes:
         raise UsageError(
-            f"window {record['window']} was bucketed by CUDA-graph sizes {sorted(kept)}; the "
+            f"window {record['window']} was bucketed by CUDA-graph sizes {list(kept)}; the "
             f"replicas now capture {list(sizes)}: its samples came from servers that padded "
             "batches otherwise",
             hint="start a new window (no --resume)",
@@ -630,7 +632,7 @@ def tune_live(
     """Run the window with the router locked; Ctrl-C puts both replicas back (a second
     Ctrl-C leaves at once)."""
     if options.resume is not None:
-        check_resumable(options.resume, plan.graph_sizes())
+        check_resumable(options.resume, plan.sizes)
     cancel = threading.Event()
     engine = LiveTune(fleet, plan, catalog, available, options, events, cancel)
     return run_under_lock(fleet, plan.router, "tune --live", engine.run, cancel)
