@@ -11,32 +11,16 @@ passed. Every request's outcome is counted per level; the summary goes to --out 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
+import sys
 import threading
 import time
-from urllib.parse import urlsplit
+from pathlib import Path
 
-
-def one_request(host: str, port: int, body: bytes, timeout: float) -> tuple[bool, int, str]:
-    """One streamed completion: (ended with [DONE], chunks seen, error or "")."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    chunks, done = 0, False
-    try:
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        if response.status != 200:
-            return False, 0, f"HTTP {response.status}"
-        for line in response:
-            if line.startswith(b"data: {"):
-                chunks += 1
-            done = done or line.strip() == b"data: [DONE]"
-        return done, chunks, "" if done else "no [DONE]"
-    except (OSError, http.client.HTTPException) as exc:
-        return False, chunks, repr(exc)
-    finally:
-        conn.close()
+# The lab's load reads a streamed completion (and says why one failed) once, for both.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.canary_load import RequestResult, loopback_target, stream_completion
 
 
 def main() -> None:
@@ -49,8 +33,7 @@ def main() -> None:
     parser.add_argument("--stop-file", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    parts = urlsplit(args.url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    host, port, path = loopback_target(args.url)
     up = [int(v) for v in args.levels.split(",")]
     schedule = up + up[-2:0:-1]  # up, then down, without repeating the ends
     body = json.dumps(
@@ -69,13 +52,13 @@ def main() -> None:
             if index >= current:
                 time.sleep(0.05)
                 continue
-            ok, chunks, error = one_request(host, port, body, 300.0)
+            result = RequestResult(0.0, 0.0)
+            stream_completion(host, port, path, body, 300.0, result)
             with lock:
-                row = counts.setdefault(current, {"done": 0, "failed": 0, "chunks": 0})
-                row["done" if ok else "failed"] += 1
-                row["chunks"] += chunks
-                if error and len(errors) < 20:
-                    errors.append(error)
+                row = counts.setdefault(current, {"done": 0, "failed": 0})
+                row["done" if result.error is None else "failed"] += 1
+                if result.error and len(errors) < 20:
+                    errors.append(result.error)
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(max(up))]
     for thread in threads:

@@ -69,6 +69,46 @@ def loopback_target(url: str) -> tuple[str, int, str]:
     return host, parts.port or 80, parts.path.rstrip("/") + "/v1/completions"
 
 
+def stream_completion(
+    host: str, port: int, path: str, body: bytes, timeout_s: float, result: RequestResult
+) -> None:
+    """POST one streamed completion and read it to its end: `result` gets its time to the
+    first chunk, and why it failed (an HTTP status, a chunk that is no JSON, an error event,
+    no [DONE], a broken connection); its error stays None for a whole stream."""
+    started = time.monotonic()
+    conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    finished = False
+    try:
+        conn.request("POST", path, body, {"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        if reply.status != 200:
+            result.error = f"HTTP {reply.status}: {reply.read(200)!r}"
+            return
+        while line := reply.readline():
+            if not line.startswith(b"data:"):
+                continue
+            data = line.removeprefix(b"data:").strip()
+            if data == b"[DONE]":
+                finished = True
+                break
+            if result.ttft_s is None:
+                result.ttft_s = time.monotonic() - started
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                chunk = None
+            if not isinstance(chunk, dict):
+                result.error = f"not a JSON chunk: {data[:200]!r}"
+            elif "error" in chunk:
+                result.error = f"error event: {json.dumps(chunk['error'])[:200]}"
+        if result.error is None and not finished:
+            result.error = "the stream ended without [DONE]"
+    except (OSError, http.client.HTTPException) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        conn.close()
+
+
 class PoissonLoad:
     """Streamed completions arriving as a Poisson process of ``rate_per_s``; see the module."""
 
@@ -156,37 +196,9 @@ class PoissonLoad:
 
     def _request(self, result: RequestResult) -> None:
         started = time.monotonic()
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
-        finished = False
         try:
-            conn.request("POST", self.path, self.body, {"Content-Type": "application/json"})
-            reply = conn.getresponse()
-            if reply.status != 200:
-                result.error = f"HTTP {reply.status}: {reply.read(200)!r}"
-                return
-            while line := reply.readline():
-                if not line.startswith(b"data:"):
-                    continue
-                data = line.removeprefix(b"data:").strip()
-                if data == b"[DONE]":
-                    finished = True
-                    break
-                if result.ttft_s is None:
-                    result.ttft_s = time.monotonic() - started
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    chunk = None
-                if not isinstance(chunk, dict):
-                    result.error = f"not a JSON chunk: {data[:200]!r}"
-                elif "error" in chunk:
-                    result.error = f"error event: {json.dumps(chunk['error'])[:200]}"
-            if result.error is None and not finished:
-                result.error = "the stream ended without [DONE]"
-        except (OSError, http.client.HTTPException) as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
+            stream_completion(self.host, self.port, self.path, self.body, self.timeout_s, result)
         finally:
-            conn.close()
             with self._lock:  # ended and out of flight at once, for report()
                 result.e2e_s = time.monotonic() - started
                 self._in_flight -= 1

@@ -7,12 +7,14 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -193,6 +195,49 @@ def test_failed_requests_are_those_without_done_or_with_an_error(failing_server:
     sent = report.done + report.failed
     assert report.done == len(range(0, sent, 4))  # the whole answers: turns 0, 4, 8, …
     kinds = {e.split(":")[0] for e in report.errors}
+    assert kinds == {"error event", "the stream ended without [DONE]", "HTTP 500"}, kinds
+
+
+SWEEP_LOAD = Path(__file__).resolve().parent.parent / "scripts" / "sweep_load.py"
+
+
+def sweep(url: str, tmp_path: Path, levels: str, seconds: float) -> dict[str, Any]:
+    """scripts/sweep_load.py (the H200's live-window load) run for `seconds`, its summary."""
+    stop, out = tmp_path / "stop", tmp_path / "load.json"
+    args = ["--levels", levels, "--step-s", "0.5", "--max-tokens", "4"]
+    with subprocess.Popen(
+        [sys.executable, str(SWEEP_LOAD), "--url", url, *args, "--stop-file", str(stop),
+         "--out", str(out)], stdout=subprocess.PIPE, text=True,
+    ) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        proc.stdout.readline()  # its first level is on: the load runs from here
+        time.sleep(seconds)
+        stop.touch()
+        said, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, said
+    summary: dict[str, Any] = json.loads(out.read_text())
+    return summary
+
+
+def test_the_sweep_load_holds_each_level_and_counts_every_request(
+    standin: Launch,  # noqa: F811 (the fixture)
+    tmp_path: Path,
+) -> None:
+    server = slow_server(standin, 10.0)
+    summary = sweep(f"http://127.0.0.1:{server.port}", tmp_path, "1,3", 2.5)
+    assert summary["levels"] == [1, 3]  # up, then down: no end repeated
+    assert set(summary["by_level"]) == {"1", "3"}, summary
+    assert all(v["done"] > 0 and v["failed"] == 0 for v in summary["by_level"].values()), summary
+
+
+@pytest.mark.lab  # it starts a server
+def test_the_sweep_load_counts_what_the_lab_load_calls_failed(
+    failing_server: int, tmp_path: Path
+) -> None:
+    summary = sweep(f"http://127.0.0.1:{failing_server}", tmp_path, "1", 1.0)
+    row = summary["by_level"]["1"]
+    assert row["done"] >= 1 and row["failed"] >= 3, summary
+    kinds = {e.split(":")[0] for e in summary["errors"]}
     assert kinds == {"error event", "the stream ended without [DONE]", "HTTP 500"}, kinds
 
 
