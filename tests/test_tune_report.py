@@ -420,8 +420,14 @@ def test_a_shortfall_above_t_is_named_the_off_states_cost_and_one_below_it_noise
     assert "tune --keep baseline" in err
     assert "fell below 0.95 of the better curve at concurrency 1\n" in err
 
-    record["threshold_mode"] = "adaptive"  # SGLang's own switch: not our off state
+    # deployctl's adaptive mode drafts 0 steps above T: the same off path (the H200's
+    # own-adaptive run: accept len 1.00 at 16 and 64 streams with T = 4).
+    record["threshold_mode"] = "adaptive"
+    _tune_record(record, "alpha")
+    assert "above its threshold" in capsys.readouterr().err
+
+    record["threshold"] = int(above[-1])  # now both are at or below T: drafting was on
     _tune_record(record, "alpha")
     err = capsys.readouterr().err
     assert "above its threshold" not in err
-    assert f"fell below 0.95 of the better curve at concurrency 1, {above[0]}" in err
+    assert f"fell below 0.95 of the better curve at concurrency 1, {above[0]}, {above[-1]}" in err

@@ -1014,14 +1014,15 @@ SUGGESTION: View[Suggestion] = View(_suggestion, docs.suggestion_document)
 
 
 def _tune_shortfall(record: TuneRecord, label: str) -> None:
-    """Where the tuned run fell below the better curve. Above T in patch mode its drafting
-    was off: a shortfall there is the patched server's off path (on SGLang 0.5.17 it still
-    verifies through the speculative worker and extends the draft every step), which more
-    samples do not cure; at or below T it can be noise."""
+    """Where the tuned run fell below the better curve. Above T its drafting was off (in
+    either threshold mode): a shortfall there is the engine's off path (on SGLang 0.5.17 it
+    still verifies through the speculative worker and extends the draft every step), which
+    more samples do not cure; at or below T it can be noise."""
+    from deployctl.ops.tune.tuner import drafting_off
+
     ratios, bound, threshold = record["envelope_ratio"], record["min_ratio"], record["threshold"]
     low = [c for c, r in ratios.items() if r < bound]
-    above = [c for c in low if record["threshold_mode"] == "patch" and threshold is not None
-             and int(c) > threshold]  # fmt: skip
+    above = [c for c in low if drafting_off(threshold, int(c))]
     rest = [c for c in low if c not in above]
     if above:
         worst = min(ratios[c] for c in above)

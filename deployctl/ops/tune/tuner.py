@@ -253,6 +253,13 @@ def envelope_ratios(result: TuneResult) -> dict[int, float]:
     return ratios
 
 
+def drafting_off(threshold: int | None, level: int) -> bool:
+    """Whether the tuned run drafts nothing at this concurrency: above T in either threshold
+    mode. A shortfall there is the engine's off path (on SGLang 0.5.17 the speculative
+    worker's 1-token verify), which more samples do not cure, so tune does not re-measure it."""
+    return threshold is not None and level > threshold
+
+
 def best_stable(result: TuneResult) -> Phase | None:
     """Of the unthrottled phases that ran without crashing, the one with the higher
     throughput at the highest level both measured (saturation is where a fleet lives)."""
@@ -423,7 +430,11 @@ class Tuner:
         tuned = result.phases[Phase.TUNED]
         self._measure(result, Phase.TUNED, levels)
         for _ in range(self.options.repeats - 1):
-            low = [c for c, r in envelope_ratios(result).items() if r < self.options.min_ratio]
+            low = [
+                c
+                for c, r in envelope_ratios(result).items()
+                if r < self.options.min_ratio and not drafting_off(result.threshold, c)
+            ]
             if not low:
                 break
             self._measure(result, Phase.TUNED, low)  # a single slow sample is not the verdict
