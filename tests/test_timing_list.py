@@ -1,0 +1,24 @@
+"""scripts/timing-series runs the tests listed in scripts/timing-tests.txt: one id that names
+no test makes pytest run none of them (a whole series of empty runs)."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_listed_timing_test_exists() -> None:
+    lines = (ROOT / "scripts" / "timing-tests.txt").read_text(encoding="utf-8").splitlines()
+    ids = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    assert ids
+    missing = []
+    for node in ids:
+        path, _, name = node.partition("::")
+        file = ROOT / path
+        defined = set()
+        if file.is_file():
+            tree = ast.parse(file.read_text(encoding="utf-8"))
+            defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        if name.split("[")[0] not in defined:
+            missing.append(node)
+    assert not missing, f"scripts/timing-tests.txt names no such test: {missing}"
