@@ -118,3 +118,30 @@ def test_a_window_is_resumed_only_at_the_sizes_its_samples_were_bucketed_by() ->
     check_resumable(record, (1, 4, 16, 32, 64, 128))
     with pytest.raises(UsageError, match=r"bucketed by CUDA-graph sizes \[1, 4, 16, 32, 64, 128\]"):
         check_resumable(record, (1, 2, 4, 8, 16))
+
+
+# The second H200 window (the same fleet and load, the code that buckets by the servers'
+# sizes): as kept on the router's host, 205 + 210 samples; the window's own verdict: wins at
+# 1, 4 and 16, a loss at 64, T = 16 (benchmarks/h200-threshold/live2-tune.json).
+WINDOW_2 = REPO / "tests" / "data" / "real-sglang-0.5.17" / "live-window-2.json"
+
+
+def test_a_window_that_ended_is_reported_as_its_end_look_judged_it() -> None:
+    """Its --precision 1 not reached: the window's end was the fixed look at half the error
+    rate. Its report is that look again (the same samples: no look more), not the always-
+    valid intervals of a window still running, which decide no bucket here."""
+    record = json.loads(WINDOW_2.read_text())
+    assert "end_look" not in record  # kept before records said it: judged always-valid
+    assert live_crossover(rejudge(record)).threshold is None
+    record["end_look"] = {"always_valid": False, "error_share": 0.5}  # as windows keep it now
+    shown = live_record_json(record)
+    verdicts = {b["bucket"]: (b["gain"], b["verdict"]) for b in shown["buckets"]}
+    assert verdicts == {
+        1: (1.5555, "win"), 4: (1.5295, "win"), 16: (1.2376, "win"),
+        32: (0.9423, "undecided"), 64: (0.8552, "loss"), 128: (0.9439, "undecided"),
+    }  # fmt: skip
+    assert (shown["crossover"]["last_win"], shown["crossover"]["first_loss"]) == (16, 64)
+    assert shown["crossover"]["threshold"] == record["threshold"] == 16
+    # The same samples while the window ran: a report is one look more, always-valid.
+    record["state"] = "running"
+    assert {b["verdict"] for b in live_record_json(record)["buckets"]} == {"undecided"}

@@ -433,6 +433,8 @@ def test_a_window_is_kept_on_the_routers_host_reported_and_resumed_with_its_samp
         record = kept_record(kept)
         assert record["window"] == 1 and record["state"] == "done", record
         assert record["samples"] == first["samples"] and record["resumed"] == [], record
+        # Reported as the window's end judged it, not one look more.
+        assert (record["buckets"], record["crossover"]) == (first["buckets"], first["crossover"])
         code, second, err = run_json(
             cli, "tune", "--live", "--resume", "1", "-i", str(inv), *window[1:]
         )
@@ -447,6 +449,7 @@ def test_a_window_is_kept_on_the_routers_host_reported_and_resumed_with_its_samp
     record = kept_record(kept)
     assert record["window"] == 2 and record["resumed"] == [1], record
     assert record["samples"] == second["samples"], (record, second)
+    assert record["buckets"] == second["buckets"], (record, second)
     human = cli("tune", "--live", "--report", "1", "-i", str(inv))
     assert human.returncode == 0 and "live window 1 (done)" in human.stdout, human.stdout
     missing = cli("tune", "--live", "--resume", "9", "-i", str(inv))

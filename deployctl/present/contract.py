@@ -1069,9 +1069,19 @@ DEFINITIONS: dict[str, Schema] = {
             "decision": nullable("string", "null while running."),
             "threshold": nullable("integer", "The crossover's T when the window ended."),
             "elapsed_s": number("Its sampling, and the resumed windows'."),
+            "end_look": obj(
+                {
+                    "always_valid": boolean(
+                        "Its end took the always-valid intervals (a window that looked every round, or a resumed one)."
+                    ),
+                    "error_share": number("The share of the error rate its end look spent."),
+                },
+                required=["always_valid", "error_share"],
+                description="How a window that ended judged its buckets (absent while running, and in records kept before windows said it).",
+            ),
             "buckets": array(
                 {"type": "object"},
-                "Each bucket judged again from the samples, with always-valid intervals (a report is one look more): as tune --live's buckets.",
+                "Each bucket judged from the samples, as tune --live's buckets: for a window that ended, as its end look judged them (the same look again); for a running one, with always-valid intervals (a report is one look more).",
             ),
             "crossover": {"type": "object", "description": "As tune --live's crossover."},
         },

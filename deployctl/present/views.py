@@ -1269,7 +1269,7 @@ def _live_buckets(
 
 
 def _kept_live(kept: LiveRecord, router: str) -> None:
-    """A router's kept window, judged again from its samples."""
+    """A router's kept window judged from its samples (one that ended: as it ended)."""
     record = docs.live_record_json(kept)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["started_at"]))
     resumed = f", resuming {', '.join(map(str, record['resumed']))}" if record["resumed"] else ""

@@ -323,14 +323,21 @@ class LiveSample(TypedDict):
     source: str  # the replica: serial correlation is measured per replica
 
 
-class LiveRecordSizes(TypedDict, total=False):
-    # The decode CUDA-graph sizes the samples are bucketed by: absent in a record kept before
-    # windows said theirs (total=False: NotRequired is not seen under postponed annotations
-    # on 3.11, which the host side runs).
-    sizes: list[int]
+class EndLook(TypedDict):
+    """How a window that ended judged its buckets: a report of it shows that look again."""
+
+    always_valid: bool  # the always-valid intervals (a window that looked every round)
+    error_share: float  # the share of the error rate its end look spent
 
 
-class LiveRecord(LiveRecordSizes):
+class LiveRecordMore(TypedDict, total=False):
+    # Absent in a record kept before windows said them (total=False: NotRequired is not seen
+    # under postponed annotations on 3.11, which the host side runs).
+    sizes: list[int]  # the decode CUDA-graph sizes the samples are bucketed by
+    end_look: EndLook  # a window that ended, since records keep it
+
+
+class LiveRecord(LiveRecordMore):
     """One live window of one router (with the windows it resumed, their samples)."""
 
     window: int | None  # its number on the router's host; None before it is kept

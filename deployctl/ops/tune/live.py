@@ -60,7 +60,7 @@ from deployctl.ops.tune.race import PolicyRace, RaceResult
 from deployctl.ops.tune.search import Phase
 from deployctl.ops.tune.tuner import TunePlan, decode_graph_sizes
 from deployctl.patchset import PatchSet
-from deployctl.remote.measures import LiveRecord, LiveRecordsArgs, LiveSample
+from deployctl.remote.measures import EndLook, LiveRecord, LiveRecordsArgs, LiveSample
 from deployctl.render import ADAPTIVE_FLAG
 
 # The judge's regression margin: not used here (each bucket's interval decides), only by
@@ -359,11 +359,7 @@ class LiveTune:
             )  # fmt: skip
             self._keep(report)
 
-        # With --precision the window looks every round (always-valid intervals) and may
-        # end early; half the error rate goes to those looks, half to the one at the end.
-        # A resumed window's end is one look more at samples already looked at: it too
-        # takes the always-valid intervals.
-        share = 0.5 if options.precision else 1.0
+        share = error_share(options)
 
         def enough() -> bool:
             if not options.precision:
@@ -372,13 +368,9 @@ class LiveTune:
             report.precise = width is not None and width <= options.precision
             return report.precise
 
-        resumed = options.resume is not None
         failure = self._window(report, sides, add, each_round, enough)
         if not failure:
-            if report.precise or resumed:
-                report.intervals = judge.bucket_sequences(share, MIN_CELL)
-            else:
-                report.intervals = judge.bucket_intervals(share, MIN_CELL)
+            report.intervals = end_look_intervals(judge, end_look(report))
             report.crossover = live_crossover(report.intervals, sizes)
         return failure
 
@@ -477,6 +469,25 @@ class LiveTune:
         return ""
 
 
+def error_share(options: LiveOptions) -> float:
+    """With --precision the window looks every round (always-valid intervals) and may end
+    early: half the error rate goes to those looks, half to the one at the end."""
+    return 0.5 if options.precision else 1.0
+
+
+def end_look(report: LiveReport) -> EndLook:
+    """The window's last look. A resumed window's end is one look more at samples already
+    looked at: it too takes the always-valid intervals."""
+    always_valid = report.precise or report.options.resume is not None
+    return EndLook(always_valid=always_valid, error_share=error_share(report.options))
+
+
+def end_look_intervals(judge: Judge, look: EndLook) -> list[BucketInterval]:
+    if look["always_valid"]:
+        return judge.bucket_sequences(look["error_share"], MIN_CELL)
+    return judge.bucket_intervals(look["error_share"], MIN_CELL)
+
+
 def sample_of(kept: LiveSample) -> Sample:
     return Sample(kept["running"], kept["value"], kept["requests"], kept["source"])
 
@@ -487,7 +498,7 @@ def live_record(
     """The crossover window's record as kept on the router's host."""
     plan, resumed = report.plan, report.options.resume
     assert plan.speculative is not None and plan.plain is not None
-    return LiveRecord(
+    record = LiveRecord(
         window=number, router=plan.router.label, state="done" if done else "running",
         started_at=report.started_at, updated_at=time.time(),
         speculative=plan.speculative.name, plain=plan.plain.name,
@@ -497,6 +508,9 @@ def live_record(
         threshold=report.crossover.threshold if report.crossover else None,
         elapsed_s=report.elapsed_s,
     )  # fmt: skip
+    if done and report.crossover:
+        record["end_look"] = end_look(report)
+    return record
 
 
 def window_judge(confidence: float, min_samples: int, sizes: Sequence[int]) -> Judge:
@@ -525,12 +539,15 @@ def record_sizes(record: LiveRecord) -> tuple[int, ...]:
 
 
 def rejudge(record: LiveRecord) -> list[BucketInterval]:
-    """A kept window's buckets, judged again from its samples: always-valid intervals, as
-    a report is one look more (a running window's, or one resumed since)."""
+    """A kept window's buckets judged from its samples. A window that ended is shown as its
+    end look judged it: the same samples, the same look, so no look more. A running one (or
+    one kept before records said their end look) takes always-valid intervals: a report of
+    it is one look more."""
     judge = window_judge(record["confidence"], 0, record_sizes(record))
     for kept in record["samples"]:
         judge.add(SIDE[kept["side"]], sample_of(kept))
-    return judge.bucket_sequences(min_cell=MIN_CELL)
+    ended = record.get("end_look") if record["state"] == "done" else None
+    return end_look_intervals(judge, ended or EndLook(always_valid=True, error_share=1.0))
 
 
 KeptLive = Kept[LiveRecord]
