@@ -29,10 +29,11 @@ from deployctl.deployments import (
     node_rank,
     pd_wait,
 )
-from deployctl.disaggregation import PairCheck, PdRouter, PdServer, check_router, check_server
+from deployctl.disaggregation import PdRouter, PdServer, check_router, check_server
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import FleetResult, attempt
+from deployctl.findings import Findings
 from deployctl.inventory import Host
 from deployctl.launchers import Launcher, ServerCommand, launcher_for, launcher_of
 from deployctl.ops.flags import (
@@ -362,13 +363,10 @@ def client_identity(
 
 
 @dataclass
-class Preflight:
+class Preflight(Findings):
     """One host's answer to 'may we start here?', with the lock when we hold it."""
 
     plan: Plan
-    problems: list[str] = field(default_factory=list)
-    hints: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
     flags: FlagReport | None = None  # what the host's SGLang says of the command
     gpus: GpuReport | None = None
     next_log: str = ""
@@ -376,10 +374,6 @@ class Preflight:
     lock_token: str | None = None
     model_mla: bool | None = None  # its model uses MLA (None: its config could not be read)
     software: Software | None = None  # its SGLang and patch sets (None: SGLang not read)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 def preflight_args(
@@ -906,12 +900,12 @@ def machine_name(host: Host) -> str:
     return "this machine" if host.is_local else machine(host)[1]
 
 
-def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> PairCheck:
+def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> Findings:
     """Problems, hints and warnings for a worker whose router is not in the inventory or
     could not reach it where it binds, and for a router's prefill/decode servers that do not
     make pairs (checked before anything starts). `mla`: the model uses MLA, as its host's
     preflight read it."""
-    found = PairCheck()
+    found = Findings()
     if plan.role is Role.ROUTER:
         if plan.host.settings.pd_router:
             workers = workers_of(plan.host, select)
