@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from deployctl.addresses import same_address
 from deployctl.choices import PdRole
 from deployctl.deployments import is_loopback
+from deployctl.findings import Findings
 
 # Where users of SGLang's disaggregation saw each failure (named in the warnings).
 LOOPBACK_BOOTSTRAP_ISSUE = "sglang#10001"
@@ -47,13 +48,6 @@ def unreachable_from(prefill: PdServer, address: str) -> bool:
     return is_loopback(prefill.bind) and prefill.bind != prefill.url_host
 
 
-@dataclass
-class PairCheck:
-    problems: list[str] = field(default_factory=list)
-    hints: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class PdRouter:
     """A worker's router, as the pair checks see it (shown by its label)."""
@@ -69,10 +63,10 @@ class PdRouter:
 
 def check_server(
     me: PdServer, others: Sequence[PdServer], router: PdRouter, mla: bool | None = None
-) -> PairCheck:
+) -> Findings:
     """What is wrong with `me` beside the other servers of its router (`mla`: their model uses
     MLA; None: not known). Each problem is about `me`, so a launch of several says each once."""
-    found = PairCheck()
+    found = Findings()
     if router.pd and me.role is None:
         found.problems.append(
             f"{me.label} has no role, but its router {router} routes prefill/decode pairs"
@@ -162,9 +156,9 @@ def check_server(
     return found
 
 
-def check_router(label: str, workers: Sequence[PdServer]) -> PairCheck:
+def check_router(label: str, workers: Sequence[PdServer]) -> Findings:
     """A router in PD mode serves only with a prefill and a decode behind it."""
-    found = PairCheck()
+    found = Findings()
     for role in PdRole:
         if not any(w.role is role for w in workers):
             found.problems.append(

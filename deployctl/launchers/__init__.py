@@ -10,14 +10,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from deployctl.choices import LaunchKind
-from deployctl.launchers.base import Findings, Launcher, Lease, ServerCommand
+from deployctl.launchers.base import Launcher, Lease, ServerCommand
 from deployctl.launchers.process import ProcessLauncher
 from deployctl.launchers.slurm import SlurmJobLauncher
 from deployctl.settings import Settings
 
 __all__ = [
     "LAUNCHERS",
-    "Findings",
     "LaunchKind",
     "Launcher",
     "Lease",

@@ -9,10 +9,11 @@ one it is."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from deployctl.choices import LaunchKind
+from deployctl.findings import Findings
 from deployctl.inventory import Host
 from deployctl.remote.protocol import JobInfo, JobRef, PreflightReply, RunRecord
 from deployctl.settings import Settings
@@ -27,15 +28,6 @@ class ServerCommand:
     tp: int
     port: int
     bind_host: str
-
-
-@dataclass
-class Findings:
-    """What a launcher's own preflight found: problems refuse the launch."""
-
-    problems: list[str] = field(default_factory=list)
-    hints: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ from typing import Any
 
 from deployctl.choices import LaunchKind
 from deployctl.deployments import gpu_set
+from deployctl.findings import Findings
 from deployctl.inventory import Host
-from deployctl.launchers.base import Findings, Lease, ServerCommand
+from deployctl.launchers.base import Lease, ServerCommand
 from deployctl.remote.protocol import JobInfo, JobRef, PreflightReply, RunRecord
 from deployctl.settings import Settings
 

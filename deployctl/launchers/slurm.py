@@ -10,8 +10,9 @@ from typing import Any
 from deployctl import slurm
 from deployctl.choices import LaunchKind
 from deployctl.deployments import is_loopback
+from deployctl.findings import Findings
 from deployctl.inventory import Host
-from deployctl.launchers.base import Findings, Lease, ServerCommand
+from deployctl.launchers.base import Lease, ServerCommand
 from deployctl.remote.protocol import JobInfo, JobRef, PreflightReply, RunRecord, answers_at
 from deployctl.remote.protocol import job_ref as protocol_job_ref
 from deployctl.settings import Settings

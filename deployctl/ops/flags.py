@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from deployctl import agent
 from deployctl.choices import PdRole
 from deployctl.connection import Connection
 from deployctl.errors import PreflightError
 from deployctl.fanout import Fleet, FleetResult, HostResult
+from deployctl.findings import Findings
 from deployctl.inventory import Host
 from deployctl.patchset import PatchSet
 from deployctl.remote.protocol import ArgvCheck, CheckArgsArgs, SglangInstall
@@ -117,16 +118,13 @@ def check_reading(host: Host, values: CommandValues) -> None:
 
 
 @dataclass
-class FlagReport:
-    """The check's findings as deployctl says them: problems refuse, warnings do not."""
+class FlagReport(Findings):
+    """The check's findings as deployctl says them, and how the host's SGLang was read."""
 
     method: str
     note: str = ""
     options: int = 0
     seconds: float = 0.0
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    hints: list[str] = field(default_factory=list)
 
 
 def flag_report(

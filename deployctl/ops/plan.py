@@ -1,6 +1,6 @@
-"""What would start where: render each target's command, plan it, and preflight it (GPUs,
-port, patches, flags, the launch lock) before anything starts. Starting and waiting are a
-run's life cycle: ops/runs.py."""
+"""What would start where: render each target's command, plan it, and preflight it (the
+checks of PREFLIGHT_CHECKS: the launch lock, GPUs, ports, patches, flags, …) before anything
+starts. Starting and waiting are a run's life cycle: ops/runs.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property, partial
@@ -29,10 +29,11 @@ from deployctl.deployments import (
     node_rank,
     pd_wait,
 )
-from deployctl.disaggregation import PairCheck, PdRouter, PdServer, check_router, check_server
+from deployctl.disaggregation import PdRouter, PdServer, check_router, check_server
 from deployctl.errors import DeployctlError, PreflightError, UsageError
 from deployctl.facts import GpuState, ProbeOutput, parse_gpus_command
 from deployctl.fanout import FleetResult, attempt
+from deployctl.findings import Findings
 from deployctl.inventory import Host
 from deployctl.launchers import Launcher, ServerCommand, launcher_for, launcher_of
 from deployctl.ops.flags import (
@@ -44,7 +45,7 @@ from deployctl.ops.flags import (
     runs_router,
 )
 from deployctl.ops.gpus import DEFAULT_MAX_USED_MIB, GpuReport, gpu_report
-from deployctl.ops.patch import hunk_marks, parse_patch_facts, set_state
+from deployctl.ops.patch import PatchFacts, SetState, hunk_marks, parse_patch_facts, set_state
 from deployctl.ops.router import (
     Select,
     WorkerKind,
@@ -362,13 +363,10 @@ def client_identity(
 
 
 @dataclass
-class Preflight:
+class Preflight(Findings):
     """One host's answer to 'may we start here?', with the lock when we hold it."""
 
     plan: Plan
-    problems: list[str] = field(default_factory=list)
-    hints: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
     flags: FlagReport | None = None  # what the host's SGLang says of the command
     gpus: GpuReport | None = None
     next_log: str = ""
@@ -376,10 +374,6 @@ class Preflight:
     lock_token: str | None = None
     model_mla: bool | None = None  # its model uses MLA (None: its config could not be read)
     software: Software | None = None  # its SGLang and patch sets (None: SGLang not read)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 def preflight_args(
@@ -462,13 +456,14 @@ def run_preflight(
     beside: str | None = None,
     replacing: bool = False,
     launch: str = "",
+    select: Select | None = None,
 ) -> Preflight:
     """Check one host in one round trip (two when a stale lock must be cleared). `beside`: a
     live run of the deployment the new one may start beside (a job's successor).
     `replacing`: the deployment's run still serves and is stopped only if this passes, so
     what it holds (its GPUs, its ports, itself as a live run) is checked after the stop.
-    `launch`: the launch command's id; a lock that very launch holds is never broken."""
-    host = plan.host
+    `launch`: the launch command's id; a lock that very launch holds is never broken.
+    `select`: the inventory, where a worker's router is found (None: routing not checked)."""
     outputs, doc = _preflight_call(plan, conn, None, hold_for, launch)
     lock = doc["lock"]
     holder = lock["holder"] or {}
@@ -478,88 +473,306 @@ def run_preflight(
         lock = doc["lock"]
     if lock["token"] is not None:
         _HELD.add(lock["token"])
-    result = Preflight(
-        plan, next_log=doc["next_log"], next_version=doc["next_version"], lock_token=lock["token"]
-    )
-    result.model_mla = doc["model_mla"]
-    problems, hints = result.problems, result.hints
-    if not lock["acquired"]:
-        holder = lock["holder"] or {}
-        if launch and holder.get("launch") == launch:
-            problems.append(same_launch_holder(plan, holder, doc["machine"]))
-            hints.append(ONE_MACHINE_HINT)
-        else:
-            problems.append(
-                f"another deployctl {holder.get('op', 'operation')} is in progress on "
-                f"{host.name} (pid {holder.get('pid')} on {holder.get('host')})"
-            )
-    own = plan.launcher.preflight(host, plan.tp, plan.bind_host, doc)
-    problems += own.problems
-    hints += own.hints
-    result.warnings += own.warnings
-    checks_host = plan.launcher.checks_host
-    live = [r for r in doc["live_runs"] if r["id"] != beside]
-    if checks_host and not replacing:
-        gpus = outputs["gpus"]
+    facts = HostFacts(doc, outputs["gpus"], max_used_mib, beside, replacing, launch, select)
+    return judge(plan, facts)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What a host's preflight call read, and how this launch asks: what each check reads
+    beside its plan."""
+
+    reply: PreflightReply
+    gpus_probe: ProbeOutput  # nvidia-smi's, asked beside the call
+    max_used_mib: int = DEFAULT_MAX_USED_MIB
+    beside: str | None = None  # see run_preflight
+    replacing: bool = False
+    launch: str = ""
+    select: Select | None = None
+
+    @cached_property
+    def live(self) -> list[LiveRun]:
+        """The host's live runs, less the one the new run may start beside."""
+        return [r for r in self.reply["live_runs"] if r["id"] != self.beside]
+
+    @cached_property
+    def gpu_state(self) -> GpuState | str:
+        """The host's GPUs, or why nvidia-smi's answer cannot be read (read only when asked:
+        a router's host may have no nvidia-smi)."""
+        probe = self.gpus_probe
         try:
-            state = parse_gpus_command(gpus.exit_code, gpus.output, gpus.stderr)
+            return parse_gpus_command(probe.exit_code, probe.output, probe.stderr)
         except DeployctlError as exc:
-            if plan.role is not Role.ROUTER:  # a router needs no GPU, nor nvidia-smi
-                problems.append(f"GPUs cannot be checked: {exc.message}")
-            state = None
-        if state is not None and plan.role is not Role.ROUTER:
-            result.gpus = gpu_problems(plan, state, max_used_mib, problems, hints, live)
-    if not replacing:
-        live_run_problems(plan, live, problems, hints)
-    else:  # the others' fractions do not depend on the run it replaces: refuse before the stop
-        live_share_problems(plan, live, problems, hints)
-    if checks_host and not replacing:
-        for port, why in doc["busy_ports"].items():
-            what = plan.extra_ports.get(int(port), "")
-            problems.append(f"port {port} ({what}) is in use on {host.name} ({why})")
-        if not doc["port_free"]:
-            problems.append(f"port {plan.port} is in use on {host.name} ({doc['port_error']})")
-    if not doc["module_found"]:
-        problems.append(
-            f"{host.settings.python} on {host.name} cannot find module {plan.launch_module}"
+            return exc.message
+
+    @cached_property
+    def patches(self) -> PatchFacts:
+        return parse_patch_facts(self.reply)
+
+
+def judge(plan: Plan, facts: HostFacts) -> Preflight:
+    """Run every check of PREFLIGHT_CHECKS, in order, over what the host read."""
+    reply = facts.reply
+    result = Preflight(
+        plan,
+        flags=flag_reading(plan, facts),
+        gpus=gpu_reading(plan, facts),
+        next_log=reply["next_log"],
+        next_version=reply["next_version"],
+        lock_token=reply["lock"]["token"],
+        model_mla=reply["model_mla"],
+        software=software_of(facts.patches, plan.needed_sets),
+    )
+    for check in PREFLIGHT_CHECKS:
+        result.add(check.run(plan, facts))
+    result.hints = list(dict.fromkeys(result.hints))  # two runs in the way: one hint
+    return result
+
+
+# ---- the checks: each a function of a plan and its host's facts --------------------------
+
+
+def check_lock(plan: Plan, facts: HostFacts) -> Findings:
+    found = Findings()
+    lock = facts.reply["lock"]
+    if lock["acquired"]:
+        return found
+    holder = lock["holder"] or {}
+    if facts.launch and holder.get("launch") == facts.launch:
+        found.problem(same_launch_holder(plan, holder, facts.reply["machine"]), ONE_MACHINE_HINT)
+    else:
+        found.problem(
+            f"another deployctl {holder.get('op', 'operation')} is in progress on "
+            f"{plan.host.name} (pid {holder.get('pid')} on {holder.get('host')})"
         )
-        hints.append("set the host's `python` to the interpreter that has SGLang installed")
-    facts = parse_patch_facts(doc)
-    result.software = software_of(facts, plan.needed_sets)
-    unpatched: list[str] = []  # flags whose missing patch set a problem names
-    if plan.needed_sets and facts.error:
-        problems.append(facts.error)
-    elif plan.needed_sets:
-        for patch_set in plan.needed_sets:
-            state_of_set = set_state(facts, patch_set)
-            if not state_of_set.good:
-                unpatched += [r.flag for r in patch_set.flags]
-                flags = ", ".join(r.flag for r in patch_set.flags)
-                problems.append(
-                    f"{flags} needs patch set {patch_set.name}, which is {state_of_set.state} on {host.name}"
-                    + (f" ({state_of_set.detail})" if state_of_set.detail else "")
-                )
-                hints.append(f"deployctl patch apply {patch_set.name} -H {host.name}")
+    return found
+
+
+def check_launcher(plan: Plan, facts: HostFacts) -> Findings:
+    return plan.launcher.preflight(plan.host, plan.tp, plan.bind_host, facts.reply)
+
+
+def _checks_gpus(plan: Plan, facts: HostFacts) -> bool:
+    """A server on this host's GPUs, whose run is not being replaced (its own GPUs are
+    checked after the stop). A router needs no GPU, nor nvidia-smi."""
+    return plan.launcher.checks_host and not facts.replacing and plan.role is not Role.ROUTER
+
+
+def _missing_gpus(plan: Plan, state: GpuState) -> list[int]:
+    have = [g.index for g in state.gpus]
+    return [i for i in plan.gpus or [] if i not in have]
+
+
+def gpu_reading(plan: Plan, facts: HostFacts) -> GpuReport | None:
+    """The plan's GPUs as the host shows them; None where they are not checked, cannot be
+    read, or are not all there."""
+    state = facts.gpu_state
+    if not _checks_gpus(plan, facts) or isinstance(state, str) or _missing_gpus(plan, state):
+        return None
+    return gpu_report(state, facts.max_used_mib, plan.gpus)
+
+
+def check_gpus(plan: Plan, facts: HostFacts) -> Findings:
+    """Are the plan's GPUs there, enough for its tensor parallelism, and clean (or, shared
+    with live runs of ours, with room for its memory fraction)?"""
+    found = Findings()
+    state = facts.gpu_state
+    if not _checks_gpus(plan, facts):
+        return found
+    if isinstance(state, str):
+        found.problem(f"GPUs cannot be checked: {state}")
+        return found
+    host, chosen = plan.host, plan.gpus
+    report = gpu_reading(plan, facts)
+    if report is None:
+        have = [g.index for g in state.gpus]
+        missing = describe_gpus(_missing_gpus(plan, state))
+        found.problem(f"{missing} not on {host.name} (it has {describe_gpus(have)})")
+        return found
+    sharers = gpu_sharers(plan, facts.live)
+    shared = shared_gpu_problems(
+        host.name, plan.gpu_user(), plan.siblings, sharers, state, facts.max_used_mib
+    )
+    stop_hint = f"stop what holds them (deployctl stop -H {host.name})"
+    if shared is not None:
+        found.problems += shared
+        if shared:
+            found.hints.append(f"{stop_hint} or lower mem_fraction_static")
+    elif not report.clean:
+        subject = "GPUs are"
+        if chosen is not None:
+            subject = (
+                f"{describe_gpus(chosen)} of {host.name} {'is' if len(chosen) == 1 else 'are'}"
+            )
+        found.problem(f"{subject} not clean: {report.verdict()}", f"{stop_hint} or kill those PIDs")
+    if len(report.gpus) < plan.local_tp:
+        has = f"{host.name} has {len(report.gpus)}"
+        if chosen is not None:
+            has = (
+                f"{_deployment_words(host.deployment)} has {len(chosen)} ({describe_gpus(chosen)})"
+            )
+        needs = f"{plan.local_tp} GPUs"
+        if plan.group is not None:
+            needs += f" on each of its {host.settings.nnodes} nodes"
+        found.problem(f"tensor parallelism {plan.tp} needs {needs}; {has}")
+    return found
+
+
+def check_live_runs(plan: Plan, facts: HostFacts) -> Findings:
+    if facts.replacing:  # the others' fractions do not depend on the run it replaces
+        return live_share_problems(plan, facts.live)
+    return live_run_problems(plan, facts.live)
+
+
+def check_ports(plan: Plan, facts: HostFacts) -> Findings:
+    """Its ports free on the host (a job's are on its node; a replaced run's, after its stop)."""
+    found = Findings()
+    if not plan.launcher.checks_host or facts.replacing:
+        return found
+    reply, name = facts.reply, plan.host.name
+    for port, why in reply["busy_ports"].items():
+        what = plan.extra_ports.get(int(port), "")
+        found.problem(f"port {port} ({what}) is in use on {name} ({why})")
+    if not reply["port_free"]:
+        found.problem(f"port {plan.port} is in use on {name} ({reply['port_error']})")
+    return found
+
+
+def check_module(plan: Plan, facts: HostFacts) -> Findings:
+    found = Findings()
+    if not facts.reply["module_found"]:
+        host = plan.host
+        found.problem(
+            f"{host.settings.python} on {host.name} cannot find module {plan.launch_module}",
+            "set the host's `python` to the interpreter that has SGLang installed",
+        )
+    return found
+
+
+def _bad_sets(plan: Plan, facts: HostFacts) -> list[tuple[PatchSet, SetState]]:
+    """The plan's patch sets that are not good on the host (none where SGLang is not read)."""
+    if facts.patches.error:
+        return []
+    states = [(s, set_state(facts.patches, s)) for s in plan.needed_sets]
+    return [(s, state) for s, state in states if not state.good]
+
+
+def check_patches(plan: Plan, facts: HostFacts) -> Findings:
+    found = Findings()
+    name = plan.host.name
+    if plan.needed_sets and facts.patches.error:
+        found.problem(facts.patches.error)
+    for patch_set, state in _bad_sets(plan, facts):
+        flags = ", ".join(r.flag for r in patch_set.flags)
+        found.problem(
+            f"{flags} needs patch set {patch_set.name}, which is {state.state} on {name}"
+            + (f" ({state.detail})" if state.detail else ""),
+            f"deployctl patch apply {patch_set.name} -H {name}",
+        )
+    return found
+
+
+def flag_reading(plan: Plan, facts: HostFacts) -> FlagReport:
+    """What the host's SGLang says of the command; a flag whose missing patch set the patch
+    check names is left to it (one problem per cause)."""
+    unpatched = [r.flag for patch_set, _ in _bad_sets(plan, facts) for r in patch_set.flags]
     sets = {s.name: s for s in plan.needed_sets}
-    result.flags = flag_report(host, plan.values, doc["argv_check"], doc["sglang"], sets, unpatched)
-    problems += result.flags.problems
-    hints += result.flags.hints
-    result.warnings += result.flags.warnings
-    for path, exists in doc["paths"].items():
+    reply = facts.reply
+    return flag_report(
+        plan.host, plan.values, reply["argv_check"], reply["sglang"], sets, unpatched
+    )
+
+
+def check_paths(plan: Plan, facts: HostFacts) -> Findings:
+    found = Findings()
+    name = plan.host.name
+    for path, exists in facts.reply["paths"].items():
         if exists:
             continue
         if path.startswith(IB_DEVICES + "/"):
             device = path.removeprefix(IB_DEVICES + "/")
-            problems.append(f"InfiniBand device {device} (ib_device) is not on {host.name}")
-            hints.append(f"{IB_DEVICES} on {host.name} lists the devices it has")
+            found.problem(
+                f"InfiniBand device {device} (ib_device) is not on {name}",
+                f"{IB_DEVICES} on {name} lists the devices it has",
+            )
         else:
-            problems.append(f"{path} does not exist on {host.name}")
-    if not doc["log_dir_writable"]:
-        problems.append(
-            f"log folder {host.settings.log_dir} is not writable: {doc['log_dir_error']}"
+            found.problem(f"{path} does not exist on {name}")
+    return found
+
+
+def check_log_dir(plan: Plan, facts: HostFacts) -> Findings:
+    found = Findings()
+    if not facts.reply["log_dir_writable"]:
+        found.problem(
+            f"log folder {plan.host.settings.log_dir} is not writable: "
+            f"{facts.reply['log_dir_error']}"
         )
-    result.hints = list(dict.fromkeys(hints))  # two runs in the way: one hint
-    return result
+    return found
+
+
+def check_routing(plan: Plan, facts: HostFacts) -> Findings:
+    if facts.select is None:
+        return Findings()
+    return routing_check(facts.select, plan, facts.reply["model_mla"])
+
+
+@dataclass(frozen=True)
+class Check:
+    """One of preflight's checks: its name and what it checks (README's list is these)."""
+
+    name: str
+    description: str
+    run: Callable[[Plan, HostFacts], Findings]
+
+
+# Preflight, in the order its problems are said. README's "What preflight checks" lists each
+# one as `name`: description (tests/test_preflight.py keeps the two equal).
+PREFLIGHT_CHECKS: tuple[Check, ...] = (
+    Check(
+        "lock",
+        "no other deployctl holds the deployment's launch lock (a stale one is broken)",
+        check_lock,
+    ),
+    Check(
+        "launcher",
+        "what its launcher needs (a Slurm job: sbatch on the login node, a "
+        "bind_host its node is reached on, a tp its nodes divide)",
+        check_launcher,
+    ),
+    Check(
+        "gpus",
+        "its GPUs exist, are at least its share of tp, and are clean (shared with live "
+        "runs of ours: have room for its mem_fraction_static)",
+        check_gpus,
+    ),
+    Check(
+        "live runs",
+        "no run of the deployment is live, and no other run holds its GPUs or its "
+        "port (GPUs shared with fractions: their sum within the bound)",
+        check_live_runs,
+    ),
+    Check(
+        "ports",
+        "its port, and the others it listens on (bootstrap, dist_port), are free on the host",
+        check_ports,
+    ),
+    Check("module", "the host's `python` finds the command's module (SGLang)", check_module),
+    Check(
+        "patch sets", "each patch set its flags need is applied to the host's SGLang", check_patches
+    ),
+    Check(
+        "flags",
+        "the host's SGLang accepts every flag of the command (warning of those seen to crash)",
+        flag_reading,
+    ),
+    Check("paths", "its model paths and InfiniBand devices exist on the host", check_paths),
+    Check("log folder", "its log folder on the host is writable", check_log_dir),
+    Check(
+        "routing",
+        "its router is in the inventory and reaches it; a prefill and its decodes make pairs",
+        check_routing,
+    ),
+)
 
 
 def same_launch_holder(plan: Plan, holder: Mapping[str, Any], here: str) -> str:
@@ -581,67 +794,17 @@ def same_launch_holder(plan: Plan, holder: Mapping[str, Any], here: str) -> str:
     )
 
 
-def gpu_problems(
-    plan: Plan,
-    state: GpuState,
-    max_used_mib: int,
-    problems: list[str],
-    hints: list[str],
-    live: Sequence[LiveRun] = (),
-) -> GpuReport | None:
-    """Are the plan's GPUs there, enough for its tensor parallelism, and clean (or, shared
-    with live runs of ours, with room for its memory fraction)?"""
-    host, chosen = plan.host, plan.gpus
-    have = [g.index for g in state.gpus]
-    missing = [i for i in chosen or [] if i not in have]
-    if missing:
-        problems.append(
-            f"{describe_gpus(missing)} not on {host.name} (it has {describe_gpus(have)})"
-        )
-        return None
-    report = gpu_report(state, max_used_mib, chosen)
-    shared = shared_gpu_problems(
-        host.name, plan.gpu_user(), plan.siblings, gpu_sharers(plan, live), state, max_used_mib
-    )
-    if shared is not None:
-        problems += shared
-        if shared:
-            hints.append(
-                f"stop what holds them (deployctl stop -H {host.name}) or lower mem_fraction_static"
-            )
-    elif not report.clean:
-        subject = "GPUs are"
-        if chosen is not None:
-            subject = (
-                f"{describe_gpus(chosen)} of {host.name} {'is' if len(chosen) == 1 else 'are'}"
-            )
-        problems.append(f"{subject} not clean: {report.verdict()}")
-        hints.append(f"stop what holds them (deployctl stop -H {host.name}) or kill those PIDs")
-    if len(report.gpus) < plan.local_tp:
-        has = f"{host.name} has {len(report.gpus)}"
-        if chosen is not None:
-            has = (
-                f"{_deployment_words(host.deployment)} has {len(chosen)} ({describe_gpus(chosen)})"
-            )
-        needs = f"{plan.local_tp} GPUs"
-        if plan.group is not None:
-            needs += f" on each of its {host.settings.nnodes} nodes"
-        problems.append(f"tensor parallelism {plan.tp} needs {needs}; {has}")
-    return report
-
-
-def live_run_problems(
-    plan: Plan, live: Sequence[LiveRun], problems: list[str], hints: list[str]
-) -> None:
+def live_run_problems(plan: Plan, live: Sequence[LiveRun]) -> Findings:
     """Refuse a deployment already running, or one whose GPUs or port another run holds."""
+    found = Findings()
     host = plan.host
     select = f"-H {host.name}" + (f" -d {host.deployment}" if host.deployment else "")
     for run in live:
         if run["deployment"] == host.deployment:
-            problems.append(
-                f"run {run['id']} ({launcher_of(run).handle(run)}) is still running on {host.name}"
+            found.problem(
+                f"run {run['id']} ({launcher_of(run).handle(run)}) is still running on {host.name}",
+                f"stop it first (deployctl stop {select}), or launch with --replace",
             )
-            hints.append(f"stop it first (deployctl stop {select}), or launch with --replace")
             continue
         # A job's scheduler places it: nothing of this host is shared.
         if not (plan.launcher.checks_host and launcher_of(run).checks_host):
@@ -649,21 +812,20 @@ def live_run_problems(
         other = _deployment_words(run["deployment"])
         unset = unset_problem([plan.gpu_user(), live_user(run, host.name)])
         if shares_gpus(plan.gpus, run["gpus"]) and unset is not None:
-            problems.append(
+            which = f" -d {run['deployment']}" if run["deployment"] else ""
+            found.problem(
                 f"{other} holds {describe_gpus(run['gpus'])} on {host.name} (run {run['id']}, "
                 f"pid {run['pid']}); {_deployment_words(host.deployment)} needs "
-                f"{describe_gpus(plan.gpus)}; {unset}"
-            )
-            which = f" -d {run['deployment']}" if run["deployment"] else ""
-            hints.append(
-                f"{SHARE_HINT}; or stop the other first (deployctl stop -H {host.name}{which})"
+                f"{describe_gpus(plan.gpus)}; {unset}",
+                f"{SHARE_HINT}; or stop the other first (deployctl stop -H {host.name}{which})",
             )
         elif run["port"] == plan.port:
-            problems.append(
-                f"port {plan.port} on {host.name} is {other}'s (run {run['id']}, pid {run['pid']})"
+            found.problem(
+                f"port {plan.port} on {host.name} is {other}'s (run {run['id']}, pid {run['pid']})",
+                "give each deployment on a host its own `port`",
             )
-            hints.append("give each deployment on a host its own `port`")
-    live_share_problems(plan, live, problems, hints)
+    found.add(live_share_problems(plan, live))
+    return found
 
 
 def gpu_sharers(plan: Plan, live: Sequence[LiveRun]) -> list[LiveRun]:
@@ -677,20 +839,19 @@ def gpu_sharers(plan: Plan, live: Sequence[LiveRun]) -> list[LiveRun]:
     return sharing_live(others, plan.gpus)
 
 
-def live_share_problems(
-    plan: Plan, live: Sequence[LiveRun], problems: list[str], hints: list[str]
-) -> None:
+def live_share_problems(plan: Plan, live: Sequence[LiveRun]) -> Findings:
     """Refuse a plan whose GPUs, with the live runs and its launch's siblings sharing them,
     would be filled past the bound (each one's fraction set: live_run_problems refuses the
     others)."""
+    found = Findings()
     sharers = gpu_sharers(plan, live)
     users = [plan.gpu_user(), *plan.siblings, *(live_user(r, plan.host.name) for r in sharers)]
     if not sharers or unset_problem(users) is not None:
-        return
+        return found
     problem = over_bound(users, plan.host.name)
     if problem is not None:
-        problems.append(problem)
-        hints.append(SHARE_HINT)
+        found.problem(problem, SHARE_HINT)
+    return found
 
 
 def _deployment_words(name: str | None) -> str:
@@ -906,12 +1067,12 @@ def machine_name(host: Host) -> str:
     return "this machine" if host.is_local else machine(host)[1]
 
 
-def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> PairCheck:
+def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> Findings:
     """Problems, hints and warnings for a worker whose router is not in the inventory or
     could not reach it where it binds, and for a router's prefill/decode servers that do not
     make pairs (checked before anything starts). `mla`: the model uses MLA, as its host's
     preflight read it."""
-    found = PairCheck()
+    found = Findings()
     if plan.role is Role.ROUTER:
         if plan.host.settings.pd_router:
             workers = workers_of(plan.host, select)
@@ -919,22 +1080,23 @@ def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> PairCh
         return found
     if plan.node_rank != 0 or plan.host.settings.router is None:
         if plan.pd_role is not None and plan.node_rank == 0:
-            found.problems.append(f"{plan.host.label} is a {plan.pd_role} but names no router")
-            found.hints.append("a prefill and its decodes meet at a router with pd: true")
+            found.problem(
+                f"{plan.host.label} is a {plan.pd_role} but names no router",
+                "a prefill and its decodes meet at a router with pd: true",
+            )
         return found
     try:
         router = router_of(plan.host, select)
     except DeployctlError as exc:
-        found.problems.append(exc.message)
-        found.hints += [exc.hint] if exc.hint else []
+        found.problem(exc.message, exc.hint or None)
         return found
     if router is None:
         return found
     problem = reachability_problem(plan.host, router, plan.bind_host)
     if problem is not None:
-        found.problems.append(problem)
-        found.hints.append(
-            "bind the worker where its router reaches it (bind_host: 0.0.0.0), or set worker_url"
+        found.problem(
+            problem,
+            "bind the worker where its router reaches it (bind_host: 0.0.0.0), or set worker_url",
         )
     settings = router.settings
     if not settings.pd_router and plan.pd_role is None:
@@ -942,9 +1104,7 @@ def routing_check(select: Select, plan: Plan, mla: bool | None = None) -> PairCh
     others = [pd_server(w) for w in workers_of(router, select)]
     pd_router = PdRouter(router.label, router.address, settings.pd_router, settings.request_timeout)
     pairs = check_server(pd_server(plan.host, plan), others, pd_router, mla)
-    found.problems += pairs.problems
-    found.hints += pairs.hints
-    found.warnings += pairs.warnings
+    found.add(pairs)
     return found
 
 
@@ -978,8 +1138,7 @@ def check_software(
         skew = skew_problem([(r.plan.host.label, r.software) for r in read if r is not None])
         first = read[0]
         if skew is not None and first is not None:
-            first.problems.append(f"{name} would run different SGLang or patch sets: {skew}")
-            first.hints.append(SKEW_HINT)
+            first.problem(f"{name} would run different SGLang or patch sets: {skew}", SKEW_HINT)
 
 
 def pd_server(host: Host, plan: Plan | None = None) -> PdServer:

@@ -59,7 +59,6 @@ from deployctl.ops.plan import (
     Role,
     check_software,
     release_lock,
-    routing_check,
     run_preflight,
     shares_a_gpu,
 )
@@ -436,14 +435,16 @@ def launch(
         # The lock is held until the wait ends: a second launch must not slip in while
         # the first server has not yet bound its port.
         alongside = (beside or {}).get(host.label)
-        result = run_preflight(
-            plan, conn, max_used_mib, timeout + 120, alongside, host.label in replacing, launch_id
+        return run_preflight(
+            plan,
+            conn,
+            max_used_mib,
+            timeout + 120,
+            alongside,
+            host.label in replacing,
+            launch_id,
+            fleet.select,
         )
-        routing = routing_check(fleet.select, plan, result.model_mla)
-        result.problems += routing.problems
-        result.hints = list(dict.fromkeys(result.hints + routing.hints))
-        result.warnings += routing.warnings
-        return result
 
     preflights = fleet.run(preflight, [p.host for p in plans])
     check_software(plans, fleet.select, preflights.succeeded)
