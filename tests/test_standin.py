@@ -637,7 +637,18 @@ def test_the_off_state_above_a_patched_threshold_steps_slower_than_plain(
     ):  # fmt: skip
         level = bench_level(server, concurrency, 60)
         assert level["failed"] == 0 and level["output_tokens"] == 60 * concurrency, level
-        assert_paced(level, modelled)
+        if server is not patched or concurrency <= 4:
+            assert_paced(level, modelled)
+            continue
+        # Above T the level's throughput is a mix: streams that start or end apart leave 4
+        # or fewer running, which draft (a loaded machine's best round read 1.06 of the off
+        # state's pace). Most tokens come from the full batch: its step is the median gap.
+        step_ms = (MODEL["step_ms"] + MODEL["per_req_ms"] * 8) * 1.8
+        itl = level["itl_ms"]["p50"]
+        assert 0.95 * step_ms <= itl <= step_ms / 0.7, (
+            f"median inter-token gap {itl:.1f} ms, {itl / step_ms:.3f} of the off state's step "
+            f"({step_ms:.1f} ms), bounds 0.95 to 1.43: {level}"
+        )
 
 
 @pytest.mark.parametrize("factor", [0, -1.5, "2", True, None])
