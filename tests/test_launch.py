@@ -1,4 +1,4 @@
-"""Preflight (ops/plan.py) over real sshd hosts: each problem is said once, with its hint."""
+"""Preflight (ops/preflight.py) over real sshd hosts: each problem is said once, with its hint."""
 
 from __future__ import annotations
 

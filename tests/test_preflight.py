@@ -1,4 +1,4 @@
-"""Preflight's checks (PREFLIGHT_CHECKS in ops/plan.py), each run on a small plan and a host's
+"""Preflight's checks (PREFLIGHT_CHECKS in ops/preflight.py), each run on a small plan and a host's
 reply built here: nothing is reached. README's list of what preflight checks is the table's."""
 
 from __future__ import annotations
@@ -14,13 +14,8 @@ import pytest
 from deployctl.facts import ProbeOutput
 from deployctl.findings import Findings
 from deployctl.inventory import DEFAULT_VARS, Host
-from deployctl.ops.plan import (
-    ONE_MACHINE_HINT,
-    PREFLIGHT_CHECKS,
-    HostFacts,
-    Plan,
-    judge,
-)
+from deployctl.ops.plan import ONE_MACHINE_HINT, Plan
+from deployctl.ops.preflight import PREFLIGHT_CHECKS, HostFacts, judge
 from deployctl.patchset import PatchSet, load_patch_sets
 from deployctl.project import SHIPPED_DATA
 from deployctl.remote.protocol import LiveRun, PreflightReply

@@ -14,7 +14,8 @@ from deployctl.events import WaitEnded, Watching
 from deployctl.fanout import FleetResult, HostResult
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import runs
-from deployctl.ops.plan import Plan, Preflight
+from deployctl.ops.plan import Plan
+from deployctl.ops.preflight import Preflight
 from deployctl.ops.runs import LaunchReport, Outcome, RunState, RunStatus, UnitState
 from deployctl.present import documents, views
 from deployctl.present.live import watch_text

@@ -23,7 +23,8 @@ from deployctl.fanout import Fleet
 from deployctl.inventory import Host, load_inventory
 from deployctl.ops.gpus import check_gpus
 from deployctl.ops.patch import audit_host
-from deployctl.ops.plan import plan_launch, release_lock, run_preflight
+from deployctl.ops.plan import plan_launch
+from deployctl.ops.preflight import release_lock, run_preflight
 from deployctl.ops.runs import run_status
 from deployctl.patchset import load_patch_sets
 from deployctl.project import SHIPPED_DATA, Project

@@ -17,7 +17,7 @@ from deployctl.deployments import deployment_targets
 from deployctl.errors import DeployctlError, InventoryError, PreflightError
 from deployctl.facts import Gpu, GpuProcess, GpuState, parse_gpus_command
 from deployctl.inventory import DEFAULT_VARS, Host
-from deployctl.ops import plan
+from deployctl.ops import preflight
 from deployctl.ops.gpus import GpuReport, gpu_report
 from deployctl.ops.plan import Plan, plan_launch
 from deployctl.ops.runs import start_waves
@@ -141,7 +141,7 @@ def test_a_fraction_outside_0_to_1_is_refused_naming_host_deployment_and_variabl
 
 
 def test_the_launch_and_the_agent_name_a_sharing_launch_alike() -> None:
-    assert plan.SHARING_OP == locks.SHARING_OP
+    assert preflight.SHARING_OP == locks.SHARING_OP
 
 
 def test_one_launchs_sharers_of_a_gpu_hold_their_locks_together_and_no_one_else(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from deployctl.ops.patch import PatchFacts
-from deployctl.ops.plan import Preflight, check_software, software_groups
+from deployctl.ops.preflight import Preflight, check_software, software_groups
 from deployctl.ops.skew import AppliedPatch, Software, skew_problem, software_of
 from deployctl.remote.patch_types import PatchRecord
 from tests.test_disaggregation import fleet, pair

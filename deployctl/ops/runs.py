@@ -53,15 +53,8 @@ from deployctl.ops.gpus import (
     find_holders,
     gpu_report,
 )
-from deployctl.ops.plan import (
-    Plan,
-    Preflight,
-    Role,
-    check_software,
-    release_lock,
-    run_preflight,
-    shares_a_gpu,
-)
+from deployctl.ops.plan import Plan, Role, shares_a_gpu
+from deployctl.ops.preflight import Preflight, check_software, release_lock, run_preflight
 from deployctl.ops.router import (
     Registration,
     RouterState,

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from deployctl.ops.kept import Kept
     from deployctl.ops.logs import LocalCrashes, LogScan
     from deployctl.ops.patch import AuditReport, PatchAction, SetState
-    from deployctl.ops.plan import Preflight
+    from deployctl.ops.preflight import Preflight
     from deployctl.ops.rollout import RolloutReport, UnitPlan, UnitResult
     from deployctl.ops.router import Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit

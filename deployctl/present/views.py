@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from deployctl.ops.kept import Kept
     from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
     from deployctl.ops.patch import AuditReport, PatchAction
-    from deployctl.ops.plan import Preflight
     from deployctl.ops.port import PortReport
+    from deployctl.ops.preflight import Preflight
     from deployctl.ops.rollout import RolloutReport, UnitPlan
     from deployctl.ops.router import ListedWorker, Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult

@@ -32,7 +32,8 @@ from deployctl.ops.driver import drive
 from deployctl.ops.flags import server_argv
 from deployctl.ops.kept import Kept
 from deployctl.ops.patch import apply_patches
-from deployctl.ops.plan import Plan, Role, client_identity, is_stale, plan_launch
+from deployctl.ops.plan import Plan, Role, plan_launch
+from deployctl.ops.preflight import client_identity, is_stale
 from deployctl.ops.router import router_lock_of
 from deployctl.ops.runs import (
     DEFAULT_STOP_TIMEOUT,
