@@ -1,7 +1,7 @@
 """The version of the `--json` contract: every document carries it as its `schema` key.
 
 The shape of each command's document is shipped as a JSON Schema in data/schemas/, generated
-from present/contract.py (`python -m deployctl.present.contract --write`).
+from tools/contract.py (`python -m tools.contract --write`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The `--json` contract, declared once: every shape a document has, and each command's schema
-built from them. `python -m deployctl.present.contract --write` generates the shipped files in
-data/schemas/ from it (self-contained: each carries the `$defs` it uses); `--check` fails with
-the diff when the files and this source drift (tests/test_schema_source.py runs it).
+built from them. `python -m tools.contract --write` generates the shipped files in
+deployctl/data/schemas/ from it (self-contained: each carries the `$defs` it uses); `--check`
+fails with the diff when the files and this source drift (tests/test_schema_source.py runs it).
+A development tool: it lives outside the installed package, which only ships the files.
 
 Declared here rather than as TypedDicts: documents are plain dicts built in documents.py, and
 the contract says what types cannot (keys required only when an entry is ok, a variant per
@@ -31,9 +32,9 @@ from deployctl.remote.measures import (
 
 Schema = dict[str, Any]
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "data" / "schemas"
+SCHEMAS = Path(__file__).resolve().parent.parent / "deployctl" / "data" / "schemas"
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
-REGENERATE = "python -m deployctl.present.contract --write"
+REGENERATE = "python -m tools.contract --write"
 
 POLICY = {"enum": [str(p) for p in SpeculationPolicy]}  # tune --live --policies
 
@@ -2097,7 +2098,7 @@ def main(argv: Sequence[str]) -> int:
             sys.stderr.write("".join(found))
             sys.stderr.write(f"The shipped schemas drifted from their source: run {REGENERATE}\n")
         return 1 if found else 0
-    sys.stderr.write("usage: python -m deployctl.present.contract --write | --check\n")
+    sys.stderr.write("usage: python -m tools.contract --write | --check\n")
     return 2
 
 
