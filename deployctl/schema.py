@@ -6,12 +6,13 @@ from tools/contract.py (`python -m tools.contract --write`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 # Raise it when a document loses, renames or retypes a key; a key added is no break.
 SCHEMA_VERSION = 1
 
 
-def versioned(document: dict[str, Any]) -> dict[str, Any]:
+def versioned(document: Mapping[str, Any]) -> dict[str, Any]:
     """Return the document with the contract's version as its first key."""
     return {"schema": SCHEMA_VERSION, **document}

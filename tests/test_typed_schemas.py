@@ -1,16 +1,66 @@
-"""The generator of schemas from types (tools/typed_schema.py): each construct a document's
-TypedDict may use, and what it refuses.
+"""The typed documents (deployctl/present/shapes.py) and their shipped schemas are one
+declaration: each typed shape's `$defs` entry in every file that ships it is what the generator
+(tools/typed_schema.py) makes of its TypedDict, and the documents built from results validate.
 
 No `from __future__ import annotations` here: the sample TypedDicts below have NotRequired keys.
 """
 
+import json
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 import pytest
 from jsonschema import Draft202012Validator
 
+from deployctl.crash.model import CrashReport
+from deployctl.errors import UsageError
+from deployctl.ops.bench import Suggestion
+from deployctl.ops.patch import AuditReport, FileState, PatchState, SetState
+from deployctl.ops.router import Registration
+from deployctl.patchset import load_patch_set
+from deployctl.present import documents, shapes
+from deployctl.project import SHIPPED_DATA
+from deployctl.remote.protocol import JobInfo
+from tests.json_contract import SCHEMAS
+from tests.test_rollout_schema import report as rollout_report
+from tools import contract
 from tools.typed_schema import TypedSchemas
+
+
+def shipped() -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in SCHEMAS.glob("*.json")}
+
+
+def disagreements(typed: TypedSchemas) -> list[str]:
+    """Each (definition, file) whose shipped schema is not what the type generates."""
+    files = shipped()
+    found = []
+    for name, schema in typed.definitions().items():
+        for command, whole in files.items():
+            if name in whole.get("$defs", {}) and whole["$defs"][name] != schema:
+                found.append(f"{name} in {command}.json")
+    return found
+
+
+def test_each_typed_shape_is_shipped_as_its_type_generates_it() -> None:
+    assert not disagreements(contract.TYPED), "run python -m tools.contract --write"
+    defs = {name for whole in shipped().values() for name in whole.get("$defs", {})}
+    assert set(contract.TYPED.named) <= defs  # each is shipped somewhere
+    for name in contract.TYPED.named:
+        assert contract.DEFINITIONS[name] == contract.TYPED.definitions()[name]
+
+
+class WiderRegistration(shapes.Registration):
+    drained: bool
+
+
+def test_a_type_that_differs_from_its_shipped_schema_is_found() -> None:
+    # A key added to the type (or a value's type changed) and not regenerated.
+    wider = TypedSchemas({**contract.TYPED.named, "registration": WiderRegistration})
+    assert set(disagreements(wider)) >= {"registration in stop.json", "registration in launch.json"}
+    keywords = {**contract.TYPED.keywords, "job": {}}  # additionalProperties dropped
+    assert "job in status.json" in disagreements(TypedSchemas(contract.TYPED.named, keywords))
+
 
 # ---- the generator -----------------------------------------------------------------------
 
@@ -122,3 +172,48 @@ def test_a_not_required_key_read_as_required_is_refused() -> None:
     if "x" in late.__required_keys__:
         with pytest.raises(TypeError, match="NotRequired but required"):
             TypedSchemas({}).definition(late)
+
+
+# ---- the typed documents, built from results, validate -----------------------------------
+
+
+def shape_check(command: str, name: str) -> Draft202012Validator:
+    schema = shipped()[command]
+    return Draft202012Validator({"$ref": f"#/$defs/{name}", "$defs": schema["$defs"]})
+
+
+def valid(command: str, name: str, document: Any) -> None:
+    # As printed: enums are their values.
+    errors = list(shape_check(command, name).iter_errors(json.loads(json.dumps(document))))
+    assert not errors, [e.message for e in errors]
+
+
+def test_the_typed_documents_validate_against_their_schemas() -> None:
+    valid("stop", "failure", documents.failure_document(UsageError("no such inventory")))
+    valid("stop", "registration", documents.registration_json(Registration("a/w", "r", "u", True)))
+    valid("launch", "registration", documents.registration_json(Registration("a/w", "r", "u", False, "down")))  # fmt: skip
+    job: JobInfo = {"id": "42", "state": "RUNNING", "reason": "", "nodes": ["n1"],
+                    "head": "10.0.0.1", "time_left": None, "exit_code": ""}  # fmt: skip
+    valid("status", "job", documents.job_json(job))
+    crash = CrashReport("E", "boom", None, None, None, ("TP0",), 3, "sig", "T", "hint")
+    valid("crash", "crashReport", crash.to_json())
+    suggestion = Suggestion("base", "spec", [(1, 10.0, 20.0), (8, 80.0, 60.0)], 1, (1, 8))
+    valid("bench", "suggestion", documents.suggestion_document(suggestion))
+    sets = [load_patch_set(p) for p in sorted((SHIPPED_DATA / "patches").iterdir()) if p.is_dir()]
+    assert sets
+    valid("patch-list", "patchList", documents.patch_list_document(sets))
+    state = SetState(PatchState.PARTLY, "1.0.0", "1.0.0", "a.py", True,
+                     {"a.py": FileState.APPLIED, "b.py": FileState.MISSING})  # fmt: skip
+    audit = documents.audit_json(AuditReport("0.5.0", {"set": state}, ("set",)))
+    valid("patch-audit", "auditOutcome", {"ok": True, "error": None, "code": None, **audit})
+    valid("rollout", "rollout", documents.rollout_document(rollout_report()))
+    valid("rollout", "rollout", documents.rollout_document(rollout_report(dry_run=True)))
+
+
+def test_an_enum_value_outside_the_type_breaks_the_schema() -> None:
+    state = SetState(PatchState.APPLIED, "1.0.0", "1.0.0")
+    document: dict[str, Any] = {**documents.set_state_json(state)}
+    valid("patch-audit", "setState", document)
+    assert list(shape_check("patch-audit", "setState").iter_errors({**document, "state": "gone"}))
+    unit: dict[str, Any] = {**documents.rollout_document(rollout_report())["units"][0]}
+    assert list(shape_check("rollout", "rolloutUnit").iter_errors({**unit, "outcome": "done"}))

@@ -182,7 +182,7 @@ class TuneParams(TuneParamsBase, total=False):
 
 
 class CrashRecord(TypedDict):
-    """A crash found in a log, as `crash --json` shows it (CrashReport.to_json)."""
+    """One distinct crash found in a log, explained by the catalog signature it matched."""
 
     exception: str
     message: str
