@@ -96,17 +96,6 @@ class PatchSet:
             )
         return variant
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "hash": self.short_hash,
-            "sglang_versions": sorted(self.variants),
-            "description": self.description,
-            "requires": list(self.requires),
-            "flags": [rule.flag for rule in self.flags],
-        }
-
 
 def version_key(version: str) -> tuple[int, ...]:
     """Order dotted numeric versions (1.10.0 > 1.9.2)."""

@@ -23,6 +23,7 @@ from deployctl.patchset import (
     sets_for_flags,
     version_key,
 )
+from deployctl.present.documents import patch_set_json
 from deployctl.project import SHIPPED_DATA
 
 DIFF = """\
@@ -230,7 +231,8 @@ def test_a_complete_patch_yml_loads_every_field(tmp_path: Path) -> None:
     assert variant.files == ("sglang/a.py", "sglang/b.py", "sglang/c.py")  # each once, in order
     assert patch_set.variant_for("0.6").files == ("sglang/z.py",)
     assert patch_set.variant_for("0.6").verify == ()
-    assert patch_set.to_json() == {
+    # `patch list --json`'s entry
+    assert patch_set_json(patch_set) == {
         "name": "demo",
         "version": "2.10.3",
         "hash": patch_set.content_hash[:12],

@@ -1,4 +1,4 @@
-"""The shipped schemas are generated from one source, deployctl/present/contract.py: the
+"""The shipped schemas are generated from one source, tools/contract.py: the
 files match it, each shape has one name and one declaration, and the shared shapes still
 reject what they rejected when each file had its own copy."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from deployctl.present import contract
 from tests.json_contract import SCHEMAS
+from tools import contract
 
 
 def shipped_defs() -> dict[str, dict[str, str]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from deployctl.ops.tune.live import LiveCrossover, LiveReport
     from deployctl.ops.tune.race import RaceResult
     from deployctl.patchset import PatchSet
+    from deployctl.present import shapes
     from deployctl.remote.measures import LiveRecord
     from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
@@ -47,7 +48,7 @@ T = TypeVar("T")
 # ---- the per-host shape ------------------------------------------------------------------
 
 
-def failure_document(exc: BaseException) -> dict[str, Any]:
+def failure_document(exc: BaseException) -> shapes.Failure:
     """The document of a command that failed as a whole (a bad inventory, an unknown -d):
     what a failed host carries, for the command."""
     message, hint = explain(exc)
@@ -141,8 +142,20 @@ def gpus_json(report: GpuReport) -> dict[str, Any]:
     }
 
 
-def patch_list_document(sets: Iterable[PatchSet]) -> dict[str, Any]:
-    return {"patches": [s.to_json() for s in sets]}
+def patch_list_document(sets: Iterable[PatchSet]) -> shapes.PatchList:
+    return {"patches": [patch_set_json(s) for s in sets]}
+
+
+def patch_set_json(patch_set: PatchSet) -> shapes.PatchSetEntry:
+    return {
+        "name": patch_set.name,
+        "version": patch_set.version,
+        "hash": patch_set.short_hash,
+        "sglang_versions": sorted(patch_set.variants),
+        "description": patch_set.description,
+        "requires": list(patch_set.requires),
+        "flags": [rule.flag for rule in patch_set.flags],
+    }
 
 
 def action_text(action: PatchAction) -> str:
@@ -164,14 +177,14 @@ def patch_actions_json(actions: list[PatchAction]) -> dict[str, Any]:
     return {"patches": [patch_action_json(a) for a in actions]}
 
 
-def set_state_json(state: SetState) -> dict[str, Any]:
+def set_state_json(state: SetState) -> shapes.SetState:
     return {
-        "state": state.state.value,
+        "state": state.state,
         "version": state.version,
         "expected_version": state.expected_version,
         "detail": state.detail,
         "recorded": state.recorded,
-        "files": {path: file.value for path, file in state.files.items()},
+        "files": dict(state.files),
     }
 
 
@@ -302,7 +315,7 @@ def _refusal(preflight: Preflight) -> dict[str, Any]:
     return {"error": error, "code": "preflight", **({"hint": hint} if hint else {})}
 
 
-def registration_json(change: Registration) -> dict[str, Any]:
+def registration_json(change: Registration) -> shapes.Registration:
     return {
         "worker": change.worker,
         "router": change.router,
@@ -391,7 +404,7 @@ def job_fields(job: JobInfo | None) -> dict[str, Any]:
     return {"job": job_json(job)} if job is not None else {}
 
 
-def job_json(job: JobInfo) -> dict[str, Any]:
+def job_json(job: JobInfo) -> shapes.Job:
     """A Slurm job: its id, state, why it waits, its nodes, the time it has left."""
     return {
         "id": job["id"],
@@ -495,7 +508,7 @@ def comparison_document(result: Comparison) -> dict[str, Any]:
     }
 
 
-def suggestion_document(result: Suggestion) -> dict[str, Any]:
+def suggestion_document(result: Suggestion) -> shapes.Suggestion:
     return {
         "baseline": result.baseline,
         "speculative": result.speculative,
@@ -602,7 +615,8 @@ def event_json(event: Event) -> dict[str, Any]:
 # ---- rollout ------------------------------------------------------------------------------
 
 
-def unit_plan_json(unit: UnitPlan) -> dict[str, Any]:
+def unit_plan_json(unit: UnitPlan) -> shapes.RolloutUnit:
+    """A unit's plan: the keys every unit has (--dry-run's)."""
     return {
         "unit": unit.name,
         "changes": unit.changes,
@@ -615,9 +629,9 @@ def unit_plan_json(unit: UnitPlan) -> dict[str, Any]:
     }
 
 
-def unit_result_json(result: UnitResult) -> dict[str, Any]:
+def unit_result_json(result: UnitResult) -> shapes.UnitResultFields:
     return {
-        "outcome": result.outcome.value,
+        "outcome": result.outcome,
         "ok": result.ok,
         "old_run": result.old_run,
         "new_run": result.new_run,
@@ -636,6 +650,14 @@ def unit_result_json(result: UnitResult) -> dict[str, Any]:
     }
 
 
+def rollout_unit(plan: UnitPlan, done: Mapping[str, UnitResult]) -> shapes.RolloutUnit:
+    """A unit's plan and, once acted on, what was done with it."""
+    unit = unit_plan_json(plan)
+    if plan.name not in done:
+        return unit
+    return {**unit, **unit_result_json(done[plan.name])}
+
+
 def canary_document(report: CanaryReport) -> dict[str, Any]:
     """The canary's record (as kept on the router's host), its units' plans and results."""
     from deployctl.ops.canary import canary_record
@@ -648,10 +670,7 @@ def canary_document(report: CanaryReport) -> dict[str, Any]:
         **canary_record(report, done=True),
         "already_current": report.plan.already_current,
         "not_judged": report.plan.not_judged,
-        "units": [
-            {**unit_plan_json(p), **(unit_result_json(done[p.name]) if p.name in done else {})}
-            for p in plans
-        ],
+        "units": [rollout_unit(p, done) for p in plans],
         "keep_error": report.keep_error or None,
     }
 
@@ -664,12 +683,8 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
     plan = report.plan
     inventory = plan.inventory_threshold
 
-    def units(plans: Sequence[UnitPlan | None]) -> list[dict[str, Any]]:
-        return [
-            {**unit_plan_json(u), **(unit_result_json(done[u.name]) if u.name in done else {})}
-            for u in plans
-            if u is not None
-        ]
+    def units(plans: Sequence[UnitPlan | None]) -> list[shapes.RolloutUnit]:
+        return [rollout_unit(u, done) for u in plans if u is not None]
 
     return {
         "ok": report.ok,
@@ -693,7 +708,7 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
         "race": None if report.race is None else race_json(report.race, report),
         "kept": None if report.kept is None else str(report.kept),
         "units": units([plan.speculative, plan.plain]),
-        "actions": [unit_result_json(a) | {"unit": a.name} for a in report.actions],
+        "actions": [{**unit_result_json(a), "unit": a.name} for a in report.actions],
         "window": report.window,
         "keep_error": report.keep_error or None,
     }
@@ -792,14 +807,11 @@ def race_json(race: RaceResult, report: LiveReport) -> dict[str, Any]:
     }
 
 
-def rollout_document(report: RolloutReport) -> dict[str, Any]:
+def rollout_document(report: RolloutReport) -> shapes.Rollout:
     done = {u.name: u for u in report.units}
     return {
         "ok": report.ok,
         "dry_run": report.dry_run,
         "interrupted": report.interrupted,
-        "units": [
-            {**unit_plan_json(p), **(unit_result_json(done[p.name]) if p.name in done else {})}
-            for p in report.plans
-        ],
+        "units": [rollout_unit(p, done) for p in report.plans],
     }

@@ -108,7 +108,7 @@ class TuneRecordsReply(TypedDict):
 # ---- the tune record: tunes/<n>.json on the host, and `tune --json`'s entry ---------------
 # Its keys are read by views.py, present/tune_report.py, plot.py and the dashboard's app.js;
 # the host (records.is_tune_record) and the client (agent.shape_problems) check a kept one
-# against these declarations, and tune.json's `record` is generated from them (contract.py).
+# against these declarations, and tune.json's `record` is generated from them (tools/contract.py).
 
 
 class Crossover(TypedDict):
@@ -182,7 +182,7 @@ class TuneParams(TuneParamsBase, total=False):
 
 
 class CrashRecord(TypedDict):
-    """A crash found in a log, as `crash --json` shows it (CrashReport.to_json)."""
+    """One distinct crash found in a log, explained by the catalog signature it matched."""
 
     exception: str
     message: str

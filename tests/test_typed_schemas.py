@@ -1,0 +1,219 @@
+"""The typed documents (deployctl/present/shapes.py) and their shipped schemas are one
+declaration: each typed shape's `$defs` entry in every file that ships it is what the generator
+(tools/typed_schema.py) makes of its TypedDict, and the documents built from results validate.
+
+No `from __future__ import annotations` here: the sample TypedDicts below have NotRequired keys.
+"""
+
+import json
+from enum import StrEnum
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from deployctl.crash.model import CrashReport
+from deployctl.errors import UsageError
+from deployctl.ops.bench import Suggestion
+from deployctl.ops.patch import AuditReport, FileState, PatchState, SetState
+from deployctl.ops.router import Registration
+from deployctl.patchset import load_patch_set
+from deployctl.present import documents, shapes
+from deployctl.project import SHIPPED_DATA
+from deployctl.remote.protocol import JobInfo
+from tests.json_contract import SCHEMAS
+from tests.test_rollout_schema import report as rollout_report
+from tools import contract
+from tools.typed_schema import TypedSchemas
+
+
+def shipped() -> dict[str, dict[str, Any]]:
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in SCHEMAS.glob("*.json")}
+
+
+def disagreements(typed: TypedSchemas) -> list[str]:
+    """Each (definition, file) whose shipped schema is not what the type generates."""
+    files = shipped()
+    found = []
+    for name, schema in typed.definitions().items():
+        for command, whole in files.items():
+            if name in whole.get("$defs", {}) and whole["$defs"][name] != schema:
+                found.append(f"{name} in {command}.json")
+    return found
+
+
+def test_each_typed_shape_is_shipped_as_its_type_generates_it() -> None:
+    assert not disagreements(contract.TYPED), "run python -m tools.contract --write"
+    defs = {name for whole in shipped().values() for name in whole.get("$defs", {})}
+    assert set(contract.TYPED.named) <= defs  # each is shipped somewhere
+    for name in contract.TYPED.named:
+        assert contract.DEFINITIONS[name] == contract.TYPED.definitions()[name]
+
+
+class WiderRegistration(shapes.Registration):
+    drained: bool
+
+
+def test_a_type_that_differs_from_its_shipped_schema_is_found() -> None:
+    # A key added to the type (or a value's type changed) and not regenerated.
+    wider = TypedSchemas({**contract.TYPED.named, "registration": WiderRegistration})
+    assert set(disagreements(wider)) >= {"registration in stop.json", "registration in launch.json"}
+    keywords = {**contract.TYPED.keywords, "job": {}}  # additionalProperties dropped
+    assert "job in status.json" in disagreements(TypedSchemas(contract.TYPED.named, keywords))
+
+
+# ---- the generator -----------------------------------------------------------------------
+
+
+class Color(StrEnum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Inner(TypedDict):
+    """An inner object."""
+
+    n: int
+
+
+class Named(TypedDict):
+    x: float
+
+
+class Sample(TypedDict):
+    """A sample of every construct.
+    Its docstring is one line."""
+
+    text: str
+    count: Annotated[int, "How many.", {"minimum": 1}]
+    ratio: float | None
+    flag: bool
+    maybe_flag: bool | None
+    items: list[int] | None
+    color: Color
+    maybe_color: Color | None
+    kind: Literal["a", "b"]
+    ok: Literal[False]
+    inner: Inner
+    named: Named | None
+    names: dict[str, list[Named]]
+    free: dict[str, Any]
+    later: NotRequired[Annotated[str, "Only sometimes."]]
+
+
+def test_the_generator_maps_each_construct() -> None:
+    schema = TypedSchemas({"named": Named}).definition(Sample, additionalProperties=False)
+    assert schema == {
+        "type": "object",
+        "description": "A sample of every construct. Its docstring is one line.",
+        "required": [
+            "text", "count", "ratio", "flag", "maybe_flag", "items", "color", "maybe_color",
+            "kind", "ok", "inner", "named", "names", "free",
+        ],
+        "properties": {
+            "text": {"type": "string"},
+            "count": {"type": "integer", "description": "How many.", "minimum": 1},
+            "ratio": {"type": ["number", "null"]},
+            "flag": {"type": "boolean"},
+            "maybe_flag": {"type": ["boolean", "null"]},
+            "items": {"type": ["array", "null"], "items": {"type": "integer"}},
+            "color": {"enum": ["red", "blue"]},
+            "maybe_color": {"enum": ["red", "blue", None]},
+            "kind": {"enum": ["a", "b"]},
+            "ok": {"const": False},
+            "inner": {
+                "type": "object",
+                "description": "An inner object.",
+                "required": ["n"],
+                "properties": {"n": {"type": "integer"}},
+            },
+            "named": {"anyOf": [{"$ref": "#/$defs/named"}, {"type": "null"}]},
+            "names": {
+                "type": "object",
+                "additionalProperties": {"type": "array", "items": {"$ref": "#/$defs/named"}},
+            },
+            "free": {"type": "object"},
+            "later": {"type": "string", "description": "Only sometimes."},
+        },
+        "additionalProperties": False,
+    }  # fmt: skip
+    Draft202012Validator.check_schema(schema)
+
+
+def test_the_generator_refuses_what_it_cannot_say() -> None:
+    class Keyed(TypedDict):
+        by_number: dict[int, str]
+
+    class Odd(TypedDict):
+        value: complex
+
+    with pytest.raises(TypeError, match="keys are strings"):
+        TypedSchemas({}).definition(Keyed)
+    with pytest.raises(TypeError, match="no JSON Schema"):
+        TypedSchemas({}).definition(Odd)
+    with pytest.raises(TypeError, match="not a TypedDict"):
+        TypedSchemas({}).definition(dict)
+    with pytest.raises(TypeError, match="not declared"):
+        TypedSchemas({"named": Named}, keywords={"other": {}})
+
+
+def test_a_not_required_key_read_as_required_is_refused() -> None:
+    # Under `from __future__ import annotations` Python 3.11 counts a NotRequired key as
+    # required: the generator says so rather than ship a wrong `required`.
+    namespace: dict[str, Any] = {"__name__": __name__}
+    exec(
+        "from __future__ import annotations\n"
+        "from typing import NotRequired, TypedDict\n"
+        "class Late(TypedDict):\n"
+        "    x: NotRequired[int]\n",
+        namespace,
+    )
+    late = namespace["Late"]
+    if "x" in late.__required_keys__:
+        with pytest.raises(TypeError, match="NotRequired but required"):
+            TypedSchemas({}).definition(late)
+
+
+# ---- the typed documents, built from results, validate -----------------------------------
+
+
+def shape_check(command: str, name: str) -> Draft202012Validator:
+    schema = shipped()[command]
+    return Draft202012Validator({"$ref": f"#/$defs/{name}", "$defs": schema["$defs"]})
+
+
+def valid(command: str, name: str, document: Any) -> None:
+    # As printed: enums are their values.
+    errors = list(shape_check(command, name).iter_errors(json.loads(json.dumps(document))))
+    assert not errors, [e.message for e in errors]
+
+
+def test_the_typed_documents_validate_against_their_schemas() -> None:
+    valid("stop", "failure", documents.failure_document(UsageError("no such inventory")))
+    valid("stop", "registration", documents.registration_json(Registration("a/w", "r", "u", True)))
+    valid("launch", "registration", documents.registration_json(Registration("a/w", "r", "u", False, "down")))  # fmt: skip
+    job: JobInfo = {"id": "42", "state": "RUNNING", "reason": "", "nodes": ["n1"],
+                    "head": "10.0.0.1", "time_left": None, "exit_code": ""}  # fmt: skip
+    valid("status", "job", documents.job_json(job))
+    crash = CrashReport("E", "boom", None, None, None, ("TP0",), 3, "sig", "T", "hint")
+    valid("crash", "crashReport", crash.to_json())
+    suggestion = Suggestion("base", "spec", [(1, 10.0, 20.0), (8, 80.0, 60.0)], 1, (1, 8))
+    valid("bench", "suggestion", documents.suggestion_document(suggestion))
+    sets = [load_patch_set(p) for p in sorted((SHIPPED_DATA / "patches").iterdir()) if p.is_dir()]
+    assert sets
+    valid("patch-list", "patchList", documents.patch_list_document(sets))
+    state = SetState(PatchState.PARTLY, "1.0.0", "1.0.0", "a.py", True,
+                     {"a.py": FileState.APPLIED, "b.py": FileState.MISSING})  # fmt: skip
+    audit = documents.audit_json(AuditReport("0.5.0", {"set": state}, ("set",)))
+    valid("patch-audit", "auditOutcome", {"ok": True, "error": None, "code": None, **audit})
+    valid("rollout", "rollout", documents.rollout_document(rollout_report()))
+    valid("rollout", "rollout", documents.rollout_document(rollout_report(dry_run=True)))
+
+
+def test_an_enum_value_outside_the_type_breaks_the_schema() -> None:
+    state = SetState(PatchState.APPLIED, "1.0.0", "1.0.0")
+    document: dict[str, Any] = {**documents.set_state_json(state)}
+    valid("patch-audit", "setState", document)
+    assert list(shape_check("patch-audit", "setState").iter_errors({**document, "state": "gone"}))
+    unit: dict[str, Any] = {**documents.rollout_document(rollout_report())["units"][0]}
+    assert list(shape_check("rollout", "rolloutUnit").iter_errors({**unit, "outcome": "done"}))
