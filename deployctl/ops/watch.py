@@ -82,6 +82,8 @@ class Supervisor:
         )  # fmt: skip
 
     def _restart_if_crashed(self, unit: Unit, now: float) -> None:
+        # The backoff is judged by the clock now (an earlier unit's relaunch this round may
+        # have taken minutes); a hold by the round's `now`, when the prefills were noted.
         if not self.restarts.due(unit, self.clock()):
             return
         hold = self.pairs.hold(unit, self.side_of(unit), now)
