@@ -63,7 +63,7 @@ from deployctl.connection import Connection, ConnectOptions  # noqa: E402
 from deployctl.crash.catalog import default_catalog  # noqa: E402
 from deployctl.fanout import Fleet  # noqa: E402
 from deployctl.inventory import Host, load_inventory  # noqa: E402
-from deployctl.ops.server import TOP_TAIL_BYTES, metrics_round  # noqa: E402
+from deployctl.ops.rounds import TOP_TAIL_BYTES, metrics_round  # noqa: E402
 from deployctl.remote import bootstrap  # noqa: E402
 from deployctl.remote.measures import EchoArgs  # noqa: E402
 from deployctl.remote.protocol import (  # noqa: E402

@@ -5,7 +5,7 @@ launches the stand-in with metrics on each, then, side by side in one run:
 
   fresh    `deployctl status --metrics --json` as a new process (imports, SSH handshakes,
            one status round trip per host), wall time per call
-  refresh  one round of `top` (deployctl.ops.server.metrics_rounds, what `top` runs between
+  refresh  one round of `top` (deployctl.ops.rounds.metrics_rounds, what `top` runs between
            its sleeps) over connections kept open, timed in this process; it also reads a
            shorter log tail than `status` (16 KiB against 256 KiB)
 
@@ -41,7 +41,7 @@ def time_refreshes(inventory: str, rounds: int) -> list[float]:
     from deployctl.crash import load_catalog
     from deployctl.fanout import Fleet
     from deployctl.inventory import load_inventory
-    from deployctl.ops.server import metrics_rounds
+    from deployctl.ops.rounds import metrics_rounds
 
     hosts = list(load_inventory(Path(inventory)).hosts.values())
     times: list[float] = []

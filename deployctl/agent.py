@@ -398,7 +398,7 @@ def notes_held() -> Iterator[list[str]]:
 
 
 class KeptAgent:
-    """One agent process on a host that answers calls over the connection (remote/session.py)
+    """One agent process on a host that answers calls over the connection (remote/kept_agent.py)
     until it is closed, its connection ends, or a call times out (then it is closed: the
     next call starts another)."""
 

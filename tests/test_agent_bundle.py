@@ -22,7 +22,7 @@ from deployctl.connection import ConnectOptions
 from deployctl.crash.catalog import default_catalog
 from deployctl.fanout import Fleet
 from deployctl.inventory import load_inventory
-from deployctl.ops.server import metrics_round
+from deployctl.ops.rounds import metrics_round
 from deployctl.remote import bootstrap
 from deployctl.remote import protocol as proto
 from tests.conftest import CLI

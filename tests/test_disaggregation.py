@@ -27,7 +27,7 @@ from deployctl.ops.plan import Plan, ib_device_paths, plan_launch, routing_check
 from deployctl.ops.rollout import UnitPlan, lacking_roles, rollout_order
 from deployctl.ops.router import ListedWorker, RouterState, WorkerKind
 from deployctl.ops.runs import RunRecord, RunStatus, Unit
-from deployctl.ops.server import held_decode
+from deployctl.ops.supervision import held_decode
 from deployctl.patchset import command_flags
 from deployctl.project import Project
 

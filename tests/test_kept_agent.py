@@ -26,8 +26,8 @@ from deployctl.deployments import deployment_targets
 from deployctl.errors import CommandTimeoutError
 from deployctl.fanout import Fleet
 from deployctl.inventory import Host, load_inventory
+from deployctl.ops.rounds import metrics_round
 from deployctl.ops.runs import run_status
-from deployctl.ops.server import metrics_round
 from deployctl.remote import protocol as proto
 from tests.conftest import CLI
 from tests.sshd_hosts import HOST_PYTHON, SSHLab, TestHost, free_port, sh

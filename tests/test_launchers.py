@@ -19,7 +19,7 @@ LAUNCHER_MODULES = {
     "launchers/base.py",
     "launchers/process.py",
     "launchers/slurm.py",
-    "slurm.py",  # the Slurm launcher's batch script, pure
+    "slurm_batch.py",  # the Slurm launcher's batch script, pure
     "remote/launchers.py",
     "remote/processes.py",
     "remote/slurm_jobs.py",

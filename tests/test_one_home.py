@@ -1,6 +1,6 @@
 """Each life-cycle step is written once (read from the code, not run): the stop-then-start
 (`runs.replace`), the capture and restore of what serves (`ops/serving.py`), the Ctrl-C driver
-(`ops/driver.py`), the status-rounds loop (`server.status_rounds`) and tune's pure search."""
+(`ops/driver.py`), the status-rounds loop (`rounds.status_rounds`) and tune's pure search."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from deployctl.ops.server import status_rounds
+from deployctl.ops.rounds import status_rounds
 from tests.sources import parse_file
 from tests.test_layers import PACKAGE
 
@@ -133,8 +133,8 @@ def test_the_rules_see_the_cli_stop_then_launch_it_once_had() -> None:
 
 def test_what_serves_is_captured_and_pointed_back_at_in_one_module() -> None:
     """The relaunch plan of a recorded run is built by the capture (restart and watch
-    relaunch what they just read crashed, through the same function); only the capture
-    module makes a run current again."""
+    relaunch what they just read crashed, through the same function, `relaunch`); only the
+    capture module makes a run current again."""
     plans, points = set(), set()
     for module, tree in sources():
         for function in functions(tree):
@@ -146,8 +146,7 @@ def test_what_serves_is_captured_and_pointed_back_at_in_one_module() -> None:
                 points.add(module)
     assert plans == {
         ("ops/serving.py", "capture"),
-        ("ops/server.py", "restart"),
-        ("ops/server.py", "watch"),
+        ("ops/restart.py", "relaunch"),
     }
     assert points == {"ops/serving.py"}
 
@@ -187,7 +186,7 @@ def round_loops(tree: ast.AST) -> set[str]:
 
 def test_status_rounds_are_looped_once() -> None:
     found = {(module, f) for module, tree in sources() for f in round_loops(tree)}
-    assert found == {("ops/server.py", "status_rounds")}
+    assert found == {("ops/rounds.py", "status_rounds")}
 
 
 def test_the_rule_sees_a_rounds_loop_written_again() -> None:

@@ -75,19 +75,23 @@ def test_a_stop_that_fails_on_one_host_keeps_only_that_host_from_relaunching(
 
 
 def test_restart_and_watch_replace_runs_only_through_replace() -> None:
-    tree = ast.parse((PACKAGE / "ops" / "server.py").read_text(encoding="utf-8"))
-    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    def functions(module: str) -> dict[str, ast.FunctionDef]:
+        tree = ast.parse((PACKAGE / "ops" / module).read_text(encoding="utf-8"))
+        return {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
 
-    def called(name: str) -> set[str]:
+    def called(function: ast.FunctionDef) -> set[str]:
         return {
             n.func.id
-            for n in ast.walk(functions[name])
+            for n in ast.walk(function)
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
         }
 
-    for user in ("restart", "watch"):
-        assert "replace" in called(user), user
-        assert not called(user) & {"stop_run", "launch", "end_run"}, user
+    restart, watch = functions("restart.py"), functions("watch.py")
+    assert "replace" in called(restart["relaunch"])
+    for user in (restart["restart"], watch["watch"]):  # both through restart's relaunch
+        assert "relaunch" in called(user), user.name
+    for user in (restart["relaunch"], restart["restart"], watch["watch"]):
+        assert not called(user) & {"stop_run", "launch", "end_run"}, user.name
 
 
 def test_a_launch_whose_server_is_stopped_meanwhile_says_stopped_not_died(

@@ -1,4 +1,4 @@
-"""The kept agent's side of the wire (remote/session.py), run as a host runs it: the bundle
+"""The kept agent's side of the wire (remote/kept_agent.py), run as a host runs it: the bundle
 unpacked into a private folder, `python -c BOOTSTRAP FOLDER DIGEST --session`, requests on
 stdin."""
 

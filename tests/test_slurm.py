@@ -21,7 +21,7 @@ from deployctl.remote.slurm_jobs import (
     parse_squeue,
 )
 from deployctl.settings import Settings, check_settings
-from deployctl.slurm import (
+from deployctl.slurm_batch import (
     batch_script,
     checked_form,
     directives,

@@ -61,7 +61,7 @@ def dashboard(
             hint="pip install 'deployctl[dashboard]'",
         ) from None
     from deployctl.dashboard.collector import Collector
-    from deployctl.ops.server import WatchEnded
+    from deployctl.ops.rounds import WatchEnded
 
     groups = {g: n for g, n in session.inventory.groups.items() if g not in ("all", "ungrouped")}
     sock = listen(bind, port)  # a taken port is refused before anything starts

@@ -38,7 +38,7 @@ def top(
 ) -> Reply:
     """Live metrics of every deployment: requests, tok/s, KV usage, latencies; q or Ctrl-C ends."""
     from deployctl import agent
-    from deployctl.ops.server import WatchEnded, metrics_rounds
+    from deployctl.ops.rounds import WatchEnded, metrics_rounds
     from deployctl.present import live, views
 
     catalog = session.catalog()

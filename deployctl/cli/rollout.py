@@ -75,7 +75,7 @@ def restart(
     ] = False,
 ) -> Reply:
     """Stop and relaunch each host's recorded run (same command, next log version)."""
-    from deployctl.ops.server import restart as restart_runs
+    from deployctl.ops.restart import restart as restart_runs
     from deployctl.present import live, views
 
     if rolling:
@@ -300,8 +300,8 @@ def watch(
     """Supervise runs: restart crashed ones with backoff, stop at a crash loop; Ctrl-C ends
     (--json: one JSON object per line and event)."""
     from deployctl.events import WatchStopped
-    from deployctl.ops.server import WatchEnded
-    from deployctl.ops.server import watch as watch_runs
+    from deployctl.ops.rounds import WatchEnded
+    from deployctl.ops.watch import watch as watch_runs
     from deployctl.present import live, views
 
     renew = None if renew_before is None else duration_of("--renew-before", renew_before, "10m")

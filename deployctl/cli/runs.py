@@ -82,7 +82,7 @@ def stop(
     Without -d it also ends this inventory's own leftovers (a run it launched that it no
     longer names); runs another inventory launched are listed and left alone (--orphans)."""
     from deployctl.ops.runs import stop_in_rank_order, stop_serving
-    from deployctl.ops.server import stray_runs
+    from deployctl.ops.strays import stray_runs
     from deployctl.present import views
 
     with session.fleet() as fleet:

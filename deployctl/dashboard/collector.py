@@ -28,9 +28,9 @@ from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
 from deployctl.ops.canary import find_canaries
 from deployctl.ops.patch import AuditReport, audit_host
+from deployctl.ops.rounds import answer_within, metrics_round, status_rounds
 from deployctl.ops.router import is_router_run
 from deployctl.ops.runs import RunStatus, with_router_states
-from deployctl.ops.server import answer_within, metrics_round, status_rounds
 from deployctl.ops.tune import find_tunes
 from deployctl.patchset import PatchSet
 from deployctl.present.documents import audit_json, hosts_document, status_document

@@ -1,5 +1,5 @@
 """The Slurm launcher (`launcher: slurm`): the server is a batch job submitted from the host,
-a login node. The batch script is deployctl/slurm.py's; the host side is
+a login node. The batch script is deployctl/slurm_batch.py's; the host side is
 remote/slurm_jobs.py."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from deployctl import slurm
+from deployctl import slurm_batch
 from deployctl.choices import LaunchKind
 from deployctl.deployments import is_loopback
 from deployctl.findings import Findings
@@ -28,7 +28,7 @@ class SlurmJobLauncher:
         return "job" in run  # a job's record (and live run) names its job
 
     def template_context(self, settings: Settings) -> dict[str, Any]:
-        return slurm.template_context(settings)
+        return slurm_batch.template_context(settings)
 
     def host_gpus(self, host: Host) -> list[int] | None:
         return []  # its GPUs are its nodes'
@@ -37,10 +37,10 @@ class SlurmJobLauncher:
         return 0
 
     def checked_form(self, argv: Sequence[str]) -> list[str]:
-        return slurm.checked_form(argv)
+        return slurm_batch.checked_form(argv)
 
     def script(self, settings: Settings, server: ServerCommand, max_used_mib: int) -> str | None:
-        return slurm.batch_script(
+        return slurm_batch.batch_script(
             settings, server.argv, server.env, tp=server.tp, port=server.port,
             bind_host=server.bind_host, max_used_mib=max_used_mib,
         )  # fmt: skip
@@ -64,7 +64,7 @@ class SlurmJobLauncher:
         if host.settings.given("gpus"):
             found.warnings.append(
                 "gpus does not apply to a Slurm job: Slurm gives each node "
-                f"{slurm.gpus_per_node(host.settings, tp)} GPUs (slurm_gpus_per_node)"
+                f"{slurm_batch.gpus_per_node(host.settings, tp)} GPUs (slurm_gpus_per_node)"
             )
         return found
 
@@ -79,7 +79,7 @@ class SlurmJobLauncher:
         return f"job {job if isinstance(job, str) else job['id']}"
 
     def words(self, job: JobInfo | None) -> str:
-        return slurm.job_words(job) if job is not None else ""
+        return slurm_batch.job_words(job) if job is not None else ""
 
     def job_ref(self, state_dir: str, run: RunRecord) -> JobRef | None:
         return protocol_job_ref(state_dir, run, run["job"])
@@ -88,17 +88,17 @@ class SlurmJobLauncher:
         return [] if job is None else [job]
 
     def waiting(self, job: JobInfo | None) -> bool:
-        return job is not None and job["state"] in slurm.WAITING_JOB_STATES
+        return job is not None and job["state"] in slurm_batch.WAITING_JOB_STATES
 
     def waiting_line(self, job: JobInfo | None) -> str | None:
-        return slurm.job_words(job) if job is not None and job["state"] == "PENDING" else None
+        return slurm_batch.job_words(job) if job is not None and job["state"] == "PENDING" else None
 
     def current_log(self, log: str, job: JobInfo | None) -> str:
-        return "" if self.waiting(job) else slurm.latest_start(log)
+        return "" if self.waiting(job) else slurm_batch.latest_start(log)
 
     def time_limit(self, settings: Settings) -> tuple[str, float] | None:
         text = settings.optional_text("slurm_time")
-        limit = None if text is None else slurm.time_limit_s(text)
+        limit = None if text is None else slurm_batch.time_limit_s(text)
         return None if text is None or limit is None else (text, limit)
 
     def lease(self, job: JobInfo | None) -> Lease | None:

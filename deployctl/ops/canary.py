@@ -40,9 +40,9 @@ from deployctl.ops.rollout import (
     UnitResult,
     launched_run,
 )
+from deployctl.ops.rounds import status_rounds
 from deployctl.ops.router import WorkerKind, router_locks, router_of, router_silence
 from deployctl.ops.runs import recorded_run
-from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture, relaunch
 from deployctl.patchset import PatchSet
 from deployctl.remote.measures import (

@@ -29,10 +29,10 @@ if TYPE_CHECKING:
     from deployctl.ops.logs import LocalCrashes, LogScan
     from deployctl.ops.patch import AuditReport, PatchAction, SetState
     from deployctl.ops.preflight import Preflight
+    from deployctl.ops.restart import RestartReport
     from deployctl.ops.rollout import RolloutReport, UnitPlan, UnitResult
     from deployctl.ops.router import Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit
-    from deployctl.ops.server import RestartReport
     from deployctl.ops.tune import TunePlan, TuneReport, TuneResult
     from deployctl.ops.tune.live import LiveCrossover, LiveReport
     from deployctl.ops.tune.race import RaceResult

@@ -50,10 +50,11 @@ if TYPE_CHECKING:
     from deployctl.ops.patch import AuditReport, PatchAction
     from deployctl.ops.port import PortReport
     from deployctl.ops.preflight import Preflight
+    from deployctl.ops.restart import RestartReport
     from deployctl.ops.rollout import RolloutReport, UnitPlan
     from deployctl.ops.router import ListedWorker, Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult
-    from deployctl.ops.server import RestartReport, Stray
+    from deployctl.ops.strays import Stray
     from deployctl.ops.tune import TunePlan, TuneReport
     from deployctl.ops.tune.live import LiveReport
     from deployctl.patchset import PatchSet

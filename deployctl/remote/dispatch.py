@@ -11,6 +11,7 @@ from typing import Any
 
 from .bench import cmd_bench
 from .files import cmd_read
+from .kept_agent import handle, serve, write_reply
 from .locks import cmd_release, cmd_tune_lock, cmd_tune_unlock
 from .patches import cmd_apply, cmd_probe, cmd_revert
 from .protocol import (
@@ -54,7 +55,6 @@ from .records import (
 )
 from .router import cmd_hold, cmd_router, held, hold_until_eof
 from .runs import cmd_point, cmd_poll, cmd_preflight, cmd_runs, cmd_start, cmd_status, cmd_stop
-from .session import handle, serve, write_reply
 from .sglang_options import cmd_check_args
 
 # Each call's handler, by the call's name on the wire (protocol.CALLS names the same calls):

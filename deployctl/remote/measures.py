@@ -373,7 +373,7 @@ class LiveRecordsReply(TypedDict):
     unreadable: list[str]
 
 
-# ---- what a kept agent costs (remote/session.py: its `echo` call) ---------------------------
+# ---- what a kept agent costs (remote/kept_agent.py: its `echo` call) ------------------------
 
 
 class EchoArgs(TypedDict):

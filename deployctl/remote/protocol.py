@@ -556,7 +556,7 @@ CALLS: tuple[Call[Any, Any], ...] = (
 # fmt: on
 
 
-# ---- the kept agent (remote/session.py) ---------------------------------------------------
+# ---- the kept agent (remote/kept_agent.py) ------------------------------------------------
 
 SESSION = "--session"  # the call name that starts a kept agent instead of answering a call
 # A trivial answer through a kept agent: the floor a round's cost is measured against.

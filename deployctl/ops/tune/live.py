@@ -53,8 +53,8 @@ from deployctl.ops.rollout import (
     UnitResult,
     plan_rollout,
 )
+from deployctl.ops.rounds import status_rounds
 from deployctl.ops.router import Select, router_of
-from deployctl.ops.server import status_rounds
 from deployctl.ops.serving import Serving, capture
 from deployctl.ops.tune.race import PolicyRace, RaceResult
 from deployctl.ops.tune.search import Phase

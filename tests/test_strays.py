@@ -1,4 +1,4 @@
-"""Acting on recorded runs (ops/server.py) over real sshd hosts: `stop` without -d ends only
+"""Stray runs (ops/strays.py) over real sshd hosts: `stop` without -d ends only
 what its own inventory launched."""
 
 from __future__ import annotations
