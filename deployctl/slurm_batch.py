@@ -21,8 +21,6 @@ from deployctl.remote.protocol import (
     ACTIVE_JOB_STATES,
     STEP_DRAINS,
     JobInfo,
-    LiveRun,
-    RunRecord,
 )
 from deployctl.settings import Settings
 from deployctl.shell import quote
@@ -198,14 +196,6 @@ def batch_script(
         f'exec {step} /bin/sh -c "$server"',
     ]
     return "\n".join(lines) + "\n"
-
-
-def run_handle(run: LiveRun | RunRecord) -> str:
-    """How people find a run: `job 1234` for a Slurm job, else `pid 4321`."""
-    job = run.get("job")
-    if job is not None:
-        return f"job {job if isinstance(job, str) else job['id']}"
-    return f"pid {run['pid']}"
 
 
 def job_words(job: JobInfo) -> str:

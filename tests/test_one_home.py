@@ -133,7 +133,7 @@ def test_the_rules_see_the_cli_stop_then_launch_it_once_had() -> None:
 
 def test_what_serves_is_captured_and_pointed_back_at_in_one_module() -> None:
     """The relaunch plan of a recorded run is built by the capture (restart and watch
-    relaunch what they just read crashed, through the same function, `relaunch`); only the
+    relaunch what they just read crashed, through the same function, `relaunch_recorded`); only the
     capture module makes a run current again."""
     plans, points = set(), set()
     for module, tree in sources():
@@ -146,7 +146,7 @@ def test_what_serves_is_captured_and_pointed_back_at_in_one_module() -> None:
                 points.add(module)
     assert plans == {
         ("ops/serving.py", "capture"),
-        ("ops/restart.py", "relaunch"),
+        ("ops/restart.py", "relaunch_recorded"),
     }
     assert points == {"ops/serving.py"}
 

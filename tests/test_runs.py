@@ -87,10 +87,10 @@ def test_restart_and_watch_replace_runs_only_through_replace() -> None:
         }
 
     restart, watch = functions("restart.py"), functions("watch.py")
-    assert "replace" in called(restart["relaunch"])
+    assert "replace" in called(restart["relaunch_recorded"])
     for user in (restart["restart"], watch["watch"]):  # both through restart's relaunch
-        assert "relaunch" in called(user), user.name
-    for user in (restart["relaunch"], restart["restart"], watch["watch"]):
+        assert "relaunch_recorded" in called(user), user.name
+    for user in (restart["relaunch_recorded"], restart["restart"], watch["watch"]):
         assert not called(user) & {"stop_run", "launch", "end_run"}, user.name
 
 

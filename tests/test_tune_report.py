@@ -431,3 +431,13 @@ def test_a_shortfall_above_t_is_named_the_off_states_cost_and_one_below_it_noise
     err = capsys.readouterr().err
     assert "above its threshold" not in err
     assert f"fell below 0.95 of the better curve at concurrency 1, {above[0]}, {above[-1]}" in err
+
+
+def test_the_tuned_run_drafts_nothing_above_t_in_either_mode() -> None:
+    """tune measures the tuned run once above T (its off path, which more samples do not
+    cure), and names a shortfall there the off state's cost."""
+    from deployctl.ops.tune.tuner import drafting_off
+
+    assert drafting_off(32, 64) and drafting_off(0, 1)
+    assert not drafting_off(32, 32) and not drafting_off(32, 1)
+    assert not drafting_off(None, 256)  # no T: speculation always on, or never

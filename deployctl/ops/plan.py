@@ -1,6 +1,6 @@
-"""What would start where: render each target's command, plan it, and preflight it (the
-checks of PREFLIGHT_CHECKS: the launch lock, GPUs, ports, patches, flags, …) before anything
-starts. Starting and waiting are a run's life cycle: ops/runs.py."""
+"""What would start where: render each target's command, plan it, and refuse a placement
+that shares a machine's GPUs, ports or state, before any host is touched. Each host's own
+check is ops/preflight.py's; starting and waiting are a run's life cycle: ops/runs.py."""
 
 from __future__ import annotations
 

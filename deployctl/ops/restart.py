@@ -21,7 +21,7 @@ from deployctl.ops.serving import recorded_plan
 from deployctl.patchset import PatchSet
 
 
-def relaunch(
+def relaunch_recorded(
     fleet: Fleet,
     catalog: Catalog,
     patch_sets: Mapping[str, PatchSet],
@@ -65,7 +65,7 @@ def restart(
     ]
     if not chosen:
         return RestartReport(statuses, None)
-    replaced = relaunch(
+    replaced = relaunch_recorded(
         fleet, catalog, patch_sets, chosen, timeout=timeout, stop_timeout=stop_timeout,
         wait=wait, events=events,
     )  # fmt: skip

@@ -53,8 +53,9 @@ def status_rounds(
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[T]:
     """`step`'s result every `interval` seconds (less the round's own time when `pace`),
-    `rounds` times (None: until stopped). The one status-rounds loop: `top`, `watch` and the
-    dashboard's collector. `stop` ends the rounds, also in the middle of a wait."""
+    `rounds` times (None: until stopped). The one status-rounds loop: `top`, `watch`, the
+    dashboard's collector, canary and `tune --live`. `stop` ends the rounds, also in the
+    middle of a wait."""
     done = 0
     while (rounds is None or done < rounds) and not (stop is not None and stop.is_set()):
         started = clock()

@@ -17,7 +17,7 @@ from deployctl.events import EventSink
 from deployctl.fanout import Fleet, FleetResult
 from deployctl.inventory import Host
 from deployctl.ops.renewal import Renewal, renew
-from deployctl.ops.restart import relaunch
+from deployctl.ops.restart import relaunch_recorded
 from deployctl.ops.rounds import WatchEnded, answer_within, status_rounds
 from deployctl.ops.router import router_of
 from deployctl.ops.runs import DEFAULT_STOP_TIMEOUT, Replacement, RunStatus, Unit, run_status, units
@@ -163,7 +163,7 @@ def watch(
         return sides[unit.name]
 
     def relaunch_unit(unit: Unit) -> Replacement:
-        return relaunch(
+        return relaunch_recorded(
             fleet, catalog, patch_sets, unit.nodes, timeout=timeout, stop_timeout=stop_timeout
         )
 

@@ -756,7 +756,8 @@ def crossover_json(crossover: LiveCrossover) -> dict[str, Any]:
 
 def live_record_json(record: LiveRecord) -> dict[str, Any]:
     """A kept live window without its raw samples (their count per side instead), its
-    buckets judged again from them, and its crossover."""
+    buckets judged from them (one that ended: as its end look judged them), and its
+    crossover."""
     from deployctl.ops.tune.live import live_crossover, record_sizes, rejudge
 
     intervals = rejudge(record)
