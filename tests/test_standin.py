@@ -650,11 +650,15 @@ def assert_full_batch_step(level: BenchLevel, step_ms: float) -> None:
     """A level above a threshold T, on a server that drafts up to T: its throughput is a mix,
     as streams that start or end apart leave T or fewer running, which draft (loaded machines'
     best rounds read 1.06 of the plain pace). Most tokens come from the full batch: its
-    step is the median inter-token gap, at most 30 % slow on a loaded machine."""
+    step is the median inter-token gap, at most 30 % slow on a loaded machine, and as much
+    as 20 % short: the stand-in keeps to its model's clock, so a late step's successor comes
+    early (a loaded run read 0.950). A server that drafts at 8 gives 3 tokens a 60 ms step
+    (20 ms apart at most, 0.71 of the plain step), one slowed wrongly 1.8 times it: both
+    fail."""
     itl = level["itl_ms"]["p50"]
-    assert 0.95 * step_ms <= itl <= step_ms / 0.7, (
+    assert 0.8 * step_ms <= itl <= step_ms / 0.7, (
         f"median inter-token gap {itl:.1f} ms, {itl / step_ms:.3f} of the full batch's step "
-        f"({step_ms:.1f} ms), bounds 0.95 to 1.43: {level}"
+        f"({step_ms:.1f} ms), bounds 0.8 to 1.43: {level}"
     )
 
 
