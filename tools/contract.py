@@ -28,6 +28,7 @@ from deployctl.remote.measures import (
     CanaryRecord,
     CrashRecord,
     Crossover,
+    EndLook,
     LevelFigures,
     PhaseRecord,
     TuneRecord,
@@ -939,15 +940,15 @@ BY_HAND: dict[str, Schema] = {
             "decision": nullable("string", "null while running."),
             "threshold": nullable("integer", "The crossover's T when the window ended."),
             "elapsed_s": number("Its sampling, and the resumed windows'."),
-            "end_look": obj(
+            "end_look": declared(
+                EndLook,
                 {
                     "always_valid": boolean(
                         "Its end took the always-valid intervals (a window that looked every round, or a resumed one)."
                     ),
                     "error_share": number("The share of the error rate its end look spent."),
                 },
-                required=["always_valid", "error_share"],
-                description="How a window that ended judged its buckets (absent while running, and in records kept before windows said it).",
+                "How a window that ended judged its buckets (absent while running, and in records kept before windows said it).",
             ),
             "buckets": array(
                 {"type": "object"},
