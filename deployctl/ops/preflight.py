@@ -290,8 +290,10 @@ def _missing_gpus(plan: Plan, state: GpuState) -> list[int]:
 def gpu_reading(plan: Plan, facts: HostFacts) -> GpuReport | None:
     """The plan's GPUs as the host shows them; None where they are not checked, cannot be
     read, or are not all there."""
+    if not _checks_gpus(plan, facts):
+        return None  # a router's host, a job's login node: nvidia-smi's answer is not read
     state = facts.gpu_state
-    if not _checks_gpus(plan, facts) or isinstance(state, str) or _missing_gpus(plan, state):
+    if isinstance(state, str) or _missing_gpus(plan, state):
         return None
     return gpu_report(state, facts.max_used_mib, plan.gpus)
 
@@ -300,9 +302,9 @@ def check_gpus(plan: Plan, facts: HostFacts) -> Findings:
     """Are the plan's GPUs there, enough for its tensor parallelism, and clean (or, shared
     with live runs of ours, with room for its memory fraction)?"""
     found = Findings()
-    state = facts.gpu_state
     if not _checks_gpus(plan, facts):
         return found
+    state = facts.gpu_state
     if isinstance(state, str):
         found.problem(f"GPUs cannot be checked: {state}")
         return found
