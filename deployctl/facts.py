@@ -117,6 +117,72 @@ def parse_gpus_command(exit_code: int, output: str, stderr: str = "") -> GpuStat
     return GpuState(gpus, parse_gpu_processes(apps_text))
 
 
+# How GPUs are linked: `nvidia-smi topo -m`'s matrix (NV<n>: n NVLinks; PIX, PXB, PHB, NODE,
+# SYS: PCIe paths, from one switch to across sockets).
+TOPOLOGY_COMMAND = "nvidia-smi topo -m"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The GPUs' links and each GPU's NUMA node (None where nvidia-smi says N/A)."""
+
+    links: dict[tuple[int, int], str]
+    numa: dict[int, str | None]
+
+    def islands(self) -> list[list[int]]:
+        """GPUs that one server should span: those joined by NVLink; with no NVLink at all,
+        those of one NUMA node. Each island sorted, islands by their first GPU."""
+        gpus = sorted(self.numa)
+        joined = {g: {g} for g in gpus}
+        for (a, b), link in self.links.items():
+            if link.startswith("NV") and a in joined and b in joined and joined[a] is not joined[b]:
+                merged = joined[a] | joined[b]
+                for g in merged:
+                    joined[g] = merged
+        groups = {min(group): sorted(group) for group in joined.values()}
+        if len(gpus) > 1 and all(len(g) == 1 for g in groups.values()):
+            by_numa: dict[str | None, list[int]] = {}
+            for g in gpus:
+                by_numa.setdefault(self.numa[g], []).append(g)
+            return sorted(by_numa.values())
+        return [groups[k] for k in sorted(groups)]
+
+
+def _topology_columns(header: str) -> list[str]:
+    cells = header.split("\t") if "\t" in header else re.split(r"\s{2,}", header)
+    return [c.strip() for c in cells if c.strip()]
+
+
+def parse_topology(text: str) -> Topology:
+    """Parse `nvidia-smi topo -m`'s matrix (its legend ignored)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header = next((ln for ln in lines if re.match(r"\s+GPU0\b", ln)), None)
+    if header is None:
+        raise ParseError(f"no GPU matrix in nvidia-smi topo -m: {text.strip()[:200]}")
+    columns = _topology_columns(header)
+    devices = [c for c in columns if not c.endswith("Affinity") and c != "GPU NUMA ID"]
+    numa_column = "NUMA Affinity" in columns
+    links: dict[tuple[int, int], str] = {}
+    numa: dict[int, str | None] = {}
+    for line in lines:
+        row = re.match(r"GPU(\d+)\s", line)
+        if row is None:
+            continue
+        cells = line.split()[1:]
+        if len(cells) < len(devices):
+            raise ParseError(f"short row in nvidia-smi topo -m: {line.strip()[:200]}")
+        gpu = int(row.group(1))
+        for column, link in zip(devices, cells, strict=False):
+            if column.startswith("GPU") and column[3:].isdigit() and link != "X":
+                links[(gpu, int(column[3:]))] = link
+        rest = cells[len(devices) :]  # CPU affinity, NUMA affinity, GPU NUMA ID
+        node = rest[1] if numa_column and len(rest) > 1 else None
+        numa[gpu] = None if node in (None, "N/A") else node
+    if not numa:
+        raise ParseError("nvidia-smi topo -m listed no GPU row")
+    return Topology(links, numa)
+
+
 @dataclass(frozen=True)
 class ProbeOutput:
     exit_code: int

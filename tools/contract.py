@@ -468,6 +468,64 @@ BY_HAND: dict[str, Schema] = {
         required_when_ok=["log", "size", "scanned_bytes", "crashes"],
     ),
     "note": obj({"note": string()}, required=["note"], description="What --new-token did."),
+    "init": obj(
+        {
+            "hosts": map_of(ref("initHost")),
+            "path": string("The inventory file written, or that would be."),
+            "written": boolean("False for --dry-run, or when no host could be read."),
+            "backup": nullable("string", "Where the file that was at `path` is kept."),
+            "extended": nullable("string", "The inventory -i named, that the hosts were added to."),
+            "inventory": string("The YAML written (with -i: what was added to the file)."),
+        },
+        required=["hosts", "path", "written", "backup", "extended", "inventory"],
+    ),
+    "initHost": obj(
+        {
+            **OUTCOME,
+            "hostname": string(),
+            "user": string(),
+            "gpus": array(ref("gpu")),
+            "gpu_error": nullable("string", "Why no GPU was read (no nvidia-smi, a driver error)."),
+            "islands": nullable(
+                "array", "GPUs joined by NVLink (or one NUMA node).", items=array(integer())
+            ),
+            "topology_error": nullable("string"),
+            "sglang": array(
+                obj(
+                    {
+                        "python": string(),
+                        "python_version": string(),
+                        "version": nullable("string"),
+                        "site": string(),
+                        "patches": map_of(string(), "Each patch set's state on this installation."),
+                    },
+                    required=["python", "python_version", "version", "site", "patches"],
+                ),
+                "Every Python found with SGLang.",
+            ),
+            "pythons": array(
+                obj({"python": string(), "version": string()}, required=["python", "version"])
+            ),
+            "deployments": array(
+                obj(
+                    {
+                        "name": string(),
+                        "gpus": array(integer()),
+                        "tp": integer(),
+                        "port": integer(),
+                        "why": string(),
+                    },
+                    required=["name", "gpus", "tp", "port", "why"],
+                ),
+                "The servers the GPUs suggest (one: the host's own).",
+            ),
+            "ports": array(integer(), "TCP ports in use."),
+            "models": array(string(), "Folders holding a model's config.json."),
+            "slurm": nullable("string", "Where sbatch is."),
+        },
+        required=["ok", "error", "code"],
+        required_when_ok=["hostname", "gpus", "sglang", "deployments", "ports", "models", "slurm"],
+    ),
     "gpus": obj({"hosts": map_of(ref("gpusHost"))}, required=["hosts"]),
     "gpusHost": host_entry_shape("gpus"),
     "gpusDeployment": deployment_entry("gpus"),
@@ -1636,6 +1694,11 @@ COMMANDS: dict[str, Schema] = {
         "deployctl gpus --json",
         "Each host's GPUs, their compute processes and whether the host is clean.",
         ref("gpus"),
+    ),
+    "init": command(
+        "deployctl init --json",
+        "What was read of each host (or why it could not be), and the inventory made of it.",
+        ref("init"),
     ),
     "hosts": command(
         "deployctl hosts --json",

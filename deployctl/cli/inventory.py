@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -71,3 +72,42 @@ def gpus(
     return views.GPUS, session.run(
         lambda host, conn: find_holders(host, conn, check_gpus(host, conn, max_used_mib))
     )
+
+
+@fleet_command(app, options=("inventory", "connect", "json", "project"))
+def init(
+    session: Session,
+    hosts: Annotated[
+        list[str],
+        typer.Argument(help="Hosts to read: SSH names (~/.ssh/config) or user@address[:port]."),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "-o",
+            "--output",
+            help="File to write (default: the -i file, extended; else the project's "
+            "inventories/default.yml; else ./inventory.yml).",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing file (a backup is kept).")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the inventory; write nothing.")
+    ] = False,
+) -> Reply:
+    """Read hosts (GPUs and their links, Pythons with SGLang, patch sets, ports, models,
+    Slurm) and write an inventory that launches on them; -i adds them to a YAML inventory."""
+    from deployctl.ops.init import extended_file, hosts_of, init_inventory, output_path
+    from deployctl.present import views
+
+    extended = extended_file(session.options.inventory)
+    known = session.inventory.hosts if extended else {}
+    targets = hosts_of(hosts, known)
+    path = output_path(extended, output, session.project.root)
+    with session.fleet(targets) as fleet:
+        report = init_inventory(
+            fleet, session.patch_sets(), extended, path, force=force, dry_run=dry_run
+        )
+    return views.INIT, report

@@ -82,9 +82,10 @@ def _shared(
     )
 
 
-# Grouped by what a command needs: hosts to select, connections to open, a JSON document.
+# Grouped by what a command needs: an inventory, hosts to select, connections to open, a
+# JSON document.
 SHARED_OPTIONS: dict[str, list[inspect.Parameter]] = {
-    "select": [
+    "inventory": [
         _shared(
             "inventory", list[Path] | None, None, "-i", "--inventory",
             help="Ansible inventory: YAML, INI, JSON, a folder or a dynamic source; repeat to merge "
@@ -98,6 +99,8 @@ SHARED_OPTIONS: dict[str, list[inspect.Parameter]] = {
             "vault_id", list[str] | None, None, "--vault-id",
             help="Passed to Ansible to decrypt vaulted inventory values (ID@SOURCE).",
         ),
+    ],
+    "hosts": [
         _shared(
             "hosts", str | None, None, "-H", "--hosts",
             help="Hosts: names, groups, globs, comma lists, all.",
@@ -131,6 +134,7 @@ SHARED_OPTIONS: dict[str, list[inspect.Parameter]] = {
         )
     ],
 }  # fmt: skip
+SHARED_OPTIONS["select"] = SHARED_OPTIONS["inventory"] + SHARED_OPTIONS.pop("hosts")
 FLEET = ("select", "connect", "json", "project")
 # Commands on servers: they work per deployment, and -d picks one.
 SERVERS = ("select", "deployment", "connect", "json", "project")
@@ -186,8 +190,9 @@ class Session:
         return targets
 
     @contextmanager
-    def fleet(self) -> Iterator[Fleet]:
-        """The selected hosts with one connection each, closed at the end."""
+    def fleet(self, hosts: list[Host] | None = None) -> Iterator[Fleet]:
+        """The selected hosts (or `hosts`, outside any inventory) with one connection each,
+        closed at the end."""
         from deployctl.connection import ConnectOptions
         from deployctl.fanout import Fleet
 
@@ -195,6 +200,10 @@ class Session:
             accept_new_host_keys=self.options.accept_new_host_keys,
             known_hosts=self.options.known_hosts,
         )
+        if hosts is not None:
+            with Fleet(hosts, options, self.options.forks) as fleet:
+                yield fleet
+            return
         inventory = self.inventory
         with Fleet(
             self.targets, options, self.options.forks, inventory.origin, inventory.select

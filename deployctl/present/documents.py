@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from deployctl.ops.canary import CanaryReport
     from deployctl.ops.flags import CheckedCommand, FlagReport
     from deployctl.ops.gpus import GpuReport
+    from deployctl.ops.init import HostSurvey, InitReport
     from deployctl.ops.kept import Kept
     from deployctl.ops.logs import LocalCrashes, LogScan
     from deployctl.ops.patch import AuditReport, PatchAction, SetState
@@ -815,4 +816,35 @@ def rollout_document(report: RolloutReport) -> shapes.Rollout:
         "dry_run": report.dry_run,
         "interrupted": report.interrupted,
         "units": [rollout_unit(p, done) for p in report.plans],
+    }
+
+
+# ---- init ----------------------------------------------------------------------------------
+
+
+def survey_json(survey: HostSurvey) -> dict[str, Any]:
+    return {
+        "hostname": survey.hostname,
+        "user": survey.user,
+        "gpus": [g.to_json() for g in survey.gpus],
+        "gpu_error": survey.gpu_error,
+        "islands": survey.topology.islands() if survey.topology else None,
+        "topology_error": survey.topology_error,
+        "sglang": [dataclasses.asdict(found) for found in survey.sglang],
+        "pythons": [{"python": p, "version": v} for p, v in survey.pythons],
+        "deployments": [dataclasses.asdict(d) for d in survey.deployments()],
+        "ports": survey.ports,
+        "models": survey.models,
+        "slurm": survey.slurm,
+    }
+
+
+def init_document(report: InitReport) -> dict[str, Any]:
+    return {
+        **hosts_document(report.results, survey_json),
+        "path": str(report.path),
+        "written": report.written,
+        "backup": None if report.backup is None else str(report.backup),
+        "extended": None if report.extended is None else str(report.extended),
+        "inventory": report.text,
     }

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from deployctl.ops.canary import CanaryReport
     from deployctl.ops.flags import CheckedCommand
     from deployctl.ops.gpus import GpuReport
+    from deployctl.ops.init import InitReport
     from deployctl.ops.kept import Kept
     from deployctl.ops.logs import CrashSearch, LocalCrashes, LogScan, LogsResult
     from deployctl.ops.patch import AuditReport, PatchAction
@@ -224,6 +225,37 @@ def _write_targets(result: TargetsFile) -> None:
 
 # No --json: file_sd is JSON already, and Prometheus reads a bare list (no `schema` key).
 TARGETS: View[TargetsFile] = View(_write_targets, lambda r: r.entries)
+
+
+# ---- init ----------------------------------------------------------------------------------
+
+
+def _init(report: InitReport) -> None:
+    """Each host as read (or why not) on stderr; the inventory on stdout for a dry run, else
+    where it went and the next step."""
+    for result in report.results:
+        survey = result.value
+        if survey is None:
+            print_error(result.error or "", result.hint, result.name)
+            continue
+        chosen = survey.chosen
+        found = f"SGLang {chosen.version} ({chosen.python})" if chosen else "no SGLang found"
+        gpus = f"{len(survey.gpus)} x {survey.gpu_model}" if survey.gpus else "no GPUs read"
+        servers = len(survey.deployments())
+        sys.stderr.write(escaped(f"{result.name}: {gpus}, {found}, {servers} server(s)") + "\n")
+    if not report.written:
+        if report.surveys:
+            sys.stdout.write(report.text)
+        else:
+            print_error("no host could be read: nothing written")
+        return
+    kept = f" (the earlier file kept as {report.backup})" if report.backup else ""
+    added = f"added {len(report.surveys)} host(s) to" if report.extended else "wrote"
+    sys.stderr.write(escaped(f"{added} {report.path}{kept}") + "\n")
+    sys.stderr.write(escaped(f"next: deployctl launch -i {report.path} --dry-run") + "\n")
+
+
+INIT: View[InitReport] = View(_init, docs.init_document)
 
 
 # ---- gpus ----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from .protocol import (
     START,
     STATUS,
     STOP,
+    SURVEY,
     TUNE_LOCK,
     TUNE_RECORDS,
     TUNE_SAVE,
@@ -56,6 +57,7 @@ from .records import (
 from .router import cmd_hold, cmd_router, held, hold_until_eof
 from .runs import cmd_point, cmd_poll, cmd_preflight, cmd_runs, cmd_start, cmd_status, cmd_stop
 from .sglang_options import cmd_check_args
+from .survey import cmd_survey
 
 # Each call's handler, by the call's name on the wire (protocol.CALLS names the same calls):
 # it takes the call's args (and `apply` its payload, read from stdin) and returns the reply.
@@ -86,6 +88,7 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     CANARY_RECORDS.name: cmd_canary_records,
     LIVE_KEEP.name: cmd_live_keep,
     LIVE_RECORDS.name: cmd_live_records,
+    SURVEY.name: cmd_survey,
 }
 
 

@@ -138,7 +138,12 @@ def lock_patches(state_dir: str) -> IO[str]:
 def cmd_probe(args: ProbeArgs) -> ProbeReply:
     """SGLang version and site, patch records, sha256 of the files of interest, and which
     hunks of each set's variant for this version the files have."""
-    install = sglang_install()
+    return probe_install(sglang_install(), args)
+
+
+def probe_install(install: SglangInstall, args: ProbeArgs) -> ProbeReply:
+    """`probe`'s answer for one SGLang installation (this interpreter's, or another's a
+    survey found)."""
     found = records(args["state_dir"], install.get("site"))
     paths = set(args["paths"])
     for record in found.values():

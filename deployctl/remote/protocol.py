@@ -119,6 +119,27 @@ class ProbeReply(TypedDict):
     hunks: dict[str, dict[str, list[str]]]  # set → file → per hunk: applied, missing, differs
 
 
+class FoundPython(TypedDict):
+    """One interpreter a survey found: its path as found, its version and, where it has
+    SGLang, what `probe` would answer run with it."""
+
+    python: str
+    version: str
+    sglang: ProbeReply | None
+
+
+class SurveyReply(TypedDict):
+    """What `deployctl init` reads of a host (GPUs and their links come beside it)."""
+
+    hostname: str
+    user: str
+    pythons: list[FoundPython]
+    ports: list[int]  # TCP ports something listens on
+    models: list[str]  # folders holding a model's config.json
+    slurm: str | None  # where sbatch is; None: no Slurm client
+    machine: str
+
+
 class _Client(TypedDict):
     host: str
     pid: int
@@ -548,10 +569,12 @@ TUNE_UNLOCK = Call("tune_unlock", ReleaseArgs, ReleaseReply, "release the tune l
 ROUTER = Call("router", RouterArgs, RouterReply, "ask the router for its workers or change them")
 # Through `hold`: it stays running, holding the lock, until its client goes.
 HOLD = Call("hold", HoldArgs, HoldReply, "take a router's rollout lock")
+SURVEY = Call("survey", ProbeArgs, SurveyReply,
+              "read its Pythons with SGLang, patch states, ports and models")
 CALLS: tuple[Call[Any, Any], ...] = (
     PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
     BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, TUNE_LOCK, TUNE_UNLOCK, ROUTER,
-    POINT, HOLD, CANARY_KEEP, CANARY_RECORDS, LIVE_KEEP, LIVE_RECORDS,
+    POINT, HOLD, CANARY_KEEP, CANARY_RECORDS, LIVE_KEEP, LIVE_RECORDS, SURVEY,
 )
 # fmt: on
 
