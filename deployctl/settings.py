@@ -5,7 +5,7 @@ and templates see them; the rest apply where they are read. Every setting is als
 `deployctl_NAME`, which wins; a bare name whose value does not fit the setting's type is the
 user's own variable. `Settings` reads a host's variables with their types (call sites never
 see the spellings), `check_settings` refuses what deployctl cannot use, and `misspelling`
-says which setting a stray variable looks like a typo of. The README's table of variables is
+says which setting a stray variable looks like a typo of. The docs' table of variables is
 checked against `SETTINGS` by a test.
 """
 
@@ -36,7 +36,7 @@ class Setting:
     type: type  # what its value is: str, int, float, bool, list or dict
     help: str
     default: Any = None  # None: no default
-    # The default as the README words it when it is worked out where it is used.
+    # The default as the docs' table words it when it is worked out where it is used.
     shown_default: str = ""
     # The default is the bottom layer of every host's variables (shown by `hosts`).
     layered: bool = False
@@ -58,7 +58,7 @@ class Setting:
 
     @property
     def default_text(self) -> str:
-        """The default as the README's table writes it."""
+        """The default as the docs' table (docs/guides/inventories.md) writes it."""
         if self.shown_default:
             return self.shown_default
         if self.default is None:

@@ -1,4 +1,5 @@
-"""Every `--json` error code is declared in errors.py and explained in the README."""
+"""Every `--json` error code is declared in errors.py and explained in the docs' table
+(docs/reference/output.md)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import deployctl
 from deployctl import errors
 from tests.sources import parse_file
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+CODES_PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "output.md"
 PACKAGE = Path(deployctl.__file__).parent
 DATA = PACKAGE / "data"
 TABLE_HEAD = "| code | the host failed because |"
 
 
-def readme_codes() -> list[str]:
-    """The codes in the README's table, in its order."""
-    lines = README.read_text(encoding="utf-8").splitlines()
+def documented_codes() -> list[str]:
+    """The codes in the docs' table, in its order."""
+    lines = CODES_PAGE.read_text(encoding="utf-8").splitlines()
     start = lines.index(TABLE_HEAD) + 2  # past the head and its |---| line
     codes = []
     for line in lines[start:]:
@@ -29,8 +30,8 @@ def readme_codes() -> list[str]:
     return codes
 
 
-def test_the_readme_explains_every_code_and_no_other() -> None:
-    listed = readme_codes()
+def test_the_docs_explain_every_code_and_no_other() -> None:
+    listed = documented_codes()
     assert len(listed) == len(set(listed)), "a code is listed twice"
     assert sorted(listed) == sorted(errors.error_codes())
 

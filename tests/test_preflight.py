@@ -1,5 +1,6 @@
 """Preflight's checks (PREFLIGHT_CHECKS in ops/preflight.py), each run on a small plan and a host's
-reply built here: nothing is reached. README's list of what preflight checks is the table's."""
+reply built here: nothing is reached. The docs' list of what preflight checks
+(docs/guides/launching.md) is the table's."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from deployctl.project import SHIPPED_DATA
 from deployctl.remote.protocol import LiveRun, PreflightReply
 from deployctl.render import RenderedCommand
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+LAUNCHING = Path(__file__).resolve().parent.parent / "docs" / "guides" / "launching.md"
 
 ARGV = ["python3", "-m", "sglang.launch_server", "--model-path", "/m", "--port", "30000"]
 ONE_GPU = "0, GPU-a, NVIDIA H200, 0, 143771, 0, 30, 9.0, 550\n@@apps\n"
@@ -256,13 +257,13 @@ def test_routing_is_checked_only_with_the_inventory() -> None:
     assert check("routing")(prefill, facts()).problems == []  # no select: a bare preflight
 
 
-# ---- README ---------------------------------------------------------------------------------
+# ---- the docs -----------------------------------------------------------------------------
 
 
-def readme_checks() -> list[str]:
-    """README's list of what preflight checks: its `- \\`name\\`: description` lines."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index("**What preflight checks.**")
+def documented_checks() -> list[str]:
+    """The docs' list of what preflight checks: its `- \\`name\\`: description` lines."""
+    text = LAUNCHING.read_text(encoding="utf-8")
+    start = text.index("## What preflight checks")
     found = []
     for line in text[start:].splitlines()[1:]:
         if line.startswith("- `"):
@@ -272,9 +273,11 @@ def readme_checks() -> list[str]:
     return found
 
 
-def test_the_readme_lists_every_check_of_the_table_and_no_other() -> None:
+def test_the_docs_list_every_check_of_the_table_and_no_other() -> None:
     expected = [f"- `{c.name}`: {c.description}" for c in PREFLIGHT_CHECKS]
-    assert readme_checks() == expected, "README's list should be:\n" + "\n".join(expected)
+    assert documented_checks() == expected, (
+        "docs/guides/launching.md's list should be:\n" + "\n".join(expected)
+    )
 
 
 def test_each_check_has_a_name_and_a_one_line_description() -> None:

@@ -1,4 +1,5 @@
-"""deployctl's own variables: one declaration, the README's table, typed access, typo warnings."""
+"""deployctl's own variables: one declaration, the docs' table (docs/guides/inventories.md),
+typed access, typo warnings. The generated reference covering each is tests/test_docs_reference.py."""
 
 from __future__ import annotations
 
@@ -23,14 +24,15 @@ from tests.conftest import CLI
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE_DATA = REPO / "deployctl" / "data"
+INVENTORIES_PAGE = REPO / "docs" / "guides" / "inventories.md"
 # What render adds to every template's context besides the host's variables.
 RENDER_CONTEXT = {"inventory_hostname", "deployment", "template", "threshold"}
 
 
-def readme_table(text: str | None = None) -> dict[str, str]:
-    """The README's table of deployctl's own variables: name → default cell."""
+def documented_table(text: str | None = None) -> dict[str, str]:
+    """The docs' table of deployctl's own variables: name → default cell."""
     if text is None:
-        text = (REPO / "README.md").read_text(encoding="utf-8")
+        text = INVENTORIES_PAGE.read_text(encoding="utf-8")
     lines = text.splitlines()
     start = lines.index("deployctl's own settings are ordinary variables:") + 2
     assert lines[start].startswith("| variable | default |"), lines[start]
@@ -54,23 +56,23 @@ def readme_table(text: str | None = None) -> dict[str, str]:
     return found
 
 
-# --- the declaration and the README ----------------------------------------------------------
+# --- the declaration and the docs ------------------------------------------------------------
 
 
-def test_the_readme_table_lists_exactly_the_declared_settings_with_their_defaults() -> None:
-    table = readme_table()
+def test_the_docs_table_lists_exactly_the_declared_settings_with_their_defaults() -> None:
+    table = documented_table()
     assert sorted(table) == sorted(SETTINGS)
     assert {n: table[n] for n in SETTINGS} == {n: s.default_text for n, s in SETTINGS.items()}
 
 
 def test_the_table_is_read_cell_by_cell_so_a_drifted_default_shows() -> None:
-    table = readme_table()
+    table = documented_table()
     assert table["port"] == "`30000`" and table["gpus"] == "every GPU"
     assert table["connect_timeout"] == "`10`" and table["nnodes"] == "`1`"
     assert table["node_hosts"] == "—"
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    drifted = readme.replace("`8`, `30000`, `127.0.0.1`", "`8`, `30001`, `127.0.0.1`")
-    assert readme_table(drifted)["port"] != SETTINGS["port"].default_text
+    page = INVENTORIES_PAGE.read_text(encoding="utf-8")
+    drifted = page.replace("`8`, `30000`, `127.0.0.1`", "`8`, `30001`, `127.0.0.1`")
+    assert documented_table(drifted)["port"] != SETTINGS["port"].default_text
 
 
 def test_default_vars_are_the_layered_settings_and_still_importable_from_inventory() -> None:

@@ -57,8 +57,8 @@ def pair(first: Any, second: Any, gpus: Any = (0, 0)) -> dict[str, dict[str, Any
 
 def test_the_bound_is_the_documented_one() -> None:
     assert SHARED_GPU_BOUND == 0.9
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert "at most 0.9" in readme and "**Sharing a GPU.**" in readme
+    page = (REPO / "docs" / "guides" / "deployments.md").read_text(encoding="utf-8")
+    assert "at most 0.9" in page and "## Sharing a GPU" in page
 
 
 @pytest.mark.parametrize(

@@ -442,15 +442,16 @@ def check_routing(plan: Plan, facts: HostFacts) -> Findings:
 
 @dataclass(frozen=True)
 class Check:
-    """One of preflight's checks: its name and what it checks (README's list is these)."""
+    """One of preflight's checks: its name and what it checks (the docs list these)."""
 
     name: str
     description: str
     run: Callable[[Plan, HostFacts], Findings]
 
 
-# Preflight, in the order its problems are said. README's "What preflight checks" lists each
-# one as `name`: description (tests/test_preflight.py keeps the two equal).
+# Preflight, in the order its problems are said. "What preflight checks" in
+# docs/guides/launching.md lists each one as `name`: description (tests/test_preflight.py keeps
+# the two equal).
 PREFLIGHT_CHECKS: tuple[Check, ...] = (
     Check(
         "lock",
