@@ -533,8 +533,9 @@ def from_json_vault(value: Any, where: str) -> Any:
 # ---- sources: files, folders, dynamic --------------------------------------------------------
 
 
-def read_sources(paths: Iterable[Path], vault: VaultOptions) -> InventoryData:
-    """Read every source in order into one inventory, as Ansible merges several `-i`."""
+def read_sources(paths: Iterable[Path], vault: VaultOptions, dynamic: bool = True) -> InventoryData:
+    """Read every source in order into one inventory, as Ansible merges several `-i`;
+    `dynamic=False` skips scripts and plugin configs (nothing is run: shell completion)."""
     sources = list(paths)
     data = InventoryData(", ".join(str(p) for p in sources))
     for path in sources:
@@ -547,12 +548,14 @@ def read_sources(paths: Iterable[Path], vault: VaultOptions) -> InventoryData:
         if not path.exists():
             raise InventoryError(f"inventory {path} does not exist")
         data.vars_dirs.append(path if path.is_dir() else path.parent)
-        _read_source(data, path, vault, top_level=True)
+        _read_source(data, path, vault, True, dynamic)
     data.reconcile()
     return data
 
 
-def _read_source(data: InventoryData, path: Path, vault: VaultOptions, top_level: bool) -> None:
+def _read_source(
+    data: InventoryData, path: Path, vault: VaultOptions, top_level: bool, dynamic: bool
+) -> None:
     if path.is_dir():
         files = list(_folder_entries(path))
         if top_level and not files:
@@ -561,11 +564,12 @@ def _read_source(data: InventoryData, path: Path, vault: VaultOptions, top_level
                 hint="a folder inventory holds YAML, INI or JSON inventories, or scripts",
             )
         for entry in files:
-            _read_source(data, entry, vault, top_level=False)
+            _read_source(data, entry, vault, False, dynamic)
         return
     data.current = path
     if _is_script(path):
-        _read_dynamic(data, path, vault, "script")
+        if dynamic:
+            _read_dynamic(data, path, vault, "script")
         return
     text = read_text(path)
     source = str(path)
@@ -576,7 +580,8 @@ def _read_source(data: InventoryData, path: Path, vault: VaultOptions, top_level
     if _only_comments(text):
         raise InventoryError(f"{source} is empty", hint="start it with `all:` and `hosts:`")
     if isinstance(parsed, dict) and "plugin" in parsed and path.suffix in (".yml", ".yaml"):
-        _read_dynamic(data, path, vault, "auto")
+        if dynamic:
+            _read_dynamic(data, path, vault, "auto")
     elif isinstance(parsed, dict):
         top = as_mapping(from_json_vault(parsed, source), "the top level", source)
         # Script-format JSON: what inventory scripts and `ansible-inventory --list` print.
@@ -758,6 +763,14 @@ class VarsFolder:
                     files.setdefault(text, Vaulted(text, str(path)))
                 else:
                     collect_vaulted(parsed, values)
+
+    def plain(self, name: str) -> Iterator[Any]:
+        """What the files of `name` hold, as parsed; a file encrypted as a whole is left out,
+        never decrypted (shell completion reads names only)."""
+        for path in self.files.get(name, ()):
+            _, vaulted, parsed = self._file(path)
+            if not vaulted:
+                yield parsed
 
     def load(self, name: str, vault: Vaults) -> dict[str, Any]:
         merged: dict[str, Any] = {}

@@ -14,10 +14,10 @@ from typing import Any
 import yaml
 
 from deployctl.errors import PatchError
+from deployctl.project import PATCH_FILE, patch_set_folders
 from deployctl.remote.patch_types import BlockMark, HunkMark
 from deployctl.remote.server_argv import CommandValues
 
-PATCH_FILE = "patch.yml"
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
 _VERSION = re.compile(r"\d+(\.\d+)*\Z")
 _REQUIRED_KEYS = ("name", "version", "description", "variants")
@@ -431,12 +431,7 @@ def _inside(folder: Path, relative: str, where: str) -> Path:
 
 def load_patch_sets(search_dirs: Sequence[Path]) -> dict[str, PatchSet]:
     """Load every set; a project's set shadows a shipped one of the same name."""
-    sets: dict[str, PatchSet] = {}
-    for base in search_dirs:
-        for folder in sorted(p for p in base.iterdir() if (p / PATCH_FILE).is_file()):
-            if folder.name not in sets:
-                sets[folder.name] = load_patch_set(folder)
-    return sets
+    return {name: load_patch_set(folder) for name, folder in patch_set_folders(search_dirs).items()}
 
 
 def select_sets(available: Mapping[str, PatchSet], names: Iterable[str]) -> list[PatchSet]:

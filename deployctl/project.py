@@ -6,7 +6,7 @@ import grp
 import os
 import pwd
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +17,8 @@ SHIPPED_DATA = Path(__file__).resolve().parent / "data"
 # The project's default inventory: the first of these in inventories/ (a folder named
 # `default` is read as a folder inventory).
 DEFAULT_INVENTORY_NAMES = ("default.yml", "default.yaml", "default.ini", "default.json", "default")
+TEMPLATE_SUFFIX = ".j2"
+PATCH_FILE = "patch.yml"  # a folder holding one is a patch set
 
 
 @dataclass(frozen=True)
@@ -56,14 +58,31 @@ def is_project_dir(path: Path) -> bool:
 
 def find_project(start: Path, explicit: Path | None = None) -> Project:
     """Find the project folder: `explicit`, else walk up from `start` as git does."""
+    root = project_root(start, explicit)
+    return Project(None) if root is None else trusted(root)
+
+
+def project_root(start: Path, explicit: Path | None = None) -> Path | None:
+    """The project folder `find_project` takes, not yet checked as `trusted` (shell
+    completion reads names from it and runs nothing)."""
     if explicit is not None:
         if not explicit.is_dir():
             raise UsageError(f"project folder {explicit} does not exist")
-        return trusted(explicit.resolve())
+        return explicit.resolve()
     for candidate in (start, *start.parents):
         if is_project_dir(candidate) and candidate.resolve() != SHIPPED_DATA:
-            return trusted(candidate.resolve())
-    return Project(None)
+            return candidate.resolve()
+    return None
+
+
+def template_names(search_dirs: Sequence[Path]) -> list[str]:
+    """List the templates available, project ones first."""
+    names: list[str] = []
+    for folder in search_dirs:
+        for path in sorted(folder.glob(f"*{TEMPLATE_SUFFIX}")):
+            if path.stem not in names:
+                names.append(path.stem)
+    return names
 
 
 def trusted(root: Path) -> Project:
@@ -129,3 +148,13 @@ def _group(gid: int) -> str:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return f"gid {gid}"
+
+
+def patch_set_folders(search_dirs: Sequence[Path]) -> dict[str, Path]:
+    """Each patch set's name and folder, the first found of a name (a project's set shadows a
+    shipped one)."""
+    folders: dict[str, Path] = {}
+    for base in search_dirs:
+        for folder in sorted(p for p in base.iterdir() if (p / PATCH_FILE).is_file()):
+            folders.setdefault(folder.name, folder)
+    return folders

@@ -16,11 +16,11 @@ from deployctl.errors import TemplateError, UsageError
 from deployctl.inventory import Host, secret_values
 from deployctl.launchers import launcher_for
 from deployctl.masking import MASK, flag_secrets, is_secret_name, mask_text
+from deployctl.project import TEMPLATE_SUFFIX, template_names
 from deployctl.remote.server_argv import CommandValues
 from deployctl.settings import PREFIX, Settings, overlay
 from deployctl.shell import join, quote, split
 
-TEMPLATE_SUFFIX = ".j2"
 THRESHOLD_FLAG = "--speculative-disable-batch-threshold"
 # `threshold_mode` (`ThresholdMode`): how --threshold N reaches SGLang. `patch`: the
 # spec-disable set's flag. `adaptive`: stock SGLang's adaptive speculation, configured to draft
@@ -129,16 +129,6 @@ def _finalize(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return " ".join(quote(item) for item in value)
     return quote(value)
-
-
-def template_names(search_dirs: Sequence[Path]) -> list[str]:
-    """List the templates available, project ones first."""
-    names: list[str] = []
-    for folder in search_dirs:
-        for path in sorted(folder.glob(f"*{TEMPLATE_SUFFIX}")):
-            if path.stem not in names:
-                names.append(path.stem)
-    return names
 
 
 class TemplateSet:

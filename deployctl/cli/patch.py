@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
+from deployctl.cli.options import complete_patch_sets
 from deployctl.cli.session import SERVERS, Reply, Session, fleet_command, patch_app
 from deployctl.errors import UsageError
 
@@ -32,7 +33,11 @@ RollingPatchOpt = Annotated[
 
 
 NamesArg = Annotated[
-    list[str] | None, typer.Argument(help="Patch set names (default: each host's `patches`).")
+    list[str] | None,
+    typer.Argument(
+        help="Patch set names (default: each host's `patches`).",
+        autocompletion=complete_patch_sets,
+    ),
 ]
 
 
@@ -126,7 +131,9 @@ def _per_installation(
 @fleet_command(patch_app, "port")
 def patch_port(
     session: Session,
-    name: Annotated[str, typer.Argument(help="The patch set to port.")],
+    name: Annotated[
+        str, typer.Argument(help="The patch set to port.", autocompletion=complete_patch_sets)
+    ],
     to: Annotated[str, typer.Option("--to", help="The SGLang release to port to, e.g. 0.5.22.")],
     source: Annotated[
         Path | None,
@@ -165,7 +172,10 @@ def patch_port(
 def patch_audit(
     session: Session,
     expect: Annotated[
-        list[str] | None, typer.Option("--expect", help="Expected set (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--expect", help="Expected set (repeatable).", autocompletion=complete_patch_sets
+        ),
     ] = None,
 ) -> Reply:
     """Show which patch set versions each host's files have (its records second); exit 1

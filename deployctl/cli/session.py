@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from deployctl import DEFAULT_FORKS, __version__, interrupts
+from deployctl.cli.options import complete_deployments, complete_hosts
 from deployctl.errors import DeployctlError, UsageError
 
 if TYPE_CHECKING:  # the real imports are lazy, so `deployctl --help` starts fast
@@ -37,11 +38,12 @@ if TYPE_CHECKING:  # the real imports are lazy, so `deployctl --help` starts fas
 
 T = TypeVar("T")
 
+PROG = "deployctl"
+
 app = typer.Typer(
     name="deployctl",
     help="Deploy and operate SGLang inference servers on multi-GPU hosts over SSH.",
     pretty_exceptions_show_locals=False,
-    add_completion=False,
     rich_markup_mode=None,
 )
 patch_app = typer.Typer(help="SGLang patch sets: list, apply, revert, audit.", no_args_is_help=True)
@@ -104,12 +106,14 @@ SHARED_OPTIONS: dict[str, list[inspect.Parameter]] = {
         _shared(
             "hosts", str | None, None, "-H", "--hosts",
             help="Hosts: names, groups, globs, comma lists, all.",
+            autocompletion=complete_hosts,
         ),
     ],
     "deployment": [
         _shared(
             "deployment", str | None, None, "-d", "--deployment",
             help="One deployment of each host (default: every deployment).",
+            autocompletion=complete_deployments,
         ),
     ],
     "connect": [
@@ -383,7 +387,10 @@ def main() -> None:
 def run(argv: Sequence[str] | None = None) -> int:
     """Run one command line (default: this process's) and return its exit status."""
     try:
-        result = app(args=None if argv is None else list(argv), standalone_mode=False)
+        # The name, not `python -m deployctl`: shell completion's variable is named after it.
+        result = app(
+            args=None if argv is None else list(argv), prog_name=PROG, standalone_mode=False
+        )
         code = result if isinstance(result, int) else 0
         if code == 130:  # typer's answer when Ctrl-C ended the command
             _interrupted()
@@ -396,6 +403,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         code = 130
     except typer.Exit as exc:
         code = exc.exit_code
+    except SystemExit as exc:  # shell completion and --show-completion end by sys.exit
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     except DeployctlError as exc:
         _print_error(exc.message, exc.hint)
         code = 1

@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from deployctl.choices import BenchTool, Keep, SpeculationPolicy, ThresholdMode, spelled
-from deployctl.cli.options import DrainTimeoutOpt, StopTimeoutOpt, TimeoutOpt, duration_of
+from deployctl.cli.options import (
+    DrainTimeoutOpt,
+    StopTimeoutOpt,
+    TimeoutOpt,
+    complete_templates,
+    duration_of,
+)
 from deployctl.cli.session import SERVERS, Reply, Session, app, fleet_command
 from deployctl.errors import UsageError
 
@@ -192,10 +198,16 @@ def tune(
             "--template",
             "-t",
             help="Speculative template (default: the deployment's when it speculates, else eagle3).",
+            autocompletion=complete_templates,
         ),
     ] = None,
     baseline_template: Annotated[
-        str, typer.Option("--baseline-template", help="Template without speculation.")
+        str,
+        typer.Option(
+            "--baseline-template",
+            help="Template without speculation.",
+            autocompletion=complete_templates,
+        ),
     ] = "baseline",
     timeout: TimeoutOpt = 900,
     level_timeout: Annotated[
