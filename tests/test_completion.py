@@ -259,3 +259,13 @@ def test_installing_writes_the_shells_own_file(cli: CLI) -> None:
     script = cli.home / ".bash_completions" / "deployctl.sh"
     assert "_DEPLOYCTL_COMPLETE=complete_bash" in script.read_text()
     assert f"source '{script}'" in (cli.home / ".bashrc").read_text()
+
+
+def test_init_completes_the_names_of_the_users_ssh_config(cli: CLI) -> None:
+    (cli.home / ".ssh").mkdir()
+    config = "Host gpu-a gpu-b\n  User ops\nHost *.lab !bad\n  User x\nhost gpu-c\nMatch all\n"
+    (cli.home / ".ssh" / "config").write_text(config)
+    assert complete(cli, "deployctl init ") == ["gpu-a", "gpu-b", "gpu-c"]
+    assert complete(cli, "deployctl init gpu-a gpu-") == ["gpu-a", "gpu-b", "gpu-c"]
+    (cli.home / ".ssh" / "config").write_bytes(b"\xff\xfe")  # unreadable as text: nothing
+    assert complete(cli, "deployctl init ") == []

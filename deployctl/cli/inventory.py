@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from deployctl.cli.options import SetOpt, TemplateOpt, ThresholdOpt
+from deployctl.cli.options import SetOpt, TemplateOpt, ThresholdOpt, complete_ssh_names
 from deployctl.cli.session import SERVERS, Reply, Session, app, fleet_command
 
 
@@ -79,7 +79,10 @@ def init(
     session: Session,
     hosts: Annotated[
         list[str],
-        typer.Argument(help="Hosts to read: SSH names (~/.ssh/config) or user@address[:port]."),
+        typer.Argument(
+            help="Hosts to read: SSH names (~/.ssh/config) or user@address[:port].",
+            autocompletion=complete_ssh_names,
+        ),
     ],
     output: Annotated[
         Path | None,

@@ -143,6 +143,18 @@ def _deployment_names(layers: Iterable[Any]) -> list[str]:
 
 
 @_quiet
+def complete_ssh_names(ctx: typer.Context, incomplete: str) -> Candidates:
+    """The host names ~/.ssh/config gives (`Host` lines; patterns such as `*` left out)."""
+    text = (Path.home() / ".ssh" / "config").read_text(encoding="utf-8", errors="replace")
+    names: dict[str, None] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) > 1 and words[0].lower() == "host":
+            names.update((w, None) for w in words[1:] if not set(w) & set("*?!"))
+    return [(name, "in ~/.ssh/config") for name in names]
+
+
+@_quiet
 def complete_templates(ctx: typer.Context, incomplete: str) -> Candidates:
     """--template: the project's templates, then the shipped ones."""
     from deployctl.project import template_names
