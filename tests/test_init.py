@@ -138,7 +138,7 @@ def survey_of(
         else sglang,
         "ports": ports or [22],
         "models": ["/models/llama"] if models is None else models,
-        "slurm": None,
+        "sbatch": None,
         "machine": "m",
     }
     values.update(more)

@@ -59,7 +59,7 @@ def test_init_writes_an_inventory_that_launches_and_leaves_out_what_it_cannot_re
     assert read["sglang"][0]["version"] == "0.5.23"
     assert read["sglang"][0]["patches"]["spec-disable"] == "missing"
     assert read["islands"] == [[0, 1]] and read["models"] == [str(model)]
-    assert read["slurm"]  # the lab's hosts have Slurm's client
+    assert read["sbatch"]  # the lab's hosts have Slurm's client
     assert doc["hosts"]["bravo"]["sglang"] == []
 
     inventory = cli.cwd / "inventory.yml"

@@ -104,7 +104,7 @@ class HostSurvey:
     sglang: list[FoundSglang]
     ports: list[int]
     models: list[str]
-    slurm: str | None
+    sbatch: str | None
     machine: str
 
     @property
@@ -195,7 +195,7 @@ def survey(host: Host, conn: Connection, sets: Sequence[PatchSet]) -> HostSurvey
         sglang=found_sglang(reply, sets),
         ports=list(reply["ports"]),
         models=list(reply["models"]),
-        slurm=reply["slurm"],
+        sbatch=reply["sbatch"],
         machine=reply["machine"],
     )
 
@@ -300,8 +300,8 @@ def facts_comments(survey: HostSurvey) -> list[str]:
     if survey.models:
         lines.append(f"models: {', '.join(survey.models)}")
     lines.append(
-        f"Slurm: sbatch at {survey.slurm} (launcher: slurm starts servers as jobs)"
-        if survey.slurm
+        f"Slurm: sbatch at {survey.sbatch} (launcher: slurm starts servers as jobs)"
+        if survey.sbatch
         else "Slurm: none"
     )
     return [_comment(line) for line in lines]

@@ -835,7 +835,7 @@ def survey_json(survey: HostSurvey) -> dict[str, Any]:
         "deployments": [dataclasses.asdict(d) for d in survey.deployments()],
         "ports": survey.ports,
         "models": survey.models,
-        "slurm": survey.slurm,
+        "sbatch": survey.sbatch,
     }
 
 

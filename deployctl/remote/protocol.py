@@ -136,7 +136,7 @@ class SurveyReply(TypedDict):
     pythons: list[FoundPython]
     ports: list[int]  # TCP ports something listens on
     models: list[str]  # folders holding a model's config.json
-    slurm: str | None  # where sbatch is; None: no Slurm client
+    sbatch: str | None  # where Slurm's sbatch is; None: no Slurm client
     machine: str
 
 

@@ -138,6 +138,6 @@ def cmd_survey(args: ProbeArgs) -> SurveyReply:
         "pythons": pythons(args),
         "ports": listening_ports(),
         "models": model_folders(),
-        "slurm": shutil.which("sbatch"),
+        "sbatch": shutil.which("sbatch"),
         "machine": machine_identity(),
     }
