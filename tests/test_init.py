@@ -20,6 +20,8 @@ from deployctl.ops.init import (
     host_of,
     hosts_of,
     inventory_text,
+    output_path,
+    refuse_existing,
     top_level_groups,
     write_inventory,
 )
@@ -308,3 +310,23 @@ def test_only_one_yaml_file_can_be_extended(tmp_path: Path) -> None:
     yml.write_text("- a list\n")
     with pytest.raises(UsageError, match="top level is not a mapping"):
         top_level_groups(yml)
+
+
+def test_an_existing_file_is_refused_unless_replacing_it_was_asked(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yml"
+    refuse_existing(path, may_replace=False)  # nothing there: fine
+    path.write_text("all: {}\n")
+    with pytest.raises(UsageError, match="inv.yml exists"):
+        refuse_existing(path, may_replace=False)
+    refuse_existing(path, may_replace=True)
+    assert path.read_text() == "all: {}\n"
+
+
+def test_the_file_written_is_o_else_the_one_extended_else_the_projects_default(
+    tmp_path: Path,
+) -> None:
+    given, extended = tmp_path / "o.yml", tmp_path / "inv.yml"
+    assert output_path(extended, given, tmp_path) == given
+    assert output_path(extended, None, tmp_path) == extended
+    assert output_path(None, None, tmp_path) == tmp_path / "inventories" / "default.yml"
+    assert output_path(None, None, None) == Path("inventory.yml")

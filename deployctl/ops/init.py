@@ -21,9 +21,9 @@ from deployctl.facts import TOPOLOGY_COMMAND, Gpu, Topology, parse_gpus_command,
 from deployctl.fanout import Fleet, FleetResult
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.localfiles import write_file
-from deployctl.ops.patch import hunk_marks, parse_patch_facts, set_state
+from deployctl.ops.patch import parse_patch_facts, probe_args, set_state
 from deployctl.patchset import PatchSet
-from deployctl.remote.protocol import GPUS_COMMAND, ProbeArgs, SurveyReply
+from deployctl.remote.protocol import GPUS_COMMAND, SurveyReply
 
 FIRST_PORT = 30000  # SGLang's default port: the first a deployment is given, when free
 # `user@address`, `user@address:port`, `address:port`, `[v6 address]:port`; else an SSH name.
@@ -136,24 +136,22 @@ class HostSurvey:
             taken.add(port)
             gpus = island[:tp]
             name = f"gpus-{gpus[0]}" if tp == 1 else f"gpus-{gpus[0]}-{gpus[-1]}"
-            found.append(Deployment(name, gpus, tp, port, self._why(island, len(islands))))
+            why = self._why(island) if len(islands) > 1 or self.topology else "every GPU"
+            if island[tp:]:
+                why += f"; GPUs {island[tp:]} left out (TP is a power of two)"
+            found.append(Deployment(name, gpus, tp, port, why))
         return found
 
-    def _why(self, island: list[int], count: int) -> str:
-        if count == 1 and self.topology is None:
-            return "every GPU (no topology read)"
-        links = {
-            link
-            for (a, b), link in (self.topology.links.items() if self.topology else ())
-            if a in island and b in island
-        }
+    def _why(self, island: list[int]) -> str:
+        """What joins the island's GPUs: NVLink (which), else one NUMA node."""
+        assert self.topology is not None
+        links = {ln for (a, b), ln in self.topology.links.items() if a in island and b in island}
         nvlink = sorted(ln for ln in links if ln.startswith("NV"))
-        joined = f"NVLink ({', '.join(nvlink)})" if nvlink else "no NVLink"
-        numa = {self.topology.numa.get(g) for g in island} if self.topology else set()
-        where = f"NUMA node {numa.pop()}" if len(numa) == 1 and None not in numa else ""
-        left = f"; GPUs {island[1 << (len(island).bit_length() - 1) :]} left out (TP is a power of two)"
-        extra = left if len(island) & (len(island) - 1) else ""
-        return ", ".join(filter(None, [joined, where])) + extra
+        said = [f"NVLink ({', '.join(nvlink)})" if nvlink else "no NVLink"]
+        numa = {self.topology.numa.get(g) for g in island}
+        if len(numa) == 1 and None not in numa:
+            said.append(f"NUMA node {numa.pop()}")
+        return ", ".join(said)
 
 
 def version_key(version: str | None) -> tuple[int, ...]:
@@ -161,16 +159,11 @@ def version_key(version: str | None) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", version or ""))
 
 
-def survey_args(sets: Sequence[PatchSet]) -> ProbeArgs:
-    paths = sorted({f for s in sets for v in s.variants.values() for f in v.files})
-    return {"state_dir": DEFAULT_VARS["state_dir"], "paths": paths, "hunks": hunk_marks(sets)}
-
-
 def survey(host: Host, conn: Connection, sets: Sequence[PatchSet]) -> HostSurvey:
     """Read the host in one round trip: nvidia-smi's GPUs and links beside the agent's
     survey (its Pythons with SGLang and their patch states, ports, models, Slurm)."""
     probes = {"gpus": GPUS_COMMAND, "topology": TOPOLOGY_COMMAND}
-    outputs, reply = agent.call_beside(host, conn, probes, agent.SURVEY, survey_args(sets))
+    outputs, reply = agent.call_beside(host, conn, probes, agent.SURVEY, probe_args(host, sets))
     gpus: list[Gpu] = []
     gpu_error = topology_error = None
     topology = None
