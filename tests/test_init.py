@@ -316,7 +316,7 @@ def test_an_existing_file_is_refused_unless_replacing_it_was_asked(tmp_path: Pat
     path = tmp_path / "inv.yml"
     refuse_existing(path, may_replace=False)  # nothing there: fine
     path.write_text("all: {}\n")
-    with pytest.raises(UsageError, match="inv.yml exists"):
+    with pytest.raises(UsageError, match=r"inv\.yml exists"):
         refuse_existing(path, may_replace=False)
     refuse_existing(path, may_replace=True)
     assert path.read_text() == "all: {}\n"
