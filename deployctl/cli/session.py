@@ -102,13 +102,6 @@ SHARED_OPTIONS: dict[str, list[inspect.Parameter]] = {
             help="Passed to Ansible to decrypt vaulted inventory values (ID@SOURCE).",
         ),
     ],
-    "hosts": [
-        _shared(
-            "hosts", str | None, None, "-H", "--hosts",
-            help="Hosts: names, groups, globs, comma lists, all.",
-            autocompletion=complete_hosts,
-        ),
-    ],
     "deployment": [
         _shared(
             "deployment", str | None, None, "-d", "--deployment",
@@ -138,7 +131,15 @@ SHARED_OPTIONS: dict[str, list[inspect.Parameter]] = {
         )
     ],
 }  # fmt: skip
-SHARED_OPTIONS["select"] = SHARED_OPTIONS["inventory"] + SHARED_OPTIONS.pop("hosts")
+# Hosts to select: an inventory and -H.
+SHARED_OPTIONS["select"] = [
+    *SHARED_OPTIONS["inventory"],
+    _shared(
+        "hosts", str | None, None, "-H", "--hosts",
+        help="Hosts: names, groups, globs, comma lists, all.",
+        autocompletion=complete_hosts,
+    ),
+]  # fmt: skip
 FLEET = ("select", "connect", "json", "project")
 # Commands on servers: they work per deployment, and -d picks one.
 SERVERS = ("select", "deployment", "connect", "json", "project")

@@ -197,16 +197,16 @@ def found_sglang(reply: SurveyReply, sets: Sequence[PatchSet]) -> list[FoundSgla
     found = []
     for python in reply["pythons"]:
         probe = python["sglang"]
-        if probe is None or "site" not in probe["sglang"]:
+        facts = None if probe is None else parse_patch_facts(probe)
+        if facts is None or facts.site is None:
             continue
-        facts = parse_patch_facts(probe)
         states = {s.name: str(set_state(facts, s).state) for s in sets}
         found.append(
             FoundSglang(
                 python["python"],
                 python["version"],
                 facts.sglang_version,
-                probe["sglang"]["site"],
+                facts.site,
                 states,
             )
         )
