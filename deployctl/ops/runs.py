@@ -860,11 +860,12 @@ def stop_run(
         raise DeployctlError(f"{host.label}: processes {doc['left']} survived SIGKILL")
     note = "" if doc["ended"] else "was not running"
     ended = functools.partial(
-        StopResult, run["id"], shutdown=doc["shutdown"], shutdown_s=doc["shutdown_s"]
-    )
+        StopResult, run["id"], shutdown=doc["shutdown"], shutdown_s=doc["shutdown_s"],
+        placement=doc["placement"],
+    )  # fmt: skip
     launcher = launcher_of(run)
     if not launcher.checks_host:  # its GPUs were its nodes': its scheduler gives them back
-        return ended([], [], None, launcher.words(doc["placement"]), placement=doc["placement"])
+        return ended([], [], None, launcher.words(doc["placement"]))
     if run.get("gpus") == []:  # a router: it held no GPU
         return ended(doc["ended"], doc["killed"], None, note or "holds no GPU")
     deadline = time.monotonic() + gpu_timeout
