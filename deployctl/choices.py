@@ -40,6 +40,11 @@ class LaunchKind(StrEnum):
     SLURM_JOB = "slurm"  # a batch job submitted from the host, a Slurm login node
 
 
+# The `launcher` setting's values: LaunchKind's, and the kind of any launcher registered
+# besides (deployctl.launchers.register adds it).
+LAUNCH_KINDS: list[str] = [kind.value for kind in LaunchKind]
+
+
 class PdRole(StrEnum):
     """A server's part in prefill/decode disaggregation (the `role` setting): SGLang's
     `--disaggregation-mode`. A deployment without one serves whole requests."""

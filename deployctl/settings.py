@@ -19,7 +19,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deployctl.choices import TRANSFER_BACKENDS, LaunchKind, PdRole, ThresholdMode, spelled
+from deployctl.choices import (
+    LAUNCH_KINDS,
+    TRANSFER_BACKENDS,
+    LaunchKind,
+    PdRole,
+    ThresholdMode,
+    spelled,
+)
 from deployctl.errors import InventoryError
 from deployctl.text import is_number
 
@@ -48,7 +55,7 @@ class Setting:
     # What a right value is, as messages say it; by default from the type.
     wanted: str = ""
     # A text's allowed values, or the pattern it must match (whole).
-    choices: tuple[str, ...] = ()
+    choices: Collection[str] = ()
     pattern: str = ""
 
     @property
@@ -281,7 +288,7 @@ _DECLARED = [
         str,
         "how servers start: `ssh` (a process on the host) or `slurm` (a job from this login node)",
         LaunchKind.PROCESS,
-        choices=tuple(LaunchKind),
+        choices=LAUNCH_KINDS,
         wanted=spelled(LaunchKind),
     ),
     Setting("slurm_partition", str, "the job's partition (`#SBATCH --partition`)", **_ONE_WORD),

@@ -54,7 +54,7 @@ def reply(host: Host, document: object, reply_type: type) -> object:
 
 def test_a_reply_missing_a_key_is_an_error_not_a_default(tmp_path: Path) -> None:
     host = local_host(tmp_path)
-    good = {"alive": True, "members": [7], "health": None, "size": 0, "data": "", "job": None}
+    good = {"alive": True, "members": [7], "health": None, "size": 0, "data": "", "placement": None}
     assert reply(host, good, PollReply) == good
     for key in good:
         broken = {k: v for k, v in good.items() if k != key}
@@ -88,7 +88,7 @@ def test_nested_keys_and_kinds_are_checked(tmp_path: Path) -> None:
             "seconds": 0.03,
         },
         "lock": lock,
-        "sbatch": None,
+        "launcher_facts": {"sbatch": None},
         "model_mla": None,
         "machine": "3d1219c7c4c5404aaa1f6d2a48adfda4/6aa92503-74d3-440a-8e33-aa44ec85be1c",
     }

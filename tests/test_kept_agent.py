@@ -321,8 +321,8 @@ def test_a_python_that_cannot_keep_an_agent_answers_one_process_per_call_with_a_
 
 # Something on the host that answers in the kept agent's place (damaged files, a hostile
 # host): its ready line is right, its replies are not. NO_RUN: a good status reply (no run).
-NO_RUN = {"alive": False, "members": [], "health": None, "size": 0, "data": "", "job": None,
-          "run": None, "command": None, "env": None, "metrics": None}  # fmt: skip
+NO_RUN = {"alive": False, "members": [], "health": None, "size": 0, "data": "",
+          "placement": None, "run": None, "command": None, "env": None, "metrics": None}  # fmt: skip
 GPUS_ANSWER = {"exit_code": 0, "output": "", "stderr": ""}
 WRONG_REPLIES: dict[str, tuple[str, str]] = {
     # (the reply line after the mark, what the error says)

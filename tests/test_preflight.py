@@ -53,7 +53,7 @@ def good_reply(**changes: Any) -> PreflightReply:
         "next_log": "/logs/baseline_v1.log",
         "next_version": 1,
         "lock": {"acquired": True, "token": "t", "holder": None},
-        "sbatch": "/usr/bin/sbatch",
+        "launcher_facts": {"sbatch": "/usr/bin/sbatch"},
         "model_mla": None,
         "machine": "m/b",
     }  # fmt: skip
@@ -104,7 +104,7 @@ FAILING: dict[str, Failing] = {
     ),
     "launcher": Failing(
         lambda: make_plan(launcher="slurm", bind_host="0.0.0.0"),
-        lambda: facts(sbatch=None),
+        lambda: facts(launcher_facts={"sbatch": None}),
         "sbatch is not on the PATH of alpha (launcher: slurm)",
         hint="run deployctl against a Slurm login node, or set launcher: ssh",
     ),

@@ -14,14 +14,7 @@ import pytest
 
 from deployctl.errors import InventoryError
 from deployctl.inventory import Host
-from deployctl.remote.slurm_jobs import (
-    parse_node_address,
-    parse_sacct,
-    parse_slurm_duration,
-    parse_squeue,
-)
-from deployctl.settings import Settings, check_settings
-from deployctl.slurm_batch import (
+from deployctl.launchers.slurm.batch import (
     batch_script,
     checked_form,
     directives,
@@ -29,6 +22,13 @@ from deployctl.slurm_batch import (
     template_context,
     time_limit_s,
 )
+from deployctl.remote.slurm_jobs import (
+    parse_node_address,
+    parse_sacct,
+    parse_slurm_duration,
+    parse_squeue,
+)
+from deployctl.settings import Settings, check_settings
 from tests.conftest import CLI
 
 

@@ -24,7 +24,7 @@ from deployctl.ops.supervision import (
     RenewBeforeLimit,
     check_renew_window,
 )
-from deployctl.remote.protocol import JobInfo
+from deployctl.remote.protocol import Placement
 
 
 def trace(signature: str) -> CrashReport:
@@ -40,7 +40,7 @@ def status(
     health: int | None = 200,
     crash: str | None = None,
     metrics: dict[str, Any] | None = None,
-    job: JobInfo | None = None,
+    job: Placement | None = None,
 ) -> RunStatus:
     """A running run as one look saw it: alive and healthy unless told."""
     record: dict[str, Any] = {"id": run, "status": "running"}
@@ -49,7 +49,7 @@ def status(
     crashes = [] if crash is None else [trace(crash)]
     return RunStatus(
         cast(RunRecord, record), alive=alive, health=health, crashes=crashes, metrics=metrics,
-        job=job,
+        placement=job,
     )  # fmt: skip
 
 
@@ -222,7 +222,7 @@ def test_a_decode_whose_requests_wait_with_no_token_out_is_reported_stuck_once()
 # ---- RenewBeforeLimit ----------------------------------------------------------------------
 
 
-def job(left: float | None, state: str = "RUNNING", id: str = "41") -> JobInfo:
+def job(left: float | None, state: str = "RUNNING", id: str = "41") -> Placement:
     return {"id": id, "state": state, "reason": "", "nodes": ["n1"], "head": "10.0.0.7",
             "time_left": left, "exit_code": ""}  # fmt: skip
 

@@ -20,7 +20,7 @@ from deployctl.ops.router import Registration
 from deployctl.patchset import load_patch_set
 from deployctl.present import documents, shapes
 from deployctl.project import SHIPPED_DATA
-from deployctl.remote.protocol import JobInfo
+from deployctl.remote.protocol import Placement
 from tests.json_contract import SCHEMAS
 from tests.test_rollout_schema import report as rollout_report
 from tools import contract
@@ -194,8 +194,8 @@ def test_the_typed_documents_validate_against_their_schemas() -> None:
     valid("stop", "failure", documents.failure_document(UsageError("no such inventory")))
     valid("stop", "registration", documents.registration_json(Registration("a/w", "r", "u", True)))
     valid("launch", "registration", documents.registration_json(Registration("a/w", "r", "u", False, "down")))  # fmt: skip
-    job: JobInfo = {"id": "42", "state": "RUNNING", "reason": "", "nodes": ["n1"],
-                    "head": "10.0.0.1", "time_left": None, "exit_code": ""}  # fmt: skip
+    job: Placement = {"id": "42", "state": "RUNNING", "reason": "", "nodes": ["n1"],
+                      "head": "10.0.0.1", "time_left": None, "exit_code": ""}  # fmt: skip
     valid("status", "job", documents.job_json(job))
     crash = CrashReport("E", "boom", None, None, None, ("TP0",), 3, "sig", "T", "hint")
     valid("crash", "crashReport", crash.to_json())

@@ -1,15 +1,17 @@
 """The launcher seam (client side): one registry of launchers, each answering the verbs of
 `base.Launcher`, and the one place that says which launcher a host or a run has.
 
-A third launcher is a module here (its class), a member of `LaunchKind`, a line in
-`LAUNCHERS`, and its host side in deployctl/remote/ (remote/launchers.py)."""
+A third launcher is a package here (its class, a subclass of `Launcher`), its `register`
+below, and its host side in deployctl/remote/ (a module and its `register` in
+remote/launchers.py). Its kind is a value the `launcher` setting accepts once registered;
+a member of `LaunchKind` offers it to completion and names it in the docs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from deployctl.choices import LaunchKind
+from deployctl.choices import LAUNCH_KINDS, LaunchKind
 from deployctl.launchers.base import Launcher, Lease, ServerCommand
 from deployctl.launchers.process import ProcessLauncher
 from deployctl.launchers.slurm import SlurmJobLauncher
@@ -23,23 +25,34 @@ __all__ = [
     "ServerCommand",
     "launcher_for",
     "launcher_of",
+    "register",
 ]
 
-# The process launcher last: it owns any run no other launcher claims (older records too).
-LAUNCHERS: dict[LaunchKind, Launcher] = {
-    LaunchKind.SLURM_JOB: SlurmJobLauncher(),
-    LaunchKind.PROCESS: ProcessLauncher(),
-}
+# By kind. The process launcher is the default: it owns any run no other launcher claims
+# (older records too).
+LAUNCHERS: dict[str, Launcher] = {}
+DEFAULT = LaunchKind.PROCESS
+
+
+def register(launcher: Launcher) -> None:
+    """Make a launcher one a host's `launcher` setting may name."""
+    LAUNCHERS[launcher.kind] = launcher
+    if launcher.kind not in LAUNCH_KINDS:
+        LAUNCH_KINDS.append(launcher.kind)
+
+
+register(ProcessLauncher())
+register(SlurmJobLauncher())
 
 
 def launcher_for(settings: Settings) -> Launcher:
     """The launcher a host's servers start with (its `launcher` setting)."""
-    return LAUNCHERS[LaunchKind(settings.launcher)]
+    return LAUNCHERS[settings.launcher]
 
 
 def launcher_of(run: Mapping[str, Any] | None) -> Launcher:
-    """The launcher that started a recorded (or live) run; no run: the process launcher's
-    verbs, which add nothing."""
-    if run is None:
-        return LAUNCHERS[LaunchKind.PROCESS]
-    return next(launcher for launcher in LAUNCHERS.values() if launcher.owns(run))
+    """The launcher that started a recorded (or live) run; no run: the default's verbs,
+    which add nothing."""
+    owners = (launcher for kind, launcher in LAUNCHERS.items() if kind != DEFAULT)
+    found = None if run is None else next((o for o in owners if o.owns(run)), None)
+    return found or LAUNCHERS[DEFAULT]

@@ -200,7 +200,7 @@ def run_bench(
         )
         level_args: BenchArgs = {
             # A Slurm job serves on its head node: the load goes there from the login node.
-            "bind_host": launcher_of(run).answers_at(run, status["job"]),
+            "bind_host": launcher_of(run).answers_at(run, status["placement"]),
             "port": run["port"],
             "concurrency": concurrency,
             "prompts": plan.prompts_for(concurrency),

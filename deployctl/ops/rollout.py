@@ -107,7 +107,7 @@ class UnitPlan:
         if not self.statuses:
             return ""
         first = self.statuses[0]
-        return launcher_of(first.run).head(first.job)
+        return launcher_of(first.run).head(first.placement)
 
     @property
     def url(self) -> str:

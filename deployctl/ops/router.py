@@ -401,7 +401,7 @@ def _serving(worker: Host, conn: Connection) -> tuple[bool, str, WorkerKind]:
     run = reply["run"]
     if run is None:
         return False, "", WorkerKind.of_settings(worker)
-    head = launcher_of(run).head(reply["job"])
+    head = launcher_of(run).head(reply["placement"])
     url = registered_url(worker, run, head)
     return bool(reply["alive"]) and reply["health"] == 200, url, WorkerKind.of_run(run, worker)
 

@@ -72,8 +72,8 @@ from deployctl.remote.protocol import (
     FIRST_SIGNAL_NONE,
     GPUS_COMMAND,
     SHUTDOWN_DRAINED,
-    JobInfo,
     MetricsPage,
+    Placement,
     PollReply,
     RunInfo,
     RunRecord,
@@ -199,7 +199,8 @@ def start_run(
         "run": run,
         "files": rendered.files,
         "lock_token": lock_token,
-        "batch": plan.batch_script(masked=False),
+        "launcher": plan.launcher.kind,
+        "script": plan.batch_script(masked=False),
     }
     return agent.call(host, conn, agent.START, args)["run"]
 
@@ -216,7 +217,7 @@ class Outcome:
     warnings: list[CrashReport] = field(default_factory=list)  # traces while healthy
     note: str = ""  # why a node of a multi-node server was stopped (state "aborted")
     connection_losses: list[str] = field(default_factory=list)  # while waited for, each mended
-    job: JobInfo | None = None  # a Slurm job as the wait last saw it
+    placement: Placement | None = None  # its placement as the wait last saw it (a job's)
 
     @property
     def ok(self) -> bool:
@@ -290,7 +291,7 @@ def _wait_ready(
     offset, started, last_line, buffer = 0, time.monotonic(), "", ""
     secrets = log_secrets(host)
     backoff = 0.0  # > 0 while the connection is lost: the wait before the next try
-    job: JobInfo | None = None
+    placed: Placement | None = None
     launcher = launcher_of(run)
     while True:
         try:
@@ -324,22 +325,23 @@ def _wait_ready(
             last_line = plain(next(line for line in reversed(lines) if line.strip()))
         crashes = scanner.feed(data)
         elapsed = time.monotonic() - started
-        job = doc["job"]
+        placed = doc["placement"]
         # A trace while /health answers 200 is a failed request, not a failed server.
         if crashes and (doc["health"] != 200 or not serves_api):
-            return Outcome(run, RunState.CRASHED, elapsed, scanner.reports, last_line, job=job)
+            return Outcome(
+                run, RunState.CRASHED, elapsed, scanner.reports, last_line, placement=placed
+            )
         # A job's ready line is written on its node before the login node can reach it.
         ready_line = launcher.trusts_ready_line and any(READY_LINE in line for line in lines)
         if serves_api and (doc["health"] == 200 or ready_line):
-            return Outcome(
-                run, RunState.READY, elapsed, [], last_line, warnings=scanner.reports, job=job
-            )
+            ready = RunState.READY
+            return Outcome(run, ready, elapsed, [], last_line, scanner.reports, placement=placed)
         if not doc["alive"]:
             crashes = scanner.finish() or scanner.reports
             state = RunState.STOPPED if was_stopped(host, conn, run) else RunState.DIED
-            note = launcher.words(job)
-            return Outcome(run, state, elapsed, crashes, last_line, note=note, job=job)
-        last_line = launcher.waiting_line(job) or last_line
+            note = launcher.words(placed)
+            return Outcome(run, state, elapsed, crashes, last_line, note=note, placement=placed)
+        last_line = launcher.waiting_line(placed) or last_line
         if group is not None and group.state is not None:
             if group.state is not Verdict.FAILED:  # a timeout leaves every node running
                 state = RunState(group.state.value)
@@ -347,7 +349,7 @@ def _wait_ready(
             note = f"node {group.by} failed"
             return Outcome(run, RunState.ABORTED, elapsed, scanner.reports, last_line, note=note)
         if elapsed >= timeout:
-            return Outcome(run, RunState.TIMEOUT, elapsed, [], last_line, job=job)
+            return Outcome(run, RunState.TIMEOUT, elapsed, [], last_line, placement=placed)
         events.emit(ev.Waiting(target=host.label, elapsed=elapsed, last_line=last_line))
 
 
@@ -364,8 +366,8 @@ def poll(
     host: Host, conn: Connection, run: RunRecord, offset: int, wait: float = POLL_WAIT
 ) -> PollReply:
     """What the run's log gained since `offset`, and whether it is alive and healthy."""
-    job = launcher_of(run).job_ref(host.settings.state_dir, run)
-    return agent.call(host, conn, agent.POLL, poll_args(run, job, offset, POLL_LIMIT_BYTES, wait))
+    ref = launcher_of(run).placement_ref(host.settings.state_dir, run)
+    return agent.call(host, conn, agent.POLL, poll_args(run, ref, offset, POLL_LIMIT_BYTES, wait))
 
 
 @dataclass
@@ -533,7 +535,7 @@ def launch(
     ready = [
         by_name[r.name] for r in outcomes if r.value is not None and r.value.state is RunState.READY
     ]
-    heads = {r.name: launcher_of(r.value.run).head(r.value.job) for r in outcomes if r.value}
+    heads = {r.name: launcher_of(r.value.run).head(r.value.placement) for r in outcomes if r.value}
     registrations = register_ready(fleet, ready, events, heads)
     return LaunchReport(
         preflights, outcomes, refused=False, cleanup=cleanup, registrations=registrations
@@ -666,7 +668,7 @@ class RunStatus:
     metrics: dict[str, Any] | None = None  # when asked for: see deployctl.metrics
     metrics_note: str | None = None  # None: not asked; else why there are none, or ""
     router: RouterState | None = None  # a live router's list and drift (see ops/router.py)
-    job: JobInfo | None = None  # a Slurm job's state (`launcher: slurm`)
+    placement: Placement | None = None  # its placement's state (a Slurm job's)
     tail: list[str] = field(default_factory=list)  # the log's last lines read, plain text
     members: list[int] = field(default_factory=list)  # its live processes on the host
 
@@ -690,7 +692,7 @@ class RunStatus:
         to start again after a requeue)."""
         if self.run is None or not self.alive:
             return None
-        if launcher_of(self.run).waiting(self.job):
+        if launcher_of(self.run).waiting(self.placement):
             return None
         return self.run["started_at"]
 
@@ -761,9 +763,9 @@ def run_status(
         base64.b64decode(doc["data"]).decode("utf-8", errors="replace"), log_secrets(host)
     )
     lines = [line for line in tail.splitlines() if line.strip()]
-    job = doc["job"]
+    placed = doc["placement"]
     # A run waiting to (re)start has an earlier start's log (requeued): none of its crashes.
-    latest = launcher_of(run).current_log(tail, job)
+    latest = launcher_of(run).current_log(tail, placed)
     crashes = scan_text(latest, catalog) if run["status"] == "running" and latest else []
     status = RunStatus(
         run,
@@ -775,7 +777,7 @@ def run_status(
         gpus=gpus,
         command=doc["command"],
         env=doc["env"],
-        job=job,
+        placement=placed,
         members=doc["members"],
     )
     if with_metrics:
@@ -825,7 +827,7 @@ class StopResult:
     # Its removal from its router before the stop (None: it names no router).
     router: Registration | None = None
     drained: bool | None = None  # None: not drained (no router, or not asked)
-    job: JobInfo | None = None  # a Slurm job as the stop left it
+    placement: Placement | None = None  # its placement as the stop left it (a job's)
     # How the run ended: "drained" (by itself after SIGTERM to its main process: what it
     # ran finished), "cut" (still running at the timeout: its whole group was signalled);
     # None: nothing of it was running.
@@ -858,11 +860,12 @@ def stop_run(
         raise DeployctlError(f"{host.label}: processes {doc['left']} survived SIGKILL")
     note = "" if doc["ended"] else "was not running"
     ended = functools.partial(
-        StopResult, run["id"], shutdown=doc["shutdown"], shutdown_s=doc["shutdown_s"]
-    )
+        StopResult, run["id"], shutdown=doc["shutdown"], shutdown_s=doc["shutdown_s"],
+        placement=doc["placement"],
+    )  # fmt: skip
     launcher = launcher_of(run)
     if not launcher.checks_host:  # its GPUs were its nodes': its scheduler gives them back
-        return ended([], [], None, launcher.words(doc["job"]), job=doc["job"])
+        return ended([], [], None, launcher.words(doc["placement"]))
     if run.get("gpus") == []:  # a router: it held no GPU
         return ended(doc["ended"], doc["killed"], None, note or "holds no GPU")
     deadline = time.monotonic() + gpu_timeout
@@ -963,7 +966,7 @@ def stop_serving(
     if host.settings.router is not None and node_rank(host) == 0:
         # The URL the run was registered at: the inventory's may name another server now.
         recorded = recorded_run(host, conn)
-        head = launcher_of(recorded["run"]).head(recorded["job"])  # a job: at its head node
+        head = launcher_of(recorded["run"]).head(recorded["placement"])  # a placed run: at its head
         url = registered_url(host, recorded["run"], head) if recorded["run"] else ""
     removed = change_registration(fleet, host, add=False, head=head, url=url)
     drained = None

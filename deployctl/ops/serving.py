@@ -110,7 +110,7 @@ def capture(host: Host, status: RunStatus, patch_sets: Mapping[str, PatchSet]) -
     """The run `status` read on `host`, as what puts it back (DeployctlError: no recorded
     command to relaunch it with)."""
     assert status.run is not None
-    head = launcher_of(status.run).head(status.job)
+    head = launcher_of(status.run).head(status.placement)
     return Serving(
         recorded_plan(host, status, patch_sets),
         status.run["id"],

@@ -189,7 +189,7 @@ class RenewBeforeLimit:
         when `renewing`: it has a router), a refused renewal for a successor whose limit is
         within the window from its start, else None."""
         run = status.run
-        lease = launcher_of(run).lease(status.job)
+        lease = launcher_of(run).lease(status.placement)
         if lease is None or run is None:
             return None
         job, left = lease.id, lease.time_left

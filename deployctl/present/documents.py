@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from deployctl.patchset import PatchSet
     from deployctl.present import shapes
     from deployctl.remote.measures import LiveRecord
-    from deployctl.remote.protocol import JobInfo
+    from deployctl.remote.protocol import Placement
     from deployctl.render import RenderedCommand
 
 T = TypeVar("T")
@@ -254,7 +254,7 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
         "env": run.get("env", {}),
         "note": outcome.note,
         "connection_losses": outcome.connection_losses,
-        **job_fields(outcome.job),
+        **job_fields(outcome.placement),
     }
 
 
@@ -395,18 +395,18 @@ def stop_json(stop: StopResult) -> dict[str, Any]:
         "shutdown": stop.shutdown,
         "shutdown_s": stop.shutdown_s,
         **({"router": registration_json(stop.router)} if stop.router else {}),
-        **job_fields(stop.job),
+        **job_fields(stop.placement),
     }
 
 
-def job_fields(job: JobInfo | None) -> dict[str, Any]:
-    """The document's `job` key: a job's, only where the run is one (the contract's optional
-    `job` object)."""
+def job_fields(job: Placement | None) -> dict[str, Any]:
+    """The document's `job` key: a placed run's placement (a Slurm job's), only where the run
+    has one (the contract's optional `job` object)."""
     return {"job": job_json(job)} if job is not None else {}
 
 
-def job_json(job: JobInfo) -> shapes.Job:
-    """A Slurm job: its id, state, why it waits, its nodes, the time it has left."""
+def job_json(job: Placement) -> shapes.Job:
+    """A placement (a Slurm job): its id, state, why it waits, its nodes, the time it has left."""
     return {
         "id": job["id"],
         "state": job["state"],
@@ -443,7 +443,7 @@ def run_status_json(status: RunStatus) -> dict[str, Any]:
             else {"metrics": status.metrics, "metrics_note": status.metrics_note}
         ),
         **({"router": router_state_json(status.router)} if status.router else {}),
-        **job_fields(status.job),
+        **job_fields(status.placement),
     }
 
 

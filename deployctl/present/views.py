@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from deployctl.ops.tune.live import LiveReport
     from deployctl.patchset import PatchSet
     from deployctl.remote.measures import CanaryRecord, LevelFigures, LiveRecord, TuneRecord
-    from deployctl.remote.protocol import JobInfo
+    from deployctl.remote.protocol import Placement
     from deployctl.render import RenderedCommand
 
 R = TypeVar("R")
@@ -435,7 +435,7 @@ def outcome_text(outcome: Outcome) -> str:
         "aborted": f"stopped after {elapsed:.1f}s: {outcome.note}",
     }
     text = special.get(outcome.state.value, f"{outcome.state.value} after {elapsed:.1f}s")
-    said = launcher_of(outcome.run).words(outcome.job)  # what Slurm says of it
+    said = launcher_of(outcome.run).words(outcome.placement)  # what its launcher says of it
     if said and outcome.state.value != "aborted":
         text += f" ({said})"
     return text
@@ -627,25 +627,27 @@ def _status_table(results: FleetResult[RunStatus]) -> None:
             mem += f" (cap {d['mem_fraction_static']:g})"
         warning = f"warning: {d['warning']}" if d["warning"] else ""
         detail = d["crash"] or warning or d["last_line"] or ""
-        launcher, job = launcher_of(r.value.run), r.value.job
+        launcher, placed = launcher_of(r.value.run), r.value.placement
         pid = str(d["pid"] or "-")
-        said = launcher.words(job)
+        said = launcher.words(placed)
         if said and r.value.run is not None:
             pid = launcher.handle(r.value.run)
-            if r.value.crashed or launcher.waiting_line(job):  # Slurm's word first
+            if r.value.crashed or launcher.waiting_line(placed):  # its launcher's word first
                 detail = said + (f": {detail}" if detail else "")
         row = [r.name, d["run"] or "-", pid, d["state"] or "-", uptime, mem]
         rows.append([*row, d["log"] or "-", detail[:160]])
     columns = ["host", "run", "pid", "state", "uptime", "GPU mem", "log", "crash / last line"]
     print_table(None, columns, rows)
-    jobs = [
-        (r.name, job)
-        for r in results
-        if r.value is not None
-        for job in launcher_of(r.value.run).jobs(r.value.job)
-    ]
-    if jobs:
-        print_table("Slurm jobs", JOB_COLUMNS, [job_row(name, job) for name, job in jobs])
+    # Each launcher's placements in a table of its own ("Slurm jobs").
+    tables: dict[tuple[str, str], list[list[str]]] = {}
+    for r in results:
+        if r.value is not None:
+            launcher = launcher_of(r.value.run)
+            table = tables.setdefault((launcher.placements_title, launcher.placement_word), [])
+            table += [placement_row(r.name, p) for p in launcher.placements(r.value.placement)]
+    for (title, word), rows in tables.items():
+        if rows:
+            print_table(title, ["host", word, *PLACEMENT_COLUMNS], rows)
     if any(r.value is not None and r.value.metrics_note is not None for r in results):
         print_table(None, METRIC_COLUMNS, metric_rows(results))
     for r in results:
@@ -654,17 +656,17 @@ def _status_table(results: FleetResult[RunStatus]) -> None:
     print_host_errors(results)
 
 
-JOB_COLUMNS = ["host", "job", "state", "reason", "nodes", "time left"]
+PLACEMENT_COLUMNS = ["state", "reason", "nodes", "time left"]
 
 
-def job_row(name: str, job: JobInfo) -> list[str]:
-    left = job["time_left"]
+def placement_row(name: str, placed: Placement) -> list[str]:
+    left = placed["time_left"]
     return [
         name,
-        job["id"],
-        job["state"] + (f" ({job['exit_code']})" if job["exit_code"] else ""),
-        job["reason"] or "-",
-        ",".join(job["nodes"]) or "-",
+        placed["id"],
+        placed["state"] + (f" ({placed['exit_code']})" if placed["exit_code"] else ""),
+        placed["reason"] or "-",
+        ",".join(placed["nodes"]) or "-",
         "-" if left is None else duration_text(left),
     ]
 

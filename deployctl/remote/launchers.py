@@ -3,20 +3,31 @@
 and its preflight `facts` — and this module is the one place that says which launcher a
 run, a start or a poll is (SkyPilot's `sky/provision/__init__.py` routes the same way).
 
-A third launcher is a module beside `processes.py` and `slurm_jobs.py` with one class, and
-its entry in `LAUNCHERS`."""
+A start names its launcher by kind (`StartArgs.launcher`), a poll of a placed run by its
+placement (`PlacementRef.launcher`), a record by its `launcher` (older records: whichever
+launcher owns it). A third launcher is a module beside `processes.py` and `slurm_jobs.py`
+with one class, and its `register` in `LAUNCHERS` below."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from .files import fail
 from .processes import ProcessLauncher
-from .protocol import JobInfo, JobRef, LiveRunOrigin, PollArgs, RunRecord, StartArgs, StopReply
+from .protocol import (
+    LiveRunOrigin,
+    Placement,
+    PlacementRef,
+    PollArgs,
+    RunRecord,
+    StartArgs,
+    StopReply,
+)
 from .slurm_jobs import SlurmJobLauncher
 
 
 class Watch(Protocol):
-    job: JobInfo | None  # what the reply says of a job (None: the run is none)
+    placement: Placement | None  # what the reply says of its placement (None: it has none)
 
     def look(self) -> tuple[list[int], bool, str, bool]: ...
 
@@ -24,17 +35,15 @@ class Watch(Protocol):
 
 
 class HostLauncher(Protocol):
+    kind: str  # its `launcher` setting's value: the key its starts and placements name
+
     def owns_run(self, run: RunRecord) -> bool: ...
 
-    def owns_start(self, args: StartArgs) -> bool: ...
-
-    def owns_poll(self, args: PollArgs) -> bool: ...
-
-    def job_ref(self, state_dir: str, run: RunRecord) -> JobRef | None:
-        """What a poll of the run names besides its processes (a Slurm job)."""
+    def placement_ref(self, state_dir: str, run: RunRecord) -> PlacementRef | None:
+        """What a poll of the run names besides its processes (its placement)."""
         ...
 
-    def facts(self) -> dict[str, object]: ...
+    def facts(self) -> dict[str, str | None]: ...
 
     def start(self, args: StartArgs, run_id: str, log_path: str, log_fd: int) -> RunRecord: ...
 
@@ -47,28 +56,59 @@ class HostLauncher(Protocol):
     ) -> StopReply: ...
 
 
-# The process launcher last: it claims whatever no other launcher does (older records too).
-LAUNCHERS: tuple[HostLauncher, ...] = (SlurmJobLauncher(), ProcessLauncher())
+# By kind. The process launcher is the default: it owns any run no other launcher claims
+# (older records too), and every poll that names no placement.
+LAUNCHERS: dict[str, HostLauncher] = {}
+DEFAULT = ProcessLauncher.kind
+
+
+def register(launcher: HostLauncher) -> None:
+    LAUNCHERS[launcher.kind] = launcher
+
+
+register(ProcessLauncher())
+register(SlurmJobLauncher())
 
 
 def launcher_of(run: RunRecord) -> HostLauncher:
     """The launcher that started a recorded run."""
-    return next(launcher for launcher in LAUNCHERS if launcher.owns_run(run))
+    owners = (launcher for kind, launcher in LAUNCHERS.items() if kind != DEFAULT)
+    return next((launcher for launcher in owners if launcher.owns_run(run)), LAUNCHERS[DEFAULT])
+
+
+def _by_kind(kind: str) -> HostLauncher:
+    if kind not in LAUNCHERS:
+        fail(f"this host's deployctl agent has no launcher {kind!r}", "host")
+    return LAUNCHERS[kind]
 
 
 def launcher_to_start(args: StartArgs) -> HostLauncher:
     """The launcher a start asks for."""
-    return next(launcher for launcher in LAUNCHERS if launcher.owns_start(args))
+    return _by_kind(args["launcher"])
+
+
+def start(args: StartArgs, run_id: str, log_path: str, log_fd: int) -> RunRecord:
+    """Start a run with the launcher it asks for: its record names that launcher."""
+    launcher = launcher_to_start(args)
+    return {**launcher.start(args, run_id, log_path, log_fd), "launcher": launcher.kind}
+
+
+def liveness(run: RunRecord) -> tuple[list[int], bool, LiveRunOrigin]:
+    """A recorded run's live members, whether it lives, and what a live run says of it
+    besides: its launcher, and what that launcher says (a job's id)."""
+    launcher = launcher_of(run)
+    members, alive, said = launcher.liveness(run)
+    return members, alive, {**said, "launcher": launcher.kind}
 
 
 def launcher_to_poll(args: PollArgs) -> HostLauncher:
     """The launcher of the run a poll watches."""
-    return next(launcher for launcher in LAUNCHERS if launcher.owns_poll(args))
+    return _by_kind(args["placement"]["launcher"] if "placement" in args else DEFAULT)
 
 
-def preflight_facts() -> dict[str, object]:
+def preflight_facts() -> dict[str, str | None]:
     """What each launcher tells a preflight of this host (sbatch's path, …)."""
-    found: dict[str, object] = {}
-    for launcher in LAUNCHERS:
+    found: dict[str, str | None] = {}
+    for launcher in LAUNCHERS.values():
         found.update(launcher.facts())
     return found

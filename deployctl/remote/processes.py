@@ -16,10 +16,10 @@ from .protocol import (
     FIRST_SIGNAL_LEADER,
     SHUTDOWN_CUT,
     SHUTDOWN_DRAINED,
-    JobInfo,
-    JobRef,
     LeaderIdentity,
     LiveRunOrigin,
+    Placement,
+    PlacementRef,
     PollArgs,
     RunRecord,
     StartArgs,
@@ -73,7 +73,7 @@ class ProcessWatch:
 
     def __init__(self, args: PollArgs) -> None:
         self.args = args
-        self.job: JobInfo | None = None
+        self.placement: Placement | None = None
 
     def look(self) -> tuple[list[int], bool, str, bool]:
         """Its members, whether it lives, where it answers, whether it may serve now."""
@@ -86,21 +86,17 @@ class ProcessWatch:
 
 class ProcessLauncher:
     """Servers as process groups on this host (`launcher: ssh`): registered last, it owns
-    every run, start and poll no other launcher claims."""
+    every run no other launcher claims, and every poll that names no placement."""
+
+    kind = "ssh"
 
     def owns_run(self, run: RunRecord) -> bool:
         return True
 
-    def job_ref(self, state_dir: str, run: RunRecord) -> JobRef | None:
+    def placement_ref(self, state_dir: str, run: RunRecord) -> PlacementRef | None:
         return None
 
-    def owns_start(self, args: StartArgs) -> bool:
-        return True
-
-    def owns_poll(self, args: PollArgs) -> bool:
-        return True
-
-    def facts(self) -> dict[str, object]:
+    def facts(self) -> dict[str, str | None]:
         return {}
 
     def start(self, args: StartArgs, run_id: str, log_path: str, log_fd: int) -> RunRecord:
@@ -161,7 +157,7 @@ class ProcessLauncher:
             write_json(record, run)
         left = run_members(run)
         return {
-            "run": run, "ended": members, "killed": killed, "left": left, "job": None,
+            "run": run, "ended": members, "killed": killed, "left": left, "placement": None,
             "shutdown": shutdown, "shutdown_s": shutdown_s,
         }  # fmt: skip
 

@@ -178,7 +178,8 @@ class PreflightArgs(ProbeArgs):
 
 class LiveRunOrigin(TypedDict, total=False):
     origin: str | None  # the inventory that launched it; None (or absent): not recorded
-    job: str  # the Slurm job it is (no members here: its processes are on the job's nodes)
+    launcher: str  # the kind of launcher that started it (`ssh`, `slurm`, …)
+    placement: str  # its placement's id (a Slurm job's): no members here, they are elsewhere
     mem_fraction_static: float | None  # the share of its GPUs' memory it took; None: not capped
 
 
@@ -228,7 +229,9 @@ class PreflightReply(ProbeReply):
     next_log: str
     next_version: int
     lock: LockReply
-    sbatch: str | None  # where sbatch is (a Slurm login node); None: not on the PATH
+    # What each launcher tells a preflight of this host, by its own names (`sbatch`: where
+    # sbatch is; None: not on the PATH).
+    launcher_facts: dict[str, str | None]
     # The model's attention is MLA (its config.json has `kv_lora_rank`); None: not read.
     model_mla: bool | None
     # `<machine-id>/<boot-id>` (locks.machine_identity); "" where it cannot be read.
@@ -266,23 +269,25 @@ class LeaderIdentity(TypedDict, total=False):
     starttime: int
 
 
-class JobInfo(TypedDict):
-    """A Slurm job as squeue (or, once slurmctld forgot it, sacct) last saw it."""
+class Placement(TypedDict):
+    """What a launcher reports of a server it placed besides its processes on the host (a
+    Slurm job as squeue or sacct last saw it; None for a process group on the host)."""
 
-    id: str
-    state: str  # Slurm's: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, …; UNKNOWN
-    reason: str  # why it waits (squeue's %r: Resources, Priority, BeginTime…); "" otherwise
-    nodes: list[str]  # its nodes, the first one the head
-    head: str  # the head node's address (its NodeAddr): where the server answers
+    id: str  # the launcher's handle of it: a Slurm job's id, a unit's name
+    state: str  # in the launcher's words (Slurm's PENDING, RUNNING, COMPLETED, …); UNKNOWN
+    reason: str  # why it waits (Slurm's Resources, Priority, BeginTime…); "" otherwise
+    nodes: list[str]  # the machines it runs on, the first one the head
+    head: str  # the head's address: where the server answers ("" until it is known)
     time_left: float | None  # seconds to its time limit; None: no limit, or not running
-    exit_code: str  # "code:signal" once it ended, as sacct and scontrol give it; "" before
+    exit_code: str  # "code:signal" once it ended; "" before
 
 
-class JobRecord(TypedDict, total=False):
-    job: JobInfo  # a run that is a Slurm job (`launcher: slurm`); its last known state
+class PlacedRecord(TypedDict, total=False):
+    launcher: str  # the kind of launcher that started it; older records lack it
+    job: Placement  # a placed run's last known placement (older records name a job's so)
 
 
-class RunRecord(RunInfo, LeaderIdentity, JobRecord):
+class RunRecord(RunInfo, LeaderIdentity, PlacedRecord):
     # A stop also writes `stop_requested_at` before it signals the run (a launch waiting for
     # it then knows why it died) and `stopped_at` once it has ended.
     id: str
@@ -305,24 +310,26 @@ class StartArgs(TypedDict):
     run: RunInfo
     lock_token: str | None
     files: dict[str, str]  # path (from the home folder, or absolute) → text, written first
-    batch: str | None  # a Slurm batch script to submit instead of starting `command` here
+    launcher: str  # the kind of launcher that starts it (remote/launchers.py)
+    script: str | None  # the launcher's wrapper of the command (a Slurm batch script); None: none
 
 
-class JobRef(TypedDict):
-    id: str
+class PlacementRef(TypedDict):
+    launcher: str  # the kind of launcher that placed it
+    id: str  # its placement's id
     state_dir: str
-    run: str  # the run whose record keeps the job's last known state
+    run: str  # the run whose record keeps its last known placement
 
 
-class JobIdentity(TypedDict, total=False):
-    job: JobRef  # the run is this Slurm job: liveness from squeue, health at its head node
+class PlacedIdentity(TypedDict, total=False):
+    placement: PlacementRef  # the run is placed by a launcher: it says if it lives, and where
 
 
 class StartReply(TypedDict):
     run: RunRecord
 
 
-class PollArgs(LeaderIdentity, JobIdentity):
+class PollArgs(LeaderIdentity, PlacedIdentity):
     pgid: int
     sid: int
     log: str
@@ -339,7 +346,7 @@ class PollReply(TypedDict):
     health: int | None
     size: int
     data: str  # base64
-    job: JobInfo | None  # a Slurm job's state; None for a process on this host
+    placement: Placement | None  # its launcher's report (a Slurm job's); None: a process here
 
 
 class StatusArgs(TypedDict):
@@ -402,7 +409,7 @@ class StopReply(TypedDict):
     ended: list[int]
     killed: list[int]
     left: list[int]
-    job: JobInfo | None  # a Slurm job as the stop left it
+    placement: Placement | None  # its placement as the stop left it (a Slurm job's)
     shutdown: str | None  # SHUTDOWN_DRAINED or SHUTDOWN_CUT; None: nothing of it was running
     shutdown_s: float | None  # seconds from the first signal until nothing of it was left
 
@@ -470,20 +477,22 @@ def shares_gpus(first: list[int] | None, second: list[int] | None) -> bool:
     return first is None or second is None or bool(set(first) & set(second))
 
 
-def job_ref(state_dir: str, run: RunRecord, job: JobInfo) -> JobRef:
-    """What a poll of a Slurm job's run needs to ask Slurm about it (the Slurm launchers
-    say which runs are jobs, on each side of the wire)."""
-    return {"id": job["id"], "state_dir": state_dir, "run": run["id"]}
+def placement_ref(launcher: str, state_dir: str, run: RunRecord, placed: Placement) -> PlacementRef:
+    """What a poll of a placed run needs to ask its launcher about it (the launchers say
+    which runs are placed, on each side of the wire)."""
+    return {"launcher": launcher, "id": placed["id"], "state_dir": state_dir, "run": run["id"]}
 
 
-def answers_at(bind_host: str, job: JobInfo | None) -> str:
-    """Where a run's server answers, from the host that launched it: a Slurm job at its head
-    node's address ("" until it is known), a process on the host at its `bind_host`."""
-    return job["head"] if job is not None else bind_host
+def answers_at(bind_host: str, placed: Placement | None) -> str:
+    """Where a run's server answers, from the host that launched it: a placed run at its
+    head's address ("" until it is known), a process on the host at its `bind_host`."""
+    return placed["head"] if placed is not None else bind_host
 
 
-def poll_args(run: RunRecord, job: JobRef | None, offset: int, limit: int, wait: float) -> PollArgs:
-    """What a poll of `run` asks: its processes (or `job`, as its launcher names it), its log
+def poll_args(
+    run: RunRecord, ref: PlacementRef | None, offset: int, limit: int, wait: float
+) -> PollArgs:
+    """What a poll of `run` asks: its processes (or its placement, `ref`), its log
     from `offset` (negative: the last `limit` bytes), its health; waiting up to `wait`
     seconds for a change."""
     args: PollArgs = {
@@ -498,8 +507,8 @@ def poll_args(run: RunRecord, job: JobRef | None, offset: int, limit: int, wait:
     }
     if "starttime" in run:
         args["starttime"] = run["starttime"]
-    if job is not None:
-        args["job"] = job
+    if ref is not None:
+        args["placement"] = ref
     return args
 
 

@@ -9,7 +9,7 @@ import re
 import time
 
 from .files import read_bytes, read_json, state_path, write_atomic, write_json
-from .launchers import launcher_of, launcher_to_poll, launcher_to_start, preflight_facts
+from .launchers import launcher_of, launcher_to_poll, liveness, preflight_facts, start
 from .locks import machine_identity, release_lock, take_lock
 from .patches import cmd_probe
 from .protocol import (
@@ -127,7 +127,7 @@ def cmd_preflight(args: PreflightArgs) -> PreflightReply:
         ),
         "model_mla": model_mla(args["model"]),
         "machine": machine_identity(),
-        **preflight_facts(),  # type: ignore[typeddict-item]
+        "launcher_facts": preflight_facts(),
     }
 
 
@@ -165,7 +165,7 @@ def cmd_start(args: StartArgs) -> StartReply:
             break
         except FileExistsError:
             version += 1
-    record = launcher_to_start(args).start(args, run_id, log_path, log_fd)
+    record = start(args, run_id, log_path, log_fd)
     # Private: the record shows the (masked) command, and the .cmd file the real one.
     write_atomic(os.path.join(runs, run_id + ".cmd"), args["command"].encode(), mode=0o600)
     write_json(os.path.join(runs, run_id + ".env"), args["env"], mode=0o600)
@@ -249,7 +249,7 @@ def cmd_poll(args: PollArgs) -> PollReply:
         "health": code,
         "size": size,
         "data": base64.b64encode(data).decode(),
-        "job": watch.job,
+        "placement": watch.placement,
     }
 
 
@@ -283,7 +283,7 @@ def live_runs(state_dir: str) -> list[LiveRun]:
         run = current_run(state_dir, deployment=deployment)
         if not run or run["status"] != "running":
             continue
-        members, alive, said = launcher_of(run).liveness(run)
+        members, alive, said = liveness(run)
         if alive:
             live: LiveRun = {
                 "id": run["id"],
@@ -294,7 +294,7 @@ def live_runs(state_dir: str) -> list[LiveRun]:
                 "port": run["port"],
                 "members": members,
                 "origin": run.get("origin"),
-                **said,  # a job's id
+                **said,  # its launcher, its placement's id
             }
             found.append(live)
     return found
@@ -309,17 +309,18 @@ def cmd_status(args: StatusArgs) -> StatusReply:
     run = current_run(args["state_dir"], args["run"], args["deployment"])
     if run is None:
         nothing: PollReply = {
-            "alive": False, "members": [], "health": None, "size": 0, "data": "", "job": None,
+            "alive": False, "members": [], "health": None, "size": 0, "data": "",
+            "placement": None,
         }  # fmt: skip
         return {**nothing, "run": None, "command": None, "env": None, "metrics": None}
-    job = launcher_of(run).job_ref(args["state_dir"], run)
-    poll_args = protocol_poll_args(run, job, -1, args["tail_bytes"], wait=0)
+    ref = launcher_of(run).placement_ref(args["state_dir"], run)
+    poll_args = protocol_poll_args(run, ref, -1, args["tail_bytes"], wait=0)
     poll = cmd_poll(poll_args)
     command = read_bytes(state_path(args["state_dir"], "runs", run["id"] + ".cmd"))
     env = read_json(state_path(args["state_dir"], "runs", run["id"] + ".env"))
     metrics: MetricsPage | None = None
     if args["metrics_bytes"] > 0 and poll["alive"]:
-        address = answers_at(run["bind_host"], poll["job"])
+        address = answers_at(run["bind_host"], poll["placement"])
         code, body = http_get(address, run["port"], "/metrics", args["metrics_bytes"], 2.0)
         metrics = {"status": code, "text": body.decode("utf-8", "replace")}
     return {
@@ -336,7 +337,7 @@ def cmd_stop(args: StopArgs) -> StopReply:
     state_dir = args["state_dir"]
     run = current_run(state_dir, args["run"], args["deployment"])
     if run is None:
-        return {"run": None, "ended": [], "killed": [], "left": [], "job": None,
+        return {"run": None, "ended": [], "killed": [], "left": [], "placement": None,
                 "shutdown": None, "shutdown_s": None}  # fmt: skip
     timeout = float(args["timeout"])
     return launcher_of(run).stop(state_dir, run, timeout, args["first_signal"])

@@ -18,15 +18,15 @@ from .protocol import (
     SHUTDOWN_DRAINED,
     STEP_DRAINS,
     STOP_SIGNAL,
-    JobInfo,
-    JobRef,
     LiveRunOrigin,
+    Placement,
+    PlacementRef,
     PollArgs,
     RunRecord,
     StartArgs,
     StopReply,
     answers_at,
-    job_ref,
+    placement_ref,
 )
 
 SQUEUE_FORMAT = "%i|%T|%r|%N|%L"
@@ -60,7 +60,7 @@ def parse_slurm_duration(text: str) -> float | None:
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
 
 
-def parse_squeue(text: str, job_id: str) -> JobInfo | None:
+def parse_squeue(text: str, job_id: str) -> Placement | None:
     """The job's line of `squeue --format=SQUEUE_FORMAT --noheader`; None when absent."""
     for line in text.splitlines():
         fields = line.strip().split("|")
@@ -80,11 +80,11 @@ def parse_squeue(text: str, job_id: str) -> JobInfo | None:
     return None
 
 
-def parse_sacct(text: str, job_id: str) -> JobInfo | None:
+def parse_sacct(text: str, job_id: str) -> Placement | None:
     """The job's last line of `sacct [--completion] -X -n -P -o JobID,State,ExitCode,NodeList`
     (the completion log has a line per start of a requeued job); None when absent. sacct
     writes `CANCELLED by 1000`: the state is the first word."""
-    found: JobInfo | None = None
+    found: Placement | None = None
     for line in text.splitlines():
         fields = line.strip().split("|")
         if len(fields) != 4 or fields[0] != job_id:
@@ -108,7 +108,7 @@ def parse_node_address(text: str) -> str:
     return match.group(1) if match else ""
 
 
-def query_job(job_id: str, known: JobInfo | None) -> JobInfo:
+def query_job(job_id: str, known: Placement | None) -> Placement:
     """The job's state now: squeue, else sacct, else what its record last knew (UNKNOWN if
     nothing did). Its node list is expanded and its head node's address looked up."""
     code, out = slurm("squeue", f"--jobs={job_id}", "--states=all", "--noheader",
@@ -131,7 +131,7 @@ def query_job(job_id: str, known: JobInfo | None) -> JobInfo:
             return known  # ended, and forgotten since: its record remembers how
         # Ended some way nobody kept. Where it ran stays known: a router lists it at its head.
         last = f"last seen {known['state']}; " if known is not None else ""
-        unknown: JobInfo = {
+        unknown: Placement = {
             "id": job_id, "state": "UNKNOWN",
             "reason": f"{last}Slurm no longer knows the job and keeps no record of its end",
             "nodes": known["nodes"] if known else [], "head": known["head"] if known else "",
@@ -154,11 +154,11 @@ def query_job(job_id: str, known: JobInfo | None) -> JobInfo:
     return found
 
 
-def job_alive(job: JobInfo) -> bool:
+def job_alive(job: Placement) -> bool:
     return job["state"] in ACTIVE_JOB_STATES
 
 
-def remember_job(state_dir: str, run_id: str, job: JobInfo) -> None:
+def remember_job(state_dir: str, run_id: str, job: Placement) -> None:
     """Keep the job's state in its run's record when it changed (its end, its nodes)."""
     path = state_path(state_dir, "runs", run_id + ".json")
     record = read_json(path)
@@ -171,7 +171,7 @@ def submit_job(args: StartArgs, run_id: str, log_path: str) -> RunRecord:
     runs = state_path(args["state_dir"], "runs")
     os.makedirs(runs, exist_ok=True)
     script = os.path.join(runs, run_id + ".sbatch")
-    write_atomic(script, (args["batch"] or "").encode(), mode=0o600)
+    write_atomic(script, (args["script"] or "").encode(), mode=0o600)
     code, out = slurm(
         "sbatch", "--parsable", f"--job-name={run_id}", f"--output={log_path}",
         "--open-mode=append", f"--chdir={os.path.expanduser('~')}", script,
@@ -184,7 +184,7 @@ def submit_job(args: StartArgs, run_id: str, log_path: str) -> RunRecord:
                 os.unlink(path)
         last = out.splitlines()[-1] if out else f"exit status {code}"
         fail(f"sbatch refused the job: {last}", "host")
-    job: JobInfo = {
+    job: Placement = {
         "id": job_id, "state": "PENDING", "reason": "", "nodes": [], "head": "",
         "time_left": None, "exit_code": "",
     }  # fmt: skip
@@ -202,7 +202,7 @@ def submit_job(args: StartArgs, run_id: str, log_path: str) -> RunRecord:
     })  # fmt: skip
 
 
-def stop_job(state_dir: str, run: RunRecord, timeout: float) -> tuple[JobInfo, str | None]:
+def stop_job(state_dir: str, run: RunRecord, timeout: float) -> tuple[Placement, str | None]:
     """Ask the job's server to drain (STOP_SIGNAL to its steps: its step supervisor SIGTERMs
     the server's main process), cancel it outright after `timeout`, and wait until Slurm
     says it has ended. The job as it ended, and whether it drained or was cut (None: it
@@ -251,7 +251,7 @@ def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
         run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
     write_json(record, run, mode=0o600)
     took = round(time.monotonic() - began, 3) if shutdown is not None else None
-    return {"run": run, "ended": [], "killed": [], "left": [], "job": job,
+    return {"run": run, "ended": [], "killed": [], "left": [], "placement": job,
             "shutdown": shutdown, "shutdown_s": took}  # fmt: skip
 
 
@@ -261,19 +261,20 @@ class JobWatch:
 
     def __init__(self, args: PollArgs) -> None:
         self.args = args
-        ref = args["job"]
+        ref = args["placement"]
         self.record = state_path(ref["state_dir"], "runs", ref["run"] + ".json")
         recorded = read_json(self.record)
         known = recorded.get("job") if isinstance(recorded, dict) else None
-        self.job: JobInfo | None = known
+        self.placement: Placement | None = known
         self.first, self.asked = known, 0.0
 
     def look(self) -> tuple[list[int], bool, str, bool]:
         """Its members (none here), whether it lives, where it answers, whether it may
         serve now."""
         if time.monotonic() >= self.asked + SLURM_QUERY_EVERY:
-            self.job, self.asked = query_job(self.args["job"]["id"], self.job), time.monotonic()
-        job = self.job
+            self.placement = query_job(self.args["placement"]["id"], self.placement)
+            self.asked = time.monotonic()
+        job = self.placement
         assert job is not None
         alive = job_alive(job)
         return (
@@ -285,12 +286,12 @@ class JobWatch:
 
     def end(self) -> None:
         """Keep what changed of the job (its end, its nodes) in the run's record."""
-        if self.job is not None and _changed(self.first, self.job):
-            ref = self.args["job"]
-            remember_job(ref["state_dir"], ref["run"], self.job)
+        if self.placement is not None and _changed(self.first, self.placement):
+            ref = self.args["placement"]
+            remember_job(ref["state_dir"], ref["run"], self.placement)
 
 
-def _changed(before: JobInfo | None, now: JobInfo) -> bool:
+def _changed(before: Placement | None, now: Placement) -> bool:
     """Worth writing to the record: anything but the time left, which changes every second."""
     if before is None:
         return True
@@ -300,19 +301,16 @@ def _changed(before: JobInfo | None, now: JobInfo) -> bool:
 class SlurmJobLauncher:
     """Servers as Slurm batch jobs from this login node (`launcher: slurm`)."""
 
+    kind = "slurm"
+
     def owns_run(self, run: RunRecord) -> bool:
-        return "job" in run  # a job's record names its job
+        # A job's record names its job (and, since records name their launcher, this one).
+        return run.get("launcher", self.kind) == self.kind and "job" in run
 
-    def job_ref(self, state_dir: str, run: RunRecord) -> JobRef | None:
-        return job_ref(state_dir, run, run["job"])
+    def placement_ref(self, state_dir: str, run: RunRecord) -> PlacementRef | None:
+        return placement_ref(self.kind, state_dir, run, run["job"])
 
-    def owns_start(self, args: StartArgs) -> bool:
-        return args["batch"] is not None  # a batch script to submit
-
-    def owns_poll(self, args: PollArgs) -> bool:
-        return "job" in args  # a job's poll names it
-
-    def facts(self) -> dict[str, object]:
+    def facts(self) -> dict[str, str | None]:
         return {"sbatch": shutil.which("sbatch")}
 
     def start(self, args: StartArgs, run_id: str, log_path: str, log_fd: int) -> RunRecord:
@@ -325,7 +323,7 @@ class SlurmJobLauncher:
     def liveness(self, run: RunRecord) -> tuple[list[int], bool, LiveRunOrigin]:
         """Its members (none here: they are on its nodes), whether it lives, its job."""
         job = query_job(run["job"]["id"], run["job"])
-        return [], job_alive(job), {"job": job["id"]}
+        return [], job_alive(job), {"placement": job["id"]}
 
     def stop(self, state_dir: str, run: RunRecord, timeout: float, first_signal: str) -> StopReply:
         return stop_job_run(state_dir, run, timeout)

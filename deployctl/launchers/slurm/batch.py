@@ -20,7 +20,7 @@ from deployctl.errors import TemplateError
 from deployctl.remote.protocol import (
     ACTIVE_JOB_STATES,
     STEP_DRAINS,
-    JobInfo,
+    Placement,
 )
 from deployctl.settings import Settings
 from deployctl.shell import quote
@@ -198,7 +198,7 @@ def batch_script(
     return "\n".join(lines) + "\n"
 
 
-def job_words(job: JobInfo) -> str:
+def job_words(job: Placement) -> str:
     """A Slurm job in a few words: `job 12 PENDING (Resources)`, `job 12 FAILED, exit 1:0`,
     `job 12 UNKNOWN (last seen RUNNING; …)`."""
     words = f"job {job['id']} {job['state']}"
