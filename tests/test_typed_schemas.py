@@ -1,4 +1,4 @@
-"""The typed documents (deployctl/present/shapes.py) and their shipped schemas are one
+"""The typed documents (deployctl/present/shapes/) and their shipped schemas are one
 declaration: each typed shape's `$defs` entry in every file that ships it is what the generator
 (tools/typed_schema.py) makes of its TypedDict, and the documents built from results validate.
 
@@ -13,15 +13,28 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from deployctl.crash.model import CrashReport
-from deployctl.errors import UsageError
+from deployctl.errors import ConnectError, UsageError
+from deployctl.facts import Gpu, GpuProcess
+from deployctl.fanout import FleetResult, HostResult
+from deployctl.inventory import DEFAULT_VARS, Host
+from deployctl.ops import runs
 from deployctl.ops.bench import Suggestion
-from deployctl.ops.patch import AuditReport, FileState, PatchState, SetState
+from deployctl.ops.gpus import GpuReport
+from deployctl.ops.patch import (
+    ActionKind,
+    AuditReport,
+    FileState,
+    PatchAction,
+    PatchState,
+    SetState,
+)
 from deployctl.ops.router import Registration
 from deployctl.patchset import load_patch_set
 from deployctl.present import documents, shapes
 from deployctl.project import SHIPPED_DATA
 from deployctl.remote.protocol import JobInfo
 from tests.json_contract import SCHEMAS
+from tests.test_present import RUN, launched
 from tests.test_rollout_schema import report as rollout_report
 from tools import contract
 from tools.typed_schema import TypedSchemas
@@ -54,12 +67,49 @@ class WiderRegistration(shapes.Registration):
     drained: bool
 
 
+class WiderStop(shapes.StopFields):
+    drained: bool
+
+
+class WiderStopDocument(TypedDict):
+    hosts: dict[str, shapes.HostEntry[WiderStop]]
+
+
+class NarrowerUnit(shapes.MultiNodeUnit):
+    state: Literal[runs.UnitState.READY]  # type: ignore[misc]  # narrowed, as a mistake would
+
+
 def test_a_type_that_differs_from_its_shipped_schema_is_found() -> None:
     # A key added to the type (or a value's type changed) and not regenerated.
-    wider = TypedSchemas({**contract.TYPED.named, "registration": WiderRegistration})
+    typed = contract.TYPED
+    named = {**typed.named, "registration": WiderRegistration}
+    wider = TypedSchemas(named, typed.keywords, typed.patterns, typed.given)
     assert set(disagreements(wider)) >= {"registration in stop.json", "registration in launch.json"}
-    keywords = {**contract.TYPED.keywords, "job": {}}  # additionalProperties dropped
-    assert "job in status.json" in disagreements(TypedSchemas(contract.TYPED.named, keywords))
+    keywords = {**typed.keywords, "job": {}}  # additionalProperties dropped
+    looser = TypedSchemas(typed.named, keywords, typed.patterns, typed.given)
+    assert "job in status.json" in disagreements(looser)
+
+
+def test_a_documents_fields_that_differ_from_its_shipped_entries_are_found() -> None:
+    # A per-host document's fields: its outcome (`stopOutcome`) is generated from them, and
+    # its host and deployment entries are named from the same type.
+    typed = contract.TYPED
+    named = {
+        **typed.named,
+        "stop": WiderStopDocument,
+        **contract.per_host("stop", WiderStop),
+        "stopped": shapes.Entry[shapes.StopFields],  # launch --replace's stop, named apart
+    }
+    found = disagreements(TypedSchemas(named, typed.keywords, typed.patterns, typed.given))
+    assert "stopOutcome in stop.json" in found
+    # An enum's values are the schema's: a state left out is found.
+    named = {**typed.named, "multiNodeUnit": NarrowerUnit}
+    found = disagreements(TypedSchemas(named, typed.keywords, typed.patterns, typed.given))
+    assert {"multiNodeUnit in status.json", "multiNodeUnit in top.json"} <= set(found)
+    # An entry named apart from its fields' outcome is refused.
+    named = {**typed.named, "stopOutcome": shapes.Entry[WiderStop]}
+    with pytest.raises(TypeError, match="stop: its entries are not those of StopFields"):
+        TypedSchemas(named, typed.keywords, typed.patterns, typed.given).definitions()
 
 
 # ---- the generator -----------------------------------------------------------------------
@@ -210,6 +260,34 @@ def test_the_typed_documents_validate_against_their_schemas() -> None:
     valid("patch-audit", "auditOutcome", {"ok": True, "error": None, "code": None, **audit})
     valid("rollout", "rollout", documents.rollout_document(rollout_report()))
     valid("rollout", "rollout", documents.rollout_document(rollout_report(dry_run=True)))
+
+
+def test_the_per_host_documents_built_from_results_validate() -> None:
+    alpha, bravo = Host("alpha", dict(DEFAULT_VARS)), Host("bravo", dict(DEFAULT_VARS))
+    lost = ConnectError("bravo: the SSH connection was lost")
+    looked = runs.RunStatus(RUN, alive=True, health=200, metrics_note="not asked")
+    status = documents.status_document(
+        FleetResult([HostResult(alpha, looked), HostResult(bravo, exception=lost)])
+    )
+    assert status["hosts"]["alpha"]["state"] == "ready"
+    valid("status", "status", status)
+    nodes = [
+        HostResult(Host(name, dict(DEFAULT_VARS), "kimi"), runs.RunStatus(RUN, alive=up))
+        for name, up in (("alpha", True), ("bravo", False))
+    ]
+    whole = documents.unit_json(runs.Unit("kimi", nodes))
+    assert whole["state"] == "degraded"
+    valid("status", "multiNodeUnit", whole)
+    stop = runs.StopResult("baseline_v1", [42], [], True, shutdown="drained", shutdown_s=1.0)
+    valid("stop", "stop", documents.hosts_document(FleetResult([HostResult(alpha, stop)]), documents.stop_json))  # fmt: skip
+    gpus = GpuReport([Gpu(0, "GPU-0", "H200", 9000, 143000, 12)],
+                     [GpuProcess(42, "python3", 9000, "GPU-0")], 1000, {42: "baseline_v1"})  # fmt: skip
+    valid("gpus", "gpus", documents.per_host(documents.gpus_json)(FleetResult([HostResult(alpha, gpus)])))  # fmt: skip
+    for state in runs.RunState:
+        valid("launch", "launch", documents.launch_document(launched(state)))
+    applied = PatchAction("set", "1.0.0", ActionKind.APPLIED, ["a.py"])
+    actions = documents.per_host(documents.patch_actions_json)(FleetResult([HostResult(alpha, [applied])]))  # fmt: skip
+    valid("patch-apply", "patchActions", actions)
 
 
 def test_an_enum_value_outside_the_type_breaks_the_schema() -> None:

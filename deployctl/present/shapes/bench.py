@@ -1,0 +1,46 @@
+"""The typed documents of bench --suggest-threshold.
+
+No `from __future__ import annotations` (see the package's docstring).
+"""
+
+from typing import Annotated, TypedDict
+
+
+class SuggestionLevel(TypedDict):
+    concurrency: int
+    baseline_tokens_per_s: float
+    speculative_tokens_per_s: float
+    wins: Annotated[
+        bool | None,
+        "Whether speculation beats the baseline here (a tie is no win); null: above the speculative run's own threshold, so not measured for speculation.",
+    ]
+
+
+class Suggestion(TypedDict):
+    """deployctl bench --suggest-threshold BASELINE SPEC --json"""
+
+    baseline: str
+    speculative: str
+    threshold: Annotated[
+        int | None,
+        "The largest level where speculation wins at it and every level below; null: speculation never wins.",
+    ]
+    between: Annotated[
+        list[int | None],
+        "[last win, first loss]: the crossover lies between them. Last win null: speculation never wins; first loss null: it wins at every level measured.",
+        {"minItems": 2, "maxItems": 2},
+    ]
+    crossover_unresolved: Annotated[
+        bool,
+        "Levels between the last win and the first loss were not measured (deployctl tune narrows it down).",
+    ]
+    wins_after_loss: Annotated[
+        list[int],
+        "Levels past the first loss where speculation wins again: a threshold cannot use them.",
+    ]
+    speculative_threshold: Annotated[
+        int | None,
+        "The speculative run's own --threshold: above it its curve is the baseline's, so those levels are not measured and the suggestion cannot exceed it.",
+    ]
+    baseline_speculates: Annotated[bool, "The baseline run's command has --speculative-algorithm."]
+    levels: list[SuggestionLevel]
