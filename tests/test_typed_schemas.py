@@ -5,15 +5,17 @@ declaration: each typed shape's `$defs` entry in every file that ships it is wha
 No `from __future__ import annotations` here: the sample TypedDicts below have NotRequired keys.
 """
 
+import dataclasses
 import json
 from enum import StrEnum
-from typing import Annotated, Any, Literal, NotRequired, TypedDict
+from typing import Annotated, Any, Literal, NotRequired, TypedDict, get_args
 
 import pytest
 from jsonschema import Draft202012Validator
 
 from deployctl.crash.model import CrashReport
 from deployctl.errors import ConnectError, UsageError
+from deployctl.events import Event, LogLine
 from deployctl.facts import Gpu, GpuProcess
 from deployctl.fanout import FleetResult, HostResult
 from deployctl.inventory import DEFAULT_VARS, Host
@@ -288,6 +290,30 @@ def test_the_per_host_documents_built_from_results_validate() -> None:
     applied = PatchAction("set", "1.0.0", ActionKind.APPLIED, ["a.py"])
     actions = documents.per_host(documents.patch_actions_json)(FleetResult([HostResult(alpha, [applied])]))  # fmt: skip
     valid("patch-apply", "patchActions", actions)
+
+
+def event_keys(event: type[Event]) -> list[str]:
+    """The keys documents.event_json gives an event: its kind, then its fields (an exception
+    as its error, code and hint)."""
+    keys = ["event"]
+    for item in dataclasses.fields(event):
+        keys += ["error", "code", "hint"] if item.name == "exception" else [item.name]
+    return keys
+
+
+@pytest.mark.parametrize("event", shapes.EVENT_SHAPES, ids=lambda e: e.__name__)
+def test_each_events_type_has_the_keys_and_kind_its_document_has(event: type[Event]) -> None:
+    typed = shapes.EVENT_SHAPES[event]
+    assert sorted(typed.__annotations__) == sorted(event_keys(event))
+    assert get_args(typed.__annotations__["event"]) == (event.kind,)
+
+
+def test_an_events_field_that_its_type_lacks_is_found() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Louder(LogLine):
+        volume: int = 0
+
+    assert sorted(event_keys(Louder)) != sorted(shapes.EventLogLine.__annotations__)
 
 
 def test_an_enum_value_outside_the_type_breaks_the_schema() -> None:

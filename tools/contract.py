@@ -274,17 +274,6 @@ def kept_report(prefix: str, record: str, command: str, one: str, many: str) -> 
     }
 
 
-def event(
-    kind: str, properties: dict[str, Schema], required: Sequence[str], **keywords: Any
-) -> Schema:
-    """One line of a JSON-lines command (logs, watch): its kind, its target and when (`at`)."""
-    return obj(
-        {"event": {"const": kind}, "target": string(), "at": number(), **properties},
-        required=["event", "target", "at", *required],
-        **keywords,
-    )
-
-
 def command(title: str, description: str, *documents: Schema) -> Schema:
     """A command's schema: versioned, one of its documents or the command's failure as a whole.
     No additionalProperties: a key added is no break."""
@@ -486,50 +475,6 @@ BY_HAND: dict[str, Schema] = {
         },
         required=["ok", "error", "code"],
         required_when_ok=["hostname", "gpus", "sglang", "deployments", "ports", "models", "sbatch"],
-    ),
-    "eventLogLine": event(
-        "log_line",
-        {
-            "line": string(),
-            "crash": boolean(),
-        },
-        required=["line", "crash"],
-        description="One whole line of a log; `crash`: it belongs to a crash trace.",
-    ),
-    "eventCrash": event(
-        "crash",
-        {
-            "report": ref("crashReport"),
-        },
-        required=["report"],
-        description="A crash completed by the log lines just sent.",
-    ),
-    "eventHostFailed": event(
-        "host_failed",
-        {
-            "error": string(),
-            "code": string(),
-            "hint": nullable("string"),
-        },
-        required=["error", "code", "hint"],
-        description="A host could not be read or followed; `exception` keeps a bug's traceback.",
-    ),
-    "eventConnectionLost": event(
-        "connection_lost",
-        {
-            "elapsed": number(),
-            "error": string(),
-        },
-        required=["elapsed", "error"],
-        description="The connection to a host dropped while it was waited for or followed; retrying.",
-    ),
-    "eventReconnected": event(
-        "reconnected",
-        {
-            "elapsed": number(),
-        },
-        required=["elapsed"],
-        description="A lost connection is back.",
     ),
     "canary": obj(
         {
@@ -1069,118 +1014,6 @@ BY_HAND: dict[str, Schema] = {
         },
         required=["record", "numbers", "unreadable"],
     ),
-    "eventRestarting": event(
-        "restarting",
-        {
-            "run": string(),
-            "signature": string(),
-            "attempt": integer(),
-            "down": array(string()),
-        },
-        required=["run", "signature", "attempt", "down"],
-        description="A run crashed (on `down`, for a multi-node server) and is being replaced.",
-    ),
-    "eventCrashLoop": event(
-        "crash_loop",
-        {
-            "run": string(),
-            "signature": string(),
-            "repeated": boolean(),
-            "crashes": integer(),
-            "window_s": number(),
-        },
-        required=["run", "signature", "repeated", "crashes", "window_s"],
-        description="A run crashed too often (or the same way twice): it is left down.",
-    ),
-    "eventDecodeHeld": event(
-        "decode_held",
-        {
-            "run": string(),
-            "prefill": string("The prefill of its router seen down."),
-            "down_s": number("How long ago it was seen down."),
-            "window_s": number(),
-        },
-        required=["run", "prefill", "down_s", "window_s"],
-        description="A decode fails its health check but is not restarted: a prefill of its router was down within the window (a decode's health fails while its prefill is gone, sglang#12779).",
-    ),
-    "eventStuckTransfer": event(
-        "stuck_transfer",
-        {"run": string(), "waiting": integer(), "stuck_s": number()},
-        required=["run", "waiting", "stuck_s"],
-        description="A decode has requests waiting for their KV and has sent no token for `stuck_s` seconds.",
-    ),
-    "eventStopFailed": event(
-        "stop_failed",
-        {
-            "error": string(),
-            "code": string(),
-            "hint": nullable("string"),
-        },
-        required=["error", "code", "hint"],
-        description="A run to be replaced could not be stopped; it is not relaunched.",
-    ),
-    "eventReplaced": event(
-        "replaced",
-        {
-            "old_run": string(),
-            "new_run": nullable("string"),
-            "state": string(),
-        },
-        required=["old_run", "new_run", "state"],
-        description="A run was replaced by `new_run` (None: its launch was refused), now in `state`.",
-    ),
-    "eventWatching": event(
-        "watching",
-        {
-            "deployments": integer("Deployments (a multi-node group counts once) found."),
-            "hosts": integer(),
-            "unreadable": integer("Hosts that could not be read (each also has its own event)."),
-            "interval_s": number(),
-        },
-        required=["deployments", "hosts", "unreadable", "interval_s"],
-        description="Supervision began: its first look is done. Once, before that look's own events.",
-    ),
-    "eventWatchStopped": event(
-        "watch_stopped",
-        {
-            "gave_up": boolean(),
-        },
-        required=["gave_up"],
-        description="Supervision ended: told to (Ctrl-C; the servers keep running), or because it gave up",
-    ),
-    "eventRouterChanged": event(
-        "router_changed",
-        {
-            "router": string(),
-            "url": string(),
-            "added": boolean(),
-            "error": string(),
-        },
-        required=["router", "url", "added", "error"],
-        description="A worker was added to its router (`added`) or removed from it; `error` says why not (empty when done).",
-    ),
-    "eventTimeLimitNear": event(
-        "time_limit_near",
-        {
-            "run": string(),
-            "job": string(),
-            "time_left_s": number(),
-            "renewing": boolean(),
-        },
-        required=["run", "job", "time_left_s", "renewing"],
-        description="A Slurm job is within --renew-before of its time limit: `renewing` its successor now (it has a router), or not (no router: down from the limit until its successor serves).",
-    ),
-    "eventRenewed": event(
-        "renewed",
-        {
-            "old_run": string(),
-            "new_run": nullable("string"),
-            "state": string(),
-            "error": string(),
-        },
-        required=["old_run", "new_run", "state", "error"],
-        description="A Slurm job's successor `new_run` (null: refused) is in `state`; with `error` empty it serves in the router, and the old job was taken out and cancelled.",
-    ),
 }
 
 # SGLang's metrics, keyed as the metrics module reads them: a metric added there changes the
@@ -1288,6 +1121,11 @@ TYPED = TypedSchemas(
         "action": shapes.Action,
         "audit": shapes.Audit,
         **per_host("audit", shapes.AuditFields),
+        # The events of logs --json and watch --json: eventLogLine, eventCrash, …
+        **{
+            f"event{typed.__name__.removeprefix('Event')}": typed
+            for typed in shapes.EVENT_SHAPES.values()
+        },
     },
     keywords={
         "job": {"additionalProperties": False},
