@@ -8,6 +8,7 @@ No `from __future__ import annotations` here: the sample TypedDicts below have N
 import dataclasses
 import json
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any, Literal, NotRequired, TypedDict, get_args
 
 import pytest
@@ -22,6 +23,7 @@ from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import runs
 from deployctl.ops.bench import Suggestion
 from deployctl.ops.gpus import GpuReport
+from deployctl.ops.init import InitReport
 from deployctl.ops.patch import (
     ActionKind,
     AuditReport,
@@ -36,6 +38,7 @@ from deployctl.present import documents, shapes
 from deployctl.project import SHIPPED_DATA
 from deployctl.remote.protocol import JobInfo
 from tests.json_contract import SCHEMAS
+from tests.test_init import host_of, survey_of
 from tests.test_present import RUN, launched
 from tests.test_rollout_schema import report as rollout_report
 from tools import contract
@@ -290,6 +293,11 @@ def test_the_per_host_documents_built_from_results_validate() -> None:
     applied = PatchAction("set", "1.0.0", ActionKind.APPLIED, ["a.py"])
     actions = documents.per_host(documents.patch_actions_json)(FleetResult([HostResult(alpha, [applied])]))  # fmt: skip
     valid("patch-apply", "patchActions", actions)
+    lost = ConnectError("gpu2: the SSH connection was lost")
+    surveyed = FleetResult([HostResult(host_of("gpu1"), survey_of()), HostResult(host_of("gpu2"), exception=lost)])  # fmt: skip
+    init = documents.init_document(InitReport(surveyed, "all: {}\n", Path("inventory.yml")))
+    assert init["hosts"]["gpu1"]["ok"] and not init["hosts"]["gpu2"]["ok"]
+    valid("init", "init", init)
 
 
 def event_keys(event: type[Event]) -> list[str]:

@@ -418,64 +418,6 @@ BY_HAND: dict[str, Schema] = {
     ),
     "spread": obj({"p50": nullable("number"), "p99": nullable("number")}, required=["p50", "p99"]),
     "note": obj({"note": string()}, required=["note"], description="What --new-token did."),
-    "init": obj(
-        {
-            "hosts": map_of(ref("initHost")),
-            "path": string("The inventory file written, or that would be."),
-            "written": boolean("False for --dry-run, or when no host could be read."),
-            "backup": nullable("string", "Where the file that was at `path` is kept."),
-            "extended": nullable("string", "The inventory -i named, that the hosts were added to."),
-            "inventory": string("The YAML written (with -i: what was added to the file)."),
-        },
-        required=["hosts", "path", "written", "backup", "extended", "inventory"],
-    ),
-    "initHost": obj(
-        {
-            **OUTCOME,
-            "hostname": string(),
-            "user": string(),
-            "gpus": array(ref("gpu")),
-            "gpu_error": nullable("string", "Why no GPU was read (no nvidia-smi, a driver error)."),
-            "islands": nullable(
-                "array", "GPUs joined by NVLink (or one NUMA node).", items=array(integer())
-            ),
-            "topology_error": nullable("string"),
-            "sglang": array(
-                obj(
-                    {
-                        "python": string(),
-                        "python_version": string(),
-                        "version": nullable("string"),
-                        "site": string(),
-                        "patches": map_of(string(), "Each patch set's state on this installation."),
-                    },
-                    required=["python", "python_version", "version", "site", "patches"],
-                ),
-                "Every Python found with SGLang.",
-            ),
-            "pythons": array(
-                obj({"python": string(), "version": string()}, required=["python", "version"])
-            ),
-            "deployments": array(
-                obj(
-                    {
-                        "name": string(),
-                        "gpus": array(integer()),
-                        "tp": integer(),
-                        "port": integer(),
-                        "why": string(),
-                    },
-                    required=["name", "gpus", "tp", "port", "why"],
-                ),
-                "The servers the GPUs suggest (one: the host's own).",
-            ),
-            "ports": array(integer(), "TCP ports in use."),
-            "models": array(string(), "Folders holding a model's config.json."),
-            "sbatch": nullable("string", "Where Slurm's sbatch is; null: no Slurm client."),
-        },
-        required=["ok", "error", "code"],
-        required_when_ok=["hostname", "gpus", "sglang", "deployments", "ports", "models", "sbatch"],
-    ),
     "canary": obj(
         {
             **CANARY_FIELDS,
@@ -1033,11 +975,12 @@ def outcome_of(schemas: TypedSchemas, hint: Any, keywords: Schema) -> Schema:
     keys required unless the entry failed (its `error` is null)."""
     (fields,) = get_args(hint)
     base, more = schemas.definition(shapes.Entry), schemas.definition(fields)
+    required = keywords.get("required", base["required"])
     return obj(
         {**base["properties"], **more.get("properties", {})},
-        required=base["required"],
+        required=required,
         required_when_ok=more["required"],
-        **keywords,
+        **{k: v for k, v in keywords.items() if k != "required"},
     )
 
 
@@ -1121,6 +1064,8 @@ TYPED = TypedSchemas(
         "action": shapes.Action,
         "audit": shapes.Audit,
         **per_host("audit", shapes.AuditFields),
+        "init": shapes.Init,
+        "initHost": shapes.Entry[shapes.SurveyFields],
         # The events of logs --json and watch --json: eventLogLine, eventCrash, …
         **{
             f"event{typed.__name__.removeprefix('Event')}": typed
@@ -1136,6 +1081,8 @@ TYPED = TypedSchemas(
         # A failed host keeps the shape, so readers need not test for the keys.
         "scanHost": {"required": ["ok", "log", "crashes"]},
         "statusOutcome": {"dependentRequired": METRICS_NOTE},
+        # Each host read has its error and code (null when it was read).
+        "initHost": {"required": ["ok", "error", "code"]},
         # A run that started has every key of its coming up (its job only where it is one).
         "launchOutcome": {
             "dependentRequired": {

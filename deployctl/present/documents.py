@@ -871,26 +871,39 @@ def rollout_document(report: RolloutReport) -> shapes.Rollout:
 # ---- init ----------------------------------------------------------------------------------
 
 
-def survey_json(survey: HostSurvey) -> dict[str, Any]:
+def survey_json(survey: HostSurvey) -> shapes.SurveyFields:
     return {
         "hostname": survey.hostname,
         "user": survey.user,
-        "gpus": [g.to_json() for g in survey.gpus],
+        "gpus": [gpu_json(g) for g in survey.gpus],
         "gpu_error": survey.gpu_error,
         "islands": survey.topology.islands() if survey.topology else None,
         "topology_error": survey.topology_error,
-        "sglang": [dataclasses.asdict(found) for found in survey.sglang],
+        "sglang": [
+            {
+                "python": found.python,
+                "python_version": found.python_version,
+                "version": found.version,
+                "site": found.site,
+                "patches": found.patches,
+            }
+            for found in survey.sglang
+        ],
         "pythons": [{"python": p, "version": v} for p, v in survey.pythons],
-        "deployments": [dataclasses.asdict(d) for d in survey.deployments()],
+        "deployments": [
+            {"name": d.name, "gpus": d.gpus, "tp": d.tp, "port": d.port, "why": d.why}
+            for d in survey.deployments()
+        ],
         "ports": survey.ports,
         "models": survey.models,
         "sbatch": survey.sbatch,
     }
 
 
-def init_document(report: InitReport) -> dict[str, Any]:
+def init_document(report: InitReport) -> shapes.Init:
+    hosts = hosts_document(report.results, survey_json)["hosts"]
     return {
-        **hosts_document(report.results, survey_json),
+        "hosts": {name: entry for name, entry in hosts.items()},  # no deployments in init
         "path": str(report.path),
         "written": report.written,
         "backup": None if report.backup is None else str(report.backup),

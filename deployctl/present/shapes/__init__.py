@@ -62,6 +62,13 @@ from deployctl.present.shapes.fleet import (
     RenderedFields,
     ScanFields,
 )
+from deployctl.present.shapes.init import (
+    FoundPython,
+    FoundSglang,
+    Init,
+    SuggestedServer,
+    SurveyFields,
+)
 from deployctl.present.shapes.patches import (
     Action,
     Audit,
@@ -124,6 +131,8 @@ __all__ = [
     "Failure",
     "Flags",
     "Fleet",
+    "FoundPython",
+    "FoundSglang",
     "Gpu",
     "GpuProcess",
     "Gpus",
@@ -132,6 +141,7 @@ __all__ = [
     "GroupEntry",
     "HostEntry",
     "HostListed",
+    "Init",
     "Inventory",
     "Job",
     "Launch",
@@ -162,8 +172,10 @@ __all__ = [
     "StatusFields",
     "Stop",
     "StopFields",
+    "SuggestedServer",
     "Suggestion",
     "SuggestionLevel",
+    "SurveyFields",
     "UnitPlanFields",
     "UnitResultFields",
 ]
