@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict, get_args
 import pytest
 from jsonschema import Draft202012Validator
 
+from deployctl.choices import PdRole
 from deployctl.crash.model import CrashReport
 from deployctl.errors import ConnectError, UsageError
 from deployctl.events import Event, LogLine
@@ -32,7 +33,7 @@ from deployctl.ops.patch import (
     PatchState,
     SetState,
 )
-from deployctl.ops.router import Registration
+from deployctl.ops.router import ListedWorker, Registration, RouterState, SyncResult, WorkerKind
 from deployctl.patchset import load_patch_set
 from deployctl.present import documents, shapes
 from deployctl.project import SHIPPED_DATA
@@ -293,6 +294,14 @@ def test_the_per_host_documents_built_from_results_validate() -> None:
     applied = PatchAction("set", "1.0.0", ActionKind.APPLIED, ["a.py"])
     actions = documents.per_host(documents.patch_actions_json)(FleetResult([HostResult(alpha, [applied])]))  # fmt: skip
     valid("patch-apply", "patchActions", actions)
+    listed = [ListedWorker("http://10.0.0.2:30000", True, 0, "alpha/w", kind=WorkerKind(PdRole.PREFILL, 8998))]  # fmt: skip
+    state = RouterState("r", "workers", listed, unknown={"http://u": "beta/w"}, pd=True)
+    failed = Registration("alpha/w", "r", "http://10.0.0.3:30000", True, "refused")
+    synced = SyncResult(state, [failed], kept=["http://u"])
+    sync = documents.per_host(documents.sync_json)(FleetResult([HostResult(alpha, synced)]))
+    assert sync["hosts"]["alpha"]["ok"] is False and sync["hosts"]["alpha"]["code"] == "error"
+    assert sync["hosts"]["alpha"]["before"]["missing_roles"] == ["decode"]
+    valid("router-sync", "sync", sync)
     lost = ConnectError("gpu2: the SSH connection was lost")
     surveyed = FleetResult([HostResult(host_of("gpu1"), survey_of()), HostResult(host_of("gpu2"), exception=lost)])  # fmt: skip
     init = documents.init_document(InitReport(surveyed, "all: {}\n", Path("inventory.yml")))

@@ -740,26 +740,6 @@ BY_HAND: dict[str, Schema] = {
         {"p50": nullable("number"), "p99": nullable("number"), "count": integer()},
         required=["p50", "p99", "count"],
     ),
-    "sync": obj({"hosts": map_of(ref("syncHost"))}, required=["hosts"]),
-    "syncHost": host_entry_shape("sync"),
-    "syncDeployment": deployment_entry("sync"),
-    "syncOutcome": obj(
-        {
-            **OUTCOME,
-            "dry_run": boolean(),
-            "force": boolean(
-                "--force: URLs whose owner cannot be read, and URLs no worker of the inventory has, are removed too."
-            ),
-            "before": ref("router"),
-            "changes": array(ref("registration")),
-            "kept": array(
-                string(),
-                description="Listed URLs left in the router, unknown or not ours (see `before`); --force removes them.",
-            ),
-        },
-        required=["ok"],
-        required_when_ok=["dry_run", "force", "before", "changes", "kept"],
-    ),
     "tuned": obj(
         {
             "hosts": map_of(ref("tuneHost")),
@@ -975,11 +955,13 @@ def outcome_of(schemas: TypedSchemas, hint: Any, keywords: Schema) -> Schema:
     keys required unless the entry failed (its `error` is null)."""
     (fields,) = get_args(hint)
     base, more = schemas.definition(shapes.Entry), schemas.definition(fields)
-    required = keywords.get("required", base["required"])
+    # Fields that restate the outcome's keys (an entry judged by its own builder, as a sync
+    # is) leave their declaration as the outcome's.
+    own = {k: v for k, v in more.get("properties", {}).items() if k not in base["properties"]}
     return obj(
-        {**base["properties"], **more.get("properties", {})},
-        required=required,
-        required_when_ok=more["required"],
+        {**base["properties"], **own},
+        required=keywords.get("required", base["required"]),
+        required_when_ok=[k for k in more["required"] if k in own],
         **{k: v for k, v in keywords.items() if k != "required"},
     )
 
@@ -1064,6 +1046,8 @@ TYPED = TypedSchemas(
         "action": shapes.Action,
         "audit": shapes.Audit,
         **per_host("audit", shapes.AuditFields),
+        "sync": shapes.Sync,
+        **per_host("sync", shapes.SyncFields),
         "init": shapes.Init,
         "initHost": shapes.Entry[shapes.SurveyFields],
         # The events of logs --json and watch --json: eventLogLine, eventCrash, …

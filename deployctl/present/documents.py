@@ -395,17 +395,19 @@ def router_state_json(state: RouterState) -> shapes.RouterState:
     }  # fmt: skip
 
 
-def sync_json(result: SyncResult) -> dict[str, Any]:
-    why = "" if result.ok else sync_problem(result)
-    return {
+def sync_json(result: SyncResult) -> shapes.SyncFields:
+    document: shapes.SyncFields = {
         "ok": result.ok,
-        **({"error": why, "code": "error"} if why else {}),
         "dry_run": result.dry_run,
         "force": result.force,
         "before": router_state_json(result.before),
         "changes": [registration_json(c) for c in result.changes],
         "kept": result.kept,
     }
+    why = "" if result.ok else sync_problem(result)
+    if why:
+        document["error"], document["code"] = why, "error"
+    return document
 
 
 def sync_problem(result: SyncResult) -> str:

@@ -101,6 +101,8 @@ from deployctl.present.shapes.runs import (
     StatusFields,
     Stop,
     StopFields,
+    Sync,
+    SyncFields,
 )
 
 __all__ = [
@@ -176,6 +178,8 @@ __all__ = [
     "Suggestion",
     "SuggestionLevel",
     "SurveyFields",
+    "Sync",
+    "SyncFields",
     "UnitPlanFields",
     "UnitResultFields",
 ]

@@ -206,3 +206,25 @@ class Launch(TypedDict):
             "Ready workers added to their routers, and workers added to routers that came up.",
         ]
     ]
+
+
+class SyncFields(TypedDict):
+    # A sync judges itself: not ok when a change failed or a URL was kept unknown.
+    ok: bool
+    error: NotRequired[str]
+    code: NotRequired[str]
+    dry_run: bool
+    force: Annotated[
+        bool,
+        "--force: URLs whose owner cannot be read, and URLs no worker of the inventory has, are removed too.",
+    ]
+    before: RouterState
+    changes: list[Registration]
+    kept: Annotated[
+        list[str],
+        "Listed URLs left in the router, unknown or not ours (see `before`); --force removes them.",
+    ]
+
+
+class Sync(TypedDict):
+    hosts: dict[str, HostEntry[SyncFields]]
