@@ -24,11 +24,15 @@ import difflib
 import json
 import sys
 from collections.abc import Iterator, Sequence
+from enum import Enum
 from pathlib import Path
 from typing import Any, get_args
 
-from deployctl.choices import SpeculationPolicy
+from deployctl.choices import CanaryMetric, SpeculationPolicy, ThresholdMode
 from deployctl.metrics import COUNTERS, GAUGES, HISTOGRAMS
+from deployctl.ops.canary import Decision
+from deployctl.ops.tune.search import LevelVerdict
+from deployctl.ops.tune.tuner import Outcome as TuneOutcome
 from deployctl.present import shapes
 from deployctl.remote.measures import (
     CanaryRecord,
@@ -48,7 +52,14 @@ SCHEMAS = Path(__file__).resolve().parent.parent / "deployctl" / "data" / "schem
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 REGENERATE = "python -m tools.contract --write"
 
-POLICY = {"enum": [str(p) for p in SpeculationPolicy]}  # tune --live --policies
+
+def enum_of(choice: type[Enum], *more: Any) -> Schema:
+    """An enum's values (and `more`: None for a value that may be null), as the contract's
+    `enum`: a value added to the enum reaches the schema with no other edit."""
+    return {"enum": [member.value for member in choice] + list(more)}
+
+
+POLICY = enum_of(SpeculationPolicy)  # tune --live --policies
 
 
 def ref(name: str, description: str | None = None) -> Schema:
@@ -143,7 +154,7 @@ CANARY_FIELDS: dict[str, Schema] = {
     "updated_at": number("When the record was last written (each 5 s while running)."),
     "candidates": array(string(), "The replicas that tried the inventory's configuration."),
     "controls": array(string(), "The replicas left on their run, compared against."),
-    "metric": {"enum": ["itl", "ttft", "throughput"]},
+    "metric": enum_of(CanaryMetric),
     "max_regression": number("The minimum detectable effect, as a fraction (0.05: 5 %)."),
     "confidence": number("1 - the false-alarm rate."),
     "verdict": {"enum": ["regression", "no_regression", "undecided", None]},
@@ -169,7 +180,7 @@ CANARY_FIELDS: dict[str, Schema] = {
     ),
     "reason": string("Why it ended as it did."),
     "decision": {
-        "enum": ["promoted", "rolled back", "kept", "failed", None],
+        **enum_of(Decision, None),
         "description": "failed: not carried through (the canaries' configuration did not serve, the router stopped answering, or the canaries gave nothing to compare), the canaries put back.",
     },
     "elapsed_s": number("Seconds spent judging."),
@@ -802,13 +813,13 @@ BY_HAND: dict[str, Schema] = {
             "host": string(),
             "deployment": nullable("string"),
             "tune": nullable("integer"),
-            "outcome": {"enum": ["tuned", "crashed", "failed", "interrupted"]},
+            "outcome": enum_of(TuneOutcome),
             "outcome_note": string(),
             "threshold": nullable(
                 "integer",
                 "T: speculation on while the batch is at most T; null when it never wins or wins at every level (see speculation).",
             ),
-            "threshold_mode": {"enum": ["patch", "adaptive"]},
+            "threshold_mode": enum_of(ThresholdMode),
             "speculation": {"enum": ["never", "always", "up_to", ""]},
             "crossover": {
                 **declared(
@@ -827,7 +838,7 @@ BY_HAND: dict[str, Schema] = {
                 declared(
                     Verdict,
                     {
-                        "verdict": {"enum": ["win", "loss", "tie"]},
+                        "verdict": enum_of(LevelVerdict),
                         "baseline": number(),
                         "speculative": number(),
                         "spread": map_of(number()),
