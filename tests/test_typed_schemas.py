@@ -22,7 +22,7 @@ from deployctl.facts import Gpu, GpuProcess
 from deployctl.fanout import FleetResult, HostResult
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import runs
-from deployctl.ops.bench import Suggestion
+from deployctl.ops.bench import BenchResult, Comparison, Suggestion
 from deployctl.ops.gpus import GpuReport
 from deployctl.ops.init import InitReport
 from deployctl.ops.patch import (
@@ -42,6 +42,7 @@ from tests.json_contract import SCHEMAS
 from tests.test_init import host_of, survey_of
 from tests.test_present import RUN, launched
 from tests.test_rollout_schema import report as rollout_report
+from tests.test_tune import level
 from tools import contract
 from tools.typed_schema import TypedSchemas
 
@@ -302,6 +303,11 @@ def test_the_per_host_documents_built_from_results_validate() -> None:
     assert sync["hosts"]["alpha"]["ok"] is False and sync["hosts"]["alpha"]["code"] == "error"
     assert sync["hosts"]["alpha"]["before"]["missing_roles"] == ["decode"]
     valid("router-sync", "sync", sync)
+    sweep = {"deployment": None, "run": "baseline_v1", "levels": [level(1, 50.0), level(8, 300.0)]}
+    benched = FleetResult([HostResult(alpha, BenchResult(sweep, "bench/1.json")), HostResult(bravo, exception=lost)])  # fmt: skip
+    valid("bench", "sweep", documents.bench_document(benched))
+    compared = Comparison({"baseline_v1": {**sweep, "at": 1.0}}, ["gone_v2"], {"bravo": lost})
+    valid("bench", "comparison", documents.comparison_document(compared))
     lost = ConnectError("gpu2: the SSH connection was lost")
     surveyed = FleetResult([HostResult(host_of("gpu1"), survey_of()), HostResult(host_of("gpu2"), exception=lost)])  # fmt: skip
     init = documents.init_document(InitReport(surveyed, "all: {}\n", Path("inventory.yml")))

@@ -35,12 +35,14 @@ from deployctl.ops.tune.search import LevelVerdict
 from deployctl.ops.tune.tuner import Outcome as TuneOutcome
 from deployctl.present import shapes
 from deployctl.remote.measures import (
+    BenchLevel,
     CanaryRecord,
     CrashRecord,
     Crossover,
     EndLook,
     LevelFigures,
     PhaseRecord,
+    Spread,
     TuneRecord,
     Verdict,
 )
@@ -304,130 +306,6 @@ BY_HAND: dict[str, Schema] = {
         "The version of the --json contract; raised only when a key is removed, renamed or retyped (adding a key is no break).",
         minimum=1,
     ),
-    "sweep": obj(
-        {"hosts": map_of(ref("benchHost"))},
-        required=["hosts"],
-        description="deployctl bench --json",
-    ),
-    "comparison": obj(
-        {
-            "runs": map_of(ref("keptSweep")),
-            "missing": array(string()),
-            "errors": map_of(string(), description="Host → why its kept sweeps could not be read."),
-            "unreadable": map_of(
-                array(string()),
-                description="Host → its kept bench files that are not JSON or not a sweep, skipped.",
-            ),
-        },
-        required=["runs", "missing", "errors", "unreadable"],
-        description="deployctl bench --compare RUNS --json",
-    ),
-    "benchHost": host_entry_shape("bench"),
-    "benchDeployment": deployment_entry("bench"),
-    "benchOutcome": obj(
-        {
-            **OUTCOME,
-            "deployment": nullable("string"),
-            "run": string(),
-            "levels": array(ref("level")),
-            "saved": string(),
-        },
-        required=["ok"],
-        required_when_ok=["deployment", "run", "levels", "saved"],
-    ),
-    "keptSweep": obj(
-        {
-            "run": string(),
-            "deployment": nullable("string"),
-            "template": string(),
-            "threshold": nullable("integer"),
-            "patches": map_of(string()),
-            "env": map_of(string()),
-            "command": string(),
-            "deployctl_version": string(),
-            "by": string(),
-            "at": number(),
-            "params": obj(
-                {
-                    "tool": string(),
-                    "input_len": integer(),
-                    "output_len": integer(),
-                    "concurrency": array(integer()),
-                    "prompts": array(integer()),
-                    "warmup": boolean("Each level was warmed up first (--warmup)."),
-                },
-                required=[],
-            ),
-            "levels": array(ref("level")),
-        },
-        required=["levels"],
-        description="A sweep as kept on its host (older ones may lack keys).",
-    ),
-    "level": obj(
-        {
-            "concurrency": integer(),
-            "prompts": integer(),
-            "completed": integer(),
-            "failed": integer(),
-            "errors": array(string(), description="The first few errors."),
-            "duration_s": number(),
-            "output_tokens": integer(),
-            "output_tokens_per_s": number(),
-            "requests_per_s": number(),
-            "ttft_ms": ref("spread"),
-            "itl_ms": ref("spread"),
-            "e2e_ms": ref("spread"),
-            "warmup_s": nullable(
-                "number",
-                "Seconds of the warm-up run before the level at its concurrency, not counted (bench --warmup; tune's default); null: none.",
-            ),
-            "first_sample_tokens_per_s": nullable(
-                "number",
-                "The warm-up's first requests, one a stream shaped as the level's: what a cold first sample measured; null: no warm-up.",
-            ),
-            "first_sample_bias": nullable(
-                "number",
-                "first_sample_tokens_per_s ÷ output_tokens_per_s - 1 (-0.4: the cold first sample was 40 % slower); null: no warm-up.",
-            ),
-            "rounds_tokens_per_s": array(
-                number(),
-                "Each round of the streams (concurrency requests in the order they ended; at concurrency 1 one request): their per-request output tok/s summed, in order.",
-            ),
-            "spread": nullable(
-                "number",
-                "The half-width of a 95 % confidence interval of the rounds' mean (Student's t), as a fraction of it; null with fewer than 2 rounds.",
-            ),
-            "drift": nullable(
-                "number",
-                "The rounds' second half's mean less their first half's, as a fraction of their mean; null with fewer than 2 rounds.",
-            ),
-            "drifting": boolean(
-                "|drift| > spread: the level's rounds still moved (not warm, or not steady)."
-            ),
-            "client_processes": integer(
-                "The builtin tool's client processes the level's streams were spread over."
-            ),
-            "client_busy": number(
-                "The busiest client process's CPU seconds ÷ its wall seconds (builtin tool): near 1, the level measured the client's limit, not the server's."
-            ),
-        },
-        required=[
-            "concurrency",
-            "prompts",
-            "completed",
-            "failed",
-            "errors",
-            "duration_s",
-            "output_tokens",
-            "output_tokens_per_s",
-            "requests_per_s",
-            "ttft_ms",
-            "itl_ms",
-            "e2e_ms",
-        ],
-        description="One load level of a sweep.",
-    ),
-    "spread": obj({"p50": nullable("number"), "p99": nullable("number")}, required=["p50", "p99"]),
     "note": obj({"note": string()}, required=["note"], description="What --new-token did."),
     "canary": obj(
         {
@@ -949,6 +827,60 @@ BY_HAND: dict[str, Schema] = {
     ),
 }
 
+# One load level of a sweep: the protocol's type (the host keeps it) declares its keys.
+LEVEL = declared(
+    BenchLevel,
+    {
+        "concurrency": integer(),
+        "prompts": integer(),
+        "completed": integer(),
+        "failed": integer(),
+        "errors": array(string(), description="The first few errors."),
+        "duration_s": number(),
+        "output_tokens": integer(),
+        "output_tokens_per_s": number(),
+        "requests_per_s": number(),
+        "ttft_ms": ref("spread"),
+        "itl_ms": ref("spread"),
+        "e2e_ms": ref("spread"),
+        "warmup_s": nullable(
+            "number",
+            "Seconds of the warm-up run before the level at its concurrency, not counted (bench --warmup; tune's default); null: none.",
+        ),
+        "first_sample_tokens_per_s": nullable(
+            "number",
+            "The warm-up's first requests, one a stream shaped as the level's: what a cold first sample measured; null: no warm-up.",
+        ),
+        "first_sample_bias": nullable(
+            "number",
+            "first_sample_tokens_per_s ÷ output_tokens_per_s - 1 (-0.4: the cold first sample was 40 % slower); null: no warm-up.",
+        ),
+        "rounds_tokens_per_s": array(
+            number(),
+            "Each round of the streams (concurrency requests in the order they ended; at concurrency 1 one request): their per-request output tok/s summed, in order.",
+        ),
+        "spread": nullable(
+            "number",
+            "The half-width of a 95 % confidence interval of the rounds' mean (Student's t), as a fraction of it; null with fewer than 2 rounds.",
+        ),
+        "drift": nullable(
+            "number",
+            "The rounds' second half's mean less their first half's, as a fraction of their mean; null with fewer than 2 rounds.",
+        ),
+        "drifting": boolean(
+            "|drift| > spread: the level's rounds still moved (not warm, or not steady)."
+        ),
+        "client_processes": integer(
+            "The builtin tool's client processes the level's streams were spread over."
+        ),
+        "client_busy": number(
+            "The busiest client process's CPU seconds ÷ its wall seconds (builtin tool): near 1, the level measured the client's limit, not the server's."
+        ),
+    },
+    description="One load level of a sweep.",
+)
+
+
 # SGLang's metrics, keyed as the metrics module reads them: a metric added there changes the
 # schema. Not a type's keys, so declared here (shapes.Metrics names it).
 METRICS = obj(
@@ -1059,6 +991,12 @@ TYPED = TypedSchemas(
         **per_host("audit", shapes.AuditFields),
         "sync": shapes.Sync,
         **per_host("sync", shapes.SyncFields),
+        "sweep": shapes.Sweep,
+        **per_host("bench", shapes.BenchFields),
+        "comparison": shapes.Comparison,
+        "keptSweep": shapes.KeptSweep,
+        "level": BenchLevel,
+        "spread": Spread,
         "init": shapes.Init,
         "initHost": shapes.Entry[shapes.SurveyFields],
         # The events of logs --json and watch --json: eventLogLine, eventCrash, …
@@ -1090,7 +1028,7 @@ TYPED = TypedSchemas(
         shapes.HostEntry: host_of,
         shapes.DeploymentEntry: deployment_of,
     },
-    given={"metrics": METRICS},
+    given={"metrics": METRICS, "level": LEVEL},
 )
 
 # Generated from a type, not named by one: a multi-node server's node is one look at its run.

@@ -533,9 +533,7 @@ def restart_document(result: RestartReport) -> shapes.Launch | shapes.NothingRes
 # ---- bench ---------------------------------------------------------------------------------
 
 
-def bench_json(result: BenchResult | None) -> dict[str, Any]:
-    if result is None:
-        return {}
+def bench_json(result: BenchResult) -> shapes.BenchFields:
     doc = result.document
     return {
         "deployment": doc["deployment"],
@@ -545,15 +543,18 @@ def bench_json(result: BenchResult | None) -> dict[str, Any]:
     }
 
 
-def bench_document(results: FleetResult[BenchResult | None]) -> shapes.PerHost[dict[str, Any]]:
+def bench_document(results: FleetResult[BenchResult | None]) -> shapes.Sweep:
     """Per deployment; the nodes of a multi-node server other than rank 0 serve no API."""
-    benched = [r for r in results if r.value is not None or r.failed]
+    # A failed host has no value: bench_json reads only the sweeps there are.
+    benched = [
+        cast("HostResult[BenchResult]", r) for r in results if r.value is not None or r.failed
+    ]
     return hosts_document(benched, bench_json)
 
 
-def comparison_document(result: Comparison) -> dict[str, Any]:
+def comparison_document(result: Comparison) -> shapes.Comparison:
     return {
-        "runs": result.runs,
+        "runs": cast("dict[str, shapes.KeptSweep]", result.runs),  # as kept on their hosts
         "missing": result.missing,
         "errors": {n: explain(e)[0] for n, e in result.failed.items()},
         "unreadable": result.unreadable,

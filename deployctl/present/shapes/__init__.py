@@ -15,7 +15,15 @@ others by hand. No `from __future__ import annotations` here: Python 3.11 reads 
 `NotRequired` key of a string annotation as required.
 """
 
-from deployctl.present.shapes.bench import Suggestion, SuggestionLevel
+from deployctl.present.shapes.bench import (
+    BenchFields,
+    Comparison,
+    KeptSweep,
+    Suggestion,
+    SuggestionLevel,
+    Sweep,
+    SweepParams,
+)
 from deployctl.present.shapes.common import (
     DeploymentEntry,
     Entry,
@@ -110,8 +118,10 @@ __all__ = [
     "Action",
     "Audit",
     "AuditFields",
+    "BenchFields",
     "Checked",
     "CheckedFields",
+    "Comparison",
     "DeploymentEntry",
     "Entry",
     "EventConnectionLost",
@@ -146,6 +156,7 @@ __all__ = [
     "Init",
     "Inventory",
     "Job",
+    "KeptSweep",
     "Launch",
     "LaunchFields",
     "LaunchRun",
@@ -178,6 +189,8 @@ __all__ = [
     "Suggestion",
     "SuggestionLevel",
     "SurveyFields",
+    "Sweep",
+    "SweepParams",
     "Sync",
     "SyncFields",
     "UnitPlanFields",

@@ -3,7 +3,10 @@
 No `from __future__ import annotations` (see the package's docstring).
 """
 
-from typing import Annotated, TypedDict
+from typing import Annotated, Required, TypedDict
+
+from deployctl.present.shapes.common import HostEntry
+from deployctl.remote.measures import BenchLevel
 
 
 class SuggestionLevel(TypedDict):
@@ -44,3 +47,57 @@ class Suggestion(TypedDict):
     ]
     baseline_speculates: Annotated[bool, "The baseline run's command has --speculative-algorithm."]
     levels: list[SuggestionLevel]
+
+
+# ---- bench, bench --compare ------------------------------------------------------------------
+
+
+class BenchFields(TypedDict):
+    deployment: str | None
+    run: str
+    levels: list[BenchLevel]
+    saved: str
+
+
+class Sweep(TypedDict):
+    """deployctl bench --json"""
+
+    hosts: dict[str, HostEntry[BenchFields]]
+
+
+class SweepParams(TypedDict, total=False):
+    tool: str
+    input_len: int
+    output_len: int
+    concurrency: list[int]
+    prompts: list[int]
+    warmup: Annotated[bool, "Each level was warmed up first (--warmup)."]
+
+
+class KeptSweep(TypedDict, total=False):
+    """A sweep as kept on its host (older ones may lack keys)."""
+
+    run: str
+    deployment: str | None
+    template: str
+    threshold: int | None
+    patches: dict[str, str]
+    env: dict[str, str]
+    command: str
+    deployctl_version: str
+    by: str
+    at: float
+    params: SweepParams
+    levels: Required[list[BenchLevel]]
+
+
+class Comparison(TypedDict):
+    """deployctl bench --compare RUNS --json"""
+
+    runs: dict[str, KeptSweep]
+    missing: list[str]
+    errors: Annotated[dict[str, str], "Host → why its kept sweeps could not be read."]
+    unreadable: Annotated[
+        dict[str, list[str]],
+        "Host → its kept bench files that are not JSON or not a sweep, skipped.",
+    ]
