@@ -23,6 +23,7 @@ from deployctl.fanout import FleetResult, HostResult
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import runs
 from deployctl.ops.bench import BenchResult, Comparison, Suggestion
+from deployctl.ops.canary import Decision
 from deployctl.ops.gpus import GpuReport
 from deployctl.ops.init import InitReport
 from deployctl.ops.patch import (
@@ -33,12 +34,14 @@ from deployctl.ops.patch import (
     PatchState,
     SetState,
 )
+from deployctl.ops.rollout import UnitOutcome, UnitResult
 from deployctl.ops.router import ListedWorker, Registration, RouterState, SyncResult, WorkerKind
 from deployctl.patchset import load_patch_set
 from deployctl.present import documents, shapes
 from deployctl.project import SHIPPED_DATA
 from deployctl.remote.protocol import JobInfo
 from tests.json_contract import SCHEMAS
+from tests.test_canary import judged
 from tests.test_init import host_of, survey_of
 from tests.test_present import RUN, launched
 from tests.test_rollout_schema import report as rollout_report
@@ -337,6 +340,18 @@ def test_an_events_field_that_its_type_lacks_is_found() -> None:
         volume: int = 0
 
     assert sorted(event_keys(Louder)) != sorted(shapes.EventLogLine.__annotations__)
+
+
+@pytest.mark.parametrize("decision", [*Decision, None], ids=str)
+def test_a_canarys_document_validates_and_its_words_are_the_types(
+    decision: Decision | None,
+) -> None:
+    report = judged(decision)
+    report.actions = [UnitResult("r1", UnitOutcome.REPLACED)]
+    document = documents.canary_document(report)
+    valid("canary", "canary", document)
+    assert document["steps"][0]["step"] == ("promotion" if decision is Decision.PROMOTED else "rollback")  # fmt: skip
+    assert list(shape_check("canary", "canary").iter_errors({**json.loads(json.dumps(document)), "state": "paused"}))  # fmt: skip
 
 
 def test_an_enum_value_outside_the_type_breaks_the_schema() -> None:

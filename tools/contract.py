@@ -28,9 +28,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, get_args
 
-from deployctl.choices import CanaryMetric, SpeculationPolicy, ThresholdMode
+from deployctl.choices import SpeculationPolicy, ThresholdMode
 from deployctl.metrics import COUNTERS, GAUGES, HISTOGRAMS
-from deployctl.ops.canary import Decision
 from deployctl.ops.tune.search import LevelVerdict
 from deployctl.ops.tune.tuner import Outcome as TuneOutcome
 from deployctl.present import shapes
@@ -144,66 +143,6 @@ def declared(
     return obj(properties, required=required, description=description, **keywords)
 
 
-# A canary's record (the host keeps it; `canary --json` is it and more).
-CANARY_FIELDS: dict[str, Schema] = {
-    "canary": nullable("integer", "Its number on the router's host; null when not kept."),
-    "router": string(),
-    "state": {
-        "enum": ["planned", "running", "done"],
-        "description": "running: still judged (or its deployctl was killed; see updated_at).",
-    },
-    "started_at": number("Seconds since the epoch."),
-    "updated_at": number("When the record was last written (each 5 s while running)."),
-    "candidates": array(string(), "The replicas that tried the inventory's configuration."),
-    "controls": array(string(), "The replicas left on their run, compared against."),
-    "metric": enum_of(CanaryMetric),
-    "max_regression": number("The minimum detectable effect, as a fraction (0.05: 5 %)."),
-    "confidence": number("1 - the false-alarm rate."),
-    "verdict": {"enum": ["regression", "no_regression", "undecided", None]},
-    "estimate": nullable(
-        "number",
-        "Candidate over control at matched load, oriented so that above 1 is worse (throughput inverted).",
-    ),
-    "low": nullable("number"),
-    "high": nullable("number"),
-    "samples": integer("Matched samples (both sides of a load bucket present)."),
-    "buckets": array(
-        obj(
-            {
-                "bucket": integer("Running requests, rounded up to a CUDA-graph batch size."),
-                "control_n": integer(),
-                "candidate_n": integer(),
-                "control": nullable("number"),
-                "candidate": nullable("number"),
-                "ratio": nullable("number"),
-            },
-            required=["bucket", "control_n", "candidate_n", "control", "candidate", "ratio"],
-        )
-    ),
-    "reason": string("Why it ended as it did."),
-    "decision": {
-        **enum_of(Decision, None),
-        "description": "failed: not carried through (the canaries' configuration did not serve, the router stopped answering, or the canaries gave nothing to compare), the canaries put back.",
-    },
-    "elapsed_s": number("Seconds spent judging."),
-    "interrupted": boolean("Ctrl-C: the canaries were put back."),
-    "steps": array(
-        obj(
-            {
-                "step": {"enum": ["split", "rollback", "promotion"]},
-                "unit": string(),
-                "outcome": string(),
-                "old_run": nullable("string"),
-                "new_run": nullable("string"),
-                "error": nullable("string"),
-            },
-            required=["step", "unit", "outcome", "old_run", "new_run", "error"],
-        ),
-        "Every replacement made, in order: the split, then the rollback or the promotion.",
-    ),
-}
-
-
 # What every outcome says: a host's, a deployment's, a unit's.
 OUTCOME: dict[str, Schema] = {
     "ok": boolean(),
@@ -307,39 +246,6 @@ BY_HAND: dict[str, Schema] = {
         minimum=1,
     ),
     "note": obj({"note": string()}, required=["note"], description="What --new-token did."),
-    "canary": obj(
-        {
-            **CANARY_FIELDS,
-            "ok": boolean(
-                "A clear verdict acted on: promoted, or kept (no regression with --no-promote, or inconclusive); false for a rollback, a failed canary (a split that did not serve, a router that stopped answering, nothing to compare) or Ctrl-C."
-            ),
-            "dry_run": boolean(),
-            "already_current": array(
-                string(),
-                "Replicas that already run the inventory's configuration: neither canary nor control.",
-            ),
-            "not_judged": map_of(
-                string(),
-                "Replicas that differ but that a canary cannot judge (a prefill records no time to first token or inter-token latency; a replica whose role changes has no like to compare with) -> why: neither canary nor control, and left as they run by a promotion.",
-            ),
-            "units": array(
-                ref("rolloutUnit"),
-                "The canaries' and the control's plans, and what was last done with each (split, then the promotion or rollback; `steps` keeps every one).",
-            ),
-            "keep_error": nullable(
-                "string", "Why the record could not be kept on the router's host (null: kept)."
-            ),
-        },
-        required=[
-            *CANARY_FIELDS,
-            "ok",
-            "dry_run",
-            "already_current",
-            "not_judged",
-            "units",
-            "keep_error",
-        ],
-    ),
     "tuneLive": obj(
         {
             "ok": boolean(
@@ -592,11 +498,6 @@ BY_HAND: dict[str, Schema] = {
             "crossover",
         ],
         description="One live window of one router, as kept on the router's host and judged again.",
-    ),
-    "canaryRecord": declared(
-        CanaryRecord,
-        CANARY_FIELDS,
-        "One canary of one router, as kept on the router's host (canaries/N.json).",
     ),
     **kept_report("canary", "canaryRecord", "canary", "canary", "canaries"),
     "port": obj(
@@ -997,6 +898,8 @@ TYPED = TypedSchemas(
         "keptSweep": shapes.KeptSweep,
         "level": BenchLevel,
         "spread": Spread,
+        "canary": shapes.Canary,
+        "canaryRecord": shapes.CanaryRecord,
         "init": shapes.Init,
         "initHost": shapes.Entry[shapes.SurveyFields],
         # The events of logs --json and watch --json: eventLogLine, eventCrash, …
@@ -1030,6 +933,17 @@ TYPED = TypedSchemas(
     },
     given={"metrics": METRICS, "level": LEVEL},
 )
+
+
+def same_keys(shown: type, kept: type) -> None:
+    """A document's type and the protocol's type of what the host keeps name the same keys,
+    the same ones required (the record is shown as kept)."""
+    for keys in ("__required_keys__", "__optional_keys__"):
+        if getattr(shown, keys) != getattr(kept, keys):
+            raise TypeError(f"{shown.__name__} and the protocol's {kept.__name__} differ")
+
+
+same_keys(shapes.CanaryRecord, CanaryRecord)
 
 # Generated from a type, not named by one: a multi-node server's node is one look at its run.
 DERIVED: dict[str, Schema] = {

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
+from deployctl.choices import CanaryMetric
 from deployctl.errors import DeployctlError, ServerError, error_code, explain
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from deployctl.ops.tune.race import RaceResult
     from deployctl.patchset import PatchSet
     from deployctl.present import shapes
-    from deployctl.remote.measures import LiveRecord
+    from deployctl.remote.measures import CanaryRecord, LiveRecord
     from deployctl.remote.protocol import JobInfo
     from deployctl.render import RenderedCommand
 
@@ -711,7 +712,7 @@ def rollout_unit(plan: UnitPlan, done: Mapping[str, UnitResult]) -> shapes.Rollo
     return {**unit, **unit_result_json(done[plan.name])}
 
 
-def canary_document(report: CanaryReport) -> dict[str, Any]:
+def canary_document(report: CanaryReport) -> shapes.Canary:
     """The canary's record (as kept on the router's host), its units' plans and results."""
     from deployctl.ops.canary import canary_record
 
@@ -720,11 +721,45 @@ def canary_document(report: CanaryReport) -> dict[str, Any]:
     return {
         "ok": report.ok,
         "dry_run": report.dry_run,
-        **canary_record(report, done=True),
+        **canary_fields(canary_record(report, done=True)),
         "already_current": report.plan.already_current,
         "not_judged": report.plan.not_judged,
         "units": [rollout_unit(p, done) for p in plans],
         "keep_error": report.keep_error or None,
+    }
+
+
+def canary_fields(record: CanaryRecord) -> shapes.CanaryFields:
+    """A canary's record as its document types it: its states, verdict and steps are the
+    words canary_record writes (the protocol keeps them as strings)."""
+    from deployctl.ops.canary import Decision
+
+    decision = record["decision"]
+    return {
+        "canary": record["canary"],
+        "router": record["router"],
+        "state": cast("shapes.CanaryState", record["state"]),
+        "started_at": record["started_at"],
+        "updated_at": record["updated_at"],
+        "candidates": record["candidates"],
+        "controls": record["controls"],
+        "metric": CanaryMetric(record["metric"]),
+        "max_regression": record["max_regression"],
+        "confidence": record["confidence"],
+        "verdict": cast("shapes.CanaryVerdict | None", record["verdict"]),
+        "estimate": record["estimate"],
+        "low": record["low"],
+        "high": record["high"],
+        "samples": record["samples"],
+        "buckets": [{**b} for b in record["buckets"]],
+        "reason": record["reason"],
+        "decision": None if decision is None else Decision(decision),
+        "elapsed_s": record["elapsed_s"],
+        "interrupted": record["interrupted"],
+        "steps": [
+            {**step, "step": cast("shapes.CanaryStepKind", step["step"])}
+            for step in record["steps"]
+        ],
     }
 
 

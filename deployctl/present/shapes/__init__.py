@@ -24,6 +24,16 @@ from deployctl.present.shapes.bench import (
     Sweep,
     SweepParams,
 )
+from deployctl.present.shapes.canary import (
+    Canary,
+    CanaryBucketRow,
+    CanaryFields,
+    CanaryRecord,
+    CanaryState,
+    CanaryStepKind,
+    CanaryStepRow,
+    CanaryVerdict,
+)
 from deployctl.present.shapes.common import (
     DeploymentEntry,
     Entry,
@@ -119,6 +129,14 @@ __all__ = [
     "Audit",
     "AuditFields",
     "BenchFields",
+    "Canary",
+    "CanaryBucketRow",
+    "CanaryFields",
+    "CanaryRecord",
+    "CanaryState",
+    "CanaryStepKind",
+    "CanaryStepRow",
+    "CanaryVerdict",
     "Checked",
     "CheckedFields",
     "Comparison",
