@@ -39,6 +39,7 @@ from deployctl.ops.router import ListedWorker, Registration, RouterState, SyncRe
 from deployctl.patchset import load_patch_set
 from deployctl.present import documents, shapes
 from deployctl.project import SHIPPED_DATA
+from deployctl.remote.measures import LiveSample
 from deployctl.remote.protocol import JobInfo
 from tests.json_contract import SCHEMAS
 from tests.test_canary import judged
@@ -46,6 +47,7 @@ from tests.test_init import host_of, survey_of
 from tests.test_present import RUN, launched
 from tests.test_rollout_schema import report as rollout_report
 from tests.test_tune import level
+from tests.test_tune_live import interval_of, live_record
 from tools import contract
 from tools.typed_schema import TypedSchemas
 
@@ -352,6 +354,32 @@ def test_a_canarys_document_validates_and_its_words_are_the_types(
     valid("canary", "canary", document)
     assert document["steps"][0]["step"] == ("promotion" if decision is Decision.PROMOTED else "rollback")  # fmt: skip
     assert list(shape_check("canary", "canary").iter_errors({**json.loads(json.dumps(document)), "state": "paused"}))  # fmt: skip
+
+
+def test_a_live_window_and_a_kept_one_validate() -> None:
+    from deployctl.ops.rollout import UnitPlan
+    from deployctl.ops.tune.live import LiveOptions, LivePlan, LiveReport, live_crossover
+
+    def unit(name: str) -> UnitPlan:
+        return UnitPlan(f"alpha/{name}", [], [], [], [], [], {}, None)
+
+    replica = Host("alpha", {**DEFAULT_VARS, "threshold": 32}, "r1")
+    router = Host("alpha", dict(DEFAULT_VARS), "router")
+    plan = LivePlan(router, unit("r1"), unit("r2"), lambda p, t: [], replicas=[replica])
+    report = LiveReport(plan, LiveOptions(), decision="reported")
+    report.intervals = [interval_of(2, 0.6, 0.8), interval_of(8, 1.2, 1.4), interval_of(16, None, None)]  # fmt: skip
+    report.crossover = live_crossover(report.intervals)
+    document = documents.tune_live_document(report)
+    assert document["inventory_verdict"] == "too high"
+    valid("tune", "tuneLive", document)
+    samples = [LiveSample(side=side, running=1.5, value=100.0, requests=3, source=side)
+               for _ in range(10) for side in ("plain", "speculative")]  # fmt: skip
+    valid("tune", "liveRecord", documents.live_record_json(live_record(samples=samples)))
+    ended = live_record(samples=samples, state="done", decision="reported", sizes=[1, 2, 4],
+                        end_look={"always_valid": True, "error_share": 1.0})  # fmt: skip
+    shown = documents.live_record_json(ended)
+    assert shown["end_look"] == {"always_valid": True, "error_share": 1.0}
+    valid("tune", "liveRecord", shown)
 
 
 def test_an_enum_value_outside_the_type_breaks_the_schema() -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
-from deployctl.choices import CanaryMetric
+from deployctl.choices import CanaryMetric, SpeculationPolicy
 from deployctl.errors import DeployctlError, ServerError, error_code, explain
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from deployctl.ops.router import Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit
     from deployctl.ops.tune import TunePlan, TuneReport, TuneResult
-    from deployctl.ops.tune.live import LiveCrossover, LiveReport
+    from deployctl.ops.tune.live import LiveCrossover, LiveDecision, LiveReport
     from deployctl.ops.tune.race import RaceResult
     from deployctl.patchset import PatchSet
     from deployctl.present import shapes
@@ -763,7 +763,7 @@ def canary_fields(record: CanaryRecord) -> shapes.CanaryFields:
     }
 
 
-def tune_live_document(report: LiveReport) -> dict[str, Any]:
+def tune_live_document(report: LiveReport) -> shapes.TuneLive:
     """A live window: the two replicas, each bucket's speculative ÷ plain gain with its
     interval, the live crossover, the policies raced, and what was done after."""
     crossover = report.crossover
@@ -781,11 +781,11 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
         "speculative": plan.speculative.name if plan.speculative else None,
         "plain": plan.plain.name if plan.plain else None,
         "others": plan.others,
-        "decision": report.decision,
+        "decision": cast("LiveDecision", report.decision),  # set once the window ended
         "reason": report.reason,
         "elapsed_s": round(report.elapsed_s, 1),
         "precision": {"buckets": report.options.precision, "reached": report.precise},
-        "samples": report.samples,
+        "samples": {"speculative": report.samples["speculative"], "plain": report.samples["plain"]},
         "buckets": live_buckets_json(report.intervals, crossover),
         "crossover": None if crossover is None else crossover_json(crossover),
         "threshold": report.threshold,
@@ -794,7 +794,7 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
         if inventory is None or crossover is None
         else crossover.judge(inventory),
         "race": None if report.race is None else race_json(report.race, report),
-        "kept": None if report.kept is None else str(report.kept),
+        "kept": report.kept,
         "units": units([plan.speculative, plan.plain]),
         "actions": [{**unit_result_json(a), "unit": a.name} for a in report.actions],
         "window": report.window,
@@ -804,14 +804,14 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
 
 def live_buckets_json(
     intervals: Sequence[BucketInterval], crossover: LiveCrossover | None
-) -> list[dict[str, Any]]:
+) -> list[shapes.LiveBucket]:
     """Each bucket's speculative ÷ plain gain (the intervals hold worse-ratios, plain ÷
     speculative), its interval, the smallest gain it could tell, and its verdict."""
 
     def gain(worse: float | None) -> float | None:
         return None if worse is None else round(1 / worse, 4)
 
-    def verdict(bucket: int) -> str:
+    def verdict(bucket: int) -> shapes.BucketVerdict:
         if crossover is not None and bucket in crossover.wins:
             return "win"
         return "loss" if crossover is not None and bucket in crossover.losses else "undecided"
@@ -820,7 +820,7 @@ def live_buckets_json(
         {
             "bucket": i.bucket,
             "samples": i.samples,
-            "gain": gain(i.ratio),
+            "gain": round(1 / i.ratio, 4),
             "low": gain(i.high),
             "high": gain(i.low),
             # The interval's half-width as a ratio: the smallest gain it can tell from 1.
@@ -831,7 +831,7 @@ def live_buckets_json(
     ]
 
 
-def crossover_json(crossover: LiveCrossover) -> dict[str, Any]:
+def crossover_json(crossover: LiveCrossover) -> shapes.LiveCrossover:
     return {
         "last_win": crossover.last_win,
         "first_loss": crossover.first_loss,
@@ -842,7 +842,7 @@ def crossover_json(crossover: LiveCrossover) -> dict[str, Any]:
     }
 
 
-def live_record_json(record: LiveRecord) -> dict[str, Any]:
+def live_record_json(record: LiveRecord) -> shapes.LiveRecord:
     """A kept live window without its raw samples (their count per side instead), its
     buckets judged from them (one that ended: as its end look judged them), and its
     crossover."""
@@ -850,27 +850,43 @@ def live_record_json(record: LiveRecord) -> dict[str, Any]:
 
     intervals = rejudge(record)
     crossover = live_crossover(intervals, record_sizes(record))
-    sides = ("speculative", "plain")
-    return {
-        **{k: v for k, v in record.items() if k != "samples"},
-        "samples": {side: sum(s["side"] == side for s in record["samples"]) for side in sides},
+    counted = {side: sum(s["side"] == side for s in record["samples"]) for side in ("speculative", "plain")}  # fmt: skip
+    document: shapes.LiveRecord = {
+        "window": record["window"],
+        "router": record["router"],
+        "state": cast("Literal['running', 'done']", record["state"]),
+        "started_at": record["started_at"],
+        "updated_at": record["updated_at"],
+        "speculative": record["speculative"],
+        "plain": record["plain"],
+        "confidence": record["confidence"],
+        "resumed": record["resumed"],
+        "samples": {"speculative": counted["speculative"], "plain": counted["plain"]},
+        "decision": record["decision"],
+        "threshold": record["threshold"],
+        "elapsed_s": record["elapsed_s"],
         "buckets": live_buckets_json(intervals, crossover),
         "crossover": crossover_json(crossover),
     }
+    if "sizes" in record:
+        document["sizes"] = record["sizes"]
+    if "end_look" in record:
+        document["end_look"] = {**record["end_look"]}
+    return document
 
 
 def kept_live_json(kept: Kept[LiveRecord]) -> dict[str, Any]:
-    found = kept_json(kept)
+    found = kept_json(kept)  # the record as the kept document shows it
     if kept.record is not None:
         found["record"] = live_record_json(kept.record)
     return found
 
 
-def race_json(race: RaceResult, report: LiveReport) -> dict[str, Any]:
+def race_json(race: RaceResult, report: LiveReport) -> shapes.PolicyRace:
     """The policies raced: each bucket's values and winner, the traffic-weighted winner."""
     overall = race.overall
     return {
-        "policies": list(race.policies),
+        "policies": [SpeculationPolicy(p) for p in race.policies],
         "replicas": [r.name for r in report.race_split],
         "buckets": [
             {
