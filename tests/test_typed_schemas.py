@@ -382,6 +382,16 @@ def test_a_live_window_and_a_kept_one_validate() -> None:
     valid("tune", "liveRecord", shown)
 
 
+def test_a_port_report_and_a_note_validate() -> None:
+    from deployctl.ops.port import HunkOutcome, PortReport
+
+    hunks = [HunkOutcome("a.diff", "a.py", 1, "exact"), HunkOutcome("a.diff", "b.py", 2, "failed", "@@")]  # fmt: skip
+    report = PortReport("spec-disable", "0.5.0", "0.5.1", "src", "out", hunks, {"v.sh": "passed"})
+    assert report.to_json()["ok"] is False
+    valid("patch-port", "port", report.to_json())
+    valid("dashboard", "note", documents.note_document("wrote a new token"))
+
+
 def test_an_enum_value_outside_the_type_breaks_the_schema() -> None:
     state = SetState(PatchState.APPLIED, "1.0.0", "1.0.0")
     document: dict[str, Any] = {**documents.set_state_json(state)}

@@ -245,39 +245,8 @@ BY_HAND: dict[str, Schema] = {
         "The version of the --json contract; raised only when a key is removed, renamed or retyped (adding a key is no break).",
         minimum=1,
     ),
-    "note": obj({"note": string()}, required=["note"], description="What --new-token did."),
     **kept_report("live", "liveRecord", "tune --live", "window", "live windows"),
     **kept_report("canary", "canaryRecord", "canary", "canary", "canaries"),
-    "port": obj(
-        {
-            "set": string(),
-            "from_version": string(),
-            "to_version": string(),
-            "source": string(),
-            "out": string(),
-            "ok": boolean(),
-            "hunks": array(
-                obj(
-                    {
-                        "diff": string(),
-                        "file": string(),
-                        "hunk": integer(),
-                        "outcome": string("exact, offset, fuzz or failed."),
-                        "detail": string(),
-                    },
-                    required=["diff", "file", "hunk", "outcome", "detail"],
-                )
-            ),
-            "verify": map_of(
-                string(), description="Verify script → passed, failed: … or not run: …."
-            ),
-        },
-        required=["set", "from_version", "to_version", "source", "out", "ok", "hunks", "verify"],
-    ),
-    "histogram": obj(
-        {"p50": nullable("number"), "p99": nullable("number"), "count": integer()},
-        required=["p50", "p99", "count"],
-    ),
     "tuned": obj(
         {
             "hosts": map_of(ref("tuneHost")),
@@ -651,6 +620,9 @@ TYPED = TypedSchemas(
         "tuneLive": shapes.TuneLive,
         "policyRace": shapes.PolicyRace,
         "liveRecord": shapes.LiveRecord,
+        "port": shapes.PortDocument,
+        "note": shapes.Note,
+        "histogram": shapes.Histogram,
         "init": shapes.Init,
         "initHost": shapes.Entry[shapes.SurveyFields],
         # The events of logs --json and watch --json: eventLogLine, eventCrash, …

@@ -147,6 +147,11 @@ def checked_json(checked: CheckedCommand) -> shapes.CheckedFields:
     return {**rendered_json(checked.rendered), "flags": flags_json(checked.flags)}
 
 
+def note_document(text: str) -> shapes.Note:
+    """One line of news (`dashboard --new-token`) as a document."""
+    return {"note": text}
+
+
 # ---- gpus and patches ----------------------------------------------------------------------
 
 

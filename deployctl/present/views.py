@@ -1408,7 +1408,7 @@ KEPT_TUNES: View[FleetResult[Kept[TuneRecord]]] = View(
 STREAMED: View[Any] = View(lambda _: None, lambda _: None)
 
 # One line of news (`dashboard --new-token`): printed, or `{"note": …}`.
-NOTE: View[str] = View(print, lambda text: {"note": text})
+NOTE: View[str] = View(print, docs.note_document)
 
 
 # ---- rollout ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ others by hand. No `from __future__ import annotations` here: Python 3.11 reads 
 `NotRequired` key of a string annotation as required.
 """
 
+from deployctl.ops.port import PortDocument, PortedHunk  # patch port's, declared where built
 from deployctl.present.shapes.bench import (
     BenchFields,
     Comparison,
@@ -91,6 +92,7 @@ from deployctl.present.shapes.patches import (
     Action,
     Audit,
     AuditFields,
+    Note,
     PatchActions,
     PatchesFields,
     PatchList,
@@ -105,6 +107,7 @@ from deployctl.present.shapes.rollout import (
     UnitResultFields,
 )
 from deployctl.present.shapes.runs import (
+    Histogram,
     Launch,
     LaunchFields,
     LaunchRun,
@@ -184,6 +187,7 @@ __all__ = [
     "GpusFields",
     "Graph",
     "GroupEntry",
+    "Histogram",
     "HostEntry",
     "HostListed",
     "Init",
@@ -205,6 +209,7 @@ __all__ = [
     "Metrics",
     "MultiNodeUnit",
     "NodeStatus",
+    "Note",
     "NothingRestarted",
     "PatchActions",
     "PatchDone",
@@ -213,6 +218,8 @@ __all__ = [
     "PatchesFields",
     "PerHost",
     "PolicyRace",
+    "PortDocument",
+    "PortedHunk",
     "Preflight",
     "RaceBucket",
     "RaceGain",

@@ -69,3 +69,9 @@ class AuditFields(TypedDict):
 
 class Audit(TypedDict):
     hosts: dict[str, HostEntry[AuditFields]]
+
+
+class Note(TypedDict):
+    """What --new-token did."""
+
+    note: str

@@ -12,6 +12,12 @@ from deployctl.present.shapes.fleet import Flags
 from deployctl.remote.measures import CrashRecord
 
 
+class Histogram(TypedDict):
+    p50: float | None
+    p99: float | None
+    count: int
+
+
 class Metrics(TypedDict, total=False):
     # SGLang's metrics: their keys come from deployctl/metrics.py, so tools/contract.py
     # declares their schema (a name the type refers to, not a shape it declares).
