@@ -39,7 +39,7 @@ from deployctl.ops.router import ListedWorker, Registration, RouterState, SyncRe
 from deployctl.patchset import load_patch_set
 from deployctl.present import documents, shapes
 from deployctl.project import SHIPPED_DATA
-from deployctl.remote.measures import LiveSample
+from deployctl.remote.measures import LiveSample, TuneRecord
 from deployctl.remote.protocol import JobInfo
 from tests.json_contract import SCHEMAS
 from tests.test_canary import judged
@@ -390,6 +390,17 @@ def test_a_port_report_and_a_note_validate() -> None:
     assert report.to_json()["ok"] is False
     valid("patch-port", "port", report.to_json())
     valid("dashboard", "note", documents.note_document("wrote a new token"))
+
+
+class WiderTuneRecord(shapes.TuneRecordShape):
+    cost: float
+
+
+def test_a_kept_records_type_must_name_the_protocols_keys() -> None:
+    # A record is shown as its host keeps it: its document's type and the protocol's agree.
+    contract.same_keys(shapes.TuneRecordShape, TuneRecord)
+    with pytest.raises(TypeError, match="WiderTuneRecord and the protocol's TuneRecord differ"):
+        contract.same_keys(WiderTuneRecord, TuneRecord)
 
 
 def test_an_enum_value_outside_the_type_breaks_the_schema() -> None:

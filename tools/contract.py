@@ -28,10 +28,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, get_args
 
-from deployctl.choices import SpeculationPolicy, ThresholdMode
+from deployctl.choices import SpeculationPolicy
 from deployctl.metrics import COUNTERS, GAUGES, HISTOGRAMS
-from deployctl.ops.tune.search import LevelVerdict
-from deployctl.ops.tune.tuner import Outcome as TuneOutcome
 from deployctl.present import shapes
 from deployctl.remote.measures import (
     BenchLevel,
@@ -303,146 +301,6 @@ BY_HAND: dict[str, Schema] = {
         ],
         allOf=[{"anyOf": [{"properties": {"ok": {"const": False}}}, ref("kept")]}],
     ),
-    "record": declared(
-        TuneRecord,
-        {
-            "host": string(),
-            "deployment": nullable("string"),
-            "tune": nullable("integer"),
-            "outcome": enum_of(TuneOutcome),
-            "outcome_note": string(),
-            "threshold": nullable(
-                "integer",
-                "T: speculation on while the batch is at most T; null when it never wins or wins at every level (see speculation).",
-            ),
-            "threshold_mode": enum_of(ThresholdMode),
-            "speculation": {"enum": ["never", "always", "up_to", ""]},
-            "crossover": {
-                **declared(
-                    Crossover,
-                    {"last_win": nullable("integer"), "first_loss": nullable("integer")},
-                ),
-                "type": ["object", "null"],
-            },
-            "phases": obj(
-                {"baseline": ref("phase"), "speculative": ref("phase"), "tuned": ref("phase")},
-                additionalProperties=False,
-            ),
-            "refined_levels": array(integer()),
-            "wins_again": array(integer()),
-            "verdicts": map_of(
-                declared(
-                    Verdict,
-                    {
-                        "verdict": enum_of(LevelVerdict),
-                        "baseline": number(),
-                        "speculative": number(),
-                        "spread": map_of(number()),
-                        "samples": map_of(integer()),
-                        "level_spread": map_of(
-                            nullable("number"),
-                            description="Phase → the spread of all its rounds at this level (per_level's).",
-                        ),
-                        "within_spread": boolean(
-                            "The two phases' spreads together (in quadrature) exceed |speculative ÷ baseline - 1|: the samples do not decide this level (measured up to --repeats times, then judged by the medians)."
-                        ),
-                    },
-                )
-            ),
-            "envelope_ratio": map_of(
-                number(),
-                description="Concurrency → tuned tok/s ÷ the better of baseline and speculative.",
-            ),
-            "min_ratio": number(),
-            "held": boolean(),
-            "capacity": nullable("integer"),
-            "serving": nullable("string"),
-            "serving_known": boolean(
-                "false: the host did not answer when tune last asked, so `serving` is not known (records before this key: true)."
-            ),
-            "previous": nullable("string"),
-            "crash": nullable("object"),
-            "patches": array(string()),
-            "params": obj({}),
-            "started_at": number(),
-            "wall_s": number(),
-            "launches": integer(),
-            "levels_measured": integer(),
-            "narrowed": nullable(
-                "boolean",
-                "The crossover's bracket ends are adjacent levels (false: --max-launches stopped the search first).",
-            ),
-        },
-    ),
-    "phase": declared(
-        PhaseRecord,
-        {
-            "run": nullable("string"),
-            "template": string(),
-            "threshold": nullable("integer"),
-            "state": string(),
-            "levels": array(
-                ref("level"),
-                description="One per concurrency, as bench --json has them: the median sample of a level measured more than once.",
-            ),
-            "samples": map_of(
-                array(number()),
-                description="Concurrency → every output tok/s measured there, in order.",
-            ),
-            "sweeps": array(
-                string(), description="The kept bench files of this phase on the host."
-            ),
-            "runs": array(
-                string(),
-                description="The phase's runs, one per visit of its server (the search comes back to it).",
-            ),
-            "per_level": map_of(
-                declared(
-                    LevelFigures,
-                    {
-                        "warmup_s": nullable(
-                            "number",
-                            "The warm-ups at this level on the phase's servers, in seconds; null: none.",
-                        ),
-                        "first_sample_bias": nullable(
-                            "number",
-                            "The first warm-up's sample ÷ the level's median - 1; null: no warm-up.",
-                        ),
-                        "spread": nullable(
-                            "number",
-                            "Of all the rounds of the level's samples, as in a level's spread.",
-                        ),
-                        "drift": nullable("number", "Of all those rounds, as in a level's drift."),
-                        "drifting": boolean("|drift| > spread."),
-                        "rounds": integer(),
-                    },
-                ),
-                description="Concurrency → how warm and how steady this phase measured it.",
-            ),
-        },
-    ),
-    "plan": obj(
-        {
-            "deployment": nullable("string"),
-            "phases": map_of(
-                obj({"template": string(), "command": string()}, required=["template", "command"])
-            ),
-            "params": obj({}),
-            "launches": integer(),
-            "levels": integer(),
-            "estimated_s": number(),
-            "assumed": obj({}),
-        },
-        required=["phases", "launches", "levels", "estimated_s"],
-    ),
-    "kept": obj(
-        {
-            "record": {"anyOf": [ref("record"), {"type": "null"}]},
-            "numbers": array(integer()),
-            "unreadable": array(string()),
-        },
-        required=["record", "numbers", "unreadable"],
-    ),
 }
 
 # One load level of a sweep: the protocol's type (the host keeps it) declares its keys.
@@ -623,6 +481,10 @@ TYPED = TypedSchemas(
         "port": shapes.PortDocument,
         "note": shapes.Note,
         "histogram": shapes.Histogram,
+        "record": shapes.TuneRecordShape,
+        "phase": shapes.PhaseShape,
+        "plan": shapes.TunePlanShape,
+        "kept": shapes.KeptTune,
         "init": shapes.Init,
         "initHost": shapes.Entry[shapes.SurveyFields],
         # The events of logs --json and watch --json: eventLogLine, eventCrash, …
@@ -668,6 +530,11 @@ def same_keys(shown: type, kept: type) -> None:
 
 same_keys(shapes.CanaryRecord, CanaryRecord)
 same_keys(shapes.KeptEndLook, EndLook)
+same_keys(shapes.TuneRecordShape, TuneRecord)
+same_keys(shapes.PhaseShape, PhaseRecord)
+same_keys(shapes.VerdictShape, Verdict)
+same_keys(shapes.LevelFiguresShape, LevelFigures)
+same_keys(shapes.CrossoverShape, Crossover)
 
 # Generated from a type, not named by one: a multi-node server's node is one look at its run.
 DERIVED: dict[str, Schema] = {

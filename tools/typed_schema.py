@@ -7,8 +7,8 @@ are one declaration:
 - `str`, `int`, `float`, `bool`, `None`; `list[X]` (and `tuple[X, ...]`); `dict[str, X]`
   (a map: `additionalProperties`; `dict[str, Any]` is any object);
 - `Literal[...]` (`const` for one value, else `enum`) and an `Enum` (`enum` of its values);
-- `X | None`: `{"type": [kind, "null"]}` for a primitive or a list, `null` added to an
-  `enum`, else `anyOf` with `{"type": "null"}`;
+- `X | None`: `{"type": [kind, "null"]}` for a primitive, a list or any object
+  (`dict[str, Any]`), `null` added to an `enum`, else `anyOf` with `{"type": "null"}`;
 - a TypedDict: a `$ref` to `#/$defs/<name>` when it is named (a definition of its own),
   inline otherwise; its keys required unless `NotRequired` or of a `total=False` class;
 - `Annotated[X, "description", {keyword: value}]`: a string is the key's description, a
@@ -191,7 +191,7 @@ class TypedSchemas:
             return {"anyOf": [self.schema(m) for m in members]}
         schema = self.schema(others[0])
         kind = schema.get("type")
-        if isinstance(kind, str) and kind != "object" and "$ref" not in schema:
+        if isinstance(kind, str) and (kind != "object" or schema == {"type": "object"}):
             return {**schema, "type": [kind, "null"]}
         if set(schema) == {"enum"}:
             return {"enum": [*schema["enum"], None]}

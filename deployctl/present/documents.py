@@ -617,7 +617,8 @@ def tune_failure(result: TuneResult) -> dict[str, str]:
     return {"error": f"tune {result.outcome.value}: {why}", "code": code}
 
 
-def tune_plan_json(plan: TunePlan) -> dict[str, Any]:
+def tune_plan_json(plan: TunePlan) -> shapes.TunePlanShape:
+    estimate = plan.estimate()
     return {
         "deployment": plan.host.deployment,
         "phases": {
@@ -627,12 +628,15 @@ def tune_plan_json(plan: TunePlan) -> dict[str, Any]:
             }
             for phase, p in plan.plans.items()
         },
-        "params": plan.options.describe(),
-        **plan.estimate(),
+        "params": {**plan.options.describe()},
+        "launches": estimate["launches"],
+        "levels": estimate["levels"],
+        "estimated_s": estimate["estimated_s"],
+        "assumed": estimate["assumed"],
     }
 
 
-def tune_plan_document(plans: Sequence[TunePlan]) -> shapes.PerHost[dict[str, Any]]:
+def tune_plan_document(plans: Sequence[TunePlan]) -> shapes.PerHost[shapes.TunePlanShape]:
     from deployctl.fanout import HostResult
 
     return hosts_document((HostResult(p.host, p) for p in plans), tune_plan_json)

@@ -7,9 +7,12 @@ No `from __future__ import annotations` (see the package's docstring).
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
-from deployctl.choices import SpeculationPolicy
+from deployctl.choices import SpeculationPolicy, ThresholdMode
 from deployctl.ops.tune.live import LiveDecision, Speculation, ThresholdVerdict
+from deployctl.ops.tune.search import LevelVerdict
+from deployctl.ops.tune.tuner import Outcome as TuneOutcome
 from deployctl.present.shapes.rollout import RolloutUnit
+from deployctl.remote.measures import BenchLevel
 
 BucketVerdict = Literal["win", "loss", "undecided"]
 
@@ -187,3 +190,147 @@ class LiveRecord(TypedDict):
         "Each bucket judged from the samples, as tune --live's buckets: for a window that ended, as its end look judged them (the same look again); for a running one, with always-valid intervals (a report is one look more).",
     ]
     crossover: Annotated[Mapping[str, Any], "As tune --live's crossover."]
+
+
+# ---- tune: a record (as kept on the host), a plan (--dry-run), a kept record (--report) ----
+# A record's keys are the protocol's (remote/measures.py's TuneRecord, PhaseRecord,
+# Verdict, LevelFigures: tools/contract.py checks they name the same ones); these declare
+# their JSON shape, descriptions and words.
+
+
+class LevelFiguresShape(TypedDict):
+    warmup_s: Annotated[
+        float | None, "The warm-ups at this level on the phase's servers, in seconds; null: none."
+    ]
+    first_sample_bias: Annotated[
+        float | None, "The first warm-up's sample ÷ the level's median - 1; null: no warm-up."
+    ]
+    spread: Annotated[
+        float | None, "Of all the rounds of the level's samples, as in a level's spread."
+    ]
+    drift: Annotated[float | None, "Of all those rounds, as in a level's drift."]
+    drifting: Annotated[bool, "|drift| > spread."]
+    rounds: int
+
+
+class PhaseShape(TypedDict):
+    run: str | None
+    template: str
+    threshold: int | None
+    state: str
+    levels: Annotated[
+        list[BenchLevel],
+        "One per concurrency, as bench --json has them: the median sample of a level measured more than once.",
+    ]
+    samples: Annotated[
+        dict[str, list[float]], "Concurrency → every output tok/s measured there, in order."
+    ]
+    sweeps: Annotated[list[str], "The kept bench files of this phase on the host."]
+    runs: Annotated[
+        list[str],
+        "The phase's runs, one per visit of its server (the search comes back to it).",
+    ]
+    per_level: NotRequired[
+        Annotated[
+            dict[str, LevelFiguresShape],
+            "Concurrency → how warm and how steady this phase measured it.",
+        ]
+    ]
+
+
+class TunePhases(TypedDict, total=False):
+    baseline: PhaseShape
+    speculative: PhaseShape
+    tuned: PhaseShape
+
+
+class CrossoverShape(TypedDict):
+    last_win: int | None
+    first_loss: int | None
+
+
+class VerdictShape(TypedDict):
+    verdict: LevelVerdict
+    baseline: float
+    speculative: float
+    spread: dict[str, float]
+    samples: dict[str, int]
+    level_spread: NotRequired[
+        Annotated[
+            dict[str, float | None],
+            "Phase → the spread of all its rounds at this level (per_level's).",
+        ]
+    ]
+    within_spread: NotRequired[
+        Annotated[
+            bool,
+            "The two phases' spreads together (in quadrature) exceed |speculative ÷ baseline - 1|: the samples do not decide this level (measured up to --repeats times, then judged by the medians).",
+        ]
+    ]
+
+
+class TuneRecordShape(TypedDict):
+    host: str
+    deployment: str | None
+    tune: int | None
+    outcome: TuneOutcome
+    outcome_note: str
+    threshold: Annotated[
+        int | None,
+        "T: speculation on while the batch is at most T; null when it never wins or wins at every level (see speculation).",
+    ]
+    threshold_mode: ThresholdMode
+    speculation: NotRequired[Literal["never", "always", "up_to", ""]]
+    crossover: NotRequired[CrossoverShape | None]
+    phases: Annotated[TunePhases, {"additionalProperties": False}]
+    refined_levels: list[int]
+    wins_again: NotRequired[list[int]]
+    verdicts: NotRequired[dict[str, VerdictShape]]
+    envelope_ratio: Annotated[
+        dict[str, float], "Concurrency → tuned tok/s ÷ the better of baseline and speculative."
+    ]
+    min_ratio: float
+    held: bool
+    capacity: NotRequired[int | None]
+    serving: str | None
+    serving_known: NotRequired[
+        Annotated[
+            bool,
+            "false: the host did not answer when tune last asked, so `serving` is not known (records before this key: true).",
+        ]
+    ]
+    previous: NotRequired[str | None]
+    crash: NotRequired[dict[str, Any] | None]
+    patches: NotRequired[list[str]]
+    params: NotRequired[dict[str, Any]]
+    started_at: NotRequired[float]
+    wall_s: NotRequired[float]
+    launches: int
+    levels_measured: int
+    narrowed: NotRequired[
+        Annotated[
+            bool | None,
+            "The crossover's bracket ends are adjacent levels (false: --max-launches stopped the search first).",
+        ]
+    ]
+
+
+class PlannedPhase(TypedDict):
+    template: str
+    command: str
+
+
+class TunePlanShape(TypedDict):
+    deployment: NotRequired[str | None]
+    phases: dict[str, PlannedPhase]
+    params: NotRequired[dict[str, Any]]
+    launches: int
+    levels: int
+    estimated_s: float
+    assumed: NotRequired[dict[str, Any]]
+
+
+class KeptTune(TypedDict):
+    record: TuneRecordShape | None
+    numbers: list[int]
+    unreadable: list[str]
