@@ -47,7 +47,7 @@ from tests.test_init import host_of, survey_of
 from tests.test_present import RUN, launched
 from tests.test_rollout_schema import report as rollout_report
 from tests.test_tune import level
-from tests.test_tune_live import interval_of, live_record
+from tests.test_tune_live import crossover_report, interval_of, live_record
 from tools import contract
 from tools.typed_schema import TypedSchemas
 
@@ -357,18 +357,7 @@ def test_a_canarys_document_validates_and_its_words_are_the_types(
 
 
 def test_a_live_window_and_a_kept_one_validate() -> None:
-    from deployctl.ops.rollout import UnitPlan
-    from deployctl.ops.tune.live import LiveOptions, LivePlan, LiveReport, live_crossover
-
-    def unit(name: str) -> UnitPlan:
-        return UnitPlan(f"alpha/{name}", [], [], [], [], [], {}, None)
-
-    replica = Host("alpha", {**DEFAULT_VARS, "threshold": 32}, "r1")
-    router = Host("alpha", dict(DEFAULT_VARS), "router")
-    plan = LivePlan(router, unit("r1"), unit("r2"), lambda p, t: [], replicas=[replica])
-    report = LiveReport(plan, LiveOptions(), decision="reported")
-    report.intervals = [interval_of(2, 0.6, 0.8), interval_of(8, 1.2, 1.4), interval_of(16, None, None)]  # fmt: skip
-    report.crossover = live_crossover(report.intervals)
+    report = crossover_report(interval_of(16, None, None))
     document = documents.tune_live_document(report)
     assert document["inventory_verdict"] == "too high"
     valid("tune", "tuneLive", document)

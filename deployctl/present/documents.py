@@ -296,8 +296,7 @@ def outcome_json(outcome: Outcome) -> shapes.LaunchRun:
         "note": outcome.note,
         "connection_losses": outcome.connection_losses,
     }
-    if outcome.job is not None:
-        document["job"] = job_json(outcome.job)
+    put_job(document, outcome.job)
     return document
 
 
@@ -449,9 +448,17 @@ def stop_json(stop: StopResult) -> shapes.StopFields:
     }
     if stop.router:
         document["router"] = registration_json(stop.router)
-    if stop.job is not None:  # only where the run is a Slurm job
-        document["job"] = job_json(stop.job)
+    put_job(document, stop.job)
     return document
+
+
+def put_job(
+    document: shapes.LaunchRun | shapes.StopFields | shapes.StatusFields, job: JobInfo | None
+) -> None:
+    """The document's `job` key: a job's, only where the run is one (the contract's optional
+    `job` object)."""
+    if job is not None:
+        document["job"] = job_json(job)
 
 
 def job_json(job: JobInfo) -> shapes.Job:
@@ -491,8 +498,7 @@ def run_status_json(status: RunStatus) -> shapes.StatusFields:
         document["metrics_note"] = status.metrics_note
     if status.router:
         document["router"] = router_state_json(status.router)
-    if status.job is not None:  # only where the run is a Slurm job
-        document["job"] = job_json(status.job)
+    put_job(document, status.job)
     return document
 
 
