@@ -10,9 +10,13 @@ code, hint) and, unless it failed, the fields `F` its builder returns; `HostEntr
 (with one `DeploymentEntry[F]` per deployment under `deployments`). tools/contract.py names
 each parameterization (`statusHost`, …) and generates its wrapper from the fields' type.
 
-Not every document is typed yet (issue 53, item 1): tools/contract.py still declares the
-others by hand. No `from __future__ import annotations` here: Python 3.11 reads a
-`NotRequired` key of a string annotation as required.
+One module per family of commands: `common` (a failure, a registration, a job, the per-host
+entries), `fleet` (hosts, render, gpus, crash), `runs` (status, stop, launch, router sync),
+`events` (logs' and watch's JSON lines), `init`, `patches`, `bench`, `rollout`, `canary`,
+`tune` (tune --live, a tune record, a plan); `patch port`'s document is declared where it is
+built (ops/port.py). What tools/contract.py still declares by hand: tune's per-host entries
+and the kept reports (`--report`). No `from __future__ import annotations` in these modules:
+Python 3.11 reads a `NotRequired` key of a string annotation as required.
 """
 
 from deployctl.ops.port import PortDocument, PortedHunk  # patch port's, declared where built
