@@ -14,7 +14,7 @@ from typing import Any, cast
 import pytest
 
 from deployctl.canary_stats import MIN_CELL, BucketInterval, Judge, Sample
-from deployctl.ops.tune.live import live_crossover
+from deployctl.ops.tune.live import LiveReport, live_crossover
 from deployctl.remote.files import CallFailed
 from deployctl.remote.measures import LiveRecord, LiveSample
 from deployctl.remote.records import cmd_live_keep, cmd_live_records
@@ -173,13 +173,12 @@ def test_the_crossover_is_the_last_win_below_the_first_loss() -> None:
     assert live_crossover([]).reached == 0 and unbounded.judge(8) is None
 
 
-def test_the_view_says_the_crossover_and_whether_the_inventorys_threshold_fits_it(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def crossover_report(*more: BucketInterval) -> LiveReport:
+    """A reported window whose crossover is T = 2 (a win at 2, a loss at 8, and `more`), its
+    replicas' inventory threshold 32."""
     from deployctl.inventory import Host
     from deployctl.ops.rollout import UnitPlan
-    from deployctl.ops.tune.live import LiveOptions, LivePlan, LiveReport
-    from deployctl.present import views
+    from deployctl.ops.tune.live import LiveOptions, LivePlan
     from deployctl.settings import DEFAULT_VARS
 
     def unit(name: str) -> UnitPlan:
@@ -189,9 +188,17 @@ def test_the_view_says_the_crossover_and_whether_the_inventorys_threshold_fits_i
     router = Host("alpha", dict(DEFAULT_VARS), "router")
     plan = LivePlan(router, unit("r1"), unit("r2"), lambda p, t: [], replicas=[replica])
     report = LiveReport(plan, LiveOptions(), decision="reported")
-    report.intervals = [interval_of(2, 0.6, 0.8), interval_of(8, 1.2, 1.4)]
+    report.intervals = [interval_of(2, 0.6, 0.8), interval_of(8, 1.2, 1.4), *more]
     report.crossover = live_crossover(report.intervals)
-    views.TUNE_LIVE.human(report)
+    return report
+
+
+def test_the_view_says_the_crossover_and_whether_the_inventorys_threshold_fits_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from deployctl.present import views
+
+    views.TUNE_LIVE.human(crossover_report())
     out = capsys.readouterr().out
     assert "live crossover: speculation wins up to bucket 2, loses from 8: T = 2" in out, out
     said = "the inventory's threshold 32 (a synthetic bench's) is too high for this traffic: "

@@ -1,28 +1,53 @@
-"""The typed documents (deployctl/present/shapes.py) and their shipped schemas are one
+"""The typed documents (deployctl/present/shapes/) and their shipped schemas are one
 declaration: each typed shape's `$defs` entry in every file that ships it is what the generator
 (tools/typed_schema.py) makes of its TypedDict, and the documents built from results validate.
 
 No `from __future__ import annotations` here: the sample TypedDicts below have NotRequired keys.
 """
 
+import dataclasses
 import json
 from enum import StrEnum
-from typing import Annotated, Any, Literal, NotRequired, TypedDict
+from pathlib import Path
+from typing import Annotated, Any, Literal, NotRequired, TypedDict, get_args
 
 import pytest
 from jsonschema import Draft202012Validator
 
+from deployctl.choices import PdRole
 from deployctl.crash.model import CrashReport
-from deployctl.errors import UsageError
-from deployctl.ops.bench import Suggestion
-from deployctl.ops.patch import AuditReport, FileState, PatchState, SetState
-from deployctl.ops.router import Registration
+from deployctl.errors import ConnectError, UsageError
+from deployctl.events import Event, LogLine
+from deployctl.facts import Gpu, GpuProcess
+from deployctl.fanout import FleetResult, HostResult
+from deployctl.inventory import DEFAULT_VARS, Host
+from deployctl.ops import runs
+from deployctl.ops.bench import BenchResult, Comparison, Suggestion
+from deployctl.ops.canary import Decision
+from deployctl.ops.gpus import GpuReport
+from deployctl.ops.init import InitReport
+from deployctl.ops.patch import (
+    ActionKind,
+    AuditReport,
+    FileState,
+    PatchAction,
+    PatchState,
+    SetState,
+)
+from deployctl.ops.rollout import UnitOutcome, UnitResult
+from deployctl.ops.router import ListedWorker, Registration, RouterState, SyncResult, WorkerKind
 from deployctl.patchset import load_patch_set
 from deployctl.present import documents, shapes
 from deployctl.project import SHIPPED_DATA
+from deployctl.remote.measures import LiveSample, TuneRecord
 from deployctl.remote.protocol import Placement
 from tests.json_contract import SCHEMAS
+from tests.test_canary import judged
+from tests.test_init import host_of, survey_of
+from tests.test_present import RUN, launched
 from tests.test_rollout_schema import report as rollout_report
+from tests.test_tune import level
+from tests.test_tune_live import crossover_report, interval_of, live_record
 from tools import contract
 from tools.typed_schema import TypedSchemas
 
@@ -54,12 +79,49 @@ class WiderRegistration(shapes.Registration):
     drained: bool
 
 
+class WiderStop(shapes.StopFields):
+    drained: bool
+
+
+class WiderStopDocument(TypedDict):
+    hosts: dict[str, shapes.HostEntry[WiderStop]]
+
+
+class NarrowerUnit(shapes.MultiNodeUnit):
+    state: Literal[runs.UnitState.READY]  # type: ignore[misc]  # narrowed, as a mistake would
+
+
 def test_a_type_that_differs_from_its_shipped_schema_is_found() -> None:
     # A key added to the type (or a value's type changed) and not regenerated.
-    wider = TypedSchemas({**contract.TYPED.named, "registration": WiderRegistration})
+    typed = contract.TYPED
+    named = {**typed.named, "registration": WiderRegistration}
+    wider = TypedSchemas(named, typed.keywords, typed.patterns, typed.given)
     assert set(disagreements(wider)) >= {"registration in stop.json", "registration in launch.json"}
-    keywords = {**contract.TYPED.keywords, "job": {}}  # additionalProperties dropped
-    assert "job in status.json" in disagreements(TypedSchemas(contract.TYPED.named, keywords))
+    keywords = {**typed.keywords, "job": {}}  # additionalProperties dropped
+    looser = TypedSchemas(typed.named, keywords, typed.patterns, typed.given)
+    assert "job in status.json" in disagreements(looser)
+
+
+def test_a_documents_fields_that_differ_from_its_shipped_entries_are_found() -> None:
+    # A per-host document's fields: its outcome (`stopOutcome`) is generated from them, and
+    # its host and deployment entries are named from the same type.
+    typed = contract.TYPED
+    named = {
+        **typed.named,
+        "stop": WiderStopDocument,
+        **contract.per_host("stop", WiderStop),
+        "stopped": shapes.Entry[shapes.StopFields],  # launch --replace's stop, named apart
+    }
+    found = disagreements(TypedSchemas(named, typed.keywords, typed.patterns, typed.given))
+    assert "stopOutcome in stop.json" in found
+    # An enum's values are the schema's: a state left out is found.
+    named = {**typed.named, "multiNodeUnit": NarrowerUnit}
+    found = disagreements(TypedSchemas(named, typed.keywords, typed.patterns, typed.given))
+    assert {"multiNodeUnit in status.json", "multiNodeUnit in top.json"} <= set(found)
+    # An entry named apart from its fields' outcome is refused.
+    named = {**typed.named, "stopOutcome": shapes.Entry[WiderStop]}
+    with pytest.raises(TypeError, match="stop: its entries are not those of StopFields"):
+        TypedSchemas(named, typed.keywords, typed.patterns, typed.given).definitions()
 
 
 # ---- the generator -----------------------------------------------------------------------
@@ -210,6 +272,124 @@ def test_the_typed_documents_validate_against_their_schemas() -> None:
     valid("patch-audit", "auditOutcome", {"ok": True, "error": None, "code": None, **audit})
     valid("rollout", "rollout", documents.rollout_document(rollout_report()))
     valid("rollout", "rollout", documents.rollout_document(rollout_report(dry_run=True)))
+
+
+def test_the_per_host_documents_built_from_results_validate() -> None:
+    alpha, bravo = Host("alpha", dict(DEFAULT_VARS)), Host("bravo", dict(DEFAULT_VARS))
+    lost = ConnectError("bravo: the SSH connection was lost")
+    looked = runs.RunStatus(RUN, alive=True, health=200, metrics_note="not asked")
+    status = documents.status_document(
+        FleetResult([HostResult(alpha, looked), HostResult(bravo, exception=lost)])
+    )
+    assert status["hosts"]["alpha"]["state"] == "ready"
+    valid("status", "status", status)
+    nodes = [
+        HostResult(Host(name, dict(DEFAULT_VARS), "kimi"), runs.RunStatus(RUN, alive=up))
+        for name, up in (("alpha", True), ("bravo", False))
+    ]
+    whole = documents.unit_json(runs.Unit("kimi", nodes))
+    assert whole["state"] == "degraded"
+    valid("status", "multiNodeUnit", whole)
+    stop = runs.StopResult("baseline_v1", [42], [], True, shutdown="drained", shutdown_s=1.0)
+    valid("stop", "stop", documents.hosts_document(FleetResult([HostResult(alpha, stop)]), documents.stop_json))  # fmt: skip
+    gpus = GpuReport([Gpu(0, "GPU-0", "H200", 9000, 143000, 12)],
+                     [GpuProcess(42, "python3", 9000, "GPU-0")], 1000, {42: "baseline_v1"})  # fmt: skip
+    valid("gpus", "gpus", documents.per_host(documents.gpus_json)(FleetResult([HostResult(alpha, gpus)])))  # fmt: skip
+    for state in runs.RunState:
+        valid("launch", "launch", documents.launch_document(launched(state)))
+    applied = PatchAction("set", "1.0.0", ActionKind.APPLIED, ["a.py"])
+    actions = documents.per_host(documents.patch_actions_json)(FleetResult([HostResult(alpha, [applied])]))  # fmt: skip
+    valid("patch-apply", "patchActions", actions)
+    listed = [ListedWorker("http://10.0.0.2:30000", True, 0, "alpha/w", kind=WorkerKind(PdRole.PREFILL, 8998))]  # fmt: skip
+    state = RouterState("r", "workers", listed, unknown={"http://u": "beta/w"}, pd=True)
+    failed = Registration("alpha/w", "r", "http://10.0.0.3:30000", True, "refused")
+    synced = SyncResult(state, [failed], kept=["http://u"])
+    sync = documents.per_host(documents.sync_json)(FleetResult([HostResult(alpha, synced)]))
+    assert sync["hosts"]["alpha"]["ok"] is False and sync["hosts"]["alpha"]["code"] == "error"
+    assert sync["hosts"]["alpha"]["before"]["missing_roles"] == ["decode"]
+    valid("router-sync", "sync", sync)
+    sweep = {"deployment": None, "run": "baseline_v1", "levels": [level(1, 50.0), level(8, 300.0)]}
+    benched = FleetResult([HostResult(alpha, BenchResult(sweep, "bench/1.json")), HostResult(bravo, exception=lost)])  # fmt: skip
+    valid("bench", "sweep", documents.bench_document(benched))
+    compared = Comparison({"baseline_v1": {**sweep, "at": 1.0}}, ["gone_v2"], {"bravo": lost})
+    valid("bench", "comparison", documents.comparison_document(compared))
+    lost = ConnectError("gpu2: the SSH connection was lost")
+    surveyed = FleetResult([HostResult(host_of("gpu1"), survey_of()), HostResult(host_of("gpu2"), exception=lost)])  # fmt: skip
+    init = documents.init_document(InitReport(surveyed, "all: {}\n", Path("inventory.yml")))
+    assert init["hosts"]["gpu1"]["ok"] and not init["hosts"]["gpu2"]["ok"]
+    valid("init", "init", init)
+
+
+def event_keys(event: type[Event]) -> list[str]:
+    """The keys documents.event_json gives an event: its kind, then its fields (an exception
+    as its error, code and hint)."""
+    keys = ["event"]
+    for item in dataclasses.fields(event):
+        keys += ["error", "code", "hint"] if item.name == "exception" else [item.name]
+    return keys
+
+
+@pytest.mark.parametrize("event", shapes.EVENT_SHAPES, ids=lambda e: e.__name__)
+def test_each_events_type_has_the_keys_and_kind_its_document_has(event: type[Event]) -> None:
+    typed = shapes.EVENT_SHAPES[event]
+    assert sorted(typed.__annotations__) == sorted(event_keys(event))
+    assert get_args(typed.__annotations__["event"]) == (event.kind,)
+
+
+def test_an_events_field_that_its_type_lacks_is_found() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Louder(LogLine):
+        volume: int = 0
+
+    assert sorted(event_keys(Louder)) != sorted(shapes.EventLogLine.__annotations__)
+
+
+@pytest.mark.parametrize("decision", [*Decision, None], ids=str)
+def test_a_canarys_document_validates_and_its_words_are_the_types(
+    decision: Decision | None,
+) -> None:
+    report = judged(decision)
+    report.actions = [UnitResult("r1", UnitOutcome.REPLACED)]
+    document = documents.canary_document(report)
+    valid("canary", "canary", document)
+    assert document["steps"][0]["step"] == ("promotion" if decision is Decision.PROMOTED else "rollback")  # fmt: skip
+    assert list(shape_check("canary", "canary").iter_errors({**json.loads(json.dumps(document)), "state": "paused"}))  # fmt: skip
+
+
+def test_a_live_window_and_a_kept_one_validate() -> None:
+    report = crossover_report(interval_of(16, None, None))
+    document = documents.tune_live_document(report)
+    assert document["inventory_verdict"] == "too high"
+    valid("tune", "tuneLive", document)
+    samples = [LiveSample(side=side, running=1.5, value=100.0, requests=3, source=side)
+               for _ in range(10) for side in ("plain", "speculative")]  # fmt: skip
+    valid("tune", "liveRecord", documents.live_record_json(live_record(samples=samples)))
+    ended = live_record(samples=samples, state="done", decision="reported", sizes=[1, 2, 4],
+                        end_look={"always_valid": True, "error_share": 1.0})  # fmt: skip
+    shown = documents.live_record_json(ended)
+    assert shown["end_look"] == {"always_valid": True, "error_share": 1.0}
+    valid("tune", "liveRecord", shown)
+
+
+def test_a_port_report_and_a_note_validate() -> None:
+    from deployctl.ops.port import HunkOutcome, PortReport
+
+    hunks = [HunkOutcome("a.diff", "a.py", 1, "exact"), HunkOutcome("a.diff", "b.py", 2, "failed", "@@")]  # fmt: skip
+    report = PortReport("spec-disable", "0.5.0", "0.5.1", "src", "out", hunks, {"v.sh": "passed"})
+    assert report.to_json()["ok"] is False
+    valid("patch-port", "port", report.to_json())
+    valid("dashboard", "note", documents.note_document("wrote a new token"))
+
+
+class WiderTuneRecord(shapes.TuneRecordShape):
+    cost: float
+
+
+def test_a_kept_records_type_must_name_the_protocols_keys() -> None:
+    # A record is shown as its host keeps it: its document's type and the protocol's agree.
+    contract.same_keys(shapes.TuneRecordShape, TuneRecord)
+    with pytest.raises(TypeError, match="WiderTuneRecord and the protocol's TuneRecord differ"):
+        contract.same_keys(WiderTuneRecord, TuneRecord)
 
 
 def test_an_enum_value_outside_the_type_breaks_the_schema() -> None:

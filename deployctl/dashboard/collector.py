@@ -34,6 +34,7 @@ from deployctl.ops.runs import RunStatus, with_router_states
 from deployctl.ops.tune import find_tunes
 from deployctl.patchset import PatchSet
 from deployctl.present.documents import audit_json, hosts_document, status_document
+from deployctl.present.shapes import PerHost
 from deployctl.remote.measures import BenchResultsArgs, CanaryRecord, TuneRecord
 from deployctl.schema import versioned
 
@@ -48,7 +49,7 @@ TAIL_BYTES = 32 * 1024
 class Records(TypedDict):
     """What the page reads besides the statuses, refreshed every RECORDS_EVERY seconds."""
 
-    audit: dict[str, Any] | None  # the patch-audit document
+    audit: PerHost[dict[str, Any]] | None  # the patch-audit document, with each set expected
     tunes: dict[str, TuneRecord]  # deployment → its newest kept tune (app.js draws it)
     bench: dict[str, list[dict[str, Any]]]  # deployment → its current run's kept sweeps
 

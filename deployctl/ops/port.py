@@ -18,9 +18,9 @@ import tempfile
 import zipfile
 import zlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, TypedDict
 
 from deployctl.connection import Connection
 from deployctl.errors import PatchError
@@ -49,6 +49,27 @@ _CREATING = re.compile(r"would create the file (.+),$")
 _CREATED = re.compile(r"^--- /dev/null\n\+\+\+ b/(\S+)", re.M)
 
 
+class PortedHunk(TypedDict):
+    diff: str
+    file: str
+    hunk: int
+    outcome: Annotated[str, "exact, offset, fuzz or failed."]
+    detail: str
+
+
+class PortDocument(TypedDict):
+    # `patch port --json`, and the candidate's report.json (its schema is generated from this
+    # declaration: deployctl/present/shapes/ names it).
+    set: str
+    from_version: str
+    to_version: str
+    source: str
+    out: str
+    ok: bool
+    hunks: list[PortedHunk]
+    verify: Annotated[dict[str, str], "Verify script → passed, failed: … or not run: …."]
+
+
 @dataclass
 class HunkOutcome:
     diff: str
@@ -57,8 +78,14 @@ class HunkOutcome:
     outcome: str  # exact, offset, fuzz, failed
     detail: str = ""  # `offset 3`, `fuzz 2, offset -1`, or the rejected hunk's text
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> PortedHunk:
+        return {
+            "diff": self.diff,
+            "file": self.file,
+            "hunk": self.hunk,
+            "outcome": self.outcome,
+            "detail": self.detail,
+        }
 
 
 @dataclass
@@ -78,7 +105,7 @@ class PortReport:
             v.startswith("failed") for v in self.verify.values()
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PortDocument:
         return {
             "set": self.set,
             "from_version": self.from_version,

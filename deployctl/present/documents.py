@@ -12,13 +12,15 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
+from deployctl.choices import CanaryMetric, SpeculationPolicy
 from deployctl.errors import DeployctlError, ServerError, error_code, explain
 
 if TYPE_CHECKING:
     from deployctl.canary_stats import BucketInterval
     from deployctl.events import Event
+    from deployctl.facts import Gpu
     from deployctl.fanout import FleetResult, HostResult
     from deployctl.inventory import GroupNode, Host
     from deployctl.ops.bench import BenchResult, Comparison, Suggestion
@@ -35,15 +37,16 @@ if TYPE_CHECKING:
     from deployctl.ops.router import Registration, RouterState, SyncResult
     from deployctl.ops.runs import LaunchReport, Outcome, RunStatus, StopResult, Unit
     from deployctl.ops.tune import TunePlan, TuneReport, TuneResult
-    from deployctl.ops.tune.live import LiveCrossover, LiveReport
+    from deployctl.ops.tune.live import LiveCrossover, LiveDecision, LiveReport
     from deployctl.ops.tune.race import RaceResult
     from deployctl.patchset import PatchSet
     from deployctl.present import shapes
-    from deployctl.remote.measures import LiveRecord
+    from deployctl.remote.measures import CanaryRecord, LiveRecord
     from deployctl.remote.protocol import Placement
     from deployctl.render import RenderedCommand
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Mapping[str, object])  # the fields a per-host result's entry has
 
 
 # ---- the per-host shape ------------------------------------------------------------------
@@ -56,30 +59,33 @@ def failure_document(exc: BaseException) -> shapes.Failure:
     return {"ok": False, "error": message, "code": error_code(exc), "hint": hint}
 
 
-def host_entry(result: HostResult[T], to_json: Callable[[T], dict[str, Any]]) -> dict[str, Any]:
-    """One host in a JSON document: ok, error, its stable code and hint, and its fields."""
+def host_entry(result: HostResult[T], to_json: Callable[[T], F]) -> shapes.Entry[F]:
+    """One host in a JSON document: ok, error, its stable code and hint, and its fields
+    `F` (a TypedDict: mypy checks them where `to_json` builds them)."""
     entry: dict[str, Any] = {"ok": not result.failed, "error": result.error, "code": result.code}
     if result.hint:
         entry["hint"] = result.hint
     if result.value is not None:
         entry.update(to_json(result.value))
-    return entry
+    return cast("shapes.Entry[F]", entry)
 
 
 def hosts_document(
-    results: Iterable[HostResult[T]], to_json: Callable[[T], dict[str, Any]]
-) -> dict[str, Any]:
+    results: Iterable[HostResult[T]], to_json: Callable[[T], F]
+) -> shapes.PerHost[F]:
     """Return {"hosts": {name: {"ok", "error", "code", **fields}}} for per-host results."""
-    hosts: dict[str, Any] = {}
+    hosts: dict[str, shapes.HostEntry[F]] = {}
     for result in results:
         place(hosts, result.host, host_entry(result, to_json))
     return {"hosts": hosts}
 
 
-def place(hosts: dict[str, Any], host: Host, entry: dict[str, Any]) -> None:
+def place(
+    hosts: Mapping[str, shapes.HostEntry[F]], host: Host, entry: Mapping[str, object]
+) -> None:
     """Put a result's entry under its host, or one deployment's under
     `<host>.deployments.<name>`; a host is ok when everything under it is."""
-    slot = hosts.setdefault(host.name, {})
+    slot: dict[str, Any] = cast(dict[str, Any], hosts).setdefault(host.name, {})
     ok = slot.get("ok", True) and entry["ok"]
     if host.deployment is None:
         slot.update(entry)  # a host's default run, beside any deployments it has now
@@ -88,23 +94,34 @@ def place(hosts: dict[str, Any], host: Host, entry: dict[str, Any]) -> None:
     slot["ok"] = ok
 
 
-def per_host(to_json: Callable[[T], dict[str, Any]]) -> Callable[[FleetResult[T]], Any]:
-    """The JSON document of a fleet result whose values turn into dicts with `to_json`."""
+def per_host(to_json: Callable[[T], F]) -> Callable[[FleetResult[T]], shapes.PerHost[F]]:
+    """The JSON document of a fleet result whose values turn into `F` with `to_json`."""
     return lambda results: hosts_document(results, to_json)
 
 
 # ---- hosts, render, flags ----------------------------------------------------------------
 
 
-def hosts_listing(described: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"hosts": described}
+def hosts_listing(described: dict[str, dict[str, Any]]) -> shapes.Inventory:
+    return {
+        "hosts": {
+            name: {
+                "address": host["address"],
+                "port": host["port"],
+                "user": host["user"],
+                "connection": host["connection"],
+                "vars": host["vars"],
+            }
+            for name, host in described.items()
+        }
+    }
 
 
-def graph_document(graph: tuple[list[str], dict[str, GroupNode]]) -> dict[str, Any]:
-    return {"groups": {n: dataclasses.asdict(g) for n, g in graph[1].items()}}
+def graph_document(graph: tuple[list[str], dict[str, GroupNode]]) -> shapes.Graph:
+    return {"groups": {n: {"children": g.children, "hosts": g.hosts} for n, g in graph[1].items()}}
 
 
-def rendered_json(rendered: RenderedCommand) -> dict[str, Any]:
+def rendered_json(rendered: RenderedCommand) -> shapes.RenderedFields:
     return {
         "command": rendered.display,
         "env": rendered.env_shown,
@@ -114,7 +131,7 @@ def rendered_json(rendered: RenderedCommand) -> dict[str, Any]:
     }
 
 
-def flags_json(flags: FlagReport) -> dict[str, Any]:
+def flags_json(flags: FlagReport) -> shapes.Flags:
     return {
         "method": flags.method,
         "note": flags.note,
@@ -126,20 +143,43 @@ def flags_json(flags: FlagReport) -> dict[str, Any]:
     }
 
 
-def checked_json(checked: CheckedCommand) -> dict[str, Any]:
+def checked_json(checked: CheckedCommand) -> shapes.CheckedFields:
     return {**rendered_json(checked.rendered), "flags": flags_json(checked.flags)}
+
+
+def note_document(text: str) -> shapes.Note:
+    """One line of news (`dashboard --new-token`) as a document."""
+    return {"note": text}
 
 
 # ---- gpus and patches ----------------------------------------------------------------------
 
 
-def gpus_json(report: GpuReport) -> dict[str, Any]:
+def gpus_json(report: GpuReport) -> shapes.GpusFields:
     return {
         "clean": report.clean,
-        "gpus": [g.to_json() for g in report.gpus],
+        "gpus": [gpu_json(g) for g in report.gpus],
         "processes": [
-            {**p.to_json(), "held_by": report.holders.get(p.pid)} for p in report.processes
+            {
+                "pid": p.pid,
+                "name": p.name,
+                "used_memory_mib": p.used_memory_mib,
+                "gpu_uuid": p.gpu_uuid,
+                "held_by": report.holders.get(p.pid),
+            }
+            for p in report.processes
         ],
+    }
+
+
+def gpu_json(gpu: Gpu) -> shapes.Gpu:
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "memory_used_mib": gpu.memory_used_mib,
+        "memory_total_mib": gpu.memory_total_mib,
+        "utilization_pct": gpu.utilization_pct,
     }
 
 
@@ -164,7 +204,7 @@ def action_text(action: PatchAction) -> str:
     return f"{action.action} {action.replaced}" if action.replaced else action.action.value
 
 
-def patch_action_json(action: PatchAction) -> dict[str, Any]:
+def patch_action_json(action: PatchAction) -> shapes.Action:
     return {
         "set": action.set,
         "version": action.version,
@@ -174,7 +214,7 @@ def patch_action_json(action: PatchAction) -> dict[str, Any]:
     }
 
 
-def patch_actions_json(actions: list[PatchAction]) -> dict[str, Any]:
+def patch_actions_json(actions: list[PatchAction]) -> shapes.PatchesFields:
     return {"patches": [patch_action_json(a) for a in actions]}
 
 
@@ -189,7 +229,7 @@ def set_state_json(state: SetState) -> shapes.SetState:
     }
 
 
-def audit_json(report: AuditReport) -> dict[str, Any]:
+def audit_json(report: AuditReport) -> shapes.AuditFields:
     return {
         "sglang_version": report.sglang_version,
         "patches": {name: set_state_json(state) for name, state in report.states.items()},
@@ -199,11 +239,11 @@ def audit_json(report: AuditReport) -> dict[str, Any]:
 # ---- crash and logs ------------------------------------------------------------------------
 
 
-def local_crashes_document(result: LocalCrashes) -> dict[str, Any]:
+def local_crashes_document(result: LocalCrashes) -> shapes.LocalCrashes:
     return {"crashes": [c.to_json() for c in result.crashes]}
 
 
-def log_scan_json(scan: LogScan) -> dict[str, Any]:
+def log_scan_json(scan: LogScan) -> shapes.ScanFields:
     return {
         "log": scan.path,
         "size": scan.size,
@@ -214,19 +254,20 @@ def log_scan_json(scan: LogScan) -> dict[str, Any]:
     }
 
 
-def crash_scans_document(results: FleetResult[LogScan]) -> dict[str, Any]:
+def crash_scans_document(results: FleetResult[LogScan]) -> shapes.Fleet:
     document = hosts_document(results, log_scan_json)
     for entry in document["hosts"].values():
         # A failed host keeps the shape, so readers need not test for the keys.
-        entry.setdefault("log", None)
-        entry.setdefault("crashes", [])
+        kept = cast(dict[str, Any], entry)
+        kept.setdefault("log", None)
+        kept.setdefault("crashes", [])
     return document
 
 
 # ---- runs: launch, stop, status, restart --------------------------------------------------
 
 
-def preflight_json(preflight: Preflight) -> dict[str, Any]:
+def preflight_json(preflight: Preflight) -> shapes.Preflight:
     return {
         "ready": preflight.ok,
         "problems": preflight.problems,
@@ -239,13 +280,13 @@ def preflight_json(preflight: Preflight) -> dict[str, Any]:
     }
 
 
-def outcome_json(outcome: Outcome) -> dict[str, Any]:
+def outcome_json(outcome: Outcome) -> shapes.LaunchRun:
     run = outcome.run
-    return {
+    document: shapes.LaunchRun = {
         "run": run["id"],
         "log": run["log"],
         "pid": run["pid"],
-        "state": outcome.state.value,
+        "state": outcome.state,
         "ready": outcome.state == "ready",
         "elapsed_s": round(outcome.elapsed, 2),
         "crashes": [c.to_json() for c in outcome.crashes],
@@ -254,16 +295,17 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
         "env": run.get("env", {}),
         "note": outcome.note,
         "connection_losses": outcome.connection_losses,
-        **job_fields(outcome.placement),
     }
+    put_job(document, outcome.placement)
+    return document
 
 
-def launch_document(result: LaunchReport) -> dict[str, Any]:
+def launch_document(result: LaunchReport) -> shapes.Launch:
     outcomes = {r.name: r for r in result.outcomes}
     stops = {r.name: r for r in result.stops}
-    hosts: dict[str, Any] = {}
+    hosts: dict[str, shapes.HostEntry[shapes.LaunchFields]] = {}
     for pre in result.preflights:
-        entry = host_entry(pre, lambda p: {"preflight": preflight_json(p)})
+        entry: dict[str, Any] = {**host_entry(pre, preflight_fields)}
         if pre.value is not None and not pre.value.ok:
             entry.update(ok=False, **_refusal(pre.value))
         out = outcomes.get(pre.name)
@@ -280,14 +322,20 @@ def launch_document(result: LaunchReport) -> dict[str, Any]:
         entry = {"ok": False, "error": error, "code": code, "stopped": host_entry(stop, stop_json)}
         place(hosts, stop.host, {**entry, **({"hint": hint} if hint else {})})
     ended = {r.name: r.value["ended"] for r in result.cleanup if r.value is not None}
-    document: dict[str, Any] = {
+    document: shapes.Launch = {
         "started": result.started,
         "dry_run": result.dry_run,
         "hosts": hosts,
     }
     if result.registrations:
         document["registrations"] = [registration_json(r) for r in result.registrations]
-    return {**document, "group_failed_ended": ended} if result.cleanup.results else document
+    if result.cleanup.results:
+        document["group_failed_ended"] = ended
+    return document
+
+
+def preflight_fields(preflight: Preflight) -> shapes.LaunchFields:
+    return {"preflight": preflight_json(preflight)}
 
 
 def kept_out(stop: HostResult[StopResult]) -> tuple[str, str, str | None]:
@@ -327,15 +375,15 @@ def registration_json(change: Registration) -> shapes.Registration:
     }
 
 
-def router_state_json(state: RouterState) -> dict[str, Any]:
+def router_state_json(state: RouterState) -> shapes.RouterState:
     return {
         "router": state.router,
-        "api": state.api,
+        "api": cast(Literal["workers", "legacy"] | None, state.api),
         "error": state.error,
         "workers": [
             {
                 "url": w.url, "healthy": w.healthy, "load": w.load, "deployment": w.worker,
-                "role": None if w.kind is None else str(w.kind.role or "regular"),
+                "role": None if w.kind is None else w.kind.role or "regular",
                 "bootstrap_port": None if w.kind is None else w.kind.bootstrap_port,
             }
             for w in state.workers
@@ -348,21 +396,23 @@ def router_state_json(state: RouterState) -> dict[str, Any]:
         "miscast": {url: worker for url, (worker, _) in state.miscast.items()},
         "drift": state.drift,
         "pd": state.pd,
-        "missing_roles": [str(r) for r in state.missing_roles],
+        "missing_roles": state.missing_roles,
     }  # fmt: skip
 
 
-def sync_json(result: SyncResult) -> dict[str, Any]:
-    why = "" if result.ok else sync_problem(result)
-    return {
+def sync_json(result: SyncResult) -> shapes.SyncFields:
+    document: shapes.SyncFields = {
         "ok": result.ok,
-        **({"error": why, "code": "error"} if why else {}),
         "dry_run": result.dry_run,
         "force": result.force,
         "before": router_state_json(result.before),
         "changes": [registration_json(c) for c in result.changes],
         "kept": result.kept,
     }
+    why = "" if result.ok else sync_problem(result)
+    if why:
+        document["error"], document["code"] = why, "error"
+    return document
 
 
 def sync_problem(result: SyncResult) -> str:
@@ -385,24 +435,30 @@ def unknown_text(state: RouterState, url: str) -> str:
     return f"its worker {worker} cannot be read: {state.unread.get(worker, '')}"
 
 
-def stop_json(stop: StopResult) -> dict[str, Any]:
-    return {
+def stop_json(stop: StopResult) -> shapes.StopFields:
+    document: shapes.StopFields = {
         "run": stop.run,
         "ended": stop.ended,
         "killed": stop.killed,
         "gpus_clean": stop.gpus_clean,
         "note": stop.note,
-        "shutdown": stop.shutdown,
+        # The host's SHUTDOWN_DRAINED or SHUTDOWN_CUT (remote/protocol.py).
+        "shutdown": cast(Literal["drained", "cut"] | None, stop.shutdown),
         "shutdown_s": stop.shutdown_s,
-        **({"router": registration_json(stop.router)} if stop.router else {}),
-        **job_fields(stop.placement),
     }
+    if stop.router:
+        document["router"] = registration_json(stop.router)
+    put_job(document, stop.placement)
+    return document
 
 
-def job_fields(job: Placement | None) -> dict[str, Any]:
+def put_job(
+    document: shapes.LaunchRun | shapes.StopFields | shapes.StatusFields, job: Placement | None
+) -> None:
     """The document's `job` key: a placed run's placement (a Slurm job's), only where the run
     has one (the contract's optional `job` object)."""
-    return {"job": job_json(job)} if job is not None else {}
+    if job is not None:
+        document["job"] = job_json(job)
 
 
 def job_json(job: Placement) -> shapes.Job:
@@ -418,13 +474,12 @@ def job_json(job: Placement) -> shapes.Job:
     }
 
 
-def run_status_json(status: RunStatus) -> dict[str, Any]:
+def run_status_json(status: RunStatus) -> shapes.StatusFields:
     run = status.run
-    state = status.state
-    return {
+    document: shapes.StatusFields = {
         "run": run["id"] if run else None,
         "pid": run["pid"] if run else None,
-        "state": state.value if state is not None else None,
+        "state": status.state,
         "alive": status.alive,
         "ready": status.ready,
         "crashed": status.crashed,
@@ -437,42 +492,50 @@ def run_status_json(status: RunStatus) -> dict[str, Any]:
         "crash": status.crashes[0].summary() if status.crashes and status.crashed else None,
         "warning": status.warnings[0].summary() if status.warnings else None,
         "gpu_memory_used_mib": status.gpus.memory_of(status.members) if status.gpus else None,
-        **(
-            {}
-            if status.metrics_note is None
-            else {"metrics": status.metrics, "metrics_note": status.metrics_note}
-        ),
-        **({"router": router_state_json(status.router)} if status.router else {}),
-        **job_fields(status.placement),
     }
-
-
-def unit_json(unit: Unit) -> dict[str, Any]:
-    return {
-        "state": unit.state.value,
-        "down": unit.down,
-        "ok": not unit.down,
-        "nnodes": len(unit.nodes),
-        "nodes": [
-            {"host": n.host.name, "node_rank": i, "ok": n.value is not None and not n.value.crashed,
-             "error": n.error, **(run_status_json(n.value) if n.value else {})}
-            for i, n in enumerate(unit.nodes)
-        ],
-    }  # fmt: skip
-
-
-def status_document(results: FleetResult[RunStatus]) -> dict[str, Any]:
-    """Per host as always; multi-node servers also whole, under `deployments`."""
-    from deployctl.ops.runs import units
-
-    document = hosts_document(results, run_status_json)
-    groups = [u for u in units(results) if len(u.nodes) > 1]
-    if groups:
-        document["deployments"] = {u.nodes[0].host.deployment: unit_json(u) for u in groups}
+    if status.metrics_note is not None:  # asked for: the metrics, or why there are none
+        document["metrics"] = cast("shapes.Metrics | None", status.metrics)
+        document["metrics_note"] = status.metrics_note
+    if status.router:
+        document["router"] = router_state_json(status.router)
+    put_job(document, status.placement)
     return document
 
 
-def restart_document(result: RestartReport) -> dict[str, Any]:
+def unit_json(unit: Unit) -> shapes.MultiNodeUnit:
+    nodes: list[shapes.NodeStatus] = []
+    for rank, node in enumerate(unit.nodes):
+        found: shapes.NodeStatus = {
+            "host": node.host.name,
+            "node_rank": rank,
+            "ok": node.value is not None and not node.value.crashed,
+            "error": node.error,
+        }
+        # Each node is also one look at its run (the contract's `allOf` runStatus).
+        look: Mapping[str, object] = run_status_json(node.value) if node.value else {}
+        nodes.append(cast("shapes.NodeStatus", {**found, **look}))
+    return {
+        "state": unit.state,
+        "down": unit.down,
+        "ok": not unit.down,
+        "nnodes": len(unit.nodes),
+        "nodes": nodes,
+    }
+
+
+def status_document(results: FleetResult[RunStatus]) -> shapes.Status:
+    """Per host as always; multi-node servers also whole, under `deployments`."""
+    from deployctl.ops.runs import units
+
+    document: shapes.Status = {"hosts": hosts_document(results, run_status_json)["hosts"]}
+    groups = [u for u in units(results) if len(u.nodes) > 1]
+    if groups:
+        # A multi-node server is a deployment: its nodes' hosts name it.
+        document["deployments"] = {str(u.nodes[0].host.deployment): unit_json(u) for u in groups}
+    return document
+
+
+def restart_document(result: RestartReport) -> shapes.Launch | shapes.NothingRestarted:
     if result.launch is None:
         statuses = hosts_document(result.statuses, run_status_json)["hosts"]
         return {"restarted": [], "hosts": statuses}
@@ -482,9 +545,7 @@ def restart_document(result: RestartReport) -> dict[str, Any]:
 # ---- bench ---------------------------------------------------------------------------------
 
 
-def bench_json(result: BenchResult | None) -> dict[str, Any]:
-    if result is None:
-        return {}
+def bench_json(result: BenchResult) -> shapes.BenchFields:
     doc = result.document
     return {
         "deployment": doc["deployment"],
@@ -494,15 +555,18 @@ def bench_json(result: BenchResult | None) -> dict[str, Any]:
     }
 
 
-def bench_document(results: FleetResult[BenchResult | None]) -> dict[str, Any]:
+def bench_document(results: FleetResult[BenchResult | None]) -> shapes.Sweep:
     """Per deployment; the nodes of a multi-node server other than rank 0 serve no API."""
-    benched = [r for r in results if r.value is not None or r.failed]
+    # A failed host has no value: bench_json reads only the sweeps there are.
+    benched = [
+        cast("HostResult[BenchResult]", r) for r in results if r.value is not None or r.failed
+    ]
     return hosts_document(benched, bench_json)
 
 
-def comparison_document(result: Comparison) -> dict[str, Any]:
+def comparison_document(result: Comparison) -> shapes.Comparison:
     return {
-        "runs": result.runs,
+        "runs": cast("dict[str, shapes.KeptSweep]", result.runs),  # as kept on their hosts
         "missing": result.missing,
         "errors": {n: explain(e)[0] for n, e in result.failed.items()},
         "unreadable": result.unreadable,
@@ -559,7 +623,8 @@ def tune_failure(result: TuneResult) -> dict[str, str]:
     return {"error": f"tune {result.outcome.value}: {why}", "code": code}
 
 
-def tune_plan_json(plan: TunePlan) -> dict[str, Any]:
+def tune_plan_json(plan: TunePlan) -> shapes.TunePlanShape:
+    estimate = plan.estimate()
     return {
         "deployment": plan.host.deployment,
         "phases": {
@@ -569,12 +634,15 @@ def tune_plan_json(plan: TunePlan) -> dict[str, Any]:
             }
             for phase, p in plan.plans.items()
         },
-        "params": plan.options.describe(),
-        **plan.estimate(),
+        "params": {**plan.options.describe()},
+        "launches": estimate["launches"],
+        "levels": estimate["levels"],
+        "estimated_s": estimate["estimated_s"],
+        "assumed": estimate["assumed"],
     }
 
 
-def tune_plan_document(plans: Sequence[TunePlan]) -> dict[str, Any]:
+def tune_plan_document(plans: Sequence[TunePlan]) -> shapes.PerHost[shapes.TunePlanShape]:
     from deployctl.fanout import HostResult
 
     return hosts_document((HostResult(p.host, p) for p in plans), tune_plan_json)
@@ -659,7 +727,7 @@ def rollout_unit(plan: UnitPlan, done: Mapping[str, UnitResult]) -> shapes.Rollo
     return {**unit, **unit_result_json(done[plan.name])}
 
 
-def canary_document(report: CanaryReport) -> dict[str, Any]:
+def canary_document(report: CanaryReport) -> shapes.Canary:
     """The canary's record (as kept on the router's host), its units' plans and results."""
     from deployctl.ops.canary import canary_record
 
@@ -668,7 +736,7 @@ def canary_document(report: CanaryReport) -> dict[str, Any]:
     return {
         "ok": report.ok,
         "dry_run": report.dry_run,
-        **canary_record(report, done=True),
+        **canary_fields(canary_record(report, done=True)),
         "already_current": report.plan.already_current,
         "not_judged": report.plan.not_judged,
         "units": [rollout_unit(p, done) for p in plans],
@@ -676,7 +744,41 @@ def canary_document(report: CanaryReport) -> dict[str, Any]:
     }
 
 
-def tune_live_document(report: LiveReport) -> dict[str, Any]:
+def canary_fields(record: CanaryRecord) -> shapes.CanaryFields:
+    """A canary's record as its document types it: its states, verdict and steps are the
+    words canary_record writes (the protocol keeps them as strings)."""
+    from deployctl.ops.canary import Decision
+
+    decision = record["decision"]
+    return {
+        "canary": record["canary"],
+        "router": record["router"],
+        "state": cast("shapes.CanaryState", record["state"]),
+        "started_at": record["started_at"],
+        "updated_at": record["updated_at"],
+        "candidates": record["candidates"],
+        "controls": record["controls"],
+        "metric": CanaryMetric(record["metric"]),
+        "max_regression": record["max_regression"],
+        "confidence": record["confidence"],
+        "verdict": cast("shapes.CanaryVerdict | None", record["verdict"]),
+        "estimate": record["estimate"],
+        "low": record["low"],
+        "high": record["high"],
+        "samples": record["samples"],
+        "buckets": [{**b} for b in record["buckets"]],
+        "reason": record["reason"],
+        "decision": None if decision is None else Decision(decision),
+        "elapsed_s": record["elapsed_s"],
+        "interrupted": record["interrupted"],
+        "steps": [
+            {**step, "step": cast("shapes.CanaryStepKind", step["step"])}
+            for step in record["steps"]
+        ],
+    }
+
+
+def tune_live_document(report: LiveReport) -> shapes.TuneLive:
     """A live window: the two replicas, each bucket's speculative ÷ plain gain with its
     interval, the live crossover, the policies raced, and what was done after."""
     crossover = report.crossover
@@ -694,11 +796,11 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
         "speculative": plan.speculative.name if plan.speculative else None,
         "plain": plan.plain.name if plan.plain else None,
         "others": plan.others,
-        "decision": report.decision,
+        "decision": cast("LiveDecision", report.decision),  # set once the window ended
         "reason": report.reason,
         "elapsed_s": round(report.elapsed_s, 1),
         "precision": {"buckets": report.options.precision, "reached": report.precise},
-        "samples": report.samples,
+        "samples": {"speculative": report.samples["speculative"], "plain": report.samples["plain"]},
         "buckets": live_buckets_json(report.intervals, crossover),
         "crossover": None if crossover is None else crossover_json(crossover),
         "threshold": report.threshold,
@@ -707,7 +809,7 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
         if inventory is None or crossover is None
         else crossover.judge(inventory),
         "race": None if report.race is None else race_json(report.race, report),
-        "kept": None if report.kept is None else str(report.kept),
+        "kept": report.kept,
         "units": units([plan.speculative, plan.plain]),
         "actions": [{**unit_result_json(a), "unit": a.name} for a in report.actions],
         "window": report.window,
@@ -717,14 +819,14 @@ def tune_live_document(report: LiveReport) -> dict[str, Any]:
 
 def live_buckets_json(
     intervals: Sequence[BucketInterval], crossover: LiveCrossover | None
-) -> list[dict[str, Any]]:
+) -> list[shapes.LiveBucket]:
     """Each bucket's speculative ÷ plain gain (the intervals hold worse-ratios, plain ÷
     speculative), its interval, the smallest gain it could tell, and its verdict."""
 
     def gain(worse: float | None) -> float | None:
         return None if worse is None else round(1 / worse, 4)
 
-    def verdict(bucket: int) -> str:
+    def verdict(bucket: int) -> shapes.BucketVerdict:
         if crossover is not None and bucket in crossover.wins:
             return "win"
         return "loss" if crossover is not None and bucket in crossover.losses else "undecided"
@@ -733,7 +835,7 @@ def live_buckets_json(
         {
             "bucket": i.bucket,
             "samples": i.samples,
-            "gain": gain(i.ratio),
+            "gain": round(1 / i.ratio, 4),
             "low": gain(i.high),
             "high": gain(i.low),
             # The interval's half-width as a ratio: the smallest gain it can tell from 1.
@@ -744,7 +846,7 @@ def live_buckets_json(
     ]
 
 
-def crossover_json(crossover: LiveCrossover) -> dict[str, Any]:
+def crossover_json(crossover: LiveCrossover) -> shapes.LiveCrossover:
     return {
         "last_win": crossover.last_win,
         "first_loss": crossover.first_loss,
@@ -755,7 +857,7 @@ def crossover_json(crossover: LiveCrossover) -> dict[str, Any]:
     }
 
 
-def live_record_json(record: LiveRecord) -> dict[str, Any]:
+def live_record_json(record: LiveRecord) -> shapes.LiveRecord:
     """A kept live window without its raw samples (their count per side instead), its
     buckets judged from them (one that ended: as its end look judged them), and its
     crossover."""
@@ -763,27 +865,43 @@ def live_record_json(record: LiveRecord) -> dict[str, Any]:
 
     intervals = rejudge(record)
     crossover = live_crossover(intervals, record_sizes(record))
-    sides = ("speculative", "plain")
-    return {
-        **{k: v for k, v in record.items() if k != "samples"},
-        "samples": {side: sum(s["side"] == side for s in record["samples"]) for side in sides},
+    counted = {side: sum(s["side"] == side for s in record["samples"]) for side in ("speculative", "plain")}  # fmt: skip
+    document: shapes.LiveRecord = {
+        "window": record["window"],
+        "router": record["router"],
+        "state": cast("Literal['running', 'done']", record["state"]),
+        "started_at": record["started_at"],
+        "updated_at": record["updated_at"],
+        "speculative": record["speculative"],
+        "plain": record["plain"],
+        "confidence": record["confidence"],
+        "resumed": record["resumed"],
+        "samples": {"speculative": counted["speculative"], "plain": counted["plain"]},
+        "decision": record["decision"],
+        "threshold": record["threshold"],
+        "elapsed_s": record["elapsed_s"],
         "buckets": live_buckets_json(intervals, crossover),
         "crossover": crossover_json(crossover),
     }
+    if "sizes" in record:
+        document["sizes"] = record["sizes"]
+    if "end_look" in record:
+        document["end_look"] = {**record["end_look"]}
+    return document
 
 
 def kept_live_json(kept: Kept[LiveRecord]) -> dict[str, Any]:
-    found = kept_json(kept)
+    found = kept_json(kept)  # the record as the kept document shows it
     if kept.record is not None:
         found["record"] = live_record_json(kept.record)
     return found
 
 
-def race_json(race: RaceResult, report: LiveReport) -> dict[str, Any]:
+def race_json(race: RaceResult, report: LiveReport) -> shapes.PolicyRace:
     """The policies raced: each bucket's values and winner, the traffic-weighted winner."""
     overall = race.overall
     return {
-        "policies": list(race.policies),
+        "policies": [SpeculationPolicy(p) for p in race.policies],
         "replicas": [r.name for r in report.race_split],
         "buckets": [
             {
@@ -822,26 +940,39 @@ def rollout_document(report: RolloutReport) -> shapes.Rollout:
 # ---- init ----------------------------------------------------------------------------------
 
 
-def survey_json(survey: HostSurvey) -> dict[str, Any]:
+def survey_json(survey: HostSurvey) -> shapes.SurveyFields:
     return {
         "hostname": survey.hostname,
         "user": survey.user,
-        "gpus": [g.to_json() for g in survey.gpus],
+        "gpus": [gpu_json(g) for g in survey.gpus],
         "gpu_error": survey.gpu_error,
         "islands": survey.topology.islands() if survey.topology else None,
         "topology_error": survey.topology_error,
-        "sglang": [dataclasses.asdict(found) for found in survey.sglang],
+        "sglang": [
+            {
+                "python": found.python,
+                "python_version": found.python_version,
+                "version": found.version,
+                "site": found.site,
+                "patches": found.patches,
+            }
+            for found in survey.sglang
+        ],
         "pythons": [{"python": p, "version": v} for p, v in survey.pythons],
-        "deployments": [dataclasses.asdict(d) for d in survey.deployments()],
+        "deployments": [
+            {"name": d.name, "gpus": d.gpus, "tp": d.tp, "port": d.port, "why": d.why}
+            for d in survey.deployments()
+        ],
         "ports": survey.ports,
         "models": survey.models,
         "sbatch": survey.sbatch,
     }
 
 
-def init_document(report: InitReport) -> dict[str, Any]:
+def init_document(report: InitReport) -> shapes.Init:
+    hosts = hosts_document(report.results, survey_json)["hosts"]
     return {
-        **hosts_document(report.results, survey_json),
+        "hosts": {name: entry for name, entry in hosts.items()},  # no deployments in init
         "path": str(report.path),
         "written": report.written,
         "backup": None if report.backup is None else str(report.backup),

@@ -1250,7 +1250,7 @@ def _tune_live(report: LiveReport) -> None:
         print_error(doc["reason"], host=router)
 
 
-def _live_crossover(doc: dict[str, Any]) -> None:
+def _live_crossover(doc: Mapping[str, Any]) -> None:
     title = (
         f"{doc['router']}: tune --live ({doc['decision']}): {doc['speculative']} with "
         f"speculation, {doc['plain']} without, {doc['elapsed_s']:g}s, "
@@ -1273,8 +1273,8 @@ def _live_crossover(doc: dict[str, Any]) -> None:
 
 
 def _live_buckets(
-    title: str, buckets: list[dict[str, Any]], crossover: dict[str, Any] | None
-) -> dict[str, Any] | None:
+    title: str, buckets: Sequence[Mapping[str, Any]], crossover: Mapping[str, Any] | None
+) -> Mapping[str, Any] | None:
     """Each bucket's gain and verdict, then what the crossover says; the crossover."""
     rows = [
         [
@@ -1327,7 +1327,7 @@ KEPT_LIVE: View[FleetResult[Kept[LiveRecord]]] = View(
 )
 
 
-def _live_race(doc: dict[str, Any]) -> None:
+def _live_race(doc: Mapping[str, Any]) -> None:
     race = doc["race"]
     policies = race["policies"]
     title = (
@@ -1410,7 +1410,7 @@ KEPT_TUNES: View[FleetResult[Kept[TuneRecord]]] = View(
 STREAMED: View[Any] = View(lambda _: None, lambda _: None)
 
 # One line of news (`dashboard --new-token`): printed, or `{"note": …}`.
-NOTE: View[str] = View(print, lambda text: {"note": text})
+NOTE: View[str] = View(print, docs.note_document)
 
 
 # ---- rollout ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Literal
 
 from deployctl import agent
 from deployctl import events as ev
@@ -67,6 +68,12 @@ from deployctl.render import ADAPTIVE_FLAG
 # the pooled estimate the progress line shows.
 LIVE_MARGIN = 0.03
 
+# What a window's crossover says of speculation, what it says of a threshold set elsewhere, and
+# how the window ended: the words `tune --live --json` has (its schema's enums).
+Speculation = Literal["threshold", "never", "always", "undecided"]
+ThresholdVerdict = Literal["agrees", "too high", "too low"]
+LiveDecision = Literal["promoted", "reported", "failed", "interrupted"]
+
 
 # ---- the live crossover (pure) ---------------------------------------------------------------
 
@@ -98,7 +105,7 @@ class LiveCrossover:
         return self.last_win if self.first_loss is not None else None
 
     @property
-    def speculation(self) -> str:
+    def speculation(self) -> Speculation:
         """ "threshold" (wins, then loses), "never", "always" (as far as the traffic went), or
         "undecided"."""
         if self.last_win is not None and self.first_loss is not None:
@@ -117,7 +124,7 @@ class LiveCrossover:
             return None
         return bucket_index(self.first_loss, self.sizes) - bucket_index(self.last_win, self.sizes)
 
-    def judge(self, threshold: int) -> str | None:
+    def judge(self, threshold: int) -> ThresholdVerdict | None:
         """A threshold set elsewhere (a synthetic tune's) against this traffic: "too high"
         (it speculates at a bucket speculation lost), "too low" (it stops below a bucket
         speculation won), "agrees", or None when nothing was decided."""
@@ -203,7 +210,7 @@ class LiveReport:
     race_split: list[UnitResult] = field(default_factory=list)
     race: RaceResult | None = None
     kept: SpeculationPolicy | None = None  # what serves after (promoted, or would be)
-    decision: str = ""  # "promoted", "reported", "failed", "interrupted"
+    decision: LiveDecision | Literal[""] = ""  # "": the window has not ended
     reason: str = ""
     actions: list[UnitResult] = field(default_factory=list)  # the promotion's or put-back's
     elapsed_s: float = 0.0
