@@ -976,8 +976,7 @@ def test_a_latency_bound_finds_the_highest_concurrency_that_meets_it(
 ) -> None:
     """Per output token the plain server takes 30 + 0.3 b ms: within 34.5 ms up to b = 15
     (the speculative one only up to b = 7, where speculation still wins anyway). 20 misses
-    the bound by more than the noise (16, 0.3 ms over it, would be measured 3 times on each
-    server). --min-ratio 0: the tuned run's throughput is not what is pinned here."""
+    the bound by more than the noise. --min-ratio 0: the tuned run's throughput is not what is pinned here."""
     model = QUICK_MODEL
     inv = hosts.inventory(
         tmp_path / "inv.yml", ["charlie"], {"charlie": adaptive_host(hosts, "charlie", model)}
@@ -1001,8 +1000,11 @@ def test_a_latency_bound_finds_the_highest_concurrency_that_meets_it(
     assert entry["threshold"] == 4, verdicts(entry)  # QUICK's: not narrowed down
     per_token = {lv["concurrency"]: per_token_ms(lv) for lv in entry["phases"]["tuned"]["levels"]}
     # Past T the tuned run is plain: 30 + 0.3 b ms a token, 34.5 at 15, plus the stand-in's
-    # own overhead (0.3-1 ms a token, more on a busy machine), so the edge is where measured.
+    # own overhead (0.3-1 ms a token), so the edge is where measured. On a busy machine the
+    # load's streams fall behind, the server holds fewer than the level's requests and the edge
+    # moves up (16 measured 34.19 ms once, beside a busy loop per core and more): below 20,
+    # which misses the bound by 1.5 ms, the level that is measured at all is what is pinned.
     capacity = entry["capacity"]
-    assert 6 < capacity < 16, per_token
+    assert 6 < capacity < 20, (capacity, per_token)
     # Narrowed down to adjacent levels on the tuned run: one meets the bound, the next not.
     assert per_token[capacity] <= 34.5 < per_token[capacity + 1], per_token
