@@ -53,8 +53,8 @@ class UnitLauncher(Launcher):
         return "" if placed is None else f"unit {placed['id']} {placed['state']}"
 
 
-def unit(name: str, state: str, exit_code: str = "") -> Placement:
-    return {"id": name, "state": state, "reason": "", "nodes": [], "head": "",
+def unit(name: str, state: str, head: str, exit_code: str = "") -> Placement:
+    return {"id": name, "state": state, "reason": "", "nodes": [], "head": head,
             "time_left": None, "exit_code": exit_code}  # fmt: skip
 
 
@@ -79,17 +79,19 @@ class UnitHostLauncher:
 
     def __init__(self) -> None:
         self.units: dict[str, subprocess.Popen[bytes]] = {}
+        self.heads: dict[str, str] = {}  # where each unit's server answers: its bind_host
         self.numbers = itertools.count(1)
 
     def state(self, name: str) -> Placement:
-        proc = self.units.get(name)
+        proc, head = self.units.get(name), self.heads.get(name, "")
         if proc is None:
-            return unit(name, "unknown")
+            return unit(name, "unknown", head)
         code = proc.poll()
-        return unit(name, "active") if code is None else unit(name, "inactive", f"{code}:0")
-
-    def owns_run(self, run: RunRecord) -> bool:
-        return run.get("launcher") == self.kind
+        return (
+            unit(name, "active", head)
+            if code is None
+            else unit(name, "inactive", head, f"{code}:0")
+        )
 
     def placement_ref(self, state_dir: str, run: RunRecord) -> PlacementRef | None:
         return placement_ref(self.kind, state_dir, run, run["job"])
@@ -105,9 +107,10 @@ class UnitHostLauncher:
             stdout=log_fd, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO, env=env,
         )  # fmt: skip
         os.close(log_fd)
+        self.heads[name] = args["run"]["bind_host"]
         return cast(RunRecord, {
             **args["run"], "id": run_id, "log": log_path, "pid": 0, "pgid": 0, "sid": 0,
-            "started_at": time.time(), "status": "running", "job": unit(name, "active"),
+            "started_at": time.time(), "status": "running", "job": self.state(name),
         })  # fmt: skip
 
     def watch(self, args: PollArgs) -> UnitWatch:

@@ -35,8 +35,10 @@ def test_a_launcher_added_through_the_registries_alone_launches_reports_and_stop
         launched = document("launch", "--timeout", "60")
         assert launched["state"] == "ready" and launched["job"]["id"] == "unit-1"  # type: ignore[index]
         assert units.state("unit-1")["state"] == "active"
-        status = document("status")
+        status = document("status", "--metrics")
         assert status["alive"] and status["ready"], status
+        # The server is read where its placement says it answers (its bind_host here).
+        assert status["metrics"] and not status.get("metrics_note"), status
         assert status["job"]["id"] == "unit-1" and status["job"]["state"] == "active"  # type: ignore[index]
         # Its placements in a table of their own, titled by the launcher.
         assert run(["status", "-i", str(inv)]) == 0
@@ -44,5 +46,6 @@ def test_a_launcher_added_through_the_registries_alone_launches_reports_and_stop
         assert "units" in shown and "unit-1" in shown, shown
         stopped = document("stop")
         assert stopped["job"]["state"] == "inactive", stopped  # type: ignore[index]
+        assert stopped["shutdown"] == "drained" and stopped["note"] == "", stopped
         assert units.state("unit-1")["state"] == "inactive"
         assert document("status")["alive"] is False

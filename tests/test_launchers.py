@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import cast
 
+import pytest
+
+from deployctl import launchers
+from deployctl.errors import DeployctlError
+from deployctl.remote import launchers as host_launchers
+from deployctl.remote.files import CallFailed
+from deployctl.remote.protocol import RunRecord
 from tests.sources import parse_file
 
 PACKAGE = Path(__file__).resolve().parent.parent / "deployctl"
@@ -18,6 +26,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "deployctl"
 LAUNCHER_MODULES = {
     *(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "launchers").rglob("*.py")),
     "remote/launchers.py",
+    "remote/placements.py",
     "remote/processes.py",
     "remote/slurm_jobs.py",
 }
@@ -149,3 +158,33 @@ def test_the_launcher_modules_exist_and_each_allowed_question_is_still_asked() -
         name, _, code = allowed.partition(": ")
         asked = questions(parse_file(PACKAGE / name))
         assert code in {c for _, c in asked}, allowed
+
+
+# Which launcher started a run, read from its record alike on both sides of the wire.
+OLD_JOB = {"id": "r1", "job": {"id": "42"}}  # a Slurm job's record from before `launcher`
+
+
+@pytest.mark.parametrize(
+    ("record", "kind"),
+    [
+        ({"id": "r1", "launcher": "slurm", "job": {"id": "42"}}, "slurm"),
+        (OLD_JOB, "slurm"),
+        ({"id": "r1", "launcher": "ssh"}, "ssh"),
+        ({"id": "r1", "pid": 7}, "ssh"),  # a process group's record from before `launcher`
+    ],
+    ids=["slurm", "older slurm", "process", "older process"],
+)
+def test_both_sides_route_a_record_to_the_launcher_that_started_it(
+    record: dict[str, object], kind: str
+) -> None:
+    assert launchers.launcher_of(record).kind == kind
+    assert host_launchers.launcher_of(cast(RunRecord, record)).kind == kind
+
+
+def test_a_record_of_a_launcher_this_side_lacks_is_refused_not_taken_for_a_process() -> None:
+    record = {"id": "r1", "launcher": "unit", "job": {"id": "unit-1"}}
+    with pytest.raises(DeployctlError, match=r"started by launcher 'unit'") as error:
+        launchers.launcher_of(record)
+    assert error.value.hint and "ssh" in error.value.hint
+    with pytest.raises(CallFailed, match=r"no launcher 'unit'"):
+        host_launchers.launcher_of(cast(RunRecord, record))

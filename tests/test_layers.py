@@ -165,7 +165,7 @@ def test_the_host_agent_imports_only_the_standard_library_and_itself() -> None:
 
 # The protocol's declarations, one module per concern: the wire (`protocol`), what is
 # measured and kept (`measures`), a router's list and locks (`routing`), patch records and
-# calls (`patch_types`) and how a server's command is read (`server_argv`, by the host's flag
+# calls (`patch_types`), the launchers' shared words (`placements`) and how a server's command is read (`server_argv`, by the host's flag
 # check and by deployctl alike). The client and presentation import only these.
 PROTOCOL = {
     f"{REMOTE}.protocol",
@@ -173,6 +173,7 @@ PROTOCOL = {
     f"{REMOTE}.patch_types",
     f"{REMOTE}.routing",
     f"{REMOTE}.server_argv",
+    f"{REMOTE}.placements",
 }
 
 

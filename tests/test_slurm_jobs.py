@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deployctl.remote.protocol import STEP_DRAINS
+from deployctl.remote.placements import STEP_DRAINS
 from tests import streamed
 from tests.conftest import CLI
 from tests.slurm_cluster import NODE_ADDRESSES, SlurmCluster

@@ -12,9 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from deployctl.choices import LAUNCH_KINDS, LaunchKind
+from deployctl.errors import DeployctlError
 from deployctl.launchers.base import Launcher, Lease, ServerCommand
 from deployctl.launchers.process import ProcessLauncher
 from deployctl.launchers.slurm import SlurmJobLauncher
+from deployctl.remote.placements import launcher_kind
 from deployctl.settings import Settings
 
 __all__ = [
@@ -53,6 +55,13 @@ def launcher_for(settings: Settings) -> Launcher:
 def launcher_of(run: Mapping[str, Any] | None) -> Launcher:
     """The launcher that started a recorded (or live) run; no run: the default's verbs,
     which add nothing."""
-    owners = (launcher for kind, launcher in LAUNCHERS.items() if kind != DEFAULT)
-    found = None if run is None else next((o for o in owners if o.owns(run)), None)
-    return found or LAUNCHERS[DEFAULT]
+    if run is None:
+        return LAUNCHERS[DEFAULT]
+    kind = launcher_kind(run) or DEFAULT
+    if kind not in LAUNCHERS:
+        raise DeployctlError(
+            f"run {run.get('id', '?')} was started by launcher {kind!r}, which this deployctl "
+            "does not have",
+            hint=f"use the deployctl that started it (this one has: {', '.join(LAUNCHERS)})",
+        )
+    return LAUNCHERS[kind]

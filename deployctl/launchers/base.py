@@ -69,10 +69,6 @@ class Launcher:
     placements_title = "placements"
     placement_word = "placement"
 
-    def owns(self, run: Mapping[str, Any]) -> bool:
-        """Did this launcher start the recorded (or live) run?"""
-        return bool(run.get("launcher") == self.kind)
-
     def template_context(self, settings: Settings) -> dict[str, Any]:
         """What a template sees besides the host's variables (a job's node rank, …)."""
         return {}
@@ -100,14 +96,14 @@ class Launcher:
         return Findings()
 
     def answers_at(self, run: Mapping[str, Any], placed: Placement | None) -> str:
-        """Where the run's server answers, from the host that launched it ("": not known
-        yet, not placed)."""
+        """Where the run's server answers, from the host that launched it: its placement's
+        head ("": not known yet), or its `bind_host` when it has none."""
         return answers_at(str(run["bind_host"]), placed)
 
     def head(self, placed: Placement | None) -> str:
         """The address its router reaches it at when that is not the host's ("": the
         host's, or `worker_url`)."""
-        return placed["head"] if placed is not None else ""
+        return "" if self.address_known_at_start or placed is None else placed["head"]
 
     def handle(self, run: Mapping[str, Any]) -> str:
         """How people find a run: `pid 4321`, `job 1234`."""

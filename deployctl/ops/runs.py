@@ -858,7 +858,7 @@ def stop_run(
         return StopResult(None, [], [], None, "no run recorded")
     if doc["left"]:
         raise DeployctlError(f"{host.label}: processes {doc['left']} survived SIGKILL")
-    note = "" if doc["ended"] else "was not running"
+    note = "" if doc["ended"] or doc["shutdown"] is not None else "was not running"
     ended = functools.partial(
         StopResult, run["id"], shutdown=doc["shutdown"], shutdown_s=doc["shutdown_s"],
         placement=doc["placement"],

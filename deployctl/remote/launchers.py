@@ -4,8 +4,8 @@ and its preflight `facts` — and this module is the one place that says which l
 run, a start or a poll is (SkyPilot's `sky/provision/__init__.py` routes the same way).
 
 A start names its launcher by kind (`StartArgs.launcher`), a poll of a placed run by its
-placement (`PlacementRef.launcher`), a record by its `launcher` (older records: whichever
-launcher owns it). A third launcher is a module beside `processes.py` and `slurm_jobs.py`
+placement (`PlacementRef.launcher`), a record by its `launcher` (`launcher_kind`: an older
+record names none). A third launcher is a module beside `processes.py` and `slurm_jobs.py`
 with one class, and its `register` in `LAUNCHERS` below."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from .files import fail
+from .placements import launcher_kind
 from .processes import ProcessLauncher
 from .protocol import (
     LiveRunOrigin,
@@ -35,9 +36,7 @@ class Watch(Protocol):
 
 
 class HostLauncher(Protocol):
-    kind: str  # its `launcher` setting's value: the key its starts and placements name
-
-    def owns_run(self, run: RunRecord) -> bool: ...
+    kind: str  # its `launcher` setting's value: the key its starts, records and placements name
 
     def placement_ref(self, state_dir: str, run: RunRecord) -> PlacementRef | None:
         """What a poll of the run names besides its processes (its placement)."""
@@ -56,8 +55,8 @@ class HostLauncher(Protocol):
     ) -> StopReply: ...
 
 
-# By kind. The process launcher is the default: it owns any run no other launcher claims
-# (older records too), and every poll that names no placement.
+# By kind. The process launcher is the default: it started any record that names no launcher
+# (but an older Slurm job's: `launcher_kind`), and every poll that names no placement.
 LAUNCHERS: dict[str, HostLauncher] = {}
 DEFAULT = ProcessLauncher.kind
 
@@ -71,9 +70,8 @@ register(SlurmJobLauncher())
 
 
 def launcher_of(run: RunRecord) -> HostLauncher:
-    """The launcher that started a recorded run."""
-    owners = (launcher for kind, launcher in LAUNCHERS.items() if kind != DEFAULT)
-    return next((launcher for launcher in owners if launcher.owns_run(run)), LAUNCHERS[DEFAULT])
+    """The launcher that started a recorded run (one this agent lacks: the host's error)."""
+    return _by_kind(launcher_kind(run) or DEFAULT)
 
 
 def _by_kind(kind: str) -> HostLauncher:

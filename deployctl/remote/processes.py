@@ -85,13 +85,10 @@ class ProcessWatch:
 
 
 class ProcessLauncher:
-    """Servers as process groups on this host (`launcher: ssh`): registered last, it owns
-    every run no other launcher claims, and every poll that names no placement."""
+    """Servers as process groups on this host (`launcher: ssh`): the default launcher, of
+    every record that names no other and every poll that names no placement."""
 
     kind = "ssh"
-
-    def owns_run(self, run: RunRecord) -> bool:
-        return True
 
     def placement_ref(self, state_dir: str, run: RunRecord) -> PlacementRef | None:
         return None

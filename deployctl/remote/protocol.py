@@ -277,14 +277,14 @@ class Placement(TypedDict):
     state: str  # in the launcher's words (Slurm's PENDING, RUNNING, COMPLETED, …); UNKNOWN
     reason: str  # why it waits (Slurm's Resources, Priority, BeginTime…); "" otherwise
     nodes: list[str]  # the machines it runs on, the first one the head
-    head: str  # the head's address: where the server answers ("" until it is known)
+    head: str  # where the server answers ("" until known; its bind_host if on the host)
     time_left: float | None  # seconds to its time limit; None: no limit, or not running
     exit_code: str  # "code:signal" once it ended; "" before
 
 
 class PlacedRecord(TypedDict, total=False):
     launcher: str  # the kind of launcher that started it; older records lack it
-    job: Placement  # a placed run's last known placement (older records name a job's so)
+    job: Placement  # a placed run's last known placement (the key records have always had)
 
 
 class RunRecord(RunInfo, LeaderIdentity, PlacedRecord):
@@ -436,27 +436,6 @@ LOCK_PREFIX = "lock"
 
 
 POINTER = "current"
-
-
-# On a login node (`launcher: slurm`) a run is a batch job: sbatch starts it, squeue (then
-# sacct, once slurmctld has forgotten it) says whether it lives, and its server answers on
-# the head node. The state it ended in is kept in its record: MinJobAge purges it from
-# slurmctld, and a cluster need not keep accounting.
-
-# A stop signals a job's steps with this (`scancel --signal`); a batch script whose step
-# supervisor turns it into SGLang's drain says so in this line (an older script's step would
-# die of it: its job gets SIGTERM, every process at once).
-STOP_SIGNAL = "USR2"
-STEP_DRAINS = f"# deployctl: a stop's scancel --signal={STOP_SIGNAL} drains the server"
-
-# States in which a job holds (or waits for) its allocation.
-ACTIVE_JOB_STATES = frozenset(
-    {
-        "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-        "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED",
-        "RESV_DEL_HOLD",
-    }
-)  # fmt: skip
 
 
 class TuneLockArgs(TypedDict):

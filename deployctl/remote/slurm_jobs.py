@@ -12,12 +12,10 @@ import time
 from typing import cast
 
 from .files import fail, read_json, state_path, write_atomic, write_json
+from .placements import ACTIVE_JOB_STATES, SLURM, STEP_DRAINS, STOP_SIGNAL
 from .protocol import (
-    ACTIVE_JOB_STATES,
     SHUTDOWN_CUT,
     SHUTDOWN_DRAINED,
-    STEP_DRAINS,
-    STOP_SIGNAL,
     LiveRunOrigin,
     Placement,
     PlacementRef,
@@ -301,11 +299,7 @@ def _changed(before: Placement | None, now: Placement) -> bool:
 class SlurmJobLauncher:
     """Servers as Slurm batch jobs from this login node (`launcher: slurm`)."""
 
-    kind = "slurm"
-
-    def owns_run(self, run: RunRecord) -> bool:
-        # A job's record names its job (and, since records name their launcher, this one).
-        return run.get("launcher", self.kind) == self.kind and "job" in run
+    kind = SLURM
 
     def placement_ref(self, state_dir: str, run: RunRecord) -> PlacementRef | None:
         return placement_ref(self.kind, state_dir, run, run["job"])

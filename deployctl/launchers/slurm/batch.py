@@ -17,11 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deployctl.errors import TemplateError
-from deployctl.remote.protocol import (
-    ACTIVE_JOB_STATES,
-    STEP_DRAINS,
-    Placement,
-)
+from deployctl.remote.placements import ACTIVE_JOB_STATES, STEP_DRAINS
+from deployctl.remote.protocol import Placement
 from deployctl.settings import Settings
 from deployctl.shell import quote
 

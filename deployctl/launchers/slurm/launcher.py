@@ -4,7 +4,7 @@ remote/slurm_jobs.py."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from deployctl.choices import LaunchKind
@@ -33,11 +33,6 @@ class SlurmJobLauncher(Launcher):
     trusts_ready_line = False
     placements_title = "Slurm jobs"
     placement_word = "job"
-
-    def owns(self, run: Mapping[str, Any]) -> bool:
-        # A job's record names its job (older records do not name their launcher).
-        kind = run.get("launcher")
-        return kind == self.kind or (kind is None and "job" in run)
 
     def template_context(self, settings: Settings) -> dict[str, Any]:
         return template_context(settings)
