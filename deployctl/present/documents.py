@@ -972,7 +972,7 @@ def survey_json(survey: HostSurvey) -> shapes.SurveyFields:
 def init_document(report: InitReport) -> shapes.Init:
     hosts = hosts_document(report.results, survey_json)["hosts"]
     return {
-        "hosts": {name: entry for name, entry in hosts.items()},  # no deployments in init
+        "hosts": dict(hosts),  # init's hosts have no deployments: the entries as they are
         "path": str(report.path),
         "written": report.written,
         "backup": None if report.backup is None else str(report.backup),

@@ -1,4 +1,5 @@
-"""The typed documents of bench --suggest-threshold.
+"""The typed documents of `deployctl bench --json`: a sweep, `--compare` and
+`--suggest-threshold`.
 
 No `from __future__ import annotations` (see the package's docstring).
 """

@@ -31,18 +31,19 @@ class Registration(TypedDict):
 
 
 class Job(TypedDict):
-    """The Slurm job this run is (launcher: slurm), as last seen: squeue, else sacct, else its record."""
+    """Where its launcher placed this run, as last seen (a Slurm job: squeue, else sacct, else its record)."""
 
-    id: str
+    id: Annotated[str, "Its launcher's handle of it (a Slurm job's id)"]
     state: Annotated[
         str,
-        "Slurm's job state: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, …; UNKNOWN when Slurm no longer knows it",
+        "In its launcher's words; a Slurm job's state: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, PREEMPTED, …; UNKNOWN when Slurm no longer knows it",
     ]
     reason: Annotated[
-        str, "Why a pending job waits (Resources, Priority, BeginTime, …); empty otherwise"
+        str,
+        "Why it waits (a pending Slurm job's Resources, Priority, BeginTime, …); empty otherwise",
     ]
     nodes: Annotated[list[str], "Its nodes, the head first"]
-    head: Annotated[str, "The head node's address (NodeAddr): where the server answers"]
+    head: Annotated[str, "Where the server answers (a Slurm job's head node's NodeAddr)"]
     time_left_s: Annotated[
         float | None, "Seconds to its time limit; null without one or when not running"
     ]

@@ -1,4 +1,5 @@
-"""The typed documents of `deployctl tune --live --json`: a live window, the policies raced,
+"""The typed documents of `deployctl tune --json`: a tune record with its phases, a
+`--dry-run` plan and a kept lookup; and of `tune --live`: a live window, the policies raced,
 and a kept window as `--report` judges it again.
 
 No `from __future__ import annotations` (see the package's docstring).
