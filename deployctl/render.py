@@ -45,7 +45,7 @@ class RenderedCommand:
     threshold_mode: ThresholdMode | None = (
         None  # how the threshold reaches SGLang (None: no threshold)
     )
-    job_script: str = ""  # a Slurm job's batch script, masked (`launcher: slurm`); "" otherwise
+    launcher_script: str = ""  # its launcher's wrapper (a Slurm batch script), masked; "" if none
 
     @property
     def command(self) -> str:
@@ -74,8 +74,8 @@ class RenderedCommand:
     def display_lines(self) -> str:
         """`KEY=value` lines (shell-quoted, masked), then the command: what `render` shows;
         a Slurm job's batch script, which holds both."""
-        if self.job_script:
-            return self.job_script.rstrip("\n")
+        if self.launcher_script:
+            return self.launcher_script.rstrip("\n")
         lines = [f"{name}={shlex.quote(value)}" for name, value in self.env_shown.items()]
         return "\n".join([*lines, self.display])
 

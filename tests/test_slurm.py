@@ -284,7 +284,7 @@ def test_the_script_people_see_masks_secrets_and_the_one_sbatch_gets_has_them() 
     argv = ["python3", "-m", "sglang.launch_server", "--api-key=s3cret-key"]
     rendered = RenderedCommand("baseline", None, argv, ("s3cret-key",), {"HF_TOKEN": "hf_abc"})
     plan = Plan(host, rendered, [])
-    shown, real = plan.batch_script(masked=True), plan.batch_script(masked=False)
+    shown, real = plan.launcher_script(masked=True), plan.launcher_script(masked=False)
     assert "s3cret-key" not in shown and "hf_abc" not in shown and "********" in shown
     assert "--api-key=s3cret-key" in real and "export HF_TOKEN=hf_abc" in real
 

@@ -128,9 +128,9 @@ def render_commands(
                     hint="change the template's values with --set, e.g. --set speculative_eagle_topk=1",
                 )
         # What the launcher is given (a batch script), shown wherever the command is.
-        script = Plan(host, rendered, []).batch_script(masked=True)
+        script = Plan(host, rendered, []).launcher_script(masked=True)
         if script is not None:
-            rendered = dataclasses.replace(rendered, job_script=script)
+            rendered = dataclasses.replace(rendered, launcher_script=script)
         return rendered
 
     return FleetResult(attempt(host, partial(render_one, host)) for host in hosts)
@@ -205,7 +205,7 @@ class Plan:
         """How the server starts (`launcher`): a process on the host, a Slurm job, …"""
         return launcher_for(self.host.settings)
 
-    def batch_script(self, masked: bool, max_used_mib: int = DEFAULT_MAX_USED_MIB) -> str | None:
+    def launcher_script(self, masked: bool, max_used_mib: int = DEFAULT_MAX_USED_MIB) -> str | None:
         """What the launcher is given instead of the command (a job's batch script): shown
         masked, or real for the host; None: the command runs as it is."""
         rendered = self.rendered

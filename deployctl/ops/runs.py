@@ -200,7 +200,7 @@ def start_run(
         "files": rendered.files,
         "lock_token": lock_token,
         "launcher": plan.launcher.kind,
-        "script": plan.batch_script(masked=False),
+        "script": plan.launcher_script(masked=False),
     }
     return agent.call(host, conn, agent.START, args)["run"]
 

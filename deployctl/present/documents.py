@@ -127,7 +127,7 @@ def rendered_json(rendered: RenderedCommand) -> shapes.RenderedFields:
         "env": rendered.env_shown,
         "threshold_mode": rendered.threshold_mode,
         "files": rendered.files,
-        "batch_script": rendered.job_script or None,
+        "batch_script": rendered.launcher_script or None,
     }
 
 
