@@ -46,7 +46,7 @@ class Flags(TypedDict):
     seconds: float
     problems: list[str]
     warnings: list[str]
-    hints: NotRequired[list[str]]
+    hints: list[str]
 
 
 class RenderedFields(TypedDict):
@@ -110,8 +110,8 @@ class ScanFields(TypedDict):
     size: int
     scanned_bytes: int
     crashes: list[CrashRecord]
-    healthy: NotRequired[bool]
-    warnings: NotRequired[list[CrashRecord]]
+    healthy: bool
+    warnings: list[CrashRecord]
 
 
 class Fleet(TypedDict):

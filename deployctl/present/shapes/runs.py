@@ -67,11 +67,9 @@ class StatusFields(TypedDict):
     # What one look at a run says, in `status`'s entries and in a multi-node server's nodes.
     run: str | None
     pid: int | None
-    state: NotRequired[
-        Annotated[
-            RunState | None,
-            "The run's state as this look saw it (ready, starting, crashed, stopped, …); null without a run.",
-        ]
+    state: Annotated[
+        RunState | None,
+        "The run's state as this look saw it (ready, starting, crashed, stopped, …); null without a run.",
     ]
     alive: bool
     ready: bool
@@ -80,11 +78,9 @@ class StatusFields(TypedDict):
     uptime_s: int | None
     log: str | None
     gpus: list[int] | None
-    mem_fraction_static: NotRequired[
-        Annotated[
-            float | None,
-            "The share of each of its GPUs' memory the server takes (--mem-fraction-static); null when its command sets none.",
-        ]
+    mem_fraction_static: Annotated[
+        float | None,
+        "The share of each of its GPUs' memory the server takes (--mem-fraction-static); null when its command sets none.",
     ]
     last_line: str
     crash: str | None
@@ -161,7 +157,7 @@ class Preflight(TypedDict):
 
     ready: bool
     problems: list[str]
-    hints: NotRequired[list[str]]
+    hints: list[str]
     warnings: list[str]
     flags: Flags | None
     command: str
