@@ -19,7 +19,9 @@ def test_a_launcher_added_through_the_registries_alone_launches_reports_and_stop
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     inv, env = local_host(tmp_path, {"startup_s": 0.3})
-    inv.write_text(inv.read_text() + "    launcher: unit\n")
+    # Bound off 127.0.0.1, so a server read anywhere but where its placement says it answers
+    # is not found.
+    inv.write_text(inv.read_text() + "    launcher: unit\n    bind_host: 127.0.0.2\n")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     answer_in_process(monkeypatch)
