@@ -262,10 +262,11 @@ def test_the_load_follows_its_schedule_and_completes_every_request(
     standin: Launch,  # noqa: F811 (the fixture)
 ) -> None:
     """2, then 8, then 4 streams, 2.5 s each: the server's running batch (num_running_reqs,
-    read every 0.1 s) is the schedule's in the second half of each step; the client never
-    has more in flight than the schedule asks when it starts one; every request is whole.
-    (With 1.5 s steps a run beside a busy loop per core read the batch only 3 times in the
-    8-stream step's second half, [4, 8, 7]: still ramping up.)"""
+    read every 0.1 s) reaches the schedule's in the second half of each step and never goes
+    past it; the client never has more in flight than the schedule asks when it starts one;
+    every request is whole. (Between a request's end and its successor's start the batch is
+    one less: beside a busy loop per core the 2-stream step's second half once read [1, 2,
+    1, 2]; with 1.5 s steps the 8-stream one read [4, 8, 7], still ramping up.)"""
     server = standin(None, "--enable-metrics", tp=1, knobs=knobs())
     server.wait_log(READY)
     schedule = [(2.5, 2), (2.5, 8), (2.5, 4)]
@@ -286,7 +287,7 @@ def test_the_load_follows_its_schedule_and_completes_every_request(
     for seconds, concurrency in schedule:
         # A request takes 0.45-0.6 s here: past the step's middle the batch is the new one.
         window = [n for t, n in seen if begin + seconds / 2 <= t - start <= begin + seconds - 0.1]
-        assert window and statistics.median(window) == concurrency, (concurrency, window)
+        assert window and max(window) == concurrency, (concurrency, window)
         begin += seconds
     assert max(n for _, n in seen) == 8
 
