@@ -1,6 +1,8 @@
 """A whole `tune --json` document from real SGLang 0.5.17 on the H200 (adaptive mode, CUDA
 graphs on, the 6.7 B accept-2 pair: tests/data/real-sglang-0.5.17/README.md), read back through
-tune's own search and views: what the engine measured must still decide what tune decided."""
+tune's own search and views: what the engine measured must still decide what tune decided.
+The document keeps one sample per level whole (the median one; of a level measured again, the
+others only as their throughputs), so the search here judges those."""
 
 from __future__ import annotations
 
@@ -59,9 +61,6 @@ def test_the_real_tuned_run_holds_the_better_curve_up_to_t_and_falls_short_only_
             assert row.envelope_ratio < 0.6 and row.below_min, c  # 0.574 and 0.545
         else:
             assert abs(row.envelope_ratio - 1) <= 0.03, c  # 1.003, 1.012, 0.999, 1.022
-    # Above T the tuned run was measured once: its off path, which more samples do not cure.
-    tuned = [lv["concurrency"] for lv in doc["phases"]["tuned"]["levels"]]
-    assert tuned.count(64) == tuned.count(128) == 1
 
     _tune_record(doc, "localhost")
     err = capsys.readouterr().err
@@ -75,7 +74,7 @@ def test_the_real_tuned_run_holds_the_better_curve_up_to_t_and_falls_short_only_
 def test_the_real_warm_up_figures_are_recomputed_from_the_real_samples() -> None:
     """Each level's warm-up, first sample's bias, spread and drift as tune reported them, from
     the level's own rounds (levels measured once: the document keeps only the median sample
-    of the others). EAGLE3's first samples read 8-33 % low: the warm-up tune discards."""
+    of the others)."""
     doc = tune_document()
     checked = 0
     for name, phase in doc["phases"].items():
@@ -86,5 +85,3 @@ def test_the_real_warm_up_figures_are_recomputed_from_the_real_samples() -> None
             assert level_figures([level]) == pytest.approx(phase["per_level"][c]), (name, c)
             checked += 1
     assert checked >= 12
-    biases = [f["first_sample_bias"] for f in doc["phases"]["speculative"]["per_level"].values()]
-    assert all(-0.35 < b < -0.05 for b in biases), biases

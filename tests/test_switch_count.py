@@ -30,3 +30,9 @@ def test_each_tp_rank_is_counted_apart_and_other_lines_not_at_all() -> None:
         "[2026-12-05 04:35:25 TP12] Switch adaptive runtime state: steps 0 -> 3, draft_tokens 1 -> 4",
     ]
     assert switch_count.count(lines) == {0: (1, 1), 1: (7, 2), 12: (1, 1)}
+
+
+def test_the_cross_phases_real_log_counts_its_21_switches_in_2_lines() -> None:
+    log = ROOT / "benchmarks" / "h200-threshold" / "cross-switches.log"
+    lines = [f"{line}  \n" for line in log.read_text(encoding="utf-8").splitlines()]
+    assert switch_count.count(lines) == {0: (21, 2)}  # trailing blanks do not hide a count
