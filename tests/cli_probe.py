@@ -1,6 +1,7 @@
 """What a process started as `python -m tests.cli_probe ARG...` is: printed as JSON, for
 tests/test_cli_server.py to compare a forked run with a fresh one. ARG `exit:...`, `raise` or
-`interrupt` ends it in that way after printing; `sleep` waits a minute."""
+`interrupt` ends it in that way after printing; `sleep` waits a minute; `spin` spends half a
+CPU second."""
 
 from __future__ import annotations
 
@@ -72,6 +73,10 @@ if __name__ == "__main__":
             raise RuntimeError("the probe raised")
         if arg == "interrupt":
             raise KeyboardInterrupt
+        if arg == "spin":
+            began = time.process_time()
+            while time.process_time() - began < 0.5:
+                pass
         if arg == "sleep":
             sys.stdout.flush()
             time.sleep(60)

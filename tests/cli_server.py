@@ -123,9 +123,9 @@ def run_cli(request, reply, fds):
     os._exit(code)
 
 
-def answer(reply, number):
+def answer(reply, line):
     try:
-        reply.sendall(b"%d\n" % number)
+        reply.sendall(line)
     except OSError:  # the caller stopped waiting (its timeout): the server goes on
         pass
 
@@ -142,16 +142,22 @@ while True:
                 run_cli(json.loads(message), reply, fds[1:])
             for fd in fds[1:]:
                 os.close(fd)
-            answer(reply, child)
+            answer(reply, b"%d\n" % child)
             selector.register(os.pidfd_open(child), selectors.EVENT_READ, (child, reply))
         else:
             child, reply = key.data
             selector.unregister(key.fd)
             os.close(key.fd)
-            _, status = os.waitpid(child, 0)
-            answer(reply, os.waitstatus_to_exitcode(status))
+            _, status, usage = os.wait4(child, 0)
+            cpu = usage.ru_utime + usage.ru_stime  # the command's and what it waited for
+            answer(reply, b"%d %.6f\n" % (os.waitstatus_to_exitcode(status), cpu))
             reply.close()
 """
+
+# CPU seconds of every command this process had run by the server (each one's own and its
+# waited-for children's): they are the server's children, not this process's, so a test's
+# own rusage leaves them out.
+cpu_seconds = 0.0
 
 _servers: dict[
     tuple[str, tuple[tuple[str, str], ...]], tuple[subprocess.Popen[bytes], socket.socket]
@@ -265,9 +271,11 @@ def _collect(
         reply.close()
         os.close(out_r)
         os.close(err_r)
-    if len(answer.split()) != 2:
+    if len(answer.split()) != 3:
         raise RuntimeError(f"the CLI server gave no exit status for {list(argv)}: did it end?")
-    status = answer.split()[1]
+    _, status, cpu = answer.split()
+    global cpu_seconds
+    cpu_seconds += float(cpu)
     return subprocess.CompletedProcess(
         list(argv), int(status), _decode(b"".join(chunks[out_r])), _decode(b"".join(chunks[err_r]))
     )

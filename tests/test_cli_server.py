@@ -124,3 +124,13 @@ def test_a_forked_run_past_its_timeout_is_killed(tmp_path: Path) -> None:
     # The server, whose answer found no one waiting, still runs the next command.
     after = cli_server.run(PROBE, cwd=str(tmp_path), env=env_for(tmp_path), timeout=60)
     assert after.returncode == 0, after.stderr
+
+
+def test_the_cpu_a_forked_run_spent_is_counted_here(tmp_path: Path) -> None:
+    """A forked run is the server's child, not this process's: its CPU (half a second of
+    `spin`) reaches `cli_server.cpu_seconds`, which a per-test CPU profile adds to its own."""
+    env = env_for(tmp_path)
+    before = cli_server.cpu_seconds
+    done = cli_server.run([*PROBE, "spin"], cwd=str(tmp_path), env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert 0.5 <= cli_server.cpu_seconds - before < 5
