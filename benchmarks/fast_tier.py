@@ -69,6 +69,7 @@ def one_run(busy: bool, workers: int, extra: list[str]) -> dict[str, Any]:
             [*argv, "-m", "not lab", *extra], cwd=ROOT, capture_output=True, text=True
         )
         wall = time.monotonic() - started
+        waited = children_cpu_s() - waited_before  # before the busy loops are reaped
         machine = machine_busy_s() - machine_before
         loops_cpu = sum(process_cpu_s(p.pid) for p in loops) - loops_before
     finally:
@@ -79,7 +80,7 @@ def one_run(busy: bool, workers: int, extra: list[str]) -> dict[str, Any]:
     return {
         "mode": "busy" if busy else "idle",
         "wall_s": round(wall, 2),
-        "waited_cpu_s": round(children_cpu_s() - waited_before, 2),
+        "waited_cpu_s": round(waited, 2),
         "machine_cpu_s": round(machine - loops_cpu, 2),
         "returncode": done.returncode,
         "result": lines[-1] if lines else "(no output)",

@@ -26,14 +26,14 @@ _rows: dict[str, tuple[float, float]] = {}
 _started = 0.0
 
 
-def cpu_now() -> float:
+def cpu_now(children: bool = True) -> float:
     """CPU seconds of this process, its waited-for children and its forked CLI runs."""
     own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (
-        own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-        + cli_server.cpu_seconds
-    )  # fmt: skip
+    total = own.ru_utime + own.ru_stime + cli_server.cpu_seconds
+    if children:
+        waited = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total += waited.ru_utime + waited.ru_stime
+    return total
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -59,7 +59,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
-    mine = {"session_cpu_s": cpu_now() - _started, "tests": _rows}
+    # xdist's controller: its children are the workers, whose own parts count them.
+    controller = worker == "main" and bool(getattr(session.config.option, "numprocesses", 0))
+    mine = {"session_cpu_s": cpu_now(children=not controller) - _started, "tests": _rows}
     (out / f"{worker}.json").write_text(json.dumps(mine))
     if worker == "main":  # the controller (or the only process): merge every process's part
         merge(out)
