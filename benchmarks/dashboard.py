@@ -80,6 +80,7 @@ from fleet import (  # noqa: E402 - needs the path above
     host_names,
     log,
     measure,
+    process_cpu_s,
     python_env,
     setup_hosts,
 )
@@ -166,12 +167,6 @@ def check_status(names: list[str], metrics: bool) -> Any:
 
 
 # ---- the dashboard contender --------------------------------------------------------------------
-
-
-def process_cpu_s(pid: int) -> float:
-    """utime+stime of every thread of the process, from /proc/PID/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
 
 def process_memory_mib(pid: int) -> dict[str, float]:

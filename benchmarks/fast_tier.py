@@ -33,20 +33,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "fast_tier.json"
-TICKS = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.fleet import cpu_jiffies, process_cpu_s  # noqa: E402 - needs the path above
 
 
 def machine_busy_s() -> float:
     """CPU seconds the machine has spent on anything but idle and I/O wait since boot."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + fields[4]
-    return (sum(fields[:8]) - idle) / TICKS
-
-
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of one process, in seconds."""
-    after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(after_name[11]) + int(after_name[12])) / TICKS
+    return cpu_jiffies()[0] / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu_s() -> float:

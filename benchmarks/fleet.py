@@ -179,6 +179,14 @@ def cpu_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+def process_cpu_s(pid: int) -> float:
+    """utime+stime of every thread of the process, from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf(
+        "SC_CLK_TCK"
+    )  # fields 14, 15 of stat(5)
+
+
 def count_fds(pid: int) -> int:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
