@@ -16,7 +16,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -67,7 +66,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         merge(out)
 
 
-def merge(out: Path) -> dict[str, Any]:
+def merge(out: Path) -> None:
     parts = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != "cpu.json"]
     tests = {nodeid: row for part in parts for nodeid, row in part["tests"].items()}
     by_file: Counter[str] = Counter()
@@ -80,4 +79,3 @@ def merge(out: Path) -> dict[str, Any]:
         "tests": tests,
     }
     (out / "cpu.json").write_text(json.dumps(merged, indent=1))
-    return merged
