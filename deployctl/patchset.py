@@ -17,6 +17,7 @@ from deployctl.errors import PatchError
 from deployctl.project import PATCH_FILE, patch_set_folders
 from deployctl.remote.patch_types import BlockMark, HunkMark
 from deployctl.remote.server_argv import CommandValues
+from deployctl.text import load_yaml
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*\Z")
 _VERSION = re.compile(r"\d+(\.\d+)*\Z")
@@ -276,7 +277,7 @@ def load_patch_set(folder: Path) -> PatchSet:
     folder = folder.resolve()
     source = str(folder / PATCH_FILE)
     try:
-        data = yaml.safe_load((folder / PATCH_FILE).read_text(encoding="utf-8"))
+        data = load_yaml((folder / PATCH_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PatchError(f"{source} does not exist") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

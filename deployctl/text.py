@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # Terminal control sequences (colours, cursor moves) and other control characters but tab.
 _CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
@@ -39,3 +40,15 @@ def parse_duration(text: str) -> float | None:
     if match is None:
         return None
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def load_yaml(text: str) -> Any:
+    """YAML text as plain data (PyYAML's safe loader), parsed by libyaml where PyYAML has it:
+    ten times faster on the patch sets' and the crash catalog's block texts."""
+    import yaml  # loaded only where YAML is read
+
+    try:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        # PyYAML's own parser says more (the character, what it expected): its error is raised
+        return yaml.load(text, Loader=yaml.SafeLoader)

@@ -64,6 +64,7 @@ def probe() -> dict[str, object]:
 if __name__ == "__main__":
     for name in PRELOAD:  # what a forked run has imported, so that both report the same modules
         importlib.import_module(name)
+    sys.modules["deployctl.cli.session"].command_tree()  # and built, as the server does
     print(json.dumps(probe()))
     for arg in sys.argv[1:]:
         if arg.startswith("exit:"):

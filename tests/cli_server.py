@@ -6,8 +6,9 @@ made what a fresh `python -m deployctl ARGS` started by `subprocess.run` would b
 stdin and two pipes as its fds 0-2 (passed over a unix socket with SCM_RIGHTS), the caller's
 environment, working folder and umask, `sys.argv` and `sys.path[0]` as `-m` sets them,
 `__main__` run by runpy as `-m` runs it, the exit status and exit path of the interpreter.
-The server only imports (it never runs a command), so each child starts from the state right
-after import, with deployctl's caches empty; a fork copies no state of an earlier command.
+The server only imports and builds typer's commands (it never runs a command), so each child
+starts from the state right after import, with deployctl's caches empty but that one; a fork
+copies no state of an earlier command.
 
 What Python reads once at its start (the `PYTHON*` variables, the locale, `TZ`; and typer's
 `TYPER_*` at import) is the server's: there is one server per value of those, so a test that
@@ -66,6 +67,8 @@ import types
 
 for name in sys.argv[2:]:
     importlib.import_module(name)
+# Typer's click commands, as a command's first step builds them (from the code and `_TYPER_*`)
+sys.modules["deployctl.cli.session"].command_tree()
 assert threading.active_count() == 1  # a fork copies only the thread that forks
 control = socket.socket(fileno=int(sys.argv[1]))
 selector = selectors.DefaultSelector()

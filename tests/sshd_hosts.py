@@ -353,9 +353,10 @@ class SSHLab:
             "command_timeout": 30,
             **common,
         }
-        path.write_text(
-            yaml.safe_dump({"all": {"hosts": hosts, "vars": variables}}, sort_keys=False)
-        )
+        inventory = {"all": {"hosts": hosts, "vars": variables}}
+        # libyaml's emitter: PyYAML's own takes seconds on the hostile batteries' long values
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        path.write_text(yaml.dump(inventory, Dumper=dumper, sort_keys=False))
         return path
 
 

@@ -10,6 +10,7 @@ decides it). `main` maps exceptions to exit codes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import os
 import sys
@@ -385,11 +386,19 @@ def main() -> None:
     os._exit(code)
 
 
+@functools.cache
+def command_tree() -> Any:
+    """The click commands typer builds from `app`, built once per process: building them
+    costs ~35 ms of CPU, and one process may run many command lines (`run` called in turn).
+    Every command has registered by the time `run` is first called (`deployctl.cli`)."""
+    return typer.main.get_command(app)
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run one command line (default: this process's) and return its exit status."""
     try:
         # The name, not `python -m deployctl`: shell completion's variable is named after it.
-        result = app(
+        result = command_tree().main(
             args=None if argv is None else list(argv), prog_name=PROG, standalone_mode=False
         )
         code = result if isinstance(result, int) else 0

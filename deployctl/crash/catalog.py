@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from deployctl.crash.prefilter import build_triggers, find
+from deployctl.text import load_yaml
 
 SHIPPED_CATALOG = Path(__file__).resolve().parent.parent / "data" / "signatures.yml"
 
@@ -132,7 +133,7 @@ def _read_catalog_file(path: Path) -> tuple[list[Signature], dict[str, re.Patter
     except (OSError, UnicodeDecodeError) as exc:
         raise CatalogError(f"{path}: cannot read signature catalog: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         where = ""
         mark = getattr(exc, "problem_mark", None)

@@ -24,6 +24,7 @@ from deployctl.localfiles import write_file
 from deployctl.ops.patch import parse_patch_facts, probe_args, set_state
 from deployctl.patchset import PatchSet
 from deployctl.remote.protocol import GPUS_COMMAND, SurveyReply
+from deployctl.text import load_yaml
 
 FIRST_PORT = 30000  # SGLang's default port: the first a deployment is given, when free
 # `user@address`, `user@address:port`, `address:port`, `[v6 address]:port`; else an SSH name.
@@ -401,7 +402,7 @@ def backup_path(path: Path, when: float) -> Path:
 def top_level_groups(path: Path) -> set[str]:
     """The top-level keys of a YAML inventory file (an extension's group must be new)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise DeployctlError(f"cannot read {path} as YAML: {exc}".splitlines()[0]) from exc
     if data is not None and not isinstance(data, dict):
