@@ -30,8 +30,15 @@ TOOLS = {
 PER_TEST = {"PYTEST_CURRENT_TEST"}
 
 SERVER = """
-import atexit, importlib, json, os, sys, threading, traceback
+import atexit, importlib, json, os, sys, threading, traceback, warnings
 main = importlib.import_module(sys.argv[1]).main
+# What each tool's `CLI.run` does first, done once: the collection loader set up (no tool run
+# here names a collections path, so it is the same for every run) and ansible.builtin's
+# routing table read; `CLI.run`'s own setup then finds it done, and says so in a warning.
+from ansible.plugins.loader import init_plugin_loader
+init_plugin_loader()
+importlib.import_module("ansible_collections.ansible.builtin")
+warnings.filterwarnings("ignore", "AnsibleCollectionFinder has already been configured")
 assert threading.active_count() == 1  # a fork copies only the thread that forks
 requests = os.fdopen(0, "rb", buffering=0)
 while line := requests.readline():
@@ -60,9 +67,14 @@ while line := requests.readline():
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    _, status = os.waitpid(child, 0)
-    os.write(1, (json.dumps(os.waitstatus_to_exitcode(status)) + "\\n").encode())
+    _, status, usage = os.wait4(child, 0)
+    reply = [os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime]
+    os.write(1, (json.dumps(reply) + "\\n").encode())
 """
+
+# CPU seconds of every tool run this process had run by a server (tests/cpu_profile.py adds
+# them to the test's: they are the server's children, so in no rusage of the test's process).
+cpu_seconds = 0.0
 
 _servers: dict[tuple[str, str, tuple[tuple[str, str], ...]], subprocess.Popen[bytes]] = {}
 
@@ -104,9 +116,10 @@ def run_tool(
         server.stdin.flush()
         reply = server.stdout.readline()
         assert reply, f"the server for {argv[0]} died running {argv}"
-        done = subprocess.CompletedProcess(
-            argv, json.loads(reply), out.read_text(), err.read_text()
-        )
+        code, cpu = json.loads(reply)
+        global cpu_seconds
+        cpu_seconds += cpu
+        done = subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
     if check:
         done.check_returncode()
     return done

@@ -1,11 +1,12 @@
 """Where the suite's CPU goes, per test: `pytest -p tests.cpu_profile --cpu-profile DIR ...`.
 
 A test's CPU is its process's, that of every child it waited for, and that of the CLI runs
-the fork server made for it (tests/cli_server.py: the server's children, so in no rusage of
-the test's process), from its setup to its teardown. Each process (an xdist worker, or the
-only one) writes DIR/<worker>.json; the process that ran the session (the controller, with
-xdist) merges them into DIR/cpu.json: every test, each file's sum, and the total of the
-tests against the whole session's (the difference: collection, imports, session fixtures).
+and Ansible tool runs the fork servers made for it (tests/cli_server.py, tests/ansible_tools.py:
+the servers' children, so in no rusage of the test's process), from its setup to its
+teardown. Each process (an xdist worker, or the only one) writes DIR/<worker>.json; the
+process that ran the session (the controller, with xdist) merges them into DIR/cpu.json: every
+test, each file's sum, and the total of the tests against the whole session's (the
+difference: collection, imports, session fixtures).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import cli_server
+from tests import ansible_tools, cli_server
 
 _rows: dict[str, tuple[float, float]] = {}
 _started = 0.0
@@ -28,7 +29,7 @@ _started = 0.0
 def cpu_now(children: bool = True) -> float:
     """CPU seconds of this process, its waited-for children and its forked CLI runs."""
     own = resource.getrusage(resource.RUSAGE_SELF)
-    total = own.ru_utime + own.ru_stime + cli_server.cpu_seconds
+    total = own.ru_utime + own.ru_stime + cli_server.cpu_seconds + ansible_tools.cpu_seconds
     if children:
         waited = resource.getrusage(resource.RUSAGE_CHILDREN)
         total += waited.ru_utime + waited.ru_stime
