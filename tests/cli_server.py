@@ -153,9 +153,21 @@ while True:
             os.close(key.fd)
             _, status, usage = os.wait4(child, 0)
             cpu = usage.ru_utime + usage.ru_stime  # the command's and what it waited for
-            answer(reply, b"%d %.6f\n" % (os.waitstatus_to_exitcode(status), cpu))
+            peak = usage.ru_maxrss  # KiB: the command's own peak, as a fresh process's
+            answer(reply, b"%d %.6f %d\n" % (os.waitstatus_to_exitcode(status), cpu, peak))
             reply.close()
 """
+
+
+class Ran(subprocess.CompletedProcess[str]):
+    """A forked run's result, with its peak memory (its own `ru_maxrss`, in KiB)."""
+
+    def __init__(
+        self, args: list[str], returncode: int, stdout: str, stderr: str, *, peak_kib: int
+    ) -> None:
+        super().__init__(args, returncode, stdout, stderr)
+        self.peak_kib = peak_kib
+
 
 # CPU seconds of every command this process had run by the server (each one's own and its
 # waited-for children's): they are the server's children, not this process's, so a test's
@@ -203,9 +215,7 @@ def _decode(data: bytes) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def run(
-    argv: Sequence[str], *, cwd: str, env: Mapping[str, str], timeout: float
-) -> subprocess.CompletedProcess[str]:
+def run(argv: Sequence[str], *, cwd: str, env: Mapping[str, str], timeout: float) -> Ran:
     """`subprocess.run([sys.executable, "-m", MODULE, *args], cwd=, env=, text=True,
     capture_output=True, timeout=)`, with the command forked from a server (MODULE is
     deployctl but for this file's own tests)."""
@@ -237,7 +247,7 @@ def run(
 
 def _collect(
     argv: Sequence[str], reply: socket.socket, out_r: int, err_r: int, timeout: float
-) -> subprocess.CompletedProcess[str]:
+) -> Ran:
     """Read both pipes to their end and the exit status, as `communicate` then `wait` do."""
     deadline = time.monotonic() + timeout
     chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
@@ -274,14 +284,13 @@ def _collect(
         reply.close()
         os.close(out_r)
         os.close(err_r)
-    if len(answer.split()) != 3:
+    if len(answer.split()) != 4:
         raise RuntimeError(f"the CLI server gave no exit status for {list(argv)}: did it end?")
-    _, status, cpu = answer.split()
+    _, status, cpu, peak = answer.split()
     global cpu_seconds
     cpu_seconds += float(cpu)
-    return subprocess.CompletedProcess(
-        list(argv), int(status), _decode(b"".join(chunks[out_r])), _decode(b"".join(chunks[err_r]))
-    )
+    out, err = _decode(b"".join(chunks[out_r])), _decode(b"".join(chunks[err_r]))
+    return Ran(list(argv), int(status), out, err, peak_kib=int(peak))
 
 
 def _kill(answer: bytes) -> None:
