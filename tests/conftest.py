@@ -181,6 +181,7 @@ class CLI:
         self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "deployctl", *args]
+        result: subprocess.CompletedProcess[str]
         if self.forked:
             result = cli_server.run(
                 argv, cwd=str(self.cwd), env=self.env(**(env or {})), timeout=timeout
