@@ -42,3 +42,23 @@ def test_a_command_that_fails_as_a_whole_prints_one_json_document(
     assert result.returncode == exit_code
     assert result.stderr.startswith("error: "), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_command_lines_run_in_turn_in_one_process_build_the_commands_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import typer.main
+
+    from deployctl.cli import run, session
+
+    built: list[object] = []
+    real = typer.main.get_command
+    monkeypatch.setattr(typer.main, "get_command", lambda app: built.append(app) or real(app))
+    session.command_tree.cache_clear()
+    try:
+        assert run(["--version"]) == 0
+        assert run(["hosts", "--no-such-option"]) == 2  # a usage error, from the same commands
+        assert "No such option" in capsys.readouterr().err
+    finally:
+        session.command_tree.cache_clear()
+    assert built == [session.app]
