@@ -7,8 +7,8 @@ stdin and two pipes as its fds 0-2 (passed over a unix socket with SCM_RIGHTS), 
 environment, working folder and umask, `sys.argv` and `sys.path[0]` as `-m` sets them,
 `__main__` run by runpy as `-m` runs it, the exit status and exit path of the interpreter.
 The server only imports and builds typer's commands (it never runs a command), so each child
-starts from the state right after import, with deployctl's caches empty but that one; a fork
-copies no state of an earlier command.
+starts from the state right after import, with all of deployctl's caches empty but the
+command tree; a fork copies no state of an earlier command.
 
 What Python reads once at its start (the `PYTHON*` variables, the locale, `TZ`; and typer's
 `TYPER_*` at import) is the server's: there is one server per value of those, so a test that

@@ -26,6 +26,8 @@ STANDIN = TESTS / "standin" / "sglang_standin.py"
 SSHD = "/usr/sbin/sshd"
 # Debian's interpreter: readable by the test users (root's pyenv is not) and a cp311 like SGLang's wheel.
 HOST_PYTHON = "/usr/bin/python3"
+# libyaml's emitter for the inventories: PyYAML's own takes seconds on the hostile values.
+INVENTORY_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 # Where tests/slurm_cluster.py's cluster lives under the lab's base: every session gets its
 # SLURM_CONF, so the hosts are the cluster's login nodes (nothing written to /etc/slurm).
 SLURM_FOLDER = "slurm"
@@ -354,9 +356,7 @@ class SSHLab:
             **common,
         }
         inventory = {"all": {"hosts": hosts, "vars": variables}}
-        # libyaml's emitter: PyYAML's own takes seconds on the hostile batteries' long values
-        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-        path.write_text(yaml.dump(inventory, Dumper=dumper, sort_keys=False))
+        path.write_text(yaml.dump(inventory, Dumper=INVENTORY_DUMPER, sort_keys=False))
         return path
 
 

@@ -17,7 +17,7 @@ import yaml
 
 from deployctl.cli import run
 from deployctl.settings import SETTINGS
-from tests.sshd_hosts import SSHLab
+from tests.sshd_hosts import INVENTORY_DUMPER, SSHLab
 from tests.test_lifecycle import prepare
 
 # Kind → value, as an inventory would hold it.
@@ -112,4 +112,5 @@ def test_the_battery_reaches_every_remote_command_with_every_setting() -> None:
     assert [name for names in SLICES for name in names] == list(SETTINGS)
     assert set(SETTINGS) >= {"port", "dist_port", "tp", "node_rank", "env", "gpus", "python"}
     # An inventory holds the NUL value as it is (YAML escapes it).
-    assert yaml.safe_load(yaml.safe_dump({"v": VALUES["nul"]}))["v"] == "a\x00b"
+    written = yaml.dump({"v": VALUES["nul"]}, Dumper=INVENTORY_DUMPER)
+    assert yaml.safe_load(written)["v"] == "a\x00b"

@@ -73,7 +73,8 @@ def run_measured(
 ) -> tuple[subprocess.CompletedProcess[str], float, int]:
     """Run the CLI; return its result, its wall time and its peak memory in MiB. With the
     usual time limit it is forked from the CLI server (tests/cli_server.py), which gives its
-    own peak as a fresh process's; another limit needs a fresh process."""
+    own peak (from the server's memory up: no less than a fresh process's); another limit
+    needs a fresh process."""
     started = time.monotonic()
     if render_seconds is None:
         argv = [sys.executable, "-m", "deployctl", *args]

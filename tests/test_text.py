@@ -14,7 +14,7 @@ SHIPPED = sorted([*REPO.glob("patches/*/patch.yml"), REPO / "deployctl/data/sign
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[str(p.relative_to(REPO)) for p in SHIPPED])
-def test_a_shipped_file_reads_as_pythons_own_parser_reads_it(path: Path) -> None:
+def test_a_shipped_file_reads_as_pyyamls_pure_python_parser_reads_it(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     assert load_yaml(text) == yaml.safe_load(text)
 
@@ -32,7 +32,7 @@ def test_libyaml_reads_where_pyyaml_has_it(monkeypatch: pytest.MonkeyPatch) -> N
     assert used == ["CSafeLoader" if yaml.__with_libyaml__ else "SafeLoader"]
 
 
-def test_a_syntax_error_is_told_in_pythons_parsers_words() -> None:
+def test_a_syntax_error_is_told_in_pyyamls_own_words() -> None:
     with pytest.raises(yaml.YAMLError) as caught:
         load_yaml("\t- x\n")
     assert "found character '\\t' that cannot start any token" in str(caught.value)
