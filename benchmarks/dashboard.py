@@ -71,6 +71,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from fleet import (  # noqa: E402 - needs the path above
+    CLK_TCK,
     DEPLOYCTL_VENV,
     Contender,
     Sample,
@@ -94,7 +95,6 @@ INTERVAL = 2.0
 DRAWS = 20
 # Generous: at 256 hosts a round (and so the first render) takes seconds on 2 cores.
 FIRST_RENDER_TIMEOUT_S = 180.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 DRAW_KEYS = ("draw_live_ms", "draw_layout_live_ms", "draw_quiet_ms", "draw_layout_quiet_ms")
 
 # `draw` and `latest` are app.js's globals; `text` is a document to draw instead of `latest`.

@@ -35,12 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "fast_tier.json"
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.fleet import cpu_jiffies, process_cpu_s  # noqa: E402 - needs the path above
+from benchmarks.fleet import CLK_TCK, cpu_jiffies, process_cpu_s  # noqa: E402 - needs the path
 
 
 def machine_busy_s() -> float:
     """CPU seconds the machine has spent on anything but idle and I/O wait since boot."""
-    return cpu_jiffies()[0] / os.sysconf("SC_CLK_TCK")
+    return cpu_jiffies()[0] / CLK_TCK
 
 
 def children_cpu_s() -> float:

@@ -66,6 +66,7 @@ PATCHES = ["spec-disable", "sm120-support"]
 X25519 = ("-o", "KexAlgorithms=curve25519-sha256,curve25519-sha256@libssh.org")
 TIMEOUT = 600.0
 HELP_RUNS = 11
+CLK_TCK = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these ticks
 
 
 # ---- hosts --------------------------------------------------------------------------------
@@ -182,9 +183,7 @@ def cpu_jiffies() -> tuple[int, int]:
 def process_cpu_s(pid: int) -> float:
     """utime+stime of every thread of the process, from /proc/PID/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf(
-        "SC_CLK_TCK"
-    )  # fields 14, 15 of stat(5)
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
 
 
 def count_fds(pid: int) -> int:
@@ -239,7 +238,7 @@ def measure(contender: Contender) -> Sample:
             f"stdout: {done.stdout[-1500:]}\nstderr: {done.stderr[-1500:]}\n{trace}"
         ) from None
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return Sample(wall, cpu, (busy1 - busy0) / os.sysconf("SC_CLK_TCK"), rss, fds)
+    return Sample(wall, cpu, (busy1 - busy0) / CLK_TCK, rss, fds)
 
 
 def ensure_deployctl_venv(base: Path) -> Path:

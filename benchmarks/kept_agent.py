@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from fleet import setup_hosts  # noqa: E402
+from fleet import CLK_TCK, setup_hosts  # noqa: E402
 
 from deployctl import agent  # noqa: E402
 from deployctl.connection import Connection, ConnectOptions  # noqa: E402
@@ -76,7 +76,6 @@ from deployctl.remote.protocol import (  # noqa: E402
 from tests.sshd_hosts import SSHLab, stop_lab  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def remote_cpu_s(uids: set[int], users: tuple[bytes, ...]) -> float:
@@ -95,7 +94,7 @@ def remote_cpu_s(uids: set[int], users: tuple[bytes, ...]) -> float:
         except OSError:  # it ended meanwhile
             continue
         total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    return total / TICK
+    return total / CLK_TCK
 
 
 def echo_round(fleet: Fleet) -> None:

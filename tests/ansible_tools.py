@@ -6,9 +6,9 @@ what the tool's console script does first, `from ansible.cli.X import main`, the
 child per command; the child runs that `main` with the command's argv, stdin on /dev/null and
 stdout and stderr on files. That is the script's own code on the same arguments, from the
 state right after its import and the set-up of Ansible's collection loader (the first step of
-every tool's `CLI.run`, the same for every run here). Ansible reads its configuration (the environment, an
-ansible.cfg in the working folder) at import, so there is one server per tool, environment
-and folder.
+every tool's `CLI.run`, the same for every run here). Ansible reads its configuration (the
+environment, an ansible.cfg in the working folder) at import, so there is one server per
+tool, environment and folder.
 """
 
 from __future__ import annotations

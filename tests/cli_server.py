@@ -153,7 +153,7 @@ while True:
             os.close(key.fd)
             _, status, usage = os.wait4(child, 0)
             cpu = usage.ru_utime + usage.ru_stime  # the command's and what it waited for
-            peak = usage.ru_maxrss  # KiB: the command's own peak, as a fresh process's
+            peak = usage.ru_maxrss  # KiB: the command's own peak, counted from the server's memory
             answer(reply, b"%d %.6f %d\n" % (os.waitstatus_to_exitcode(status), cpu, peak))
             reply.close()
 """

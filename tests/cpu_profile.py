@@ -27,7 +27,8 @@ _started = 0.0
 
 
 def cpu_now(children: bool = True) -> float:
-    """CPU seconds of this process, its waited-for children and its forked CLI and Ansible runs."""
+    """CPU seconds of this process, its waited-for children and the CLI and Ansible runs
+    forked for it."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     total = own.ru_utime + own.ru_stime + cli_server.cpu_seconds + ansible_tools.cpu_seconds
     if children:
