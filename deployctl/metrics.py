@@ -145,9 +145,12 @@ def read_counts(text: str) -> Counts:
     return Counts(gauges, counters, histograms)
 
 
-def interval(before: Counts, after: Counts, seconds: float) -> Interval:
+def interval(
+    before: Counts, after: Counts, seconds: float, running: float | None = None
+) -> Interval:
     """The interval between two reads (a counter that went back: the server restarted, and
-    the interval counts from zero)."""
+    the interval counts from zero). Its load is `running` (the mean of more reads than two)
+    or the mean of the two reads' running requests."""
 
     def delta(name: str) -> float:
         now, then = after.counters.get(name, 0.0), before.counters.get(name, 0.0)
@@ -159,7 +162,8 @@ def interval(before: Counts, after: Counts, seconds: float) -> Interval:
         counts = {b: c - (0.0 if restarted else then.get(b, 0.0)) for b, c in now.items()}
         return quantile(0.5, counts)
 
-    running = (before.running + after.running) / 2
+    if running is None:
+        running = (before.running + after.running) / 2
     tokens = delta("generation_tokens_total")
     per_request = tokens / seconds / running if seconds > 0 and running > 0 else None
     return Interval(
@@ -171,3 +175,43 @@ def interval(before: Counts, after: Counts, seconds: float) -> Interval:
         median("time_to_first_token_seconds"),
         per_request,
     )
+
+
+@dataclass
+class _Span:
+    start_at: float
+    start: Counts
+    last_at: float
+    last_running: float
+    load: float = 0.0  # running requests x seconds since start (trapezoids between reads)
+
+
+class Spans:
+    """Throughput samples that lose no time. SGLang counts a request's output tokens when it
+    finishes, so an interval in which none finished shows no tokens although its requests
+    ran. Dropping such intervals keeps the time of the ones that did finish but not of the
+    ones that did not: it inflates the rate of a server whose requests finish seldom against
+    one whose requests finish often (measured: a speculative replica that gains 77 % read
+    0.96 at batch 2 with 0.25 s intervals). A span instead runs from one read at which a
+    request had finished to the next, through the reads without one, and its load is the
+    mean of every read's running requests over it."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, _Span] = {}
+
+    def add(self, name: str, at: float, counts: Counts) -> Interval | None:
+        """Server `name` read at `at`: the span it ends (a request finished), else None."""
+        span = self._open.get(name)
+        if span is None:
+            self._open[name] = _Span(at, counts, at, counts.running)
+            return None
+        span.load += (span.last_running + counts.running) / 2 * (at - span.last_at)
+        span.last_at, span.last_running = at, counts.running
+        seconds = at - span.start_at
+        if seconds <= 0:
+            return None
+        part = interval(span.start, counts, seconds, span.load / seconds)
+        if part.requests <= 0:
+            return None  # nothing finished yet: the span goes on
+        self._open[name] = _Span(at, counts, at, counts.running)
+        return part

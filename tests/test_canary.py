@@ -15,7 +15,7 @@ import pytest
 from deployctl.deployments import deployment_targets
 from deployctl.errors import UsageError
 from deployctl.inventory import DEFAULT_VARS, Host, Inventory
-from deployctl.metrics import Counts, interval, read_counts
+from deployctl.metrics import Counts, Spans, interval, read_counts
 from deployctl.ops.canary import CanaryReport, Decision, canary_record, plan_canary
 from deployctl.ops.plan import plan_launch
 from deployctl.ops.rollout import UnitOutcome, UnitPlan, UnitResult
@@ -84,6 +84,53 @@ def test_an_idle_interval_has_no_throughput() -> None:
     counts = read_counts(page(0, {0.01: 5, INF: 5}, 100, 1))
     part = interval(counts, counts, 2.0)
     assert part.throughput is None and part.itl is None and part.requests == 0
+
+
+def counts(running: float, tokens: float, finished: float) -> Counts:
+    return Counts(
+        {"num_running_reqs": running},
+        {"generation_tokens_total": tokens, "num_requests_total": finished},
+        {},
+    )
+
+
+def test_a_span_keeps_the_time_of_the_reads_at_which_no_request_finished() -> None:
+    # Two requests run all along at 50 tokens/s each; SGLang counts a request's 50 tokens
+    # when it finishes, one every 0.5 s. Read every 0.25 s, every other read shows one.
+    spans, samples = Spans(), []
+    for i in range(9):
+        done = i // 2
+        part = spans.add("r1", 100.0 + 0.25 * i, counts(2, 50.0 * done, done))
+        samples.append(part)
+    taken = [p for p in samples if p is not None]
+    assert [p is not None for p in samples] == [False, False, True, False, True] + [False, True] * 2
+    # Each span runs 0.5 s from one finish to the next: the true 50 tokens/s a request. Two
+    # reads apart, the reads with a finish alone would say 100.
+    assert [p.throughput for p in taken] == pytest.approx([50.0] * 4)
+    assert sum(p.seconds for p in taken) == pytest.approx(2.0)  # all the time since the first
+    assert [p.requests for p in taken] == [1, 1, 1, 1]
+
+
+def test_a_spans_load_is_the_mean_of_every_read_over_it() -> None:
+    spans = Spans()
+    assert spans.add("r1", 10.0, counts(2, 0, 0)) is None  # the first read starts a span
+    assert spans.add("r1", 11.0, counts(4, 0, 0)) is None  # none finished: it goes on
+    part = spans.add("r1", 13.0, counts(4, 120, 2))
+    assert part is not None
+    # 1 s between 2 and 4 running (mean 3), then 2 s at 4: 11 request-seconds over 3 s.
+    assert part.running == pytest.approx(11 / 3)
+    assert part.throughput == pytest.approx(120 / 11)
+    # The next span starts at the read that ended this one; other servers have their own.
+    assert spans.add("r2", 13.0, counts(1, 500, 9)) is None
+    later = spans.add("r1", 14.0, counts(4, 160, 3))
+    assert later is not None and later.seconds == 1.0 and later.throughput == 10.0
+
+
+def test_a_span_across_a_restart_counts_from_zero() -> None:
+    spans = Spans()
+    spans.add("r1", 0.0, counts(2, 5000, 50))
+    part = spans.add("r1", 2.0, counts(2, 100, 1))  # the counters went back
+    assert part is not None and part.throughput == pytest.approx(100 / 2.0 / 2)
 
 
 # ---- the split ---------------------------------------------------------------------------

@@ -48,11 +48,16 @@ def router_fleet(
     variables: dict[str, Any],
     replicas: int = 2,
     replica_vars: dict[str, Any] | None = None,
+    router_settings: dict[str, Any] | None = None,
 ) -> tuple[Path, int]:
-    """alpha with `variables`: the real router (round robin) and replicas r1, r2, … behind
-    it on GPUs 0, 1, … (each also with `replica_vars`). The inventory and the router's port."""
+    """alpha with `variables`: the real router (round robin, unless `router_settings` say
+    otherwise) and replicas r1, r2, … behind it on GPUs 0, 1, … (each also with
+    `replica_vars`). The inventory and the router's port."""
     alpha = lab.hosts["alpha"]
-    router = {**router_vars(alpha.address, real_router()), "router_policy": "round_robin"}
+    router = {
+        **router_vars(alpha.address, real_router()), "router_policy": "round_robin",
+        **(router_settings or {}),
+    }  # fmt: skip
     table: dict[str, Any] = {"router": router}
     for i in range(1, replicas + 1):
         table[f"r{i}"] = {

@@ -224,7 +224,12 @@ SYNTHETIC_T = 32
 
 
 def live_fleet(
-    lab: Any, tmp_path: Path, knobs: dict[str, Any], replicas: int, **replica_vars: Any
+    lab: Any,
+    tmp_path: Path,
+    knobs: dict[str, Any],
+    replicas: int,
+    router_settings: dict[str, Any] | None = None,
+    **replica_vars: Any,
 ) -> tuple[Path, int]:
     """alpha: the real router and replicas r1, r2, … of the stand-in, on the baseline
     template (threshold mode adaptive: stock flags, nothing to patch). The router's port."""
@@ -235,7 +240,7 @@ def live_fleet(
         **prepare(lab.hosts["alpha"], tp=1, **knobs), "template": "baseline",
         "threshold_mode": "adaptive",
     }  # fmt: skip
-    return router_fleet(lab, tmp_path, variables, replicas, replica_vars)
+    return router_fleet(lab, tmp_path, variables, replicas, replica_vars, router_settings)
 
 
 def launched_fleet(
@@ -244,12 +249,13 @@ def launched_fleet(
     tmp_path: Path,
     knobs: dict[str, Any] = KNOBS,
     replicas: int = 2,
+    router_settings: dict[str, Any] | None = None,
     **replica_vars: Any,
 ) -> tuple[Path, str]:
     """The fleet of live_fleet, launched; the inventory and the router's URL."""
     from tests.test_router import run_json
 
-    inv, port = live_fleet(lab, tmp_path, knobs, replicas, **replica_vars)
+    inv, port = live_fleet(lab, tmp_path, knobs, replicas, router_settings, **replica_vars)
     code, _, err = run_json(cli, "launch", "-i", str(inv), "--timeout", "60")
     assert code == 0, err
     return inv, f"http://{lab.hosts['alpha'].address}:{port}"

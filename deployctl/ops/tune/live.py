@@ -33,7 +33,7 @@ from deployctl.errors import UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult
 from deployctl.inventory import Host
-from deployctl.metrics import interval
+from deployctl.metrics import Spans
 from deployctl.ops.canary import (
     ROUTER_SILENT_ROUNDS,
     Keeper,
@@ -434,7 +434,7 @@ class LiveTune:
         options = self.options
         router = self.plan.router
         replicas = [h for h in self.plan.replicas if h.label in sides]
-        last: dict[str, Read] = {}
+        spans = Spans()
         before_window, started = report.elapsed_s, time.monotonic()
         silent = 0  # rounds in a row the router has not answered
 
@@ -456,15 +456,11 @@ class LiveTune:
                     continue  # not read this round: asked again next
                 if not now.serving:
                     return f"{result.name} ({sides[result.name]}) stopped serving"
-                before = last.get(result.name)
                 if now.counts is None:
                     continue
-                last[result.name] = now
-                if before is None or before.counts is None:
-                    continue
-                part = interval(before.counts, now.counts, now.at - before.at)
-                rate = part.value("throughput")
-                if rate is not None and part.requests > 0:
+                part = spans.add(result.name, now.at, now.counts)
+                rate = None if part is None else part.value("throughput")
+                if part is not None and rate is not None:
                     add(sides[result.name], Sample(part.running, rate, part.requests, result.name))
             if silent >= ROUTER_SILENT_ROUNDS:
                 return f"router {router.label} stopped answering"
