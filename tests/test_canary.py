@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -86,7 +87,7 @@ def test_an_idle_interval_has_no_throughput() -> None:
     assert part.throughput is None and part.itl is None and part.requests == 0
 
 
-def counts(running: float, tokens: float, finished: float) -> Counts:
+def read_of(running: float, tokens: float, finished: float) -> Counts:
     return Counts(
         {"num_running_reqs": running},
         {"generation_tokens_total": tokens, "num_requests_total": finished},
@@ -94,43 +95,74 @@ def counts(running: float, tokens: float, finished: float) -> Counts:
     )
 
 
+def steady(spans: Spans, reads: int, every: float, finish_every: float) -> list[Any]:
+    """Two requests running all along at 50 tokens/s each; SGLang counts a request's tokens
+    when it finishes, one every `finish_every` s (the first at 0.3 s). Read every `every` s
+    from 0. Each read's span, or None."""
+    out = []
+    for i in range(reads):
+        at = i * every
+        done = math.floor((at - 0.3) / finish_every) + 1 if at >= 0.3 else 0
+        out.append(spans.add("r1", 100.0 + at, read_of(2, 100 * finish_every * done, done)))
+    return out
+
+
 def test_a_span_keeps_the_time_of_the_reads_at_which_no_request_finished() -> None:
-    # Two requests run all along at 50 tokens/s each; SGLang counts a request's 50 tokens
-    # when it finishes, one every 0.5 s. Read every 0.25 s, every other read shows one.
-    spans, samples = Spans(), []
-    for i in range(9):
-        done = i // 2
-        part = spans.add("r1", 100.0 + 0.25 * i, counts(2, 50.0 * done, done))
-        samples.append(part)
-    taken = [p for p in samples if p is not None]
-    assert [p is not None for p in samples] == [False, False, True, False, True] + [False, True] * 2
-    # Each span runs 0.5 s from one finish to the next: the true 50 tokens/s a request. Two
-    # reads apart, the reads with a finish alone would say 100.
+    # A finish every 0.5 s, a read every 0.25 s: every other read shows one. The old rule (an
+    # interval between two reads, dropped without a finish) read 100 tokens/s a request.
+    parts = steady(Spans(finishes=1), 11, 0.25, 0.5)
+    taken = [p for p in parts if p is not None]
+    assert [p is not None for p in parts] == [False] * 4 + [True, False] * 3 + [True]
     assert [p.throughput for p in taken] == pytest.approx([50.0] * 4)
-    assert sum(p.seconds for p in taken) == pytest.approx(2.0)  # all the time since the first
-    assert [p.requests for p in taken] == [1, 1, 1, 1]
+    assert [p.seconds for p in taken] == [0.5] * 4  # from the first read with a finish on
+    assert [p.requests for p in taken] == [1] * 4
 
 
-def test_a_spans_load_is_the_mean_of_every_read_over_it() -> None:
-    spans = Spans()
-    assert spans.add("r1", 10.0, counts(2, 0, 0)) is None  # the first read starts a span
-    assert spans.add("r1", 11.0, counts(4, 0, 0)) is None  # none finished: it goes on
-    part = spans.add("r1", 13.0, counts(4, 120, 2))
+def test_the_first_span_starts_at_a_read_with_a_finish() -> None:
+    # Read at 0, 0.25, 0.5: the first finish (0.3) shows at 0.5. Starting at the first read
+    # would give the span from 0 to 0.75 two finishes in 0.75 s: 66.7, not 50.
+    parts = steady(Spans(finishes=2), 9, 0.25, 0.25)
+    first = next(p for p in parts if p is not None)
+    assert parts.index(first) == 4 and first.seconds == 0.5
+    assert first.throughput == pytest.approx(50.0)
+
+
+def test_a_span_holds_enough_finishes_that_a_read_of_rounding_does_not_swing_it() -> None:
+    # A finish every 0.75 s read every 0.5 s: one-finish spans are 0.5 or 1 s long (a rate
+    # of 75 or 37.5 for a true 50); three-finish spans are 2 or 2.5 s (56.25 or 45).
+    one = [p.throughput for p in steady(Spans(finishes=1), 40, 0.5, 0.75) if p]
+    three = [p.throughput for p in steady(Spans(finishes=3), 40, 0.5, 0.75) if p]
+    assert sorted({round(v, 2) for v in one}) == [37.5, 75.0]
+    assert sorted({round(v, 2) for v in three}) == [45.0, 56.25] and len(three) >= 7, three
+    assert [p.requests for p in steady(Spans(), 40, 0.5, 0.75) if p][:3] == [3, 3, 3]
+
+
+def test_a_spans_load_is_the_time_weighted_mean_of_its_reads() -> None:
+    spans = Spans(finishes=1)
+    assert spans.add("r1", 9.0, read_of(2, 0, 0)) is None  # the first read: nothing before
+    assert spans.add("r1", 10.0, read_of(2, 40, 1)) is None  # a finish: the span starts
+    assert spans.add("r1", 11.0, read_of(4, 40, 1)) is None  # none finished: it goes on
+    part = spans.add("r1", 13.0, read_of(4, 160, 3))
     assert part is not None
     # 1 s between 2 and 4 running (mean 3), then 2 s at 4: 11 request-seconds over 3 s.
     assert part.running == pytest.approx(11 / 3)
     assert part.throughput == pytest.approx(120 / 11)
     # The next span starts at the read that ended this one; other servers have their own.
-    assert spans.add("r2", 13.0, counts(1, 500, 9)) is None
-    later = spans.add("r1", 14.0, counts(4, 160, 3))
+    assert spans.add("r2", 13.0, read_of(1, 500, 9)) is None
+    later = spans.add("r1", 14.0, read_of(4, 200, 4))
     assert later is not None and later.seconds == 1.0 and later.throughput == 10.0
 
 
-def test_a_span_across_a_restart_counts_from_zero() -> None:
-    spans = Spans()
-    spans.add("r1", 0.0, counts(2, 5000, 50))
-    part = spans.add("r1", 2.0, counts(2, 100, 1))  # the counters went back
-    assert part is not None and part.throughput == pytest.approx(100 / 2.0 / 2)
+def test_a_restart_ends_the_open_span_and_the_next_starts_at_a_finish_after_it() -> None:
+    spans = Spans(finishes=1)
+    spans.add("r1", 0.0, read_of(2, 5000, 50))
+    assert spans.add("r1", 1.0, read_of(2, 5100, 51)) is None  # a finish: a span starts
+    assert spans.add("r1", 2.0, read_of(2, 0, 0)) is None  # the counters went back
+    assert spans.add("r1", 3.0, read_of(2, 100, 1)) is None  # the first finish since
+    part = spans.add("r1", 5.0, read_of(2, 300, 3))
+    # Only the time since that finish: the old span's 1 s and the restart are not in it.
+    assert part is not None and part.seconds == 2.0
+    assert part.throughput == pytest.approx(200 / 2.0 / 2)
 
 
 # ---- the split ---------------------------------------------------------------------------

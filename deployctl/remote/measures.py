@@ -317,9 +317,9 @@ class CanaryRecordsReply(TypedDict):
 
 class LiveSample(TypedDict):
     side: str  # speculative or plain
-    running: float  # the replica's mean running requests over the interval
+    running: float  # the replica's mean running requests over the sample's span
     value: float  # output tok/s per running request
-    requests: int  # requests finished in the interval
+    requests: int  # requests finished in the span
     source: str  # the replica: serial correlation is measured per replica
 
 

@@ -459,9 +459,9 @@ class LiveTune:
                 if now.counts is None:
                     continue
                 part = spans.add(result.name, now.at, now.counts)
-                rate = None if part is None else part.value("throughput")
-                if part is not None and rate is not None:
-                    add(sides[result.name], Sample(part.running, rate, part.requests, result.name))
+                if part is not None and part.throughput is not None:
+                    sample = Sample(part.running, part.throughput, part.requests, result.name)
+                    add(sides[result.name], sample)
             if silent >= ROUTER_SILENT_ROUNDS:
                 return f"router {router.label} stopped answering"
             elapsed = time.monotonic() - started
