@@ -55,7 +55,7 @@ SHORTEST_QUEUE = {
 # (where the chat-heavy mix loses 23 %) and 6 (where the code-heavy one gains 28 %) are held
 # longest. (At 9, 4.5 each, two windows matched bucket 5 in 50 samples and in none, and
 # left the chat-heavy mix undecided there.)
-SWEEP = [(15.0, 4), (80.0, 10), (55.0, 12), (35.0, 14), (15.0, 22)]
+SWEEP = [(15.0, 4), (80.0, 10), (80.0, 12), (25.0, 14), (15.0, 22)]
 
 
 def served_accept(code: float, chat: float) -> float:
@@ -129,7 +129,7 @@ def test_a_live_window_finds_each_mixs_crossover_and_says_the_synthetic_t_is_wro
     before = serving(cli, inv)
     proc = cli.popen(
         "tune", "--live", "--no-promote", "-i", str(inv), "--json", "--interval", "1",
-        "--max-duration", "240", "--min-samples", "20", "--drain-timeout", "10",
+        "--max-duration", "260", "--min-samples", "20", "--drain-timeout", "10",
         "--timeout", "60",
     )  # fmt: skip
     # The sweep starts once both replicas serve the window's runs (the relaunch under way
