@@ -189,13 +189,7 @@ SPAN_FINISHES = 3
 class _Span:
     start_at: float
     start: Counts
-    last_at: float
-    last_running: float
     load: float = 0.0  # running requests x seconds since start (trapezoids between reads)
-
-    @classmethod
-    def at(cls, at: float, counts: Counts) -> _Span:
-        return cls(at, counts, at, counts.running)
 
 
 def _finished(before: Counts, after: Counts) -> float:
@@ -223,26 +217,27 @@ class Spans:
     def __init__(self, finishes: int = SPAN_FINISHES) -> None:
         self.finishes = finishes
         self._open: dict[str, _Span] = {}
-        self._last: dict[str, Counts] = {}  # each server's read before, to see a restart
+        self._last: dict[str, tuple[float, Counts]] = {}  # each server's read before
 
     def add(self, name: str, at: float, counts: Counts) -> Interval | None:
         """Server `name` read at `at`: the span it ends, else None."""
-        before, self._last[name] = self._last.get(name), counts
+        last = self._last.get(name)
+        self._last[name] = (at, counts)
         span = self._open.get(name)
-        if before is None or _went_back(before, counts):
+        if last is None or _went_back(last[1], counts):
             self._open.pop(name, None)  # no finish seen yet (since the restart)
             return None
+        last_at, before = last
         if span is None:
             if _finished(before, counts) > 0:  # a finish: the first span starts here
-                self._open[name] = _Span.at(at, counts)
+                self._open[name] = _Span(at, counts)
             return None
-        span.load += (span.last_running + counts.running) / 2 * (at - span.last_at)
-        span.last_at, span.last_running = at, counts.running
+        span.load += (before.running + counts.running) / 2 * (at - last_at)
         seconds = at - span.start_at
         if seconds <= 0:
             return None
         part = interval(span.start, counts, seconds, span.load / seconds)
         if part.requests < self.finishes:
             return None  # too few finished yet: the span goes on
-        self._open[name] = _Span.at(at, counts)
+        self._open[name] = _Span(at, counts)
         return part

@@ -261,11 +261,13 @@ def launched_fleet(
     return inv, f"http://{lab.hosts['alpha'].address}:{port}"
 
 
-def templates(cli: Any, inv: Path) -> dict[str, tuple[str, str]]:
+def templates(cli: Any, inv: Path, strict: bool = True) -> dict[str, tuple[str, str]]:
+    """Each deployment's run and state; `strict`: status must exit 0 (mid-relaunch a replica
+    reads crashed and it exits 1)."""
     from tests.test_router import run_json
 
     code, doc, err = run_json(cli, "status", "-i", str(inv))
-    assert code == 0, err
+    assert code == 0 or not strict, err
     return {d: (e["run"], e["state"]) for d, e in doc["hosts"]["alpha"]["deployments"].items()}
 
 

@@ -27,8 +27,7 @@ import pytest
 from deployctl.canary_stats import CUDA_GRAPH_SIZES
 from deployctl.ops.bench import Comparison, suggest_threshold
 from tests.load_mix import CHAT_MATCH, CHAT_PROMPT, CODE_MATCH, CODE_PROMPT, LoadMix, PromptClass
-from tests.test_router import run_json
-from tests.test_tune_live import launched_fleet
+from tests.test_tune_live import launched_fleet, templates
 
 PLAIN_MS, PLAIN_PER_REQ_MS, SPEC_MS, SPEC_PER_REQ_MS = 10.0, 0.5, 11.92, 2.73
 CODE, CHAT, OTHER = 4.5, 1.3, 2.1
@@ -90,13 +89,6 @@ def synthetic_threshold() -> int:
     return found.threshold
 
 
-def serving(cli: Any, inv: Path) -> dict[str, tuple[str, str]]:
-    """Each replica's run and state; mid-relaunch, one reads crashed (status exits 1)."""
-    _, doc, _ = run_json(cli, "status", "-i", str(inv))
-    found = doc["hosts"]["alpha"]["deployments"]
-    return {d: (found[d]["run"], found[d]["state"]) for d in ("r1", "r2")}
-
-
 def neighbours(value: float) -> tuple[int, int]:
     """The CUDA-graph buckets either side of a crossover."""
     below = max(b for b in CUDA_GRAPH_SIZES if b <= value)
@@ -126,7 +118,8 @@ def test_a_live_window_finds_each_mixs_crossover_and_says_the_synthetic_t_is_wro
         hosts, cli, tmp_path, KNOBS, router_settings=SHORTEST_QUEUE, template="eagle3",
         threshold=synthetic,
     )  # fmt: skip
-    before = serving(cli, inv)
+    replicas = ("r1", "r2")
+    before = templates(cli, inv, strict=False)
     proc = cli.popen(
         "tune", "--live", "--no-promote", "-i", str(inv), "--json", "--interval", "1",
         "--max-duration", "260", "--min-samples", "20", "--drain-timeout", "10",
@@ -138,9 +131,9 @@ def test_a_live_window_finds_each_mixs_crossover_and_says_the_synthetic_t_is_wro
     deadline = time.monotonic() + 120
     while not relaunched and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(1)
-        now = serving(cli, inv)
-        relaunched = all(now[n][0] != before[n][0] and now[n][1] == "ready" for n in before)
-    assert relaunched and proc.poll() is None, (serving(cli, inv), proc.poll())
+        now = templates(cli, inv, strict=False)
+        relaunched = all(now[n][0] != before[n][0] and now[n][1] == "ready" for n in replicas)
+    assert relaunched and proc.poll() is None, (templates(cli, inv, strict=False), proc.poll())
     mix = [
         PromptClass("code", CODE_PROMPT, weights[0]),
         PromptClass("chat", CHAT_PROMPT, weights[1]),
