@@ -89,6 +89,9 @@ def test_the_status_state_follows_what_the_probe_saw() -> None:
     assert RunStatus(RUN, alive=True, health=503).state is RunState.STARTING
     assert RunStatus(RUN, alive=False).state is RunState.CRASHED  # dead while meant to run
     assert RunStatus(stopped, alive=False).state is RunState.STOPPED
+    stopping: RunRecord = {**RUN, "stop_requested_at": 1.0}  # its stop signalled, not recorded
+    assert RunStatus(stopping, alive=False).state is RunState.STOPPED
+    assert not RunStatus(stopping, alive=False).crashed
     assert RunStatus(None).state is None
 
 

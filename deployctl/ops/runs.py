@@ -674,8 +674,10 @@ class RunStatus:
 
     @property
     def running(self) -> bool:
-        """Deployctl started it and has not stopped it."""
-        return self.run is not None and self.run.get("status") == "running"
+        """Deployctl started it and has not begun to stop it: a run dead between its stop's
+        signal and the record's `stopped` (a relaunch's old run) never reads crashed."""
+        run = self.run
+        return run is not None and run.get("status") == "running" and "stop_requested_at" not in run
 
     @property
     def crashed(self) -> bool:
