@@ -145,3 +145,22 @@ def test_a_window_that_ended_is_reported_as_its_end_look_judged_it() -> None:
     # The same samples while the window ran: a report is one look more, always-valid.
     record["state"] = "running"
     assert {b["verdict"] for b in live_record_json(record)["buckets"]} == {"undecided"}
+
+
+# The third H200 window (the same fleet and load; samples as spans of three finished requests,
+# not reads with any finish): 202 + 202 samples, T = 32 where window 2 said 16; the sweep alone
+# on the GPU put the crossover between 32 and 64 (benchmarks/h200-threshold/live3-tune.json).
+WINDOW_3 = REPO / "tests" / "data" / "real-sglang-0.5.17" / "live-window-3.json"
+
+
+def test_the_window_sampled_by_spans_is_reported_as_it_decided_at_the_sweeps_crossover() -> None:
+    record = json.loads(WINDOW_3.read_text())
+    assert record["end_look"] == {"always_valid": False, "error_share": 0.5}
+    shown = live_record_json(record)
+    verdicts = {b["bucket"]: (round(b["gain"], 2), b["verdict"]) for b in shown["buckets"]}
+    assert verdicts == {
+        4: (1.42, "win"), 16: (1.36, "win"), 32: (1.16, "win"),
+        64: (0.85, "loss"), 128: (0.65, "loss"),
+    }  # fmt: skip
+    assert (shown["crossover"]["last_win"], shown["crossover"]["first_loss"]) == (32, 64)
+    assert shown["crossover"]["threshold"] == record["threshold"] == 32
