@@ -21,14 +21,14 @@ from typing import Any, Protocol, TypeVar
 from deployctl import agent
 from deployctl import events as ev
 from deployctl.canary_stats import Judge, Sample, Verdict
-from deployctl.choices import PdRole
+from deployctl.choices import CanaryMetric, PdRole
 from deployctl.connection import Connection
 from deployctl.crash import Catalog
 from deployctl.errors import DeployctlError, MetricsError, UsageError
 from deployctl.events import DISCARD, EventSink
 from deployctl.fanout import Fleet, FleetResult, HostResult
 from deployctl.inventory import Host
-from deployctl.metrics import Counts, interval, read_counts
+from deployctl.metrics import Counts, Spans, interval, read_counts
 from deployctl.ops.driver import drive
 from deployctl.ops.kept import Kept
 from deployctl.ops.plan import Plan, Role
@@ -360,6 +360,7 @@ class Canary:
         controls = [u.rank0 for u in self.plan.controls]
         side = {h.label: "candidate" for h in canaries} | {h.label: "control" for h in controls}
         last: dict[str, Read] = {}
+        spans = Spans()
         failed = {"candidate": 0, "control": 0}
         finished = {"candidate": 0, "control": 0}
         # A round's aborted and finished requests, counted once the router answers the round
@@ -400,6 +401,7 @@ class Canary:
                     return verdict, f"canary {result.name} crashed (not serving)", _Ending.BAD
                 if result.value.counts is None:
                     continue
+                span = spans.add(result.name, result.value.at, result.value.counts)
                 before = last.get(result.name)
                 last[result.name] = result.value
                 if before is None or before.counts is None:
@@ -409,9 +411,12 @@ class Canary:
                 who = side[result.name]
                 if not silence:
                     held.append((who, part.aborted, part.requests + part.aborted))
-                value = part.value(options.metric)
-                if value is not None and part.requests > 0:
-                    judge.add(who, Sample(part.running, value, part.requests, result.name))
+                # Latencies come with each finished request; throughput over spans, which
+                # keep the time in which none finished (see Spans).
+                sampled = span if options.metric == CanaryMetric.THROUGHPUT else part
+                value = None if sampled is None else sampled.value(options.metric)
+                if sampled is not None and value is not None and sampled.requests > 0:
+                    judge.add(who, Sample(sampled.running, value, sampled.requests, result.name))
             if _fails_more(failed, finished):
                 return (
                     verdict,
