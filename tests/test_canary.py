@@ -329,12 +329,16 @@ def test_restart_tries_the_configuration_the_replicas_run_already() -> None:
     assert [u.name for u in split.candidates] == ["r0"]
 
 
-def judged_throughput(candidate_finish_every: int) -> tuple[Any, str]:
-    """A canary judging throughput over scripted reads every 0.25 s: both replicas run 4
-    requests, the control at 50 tokens/s each with a finish at every read, the candidate 30 %
-    slower (35) with a finish every `candidate_finish_every` reads (SGLang counts a request's
-    tokens when it finishes). Its verdict and why it ended."""
+def scripted_canary(
+    candidate_rate: float, finish_every: int, noise: float, max_duration: float = 20
+) -> tuple[Any, str, CanaryReport, int]:
+    """A canary judging throughput over scripted reads, one round every 0.25 s of its own
+    clock: both replicas run 4 requests, the control at 50 tokens/s each with a finish at
+    every read, the candidate at `candidate_rate` with a finish every `finish_every` reads
+    (SGLang counts a request's tokens when it finishes), each finish's tokens off by up to
+    `noise` (a fraction, at random). Its verdict, why it ended, its report and its rounds."""
     import itertools
+    import random
     import threading
 
     from deployctl.events import DISCARD
@@ -342,45 +346,60 @@ def judged_throughput(candidate_finish_every: int) -> tuple[Any, str]:
     from deployctl.ops.canary import Canary, CanaryOptions, Read
 
     plan = plan_canary(units(2), replicas=1, restart=False)
-    candidate, control = plan.candidates[0].rank0, plan.controls[0].rank0
-    router = plan.candidates[0].router
+    candidate, control, router = (
+        plan.candidates[0].rank0, plan.controls[0].rank0, plan.candidates[0].router
+    )  # fmt: skip
     tokens = {"candidate": 0.0, "control": 0.0}
     finished = {"candidate": 0, "control": 0}
     rounds = itertools.count()
+    now = [100.0]
+    jitter = random.Random(7)
 
     def replica(who: str, per_request: float, every: int, i: int) -> Counts:
-        if i > 0 and i % every == 0:  # a finish: the tokens since the last one, give or take 4 %
+        if i > 0 and i % every == 0:  # a finish: the tokens since the last one
             finished[who] += 1
-            tokens[who] += per_request * 4 * 0.25 * every * (1.04 if finished[who] % 2 else 0.96)
+            tokens[who] += per_request * 4 * 0.25 * every * (1 + jitter.uniform(-noise, noise))
         return read_of(4, tokens[who], finished[who])
 
-    def run(read: Any, hosts: Any) -> list[HostResult[Read]]:
+    def run(read: Any, hosts: Any) -> list[Any]:
         i = next(rounds)
-        at = 100.0 + 0.25 * i
-        slower = replica("candidate", 35, candidate_finish_every, i)
+        now[0] = 100.0 + 0.25 * i
+        slower = replica("candidate", candidate_rate, finish_every, i)
         return [
-            HostResult(candidate, Read(at, slower, True)),
-            HostResult(control, Read(at, replica("control", 50, 1, i), True)),
-            HostResult(router, Read(at, None, True)),
+            HostResult(candidate, Read(now[0], slower, True)),
+            HostResult(control, Read(now[0], replica("control", 50, 1, i), True)),
+            HostResult(router, Read(now[0], None, True)),
         ]
 
-    canary = Canary.__new__(Canary)
+    canary: Any = Canary.__new__(Canary)
     canary.fleet, canary.plan, canary.events = SimpleNamespace(run=run), plan, DISCARD
-    canary.options = CanaryOptions(metric="throughput", min_samples=5, interval=0, max_duration=20)
-    canary.cancel = threading.Event()
+    canary.options = CanaryOptions(
+        metric="throughput", min_samples=5, interval=0, max_duration=max_duration
+    )
+    canary.cancel, canary.clock = threading.Event(), lambda: now[0]
     canary.keeper = SimpleNamespace(router=router, keep=lambda *a: None, number=None, error="")
-    verdict, why, _ = canary._judge(CanaryReport(plan, canary.options))
-    return verdict, why
+    report = CanaryReport(plan, canary.options)
+    verdict, why, _ = canary._judge(report)
+    return verdict, why, report, next(rounds)
 
 
 def test_a_throughput_canary_keeps_the_time_of_reads_at_which_no_request_finished() -> None:
     # Read by intervals with a finish, a candidate whose requests finish every 4th read would
     # show 4 reads' tokens in one: 140 tokens/s a request against the control's 50.
     for every in (1, 4):
-        verdict, why = judged_throughput(every)
+        verdict, why, _, _ = scripted_canary(35, every, noise=0.04)
         assert verdict.state == "regression", (every, why, verdict)
         # The estimate is control ÷ candidate.
         assert verdict.estimate == pytest.approx(50 / 35, rel=0.03), (every, verdict)
+
+
+def test_a_canary_that_cannot_decide_ends_at_max_duration_by_its_own_clock() -> None:
+    # 2 % slower with ±40 % noise: no verdict either way in 30 s of the canary's clock (121
+    # rounds of 0.25 s), however fast the rounds run on this machine.
+    verdict, why, report, rounds = scripted_canary(49, 1, noise=0.4, max_duration=30)
+    assert verdict.state not in ("regression", "no_regression"), (why, verdict)
+    assert why == "inconclusive after 30s", why
+    assert report.elapsed_s == 30.0 and rounds == 121, (report.elapsed_s, rounds)
 
 
 def test_the_progress_line_shows_each_buckets_samples_and_the_estimate() -> None:

@@ -282,9 +282,11 @@ class Canary:
         options: CanaryOptions,
         events: EventSink,
         cancel: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.fleet, self.plan, self.catalog = fleet, plan, catalog
         self.available, self.options, self.events, self.cancel = available, options, events, cancel
+        self.clock = clock  # what the judging's elapsed time and --max-duration are read by
         router = plan.candidates[0].router
         assert router is not None  # plan_canary refused replicas without one
         self.keeper = Keeper(fleet, router, agent.CANARY_KEEP)
@@ -366,7 +368,7 @@ class Canary:
         # A round's aborted and finished requests, counted once the router answers the round
         # after: a router that dies aborts the requests in flight on every replica.
         held: list[tuple[str, int, int]] = []
-        started = time.monotonic()
+        started = self.clock()
         verdict: Verdict | None = None
         router = self.keeper.router
         silent = 0  # rounds in a row the router has not answered
@@ -380,6 +382,7 @@ class Canary:
             lambda: self.fleet.run(read, [*canaries, *controls, router]),
             options.interval,
             stop=self.cancel,
+            clock=self.clock,
         )
         for reads in rounds:
             silence = next(_silence(r) for r in reads if r.name == router.label)
@@ -427,7 +430,7 @@ class Canary:
                     _Ending.BAD,
                 )
             verdict = judge.verdict()
-            report.verdict, report.elapsed_s = verdict, time.monotonic() - started
+            report.verdict, report.elapsed_s = verdict, self.clock() - started
             self.events.emit(
                 ev.CanaryProgress(
                     target=self.plan.router, samples=verdict.samples,
