@@ -205,6 +205,92 @@ def test_the_view_says_the_crossover_and_whether_the_inventorys_threshold_fits_i
     assert said + "speculation loses from bucket 8" in out, out
 
 
+# ---- the window, on its own clock ---------------------------------------------------------
+
+
+def scripted_window(phases: list[tuple[float, int]], seed: int) -> tuple[LiveReport, int]:
+    """The crossover window over scripted /metrics reads, one round every 0.5 s of its own
+    clock: in each phase (seconds, batch) both replicas run `batch` requests of 48 tokens at
+    the stand-in's model (below, the lab's: speculation 3 tokens a step of 6 + 5 b ms, plain
+    1 of 10 + 0.5 b), finishing as they would, each read's rate off by up to 20 %. Its report
+    and the rounds it took."""
+    import itertools
+    import threading
+    from types import SimpleNamespace
+
+    from deployctl.canary_stats import CUDA_GRAPH_SIZES
+    from deployctl.events import DISCARD
+    from deployctl.fanout import HostResult
+    from deployctl.ops.canary import Read
+    from deployctl.ops.rollout import UnitOutcome, UnitResult
+    from deployctl.ops.tune.live import LiveOptions, LiveTune
+    from tests.test_canary import read_of, units
+
+    speculative, plain = units(2)
+    router = speculative.router
+    per_request = {
+        "speculative": lambda b: 3000 / (6 + 5 * b),
+        "plain": lambda b: 1000 / (10 + 0.5 * b),
+    }  # fmt: skip
+    state = {side: {"tokens": 0.0, "finished": 0, "due": 0.0} for side in per_request}
+    rng = random.Random(seed)
+    rounds = itertools.count()
+    ends = list(itertools.accumulate(seconds for seconds, _ in phases))
+    now = [0.0]
+
+    def replica(side: str, batch: int) -> Any:
+        counts = state[side]
+        rate = batch * per_request[side](batch) / 48  # requests finishing a second
+        counts["due"] += rate * 0.5 * rng.uniform(0.8, 1.2)
+        done = int(counts["due"])
+        counts["due"] -= done
+        counts["finished"] += done
+        counts["tokens"] += 48 * done
+        return read_of(batch, counts["tokens"], counts["finished"])
+
+    def run(read: Any, hosts: Any) -> list[Any]:
+        now[0] = 0.5 * next(rounds)
+        batch = next(
+            (b for (_, b), end in zip(phases, ends, strict=True) if now[0] < end), phases[-1][1]
+        )
+        return [
+            HostResult(speculative.rank0, Read(now[0], replica("speculative", batch), True)),
+            HostResult(plain.rank0, Read(now[0], replica("plain", batch), True)),
+            HostResult(router, Read(now[0], None, True)),
+        ]
+
+    tune: Any = LiveTune.__new__(LiveTune)
+    tune.fleet, tune.events, tune.samples = SimpleNamespace(run=run), DISCARD, []
+    tune.plan = SimpleNamespace(
+        router=router, speculative=speculative, plain=plain,
+        replicas=[speculative.rank0, plain.rank0], sizes=CUDA_GRAPH_SIZES,
+    )  # fmt: skip
+    tune.options = LiveOptions(interval=0.5, max_duration=sum(s for s, _ in phases), precision=0)
+    tune.cancel, tune.clock = threading.Event(), lambda: now[0]
+    tune.keeper = SimpleNamespace(keep=lambda *a: None, number=None, error="", last=None)
+    tune._relaunch = lambda units: [UnitResult(u.name, UnitOutcome.REPLACED) for u in units]
+    report = LiveReport(tune.plan, tune.options)
+    assert tune._crossover(report) == ""
+    return report, next(rounds)
+
+
+def test_a_window_on_its_own_clock_brackets_the_models_crossover() -> None:
+    # The model's gain: 2.06 at a batch of 2, 1.38 at 4, 1.08 at 6, 0.99 at 7, 0.80 at 10.
+    phases = [(60.0, b) for b in (2, 4, 6, 8, 10, 12)]
+    report, rounds = scripted_window(phases, seed=5)
+    assert rounds == 721 and report.elapsed_s == 360.0, (rounds, report.elapsed_s)
+    verdicts = {i.bucket: i for i in report.intervals}
+    said = {b: (i.samples, round(1 / i.ratio, 2)) for b, i in verdicts.items()}  # gains
+    crossover = report.crossover
+    assert crossover is not None, said
+    assert crossover.first_loss is not None and crossover.last_win is not None, said
+    assert crossover.last_win < TRUE_CROSSOVER < crossover.first_loss, said
+    assert crossover.threshold == crossover.last_win in (4, 5, 6), said
+    # Where the window holds a phase, its gain is the model's within 10 % (seeds 1-8: 6 %).
+    model = {2: 2.06, 8: 0.91, 10: 0.80, 12: 0.73}
+    assert all(abs(said[b][1] / gain - 1) < 0.1 for b, gain in model.items()), said
+
+
 # ---- the window, in the lab ----------------------------------------------------------------------
 
 # The stand-in's model (tests/standin/README.md): a plain step over b requests takes

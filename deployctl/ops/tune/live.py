@@ -239,9 +239,11 @@ class LiveTune:
         options: LiveOptions,
         events: EventSink,
         cancel: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.fleet, self.plan, self.catalog = fleet, plan, catalog
         self.available, self.options, self.events, self.cancel = available, options, events, cancel
+        self.clock = clock  # what a window's elapsed time and --max-duration are read by
         self.touched: dict[str, UnitPlan] = {}  # every unit relaunched, by name
         self.previous: dict[str, Serving] = {}  # what each of their hosts served before
         self.keeper = Keeper(fleet, plan.router, agent.LIVE_KEEP)
@@ -435,7 +437,7 @@ class LiveTune:
         router = self.plan.router
         replicas = [h for h in self.plan.replicas if h.label in sides]
         spans = Spans()
-        before_window, started = report.elapsed_s, time.monotonic()
+        before_window, started = report.elapsed_s, self.clock()
         silent = 0  # rounds in a row the router has not answered
 
         def read(host: Host, conn: Connection) -> Read:
@@ -444,7 +446,10 @@ class LiveTune:
             return read_replica(host, conn)
 
         rounds = status_rounds(
-            lambda: self.fleet.run(read, [*replicas, router]), options.interval, stop=self.cancel
+            lambda: self.fleet.run(read, [*replicas, router]),
+            options.interval,
+            stop=self.cancel,
+            clock=self.clock,
         )
         for reads in rounds:
             for result in reads:
@@ -464,7 +469,7 @@ class LiveTune:
                     add(sides[result.name], sample)
             if silent >= ROUTER_SILENT_ROUNDS:
                 return f"router {router.label} stopped answering"
-            elapsed = time.monotonic() - started
+            elapsed = self.clock() - started
             report.elapsed_s = before_window + elapsed  # the windows' lengths, summed
             each_round(elapsed)
             if elapsed >= options.max_duration or enough():
