@@ -89,10 +89,24 @@ def test_the_status_state_follows_what_the_probe_saw() -> None:
     assert RunStatus(RUN, alive=True, health=503).state is RunState.STARTING
     assert RunStatus(RUN, alive=False).state is RunState.CRASHED  # dead while meant to run
     assert RunStatus(stopped, alive=False).state is RunState.STOPPED
-    stopping: RunRecord = {**RUN, "stop_requested_at": 1.0}  # its stop signalled, not recorded
+    # Its stop signalled it and has 60 s left: gone, it is not recorded stopped yet.
+    stopping: RunRecord = {**RUN, "stop_requested_at": time.time(), "stop_budget_s": 60.0}
     assert RunStatus(stopping, alive=False).state is RunState.STOPPED
     assert not RunStatus(stopping, alive=False).crashed
+    assert RunStatus(stopping, alive=True, health=200).state is RunState.READY  # draining
+    # A mark past its budget (and the clocks' skew) is a stop whose agent died: meant to run.
+    stale: RunRecord = {**stopping, "stop_requested_at": time.time() - 121}
+    assert RunStatus(stale, alive=False).state is RunState.CRASHED
     assert RunStatus(None).state is None
+
+
+def test_a_unit_that_is_stopping_reads_as_it_is_until_it_is_gone() -> None:
+    stopping: RunRecord = {**RUN, "stop_requested_at": time.time(), "stop_budget_s": 60.0}
+    host = Host("alpha", dict(DEFAULT_VARS), "kimi")
+    draining = runs.Unit("kimi", [HostResult(host, RunStatus(stopping, alive=True, health=200))])
+    assert draining.state is UnitState.READY and not draining.down
+    gone = runs.Unit("kimi", [HostResult(host, RunStatus(stopping, alive=False))])
+    assert gone.state is UnitState.STOPPED and not gone.crashed
 
 
 def test_terminal_states_are_the_ones_where_nothing_of_the_run_is_left() -> None:

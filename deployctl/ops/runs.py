@@ -72,6 +72,7 @@ from deployctl.remote.protocol import (
     FIRST_SIGNAL_NONE,
     GPUS_COMMAND,
     SHUTDOWN_DRAINED,
+    STOP_MARGIN_S,
     MetricsPage,
     Placement,
     PollReply,
@@ -88,6 +89,8 @@ from deployctl.text import plain
 
 # Seconds a replaced run gets between SIGTERM and SIGKILL unless the caller says otherwise.
 DEFAULT_STOP_TIMEOUT = 30.0
+# How far a host's wall clock may be from this one's, where a stop's mark (host time) is read.
+CLOCK_SKEW_S = 60.0
 
 
 class RunState(StrEnum):
@@ -637,7 +640,7 @@ def end_run(
     # The agent waits `timeout` for the drain, up to 10 s for the group's SIGTERM, then up
     # to 10 s after SIGKILL: the round trip must outlast them all, whatever the host's
     # command timeout.
-    limit = max(conn.command_timeout, timeout + 30)
+    limit = max(conn.command_timeout, timeout + STOP_MARGIN_S)
     return agent.call(host, conn, agent.STOP, args, timeout=limit)
 
 
@@ -674,10 +677,20 @@ class RunStatus:
 
     @property
     def running(self) -> bool:
-        """Deployctl started it and has not begun to stop it: a run dead between its stop's
-        signal and the record's `stopped` (a relaunch's old run) never reads crashed."""
+        """Deployctl started it and is not stopping it: a run dead between its stop's signal
+        and the record's `stopped` (a relaunch's old run) never reads crashed."""
         run = self.run
-        return run is not None and run.get("status") == "running" and "stop_requested_at" not in run
+        return run is not None and run.get("status") == "running" and not self.stopping
+
+    @property
+    def stopping(self) -> bool:
+        """A stop of it began and may still be under way: its mark is younger than the stop's
+        budget (older, the stop's agent died and the run is meant to run again)."""
+        run = self.run
+        if run is None or "stop_requested_at" not in run:
+            return False
+        budget = run.get("stop_budget_s", DEFAULT_STOP_TIMEOUT + STOP_MARGIN_S)  # older marks
+        return time.time() - run["stop_requested_at"] < budget + CLOCK_SKEW_S
 
     @property
     def crashed(self) -> bool:
@@ -701,7 +714,7 @@ class RunStatus:
     @property
     def warnings(self) -> list[CrashReport]:
         """Traces in the log of a server that is alive and healthy."""
-        return [] if self.crashed else self.crashes
+        return self.crashes if self.alive and not self.crashed else []
 
     @property
     def ready(self) -> bool:
@@ -1033,7 +1046,7 @@ class Unit:
             # Without rank 0 there is no API: the group is down whatever the others do.
             rank0_down = self.nodes[0].host.name in self.down
             return UnitState.CRASHED if rank0_down else UnitState.DEGRADED
-        if not any(s and s.running for s in statuses):
+        if not any(s and (s.running or s.alive) for s in statuses):  # alive: stopping
             return UnitState.STOPPED
         first = statuses[0]
         ready = first is not None and first.ready and all(s and s.alive for s in statuses)

@@ -7,9 +7,11 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import Any, NoReturn
+import time
+from typing import Any, NoReturn, cast
 
 from .patch_types import ReadArgs, ReadReply
+from .protocol import STOP_MARGIN_S, RunRecord
 
 
 def digest(data: bytes | None) -> str | None:
@@ -106,3 +108,10 @@ def cmd_read(args: ReadArgs) -> ReadReply:
         data = read_bytes(os.path.join(args["base"], path))
         contents[path] = None if data is None else base64.b64encode(data).decode()
     return {"files": contents}
+
+
+def marked_stopping(run: RunRecord, timeout: float, **more: Any) -> RunRecord:
+    """`run` with a stop's marks (protocol.StopMarks): begun now, ending within `timeout`
+    (its drain) and the margin."""
+    marks = {"stop_requested_at": time.time(), "stop_budget_s": timeout + STOP_MARGIN_S}
+    return cast(RunRecord, {**run, **marks, **more})

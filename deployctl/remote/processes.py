@@ -10,7 +10,7 @@ import subprocess
 import time
 from typing import cast
 
-from .files import state_path, write_json
+from .files import marked_stopping, state_path, write_json
 from .protocol import (
     FIRST_SIGNAL_GROUP,
     FIRST_SIGNAL_LEADER,
@@ -138,7 +138,7 @@ class ProcessLauncher:
         shutdown, shutdown_s = None, None
         record = state_path(state_dir, "runs", run["id"] + ".json")
         if members and run["status"] == "running":
-            run = cast(RunRecord, dict(run, stop_requested_at=time.time()))
+            run = marked_stopping(run, timeout)
             write_json(record, run)
         if members:
             began = time.monotonic()

@@ -287,9 +287,23 @@ class PlacedRecord(TypedDict, total=False):
     job: Placement  # a placed run's last known placement (the key records have always had)
 
 
-class RunRecord(RunInfo, LeaderIdentity, PlacedRecord):
-    # A stop also writes `stop_requested_at` before it signals the run (a launch waiting for
-    # it then knows why it died) and `stopped_at` once it has ended.
+class StopMarks(TypedDict, total=False):
+    """What a stop writes in the record: before it signals the run, when (host time) and the
+    longest it may take (a launch waiting for the run then knows why it died, and `status`
+    reads it stopping, not crashed, while it is gone but not yet recorded so); once it ended,
+    when. A mark older than its budget is a stop whose agent died: no longer honoured."""
+
+    stop_requested_at: float
+    stop_budget_s: float
+    stopped_at: float
+
+
+# The longest a stop's agent takes past its drain timeout: SIGTERM to the group, then SIGKILL
+# (each up to 10 s); the client's round trip allows as much.
+STOP_MARGIN_S = 30.0
+
+
+class RunRecord(RunInfo, LeaderIdentity, PlacedRecord, StopMarks):
     id: str
     log: str
     pid: int

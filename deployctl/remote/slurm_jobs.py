@@ -11,7 +11,7 @@ import subprocess
 import time
 from typing import cast
 
-from .files import fail, read_json, state_path, write_atomic, write_json
+from .files import fail, marked_stopping, read_json, state_path, write_atomic, write_json
 from .placements import ACTIVE_JOB_STATES, SLURM, STEP_DRAINS, STOP_SIGNAL
 from .protocol import (
     SHUTDOWN_CUT,
@@ -240,7 +240,7 @@ def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
     record = state_path(state_dir, "runs", run["id"] + ".json")
     was = query_job(run["job"]["id"], run["job"])
     if job_alive(was) and run["status"] == "running":
-        run = cast(RunRecord, dict(run, stop_requested_at=time.time(), job=was))
+        run = marked_stopping(run, timeout, job=was)
         write_json(record, run, mode=0o600)
     began = time.monotonic()
     job, shutdown = stop_job(state_dir, run, timeout) if job_alive(was) else (was, None)
