@@ -414,11 +414,14 @@ class Canary:
                 who = side[result.name]
                 if not silence:
                     held.append((who, part.aborted, part.requests + part.aborted))
-                # Latencies come with each finished request; throughput over spans, which
-                # keep the time in which none finished (see Spans).
+                # A latency is a median of the interval's observations: one without any
+                # loses no time. Throughput is tokens over time, and tokens are counted as
+                # requests finish: over spans, which keep the time in which none did.
                 sampled = span if options.metric == CanaryMetric.THROUGHPUT else part
-                value = None if sampled is None else sampled.value(options.metric)
-                if sampled is not None and value is not None and sampled.requests > 0:
+                if sampled is None or sampled.requests == 0:
+                    continue
+                value = sampled.value(options.metric)
+                if value is not None:
                     judge.add(who, Sample(sampled.running, value, sampled.requests, result.name))
             if _fails_more(failed, finished):
                 return (
