@@ -120,8 +120,8 @@ class LoadMix:
             while (now := self._now()) < end:
                 # Each start is judged at its own moment: on a loaded machine a burst of
                 # starts judged at one clock read ran past a step's end into a smaller one.
-                while self._in_flight < self.target(now := self._now()):
-                    self._send(now)
+                while self._in_flight < self.target(self._now()):
+                    self._send()
                 # Wake for a request's end or the next step of the schedule, whichever first.
                 self._cond.wait(max(0.001, min(self._step_at(now)[0], end) - now))
             threads = list(self._threads)
@@ -137,11 +137,11 @@ class LoadMix:
     def _now(self) -> float:
         return time.monotonic() - self._t0
 
-    def _send(self, now: float) -> None:
-        """Start one request, judged due at `now` (the caller holds the condition)."""
+    def _send(self) -> None:
+        """Start one request (the caller holds the condition)."""
         weights = [c.weight for c in self.mix]
         chosen = self._rng.choices(self.mix, weights)[0]
-        outcome = Outcome(chosen.name, now)
+        outcome = Outcome(chosen.name, self._now())
         self._outcomes.append(outcome)
         self._in_flight += 1
         self.in_flight_log.append((outcome.started_s, self._in_flight))
