@@ -333,7 +333,7 @@ def scripted_canary(
     candidate_rate: float, finish_every: int, noise: float, max_duration: float = 20
 ) -> tuple[Any, str, CanaryReport, int]:
     """A canary judging throughput over scripted reads, one round every 0.25 s of its own
-    clock: both replicas run 4 requests, the control at 50 tokens/s each with a finish at
+    clock (`--interval 0`: no round waits): both replicas run 4 requests, the control at 50 tokens/s each with a finish at
     every read, the candidate at `candidate_rate` with a finish every `finish_every` reads
     (SGLang counts a request's tokens when it finishes), each finish's tokens off by up to
     `noise` (a fraction, at random). Its verdict, why it ended, its report and its rounds."""

@@ -149,7 +149,8 @@ def test_a_window_that_ended_is_reported_as_its_end_look_judged_it() -> None:
 
 # The third H200 window (the same fleet and load; samples as spans of three finished requests,
 # not reads with any finish): 202 + 202 samples, T = 32 where window 2 said 16; the sweep alone
-# on the GPU put the crossover between 32 and 64 (benchmarks/h200-threshold/live3-tune.json).
+# on the GPU put the crossover between 32 and 64 (benchmarks/README.md, the window's table;
+# the window's document is benchmarks/h200-threshold/live3-tune.json).
 WINDOW_3 = REPO / "tests" / "data" / "real-sglang-0.5.17" / "live-window-3.json"
 
 

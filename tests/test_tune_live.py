@@ -210,7 +210,8 @@ def test_the_view_says_the_crossover_and_whether_the_inventorys_threshold_fits_i
 
 def scripted_window(phases: list[tuple[float, int]], seed: int) -> tuple[LiveReport, int]:
     """The crossover window over scripted /metrics reads, one round every 0.5 s of its own
-    clock: in each phase (seconds, batch) both replicas run `batch` requests of 48 tokens at
+    clock (each round's reads move it on by one interval, so no round waits, but the first
+    round's 0.5 s): in each phase (seconds, batch) both replicas run `batch` requests of 48 tokens at
     the stand-in's model (below, the lab's: speculation 3 tokens a step of 6 + 5 b ms, plain
     1 of 10 + 0.5 b), finishing as they would, each read's rate off by up to 20 %. Its report
     and the rounds it took."""
