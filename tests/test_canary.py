@@ -333,26 +333,24 @@ def scripted_canary(
     candidate_rate: float, finish_every: int, noise: float, max_duration: float = 20
 ) -> tuple[Any, str, CanaryReport, int]:
     """A canary judging throughput over scripted reads, one round every 0.25 s of its own
-    clock (`--interval 0`: no round waits): both replicas run 4 requests, the control at 50 tokens/s each with a finish at
-    every read, the candidate at `candidate_rate` with a finish every `finish_every` reads
-    (SGLang counts a request's tokens when it finishes), each finish's tokens off by up to
-    `noise` (a fraction, at random). Its verdict, why it ended, its report and its rounds."""
-    import itertools
+    clock (`--interval 0`: no round waits): both replicas run 4 requests, the control at 50
+    tokens/s each with a finish at every read, the candidate at `candidate_rate` with a finish
+    every `finish_every` reads (SGLang counts a request's tokens when it finishes), each
+    finish's tokens off by up to `noise` (a fraction, at random). Its verdict, why it ended,
+    its report and its rounds."""
     import random
     import threading
+    from functools import partial
 
     from deployctl.events import DISCARD
-    from deployctl.fanout import HostResult
-    from deployctl.ops.canary import Canary, CanaryOptions, Read
+    from deployctl.ops.canary import Canary, CanaryOptions
+    from tests.scripted_reads import ScriptedFleet
 
     plan = plan_canary(units(2), replicas=1, restart=False)
-    candidate, control, router = (
-        plan.candidates[0].rank0, plan.controls[0].rank0, plan.candidates[0].router
-    )  # fmt: skip
+    router = plan.candidates[0].router
+    assert router is not None
     tokens = {"candidate": 0.0, "control": 0.0}
     finished = {"candidate": 0, "control": 0}
-    rounds = itertools.count()
-    now = [100.0]
     jitter = random.Random(7)
 
     def replica(who: str, per_request: float, every: int, i: int) -> Counts:
@@ -361,26 +359,20 @@ def scripted_canary(
             tokens[who] += per_request * 4 * 0.25 * every * (1 + jitter.uniform(-noise, noise))
         return read_of(4, tokens[who], finished[who])
 
-    def run(read: Any, hosts: Any) -> list[Any]:
-        i = next(rounds)
-        now[0] = 100.0 + 0.25 * i
-        slower = replica("candidate", candidate_rate, finish_every, i)
-        return [
-            HostResult(candidate, Read(now[0], slower, True)),
-            HostResult(control, Read(now[0], replica("control", 50, 1, i), True)),
-            HostResult(router, Read(now[0], None, True)),
-        ]
-
+    fleet = ScriptedFleet(0.25, [
+        (plan.candidates[0].rank0, partial(replica, "candidate", candidate_rate, finish_every)),
+        (plan.controls[0].rank0, partial(replica, "control", 50, 1)),
+    ], router, start=100.0)  # fmt: skip
     canary: Any = Canary.__new__(Canary)
-    canary.fleet, canary.plan, canary.events = SimpleNamespace(run=run), plan, DISCARD
+    canary.fleet, canary.plan, canary.events, canary.clock = fleet, plan, DISCARD, fleet.clock
     canary.options = CanaryOptions(
         metric="throughput", min_samples=5, interval=0, max_duration=max_duration
     )
-    canary.cancel, canary.clock = threading.Event(), lambda: now[0]
+    canary.cancel = threading.Event()
     canary.keeper = SimpleNamespace(router=router, keep=lambda *a: None, number=None, error="")
     report = CanaryReport(plan, canary.options)
     verdict, why, _ = canary._judge(report)
-    return verdict, why, report, next(rounds)
+    return verdict, why, report, fleet.rounds
 
 
 def test_a_throughput_canary_keeps_the_time_of_reads_at_which_no_request_finished() -> None:

@@ -210,36 +210,36 @@ def test_the_view_says_the_crossover_and_whether_the_inventorys_threshold_fits_i
 
 def scripted_window(phases: list[tuple[float, int]], seed: int) -> tuple[LiveReport, int]:
     """The crossover window over scripted /metrics reads, one round every 0.5 s of its own
-    clock (each round's reads move it on by one interval, so no round waits, but the first
-    round's 0.5 s): in each phase (seconds, batch) both replicas run `batch` requests of 48 tokens at
-    the stand-in's model (below, the lab's: speculation 3 tokens a step of 6 + 5 b ms, plain
-    1 of 10 + 0.5 b), finishing as they would, each read's rate off by up to 20 %. Its report
-    and the rounds it took."""
+    clock (tests/scripted_reads.py): in each phase (seconds, batch) both replicas run `batch`
+    requests of 48 tokens at the stand-in's model (below, the lab's: speculation 3 tokens a
+    step of 6 + 5 b ms, plain 1 of 10 + 0.5 b), finishing as they would, each read's rate off
+    by up to 20 %. Its report and the rounds it took."""
     import itertools
     import threading
+    from functools import partial
     from types import SimpleNamespace
 
     from deployctl.canary_stats import CUDA_GRAPH_SIZES
     from deployctl.events import DISCARD
-    from deployctl.fanout import HostResult
-    from deployctl.ops.canary import Read
     from deployctl.ops.rollout import UnitOutcome, UnitResult
     from deployctl.ops.tune.live import LiveOptions, LiveTune
+    from tests.scripted_reads import ScriptedFleet
     from tests.test_canary import read_of, units
 
     speculative, plain = units(2)
-    router = speculative.router
+    assert speculative.router is not None
     per_request = {
         "speculative": lambda b: 3000 / (6 + 5 * b),
         "plain": lambda b: 1000 / (10 + 0.5 * b),
     }  # fmt: skip
     state = {side: {"tokens": 0.0, "finished": 0, "due": 0.0} for side in per_request}
     rng = random.Random(seed)
-    rounds = itertools.count()
     ends = list(itertools.accumulate(seconds for seconds, _ in phases))
-    now = [0.0]
 
-    def replica(side: str, batch: int) -> Any:
+    def replica(side: str, i: int) -> Any:
+        at = 0.5 * i
+        last = phases[-1][1]  # the window's last read, at its very end
+        batch = next((b for (_, b), end in zip(phases, ends, strict=True) if at < end), last)
         counts = state[side]
         rate = batch * per_request[side](batch) / 48  # requests finishing a second
         counts["due"] += rate * 0.5 * rng.uniform(0.8, 1.2)
@@ -249,30 +249,23 @@ def scripted_window(phases: list[tuple[float, int]], seed: int) -> tuple[LiveRep
         counts["tokens"] += 48 * done
         return read_of(batch, counts["tokens"], counts["finished"])
 
-    def run(read: Any, hosts: Any) -> list[Any]:
-        now[0] = 0.5 * next(rounds)
-        batch = next(
-            (b for (_, b), end in zip(phases, ends, strict=True) if now[0] < end), phases[-1][1]
-        )
-        return [
-            HostResult(speculative.rank0, Read(now[0], replica("speculative", batch), True)),
-            HostResult(plain.rank0, Read(now[0], replica("plain", batch), True)),
-            HostResult(router, Read(now[0], None, True)),
-        ]
-
+    fleet = ScriptedFleet(0.5, [
+        (speculative.rank0, partial(replica, "speculative")),
+        (plain.rank0, partial(replica, "plain")),
+    ], speculative.router)  # fmt: skip
     tune: Any = LiveTune.__new__(LiveTune)
-    tune.fleet, tune.events, tune.samples = SimpleNamespace(run=run), DISCARD, []
+    tune.fleet, tune.events, tune.samples, tune.clock = fleet, DISCARD, [], fleet.clock
     tune.plan = SimpleNamespace(
-        router=router, speculative=speculative, plain=plain,
+        router=speculative.router, speculative=speculative, plain=plain,
         replicas=[speculative.rank0, plain.rank0], sizes=CUDA_GRAPH_SIZES,
     )  # fmt: skip
     tune.options = LiveOptions(interval=0.5, max_duration=sum(s for s, _ in phases), precision=0)
-    tune.cancel, tune.clock = threading.Event(), lambda: now[0]
+    tune.cancel = threading.Event()
     tune.keeper = SimpleNamespace(keep=lambda *a: None, number=None, error="", last=None)
     tune._relaunch = lambda units: [UnitResult(u.name, UnitOutcome.REPLACED) for u in units]
     report = LiveReport(tune.plan, tune.options)
     assert tune._crossover(report) == ""
-    return report, next(rounds)
+    return report, fleet.rounds
 
 
 def test_a_window_on_its_own_clock_brackets_the_models_crossover() -> None:
