@@ -43,9 +43,13 @@ import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from deployctl.choices import CanaryMetric
 from deployctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from deployctl.metrics import Interval
 
 # itl/ttft: seconds, lower is better; throughput: output tokens/s per running request, higher is better.
 METRICS = tuple(str(m) for m in CanaryMetric)
@@ -124,6 +128,15 @@ class Sample:
         int  # requests finished in the interval (0: the sample carries no information, ignored)
     )
     source: str = ""  # the replica it came from: serial correlation is measured per replica
+
+
+def interval_sample(part: Interval | None, metric: str, source: str) -> Sample | None:
+    """A replica's interval (or span) as a sample of `metric`; None when it has none (no
+    request finished in it, or the metric is not defined there)."""
+    if part is None or part.requests == 0:
+        return None
+    value = part.value(metric)
+    return None if value is None else Sample(part.running, value, part.requests, source)
 
 
 @dataclass(frozen=True)

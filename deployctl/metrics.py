@@ -145,16 +145,19 @@ def read_counts(text: str) -> Counts:
     return Counts(gauges, counters, histograms)
 
 
+def counter_delta(before: Counts, after: Counts, name: str) -> float:
+    """How much counter `name` grew between two reads; one that went back (the server
+    restarted) counts from zero."""
+    now, then = after.counters.get(name, 0.0), before.counters.get(name, 0.0)
+    return now - then if now >= then else now
+
+
 def interval(
     before: Counts, after: Counts, seconds: float, running: float | None = None
 ) -> Interval:
     """The interval between two reads (a counter that went back: the server restarted, and
     the interval counts from zero). Its load is `running` (the mean of more reads than two)
     or the mean of the two reads' running requests."""
-
-    def delta(name: str) -> float:
-        now, then = after.counters.get(name, 0.0), before.counters.get(name, 0.0)
-        return now - then if now >= then else now
 
     def median(name: str) -> float | None:
         now, then = after.histograms.get(name, {}), before.histograms.get(name, {})
@@ -164,13 +167,13 @@ def interval(
 
     if running is None:
         running = (before.running + after.running) / 2
-    tokens = delta("generation_tokens_total")
+    tokens = counter_delta(before, after, "generation_tokens_total")
     per_request = tokens / seconds / running if seconds > 0 and running > 0 else None
     return Interval(
         seconds,
         running,
-        int(delta("num_requests_total")),
-        int(delta("num_aborted_requests_total")),
+        int(counter_delta(before, after, "num_requests_total")),
+        int(counter_delta(before, after, "num_aborted_requests_total")),
         median("inter_token_latency_seconds"),
         median("time_to_first_token_seconds"),
         per_request,
@@ -190,11 +193,6 @@ class _Span:
     start_at: float
     start: Counts
     load: float = 0.0  # running requests x seconds since start (trapezoids between reads)
-
-
-def _finished(before: Counts, after: Counts) -> float:
-    name = "num_requests_total"
-    return after.counters.get(name, 0.0) - before.counters.get(name, 0.0)
 
 
 def _went_back(before: Counts, after: Counts) -> bool:
@@ -229,7 +227,7 @@ class Spans:
             return None
         last_at, before = last
         if span is None:
-            if _finished(before, counts) > 0:  # a finish: the first span starts here
+            if counter_delta(before, counts, "num_requests_total") > 0:  # the first span
                 self._open[name] = _Span(at, counts)
             return None
         span.load += (before.running + counts.running) / 2 * (at - last_at)

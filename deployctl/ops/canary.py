@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 from deployctl import agent
 from deployctl import events as ev
-from deployctl.canary_stats import Judge, Sample, Verdict
+from deployctl.canary_stats import Judge, Verdict, interval_sample
 from deployctl.choices import CanaryMetric, PdRole
 from deployctl.connection import Connection
 from deployctl.crash import Catalog
@@ -418,11 +418,9 @@ class Canary:
                 # loses no time. Throughput is tokens over time, and tokens are counted as
                 # requests finish: over spans, which keep the time in which none did.
                 sampled = span if options.metric == CanaryMetric.THROUGHPUT else part
-                if sampled is None or sampled.requests == 0:
-                    continue
-                value = sampled.value(options.metric)
-                if value is not None:
-                    judge.add(who, Sample(sampled.running, value, sampled.requests, result.name))
+                sample = interval_sample(sampled, options.metric, result.name)
+                if sample is not None:
+                    judge.add(who, sample)
             if _fails_more(failed, finished):
                 return (
                     verdict,

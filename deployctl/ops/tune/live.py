@@ -25,6 +25,7 @@ from deployctl.canary_stats import (
     Judge,
     Sample,
     bucket_index,
+    interval_sample,
 )
 from deployctl.choices import SpeculationPolicy
 from deployctl.connection import Connection
@@ -464,8 +465,8 @@ class LiveTune:
                 if now.counts is None:
                     continue
                 part = spans.add(result.name, now.at, now.counts)
-                if part is not None and part.throughput is not None:
-                    sample = Sample(part.running, part.throughput, part.requests, result.name)
+                sample = interval_sample(part, "throughput", result.name)
+                if sample is not None:
                     add(sides[result.name], sample)
             if silent >= ROUTER_SILENT_ROUNDS:
                 return f"router {router.label} stopped answering"
