@@ -362,7 +362,8 @@ class Canary:
         controls = [u.rank0 for u in self.plan.controls]
         side = {h.label: "candidate" for h in canaries} | {h.label: "control" for h in controls}
         last: dict[str, Read] = {}
-        spans = Spans()
+        # Throughput only: spans (see below); a latency canary reads no span at all.
+        spans = Spans() if options.metric == CanaryMetric.THROUGHPUT else None
         failed = {"candidate": 0, "control": 0}
         finished = {"candidate": 0, "control": 0}
         # A round's aborted and finished requests, counted once the router answers the round
@@ -404,7 +405,8 @@ class Canary:
                     return verdict, f"canary {result.name} crashed (not serving)", _Ending.BAD
                 if result.value.counts is None:
                     continue
-                span = spans.add(result.name, result.value.at, result.value.counts)
+                at, counts = result.value.at, result.value.counts
+                span = None if spans is None else spans.add(result.name, at, counts)
                 before = last.get(result.name)
                 last[result.name] = result.value
                 if before is None or before.counts is None:
@@ -417,7 +419,7 @@ class Canary:
                 # A latency is a median of the interval's observations: one without any
                 # loses no time. Throughput is tokens over time, and tokens are counted as
                 # requests finish: over spans, which keep the time in which none did.
-                sampled = span if options.metric == CanaryMetric.THROUGHPUT else part
+                sampled = part if spans is None else span
                 sample = interval_sample(sampled, options.metric, result.name)
                 if sample is not None:
                     judge.add(who, sample)
