@@ -88,7 +88,7 @@ from fleet import (  # noqa: E402 - needs the path above
 
 from deployctl.dashboard.server import PAGE_FILES, STATIC  # noqa: E402
 from tests.browser import CHROMIUM, VIEWPORT, missing_browser, running_browser  # noqa: E402
-from tests.sshd_hosts import STANDIN, SSHLab, free_port, sh, stop_lab  # noqa: E402
+from tests.sshd_hosts import SSHLab, copy_standin, free_port, sh, stop_lab  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 INTERVAL = 2.0
@@ -130,7 +130,7 @@ def install_dashboard_extra() -> None:
 def launch_standin(lab: SSHLab, work: Path, name: str, env: dict[str, str]) -> Path:
     """Give one host the stand-in and launch it; return that host's inventory."""
     host = lab.hosts[name]
-    shutil.copy(STANDIN, host.home / STANDIN.name)
+    copy_standin(host.home)
     model = host.home / "model"
     model.mkdir(exist_ok=True)
     (model / "standin.json").write_text(json.dumps({"startup_s": 0.3}))

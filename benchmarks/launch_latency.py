@@ -20,7 +20,7 @@ Passes (ready and crash trials interleaved in each):
   plain    the figures above, `python -m deployctl` exactly as a user runs it
   traced   the same through a wrapper that timestamps each agent round trip in wait_ready,
            wait_ready's return and atexit, to split the latency into its parts
-  standin  tests/standin/sglang_standin.py (knobs: startup_s random 0.8-1.4, crash=startup,
+  standin  tests/standin/sglang_standin (knobs: startup_s random 0.8-1.4, crash=startup,
            drain_s=0); the write time is taken by a 2 ms watcher on the log file
 plus a breakdown of one poll round trip (ssh exec, python start-up, the agent's own work)
 measured over the same sshd with a ready server running.
@@ -55,7 +55,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.sshd_hosts import HOST_PYTHON, STANDIN, SSHLab, TestHost, free_port, sh, start_lab  # noqa: E402
+from tests.sshd_hosts import HOST_PYTHON, SSHLab, TestHost, copy_standin, free_port, sh, start_lab  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Its own host name (so its own login user, dct-launchlat): test sessions use alpha…delta.
@@ -275,7 +275,7 @@ def chown_home(host: TestHost) -> None:
 def setup(lab: SSHLab, base: Path, seed: int) -> Bench:
     host = lab.hosts[HOST]
     (host.home / f"{SERVER_MODULE}.py").write_text(SERVER_SOURCE)
-    shutil.copy(STANDIN, host.home / STANDIN.name)
+    copy_standin(host.home)
     model = host.home / "model"
     standin_model = host.home / "standin-model"
     model.mkdir()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.sshd_hosts import HOST_PYTHON, REPO, TestHost, locked, sh
+from tests.sshd_hosts import HOST_PYTHON, REPO, TestHost, copy_standin, locked, sh
 
 SGLANG_VERSION = "0.5.23"
 WHEELS = REPO / ".cache" / "wheels"
@@ -187,7 +187,7 @@ def install_on(host: TestHost, template: Path, standin: Path | None = None) -> s
     venv = host.home / "venv"
     sh("cp", "-al", template, venv)
     if standin is not None:
-        shutil.copy(standin, venv / SITE / standin.name)
+        copy_standin(venv / SITE, standin)  # root's files, readable; its folders chowned below
     sh("find", venv, "-type", "d", "-exec", "chown", f"{host.user}:{host.user}", "{}", "+")
     sh("chown", "-h", f"{host.user}:{host.user}", venv)
     return str(venv / "bin" / "python")

@@ -22,7 +22,7 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 CAPTURES = TESTS / "data" / "nvidia-smi" / "h200-1gpu"
 FAKE_NVIDIA_SMI = TESTS / "fakes" / "nvidia-smi"
-STANDIN = TESTS / "standin" / "sglang_standin.py"
+STANDIN = TESTS / "standin" / "sglang_standin"  # a package: copy it with copy_standin
 SSHD = "/usr/sbin/sshd"
 # Debian's interpreter: readable by the test users (root's pyenv is not) and a cp311 like SGLang's wheel.
 HOST_PYTHON = "/usr/bin/python3"
@@ -104,6 +104,16 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] != "Z"
+
+
+def copy_standin(into: Path, standin: Path = STANDIN) -> Path:
+    """Copy the stand-in package into a folder (a home, a venv's site-packages), without
+    its __pycache__; a copy already there is overwritten.  Return the copy."""
+    target = into / standin.name
+    shutil.copytree(
+        standin, target, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True
+    )
+    return target
 
 
 def sh(*argv: str | Path, check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:

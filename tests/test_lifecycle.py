@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import threading
@@ -16,13 +15,13 @@ import pytest
 import yaml
 
 from tests.conftest import CLI
-from tests.sshd_hosts import STANDIN, SSHLab, TestHost, alive, free_port, sh
+from tests.sshd_hosts import SSHLab, TestHost, alive, copy_standin, free_port, sh
 from tests.streamed import Streamed, stream_tokens
 
 
 def prepare(host: TestHost, tp: int = 2, **knobs: object) -> dict[str, object]:
     """Give a host the stand-in (importable from its home) and a model folder."""
-    shutil.copy(STANDIN, host.home / STANDIN.name)
+    copy_standin(host.home)
     model = host.home / "model"
     model.mkdir(exist_ok=True)
     (model / "standin.json").write_text(json.dumps({"startup_s": 0.3, **knobs}))

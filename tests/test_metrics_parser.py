@@ -102,7 +102,7 @@ def test_the_stand_ins_buckets_are_sglangs_own() -> None:
     import zipfile
 
     from tests.sglang_wheel import ensure_wheels
-    from tests.standin.sglang_standin import ITL_BUCKETS, TTFT_BUCKETS
+    from tests.standin.sglang_standin.request_metrics import ITL_BUCKETS, TTFT_BUCKETS
 
     with zipfile.ZipFile(ensure_wheels()[0]) as wheel:
         source = wheel.read("sglang/srt/observability/metrics_collector.py").decode()

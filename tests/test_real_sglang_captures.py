@@ -27,7 +27,7 @@ from deployctl.ops.logs import LogScan, stop_effect
 from deployctl.ops.runs import READY_LINE
 from tests.conftest import CLI
 from tests.sglang_wheel import sglang_wheel
-from tests.standin.sglang_standin import (
+from tests.standin.sglang_standin.log_lines import (
     SHUTDOWN_HEALTH_LINE,
     SIGQUIT_LINE,
     SIGTERM_LINE,

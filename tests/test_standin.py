@@ -1,4 +1,4 @@
-"""Tests for the SGLang 0.5.23 stand-in (tests/standin/sglang_standin.py).
+"""Tests for the SGLang 0.5.23 stand-in (tests/standin/sglang_standin/).
 
 Each test runs the stand-in as a real process tree in its own session, on an
 ephemeral port, and kills the whole process group afterwards.
@@ -31,17 +31,19 @@ from deployctl.remote.bench import cmd_bench
 from deployctl.remote.measures import BenchLevel
 from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
 from tests.sshd_hosts import alive
-from tests.standin.sglang_standin import (
+from tests.standin.sglang_standin.adaptive_spec import (
+    adaptive_steps,
+    cuda_graph_batch_sizes,
+    load_adaptive_config,
+)
+from tests.standin.sglang_standin.decoder import ColdStart
+from tests.standin.sglang_standin.knobs import load_knobs
+from tests.standin.sglang_standin.log_lines import (
     SHUTDOWN_HEALTH_LINE,
     SIGTERM_LINE,
-    ColdStart,
-    adaptive_steps,
     child_crashed_line,
-    cuda_graph_batch_sizes,
     drain_line,
     kill_tree_line,
-    load_adaptive_config,
-    load_knobs,
 )
 from tests.streamed import stream_tokens
 from tests.test_bench import (  # its decode figures tell spec from plain
@@ -52,7 +54,7 @@ from tests.test_bench import (  # its decode figures tell spec from plain
 )
 
 STANDIN_DIR = Path(__file__).parent / "standin"
-STANDIN = STANDIN_DIR / "sglang_standin.py"
+STANDIN = STANDIN_DIR / "sglang_standin"  # run by path: its __main__.py
 READY = "The server is fired up and ready to roll!"
 LAUNCH_SIGQUIT = "Received sigquit from a child process. It usually means the child failed."
 RUNNING_SIGQUIT = "SIGQUIT received. signum=None, frame=None. It usually means one child failed."

@@ -31,13 +31,8 @@ from tests.load_mix import (
     Outcome,
     PromptClass,
 )
-from tests.standin.sglang_standin import (
-    KNOB_DEFAULTS,
-    Decoder,
-    DecodeRequest,
-    load_knobs,
-    prompt_text,
-)
+from tests.standin.sglang_standin.decoder import Decoder, DecodeRequest, prompt_text
+from tests.standin.sglang_standin.knobs import KNOB_DEFAULTS, load_knobs
 from tests.test_bench import MODEL, plain_tps
 from tests.test_standin import READY, Launch, Server, standin  # noqa: F401 (the fixture)
 from tests.test_standin_canary_load import failing_server  # noqa: F401 (the fixture)

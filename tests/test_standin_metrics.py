@@ -22,7 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
-from tests.standin.sglang_standin import REQUEST_METRICS, load_knobs
+from tests.standin.sglang_standin.knobs import load_knobs
+from tests.standin.sglang_standin.request_metrics import REQUEST_METRICS
 from tests.test_standin import READY, Launch, Server, standin, wait_for  # noqa: F401 (fixture)
 
 Sample = tuple[str, str | None, str | None]  # sample name, is_streaming, le

@@ -26,7 +26,8 @@ import pytest
 
 from tests.router_venv import router_venv
 from tests.sglang_wheel import SGLANG_VERSION, sglang_wheel
-from tests.standin.sglang_standin import build_parser, default_mem_fraction, kv_pool_gib
+from tests.standin.sglang_standin.ranks import default_mem_fraction, kv_pool_gib
+from tests.standin.sglang_standin.server_args import build_parser
 from tests.test_router_standins import Process, Start, answers, call, registered, start
 from tests.test_standin import STANDIN, wait_for
 
