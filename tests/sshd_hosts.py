@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import fcntl
 import os
@@ -108,11 +109,15 @@ def alive(pid: int) -> bool:
 
 def copy_standin(into: Path, standin: Path = STANDIN) -> Path:
     """Copy the stand-in package into a folder (a home, a venv's site-packages), without
-    its __pycache__; a copy already there is overwritten.  Return the copy."""
+    its __pycache__; a copy already there is overwritten.  Return the copy.
+
+    The copy is compiled here: its folders are root's, so a test user's server (and each of
+    its ranks) would otherwise compile all of it again at every start."""
     target = into / standin.name
     shutil.copytree(
         standin, target, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True
     )
+    compileall.compile_dir(target, quiet=1)
     return target
 
 
