@@ -28,9 +28,13 @@ class ScriptedFleet:
         self.step, self.replicas, self.router, self.start = step, replicas, router, start
         self.rounds = 0
         self.now = start
+        self.keeps_agents = False  # set as a real fleet's: its reads go through kept agents
 
     def clock(self) -> float:
         return self.now
+
+    def keep_agents(self) -> None:
+        self.keeps_agents = True
 
     def run(self, read: Any, hosts: Any) -> list[HostResult[Read]]:
         self.now = self.start + self.step * self.rounds

@@ -372,6 +372,7 @@ def scripted_canary(
     canary.keeper = SimpleNamespace(router=router, keep=lambda *a: None, number=None, error="")
     report = CanaryReport(plan, canary.options)
     verdict, why, _ = canary._judge(report)
+    assert fleet.keeps_agents  # a read a round: one kept agent per host, not a process a read
     return verdict, why, report, fleet.rounds
 
 

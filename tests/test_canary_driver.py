@@ -85,6 +85,9 @@ class FakeFleet:
     def run(self, operation: Callable[[Host, Any], Any], hosts: list[Host]) -> FleetResult[Any]:
         return FleetResult(attempt(h, lambda h=h: operation(h, None)) for h in hosts)
 
+    def keep_agents(self) -> None:  # no connection, no agent
+        pass
+
 
 class Site:
     """The faked remote side of one canary: replicas read round by round, the rollouts and

@@ -265,6 +265,7 @@ def scripted_window(phases: list[tuple[float, int]], seed: int) -> tuple[LiveRep
     tune._relaunch = lambda units: [UnitResult(u.name, UnitOutcome.REPLACED) for u in units]
     report = LiveReport(tune.plan, tune.options)
     assert tune._crossover(report) == ""
+    assert fleet.keeps_agents  # a read a round: one kept agent per host, not a process a read
     return report, fleet.rounds
 
 

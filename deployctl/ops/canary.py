@@ -379,6 +379,7 @@ class Canary:
                 read_router(host, conn) if host.label == router.label else read_replica(host, conn)
             )
 
+        self.fleet.keep_agents()  # a read a round for minutes: one agent process per host
         rounds = status_rounds(
             lambda: self.fleet.run(read, [*canaries, *controls, router]),
             options.interval,

@@ -685,6 +685,9 @@ def rollout(
     them back in their routers) and starts no other; a second Ctrl-C leaves at once."""
     if options.max_unavailable < 1:
         raise UsageError("--max-unavailable must be 1 or more")
+    # A rollout reads each unit's run again and again for minutes (drains, waits): one kept
+    # agent process per host answers those reads, not a fresh Python per read.
+    fleet.keep_agents()
     cancel = threading.Event()
     engine = Rollout(fleet, unit_plans, catalog, available, options, events, cancel)
     # One change through a router at a time: a second one is refused before anything moves.

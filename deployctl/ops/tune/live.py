@@ -446,6 +446,7 @@ class LiveTune:
                 return read_router(host, conn)
             return read_replica(host, conn)
 
+        self.fleet.keep_agents()  # a read a round for minutes: one agent process per host
         rounds = status_rounds(
             lambda: self.fleet.run(read, [*replicas, router]),
             options.interval,
