@@ -71,6 +71,7 @@ from deployctl.remote.protocol import (
     TUNE_RECORDS,
     TUNE_SAVE,
     TUNE_UNLOCK,
+    WORKERS,
     Call,
 )  # fmt: skip
 from deployctl.remote.shapes import shape_problems
@@ -81,7 +82,7 @@ __all__ = [
     "APPLY", "BENCH", "BENCH_RESULTS", "BENCH_SAVE", "CALLS", "CANARY_KEEP", "CANARY_RECORDS",
     "CHECK_ARGS", "HOLD", "LIVE_KEEP", "LIVE_RECORDS", "POINT",
     "POLL", "PREFLIGHT", "PROBE", "READ", "RELEASE", "REVERT", "ROUTER", "RUNS", "START",
-    "STATUS", "STOP", "SURVEY", "TUNE_LOCK", "TUNE_RECORDS", "TUNE_SAVE", "TUNE_UNLOCK", "Call",
+    "STATUS", "STOP", "SURVEY", "TUNE_LOCK", "TUNE_RECORDS", "TUNE_SAVE", "TUNE_UNLOCK", "WORKERS", "Call",
     "KeptAgent", "agent_bundle", "agent_command", "agent_folder", "agent_hash", "call",
     "call_beside", "check_reply", "hold", "install_agent", "kept_agent", "manifest_digest",
     "note", "notes_held", "parse_reply",

@@ -27,6 +27,7 @@ from deployctl.errors import CommandTimeoutError
 from deployctl.fanout import Fleet
 from deployctl.inventory import Host, load_inventory
 from deployctl.ops.rounds import metrics_round
+from deployctl.ops.router import router_silence
 from deployctl.ops.runs import run_status
 from deployctl.remote import protocol as proto
 from tests.conftest import CLI
@@ -187,6 +188,23 @@ def test_two_deployments_of_one_host_each_get_their_own_reply_through_its_kept_a
             assert kept_agents(alpha) == [kept.pid]
     finally:
         cli("stop", "-i", str(inv))
+
+
+def test_a_routers_worker_list_is_read_through_the_kept_agent(
+    hosts: SSHLab, fleet_of: Callable[[Path], Fleet], tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    # Nothing listens on the router's port: each read says so, on the host.
+    inv = counted_inventory(hosts, tmp_path, ["alpha"], port=free_port(alpha.address))
+    fleet = fleet_of(inv)
+    fleet.keep_agents()
+    router = fleet.hosts[0]
+    conn = fleet.connection(router)
+    for _ in range(5):  # as a canary checks its router every round
+        assert router_silence(router, conn)
+    kept = conn.kept
+    assert isinstance(kept, agent.KeptAgent) and kept.answered == 5
+    assert python_starts(alpha) <= 3, python_starts(alpha)
 
 
 def test_rounds_go_on_while_a_host_hangs_and_its_agent_is_restarted(

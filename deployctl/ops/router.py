@@ -34,7 +34,14 @@ from deployctl.inventory import Host
 from deployctl.launchers import launcher_for, launcher_of
 from deployctl.ops.flags import ROUTER_MODULE
 from deployctl.remote.protocol import RunRecord, StatusArgs
-from deployctl.remote.routing import HoldArgs, RouterArgs, RouterReply, listed_as, url_key
+from deployctl.remote.routing import (
+    HoldArgs,
+    RouterArgs,
+    RouterReply,
+    WorkersArgs,
+    listed_as,
+    url_key,
+)
 from deployctl.remote.server_argv import CommandValues
 from deployctl.settings import SETTINGS
 from deployctl.text import is_number
@@ -241,12 +248,19 @@ def _router_call(
     )
 
 
+def router_workers(router: Host, conn: Connection) -> RouterReply:
+    """The router's worker list as it is now, read on its host: a read, so where the
+    connection keeps an agent (a canary's rounds), no process is started for it."""
+    args: WorkersArgs = {
+        "bind_host": router.settings.bind_host,
+        "port": router.settings.server_port,
+    }
+    return agent.call(router, conn, agent.WORKERS, args)
+
+
 def router_silence(router: Host, conn: Connection) -> str:
-    """Why the router does not answer for its worker list now ("" when it does): one call
-    to the agent on its host."""
-    reply = agent.call(
-        router, conn, agent.ROUTER, _router_args(router, "list", None, 0, WorkerKind())
-    )
+    """Why the router does not answer for its worker list now ("" when it does)."""
+    reply = router_workers(router, conn)
     return "" if reply["api"] is not None else reply["problem"] or "it does not answer"
 
 
@@ -408,7 +422,7 @@ def _serving(worker: Host, conn: Connection) -> tuple[bool, str, WorkerKind]:
 
 def router_state(fleet: Fleet, router: Host) -> RouterState:
     """Read the router's list and every worker of ours that names it; say the drift."""
-    reply = _router_call(fleet, router, "list", None, 0)
+    reply = router_workers(router, fleet.connection(router))
     state = RouterState(
         router.label, reply["api"], error=reply["problem"], pd=router.settings.pd_router
     )
@@ -472,7 +486,7 @@ def listed_load(fleet: Fleet, worker: Host, url: str) -> int | None:
     router = router_of(worker, fleet.select)
     if router is None:
         return None
-    reply = _router_call(fleet, router, "list", None, 0)
+    reply = router_workers(router, fleet.connection(router))
     return next((w["load"] for w in listed_as(reply["workers"], url)), None)
 
 

@@ -43,6 +43,7 @@ from .protocol import (
     TUNE_RECORDS,
     TUNE_SAVE,
     TUNE_UNLOCK,
+    WORKERS,
 )
 from .records import (
     cmd_bench_results,
@@ -54,7 +55,7 @@ from .records import (
     cmd_tune_records,
     cmd_tune_save,
 )
-from .router import cmd_hold, cmd_router, held, hold_until_eof
+from .router import cmd_hold, cmd_router, cmd_workers, held, hold_until_eof
 from .runs import cmd_point, cmd_poll, cmd_preflight, cmd_runs, cmd_start, cmd_status, cmd_stop
 from .sglang_options import cmd_check_args
 from .survey import cmd_survey
@@ -83,6 +84,7 @@ HANDLERS: dict[str, Callable[..., Any]] = {
     TUNE_LOCK.name: cmd_tune_lock,
     TUNE_UNLOCK.name: cmd_tune_unlock,
     ROUTER.name: cmd_router,
+    WORKERS.name: cmd_workers,
     HOLD.name: cmd_hold,
     CANARY_KEEP.name: cmd_canary_keep,
     CANARY_RECORDS.name: cmd_canary_records,

@@ -71,7 +71,7 @@ from .patch_types import (
     RevertArgs,
     RevertReply,
 )  # fmt: skip
-from .routing import HoldArgs, HoldReply, RouterArgs, RouterReply
+from .routing import HoldArgs, HoldReply, RouterArgs, RouterReply, WorkersArgs
 
 AGENT_DIR = "agent"
 # Written last into an unpacked bundle's folder, holding the folder's name (the hash).
@@ -568,7 +568,9 @@ LIVE_RECORDS = Call("live_records", LiveRecordsArgs, LiveRecordsReply,
                     "read kept live windows")
 TUNE_LOCK = Call("tune_lock", TuneLockArgs, LockReply, "take the tune lock")
 TUNE_UNLOCK = Call("tune_unlock", ReleaseArgs, ReleaseReply, "release the tune lock")
-ROUTER = Call("router", RouterArgs, RouterReply, "ask the router for its workers or change them")
+ROUTER = Call("router", RouterArgs, RouterReply, "change the router's workers")
+# The router's list alone: a read, so a kept agent answers it (a canary checks it every round).
+WORKERS = Call("workers", WorkersArgs, RouterReply, "ask the router for its workers")
 # Through `hold`: it stays running, holding the lock, until its client goes.
 HOLD = Call("hold", HoldArgs, HoldReply, "take a router's rollout lock")
 SURVEY = Call("survey", ProbeArgs, SurveyReply,
@@ -576,7 +578,7 @@ SURVEY = Call("survey", ProbeArgs, SurveyReply,
 CALLS: tuple[Call[Any, Any], ...] = (
     PROBE, READ, APPLY, REVERT, PREFLIGHT, CHECK_ARGS, START, POLL, STATUS, STOP, RELEASE, RUNS,
     BENCH, BENCH_SAVE, BENCH_RESULTS, TUNE_SAVE, TUNE_RECORDS, TUNE_LOCK, TUNE_UNLOCK, ROUTER,
-    POINT, HOLD, CANARY_KEEP, CANARY_RECORDS, LIVE_KEEP, LIVE_RECORDS, SURVEY,
+    WORKERS, POINT, HOLD, CANARY_KEEP, CANARY_RECORDS, LIVE_KEEP, LIVE_RECORDS, SURVEY,
 )
 # fmt: on
 
@@ -588,4 +590,4 @@ SESSION = "--session"  # the call name that starts a kept agent instead of answe
 ECHO = Call("echo", EchoArgs, EchoReply, "answer through the kept agent")
 # What a kept agent answers: the calls that only read, which front ends repeat every round.
 SESSION_CALLS = frozenset({STATUS.name, RUNS.name, BENCH_RESULTS.name, TUNE_RECORDS.name,
-                           READ.name, PROBE.name, ECHO.name})  # fmt: skip
+                           READ.name, PROBE.name, WORKERS.name, ECHO.name})  # fmt: skip

@@ -19,6 +19,7 @@ from .routing import (
     RouterArgs,
     RouterReply,
     RouterWorker,
+    WorkersArgs,
     listed_as,
 )
 from .runs import server_address
@@ -189,13 +190,19 @@ def _generates(url: str, path: str = "/health_generate") -> str:
     return "" if status == 200 else f"{url}{path} answered {status}"
 
 
+def cmd_workers(args: WorkersArgs) -> RouterReply:
+    """A router's workers, as its list says now."""
+    api, workers, error = router_list(args["bind_host"], args["port"])
+    return {"api": api, "problem": error, "workers": workers}
+
+
 def cmd_router(args: RouterArgs) -> RouterReply:
-    """List a router's workers, or add or remove one and wait until its list shows it
-    (healthy, for an addition) or `wait` runs out: 0.3's router does both in the background.
-    A worker is added only once its /health_generate answers 200 from here."""
+    """Add or remove a router's worker and wait until its list shows it (healthy, for an
+    addition) or `wait` runs out: 0.3's router does both in the background. A worker is
+    added only once its /health_generate answers 200 from here."""
     host, port = args["bind_host"], args["port"]
     api, workers, error = router_list(host, port)
-    if api is None or args["action"] == "list":
+    if api is None:
         return {"api": api, "problem": error, "workers": workers}
     if args["action"] == "health":  # does the URL answer /health now, seen from the router?
         return {"api": api, "problem": _generates(str(args["url"]), "/health"), "workers": workers}

@@ -1,5 +1,5 @@
 """The wire types of a router's worker list and of the locks held per router (stdlib only):
-the `router` and `hold` calls of `protocol.CALLS`."""
+the `router`, `workers` and `hold` calls of `protocol.CALLS`."""
 
 from __future__ import annotations
 
@@ -9,13 +9,18 @@ from typing import Any, TypedDict
 class RouterArgs(TypedDict):
     bind_host: str  # the router's --host and --port, reached from its own host
     port: int
-    action: str  # "list", "add", "remove" or "health" (does `url` answer /health now?)
+    action: str  # "add", "remove" or "health" (does `url` answer /health now?)
     url: str | None  # the worker to add or remove
     wait: float  # seconds to wait for the change to show in the router's list
     # A worker of a router in PD mode: "prefill" or "decode" (None: a whole-request worker),
     # and a prefill's bootstrap port, which the router hands to decodes with each request.
     worker_type: str | None
     bootstrap_port: int | None
+
+
+class WorkersArgs(TypedDict):
+    bind_host: str  # the router's --host and --port, reached from its own host
+    port: int
 
 
 class RouterWorker(TypedDict):
@@ -32,7 +37,7 @@ class RouterReply(TypedDict):
     # Why the action did not happen ("" when it did); not `error`, which is the agent's own
     # failure answer.
     problem: str
-    workers: list[RouterWorker]  # the list after the action
+    workers: list[RouterWorker]  # the list after the action (`workers`: as it is)
 
 
 class HoldArgs(TypedDict):
