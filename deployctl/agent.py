@@ -406,6 +406,7 @@ class KeptAgent:
 
     def __init__(self, host: Host, held: Held, bundle: str, pid: int) -> None:
         self.host, self.held, self.bundle = host, held, bundle
+        self.python = host.settings.python  # what it runs in (Connection.kept's key)
         self.pid = pid  # its process id on the host
         self.answered = 0
         self.ended = False
@@ -490,8 +491,8 @@ def through_kept_agent(
         if first and kept.ended_alone is not None:
             _cannot_keep(host, "it ended before its first answer")
             with conn.kept_lock:
-                if conn.kept is kept:
-                    conn.kept = None
+                if conn.kept.get(kept.python) is kept:
+                    del conn.kept[kept.python]
             return None
         if first:
             raise
@@ -520,15 +521,17 @@ def kept_agent(host: Host, conn: Connection, spec: Call[Any, Any]) -> KeptAgent 
     with conn.kept_lock:
         if _NO_KEPT_AGENT.get(_cannot_keep_key(host), 0.0) > time.monotonic():
             return None
-        kept = conn.kept
+        python = host.settings.python
+        kept = conn.kept.get(python)
         if isinstance(kept, KeptAgent) and not kept.ended and kept.bundle == agent_hash():
             return kept
         if kept is not None:  # ended, or another version of deployctl's agent: a new one
-            conn.kept = None
+            del conn.kept[python]
             kept.close()
-        kept = _start_kept_agent(host, conn)
-        conn.kept = kept
-        return kept
+        started = _start_kept_agent(host, conn)
+        if started is not None:
+            conn.kept[python] = started
+        return started
 
 
 def _start_kept_agent(host: Host, conn: Connection) -> KeptAgent | None:

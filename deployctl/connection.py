@@ -193,8 +193,10 @@ class Connection(ABC):
         self.round_trips = 0
         # Front ends that poll keep one agent process over the connection (agent.py): they
         # set `keeps_agent`; the agent kept, once started, is closed with the connection.
+        # One per python: deployments of one host may run in different ones (a router in
+        # its own venv), and a call reads the SGLang of the python it runs in.
         self.keeps_agent = False
-        self.kept: Closable | None = None
+        self.kept: dict[str, Closable] = {}
         self.kept_lock = threading.Lock()  # held while the kept agent is started or replaced
 
     def run(
@@ -261,9 +263,9 @@ class Connection(ABC):
         """Release the connection, and first what is kept over it (agent.KeptAgent); a
         call still at work then fails, and starts no other kept agent."""
         self.keeps_agent = False
-        kept, self.kept = self.kept, None
-        if kept is not None:
-            kept.close()
+        kept, self.kept = self.kept, {}
+        for each in kept.values():
+            each.close()
         self._disconnect()
 
     def _disconnect(self) -> None:  # noqa: B027 - optional hook

@@ -421,7 +421,7 @@ def test_a_kept_agent_that_floods_without_a_reply_is_ended_at_the_limit(tmp_path
             AgentError, match=r"^here: more than 1 MiB came without an end \(a reply\)"
         ):
             agent.call(host, conn, agent.STATUS, STATUS_ARGS)
-        kept = conn.kept
+        kept = next(iter(conn.kept.values()), None)
         assert isinstance(kept, agent.KeptAgent) and kept.ended  # the next call starts anew
     finally:
         conn.close()

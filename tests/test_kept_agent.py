@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from deployctl import agent
-from deployctl.connection import ConnectOptions
+from deployctl.connection import Connection, ConnectOptions
 from deployctl.crash.catalog import default_catalog
 from deployctl.deployments import deployment_targets
 from deployctl.errors import CommandTimeoutError
@@ -55,6 +55,12 @@ def kept_agents(host: TestHost) -> list[int]:
     """The host user's kept agent processes (the agent started with --session)."""
     found = sh("pgrep", "-u", host.user, "-f", f" {proto.SESSION} ", check=False).stdout
     return [int(pid) for pid in found.split()]
+
+
+def kept_of(conn: Connection) -> object:
+    """The connection's kept agent, None when it keeps none (these hosts run one python)."""
+    assert len(conn.kept) <= 1, conn.kept
+    return next(iter(conn.kept.values()), None)
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 10) -> bool:
@@ -183,7 +189,7 @@ def test_two_deployments_of_one_host_each_get_their_own_reply_through_its_kept_a
                         ports[deployment],
                         f"{deployment}_baseline_v1.log",
                     ), (number, entry.name)
-            kept = fleet.connection(targets[0]).kept
+            kept = kept_of(fleet.connection(targets[0]))
             assert isinstance(kept, agent.KeptAgent) and kept.answered == 2 * rounds
             assert kept_agents(alpha) == [kept.pid]
     finally:
@@ -202,9 +208,38 @@ def test_a_routers_worker_list_is_read_through_the_kept_agent(
     conn = fleet.connection(router)
     for _ in range(5):  # as a canary checks its router every round
         assert router_silence(router, conn)
-    kept = conn.kept
+    kept = kept_of(conn)
     assert isinstance(kept, agent.KeptAgent) and kept.answered == 5
     assert python_starts(alpha) <= 3, python_starts(alpha)
+
+
+def test_deployments_of_one_host_on_two_pythons_read_through_a_kept_agent_each(
+    hosts: SSHLab, tmp_path: Path
+) -> None:
+    alpha = hosts.hosts["alpha"]
+    other = alpha.home / "router-python"  # as a router's own venv: another python
+    other.symlink_to(HOST_PYTHON)
+    sh("chown", "-h", f"{alpha.user}:{alpha.user}", other)
+    table = {"router": {"python": str(other)}, "w1": {}}
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha"], {"alpha": {"deployments": table}})
+    inventory = load_inventory(inv)
+    targets = deployment_targets(inventory.select(None), None, inventory.select)
+    with Fleet(targets, ConnectOptions(), forks=4, select=inventory.select) as fleet:
+        fleet.keep_agents()
+        for _ in range(2):  # the router's first: its python must not answer w1's calls
+            for target in targets:
+                args: proto.ProbeArgs = {
+                    "state_dir": target.settings.state_dir,
+                    "paths": [],
+                    "hunks": {},
+                }
+                reply = agent.call(target, fleet.connection(target), agent.PROBE, args)
+                # Which SGLang a call finds is its python's (none here, in either).
+                error = reply["sglang"].get("error", "")
+                assert error.endswith(f" for {target.settings.python}"), (target.label, error)
+        kept = fleet.connection(targets[0]).kept
+        assert sorted(kept) == sorted([HOST_PYTHON, str(other)])
+        assert all(isinstance(k, agent.KeptAgent) and k.answered == 2 for k in kept.values())
 
 
 def test_rounds_go_on_while_a_host_hangs_and_its_agent_is_restarted(
@@ -217,7 +252,7 @@ def test_rounds_go_on_while_a_host_hangs_and_its_agent_is_restarted(
     first = metrics_round(fleet, catalog, within=2)
     assert first.ok, [r.error for r in first]
     bravo = hosts.hosts["bravo"]
-    old = fleet.connection(host_named(fleet, "bravo")).kept
+    old = kept_of(fleet.connection(host_named(fleet, "bravo")))
     assert isinstance(old, agent.KeptAgent)
     # A hung read on bravo (an NFS state_dir): its runs/current is a FIFO nobody writes.
     runs = bravo.home / ".deployctl" / "runs"
@@ -242,7 +277,7 @@ def test_rounds_go_on_while_a_host_hangs_and_its_agent_is_restarted(
     fleet._waiting.clear()  # no backoff wait in a test
     again = metrics_round(fleet, catalog, within=5)
     assert again.ok, [r.error for r in again]
-    new = fleet.connection(host_named(fleet, "bravo")).kept
+    new = kept_of(fleet.connection(host_named(fleet, "bravo")))
     assert isinstance(new, agent.KeptAgent) and new.pid != old.pid
     assert kept_agents(bravo) == [new.pid]
 
@@ -259,7 +294,7 @@ def test_a_wedged_probe_is_killed_on_the_host_and_the_agent_goes_on(
     host = host_named(fleet, "bravo")
     status = run_status(host, fleet.connection(host), default_catalog())
     assert status.gpus is None  # the GPU query was killed after 1 s (half the timeout)
-    kept = fleet.connection(host).kept
+    kept = kept_of(fleet.connection(host))
     assert isinstance(kept, agent.KeptAgent) and kept.answered == 1
     assert wait_until(lambda: "sleep 600" not in sh("ps", "-u", bravo.user, "-o", "args").stdout)
     assert kept_agents(bravo) == [kept.pid]
@@ -275,7 +310,7 @@ def test_a_new_agent_version_starts_a_new_kept_agent(
     host = host_named(fleet, "alpha")
     conn = fleet.connection(host)
     run_status(host, conn, default_catalog())
-    old = conn.kept
+    old = kept_of(conn)
     assert isinstance(old, agent.KeptAgent)
     # An upgrade of deployctl: the bundle (so its hash) changes under a running front end.
     extra = tmp_path / "zz_upgrade.py"
@@ -286,7 +321,7 @@ def test_a_new_agent_version_starts_a_new_kept_agent(
     agent.agent_hash.cache_clear()
     try:
         run_status(host, conn, default_catalog())
-        new = conn.kept
+        new = kept_of(conn)
         assert isinstance(new, agent.KeptAgent) and new.pid != old.pid
         assert new.bundle == agent.agent_hash() != old.bundle
         assert wait_until(lambda: kept_agents(alpha) == [new.pid])
@@ -334,7 +369,7 @@ def test_a_python_that_cannot_keep_an_agent_answers_one_process_per_call_with_a_
         result = metrics_round(fleet, default_catalog(), within=10)
         assert result.ok, [r.error for r in result]
     assert len(notes) == 1 and "one process per call" in notes[0], notes
-    assert fleet.connection(host_named(fleet, "bravo")).kept is None
+    assert kept_of(fleet.connection(host_named(fleet, "bravo"))) is None
 
 
 # Something on the host that answers in the kept agent's place (damaged files, a hostile
@@ -395,7 +430,7 @@ def test_a_wrong_reply_from_a_kept_agent_is_an_agent_error_of_its_host(
         [result] = metrics_round(fleet, default_catalog(), within=10)
         assert result.name == "bravo" and result.code == "agent", (wrong, result.exception)
         assert result.error is not None and said in result.error, (wrong, result.error)
-    kept = fleet.connection(host_named(fleet, "bravo")).kept
+    kept = kept_of(fleet.connection(host_named(fleet, "bravo")))
     assert isinstance(kept, agent.KeptAgent) and kept.answered == 2 and not kept.ended
 
 
