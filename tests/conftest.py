@@ -56,26 +56,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.lab)
         if SLURM_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.xdist_group("slurm"))
-    start_long_windows_early(items)
+    spread_windows(items)
 
 
-# Tests that hold a fixed window of minutes whatever the machine does (about 5.5 minutes
-# each). Collected near the end, they ran alone for the suite's last minutes; dispatched first,
-# beside every worker's start-up, one window was starved of samples. Dispatched at this share
-# of the suite, they overlap the rest and end well before it.
-LONG_WINDOWS = ("tests/test_tune_live_mix.py::",)
-LONG_WINDOWS_AT = 0.4
+# `window` tests hold a fixed window of minutes whatever the machine does (2.5 to 5.5 minutes
+# each). Collected near the end, they ran alone for the suite's last minutes; handed out first,
+# beside every worker's start-up, one window was starved of samples; two next to each other in
+# the order went to one worker, one after the other (xdist queues two tests a worker). So they
+# are spread evenly over this share of the order, the order xdist hands tests out in.
+WINDOWS_FROM, WINDOWS_TO = 0.2, 0.6
 
 
-def start_long_windows_early(items: list[pytest.Item]) -> None:
-    """Move the long fixed-window tests to LONG_WINDOWS_AT of the collection order, the order
-    xdist hands tests to its workers in."""
-    long = [item for item in items if item.nodeid.startswith(LONG_WINDOWS)]
-    if not long or len(long) == len(items):
+def window_minutes(item: pytest.Item) -> float:
+    """How long a `window` test holds its window (0: it is none)."""
+    marker = item.get_closest_marker("window")
+    return 0.0 if marker is None else float(marker.kwargs["minutes"])
+
+
+def spread_windows(items: list[pytest.Item]) -> None:
+    """Put the `window` tests at even steps from WINDOWS_FROM to WINDOWS_TO of the others,
+    the longest first."""
+    windows = sorted((item for item in items if window_minutes(item)), key=window_minutes)[::-1]
+    rest = [item for item in items if not window_minutes(item)]
+    if not windows or not rest:
         return
-    rest = [item for item in items if not item.nodeid.startswith(LONG_WINDOWS)]
-    at = int(len(rest) * LONG_WINDOWS_AT)
-    items[:] = rest[:at] + long + rest[at:]
+    step = (WINDOWS_TO - WINDOWS_FROM) / max(1, len(windows) - 1)
+    at = {int(len(rest) * (WINDOWS_FROM + step * i)): item for i, item in enumerate(windows)}
+    items[:] = [w for i, item in enumerate(rest) for w in ((at[i], item) if i in at else (item,))]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -360,6 +360,7 @@ PHASES = ((40.0, 4.0), (130.0, 20.0))
 
 
 @pytest.mark.lab
+@pytest.mark.window(minutes=3)
 def test_live_window_brackets_the_known_crossover_and_rolls_t_out_losing_no_request(
     hosts: Any, cli: Any, tmp_path: Path
 ) -> None:
@@ -473,6 +474,7 @@ NEVER_ACCEPTED = {**KNOBS, "accept_len": 1}
 
 
 @pytest.mark.lab
+@pytest.mark.window(minutes=3.5)
 def test_a_race_keeps_speculation_off_when_drafts_never_pay_and_rolls_it_out(
     hosts: Any, cli: Any, tmp_path: Path
 ) -> None:
@@ -518,6 +520,7 @@ def kept_record(document: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.lab
+@pytest.mark.window(minutes=2.5)
 def test_a_window_is_kept_on_the_routers_host_reported_and_resumed_with_its_samples(
     hosts: Any, cli: Any, tmp_path: Path
 ) -> None:

@@ -104,6 +104,7 @@ def test_the_two_mixes_cross_over_either_side_of_the_synthetic_threshold() -> No
 
 
 @pytest.mark.lab
+@pytest.mark.window(minutes=5.5)
 @pytest.mark.parametrize(
     ("weights", "verdict"),
     [((3, 1), "too low"), ((1, 3), "too high")],
