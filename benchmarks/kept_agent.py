@@ -218,8 +218,8 @@ def manifest_cost(lab: SSHLab, inventory: Path, rounds: int) -> dict[str, Any]:
 
     def agent_start(which: str) -> None:
         for conn in (kept[which].connection(host) for host in hosts):
-            if conn.kept is not None:  # ended: the next call starts another
-                conn.kept.close()
+            for each in list(conn.kept.values()):  # ended: the next call starts another
+                each.close()
         echo_round(kept[which])
 
     steps: dict[str, Callable[[str], None]] = {

@@ -82,7 +82,8 @@ __all__ = [
     "APPLY", "BENCH", "BENCH_RESULTS", "BENCH_SAVE", "CALLS", "CANARY_KEEP", "CANARY_RECORDS",
     "CHECK_ARGS", "HOLD", "LIVE_KEEP", "LIVE_RECORDS", "POINT",
     "POLL", "PREFLIGHT", "PROBE", "READ", "RELEASE", "REVERT", "ROUTER", "RUNS", "START",
-    "STATUS", "STOP", "SURVEY", "TUNE_LOCK", "TUNE_RECORDS", "TUNE_SAVE", "TUNE_UNLOCK", "WORKERS", "Call",
+    "STATUS", "STOP", "SURVEY", "TUNE_LOCK", "TUNE_RECORDS", "TUNE_SAVE", "TUNE_UNLOCK",
+    "WORKERS", "Call",
     "KeptAgent", "agent_bundle", "agent_command", "agent_folder", "agent_hash", "call",
     "call_beside", "check_reply", "hold", "install_agent", "kept_agent", "manifest_digest",
     "note", "notes_held", "parse_reply",
@@ -492,7 +493,7 @@ def through_kept_agent(
             _cannot_keep(host, "it ended before its first answer")
             with conn.kept_lock:
                 if conn.kept.get(kept.python) is kept:
-                    del conn.kept[kept.python]
+                    conn.kept.pop(kept.python, None)
             return None
         if first:
             raise
@@ -526,7 +527,7 @@ def kept_agent(host: Host, conn: Connection, spec: Call[Any, Any]) -> KeptAgent 
         if isinstance(kept, KeptAgent) and not kept.ended and kept.bundle == agent_hash():
             return kept
         if kept is not None:  # ended, or another version of deployctl's agent: a new one
-            del conn.kept[python]
+            conn.kept.pop(python, None)
             kept.close()
         started = _start_kept_agent(host, conn)
         if started is not None:

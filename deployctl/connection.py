@@ -264,7 +264,7 @@ class Connection(ABC):
         call still at work then fails, and starts no other kept agent."""
         self.keeps_agent = False
         kept, self.kept = self.kept, {}
-        for each in kept.values():
+        for each in list(kept.values()):
             each.close()
         self._disconnect()
 

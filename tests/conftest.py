@@ -76,13 +76,16 @@ def window_minutes(item: pytest.Item) -> float:
 def spread_windows(items: list[pytest.Item]) -> None:
     """Put the `window` tests at even steps from WINDOWS_FROM to WINDOWS_TO of the others,
     the longest first."""
-    windows = sorted((item for item in items if window_minutes(item)), key=window_minutes)[::-1]
-    rest = [item for item in items if not window_minutes(item)]
+    minutes = {item.nodeid: window_minutes(item) for item in items}
+    windows = sorted((i for i in items if minutes[i.nodeid]), key=lambda i: -minutes[i.nodeid])
+    rest = [item for item in items if not minutes[item.nodeid]]
     if not windows or not rest:
         return
     step = (WINDOWS_TO - WINDOWS_FROM) / max(1, len(windows) - 1)
-    at = {int(len(rest) * (WINDOWS_FROM + step * i)): item for i, item in enumerate(windows)}
-    items[:] = [w for i, item in enumerate(rest) for w in ((at[i], item) if i in at else (item,))]
+    before: dict[int, list[pytest.Item]] = {}  # a few tests collected: several at one place
+    for i, item in enumerate(windows):
+        before.setdefault(int(len(rest) * (WINDOWS_FROM + step * i)), []).append(item)
+    items[:] = [w for i, item in enumerate(rest) for w in (*before.get(i, ()), item)]
 
 
 @pytest.fixture(scope="session", autouse=True)

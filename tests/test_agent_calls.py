@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 
 from deployctl import agent
-from deployctl.remote import dispatch, measures, patch_types, protocol, routing
+from deployctl.remote import dispatch, kept_agent, measures, patch_types, protocol, routing
 
 
 def test_the_client_and_the_agent_name_the_same_calls() -> None:
@@ -46,3 +46,13 @@ def test_no_reply_has_an_error_key_the_client_would_read_as_the_agents_failure()
     """parse_reply takes any reply with `error` for the agent's own failure answer."""
     for spec in protocol.CALLS:
         assert "error" not in typing.get_type_hints(spec.reply), spec.name
+
+
+def test_a_router_call_with_an_action_it_does_not_know_is_refused_without_asking_the_router() -> (
+    None
+):
+    # Port 1: were the router asked, the reply would say that nothing answers there.
+    args = {"bind_host": "127.0.0.1", "port": 1, "action": "list", "url": None, "wait": 0,
+            "worker_type": None, "bootstrap_port": None}  # fmt: skip
+    reply = kept_agent.handle(dispatch.HANDLERS, protocol.ROUTER.name, args)
+    assert reply == {"error": "unknown router action 'list'", "code": "agent"}

@@ -4,8 +4,8 @@ A router is a deployment whose command runs `sglang_router.launch_router`; it ho
 A worker names its router with `router: HOST/DEPLOYMENT` (or `HOST`, when that host runs
 one server). deployctl adds a worker to its router when the worker becomes ready (launch,
 restart, watch) and removes it before stopping it; launching a router adds every ready
-worker that names it. The router's list is read and changed by the agent on the router's
-host (`agent.ROUTER`), so a router bound to loopback works too.
+worker that names it. The router's list is read (`agent.WORKERS`) and changed
+(`agent.ROUTER`) by the agent on the router's host, so a router bound to loopback works too.
 """
 
 from __future__ import annotations
@@ -255,7 +255,8 @@ def router_workers(router: Host, conn: Connection) -> RouterReply:
         "bind_host": router.settings.bind_host,
         "port": router.settings.server_port,
     }
-    return agent.call(router, conn, agent.WORKERS, args)
+    # A legacy router's list may take two tries of its own timeout.
+    return agent.call(router, conn, agent.WORKERS, args, timeout=max(conn.command_timeout, 30))
 
 
 def router_silence(router: Host, conn: Connection) -> str:

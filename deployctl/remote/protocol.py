@@ -568,7 +568,8 @@ LIVE_RECORDS = Call("live_records", LiveRecordsArgs, LiveRecordsReply,
                     "read kept live windows")
 TUNE_LOCK = Call("tune_lock", TuneLockArgs, LockReply, "take the tune lock")
 TUNE_UNLOCK = Call("tune_unlock", ReleaseArgs, ReleaseReply, "release the tune lock")
-ROUTER = Call("router", RouterArgs, RouterReply, "change the router's workers")
+ROUTER = Call("router", RouterArgs, RouterReply,
+              "add or remove a router's worker, or check a worker's health from there")
 # The router's list alone: a read, so a kept agent answers it (a canary checks it every round).
 WORKERS = Call("workers", WorkersArgs, RouterReply, "ask the router for its workers")
 # Through `hold`: it stays running, holding the lock, until its client goes.

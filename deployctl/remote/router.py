@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from .files import state_path
+from .files import fail, state_path
 from .routing import (
     ROUTER_LOCKS,
     HoldArgs,
@@ -199,8 +199,11 @@ def cmd_workers(args: WorkersArgs) -> RouterReply:
 def cmd_router(args: RouterArgs) -> RouterReply:
     """Add or remove a router's worker and wait until its list shows it (healthy, for an
     addition) or `wait` runs out: 0.3's router does both in the background. A worker is
-    added only once its /health_generate answers 200 from here."""
+    added only once its /health_generate answers 200 from here. `health`: does the worker
+    answer /health from here now."""
     host, port = args["bind_host"], args["port"]
+    if args["action"] not in ("add", "remove", "health"):
+        fail(f"unknown router action {args['action']!r}", "agent")
     api, workers, error = router_list(host, port)
     if api is None:
         return {"api": api, "problem": error, "workers": workers}

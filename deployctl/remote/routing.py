@@ -6,9 +6,12 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 
-class RouterArgs(TypedDict):
+class WorkersArgs(TypedDict):
     bind_host: str  # the router's --host and --port, reached from its own host
     port: int
+
+
+class RouterArgs(WorkersArgs):
     action: str  # "add", "remove" or "health" (does `url` answer /health now?)
     url: str | None  # the worker to add or remove
     wait: float  # seconds to wait for the change to show in the router's list
@@ -16,11 +19,6 @@ class RouterArgs(TypedDict):
     # and a prefill's bootstrap port, which the router hands to decodes with each request.
     worker_type: str | None
     bootstrap_port: int | None
-
-
-class WorkersArgs(TypedDict):
-    bind_host: str  # the router's --host and --port, reached from its own host
-    port: int
 
 
 class RouterWorker(TypedDict):
