@@ -76,9 +76,8 @@ def window_minutes(item: pytest.Item) -> float:
 def spread_windows(items: list[pytest.Item]) -> None:
     """Put the `window` tests at even steps from WINDOWS_FROM to WINDOWS_TO of the others,
     the longest first."""
-    minutes = {item.nodeid: window_minutes(item) for item in items}
-    windows = sorted((i for i in items if minutes[i.nodeid]), key=lambda i: -minutes[i.nodeid])
-    rest = [item for item in items if not minutes[item.nodeid]]
+    windows = sorted(filter(window_minutes, items), key=window_minutes, reverse=True)
+    rest = [item for item in items if not window_minutes(item)]
     if not windows or not rest:
         return
     step = (WINDOWS_TO - WINDOWS_FROM) / max(1, len(windows) - 1)

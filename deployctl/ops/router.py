@@ -219,12 +219,16 @@ class Registration:
         return not self.error
 
 
+def _workers_args(router: Host) -> WorkersArgs:
+    """Where the router listens, reached from its own host."""
+    return {"bind_host": router.settings.bind_host, "port": router.settings.server_port}
+
+
 def _router_args(
     router: Host, action: str, url: str | None, wait: float, kind: WorkerKind
 ) -> RouterArgs:
     return {
-        "bind_host": router.settings.bind_host,
-        "port": router.settings.server_port,
+        **_workers_args(router),
         "action": action,
         "url": url,
         "wait": wait,
@@ -251,12 +255,9 @@ def _router_call(
 def router_workers(router: Host, conn: Connection) -> RouterReply:
     """The router's worker list as it is now, read on its host: a read, so where the
     connection keeps an agent (a canary's rounds), no process is started for it."""
-    args: WorkersArgs = {
-        "bind_host": router.settings.bind_host,
-        "port": router.settings.server_port,
-    }
     # A legacy router's list may take two tries of its own timeout.
-    return agent.call(router, conn, agent.WORKERS, args, timeout=max(conn.command_timeout, 30))
+    timeout = max(conn.command_timeout, 30)
+    return agent.call(router, conn, agent.WORKERS, _workers_args(router), timeout=timeout)
 
 
 def router_silence(router: Host, conn: Connection) -> str:
