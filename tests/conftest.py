@@ -232,9 +232,10 @@ class CLI:
 def cli(request: pytest.FixtureRequest, tmp_path: Path, client_home: Path) -> CLI:
     work = tmp_path / "work"
     work.mkdir()
-    # The fast tier's runs are forked (~0.2 s of CPU less each); the lab's start a fresh
-    # Python each, as they always did, so what the CLI does over SSH is checked unchanged.
-    return CLI(work, client_home, forked=request.node.get_closest_marker("lab") is None)
+    # Runs are forked (tests/cli_server.py: what a fresh `python -m deployctl` would do, for
+    # ~0.25 s of CPU less each, a quarter of a lab test's); a `fresh_cli` test starts a real
+    # Python per run, so the whole path of a user's command over SSH stays checked too.
+    return CLI(work, client_home, forked=request.node.get_closest_marker("fresh_cli") is None)
 
 
 @pytest.fixture(scope="session")

@@ -55,6 +55,7 @@ def launch_json(cli: CLI, inv: Path, *extra: str) -> tuple[int, dict, str]:
     return result.returncode, json.loads(result.stdout), result.stderr
 
 
+@pytest.mark.fresh_cli  # a user's own processes, start to end
 def test_launch_reaches_ready_then_stop_ends_every_rank(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
