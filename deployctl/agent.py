@@ -106,13 +106,18 @@ def bundle_files() -> list[Path]:
 @cache
 def agent_bundle() -> bytes:
     """The agent as one zip: `deployctl_remote/<module>.py`, sorted, with fixed dates."""
+    return bundle_of({path.name: path.read_bytes() for path in bundle_files()})
+
+
+def bundle_of(modules: Mapping[str, bytes]) -> bytes:
+    """The bundle of these modules (file name → text) of the agent's package."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as bundle:
-        for path in bundle_files():
-            entry = zipfile.ZipInfo(f"{bootstrap.PACKAGE}/{path.name}", date_time=_ZIP_EPOCH)
+        for name in sorted(modules):
+            entry = zipfile.ZipInfo(f"{bootstrap.PACKAGE}/{name}", date_time=_ZIP_EPOCH)
             entry.compress_type = zipfile.ZIP_DEFLATED  # small enough to ride in one argument
             entry.external_attr = 0o600 << 16
-            bundle.writestr(entry, path.read_bytes(), compresslevel=9)
+            bundle.writestr(entry, modules[name], compresslevel=9)
     return buffer.getvalue()
 
 

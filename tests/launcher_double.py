@@ -24,9 +24,8 @@ from deployctl.choices import LAUNCH_KINDS
 from deployctl.facts import ProbeOutput, run_probes
 from deployctl.launchers.base import Launcher
 from deployctl.remote import launchers as host_launchers
-from deployctl.remote.dispatch import HANDLERS
 from deployctl.remote.files import read_json, state_path, write_json
-from deployctl.remote.kept_agent import handle
+from deployctl.remote.handlers import handle
 from deployctl.remote.protocol import (
     LiveRunOrigin,
     Placement,
@@ -148,7 +147,7 @@ def answer_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     checked against its type as a host's is), so a launcher registered here is the host's."""
 
     def answer(host: Any, spec: Any, args: Mapping[str, Any], stdin: bytes | None) -> Any:
-        reply = handle(HANDLERS, spec.name, json.loads(json.dumps(args)), stdin)
+        reply = handle(spec.name, json.loads(json.dumps(args)), stdin)
         return agent.check_reply(host, spec.name, json.loads(json.dumps(reply)), "", spec.reply)
 
     def call(host: Any, conn: Any, spec: Any, args: Any, stdin: bytes | None = None,

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -182,6 +183,34 @@ def test_the_agent_is_sent_once_then_run_from_its_unpacked_folder(tmp_path: Path
     )
     assert list((folder / bootstrap.PACKAGE / "__pycache__").glob("dispatch.*.pyc"))
     assert sorted(p.name for p in folder.parent.iterdir()) == [agent.agent_hash()]
+
+
+def imported_by(host: Host, call: str, args: dict[str, Any]) -> set[str]:
+    """The modules a one-shot call's Python imported, as `python -v` names them."""
+    command = agent.agent_command(host, call, args)
+    env = {**os.environ, "PYTHONVERBOSE": "1"}
+    ran = subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True)
+    assert ran.returncode == 0 and protocol.REPLY_MARK in ran.stdout, ran.stderr[-2000:]
+    return set(re.findall(r"^import '([\w.]+)'", ran.stderr, re.MULTILINE))
+
+
+def test_a_one_shot_call_imports_its_own_handler_and_not_the_others(tmp_path: Path) -> None:
+    # Every import is paid for by each call's Python on every host (benchmarks/agent_call.py):
+    # a lock release or a status read never loads the kept agent's threads, a patch apply's
+    # tar reader, a bench, a router client or a survey.
+    host, conn = local_host(tmp_path), LocalConnection("here", 30)
+    state = str(tmp_path / "state")
+    release = {"state_dir": state, "deployment": None, "token": "t"}
+    assert agent.call(host, conn, agent.RELEASE, release) == {"released": False}
+    others = {f"{bootstrap.PACKAGE}.{name}" for name in ("bench", "kept_agent", "router", "survey")}
+    heavy = {"py_compile", "shutil", "socket", "tarfile", "tempfile"}
+    imported = imported_by(host, agent.RELEASE.name, release)
+    assert f"{bootstrap.PACKAGE}.locks" in imported
+    assert not imported & (others | heavy | {"subprocess", f"{bootstrap.PACKAGE}.runs"})
+    status = {**STATUS_ARGS, "state_dir": state, "metrics_bytes": 0}
+    imported = imported_by(host, agent.STATUS.name, status)
+    assert f"{bootstrap.PACKAGE}.runs" in imported
+    assert not imported & (others | heavy | {f"{bootstrap.PACKAGE}.records"})
 
 
 def _replace_dispatch(folder: Path) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import typing
 
 from deployctl import agent
-from deployctl.remote import dispatch, kept_agent, measures, patch_types, protocol, routing
+from deployctl.remote import handlers, measures, patch_types, protocol, routing
 
 
 def test_the_client_and_the_agent_name_the_same_calls() -> None:
     names = [spec.name for spec in protocol.CALLS]
     assert len(names) == len(set(names))
-    assert sorted(names) == sorted(dispatch.HANDLERS)
+    assert sorted(names) == sorted(handlers.HANDLERS)
     # No descriptor is left out of the table (but `echo`, which only a kept agent answers,
     # itself), and the client's calls are the protocol's.
     declared = [
@@ -36,7 +36,7 @@ def test_each_call_is_typed_by_its_handlers_typeddicts() -> None:
                 routing.__name__,
                 patch_types.__name__,
             ), spec.name
-        hints = typing.get_type_hints(dispatch.HANDLERS[spec.name])
+        hints = typing.get_type_hints(handlers.handler(spec.name))
         first = next(iter(hints))  # the handler's args; `apply` also takes the payload
         assert hints[first] is spec.args, f"{spec.name} takes {hints[first]}"
         assert hints["return"] is spec.reply, f"{spec.name} answers {hints['return']}"
@@ -54,5 +54,5 @@ def test_a_router_call_with_an_action_it_does_not_know_is_refused_without_asking
     # Port 1: were the router asked, the reply would say that nothing answers there.
     args = {"bind_host": "127.0.0.1", "port": 1, "action": "list", "url": None, "wait": 0,
             "worker_type": None, "bootstrap_port": None}  # fmt: skip
-    reply = kept_agent.handle(dispatch.HANDLERS, protocol.ROUTER.name, args)
+    reply = handlers.handle(protocol.ROUTER.name, args)
     assert reply == {"error": "unknown router action 'list'", "code": "agent"}

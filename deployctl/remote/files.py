@@ -6,7 +6,6 @@ import base64
 import hashlib
 import json
 import os
-import tempfile
 import time
 from typing import Any, NoReturn, cast
 
@@ -46,7 +45,7 @@ def write_atomic(path: str, data: bytes, mode: int | None = None) -> None:
             mode = os.stat(path).st_mode & 0o7777
         except OSError:
             mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=".deployctl.", dir=folder)
+    fd, tmp = _new_file(folder)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -58,6 +57,17 @@ def write_atomic(path: str, data: bytes, mode: int | None = None) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _new_file(folder: str) -> tuple[int, str]:
+    """A new private file in `folder` (as tempfile.mkstemp, whose import would cost each
+    call's start more than the whole write)."""
+    while True:
+        path = os.path.join(folder, f".deployctl.{os.urandom(6).hex()}")
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), path
+        except FileExistsError:
+            continue
 
 
 def write_json(path: str, document: Any, mode: int | None = None) -> None:

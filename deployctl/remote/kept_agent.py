@@ -28,13 +28,12 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from .files import CallFailed
 from .gpus import gpus_answer
+from .handlers import error, handle, write_reply
 from .measures import EchoReply
-from .protocol import ECHO, GPUS_COMMAND, REPLY_MARK, SESSION_CALLS
+from .protocol import ECHO, GPUS_COMMAND, SESSION_CALLS
 
 # The process groups of the probes now running: ended with us.
 _running: list[int] = []
@@ -42,7 +41,7 @@ _answered = [0]
 _LONGEST = 86400.0  # a probe timeout beyond this (or not a number) is the default's
 
 
-def serve(handlers: dict[str, Callable[..., Any]], bundle: str) -> None:
+def serve(bundle: str) -> None:
     """Answer request lines until stdin ends; then end at once. Never returns: every end
     is `os._exit`, as an interpreter's own shutdown could stall on the reader thread."""
     requests: queue.Queue[bytes] = queue.Queue()
@@ -50,13 +49,13 @@ def serve(handlers: dict[str, Callable[..., Any]], bundle: str) -> None:
     try:
         _write({"session": bundle, "pid": os.getpid()})
         while True:
-            _write(_request(handlers, requests.get()))
+            _write(_request(requests.get()))
             _answered[0] += 1
     except BaseException:  # a bug of ours: end, and let the client start another
         _end(1)
 
 
-def _request(handlers: dict[str, Callable[..., Any]], line: bytes) -> dict[str, Any]:
+def _request(line: bytes) -> dict[str, Any]:
     """One request line's reply line; a malformed request is answered, never fatal."""
     try:
         request = json.loads(line)
@@ -66,10 +65,10 @@ def _request(handlers: dict[str, Callable[..., Any]], line: bytes) -> dict[str, 
         if not isinstance(call, str) or not isinstance(probes, dict):
             raise TypeError("call must be a name and probes an object")
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        return {"reply": _error(f"a malformed session request: {exc}", "agent"), "probes": None}
+        return {"reply": error(f"a malformed session request: {exc}", "agent"), "probes": None}
     timeout = timeout if 0 < timeout <= _LONGEST else 60.0  # NaN too
     ran = {str(name): _probe(str(command), timeout) for name, command in probes.items()}
-    return {"reply": _answer(handlers, call, args), "probes": ran}
+    return {"reply": _answer(call, args), "probes": ran}
 
 
 def _read_requests(requests: queue.Queue[bytes]) -> None:
@@ -90,30 +89,12 @@ def _end(code: int) -> None:
     os._exit(code)
 
 
-def _answer(handlers: dict[str, Callable[..., Any]], call: str, args: Any) -> Any:
+def _answer(call: str, args: Any) -> Any:
     if call == ECHO.name:
         return _echo()
     if call not in SESSION_CALLS:
-        return _error(f"{call!r} is not answered by a kept agent", "agent")
-    return handle(handlers, call, args)
-
-
-def handle(
-    handlers: dict[str, Callable[..., Any]], call: str, args: Any, payload: bytes | None = None
-) -> Any:
-    """One call's reply, or its error as `{"error", "code"}` (one line for the client, never
-    a traceback on its screen); `payload`: the input of a call that reads one (apply)."""
-    try:
-        if call not in handlers:
-            return _error(f"unknown agent call {call!r}", "agent")
-        return handlers[call](args) if payload is None else handlers[call](args, payload)
-    except CallFailed as failed:
-        return _error(failed.message, failed.code)
-    except OSError as exc:  # a missing home, a state_dir that is a file, a read-only disk
-        where = f": {exc.filename}" if exc.filename else ""
-        return _error(f"{call} failed on the host: {exc.strerror or exc}{where}", "host")
-    except Exception as exc:
-        return _error(f"{call} failed on the host: {type(exc).__name__}: {exc}", "agent")
+        return error(f"{call!r} is not answered by a kept agent", "agent")
+    return handle(call, args)
 
 
 def _probe(command: str, timeout: float) -> dict[str, Any]:
@@ -171,20 +152,6 @@ def _echo() -> EchoReply:
     times = os.times()
     return {"pid": os.getpid(), "rss_kib": rss, "cpu_s": times.user + times.system,
             "answered": _answered[0]}  # fmt: skip
-
-
-def _error(message: str, code: str) -> dict[str, str]:
-    return {"error": message, "code": code}
-
-
-def write_reply(document: Any) -> bool:
-    """One reply line on stdout; False where it cannot be written (the client went)."""
-    try:
-        sys.stdout.write(REPLY_MARK + json.dumps(document) + "\n")
-        sys.stdout.flush()
-    except OSError:
-        return False
-    return True
 
 
 def _write(document: Any) -> None:

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import io
 import json
 import os
-import py_compile
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from typing import IO, cast
 
@@ -198,6 +194,11 @@ def hunk_states(data: bytes | None, marks: list[HunkMark]) -> list[str]:
 
 def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
     """Back up, write patched files, compile, verify; undo everything on any failure."""
+    # Only a change needs these: imported here, they cost no other call's start.
+    import io
+    import py_compile
+    import tarfile
+
     # A dropped connection can cut the upload at a tar block boundary, which reads as a
     # valid but shorter archive: check that every byte arrived before using any of it.
     if hashlib.sha256(payload).hexdigest() != args["payload_sha256"]:
@@ -288,6 +289,8 @@ def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
 
 def run_verify_scripts(site: str, scripts: list[str], members: dict[str, bytes]) -> None:
     """Run each verify script of the set against the patched files; raise on the first failure."""
+    import tempfile  # as in cmd_apply
+
     with tempfile.TemporaryDirectory(prefix="deployctl-verify-") as verify_dir:
         for script in scripts:
             script_path = os.path.join(verify_dir, os.path.basename(script))

@@ -536,7 +536,7 @@ class Call(Generic[A, R]):
         return f"deployctl's host agent was asked to {self.what or self.name}"
 
 
-# Every call the agent answers (dispatch.HANDLERS), typed by the declarations above.
+# Every call the agent answers (handlers.HANDLERS), typed by the declarations above.
 # fmt: off
 PROBE = Call("probe", ProbeArgs, ProbeReply, "read the host's facts (SGLang install, GPUs, ports)")
 READ = Call("read", ReadArgs, ReadReply, "read files of the SGLang install")

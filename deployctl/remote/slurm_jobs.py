@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 import time
 from typing import cast
@@ -305,6 +304,8 @@ class SlurmJobLauncher:
         return placement_ref(self.kind, state_dir, run, run["job"])
 
     def facts(self) -> dict[str, str | None]:
+        import shutil  # it imports three compressors: a cost to every call's start, if at the top
+
         return {"sbatch": shutil.which("sbatch")}
 
     def start(self, args: StartArgs, run_id: str, log_path: str, log_fd: int) -> RunRecord:
