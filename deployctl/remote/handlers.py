@@ -8,72 +8,42 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from . import protocol
 from .files import CallFailed
-from .protocol import (
-    APPLY,
-    BENCH,
-    BENCH_RESULTS,
-    BENCH_SAVE,
-    CANARY_KEEP,
-    CANARY_RECORDS,
-    CHECK_ARGS,
-    HOLD,
-    LIVE_KEEP,
-    LIVE_RECORDS,
-    POINT,
-    POLL,
-    PREFLIGHT,
-    PROBE,
-    READ,
-    RELEASE,
-    REPLY_MARK,
-    REVERT,
-    ROUTER,
-    RUNS,
-    START,
-    STATUS,
-    STOP,
-    SURVEY,
-    TUNE_LOCK,
-    TUNE_RECORDS,
-    TUNE_SAVE,
-    TUNE_UNLOCK,
-    WORKERS,
-)
 
 # Each call's handler, by the call's name on the wire (protocol.CALLS names the same calls), as
 # (module, function): a call imports its own module only, as each module's imports cost a
 # one-shot call's Python its start-up time. The handler takes the call's args (and `apply` its
 # payload, read from stdin) and returns the reply.
 HANDLERS: dict[str, tuple[str, str]] = {
-    PROBE.name: ("patches", "cmd_probe"),
-    READ.name: ("files", "cmd_read"),
-    APPLY.name: ("patches", "cmd_apply"),
-    REVERT.name: ("patches", "cmd_revert"),
-    PREFLIGHT.name: ("runs", "cmd_preflight"),
-    CHECK_ARGS.name: ("sglang_options", "cmd_check_args"),
-    START.name: ("runs", "cmd_start"),
-    POLL.name: ("runs", "cmd_poll"),
-    STATUS.name: ("runs", "cmd_status"),
-    STOP.name: ("runs", "cmd_stop"),
-    RELEASE.name: ("locks", "cmd_release"),
-    POINT.name: ("runs", "cmd_point"),
-    RUNS.name: ("runs", "cmd_runs"),
-    BENCH.name: ("bench", "cmd_bench"),
-    BENCH_SAVE.name: ("records", "cmd_bench_save"),
-    BENCH_RESULTS.name: ("records", "cmd_bench_results"),
-    TUNE_SAVE.name: ("records", "cmd_tune_save"),
-    TUNE_RECORDS.name: ("records", "cmd_tune_records"),
-    TUNE_LOCK.name: ("locks", "cmd_tune_lock"),
-    TUNE_UNLOCK.name: ("locks", "cmd_tune_unlock"),
-    ROUTER.name: ("router", "cmd_router"),
-    WORKERS.name: ("router", "cmd_workers"),
-    HOLD.name: ("router", "cmd_hold"),
-    CANARY_KEEP.name: ("records", "cmd_canary_keep"),
-    CANARY_RECORDS.name: ("records", "cmd_canary_records"),
-    LIVE_KEEP.name: ("records", "cmd_live_keep"),
-    LIVE_RECORDS.name: ("records", "cmd_live_records"),
-    SURVEY.name: ("survey", "cmd_survey"),
+    protocol.PROBE.name: ("patches", "cmd_probe"),
+    protocol.READ.name: ("files", "cmd_read"),
+    protocol.APPLY.name: ("patches", "cmd_apply"),
+    protocol.REVERT.name: ("patches", "cmd_revert"),
+    protocol.PREFLIGHT.name: ("runs", "cmd_preflight"),
+    protocol.CHECK_ARGS.name: ("sglang_options", "cmd_check_args"),
+    protocol.START.name: ("runs", "cmd_start"),
+    protocol.POLL.name: ("runs", "cmd_poll"),
+    protocol.STATUS.name: ("runs", "cmd_status"),
+    protocol.STOP.name: ("runs", "cmd_stop"),
+    protocol.RELEASE.name: ("locks", "cmd_release"),
+    protocol.POINT.name: ("runs", "cmd_point"),
+    protocol.RUNS.name: ("runs", "cmd_runs"),
+    protocol.BENCH.name: ("bench", "cmd_bench"),
+    protocol.BENCH_SAVE.name: ("records", "cmd_bench_save"),
+    protocol.BENCH_RESULTS.name: ("records", "cmd_bench_results"),
+    protocol.TUNE_SAVE.name: ("records", "cmd_tune_save"),
+    protocol.TUNE_RECORDS.name: ("records", "cmd_tune_records"),
+    protocol.TUNE_LOCK.name: ("locks", "cmd_tune_lock"),
+    protocol.TUNE_UNLOCK.name: ("locks", "cmd_tune_unlock"),
+    protocol.ROUTER.name: ("router", "cmd_router"),
+    protocol.WORKERS.name: ("router", "cmd_workers"),
+    protocol.HOLD.name: ("router", "cmd_hold"),
+    protocol.CANARY_KEEP.name: ("records", "cmd_canary_keep"),
+    protocol.CANARY_RECORDS.name: ("records", "cmd_canary_records"),
+    protocol.LIVE_KEEP.name: ("records", "cmd_live_keep"),
+    protocol.LIVE_RECORDS.name: ("records", "cmd_live_records"),
+    protocol.SURVEY.name: ("survey", "cmd_survey"),
 }
 
 
@@ -107,7 +77,7 @@ def error(message: str, code: str) -> dict[str, str]:
 def write_reply(document: Any) -> bool:
     """One reply line on stdout; False where it cannot be written (the client went)."""
     try:
-        sys.stdout.write(REPLY_MARK + json.dumps(document) + "\n")
+        sys.stdout.write(protocol.REPLY_MARK + json.dumps(document) + "\n")
         sys.stdout.flush()
     except OSError:
         return False
