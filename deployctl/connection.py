@@ -741,27 +741,42 @@ class SSHConnection(Connection):
         transport = self._client_or_connect().get_transport()
         if transport is None or not transport.is_active():
             raise ConnectError(f"{self.name}: the SSH connection was lost")
+        deadline = time.monotonic() + timeout
         try:
             channel = transport.open_session(timeout=min(timeout, self.connect_timeout))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise ConnectError(f"{self.name}: SSH failure: {exc or type(exc).__name__}") from None
         limit = self.reply_limit()
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+                channel.close()
+
+        # As in _exec: exec_command waits for the server's reply without a timeout, so a host
+        # silent from the moment the channel opened is ended by closing the channel.
+        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), expire)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             channel.exec_command(command)
+            watchdog.cancel()
+            if expired.is_set():  # it answered just as the deadline closed the channel
+                raise CommandTimeoutError(late)
             out, ended = _read_until(
-                lambda: channel.recv(1 << 16),
-                channel.fileno(),
-                until,
-                time.monotonic() + timeout,
-                late,
-                limit,
+                lambda: channel.recv(1 << 16), channel.fileno(), until, deadline, late, limit
             )
         except (paramiko.SSHException, OSError, EOFError) as exc:
             channel.close()
+            if expired.is_set():
+                raise CommandTimeoutError(late) from None
             raise ConnectError(f"{self.name}: SSH failure: {exc or type(exc).__name__}") from None
         except BaseException:
             channel.close()
             raise
+        finally:
+            watchdog.cancel()
         return _SSHHeld(channel, out, ended, limit)
 
     def _disconnect(self) -> None:

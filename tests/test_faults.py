@@ -169,10 +169,12 @@ def test_host_that_goes_silent_mid_launch_is_reported_and_others_finish(
     assert any(word in doc["bravo"]["error"] for word in ("timed out", "no answer", "Timeout"))
 
 
+@pytest.mark.parametrize("held", [False, True], ids=["run", "held"])
 def test_host_silent_right_after_the_channel_opens_times_out(
-    paused_guard: SSHLab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    paused_guard: SSHLab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: bool
 ) -> None:
-    """The narrowest window: the channel is open, the command request gets no reply."""
+    """The narrowest window: the channel is open, the command request gets no reply. Both
+    for a command run to its end and one held open (a kept agent's start, a router lock)."""
     import paramiko
 
     lab = paused_guard
@@ -192,7 +194,10 @@ def test_host_silent_right_after_the_channel_opens_times_out(
 
     def attempt() -> None:
         try:
-            conn.run("echo never")
+            if held:
+                conn.start("echo never; cat", b"never").close()
+            else:
+                conn.run("echo never")
             outcome.append("answered")
         except BaseException as exc:  # handed to the test thread
             outcome.append(exc)
