@@ -664,18 +664,7 @@ class SSHConnection(Connection):
             # Every blocking step has a timeout, so a host that goes silent cannot hang us.
             channel = transport.open_session(timeout=min(timeout, self.connect_timeout))
             channel.settimeout(timeout)
-
-            def expire() -> None:
-                expired.set()
-                # A connection lost meanwhile has closed the channel already: nothing to end.
-                with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
-                    channel.close()
-
-            # exec_command waits for the server's reply without any timeout: closing the
-            # channel at the deadline is what ends that wait (and any other) on a silent host.
-            watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), expire)
-            watchdog.daemon = True
-            watchdog.start()
+            watchdog = _close_at(channel, deadline, expired)
             channel.exec_command(command)
             if stdin:
                 try:
@@ -748,17 +737,7 @@ class SSHConnection(Connection):
             raise ConnectError(f"{self.name}: SSH failure: {exc or type(exc).__name__}") from None
         limit = self.reply_limit()
         expired = threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
-                channel.close()
-
-        # As in _exec: exec_command waits for the server's reply without a timeout, so a host
-        # silent from the moment the channel opened is ended by closing the channel.
-        watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), expire)
-        watchdog.daemon = True
-        watchdog.start()
+        watchdog = _close_at(channel, deadline, expired)
         try:
             channel.exec_command(command)
             watchdog.cancel()
@@ -795,6 +774,26 @@ class SSHConnection(Connection):
                 self._client = None
         finally:
             self._lock.release()
+
+
+def _close_at(
+    channel: paramiko.Channel, deadline: float, expired: threading.Event
+) -> threading.Timer:
+    """A started timer that closes `channel` at `deadline` and sets `expired`. exec_command
+    waits for the server's reply without any timeout: closing the channel is what ends that
+    wait (and any other) on a host silent since the channel opened."""
+    import paramiko
+
+    def expire() -> None:
+        expired.set()
+        # A connection lost meanwhile has closed the channel already: nothing to end.
+        with contextlib.suppress(EOFError, OSError, paramiko.SSHException):
+            channel.close()
+
+    watchdog = threading.Timer(max(0.0, deadline - time.monotonic()), expire)
+    watchdog.daemon = True
+    watchdog.start()
+    return watchdog
 
 
 def _wait_for(fd: int, event: int, timeout: float) -> bool:
