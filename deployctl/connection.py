@@ -737,8 +737,9 @@ class SSHConnection(Connection):
             raise ConnectError(f"{self.name}: SSH failure: {exc or type(exc).__name__}") from None
         limit = self.reply_limit()
         expired = threading.Event()
-        watchdog = _close_at(channel, deadline, expired)
+        watchdog: threading.Timer | None = None
         try:
+            watchdog = _close_at(channel, deadline, expired)
             channel.exec_command(command)
             watchdog.cancel()
             if expired.is_set():  # it answered just as the deadline closed the channel
@@ -755,7 +756,8 @@ class SSHConnection(Connection):
             channel.close()
             raise
         finally:
-            watchdog.cancel()
+            if watchdog is not None:
+                watchdog.cancel()
         return _SSHHeld(channel, out, ended, limit)
 
     def _disconnect(self) -> None:

@@ -27,6 +27,7 @@ import contextlib
 import json
 import locale
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -173,6 +174,14 @@ class Ran(subprocess.CompletedProcess[str]):
 # waited-for children's): they are the server's children, not this process's, so a test's
 # own rusage leaves them out.
 cpu_seconds = 0.0
+
+
+def spent_cpu_seconds() -> float:
+    """CPU seconds of every CLI run this process has made so far, forked (`cpu_seconds`) or
+    started (its waited-for children): a test's bound on a run's CPU reads the difference."""
+    waited = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return cpu_seconds + waited.ru_utime + waited.ru_stime
+
 
 _servers: dict[
     tuple[str, tuple[tuple[str, str], ...]], tuple[subprocess.Popen[bytes], socket.socket]

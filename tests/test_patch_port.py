@@ -4,7 +4,6 @@ on the real 0.5.23 and 0.5.22 wheels (no host is touched)."""
 from __future__ import annotations
 
 import json
-import resource
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from deployctl.project import SHIPPED_DATA
+from tests import cli_server
 from tests.conftest import CLI, FullDisk
 from tests.sglang_wheel import SITE, extract_site, install_on, sglang_wheel
 from tests.sshd_hosts import SSHLab
@@ -98,21 +98,15 @@ def test_port_to_the_same_release_is_all_exact(cli: CLI) -> None:
     }
 
 
-def children_cpu() -> float:
-    """CPU seconds of this process's children that have ended (the CLI runs we waited for)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def test_port_refuses_the_wrong_release_and_an_existing_candidate(cli: CLI) -> None:
-    before = children_cpu()
+    before = cli_server.spent_cpu_seconds()
     result = cli("patch", "port", "spec-disable", "--to", "0.5.21",
                  "--from", str(sglang_wheel("0.5.22")))  # fmt: skip
     assert result.returncode == 1
     assert "holds SGLang 0.5.22, not 0.5.21" in result.stderr
     # Told by the wheel's METADATA before its ~6,000 files are unpacked (~3 s of CPU here).
-    cpu = children_cpu() - before
-    assert cpu < 1.5, f"took {cpu:.2f} CPU-s, bound 1.5 s"
+    cpu = cli_server.spent_cpu_seconds() - before
+    assert 0 < cpu < 1.5, f"took {cpu:.2f} CPU-s, bound 1.5 s"
     (cli.cwd / "spec-disable-0.5.23-candidate").mkdir()
     (cli.cwd / "spec-disable-0.5.23-candidate" / "mine.diff").write_text("keep me\n")
     code, _, stderr = port(cli, "spec-disable", "0.5.23")

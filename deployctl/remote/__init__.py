@@ -5,8 +5,10 @@ with `measures` (the types of what is measured and kept: bench levels, the tune 
 `shapes` (the shape check of a value against its TypedDict), one module per concern
 (`files`, `patches`, `sglang_options`, `locks`, `runs`, `slurm_jobs`, `bench`, `records`,
 `router`), `handlers`, which maps each call to its handler (its module imported only when the
-call comes), and `dispatch`, the entry point. Only `protocol` and `measures` are imported by
-the client (tests/test_layers.py).
+call comes), and `dispatch`, the entry point. Outside the package, only the declarations
+(`protocol`, `measures`, `routing`, `patch_types`, `placements`, `server_argv`) are imported,
+but by `agent.py`, which ships the package, and `ops/port.py`, which patches files as an
+apply does (tests/test_layers.py).
 
 deployctl ships the package as one bundle (a deterministic zip of its modules) named by the
 sha256 of its bytes, unpacked once per host and state_dir into a private folder with a

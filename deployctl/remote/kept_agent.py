@@ -31,7 +31,7 @@ import threading
 from typing import Any
 
 from .gpus import gpus_answer
-from .handlers import error, handle, write_reply
+from .handlers import error, handle, handler, write_reply
 from .measures import EchoReply
 from .protocol import ECHO, GPUS_COMMAND, SESSION_CALLS
 
@@ -47,6 +47,10 @@ def serve(bundle: str) -> None:
     requests: queue.Queue[bytes] = queue.Queue()
     threading.Thread(target=_read_requests, args=(requests,), daemon=True).start()
     try:
+        # The calls' modules imported now, right after the bootstrap checked the folder, not
+        # at their first call, perhaps hours into a `top`.
+        for call in sorted(SESSION_CALLS - {ECHO.name}):
+            handler(call)
         _write({"session": bundle, "pid": os.getpid()})
         while True:
             _write(_request(requests.get()))

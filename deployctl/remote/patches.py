@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -195,7 +196,6 @@ def hunk_states(data: bytes | None, marks: list[HunkMark]) -> list[str]:
 def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
     """Back up, write patched files, compile, verify; undo everything on any failure."""
     # Only a change needs these: imported here, they cost no other call's start.
-    import io
     import py_compile
     import tarfile
 
