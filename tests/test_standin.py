@@ -543,11 +543,13 @@ def adaptive_config(path: Path, threshold: int, steps: int = 3) -> Path:
     return path
 
 
-def bench_level(server: Server, concurrency: int, output_len: int) -> BenchLevel:
-    """One level of deployctl's own load generator against the stand-in."""
+def bench_level(server: Server, concurrency: int, output_len: int, rounds: int = 1) -> BenchLevel:
+    """One level of deployctl's own load generator against the stand-in, `rounds` rounds of
+    `concurrency` requests (assert_paced's best round needs more than one to pass over a
+    stall: one first token 745 ms late on a loaded machine read a lone round at 0.60)."""
     return cmd_bench(
         {"bind_host": "127.0.0.1", "port": server.port, "concurrency": concurrency,
-         "prompts": concurrency, "input_len": 8, "output_len": output_len, "flush": False,
+         "prompts": concurrency * rounds, "input_len": 8, "output_len": output_len, "flush": False,
          "timeout": 10.0, "tool": "builtin", "env": {}, "warmup": False, "client_processes": 0}
     )  # fmt: skip
 
@@ -613,8 +615,8 @@ def test_adaptive_speculation_drafts_up_to_the_threshold_then_steps_plain(
     )  # fmt: skip
     server.wait_log(READY)
     # A 0-step slot is a plain step: off_state_slowdown is the patched server's cost alone.
-    level = bench_level(server, 2, 90)
-    assert level["failed"] == 0 and level["output_tokens"] == 90 * 2, level
+    level = bench_level(server, 2, 90, rounds=3)
+    assert level["failed"] == 0 and level["output_tokens"] == 90 * 2 * 3, level
     assert_paced(level, spec_tps(2))
     level = bench_level(server, 8, 90)
     assert level["failed"] == 0 and level["output_tokens"] == 90 * 8, level
@@ -638,10 +640,10 @@ def test_the_off_state_above_a_patched_threshold_steps_slower_than_plain(
     patched.wait_log(READY)
     plain.wait_log(READY)
     levels = {}
-    for name, server, concurrency in (("above", patched, 8), ("below", patched, 2),
-                                      ("plain", plain, 8)):  # fmt: skip
-        levels[name] = level = bench_level(server, concurrency, 60)
-        assert level["failed"] == 0 and level["output_tokens"] == 60 * concurrency, level
+    for name, server, concurrency, rounds in (("above", patched, 8, 1), ("below", patched, 2, 3),
+                                              ("plain", plain, 8, 1)):  # fmt: skip
+        levels[name] = level = bench_level(server, concurrency, 60, rounds)
+        assert level["failed"] == 0 and level["output_tokens"] == 60 * concurrency * rounds, level
     plain_step_ms = MODEL["step_ms"] + MODEL["per_req_ms"] * 8
     assert_full_batch_step(levels["above"], plain_step_ms * slowdown)
     assert_paced(levels["below"], spec_tps(2))
