@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import resource
 import shutil
@@ -32,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,9 +102,7 @@ def unpacked(python: str, state_dir: str, bundle: bytes) -> tuple[str, str]:
     """Unpack `bundle` under `state_dir` as a host would: (its folder, its manifest's digest)."""
     folder = f"{state_dir}/{protocol.AGENT_DIR}/{hashlib.sha256(bundle).hexdigest()}"
     subprocess.run([python, "-c", bootstrap.UNPACK, folder], input=bundle, check=True)
-    with zipfile.ZipFile(io.BytesIO(bundle)) as opened:
-        files = {name: opened.read(name) for name in opened.namelist()}
-    return folder, hashlib.sha256(bootstrap.manifest(files)).hexdigest()
+    return folder, agent.manifest_digest_of(bundle)
 
 
 def main() -> None:

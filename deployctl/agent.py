@@ -169,11 +169,12 @@ def agent_hash() -> str:
 def manifest_digest() -> str:
     """The sha256 of the manifest a host writes when it unpacks this bundle: the bootstrap
     runs only a folder whose manifest has it."""
-    return _manifest_digest(agent_bundle())
+    return manifest_digest_of(agent_bundle())
 
 
 @lru_cache(maxsize=4)
-def _manifest_digest(bundle: bytes) -> str:
+def manifest_digest_of(bundle: bytes) -> str:
+    """The sha256 of the manifest a host writes when it unpacks `bundle`."""
     with zipfile.ZipFile(io.BytesIO(bundle)) as unpacked:
         files = {name: unpacked.read(name) for name in unpacked.namelist()}
     return hashlib.sha256(bootstrap.manifest(files)).hexdigest()
