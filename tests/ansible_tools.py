@@ -9,13 +9,30 @@ state right after its import and the set-up of Ansible's collection loader (the 
 every tool's `CLI.run`, the same for every run here). Ansible reads its configuration (the
 environment, an ansible.cfg in the working folder) at import, so there is one server per
 tool, environment and folder.
+
+Ansible's answers are also recorded (tests/data/ansible_runs.json), so the fast tier does not
+pay ~15 s of CPU for them each time. DEPLOYCTL_TEST_ANSIBLE says what a run does:
+
+  replay (default)  the recorded answer to the same command on the same files is used; a
+                    command with none is run
+  live              every command is run and its answer must be the one recorded (a missing
+                    one fails too): ./scripts/test, so CI checks each recording against Ansible
+  record            every command is run and the file is written anew with this run's
+                    answers: `DEPLOYCTL_TEST_ANSIBLE=record pytest -n 0 tests/test_inventory_ansible.py`
+
+A command's key is its tool, arguments and ANSIBLE_* settings and every file in the test's
+temporary folder (names, executable bits, contents), with that folder and this checkout
+written as placeholders, so a key and its answer are the same in any clone and any run.
+ansible-vault always runs: it encrypts with a new salt each time, or changes a file.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -104,9 +121,37 @@ def _stop_servers() -> None:
 def run_tool(
     argv: list[str], *, env: dict[str, str] | None = None, check: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """Run an Ansible tool as `subprocess.run(argv, capture_output=True, text=True)` does."""
+    """Run an Ansible tool as `subprocess.run(argv, capture_output=True, text=True)` does, or
+    give its recorded answer (see the module's docstring)."""
     wanted = {k: v for k, v in (os.environ if env is None else env).items() if k not in PER_TEST}
-    server = _server(Path(argv[0]).name, wanted, os.getcwd())
+    key = _recording_key(argv, wanted)
+    done = _run(argv, wanted) if key is None else _recorded_run(argv, wanted, *key)
+    if check:
+        done.check_returncode()
+    return done
+
+
+def _recorded_run(
+    argv: list[str], env: dict[str, str], key: str, folder: str
+) -> subprocess.CompletedProcess[str]:
+    recorded = None if MODE == "record" else _recordings().get(key)
+    if recorded is not None and MODE == "replay":
+        return _restored(argv, recorded, folder)
+    done = _run(argv, env)
+    answer = _placeheld(done, folder)
+    if MODE == "live" and recorded is None:
+        raise AssertionError(f"no answer to {argv} is recorded: record (see {__name__})")
+    if MODE == "live" and _compared(argv, answer) != _compared(argv, recorded or {}):
+        raise AssertionError(
+            f"Ansible's answer to {argv} is not the one recorded: record again (see {__name__})"
+            f"\nrecorded: {recorded}\nnow:      {answer}"
+        )
+    _answered[key] = answer
+    return done
+
+
+def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    server = _server(Path(argv[0]).name, env, os.getcwd())
     assert server.stdin is not None and server.stdout is not None
     with tempfile.TemporaryDirectory(prefix="ansible-tool-") as scratch:
         out, err = Path(scratch, "stdout"), Path(scratch, "stderr")
@@ -120,7 +165,91 @@ def run_tool(
         code, cpu = json.loads(reply)
         global cpu_seconds
         cpu_seconds += cpu
-        done = subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
-    if check:
-        done.check_returncode()
-    return done
+        return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
+
+
+# ---- recorded answers ---------------------------------------------------------------------
+
+RECORDINGS = Path(__file__).parent / "data" / "ansible_runs.json"
+MODE = os.environ.get("DEPLOYCTL_TEST_ANSIBLE", "replay")
+if MODE not in ("replay", "live", "record"):
+    raise ValueError(f"DEPLOYCTL_TEST_ANSIBLE={MODE!r}: replay, live or record")
+if MODE == "record" and "PYTEST_XDIST_WORKER" in os.environ:
+    raise ValueError("DEPLOYCTL_TEST_ANSIBLE=record writes one file: run pytest with -n 0")
+CHECKOUT = str(Path(__file__).resolve().parent.parent)
+FOLDER_MARK, CHECKOUT_MARK = "<test-folder>", "<checkout>"
+
+# The run's temporary folder (conftest.py sets it): a test's own folder is the one in it that
+# a command names.
+base_temp: Path | None = None
+_loaded: dict[str, dict[str, object]] | None = None
+_answered: dict[str, dict[str, object]] = {}  # this run's answers, by key (written by record)
+
+
+def _recordings() -> dict[str, dict[str, object]]:
+    global _loaded
+    if _loaded is None:
+        _loaded = json.loads(RECORDINGS.read_text()) if RECORDINGS.exists() else {}
+    return _loaded
+
+
+def _placeheld_text(text: str, folder: str) -> str:
+    return text.replace(folder, FOLDER_MARK).replace(CHECKOUT, CHECKOUT_MARK)
+
+
+def _recording_key(argv: list[str], env: dict[str, str]) -> tuple[str, str] | None:
+    """(the key, the test's folder), or None for a command that always runs: one whose
+    inputs are not known (no argument names a test's folder), and ansible-vault's (it
+    encrypts with a new salt each time, or changes the file it names)."""
+    if base_temp is None or Path(argv[0]).name == "ansible-vault":
+        return None
+    named = re.search(re.escape(str(base_temp)) + r"/[^/\s]+", " ".join(map(str, argv)))
+    if named is None:
+        return None
+    folder = named.group(0)
+    digest = hashlib.sha256()
+    settings = sorted((k, v) for k, v in env.items() if k.startswith("ANSIBLE_"))
+    command = [Path(argv[0]).name, *map(str, argv[1:]), settings]
+    digest.update(_placeheld_text(json.dumps(command), folder).encode())
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            rel = path.relative_to(folder).as_posix()
+            executable = os.access(path, os.X_OK)
+            digest.update(f"\0{rel}\0{executable}\0".encode())
+            digest.update(
+                _placeheld_text(path.read_bytes().decode(errors="replace"), folder).encode()
+            )
+    return digest.hexdigest(), folder
+
+
+def _placeheld(done: subprocess.CompletedProcess[str], folder: str) -> dict[str, object]:
+    return {
+        "returncode": done.returncode,
+        "stdout": _placeheld_text(done.stdout, folder),
+        "stderr": _placeheld_text(done.stderr, folder),
+    }
+
+
+def _compared(argv: list[str], answer: dict[str, object]) -> dict[str, object]:
+    """What must be the same in two answers: an ad hoc command's hosts answer in parallel, so
+    its lines (one a host, with -o) in any order."""
+    if Path(argv[0]).name != "ansible":
+        return answer
+    return {**answer, "stdout": sorted(str(answer["stdout"]).splitlines())}
+
+
+def _restored(
+    argv: list[str], answer: dict[str, object], folder: str
+) -> subprocess.CompletedProcess[str]:
+    def text(field: str) -> str:
+        return str(answer[field]).replace(FOLDER_MARK, folder).replace(CHECKOUT_MARK, CHECKOUT)
+
+    return subprocess.CompletedProcess(
+        argv, int(str(answer["returncode"])), text("stdout"), text("stderr")
+    )
+
+
+@atexit.register
+def _write_recordings() -> None:
+    if MODE == "record" and _answered:
+        RECORDINGS.write_text(json.dumps(dict(sorted(_answered.items())), indent=1) + "\n")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests import cli_server, sglang_wheel
+from tests import ansible_tools, cli_server, sglang_wheel
 from tests.browser import VIEWPORT, missing_browser, running_browser
 from tests.json_contract import CheckedPopen, check_output
 from tests.slurm_cluster import SlurmCluster, start_cluster, stop_cluster
@@ -88,11 +88,13 @@ def spread_windows(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _unzip_wheels_once_per_run(tmp_path_factory: pytest.TempPathFactory) -> None:
+def _run_folders(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The SGLang wheels are unzipped once per run, not once per xdist worker: in the run's
-    temporary folder (each worker's is a folder in it), which pytest removes with old runs."""
+    temporary folder (each worker's is a folder in it), which pytest removes with old runs.
+    Recorded Ansible commands find their test's folder in the worker's."""
     base = tmp_path_factory.getbasetemp()
     sglang_wheel.UNZIP_ROOT = base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+    ansible_tools.base_temp = base  # where a recorded Ansible command's test folder is
 
 
 @pytest.fixture(scope="session")
