@@ -72,6 +72,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[list[str]
     argv = a_fleet(tmp_path / "f")
     answer = {"returncode": 0, "stdout": "in <test-folder>/f at <checkout>\n", "stderr": "w\n"}
     monkeypatch.setattr(ansible_tools, "_loaded", {key(argv): answer})
+    monkeypatch.setattr(ansible_tools, "MODE", "replay")  # ./scripts/test runs in "live"
     ran: list[str] = []
 
     def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
