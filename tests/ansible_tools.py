@@ -14,28 +14,35 @@ Ansible's answers are also recorded (tests/data/ansible_runs.json), so the fast 
 pay ~15 s of CPU for them each time. DEPLOYCTL_TEST_ANSIBLE says what a run does:
 
   replay (default)  the recorded answer to the same command on the same files is used; a
-                    command with none is run
-  live              every command is run and its answer must be the one recorded (a missing
+                    command with none runs, with a warning
+  live              every command runs and its answer must be the one recorded (a missing
                     one fails too): ./scripts/test, so CI checks each recording against Ansible
-  record            every command is run and the file is written anew with this run's
-                    answers: `DEPLOYCTL_TEST_ANSIBLE=record pytest -n 0 tests/test_inventory_ansible.py`
+  record            every command runs and its answer is recorded (added to the file, or
+                    replacing the one of the same key), with -n 0:
+                    `DEPLOYCTL_TEST_ANSIBLE=record .venv/bin/python -m pytest -n 0 -m "not lab"
+                    tests/test_inventory_*.py` (delete the file first to drop the answers no
+                    test asks for any more)
 
-A command's key is its tool, arguments and ANSIBLE_* settings and every file in the test's
-temporary folder (names, executable bits, contents), with that folder and this checkout
-written as placeholders, so a key and its answer are the same in any clone and any run.
-ansible-vault always runs: it encrypts with a new salt each time, or changes a file.
+A command's key is Ansible's version, the tool, its arguments and ANSIBLE_* settings, and
+every file and folder in the test's temporary folder (names, executable bits, contents), with
+that folder, this checkout and the venv's python written as placeholders, so a key and its
+answer are the same in any clone and any run. ansible-vault always runs: it encrypts with a
+new salt each time, or changes a file (so a command after it in the same folder has a new key
+each run: such a test cannot be recorded).
 """
 
 from __future__ import annotations
 
 import atexit
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 # The module each console script (the venv's bin/ansible*) takes `main` from.
@@ -137,14 +144,16 @@ def _recorded_run(
     recorded = None if MODE == "record" else _recordings().get(key)
     if recorded is not None and MODE == "replay":
         return _restored(argv, recorded, folder)
+    if MODE == "live" and recorded is None:
+        raise AssertionError(f"no answer to {argv} is recorded: record it (see {__name__})")
+    if MODE == "replay":  # said, so that a test that gave up its recording is seen
+        warnings.warn(f"no answer to {argv} is recorded: Ansible runs", stacklevel=3)
     done = _run(argv, env)
     answer = _placeheld(done, folder)
-    if MODE == "live" and recorded is None:
-        raise AssertionError(f"no answer to {argv} is recorded: record (see {__name__})")
-    if MODE == "live" and _compared(argv, answer) != _compared(argv, recorded or {}):
+    if recorded is not None and _compared(argv, answer) != _compared(argv, recorded):
         raise AssertionError(
-            f"Ansible's answer to {argv} is not the one recorded: record again (see {__name__})"
-            f"\nrecorded: {recorded}\nnow:      {answer}"
+            f"Ansible's answer to {argv} is not the one recorded: record it again (see "
+            f"{__name__})\nrecorded: {recorded}\nnow:      {answer}"
         )
     _answered[key] = answer
     return done
@@ -177,7 +186,11 @@ if MODE not in ("replay", "live", "record"):
 if MODE == "record" and "PYTEST_XDIST_WORKER" in os.environ:
     raise ValueError("DEPLOYCTL_TEST_ANSIBLE=record writes one file: run pytest with -n 0")
 CHECKOUT = str(Path(__file__).resolve().parent.parent)
-FOLDER_MARK, CHECKOUT_MARK = "<test-folder>", "<checkout>"
+# Written as placeholders in keys and answers, the longest first (the venv's python is in
+# the checkout, and a script's #! line names it).
+PLACES = {"<python>": sys.executable, "<checkout>": CHECKOUT}
+FOLDER_MARK = "<test-folder>"
+VERSION = importlib.metadata.version("ansible-core")  # the answers are this version's
 
 # The run's temporary folder (conftest.py sets it): a test's own folder is the one in it that
 # a command names.
@@ -194,7 +207,10 @@ def _recordings() -> dict[str, dict[str, object]]:
 
 
 def _placeheld_text(text: str, folder: str) -> str:
-    return text.replace(folder, FOLDER_MARK).replace(CHECKOUT, CHECKOUT_MARK)
+    text = text.replace(folder, FOLDER_MARK)
+    for mark, place in PLACES.items():
+        text = text.replace(place, mark)
+    return text
 
 
 def _recording_key(argv: list[str], env: dict[str, str]) -> tuple[str, str] | None:
@@ -209,16 +225,20 @@ def _recording_key(argv: list[str], env: dict[str, str]) -> tuple[str, str] | No
     folder = named.group(0)
     digest = hashlib.sha256()
     settings = sorted((k, v) for k, v in env.items() if k.startswith("ANSIBLE_"))
-    command = [Path(argv[0]).name, *map(str, argv[1:]), settings]
-    digest.update(_placeheld_text(json.dumps(command), folder).encode())
-    for path in sorted(Path(folder).rglob("*")):
-        if path.is_file():
-            rel = path.relative_to(folder).as_posix()
-            executable = os.access(path, os.X_OK)
-            digest.update(f"\0{rel}\0{executable}\0".encode())
-            digest.update(
-                _placeheld_text(path.read_bytes().decode(errors="replace"), folder).encode()
+    command = [VERSION, Path(argv[0]).name, *map(str, argv[1:]), settings]
+    digest.update(_placeheld_text(json.dumps(command, ensure_ascii=False), folder).encode())
+    for path in sorted(Path(folder).rglob("*")):  # folders too: Ansible reads a folder's names
+        rel = path.relative_to(folder).as_posix()
+        if not path.is_file():
+            digest.update(f"\0{rel}/\0".encode())
+            continue
+        executable = bool(path.stat().st_mode & 0o111)
+        digest.update(f"\0{rel}\0{executable}\0".encode())
+        digest.update(
+            _placeheld_text(path.read_text(errors="surrogateescape"), folder).encode(
+                errors="surrogateescape"
             )
+        )
     return digest.hexdigest(), folder
 
 
@@ -231,9 +251,9 @@ def _placeheld(done: subprocess.CompletedProcess[str], folder: str) -> dict[str,
 
 
 def _compared(argv: list[str], answer: dict[str, object]) -> dict[str, object]:
-    """What must be the same in two answers: an ad hoc command's hosts answer in parallel, so
-    its lines (one a host, with -o) in any order."""
-    if Path(argv[0]).name != "ansible":
+    """What must be the same in two answers: an ad hoc module's hosts answer in parallel, so
+    its lines (one a host, with -o) in any order; everything else as it is."""
+    if Path(argv[0]).name != "ansible" or "-m" not in argv:
         return answer
     return {**answer, "stdout": sorted(str(answer["stdout"]).splitlines())}
 
@@ -242,7 +262,10 @@ def _restored(
     argv: list[str], answer: dict[str, object], folder: str
 ) -> subprocess.CompletedProcess[str]:
     def text(field: str) -> str:
-        return str(answer[field]).replace(FOLDER_MARK, folder).replace(CHECKOUT_MARK, CHECKOUT)
+        written = str(answer[field]).replace(FOLDER_MARK, folder)
+        for mark, place in PLACES.items():
+            written = written.replace(mark, place)
+        return written
 
     return subprocess.CompletedProcess(
         argv, int(str(answer["returncode"])), text("stdout"), text("stderr")
@@ -251,5 +274,8 @@ def _restored(
 
 @atexit.register
 def _write_recordings() -> None:
+    """This run's answers join those recorded (a run of some tests keeps the others')."""
     if MODE == "record" and _answered:
-        RECORDINGS.write_text(json.dumps(dict(sorted(_answered.items())), indent=1) + "\n")
+        recorded = json.loads(RECORDINGS.read_text()) if RECORDINGS.exists() else {}
+        merged = dict(sorted({**recorded, **_answered}.items()))
+        RECORDINGS.write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n")

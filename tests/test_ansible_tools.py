@@ -54,9 +54,24 @@ def test_a_changed_byte_mode_file_or_ansible_setting_changes_the_key(tmp_path: P
     variables.chmod(0o755)
     assert key(argv) != before
     variables.chmod(0o644)
-    (tmp_path / "f" / "host_vars").mkdir()
-    (tmp_path / "f" / "host_vars" / "h1.yml").write_text("x: 1\n")
+    (tmp_path / "f" / "host_vars").mkdir()  # an empty folder: Ansible reads its name
     assert key(argv) != before
+    (tmp_path / "f" / "host_vars").rmdir()
+    assert key(argv) == before
+
+
+def test_the_venvs_python_in_a_script_is_a_placeholder(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An inventory script's #! line names the python that runs the tests: another checkout's,
+    # or the same venv's as `python3`, on another machine.
+    keys = []
+    for python in ("/work/a/.venv/bin/python", "/srv/b/.venv/bin/python3"):
+        folder = tmp_path_factory.mktemp("script")
+        (folder / "fleet.py").write_text(f"#!{python}\nprint('{{}}')\n")
+        monkeypatch.setitem(ansible_tools.PLACES, "<python>", python)
+        keys.append(key([TOOL, "--list", "-i", str(folder / "fleet.py")]))
+    assert keys[0] == keys[1]
 
 
 def test_ansible_vault_and_a_command_naming_no_test_folder_always_run(tmp_path: Path) -> None:
@@ -67,12 +82,13 @@ def test_ansible_vault_and_a_command_naming_no_test_folder_always_run(tmp_path: 
 
 @pytest.fixture
 def recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[list[str], list[str]]:
-    """A command with an answer recorded (in another folder, as from another run), and the
-    commands that ran for real."""
+    """A command with an answer recorded, and the commands that ran for real (a stand-in for
+    Ansible's: what is tested here is what is done with its answers)."""
     argv = a_fleet(tmp_path / "f")
     answer = {"returncode": 0, "stdout": "in <test-folder>/f at <checkout>\n", "stderr": "w\n"}
     monkeypatch.setattr(ansible_tools, "_loaded", {key(argv): answer})
     monkeypatch.setattr(ansible_tools, "MODE", "replay")  # ./scripts/test runs in "live"
+    monkeypatch.setattr(ansible_tools, "_answered", {})  # never written by a record run
     ran: list[str] = []
 
     def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -91,7 +107,8 @@ def test_a_recorded_answer_is_replayed_with_this_tests_folder(
     done = ansible_tools.run_tool(argv)
     assert done.stdout == f"in {tmp_path}/f at {ansible_tools.CHECKOUT}\n" and done.stderr == "w\n"
     assert ran == []
-    ansible_tools.run_tool([*argv, "--yaml"])  # nothing recorded for it: it runs
+    with pytest.warns(UserWarning, match="no answer to .* is recorded: Ansible runs"):
+        ansible_tools.run_tool([*argv, "--yaml"])  # nothing recorded for it: it runs
     assert ran == ["--yaml"]
 
 
@@ -107,4 +124,37 @@ def test_a_live_run_fails_where_ansible_no_longer_answers_as_recorded(
     ansible_tools._recordings()[key(argv)] = {"returncode": 0, "stdout": "old\n", "stderr": "w\n"}
     with pytest.raises(AssertionError, match="not the one recorded"):
         ansible_tools.run_tool(argv)
-    assert ran == ["fleet.ini", "--yaml", "fleet.ini"]
+    assert ran == ["fleet.ini", "fleet.ini"]  # the one not recorded failed before it ran
+
+
+@pytest.mark.parametrize(
+    ("argv", "same"),
+    [
+        (["all", "--list-hosts"], False),  # the order is Ansible's answer
+        (["all", "-o", "-m", "debug"], True),  # hosts answer in parallel
+    ],
+)
+def test_only_an_ad_hoc_modules_lines_may_come_in_another_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], same: bool
+) -> None:
+    (tmp_path / "fleet.ini").write_text("h1\nh2\n")
+    command = [
+        TOOL.replace("ansible-inventory", "ansible"),
+        *argv,
+        "-i",
+        str(tmp_path / "fleet.ini"),
+    ]
+    recorded = {"returncode": 0, "stdout": "h1 | x\nh2 | y\n", "stderr": ""}
+    monkeypatch.setattr(ansible_tools, "_loaded", {key(command): recorded})
+    monkeypatch.setattr(ansible_tools, "MODE", "live")
+    monkeypatch.setattr(ansible_tools, "_answered", {})
+    monkeypatch.setattr(
+        ansible_tools,
+        "_run",
+        lambda argv, env: subprocess.CompletedProcess(argv, 0, "h2 | y\nh1 | x\n", ""),
+    )
+    if same:
+        assert ansible_tools.run_tool(command).stdout == "h2 | y\nh1 | x\n"
+    else:
+        with pytest.raises(AssertionError, match="not the one recorded"):
+            ansible_tools.run_tool(command)
