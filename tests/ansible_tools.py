@@ -26,14 +26,15 @@ pay ~15 s of CPU for them each time. DEPLOYCTL_TEST_ANSIBLE says what a run does
 A command's key is Ansible's version, the tool, its arguments and ANSIBLE_* settings, and
 every file and folder in the test's temporary folder (names, executable bits, contents), with
 that folder, this checkout and the venv's python written as placeholders, so a key and its
-answer are the same in any clone and any run. ansible-vault always runs: it encrypts with a
-new salt each time, or changes a file (so a command after it in the same folder has a new key
-each run: such a test cannot be recorded).
+answer are the same in any clone and any run. A command that names no test's folder always
+runs, and so does ansible-vault: it encrypts with a new salt each time, or changes a file (so
+a command after it in the same folder has a new key each run, and fails in live mode).
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -145,9 +146,9 @@ def _recorded_run(
     if recorded is not None and MODE == "replay":
         return _restored(argv, recorded, folder)
     if MODE == "live" and recorded is None:
-        raise AssertionError(f"no answer to {argv} is recorded: record it (see {__name__})")
+        raise AssertionError(f"{_unrecorded(argv, env)}: record it (see {__name__})")
     if MODE == "replay":  # said, so that a test that gave up its recording is seen
-        warnings.warn(f"no answer to {argv} is recorded: Ansible runs", stacklevel=3)
+        warnings.warn(f"{_unrecorded(argv, env)}: Ansible runs", stacklevel=3)
     done = _run(argv, env)
     answer = _placeheld(done, folder)
     if recorded is not None and _compared(argv, answer) != _compared(argv, recorded):
@@ -186,11 +187,10 @@ if MODE not in ("replay", "live", "record"):
 if MODE == "record" and "PYTEST_XDIST_WORKER" in os.environ:
     raise ValueError("DEPLOYCTL_TEST_ANSIBLE=record writes one file: run pytest with -n 0")
 CHECKOUT = str(Path(__file__).resolve().parent.parent)
-# Written as placeholders in keys and answers, the longest first (the venv's python is in
-# the checkout, and a script's #! line names it).
+# Written as placeholders in keys and answers, the python before the checkout (the venv's
+# python is usually in the checkout; an inventory script's #! line names it).
 PLACES = {"<python>": sys.executable, "<checkout>": CHECKOUT}
 FOLDER_MARK = "<test-folder>"
-VERSION = importlib.metadata.version("ansible-core")  # the answers are this version's
 
 # The run's temporary folder (conftest.py sets it): a test's own folder is the one in it that
 # a command names.
@@ -213,6 +213,25 @@ def _placeheld_text(text: str, folder: str) -> str:
     return text
 
 
+@functools.cache
+def _version() -> str:
+    """The answers are this ansible-core's (asked when a command is, so that a venv without
+    Ansible still runs the tests that need none)."""
+    return importlib.metadata.version("ansible-core")
+
+
+def _settings(env: dict[str, str]) -> list[tuple[str, str]]:
+    return sorted((k, v) for k, v in env.items() if k.startswith("ANSIBLE_"))
+
+
+def _unrecorded(argv: list[str], env: dict[str, str]) -> str:
+    """Why a command has no answer recorded, as far as can be told."""
+    return (
+        f"no answer to {argv} is recorded for ansible-core {_version()} with ANSIBLE_* "
+        f"settings {dict(_settings(env))}"
+    )
+
+
 def _recording_key(argv: list[str], env: dict[str, str]) -> tuple[str, str] | None:
     """(the key, the test's folder), or None for a command that always runs: one whose
     inputs are not known (no argument names a test's folder), and ansible-vault's (it
@@ -220,12 +239,11 @@ def _recording_key(argv: list[str], env: dict[str, str]) -> tuple[str, str] | No
     if base_temp is None or Path(argv[0]).name == "ansible-vault":
         return None
     named = re.search(re.escape(str(base_temp)) + r"/[^/\s]+", " ".join(map(str, argv)))
-    if named is None:
+    if named is None or not Path(named.group(0)).is_dir():
         return None
     folder = named.group(0)
     digest = hashlib.sha256()
-    settings = sorted((k, v) for k, v in env.items() if k.startswith("ANSIBLE_"))
-    command = [VERSION, Path(argv[0]).name, *map(str, argv[1:]), settings]
+    command = [_version(), Path(argv[0]).name, *map(str, argv[1:]), _settings(env)]
     digest.update(_placeheld_text(json.dumps(command, ensure_ascii=False), folder).encode())
     for path in sorted(Path(folder).rglob("*")):  # folders too: Ansible reads a folder's names
         rel = path.relative_to(folder).as_posix()

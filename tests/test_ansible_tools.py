@@ -3,6 +3,7 @@ the same command on the same files, and a live run holds each to Ansible's own."
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def test_the_same_command_on_the_same_files_has_one_key_in_any_tests_folder(
     first, second = a_fleet(one / "f"), a_fleet(two / "f")
     assert ansible_tools._recording_key(first, {}) == (key(first), str(one))
     assert key(first) == key(second)
-    assert key(a_fleet(two / "g")) != key(second)  # another name in the same folder
+    a_fleet(two / "g")  # more files in the folder
+    assert key(second) != key(first)
 
 
 def test_a_changed_byte_mode_file_or_ansible_setting_changes_the_key(tmp_path: Path) -> None:
@@ -107,7 +109,9 @@ def test_a_recorded_answer_is_replayed_with_this_tests_folder(
     done = ansible_tools.run_tool(argv)
     assert done.stdout == f"in {tmp_path}/f at {ansible_tools.CHECKOUT}\n" and done.stderr == "w\n"
     assert ran == []
-    with pytest.warns(UserWarning, match="no answer to .* is recorded: Ansible runs"):
+    with pytest.warns(
+        UserWarning, match=r"no answer to .* is recorded for ansible-core .*: Ansible runs"
+    ):
         ansible_tools.run_tool([*argv, "--yaml"])  # nothing recorded for it: it runs
     assert ran == ["--yaml"]
 
@@ -158,3 +162,21 @@ def test_only_an_ad_hoc_modules_lines_may_come_in_another_order(
     else:
         with pytest.raises(AssertionError, match="not the one recorded"):
             ansible_tools.run_tool(command)
+
+
+def test_a_record_run_adds_its_answers_to_those_recorded(
+    recorded: tuple[list[str], list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    argv, ran = recorded
+    file = tmp_path_factory.mktemp("recordings") / "runs.json"  # not in the test's folder
+    file.write_text('{"of-another-test": {"returncode": 0, "stdout": "", "stderr": ""}}')
+    monkeypatch.setattr(ansible_tools, "RECORDINGS", file)
+    monkeypatch.setattr(ansible_tools, "MODE", "record")
+    ansible_tools.run_tool(argv)  # recorded already: it runs again all the same
+    assert ran == ["fleet.ini"]
+    ansible_tools._write_recordings()
+    written = json.loads(file.read_text())
+    assert set(written) == {"of-another-test", key(argv)}
+    assert written[key(argv)]["stdout"] == "in <test-folder>/f at <checkout>\n"
