@@ -79,7 +79,7 @@ def _size(value: Any, limit: int = MAX_VALUE_SIZE, depth: int = 0) -> int:
     if isinstance(value, (str, bytes)):
         return len(value)
     if isinstance(value, int):
-        return value.bit_length() * 3 // 10  # about its decimal digits
+        return max(1, value.bit_length() * 3 // 10)  # about its decimal digits, at least one
     if not isinstance(value, (list, tuple, set, frozenset, dict)):
         return 1
     if depth > 100:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from deployctl.inventory_vars import resolve_hosts
 from tests import cli_server
 from tests.conftest import CLI
 from tests.test_inventory_ansible import agree
@@ -212,3 +213,15 @@ def test_hostvars_of_another_host_hold_its_magic_variables(tmp_path: Path, cli: 
         "peer_groups=\"{{ hostvars['h1'].group_names }}\"\n"
     }
     agree(cli, tmp_path, files, ["inv.ini"], ("peer", "peer_short", "peer_groups"))
+
+
+@pytest.mark.parametrize("item", ["0", "True", "'x'"])
+def test_a_list_counts_each_short_item_as_text_does(item: str) -> None:
+    # A list's size is its items and each item's own characters (a digit or a letter at
+    # least): 600,000 one-character items are 1.2 million, past the bound, whatever their kind.
+    # (A zero counted as no characters made a list of zeros twice as long as one of letters
+    # before it was refused, walked whole at every check of a doubling loop.)
+    template = "{{ [" + item + "] * 600000 }}"
+    resolved, broken = resolve_hosts({"h1": {"big": template}}, lambda host: {})
+    assert "h1" in broken, resolved["h1"]["big"][:3]
+    assert "longer than 1048576 characters or items" in str(broken["h1"])
