@@ -199,10 +199,14 @@ _loaded: dict[str, dict[str, object]] | None = None
 _answered: dict[str, dict[str, object]] = {}  # this run's answers, by key (written by record)
 
 
+def _on_disk() -> dict[str, dict[str, object]]:
+    return json.loads(RECORDINGS.read_text()) if RECORDINGS.exists() else {}
+
+
 def _recordings() -> dict[str, dict[str, object]]:
     global _loaded
     if _loaded is None:
-        _loaded = json.loads(RECORDINGS.read_text()) if RECORDINGS.exists() else {}
+        _loaded = _on_disk()
     return _loaded
 
 
@@ -294,6 +298,5 @@ def _restored(
 def _write_recordings() -> None:
     """This run's answers join those recorded (a run of some tests keeps the others')."""
     if MODE == "record" and _answered:
-        recorded = json.loads(RECORDINGS.read_text()) if RECORDINGS.exists() else {}
-        merged = dict(sorted({**recorded, **_answered}.items()))
+        merged = dict(sorted({**_on_disk(), **_answered}.items()))
         RECORDINGS.write_text(json.dumps(merged, indent=1, ensure_ascii=False) + "\n")
