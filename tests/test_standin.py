@@ -746,3 +746,44 @@ def test_above_threshold_crash_needs_speculation_and_a_threshold(
     time.sleep(0.3)  # a crash would have come by now
     assert server.status() == 200 and server.proc.poll() is None
     assert "Scheduler hit" not in server.text()
+
+
+def test_a_decodes_heartbeat_counts_a_reply_cut_short_as_a_missed_beat(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A prefill killed while it answers /health leaves a body cut short (IncompleteRead,
+    not an OSError): SGLang's checker counts it as a failure under `except Exception`; a
+    checker that died of it would never fail the rooms waiting on that prefill."""
+    from tests.standin.sglang_standin.pd_decode import DecodePD
+
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "0.1")
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", "2")
+    dying = socket.create_server(("127.0.0.1", 0))
+    dying.settimeout(0.1)
+    addr = f"127.0.0.1:{dying.getsockname()[1]}"
+    stop = threading.Event()
+
+    def answer_short() -> None:
+        while not stop.is_set():
+            with suppress(TimeoutError):
+                conn, _ = dying.accept()
+                with conn:
+                    conn.recv(4096)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nOK")
+
+    server = threading.Thread(target=answer_short, daemon=True)
+    server.start()
+    launcher = types.SimpleNamespace(args=None, knobs={"pd_health_fail_s": 0.0},
+                                     listen_host="127.0.0.1")  # fmt: skip
+    decode = DecodePD(launcher)  # type: ignore[arg-type]
+    with decode.lock:
+        decode.parallel_info[addr] = {}
+        decode.rooms[addr] = {7}
+    try:
+        wait_for(lambda: 7 in decode.lost, 5, "the room failed by the heartbeat")
+    finally:
+        stop.set()
+        server.join()
+        dying.close()
+    assert decode.lost[7] == f"Lost connection with prefill instance (bootstrap_addr: {addr})"
+    assert f"{addr}), 1 requests affected" in capfd.readouterr().err

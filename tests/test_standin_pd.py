@@ -298,7 +298,10 @@ def test_a_prefill_dying_mid_transfer_fails_the_request_and_then_the_decodes_hea
     assert get("127.0.0.3", decode.port, "/health")[0] == 503
     assert get("127.0.0.3", decode.port, "/health_generate")[0] == 503
     assert "Health check failed. Server couldn't get a response from detokenizer" in decode.text()
-    wait_for(lambda: "1 requests affected" in quiet.text(), 2, "the quiet decode's loss")
+    try:
+        wait_for(lambda: "1 requests affected" in quiet.text(), 2, "the quiet decode's loss")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; its log ends:\n{quiet.text()[-1500:]}") from None
     assert get("127.0.0.4", quiet.port, "/health")[0] == 200
     assert get("127.0.0.4", quiet.port, "/health_generate")[0] == 503
     waiting.close()

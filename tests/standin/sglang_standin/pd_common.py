@@ -56,12 +56,14 @@ def host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def http_request(method: str, addr: str, path: str, doc: Any = None) -> tuple[int, bytes]:
+def http_request(
+    method: str, addr: str, path: str, doc: Any = None, timeout: float = BOOTSTRAP_HTTP_TIMEOUT_S
+) -> tuple[int, bytes]:
     """One request to a bootstrap server (host:port); OSError when it cannot be reached."""
     import http.client
 
     host, _, port = addr.rpartition(":")
-    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=BOOTSTRAP_HTTP_TIMEOUT_S)
+    conn = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
     try:
         body = None if doc is None else json.dumps(doc)
         conn.request(method, path, body, {"Content-Type": "application/json"})

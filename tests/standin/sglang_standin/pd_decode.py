@@ -200,7 +200,10 @@ class DecodePD(PDState):
                 conn.close()
 
     def heartbeat(self) -> None:
-        """CommonKVManager's heartbeat checker: GET /health of every known prefill."""
+        """CommonKVManager's heartbeat checker: GET /health of every known prefill.
+
+        Like SGLang's (session.get(timeout=(2, 3)) under `except Exception`), a reply cut
+        short by the prefill's death is a missed beat too, not the end of the checker."""
         interval = pd_env("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL")
         max_failures = int(pd_env("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"))
         failures: dict[str, int] = {}
@@ -210,8 +213,8 @@ class DecodePD(PDState):
                 addrs = list(self.parallel_info)
             for addr in addrs:
                 try:
-                    ok = http_request("GET", self.reach(addr), "/health")[0] == 200
-                except OSError:
+                    ok = http_request("GET", self.reach(addr), "/health", timeout=3.0)[0] == 200
+                except Exception:  # any failure is a missed beat, as in SGLang
                     ok = False
                 if ok:
                     failures[addr] = 0
