@@ -1,4 +1,4 @@
-"""Entry point: main() with launch_server's command line (a rank's hidden one too)."""
+"""Entry point: main() with launch_server's command line (__main__ runs a rank itself)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from .adaptive_spec import load_adaptive_config
 from .knobs import load_knobs
 from .launcher import Launcher
 from .log_lines import log, write
-from .ranks import CHILD_FLAG, child_main
 from .server_args import DEPRECATED, build_parser
 from .sglang_sources import sglang_root, threshold_flag_supported
 
@@ -84,8 +83,6 @@ def _exit_bad_model_path(path: str) -> NoReturn:
 def main(argv: list[str] | None = None) -> NoReturn:
     """Run the stand-in with launch_server's command line."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == [CHILD_FLAG]:
-        child_main(json.loads(argv[1]))
     record_argv(argv)
     _launch_warning()
     args = build_parser(threshold_flag_supported()).parse_args(argv)
