@@ -268,9 +268,12 @@ def test_a_prefill_dying_mid_transfer_fails_the_request_and_then_the_decodes_hea
     prefill, bootstrap, decode, router = pd_pair(
         fleet, {"pd_crash": "mid_transfer"}, {"pd_health_fail_s": 2.0}
     )
-    # A second decode, whose /health skips the generation, waits in a room of its own.
+    # A second decode, whose /health skips the generation, waits in a room of its own: for
+    # as long as the crash takes to reach it (its waiting timeout would end the room first
+    # if the request below took over 3 s, and the loss would affect no request).
     quiet = fleet.server("quiet", "decode", "127.0.0.4", pd_health_fail_s=2.0,
-                         env={"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"})  # fmt: skip
+                         env={"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false",
+                              "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "60"})  # fmt: skip
     room = {"bootstrap_host": "127.0.0.2", "bootstrap_port": bootstrap, "bootstrap_room": 99}
     waiting = open_stream("127.0.0.4", quiet.port, room)
     wait_for(lambda: metric(quiet, "127.0.0.4", "num_decode_transfer_queue_reqs") == 1, 5,
