@@ -22,7 +22,11 @@ interrupts.install()
 hang = threading.Event()
 try:
     print("ready", flush=True)
-    time.sleep(300)  # longer than the test waits: a Ctrl-C that is lost is seen as such
+    # Waits as deployctl's commands do, a short sleep at a time (interrupts.POLL_S): a signal
+    # that lands after Python last looked but before a sleep starts is seen when it ends,
+    # so one 300 s sleep could outlast the test. A Ctrl-C that is lost is still seen as such.
+    while True:
+        time.sleep(interrupts.POLL_S)
 except KeyboardInterrupt:
     if sys.argv[1] == "charge":
         interrupts.take_charge()
