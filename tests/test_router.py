@@ -462,8 +462,10 @@ def test_an_addition_is_done_only_once_its_router_lists_the_worker_healthy(
 ) -> None:
     """The real router keeps a worker it saw fail listed unhealthy until it passes 8 health
     checks: a relaunch on that URL is added only once the router lists it healthy."""
+    # One failed check marks a worker unhealthy: the killed one's is refused at once, and a
+    # live one's slow answer on a busy machine must not count as a failure (a 5 s timeout).
     fast_checks = [
-        "--health-check-interval-secs", "1", "--health-check-timeout-secs", "1",
+        "--health-check-interval-secs", "1", "--health-check-timeout-secs", "5",
         "--health-failure-threshold", "1", "--health-success-threshold", "8",
     ]  # fmt: skip
     inv, table = fleet(hosts, tmp_path, workers=1, router_args=fast_checks)

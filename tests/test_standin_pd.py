@@ -265,15 +265,16 @@ def pd_pair(fleet: Fleet, prefill_knobs: dict[str, Any], decode_knobs: dict[str,
 def test_a_prefill_dying_mid_transfer_fails_the_request_and_then_the_decodes_health(
     fleet: Fleet,
 ) -> None:
+    # Each decode's room waits for as long as the crash takes to reach it (with a 3 s waiting
+    # timeout, a slow moment ended the room first and the loss affected no request), and its
+    # health fails for 8 s after the loss: time enough to read it on a busy machine.
+    patient = {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "60"}
     prefill, bootstrap, decode, router = pd_pair(
-        fleet, {"pd_crash": "mid_transfer"}, {"pd_health_fail_s": 2.0}
+        fleet, {"pd_crash": "mid_transfer"}, {"pd_health_fail_s": 8.0, "env": patient}
     )
-    # A second decode, whose /health skips the generation, waits in a room of its own: for
-    # as long as the crash takes to reach it (its waiting timeout would end the room first
-    # if the request below took over 3 s, and the loss would affect no request).
-    quiet = fleet.server("quiet", "decode", "127.0.0.4", pd_health_fail_s=2.0,
-                         env={"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false",
-                              "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "60"})  # fmt: skip
+    # A second decode, whose /health skips the generation, waits in a room of its own.
+    quiet_env = {**patient, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "false"}
+    quiet = fleet.server("quiet", "decode", "127.0.0.4", pd_health_fail_s=8.0, env=quiet_env)
     room = {"bootstrap_host": "127.0.0.2", "bootstrap_port": bootstrap, "bootstrap_room": 99}
     waiting = open_stream("127.0.0.4", quiet.port, room)
     wait_for(lambda: metric(quiet, "127.0.0.4", "num_decode_transfer_queue_reqs") == 1, 5,
@@ -302,13 +303,13 @@ def test_a_prefill_dying_mid_transfer_fails_the_request_and_then_the_decodes_hea
     assert get("127.0.0.3", decode.port, "/health_generate")[0] == 503
     assert "Health check failed. Server couldn't get a response from detokenizer" in decode.text()
     try:
-        wait_for(lambda: "1 requests affected" in quiet.text(), 2, "the quiet decode's loss")
+        wait_for(lambda: "1 requests affected" in quiet.text(), 10, "the quiet decode's loss")
     except AssertionError as exc:
         raise AssertionError(f"{exc}; its log ends:\n{quiet.text()[-1500:]}") from None
     assert get("127.0.0.4", quiet.port, "/health")[0] == 200
     assert get("127.0.0.4", quiet.port, "/health_generate")[0] == 503
     waiting.close()
-    wait_for(lambda: get_ok("127.0.0.3", decode.port), 4, "the decode's health back")
+    wait_for(lambda: get_ok("127.0.0.3", decode.port), 15, "the decode's health back")
     assert metric(decode, "127.0.0.3", "num_transfer_failed_reqs_total") == 1
 
 
