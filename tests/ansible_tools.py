@@ -19,9 +19,9 @@ pay ~15 s of CPU for them each time. DEPLOYCTL_TEST_ANSIBLE says what a run does
                     one fails too): ./scripts/test, so CI checks each recording against Ansible
   record            every command runs and its answer is recorded (added to the file, or
                     replacing the one of the same key), with -n 0:
-                    `DEPLOYCTL_TEST_ANSIBLE=record .venv/bin/python -m pytest -n 0 -m "not lab"
-                    tests/test_inventory_*.py` (delete the file first to drop the answers no
-                    test asks for any more)
+                    `DEPLOYCTL_TEST_ANSIBLE=record .venv/bin/python -m pytest -n 0
+                    -m "not lab or heavy" tests/test_inventory_*.py` (delete the file first to
+                    drop the answers no test asks for any more)
 
 A command's key is Ansible's version, the tool, its arguments and ANSIBLE_* settings, and
 every file and folder in the test's temporary folder (names, executable bits, contents), with

@@ -263,6 +263,7 @@ DAMAGES = {
 
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
+@pytest.mark.heavy
 def test_a_folder_not_whole_or_open_to_others_is_unpacked_afresh_and_said_once(
     tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -288,6 +289,7 @@ def test_a_folder_not_whole_or_open_to_others_is_unpacked_afresh_and_said_once(
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.heavy
 def test_two_first_calls_at_once_both_unpack_and_both_answer(tmp_path: Path) -> None:
     host = local_host(tmp_path)
     with ThreadPoolExecutor(8) as pool:
@@ -336,6 +338,7 @@ def test_status_over_ssh_sends_the_agent_once_per_host(hosts: SSHLab, tmp_path: 
 # ---- the launch poll decodes the log as one stream -----------------------------------------
 
 
+@pytest.mark.heavy
 def test_a_character_split_between_polls_stays_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

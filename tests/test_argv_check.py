@@ -69,6 +69,7 @@ def errors(argv: list[str], options: dict[str, OptionSpec]) -> list[str]:
     return [f["message"] for f in check_server_argv(argv, options) if f["level"] == "error"]
 
 
+@pytest.mark.heavy
 def test_declarations_agree_with_sglangs_own_parser(options: dict[str, OptionSpec]) -> None:
     captured = json.loads((DATA / f"sglang-{SGLANG_VERSION}-options.json").read_text())
     parser = {name: o for o in captured["options"] for name in o["names"]}
@@ -320,6 +321,7 @@ def test_deployctl_reads_what_sglangs_parser_takes(argv: list[str]) -> None:
     assert read_by_deployctl(argv) == sglang
 
 
+@pytest.mark.heavy
 def test_every_name_and_prefix_sglang_takes_for_an_option_deployctl_reads_is_read_alike() -> None:
     parser = sglang_parser()
     captured = json.loads((DATA / f"sglang-{SGLANG_VERSION}-options.json").read_text())

@@ -107,6 +107,7 @@ def count(found: list[Run], state: str) -> int:
     return sum(run.state == state for run in found)
 
 
+@pytest.mark.heavy
 def test_identical_replicas_are_never_called_a_regression_however_often_one_looks() -> None:
     # 60 null runs, the verdict asked after every interval and kept asking past a promotion to
     # 250 intervals. The bound is 5 %: 3 of 60, and a binomial(60, 0.05) is at most 6 in 95 % of
@@ -117,6 +118,7 @@ def test_identical_replicas_are_never_called_a_regression_however_often_one_look
     assert count(found, "no_regression") >= 57
 
 
+@pytest.mark.heavy
 def test_just_under_the_mde_the_false_alarm_rate_holds_under_continuous_peeking() -> None:
     # The hardest null: 4.5 % worse at every load, just under the 5 % MDE. A fixed-sample
     # one-sided 95 % bound (1.645 standard errors, no correction for looking again) asked after
@@ -142,6 +144,7 @@ def test_a_regression_over_the_mde_at_some_loads_is_never_promoted() -> None:
     assert count(found, "regression") >= 3
 
 
+@pytest.mark.heavy
 def test_a_3_percent_regression_under_the_mde_is_rarely_called_one() -> None:
     found = runs(0.03, range(400, 440), budget=300)
     assert count(found, "regression") <= 2
@@ -329,6 +332,7 @@ def test_a_candidate_so_slow_its_load_separates_is_a_regression_with_little_matc
 
 
 @pytest.mark.parametrize("arrivals", [0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
+@pytest.mark.heavy
 def test_equal_replicas_never_separate_at_any_load_however_often_one_looks(
     arrivals: float,
 ) -> None:

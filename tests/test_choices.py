@@ -8,6 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from deployctl.choices import BenchTool, Keep, ThresholdMode
 from tests.sources import parse_file
 
@@ -43,6 +45,7 @@ def enum_values(node: ast.ClassDef) -> frozenset[str]:
 KNOWN_COPIES = {"plot.py:TUNE_PHASES"}
 
 
+@pytest.mark.heavy
 def test_each_choice_is_one_enum_and_no_constant_spells_it_again() -> None:
     enums: dict[frozenset[str], list[str]] = defaultdict(list)
     constants: list[tuple[str, frozenset[str]]] = []
@@ -87,6 +90,7 @@ def test_the_cli_offers_the_declared_choices() -> None:
     assert choices("bench", "--tool") == [str(c) for c in BenchTool]
 
 
+@pytest.mark.heavy
 def test_presentation_defines_each_helper_once() -> None:
     # Two helpers of one name in present/ (two `duration_text`) write one thing two ways.
     defined: dict[str, list[str]] = defaultdict(list)

@@ -48,6 +48,7 @@ def umask(mask: int) -> Iterator[None]:
         os.umask(old)
 
 
+@pytest.mark.heavy
 def test_a_forked_run_is_what_a_fresh_run_is(tmp_path: Path) -> None:
     # The server starts here with another environment and umask than the run's.
     assert cli_server.run(PROBE, cwd="/", env={**env_for(tmp_path), "GONE": "1"}, timeout=60)
@@ -66,6 +67,7 @@ def test_a_forked_run_is_what_a_fresh_run_is(tmp_path: Path) -> None:
     assert seen["argv"][1:] == ["a b", "--x"] and seen["fds"] == ["0", "1", "2", "3"]
 
 
+@pytest.mark.heavy
 def test_a_run_starts_clean_after_a_command_that_filled_caches(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     inventory = tmp_path / "fleet.yml"
@@ -82,12 +84,14 @@ def test_a_run_starts_clean_after_a_command_that_filled_caches(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("end", ["exit:3", "exit:a message", "raise", "interrupt"])
+@pytest.mark.heavy
 def test_a_forked_run_ends_as_a_fresh_one(tmp_path: Path, end: str) -> None:
     fresh, forked = both([*PROBE, end], tmp_path, env_for(tmp_path))
     assert forked.returncode == fresh.returncode != 0
     assert forked.stderr == fresh.stderr
 
 
+@pytest.mark.heavy
 def test_stdin_is_the_callers_a_terminal_or_not(tmp_path: Path) -> None:
     env = env_for(tmp_path)
     main, terminal = pty.openpty()
@@ -126,6 +130,7 @@ def test_a_forked_run_past_its_timeout_is_killed(tmp_path: Path) -> None:
     assert after.returncode == 0, after.stderr
 
 
+@pytest.mark.heavy
 def test_the_cpu_a_forked_run_spent_is_counted_here(tmp_path: Path) -> None:
     """A forked run is the server's child, not this process's: its CPU (half a second of
     `spin`) reaches `cli_server.cpu_seconds`, which a per-test CPU profile adds to its own."""

@@ -1658,6 +1658,7 @@ def test_a_crash_at_the_very_end_of_a_capped_line_is_found() -> None:
         assert [r.signature for r in scanner.feed(tail + "\n")] == found
 
 
+@pytest.mark.heavy
 def test_scan_lines_holds_a_batch_not_the_whole_log() -> None:
     import tracemalloc
 

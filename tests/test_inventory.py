@@ -703,6 +703,7 @@ def test_hosts_named_by_ipv6_address_can_be_selected(tmp_path: Path) -> None:
     assert [h.name for h in loaded.select("all,!::1")] == ["fe80::1", "alpha"]
 
 
+@pytest.mark.heavy
 def test_a_hundred_thousand_hosts_resolve(tmp_path: Path) -> None:
     # Membership is kept in ordered sets: this took minutes when it was quadratic.
     inv = tmp_path / "inv.yml"

@@ -321,6 +321,7 @@ KINDS = [
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.heavy
 def test_hosts_agree_with_ansible_inventory(tmp_path: Path, cli: CLI, kind: str) -> None:
     ours_sources, their_sources = fleet_sources(tmp_path, kind)
     theirs = ansible_inventory(their_sources)["_meta"]["hostvars"]
@@ -466,6 +467,7 @@ def test_ini_values_are_typed_as_ansible_types_them(tmp_path: Path) -> None:
 # ---- dynamic sources and vault ------------------------------------------------------------
 
 
+@pytest.mark.heavy
 def test_plugin_config_is_resolved_by_ansible_inventory(tmp_path: Path, cli: CLI) -> None:
     config = tmp_path / "generated.yml"
     config.write_text(
@@ -512,6 +514,7 @@ def encrypt(value: str, password_file: Path) -> str:
     return done.stdout.split("x: ", 1)[1]
 
 
+@pytest.mark.heavy
 def test_vaulted_values_are_decrypted_with_ansibles_options(tmp_path: Path, cli: CLI) -> None:
     password = tmp_path / "vault-pass"
     password.write_text("correct horse\n", encoding="utf-8")
@@ -684,6 +687,7 @@ CORNERS = {
 
 
 @pytest.mark.parametrize("case", list(CORNERS))
+@pytest.mark.heavy
 def test_corner_agrees_with_ansible(tmp_path: Path, cli: CLI, case: str) -> None:
     files, sources, names = CORNERS[case]
     agree(cli, tmp_path, files, sources, names)
@@ -764,6 +768,7 @@ def vault_runs(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     return runs
 
 
+@pytest.mark.heavy
 def test_encrypted_files_and_values_are_decrypted_in_one_ansible_vault_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -796,6 +801,7 @@ def test_encrypted_files_and_values_are_decrypted_in_one_ansible_vault_run(
     assert len(runs[0]) == 2 + len(vault.argv()) + 3  # the two values and h1's file, not h2's
 
 
+@pytest.mark.heavy
 def test_a_value_no_host_ends_with_needs_no_password_of_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -98,6 +98,7 @@ SCRIPTS = {
 
 
 @pytest.mark.parametrize("case", list(SCRIPTS))
+@pytest.mark.heavy
 def test_a_dynamic_script_that_fails_shows_ansibles_message(
     tmp_path: Path, cli: CLI, case: str
 ) -> None:
@@ -114,6 +115,7 @@ def test_a_dynamic_script_that_fails_shows_ansibles_message(
     assert len(lines) <= 2, lines
 
 
+@pytest.mark.heavy
 def test_a_plugin_config_that_fails_shows_ansibles_message(tmp_path: Path, cli: CLI) -> None:
     config = tmp_path / "fleet.yml"
     config.write_text("plugin: nosuch_plugin\n", encoding="utf-8")
@@ -122,6 +124,7 @@ def test_a_plugin_config_that_fails_shows_ansibles_message(tmp_path: Path, cli: 
     assert "specifies unknown plugin 'nosuch_plugin'" in result.stderr.splitlines()[0]
 
 
+@pytest.mark.heavy
 def test_a_hanging_script_stops_after_the_timeout_users_set(tmp_path: Path, cli: CLI) -> None:
     script = tmp_path / "fleet.py"
     script.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(60)\n", encoding="utf-8")

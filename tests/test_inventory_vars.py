@@ -148,6 +148,7 @@ ENDLESS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{
 
 
 @pytest.mark.parametrize("template", HUGE)
+@pytest.mark.heavy
 def test_a_huge_value_fails_fast_naming_host_and_variable(
     tmp_path: Path, cli: CLI, template: str
 ) -> None:
@@ -166,6 +167,7 @@ def test_a_huge_value_fails_fast_naming_host_and_variable(
     assert cli("hosts", "-i", str(inventory), "-H", "h2").returncode == 0  # only h1 is broken
 
 
+@pytest.mark.heavy
 def test_an_endless_loop_stops_at_the_time_limit_naming_host_and_variable(
     tmp_path: Path, cli: CLI
 ) -> None:
@@ -188,6 +190,7 @@ def test_an_endless_loop_stops_at_the_time_limit_naming_host_and_variable(
     assert h2.returncode == 0, h2.stderr  # only h1 is broken
 
 
+@pytest.mark.heavy
 def test_values_under_the_caps_render(tmp_path: Path, cli: CLI) -> None:
     variables = {
         "text": "{{ 'x' * 1000000 }}",

@@ -125,6 +125,7 @@ def kept_sweep(run: str, throughputs: dict[int, float]) -> dict[str, Any]:
     return {"run": run, "deployment": None, "params": {"tool": "builtin"}, "levels": levels}
 
 
+@pytest.mark.heavy
 def test_documents_of_a_local_host_match_their_schemas(cli: CLI, tmp_path: Path) -> None:
     """bench --compare and --suggest-threshold read kept sweeps: here on this machine."""
     state = tmp_path / "state"
@@ -215,6 +216,7 @@ def test_ok_error_and_code_must_agree_with_each_other_and_the_exit_status() -> N
         check_agreement(["tune", "--report", "--json"], 1, whole)
 
 
+@pytest.mark.heavy
 def test_a_refused_dry_run_says_why_in_json(cli: CLI, tmp_path: Path) -> None:
     """A preflight refusal is the host's failure: `ok` false with the problem and its code."""
     inv = tmp_path / "inv.yml"

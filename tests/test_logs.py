@@ -97,6 +97,7 @@ def test_crash_file_tp8_is_one_report_with_eight_ranks(cli: CLI) -> None:
     assert "hint: Tensor a has size 160" in out
 
 
+@pytest.mark.heavy
 def test_crash_file_errors_are_one_line_and_junk_is_no_crash(cli: CLI, tmp_path: Path) -> None:
     for target, what in ((tmp_path / "nope.log", "does not exist"), (tmp_path, "is a directory")):
         result = cli("crash", "--file", str(target))

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from deployctl.project import SHIPPED_DATA
@@ -47,6 +48,7 @@ def applies_exactly(diff: Path, release: str, tmp: Path) -> bool:
     return done.returncode == 0 and "offset" not in done.stdout and "fuzz" not in done.stdout
 
 
+@pytest.mark.heavy
 def test_port_to_a_release_without_a_variant_reports_every_hunk(cli: CLI, tmp_path: Path) -> None:
     folder = project_without(cli, "spec-disable", "0.5.22", "0.5.17")  # port from 0.5.23
     before = (folder / "patch.yml").read_text()
@@ -72,6 +74,7 @@ def test_port_to_a_release_without_a_variant_reports_every_hunk(cli: CLI, tmp_pa
     assert (folder / "patch.yml").read_text() == before  # never declared by itself
 
 
+@pytest.mark.heavy
 def test_port_with_offsets_only_verifies_and_succeeds(cli: CLI, tmp_path: Path) -> None:
     project_without(cli, "sm120-support", "0.5.22")
     code, report, _ = port(cli, "sm120-support", "0.5.22", "-o", str(tmp_path / "out"))
@@ -80,6 +83,7 @@ def test_port_with_offsets_only_verifies_and_succeeds(cli: CLI, tmp_path: Path) 
     assert applies_exactly(tmp_path / "out" / "sm120-support.diff", "0.5.22", tmp_path)
 
 
+@pytest.mark.heavy
 def test_port_to_the_same_release_is_all_exact(cli: CLI) -> None:
     code, report, _ = port(cli, "spec-disable", "0.5.23")
     assert code == 0 and {h["outcome"] for h in report["hunks"]} == {"exact"}
@@ -140,6 +144,7 @@ def test_port_reads_the_pristine_files_from_a_host_and_changes_nothing_there(
     assert none.returncode == 1 and "--from WHEEL|SITE, or -H naming one host" in none.stderr
 
 
+@pytest.mark.heavy
 def test_port_from_a_copy_that_already_has_the_change_is_not_ok(cli: CLI, tmp_path: Path) -> None:
     site = extract_site("0.5.23", tmp_path / "patched-site")
     diff = SHIPPED_DATA / "patches" / "spec-disable" / "0.5.23" / "spec-disable.diff"
@@ -152,6 +157,7 @@ def test_port_from_a_copy_that_already_has_the_change_is_not_ok(cli: CLI, tmp_pa
     assert skipped and all(h["outcome"] == "failed" for h in skipped)
 
 
+@pytest.mark.heavy
 def test_port_to_a_release_that_lacks_a_file_reports_its_hunks_failed(
     cli: CLI, tmp_path: Path
 ) -> None:

@@ -130,6 +130,7 @@ def test_older_variants_make_the_same_change(name: str) -> None:
 
 
 @pytest.mark.parametrize(("name", "version"), CASES)
+@pytest.mark.heavy
 def test_variant_applies_compiles_and_passes_its_verify_scripts(
     name: str, version: str, pristine: Site, patched: Site
 ) -> None:
@@ -155,6 +156,7 @@ def test_verify_script_fails_on_the_pristine_wheel(
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.heavy
 def test_the_sets_apply_together(version: str, patched: Site) -> None:
     site = patched(version, *SETS)
     for name in SETS:
@@ -233,6 +235,7 @@ print(json.dumps({"switch_log_entries": len(entries), "log_lines": len(worker.lo
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.heavy
 def test_spec_disable_stays_bounded_over_ten_thousand_steps(
     version: str, pristine: Site, patched: Site
 ) -> None:

@@ -35,6 +35,7 @@ def test_a_plot_on_a_full_disk_keeps_the_old_picture_and_leaves_nothing(
     assert full_disk.names() == {"curves.svg"}
 
 
+@pytest.mark.heavy
 def test_a_plot_replaces_the_old_picture(tmp_path: Path) -> None:
     picture = tmp_path / "curves.png"
     picture.write_bytes(b"old")

@@ -123,6 +123,7 @@ def rendered(wheel: zipfile.ZipFile, member: str, needle: str, **names: object) 
     return found
 
 
+@pytest.mark.heavy
 def test_the_stand_ins_shutdown_lines_are_the_real_ones() -> None:
     """Each line the stand-in writes when it is stopped: the real 0.5.17's as captured (the
     baseline's stop, which signalled the whole group: tests/data/real-sglang-0.5.17/README.md)

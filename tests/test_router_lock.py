@@ -12,6 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from deployctl import agent
 from deployctl.connection import Held, LocalConnection
 from deployctl.inventory import Host
@@ -44,6 +46,7 @@ def test_a_second_taker_is_refused_naming_the_first_until_it_lets_go(tmp_path: P
     held.close()
 
 
+@pytest.mark.heavy
 def test_the_lock_dies_with_a_holder_that_is_killed(tmp_path: Path) -> None:
     """SIGKILL: no clean-up runs, and no stale lock is left."""
     host = local_host(tmp_path)
@@ -76,6 +79,7 @@ def test_the_lock_dies_with_a_holder_that_is_killed(tmp_path: Path) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.heavy
 def test_one_command_taking_a_routers_lock_twice_holds_it_until_its_last_release(
     tmp_path: Path,
 ) -> None:

@@ -185,6 +185,7 @@ def script_for(tmp_path: Path, **variables: object) -> Path:
     return path
 
 
+@pytest.mark.heavy
 def test_the_script_runs_each_node_with_its_own_rank_and_the_head_address(tmp_path: Path) -> None:
     script = script_for(tmp_path)
     assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0

@@ -4,9 +4,12 @@ no test makes pytest run none of them (a whole series of empty runs)."""
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.heavy
 def test_every_listed_timing_test_exists() -> None:
     lines = (ROOT / "scripts" / "timing-tests.txt").read_text(encoding="utf-8").splitlines()
     ids = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]

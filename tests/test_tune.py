@@ -952,6 +952,7 @@ def test_tune_refuses_a_router_or_another_program_before_any_host_is_touched(
     assert "connect" not in result.stderr  # refused before any host was reached
 
 
+@pytest.mark.heavy
 def test_a_dry_run_merges_and_bounds_levels_and_its_estimate_keeps_to_max_launches(
     cli: CLI, tmp_path: Path
 ) -> None:

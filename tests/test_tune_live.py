@@ -53,6 +53,7 @@ def test_each_bucket_gets_its_own_interval_and_a_clear_gain_is_decided() -> None
     assert crossover.threshold == 4 and crossover.speculation == "threshold"
 
 
+@pytest.mark.heavy
 def test_always_valid_intervals_hold_however_often_they_are_read() -> None:
     # 40 windows of equal replicas at buckets 2, 8 and 32, the intervals read after every
     # round for 150 rounds: none may ever exclude even in more than 5 % of the windows.

@@ -163,6 +163,7 @@ def test_the_rows_carry_each_phase_and_the_tuned_ratios() -> None:
 
 
 @pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG\r\n\x1a\n"), (".svg", b"<?xml")])
+@pytest.mark.heavy
 def test_the_tune_figure_is_written_as_its_format(
     tmp_path: Path, suffix: str, magic: bytes
 ) -> None:
@@ -173,6 +174,7 @@ def test_the_tune_figure_is_written_as_its_format(
     assert [p.name for p in tmp_path.iterdir()] == [picture.name]
 
 
+@pytest.mark.heavy
 def test_the_svg_marks_t_and_the_crossover() -> None:
     svg = tune_svg(tuned_record())
     assert "<svg" in svg
@@ -197,6 +199,7 @@ def test_the_page_is_one_file_that_fetches_nothing() -> None:
     assert references and set(references) == {"#"}
 
 
+@pytest.mark.heavy
 def test_the_page_shows_t_its_inventory_line_and_a_row_per_level() -> None:
     page = tuned_page()
     assert "T = 6" in page
@@ -216,6 +219,7 @@ def test_the_page_shows_t_its_inventory_line_and_a_row_per_level() -> None:
     assert [r[6] for r in rows].count("0.900 below 0.95") == 1
 
 
+@pytest.mark.heavy
 def test_the_page_says_the_objective_the_tune_was_asked_for() -> None:
     # It is kept under `params`, as `tune --json` prints it.
     page = tuned_page()
@@ -237,6 +241,7 @@ def test_every_string_from_the_record_is_escaped() -> None:
     assert "<script" not in page.lower()
 
 
+@pytest.mark.heavy
 def test_a_tune_that_crashed_after_its_baseline_still_renders_with_the_crash() -> None:
     record = crashed_record()
     page = tune_html(record)
@@ -279,6 +284,7 @@ def local_inventory(tmp_path: Path, records: dict[int, Any]) -> Path:
     return inv
 
 
+@pytest.mark.heavy
 def test_a_missing_tune_record_fails_in_json_as_its_exit_status_says(
     cli: CLI, tmp_path: Path
 ) -> None:
@@ -294,6 +300,7 @@ def test_a_missing_tune_record_fails_in_json_as_its_exit_status_says(
     assert entry["record"]["tune"] == 1
 
 
+@pytest.mark.heavy
 def test_a_tune_record_of_the_wrong_shape_is_named_and_skipped(cli: CLI, tmp_path: Path) -> None:
     good = kept(1)
     bad = {k: v for k, v in good.items() if k != "held"} | {"tune": 2}  # valid JSON, a key short
