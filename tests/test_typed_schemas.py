@@ -67,7 +67,6 @@ def disagreements(typed: TypedSchemas) -> list[str]:
     return found
 
 
-@pytest.mark.heavy
 def test_each_typed_shape_is_shipped_as_its_type_generates_it() -> None:
     assert not disagreements(contract.TYPED), "run python -m tools.contract --write"
     defs = {name for whole in shipped().values() for name in whole.get("$defs", {})}

@@ -20,7 +20,7 @@ else:
 
 if __name__ == "__main__":
     # A rank (Launcher._spawn: the package by path, a hidden first argument) needs only the
-    # ranks module; the server's modules would cost every rank about 20 ms of CPU.
+    # ranks module; the server's modules would cost every rank about 13 ms of CPU.
     ranks = importlib.import_module(f"{_package}.ranks")
     if sys.argv[1:2] == [ranks.CHILD_FLAG]:
         ranks.child_main(json.loads(sys.argv[2]))

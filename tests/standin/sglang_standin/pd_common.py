@@ -34,6 +34,7 @@ PD_ENV_DEFAULTS = {
 ENSURE_RETRY_INTERVAL_S = 1.0  # decode.py: _ensure_retry_interval
 REGISTER_RETRIES = 5  # common/conn.py _register_topology_row: 5 tries, 1 s backoff doubling
 BOOTSTRAP_HTTP_TIMEOUT_S = 5.0  # requests.get(url, timeout=5) on the decode side
+HEARTBEAT_HTTP_TIMEOUT_S = 3.0  # the heartbeat's session.get(..., timeout=(2, 3))
 
 
 def pd_env(name: str) -> float:
@@ -59,7 +60,8 @@ def host_port(host: str, port: int) -> str:
 def http_request(
     method: str, addr: str, path: str, doc: Any = None, timeout: float = BOOTSTRAP_HTTP_TIMEOUT_S
 ) -> tuple[int, bytes]:
-    """One request to a bootstrap server (host:port); OSError when it cannot be reached."""
+    """One request to a bootstrap server (host:port); OSError when it cannot be reached,
+    http.client.HTTPException when its reply is cut short (the server died answering)."""
     import http.client
 
     host, _, port = addr.rpartition(":")

@@ -13,6 +13,7 @@ from .log_lines import log, lost_prefill_line, reconnect_line
 from .pd_common import (
     ENSURE_RETRY_INTERVAL_S,
     FAKE_BOOTSTRAP_HOST,
+    HEARTBEAT_HTTP_TIMEOUT_S,
     PDFailure,
     PDState,
     host_port,
@@ -202,10 +203,11 @@ class DecodePD(PDState):
     def heartbeat(self) -> None:
         """CommonKVManager's heartbeat checker: GET /health of every known prefill.
 
-        Like SGLang's (session.get(timeout=(2, 3)) under `except Exception`), a reply cut
-        short by the prefill's death is a missed beat too, not the end of the checker."""
+        Like SGLang's (`except Exception`), a reply cut short by the prefill's death is a
+        missed beat too, not the end of the checker."""
         interval = pd_env("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL")
         max_failures = int(pd_env("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"))
+        timeout = HEARTBEAT_HTTP_TIMEOUT_S
         failures: dict[str, int] = {}
         while True:
             time.sleep(interval)
@@ -213,7 +215,8 @@ class DecodePD(PDState):
                 addrs = list(self.parallel_info)
             for addr in addrs:
                 try:
-                    ok = http_request("GET", self.reach(addr), "/health", timeout=3.0)[0] == 200
+                    reply = http_request("GET", self.reach(addr), "/health", timeout=timeout)
+                    ok = reply[0] == 200
                 except Exception:  # any failure is a missed beat, as in SGLang
                     ok = False
                 if ok:
