@@ -134,12 +134,21 @@ def test_a_main_process_that_dies_of_sigterm_alone_gets_its_group_cut_soon(tmp_p
     import os
     import subprocess
 
-    from deployctl.remote.processes import LEADER_GONE_GRACE, ProcessLauncher, process_starttime
+    from deployctl.remote.processes import (
+        LEADER_GONE_GRACE,
+        ProcessLauncher,
+        process_group,
+        process_starttime,
+    )
 
     (tmp_path / "runs").mkdir()
     wrapper = subprocess.Popen(["/bin/sh", "-c", "sleep 120; true"], start_new_session=True)
-    time.sleep(0.2)
     pid = wrapper.pid
+    # The shell and its sleep: on a busy machine the sleep can start well after 0.2 s.
+    deadline = time.monotonic() + 10
+    while len(process_group(pid, pid)) < 2:
+        assert time.monotonic() < deadline, process_group(pid, pid)
+        time.sleep(0.02)
     run: Any = {"id": "w_v1", "pid": pid, "pgid": pid, "sid": pid, "status": "running",
                 "starttime": process_starttime(pid)}  # fmt: skip
     try:
