@@ -47,7 +47,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark `lab` every test that reaches the sshd test hosts through any chain of fixtures,
     and `browser` every test that reaches chromium; a browser test is a lab test too (it needs
     what ./scripts/test installs), so the fast tier `-m 'not lab'` runs on a plain install.
-    A `heavy` test is a lab test too, so the fast tier stays fast."""
+    A `heavy` test (about half a second of CPU or more) is a lab test too, so the fast tier
+    stays fast."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         if BROWSER_FIXTURES.intersection(fixtures) or item.get_closest_marker("browser"):

@@ -89,6 +89,7 @@ def test_declarations_agree_with_sglangs_own_parser(options: dict[str, OptionSpe
             assert sorted(map(str, spec["choices"])) == real["choices"], name
 
 
+@pytest.mark.heavy
 def test_reading_the_declarations_takes_milliseconds(pristine: Path) -> None:
     install: protocol.SglangInstall = {"site": str(pristine), "version": SGLANG_VERSION}
     cpu_started = time.process_time()

@@ -134,6 +134,7 @@ def test_an_8_percent_regression_only_at_high_load_is_caught_from_those_buckets(
     assert {run.decided_by for run in found if run.state == "regression"} <= {">= 16", ">= 8"}
 
 
+@pytest.mark.heavy
 def test_a_regression_over_the_mde_at_some_loads_is_never_promoted() -> None:
     # 7 % worse at >= 16 under a load of 13 (a third of the samples there), equal below: pooled
     # over every bucket it looks 2.3 % worse, and the pooled interval drops under 1.05 long

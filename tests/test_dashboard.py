@@ -250,6 +250,7 @@ def test_a_host_that_goes_away_shows_its_error_and_never_stalls_the_rest(
         )
 
 
+@pytest.mark.heavy
 def test_help_works_and_serving_says_what_to_install_without_the_extra(tmp_path: Path) -> None:
     inventory_file = tmp_path / "inv.yml"
     inventory_file.write_text(

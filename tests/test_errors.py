@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 import deployctl
 from deployctl import errors
 from tests.sources import parse_file
@@ -100,6 +102,7 @@ def class_code(node: ast.ClassDef) -> object:
     return None
 
 
+@pytest.mark.heavy
 def test_no_error_type_outside_errors_py_brings_a_code_of_its_own() -> None:
     elsewhere = error_types_elsewhere()
     assert "deployctl.connection._DroppedError" in elsewhere  # the reading finds what is there

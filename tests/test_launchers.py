@@ -119,6 +119,7 @@ def launcher_questions() -> dict[str, list[tuple[int, str]]]:
     return asked
 
 
+@pytest.mark.heavy
 def test_no_code_outside_the_launchers_asks_which_launcher_a_run_uses() -> None:
     asked = launcher_questions()
     lines = [f"{name}:{line}: {code}" for name, found in asked.items() for line, code in found]

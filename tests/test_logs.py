@@ -459,6 +459,7 @@ def test_log_text_is_masked_in_every_form_sglang_logs_it() -> None:
     assert pair_leaks(masked) == []
 
 
+@pytest.mark.heavy
 def test_logs_and_crash_mask_each_pair_of_a_line_on_its_own(cli: CLI, tmp_path: Path) -> None:
     # A host reached without ssh: `logs` reads the file through the host agent as over ssh.
     log = tmp_path / "server.log"

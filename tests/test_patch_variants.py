@@ -147,6 +147,7 @@ def test_variant_applies_compiles_and_passes_its_verify_scripts(
 
 
 @pytest.mark.parametrize(("name", "version", "script"), SCRIPTS)
+@pytest.mark.heavy
 def test_verify_script_fails_on_the_pristine_wheel(
     name: str, version: str, script: str, pristine: Site
 ) -> None:
@@ -189,6 +190,7 @@ print(json.dumps({{"ok": ok, "calls": driver.calls, "sizes": sizes}}))
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.heavy
 def test_sm120_trtllm_preflight_needs_no_multicast(
     version: str, pristine: Site, patched: Site
 ) -> None:

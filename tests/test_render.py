@@ -575,6 +575,7 @@ def test_backslash_newline_joins_lines_as_bin_sh_does() -> None:
     assert compared > 100
 
 
+@pytest.mark.heavy
 def test_a_one_mebibyte_value_round_trips_through_render(tmp_path: Path) -> None:
     value = "/m/" + "a'b c" * (1 << 18)  # quotes and spaces all the way
     host = Host("h", {"python": "python3", "launch_module": "m", "model_path": value})

@@ -189,6 +189,7 @@ def tuned_page() -> str:
     return tune_html(tuned_record())
 
 
+@pytest.mark.heavy
 def test_the_page_is_one_file_that_fetches_nothing() -> None:
     page = tuned_page()
     assert "<svg" in page
@@ -235,6 +236,7 @@ def test_the_records_drawn_here_are_whole_records() -> None:
     assert is_tune_record(tuned_record()) and is_tune_record(kept(1))
 
 
+@pytest.mark.heavy
 def test_every_string_from_the_record_is_escaped() -> None:
     page = tune_html(tuned_record(deployment="<script>alert(1)</script>"))
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
