@@ -245,7 +245,9 @@ def test_deployments_of_one_host_on_two_pythons_read_through_a_kept_agent_each(
 def test_rounds_go_on_while_a_host_hangs_and_its_agent_is_restarted(
     hosts: SSHLab, tmp_path: Path, fleet_of: Callable[[Path], Fleet]
 ) -> None:
-    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], command_timeout=3)
+    # alpha answers within 3 s even on a busy machine (1 s was seen missed), and the round
+    # ends then, well before bravo's call times out (command_timeout 8 s).
+    inv = hosts.inventory(tmp_path / "inv.yml", ["alpha", "bravo"], command_timeout=8)
     fleet = fleet_of(inv)
     fleet.keep_agents()
     catalog = default_catalog()
@@ -260,20 +262,20 @@ def test_rounds_go_on_while_a_host_hangs_and_its_agent_is_restarted(
     os.mkfifo(runs / "current")
     sh("chown", "-R", f"{bravo.user}:{bravo.user}", bravo.home / ".deployctl")
     started = time.monotonic()
-    hung = metrics_round(fleet, catalog, within=1)
+    hung = metrics_round(fleet, catalog, within=3)
     took = time.monotonic() - started
     by_name = {r.name: r for r in hung}
     assert by_name["alpha"].ok, by_name["alpha"].exception
-    # alpha's round did not wait for bravo (command_timeout 3 s).
-    assert took < 2.5, f"the round took {took:.2f}s, bound 2.5s (answer within 1 s)"
+    # alpha's round did not wait for bravo (command_timeout 8 s).
+    assert took < 5, f"the round took {took:.2f}s, bound 5s (answer within 3 s)"
     assert isinstance(by_name["bravo"].exception, CommandTimeoutError)
-    # bravo's call times out (command_timeout 3 s): its agent is closed and ends on the host,
+    # bravo's call times out (command_timeout 8 s): its agent is closed and ends on the host,
     # though its call still hangs there.
-    assert wait_until(lambda: old.pid not in kept_agents(bravo), timeout=10)
+    assert wait_until(lambda: old.pid not in kept_agents(bravo), timeout=15)
     (runs / "current").unlink()
     late = {r.name: r for r in metrics_round(fleet, catalog, within=5)}
     assert isinstance(late["bravo"].exception, CommandTimeoutError)  # its call's own end
-    assert "within 3s" in str(late["bravo"].exception)
+    assert "within 8s" in str(late["bravo"].exception)
     fleet._waiting.clear()  # no backoff wait in a test
     again = metrics_round(fleet, catalog, within=5)
     assert again.ok, [r.error for r in again]
