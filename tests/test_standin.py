@@ -67,11 +67,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 8.0, what: str = "") -> None:
+def wait_for(
+    predicate: Callable[[], object], timeout: float = 8.0, what: str | Callable[[], str] = ""
+) -> None:
+    """Wait for `predicate`; `what` names it in the failure, or (a callable) says it then,
+    so that a log it quotes is the log at the time out."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out waiting for {said or predicate}")
         time.sleep(0.02)
 
 

@@ -302,10 +302,8 @@ def test_a_prefill_dying_mid_transfer_fails_the_request_and_then_the_decodes_hea
     assert get("127.0.0.3", decode.port, "/health")[0] == 503
     assert get("127.0.0.3", decode.port, "/health_generate")[0] == 503
     assert "Health check failed. Server couldn't get a response from detokenizer" in decode.text()
-    try:
-        wait_for(lambda: "1 requests affected" in quiet.text(), 10, "the quiet decode's loss")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}; its log ends:\n{quiet.text()[-1500:]}") from None
+    wait_for(lambda: "1 requests affected" in quiet.text(), 10,
+             lambda: f"the quiet decode's loss; its log ends:\n{quiet.text()[-1500:]}")  # fmt: skip
     assert get("127.0.0.4", quiet.port, "/health")[0] == 200
     assert get("127.0.0.4", quiet.port, "/health_generate")[0] == 503
     waiting.close()
@@ -400,7 +398,7 @@ def test_a_stuck_transfer_ends_when_its_client_goes_but_the_router_keeps_it(
     conn.close()
     time.sleep(1.5)
     assert in_transfer() == 1
-    wait_for(lambda: in_transfer() == 0, 3, f"the waiting timeout: {decode.text()[-1500:]}")
+    wait_for(lambda: in_transfer() == 0, 3, lambda: f"the waiting timeout: {decode.text()[-1500:]}")
     assert metric(decode, "127.0.0.3", "num_transfer_failed_reqs_total") == 2
 
 
