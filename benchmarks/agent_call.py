@@ -1,4 +1,4 @@
-"""What one agent call costs the host: the CPU of `python -c BOOTSTRAP FOLDER DIGEST CALL ARGS`
+"""What one agent call costs the host: the CPU of `python -S -c BOOTSTRAP FOLDER DIGEST CALL ARGS`
 (remote/bootstrap.py), the process a one-shot call starts on every host it asks.
 
 The bundle is unpacked once into a private temporary state_dir, as UNPACK does on a host; then
@@ -6,11 +6,12 @@ each contender runs --runs times, in rotating order, with the host's python (--p
 /usr/bin/python3, the test hosts' own), and the CPU of each process (getrusage of the waited
 child) is taken. Contenders:
 
-  python      `python -c pass`: the interpreter's own start, the floor of any call
+  python      `python -S -c pass`: the interpreter's own start, the floor of any call
   check       the bootstrap's folder and manifest check, nothing imported from the bundle
   <call>      a real call answered from an empty state_dir (runs, status, release, stop,
               probe: the calls a launch, `status` and `stop` make on each host), as the
-              client sends it
+              client sends it; `status, site` the same status call with the host's
+              site-packages (without bootstrap.PYTHON_FLAGS), as calls were run before
 
 With --against REV, the same calls of the agent as it was at git revision REV (its
 `deployctl/remote/` modules, bundled and unpacked the same way) run in the same rotation, so
@@ -118,16 +119,22 @@ def main() -> None:
     try:
         folder, digest = unpacked(opts.python, state_dir, bundles[""])
         check_only = bootstrap.BOOTSTRAP.split("sys.path.insert")[0]
+        flags = bootstrap.PYTHON_FLAGS  # as the client runs a call
         contenders = {
-            "python": [opts.python, "-c", "pass"],
-            "check": [opts.python, "-c", check_only, folder, digest],
+            "python": [opts.python, *flags, "-c", "pass"],
+            "check": [opts.python, *flags, "-c", check_only, folder, digest],
         }
         for suffix, bundle in bundles.items():
             folder, digest = unpacked(opts.python, state_dir, bundle)
             for label, (call, args) in calls(state_dir).items():
                 contenders[label + suffix] = [
-                    opts.python, "-c", bootstrap.BOOTSTRAP, folder, digest, call, json.dumps(args)
+                    opts.python, *flags, "-c", bootstrap.BOOTSTRAP, folder, digest, call,
+                    json.dumps(args),
                 ]  # fmt: skip
+        # What the flags save: the status call as it was run with the host's site-packages.
+        site = contenders["status"].copy()
+        del site[1 : 1 + len(flags)]
+        contenders["status, site"] = site
         samples: dict[str, list[float]] = {label: [] for label in contenders}
         for argv in contenders.values():  # once each first: bytecode written, caches warm
             child_cpu_ms(argv)

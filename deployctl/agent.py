@@ -199,9 +199,10 @@ def agent_command(host: Host, call: str, args: Mapping[str, Any]) -> str:
     python, folder = host.settings.python, agent_folder(host)
     if (host.name, folder) in _BUNDLE_IN_MEMORY:  # the bundle rides in argv where it cannot be kept
         carried = base64.b64encode(agent_bundle()).decode()
-        return join([python, "-c", bootstrap.IN_MEMORY, carried, call, json.dumps(args)])
-    digest = manifest_digest()
-    return join([python, "-c", bootstrap.BOOTSTRAP, folder, digest, call, json.dumps(args)])
+        script, where = bootstrap.IN_MEMORY, [carried]
+    else:
+        script, where = bootstrap.BOOTSTRAP, [folder, manifest_digest()]
+    return join([python, *bootstrap.PYTHON_FLAGS, "-c", script, *where, call, json.dumps(args)])
 
 
 def _missing(exit_code: int | None, output: str) -> str | None:
@@ -225,7 +226,7 @@ def _held_missing(held: Held) -> str | None:
 def install_agent(host: Host, conn: Connection) -> None:
     """Unpack this version of the agent on the host (one round trip)."""
     folder = agent_folder(host)
-    command = join([host.settings.python, "-c", bootstrap.UNPACK, folder])
+    command = join([host.settings.python, *bootstrap.PYTHON_FLAGS, "-c", bootstrap.UNPACK, folder])
     try:
         conn.run(command, stdin=agent_bundle(), purpose="keep deployctl's agent").check(host.name)
     except CommandError as exc:

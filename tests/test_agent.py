@@ -213,6 +213,35 @@ def test_a_one_shot_call_imports_its_own_handler_and_not_the_others(tmp_path: Pa
     assert not imported & (others | heavy | {f"{bootstrap.PACKAGE}.records"})
 
 
+def test_a_call_runs_without_the_hosts_site_packages_and_finds_sglang_in_them(
+    tmp_path: Path,
+) -> None:
+    # A host python's `.pth` files run code at every start of it (any package may add one):
+    # the agent's calls skip them, and only the lookup of SGLang reads its site-packages.
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "env")], check=True
+    )
+    site = next((tmp_path / "env" / "lib").glob("python3*/site-packages"))
+    ran = tmp_path / "pth-ran"
+    (site / "hook.pth").write_text(f"import pathlib; pathlib.Path({str(ran)!r}).touch()\n")
+    (site / "sglang").mkdir()
+    (site / "sglang" / "__init__.py").write_text("raise ImportError('needs torch')\n")
+    (site / "sglang-0.5.23.dist-info").mkdir()
+    (site / "sglang-0.5.23.dist-info" / "METADATA").write_text("Name: sglang\nVersion: 0.5.23\n")
+    host = Host("here", {**local_host(tmp_path).vars, "python": str(tmp_path / "env/bin/python")})
+    conn = LocalConnection("here", 30)
+    state = str(tmp_path / "state")
+    status = {**STATUS_ARGS, "state_dir": state, "metrics_bytes": 0}
+    assert agent.call(host, conn, agent.STATUS, status)["run"] is None
+    assert not ran.exists(), "a status call ran the host's .pth files"
+    probe = agent.call(host, conn, agent.PROBE, {"state_dir": state, "paths": [], "hunks": {}})
+    assert probe["sglang"] == {
+        "version": "0.5.23",
+        "site": str(site),
+        "python": str(tmp_path / "env/bin/python"),
+    }
+
+
 def _replace_dispatch(folder: Path) -> None:
     """What would run in deployctl's place if the folder were run: a call that fails."""
     (folder / bootstrap.PACKAGE / "dispatch.py").write_text("raise SystemExit(3)\n")
@@ -406,7 +435,8 @@ import json, os, sys
 def answer():
 {answer}
 if "{session}" in sys.argv:  # ready as a kept agent: the folder's name is the hash it runs
-    ready = {{"session": os.path.basename(sys.argv[3]), "pid": os.getpid()}}
+    folder = sys.argv[sys.argv.index("-c") + 2]  # after the python's flags and the script
+    ready = {{"session": os.path.basename(folder), "pid": os.getpid()}}
     print("{mark}" + json.dumps(ready), flush=True)
     for line in sys.stdin:
         answer()

@@ -187,7 +187,8 @@ def test_a_kept_agent_on_a_host_whose_bundle_stays_unfit_fails_that_host_alone(
 FLOODING_PYTHON = f"""#!{HOST_PYTHON}
 import json, os, sys
 if "{proto.SESSION}" in sys.argv:
-    ready = {{"session": os.path.basename(sys.argv[3]), "pid": os.getpid()}}
+    folder = sys.argv[sys.argv.index("-c") + 2]  # after the python's flags and the script
+    ready = {{"session": os.path.basename(folder), "pid": os.getpid()}}
     print("{proto.REPLY_MARK}" + json.dumps(ready), flush=True)
     sys.stdin.readline()
     while True:

@@ -32,7 +32,7 @@ from deployctl.inventory import load_inventory
 from deployctl.ops import patch as patch_ops
 from deployctl.patchset import PatchSet, load_patch_sets
 from deployctl.project import SHIPPED_DATA
-from deployctl.remote.bootstrap import BOOTSTRAP
+from deployctl.remote.bootstrap import BOOTSTRAP, PYTHON_FLAGS
 from tests.conftest import CLI
 from tests.sglang_wheel import SITE, install_on, site_file
 from tests.sshd_hosts import SSHLab, TestHost, sh
@@ -73,14 +73,14 @@ def user_argvs(host: TestHost) -> dict[int, list[str]]:
 
 
 def agents(host: TestHost, command: str | None = None) -> list[int]:
-    """PIDs of host agents (`python -c BOOTSTRAP STATE/agent/HASH DIGEST CALL ARGS`) on the
+    """PIDs of host agents (`python -S -c BOOTSTRAP STATE/agent/HASH DIGEST CALL ARGS`) on the
     host."""
+    start = [*PYTHON_FLAGS, "-c", BOOTSTRAP]
     return [
         pid
         for pid, argv in user_argvs(host).items()
-        if len(argv) > 5
-        and argv[1:3] == ["-c", BOOTSTRAP]
-        and (command is None or argv[5] == command)
+        if argv[1 : 1 + len(start)] == start
+        and (command is None or argv[3 + len(start) : 4 + len(start)] == [command])
     ]
 
 

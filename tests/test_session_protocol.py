@@ -20,15 +20,25 @@ from deployctl import agent
 from deployctl.remote import bootstrap
 from deployctl.remote import protocol as proto
 
+FLAGS = bootstrap.PYTHON_FLAGS  # as deployctl runs the agent
+
 
 class Session:
     def __init__(self, folder: Path | None) -> None:
         if folder is None:  # where nothing can be kept: the bundle rides in argv
             bundle = base64.b64encode(agent.agent_bundle()).decode()
-            argv = [sys.executable, "-c", bootstrap.IN_MEMORY, bundle, proto.SESSION, "{}"]
+            argv = [sys.executable, *FLAGS, "-c", bootstrap.IN_MEMORY, bundle, proto.SESSION, "{}"]
         else:
             digest = agent.manifest_digest()
-            argv = [sys.executable, "-c", bootstrap.BOOTSTRAP, str(folder), digest, proto.SESSION]
+            argv = [
+                sys.executable,
+                *FLAGS,
+                "-c",
+                bootstrap.BOOTSTRAP,
+                str(folder),
+                digest,
+                proto.SESSION,
+            ]
             argv.append("{}")
         self.proc = subprocess.Popen(
             argv,

@@ -13,7 +13,7 @@ apply does (tests/test_layers.py).
 deployctl ships the package as one bundle (a deterministic zip of its modules) named by the
 sha256 of its bytes, unpacked once per host and state_dir into a private folder with a
 manifest of its modules' sha256s, and runs each call through `bootstrap.BOOTSTRAP` as
-`python -c BOOTSTRAP FOLDER DIGEST CALL JSON-ARGS` (DIGEST: the manifest's sha256), with any
+`python -S -c BOOTSTRAP FOLDER DIGEST CALL JSON-ARGS` (DIGEST: the manifest's sha256), with any
 payload on stdin; it reads one JSON document from stdout. A folder that is missing,
 incomplete, damaged, or that another user could change, answers `AGENT_MISSING` and why
 instead, and the client sends the bundle again. Each call is one round trip; the client checks every reply against its

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -36,10 +37,22 @@ from .patch_types import (
 from .protocol import ProbeArgs, ProbeReply, SglangInstall
 
 
+@functools.cache
+def with_site_packages() -> None:
+    """Put this python's site-packages on the path, once: the agent starts without them
+    (bootstrap.PYTHON_FLAGS)."""
+    if sys.flags.no_site:
+        import site
+
+        site.main()
+
+
 def sglang_install() -> SglangInstall:
-    """Find SGLang without importing it (its __init__ needs torch)."""
+    """Find SGLang without importing it (its __init__ needs torch), where `import sglang` in
+    this python would: with its site-packages, which the agent starts without."""
     import importlib.util
 
+    with_site_packages()
     try:
         spec = importlib.util.find_spec("sglang")
     except (ImportError, ValueError):
