@@ -240,6 +240,15 @@ def test_a_call_runs_without_the_hosts_site_packages_and_finds_sglang_in_them(
         "site": str(site),
         "python": str(tmp_path / "env/bin/python"),
     }
+    # A launch's preflight finds the server's module there too, in a call's fresh Python.
+    found = (
+        f"import sys; sys.path.insert(0, {agent.agent_folder(host)!r}); "
+        f"from {bootstrap.PACKAGE}.runs import module_found; "
+        "print(module_found('sglang.launch_server'), module_found('no_such_module'))"
+    )
+    python = [str(tmp_path / "env/bin/python"), *bootstrap.PYTHON_FLAGS]
+    ran_found = subprocess.run([*python, "-c", found], capture_output=True, text=True)
+    assert ran_found.stdout.split() == ["True", "False"], ran_found.stderr
 
 
 def _replace_dispatch(folder: Path) -> None:

@@ -113,9 +113,9 @@ _UNSOUND = f"""def unsound(folder, digest):
 
 # How the host's python runs a call: without its site-packages (`-S`). The agent is stdlib
 # only, and a host's `.pth` files and `sitecustomize` (code any installed package may add,
-# measured here at 5 ms of a 55 ms call) neither run nor slow it; the one call that looks for
-# SGLang adds them first (patches.sglang_install). Bootstraps and unpacking start no server:
-# the server's own python is started afresh, with its site.
+# measured here at 5 ms of a 55 ms call) neither run nor slow it; a call that looks for an
+# installed package adds them first (files.find_package). Bootstraps and unpacking start no
+# server: the server's own python is started afresh, with its site.
 PYTHON_FLAGS = ("-S",)
 
 # `python -S -c BOOTSTRAP FOLDER DIGEST CALL JSON-ARGS`: run FOLDER only when `unsound` finds

@@ -3,14 +3,40 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
+import sys
 import time
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from .patch_types import ReadArgs, ReadReply
 from .protocol import STOP_MARGIN_S, RunRecord
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+
+
+@functools.cache
+def _with_site_packages() -> None:
+    if sys.flags.no_site:
+        import site
+
+        site.main()
+
+
+def find_package(name: str) -> ModuleSpec | None:
+    """Where `import NAME` in this python finds the top-level package or module NAME, without
+    importing it (None: nowhere). The agent starts without the python's site-packages
+    (bootstrap.PYTHON_FLAGS): they are added first, once, so it looks where a server would."""
+    import importlib.util
+
+    _with_site_packages()
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
 
 
 def digest(data: bytes | None) -> str | None:

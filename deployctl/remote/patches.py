@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fcntl
-import functools
 import hashlib
 import io
 import json
@@ -16,6 +15,7 @@ from typing import IO, cast
 from .files import (
     digest,
     fail,
+    find_package,
     put_back,
     read_bytes,
     read_json,
@@ -37,26 +37,9 @@ from .patch_types import (
 from .protocol import ProbeArgs, ProbeReply, SglangInstall
 
 
-@functools.cache
-def with_site_packages() -> None:
-    """Put this python's site-packages on the path, once: the agent starts without them
-    (bootstrap.PYTHON_FLAGS)."""
-    if sys.flags.no_site:
-        import site
-
-        site.main()
-
-
 def sglang_install() -> SglangInstall:
-    """Find SGLang without importing it (its __init__ needs torch), where `import sglang` in
-    this python would: with its site-packages, which the agent starts without."""
-    import importlib.util
-
-    with_site_packages()
-    try:
-        spec = importlib.util.find_spec("sglang")
-    except (ImportError, ValueError):
-        spec = None
+    """Find SGLang without importing it (its __init__ needs torch)."""
+    spec = find_package("sglang")
     if spec is None or not spec.submodule_search_locations:
         return {"error": f"SGLang is not installed for {sys.executable}"}
     site = os.path.dirname(next(iter(spec.submodule_search_locations)))

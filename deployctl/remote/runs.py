@@ -8,7 +8,7 @@ import os
 import re
 import time
 
-from .files import read_bytes, read_json, state_path, write_atomic, write_json
+from .files import find_package, read_bytes, read_json, state_path, write_atomic, write_json
 from .launchers import launcher_of, launcher_to_poll, liveness, preflight_facts, start
 from .locks import machine_identity, release_lock, take_lock
 from .patches import cmd_probe
@@ -60,14 +60,7 @@ def next_log_version(log_dir: str, stem: str, runs_dir: str) -> int:
 
 def module_found(module: str | None) -> bool:
     """Can `python -m module` find the module's top-level package (without importing it)?"""
-    import importlib.util
-
-    if not module:
-        return True
-    try:
-        return importlib.util.find_spec(module.split(".")[0]) is not None
-    except (ImportError, ValueError):
-        return False
+    return not module or find_package(module.split(".")[0]) is not None
 
 
 def port_free(host: str, port: int) -> tuple[bool, str]:
