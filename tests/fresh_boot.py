@@ -3,8 +3,9 @@
 Linux's monotonic clock counts from boot, so code that takes a constant start (`last = 0.0`)
 for "long ago" works on a machine up for hours and fails on one booted minutes ago, as CI
 machines often are. `pytest -p tests.fresh_boot` runs a whole run so (this process, and every
-Python it starts, through `fresh_boot_site/sitecustomize.py`); the `fresh_boot_clock` fixture
-of `tests/conftest.py` does it for one test.
+Python it starts with its site, through `fresh_boot_site/sitecustomize.py`: not a host agent's
+call, which runs with `-S`); the `fresh_boot_clock` fixture of `tests/conftest.py` does it for
+one test.
 """
 
 from __future__ import annotations

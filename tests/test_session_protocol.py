@@ -1,5 +1,5 @@
 """The kept agent's side of the wire (remote/kept_agent.py), run as a host runs it: the bundle
-unpacked into a private folder, `python -c BOOTSTRAP FOLDER DIGEST --session`, requests on
+unpacked into a private folder, `python -S -c BOOTSTRAP FOLDER DIGEST --session`, requests on
 stdin."""
 
 from __future__ import annotations

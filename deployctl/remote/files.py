@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 
 
 @functools.cache
-def _with_site_packages() -> None:
+def with_site_packages() -> None:
+    """Put this python's site-packages on the path, once: the agent starts without them
+    (bootstrap.PYTHON_FLAGS)."""
     if sys.flags.no_site:
         import site
 
@@ -28,11 +30,10 @@ def _with_site_packages() -> None:
 
 def find_package(name: str) -> ModuleSpec | None:
     """Where `import NAME` in this python finds the top-level package or module NAME, without
-    importing it (None: nowhere). The agent starts without the python's site-packages
-    (bootstrap.PYTHON_FLAGS): they are added first, once, so it looks where a server would."""
+    importing it (None: nowhere), with the site-packages added first: where a server looks."""
     import importlib.util
 
-    _with_site_packages()
+    with_site_packages()
     try:
         return importlib.util.find_spec(name)
     except (ImportError, ValueError):

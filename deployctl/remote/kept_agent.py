@@ -1,7 +1,7 @@
 """A kept agent: one process that answers calls read from stdin until its client goes.
 
 The front ends that poll (`top`, `watch`, the dashboard) start it once per host over their
-open connection (`python -c BOOTSTRAP FOLDER DIGEST --session`) instead of a Python process
+open connection (`python -S -c BOOTSTRAP FOLDER DIGEST --session`) instead of a Python process
 per call. It first prints a ready line (`REPLY_MARK` + {"session": bundle hash, "pid": …}), then
 answers each request line, one at a time, with one reply line:
 

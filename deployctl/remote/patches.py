@@ -21,6 +21,7 @@ from .files import (
     read_json,
     sha256,
     state_path,
+    with_site_packages,
     write_atomic,
     write_json,
 )
@@ -66,6 +67,8 @@ def dist_version(site: str, name: str) -> str | None:
             if found is not None:
                 return found
     import importlib.metadata  # an editable or unusual install: ask the slow way
+
+    with_site_packages()
 
     try:
         return importlib.metadata.version(name)
