@@ -44,6 +44,11 @@ AMBIGUOUS = "--cuda-graph-max-bs"
 THRESHOLD = "--speculative-disable-batch-threshold"
 
 
+# Its fixtures read SGLang's declarations from two unpacked wheels (~1 s of CPU): on one
+# xdist worker, they are read once.
+pytestmark = pytest.mark.xdist_group("argv_check")
+
+
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return extract_site(SGLANG_VERSION, tmp_path_factory.mktemp("pristine"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,10 @@ def absolute_module(path: Path, node: ast.ImportFrom) -> str | None:
     return ".".join([*base, node.module] if node.module else base)
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
-    """Module → the deployctl modules it imports (the package's own __init__ left out)."""
+    """Module → the deployctl modules it imports (the package's own __init__ left out); built
+    once per test process (the tests read it, never change it)."""
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     return {
         name: (imported_names(path) & modules.keys()) - {name, "deployctl"}

@@ -257,6 +257,7 @@ def test_a_tune_that_crashed_after_its_baseline_still_renders_with_the_crash() -
     assert "speculative (crashed)" in tune_svg(record)
 
 
+@pytest.mark.heavy
 def test_the_page_is_written_whole_in_place_of_the_old(tmp_path: Path) -> None:
     page = tmp_path / "tune.html"
     page.write_text("old")
