@@ -235,8 +235,10 @@ def test_a_call_runs_without_the_hosts_site_packages_and_finds_sglang_in_them(
     assert agent.call(host, conn, agent.STATUS, status)["run"] is None
     assert not ran.exists(), "a status call ran the host's .pth files"
     probe = agent.call(host, conn, agent.PROBE, {"state_dir": state, "paths": [], "hunks": {}})
+    assert set(probe["sglang"]) == {"version", "site", "python"}
     assert probe["sglang"]["version"] == "0.5.23"
     assert os.path.realpath(probe["sglang"]["site"]) == os.path.realpath(site)  # lib64 → lib
+    assert probe["sglang"]["python"] == str(tmp_path / "env/bin/python")
     # A launch's preflight finds the server's module there too, in a call's fresh Python.
     found = (
         f"import sys; sys.path.insert(0, {agent.agent_folder(host)!r}); "
