@@ -39,7 +39,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "agent_call.json"
 sys.path.insert(0, str(ROOT))
 
 from deployctl import agent  # noqa: E402 - needs the path
-from deployctl.remote import bootstrap, protocol  # noqa: E402
+from deployctl.remote import bootstrap, protocol, wire  # noqa: E402
 
 
 def calls(state_dir: str) -> dict[str, tuple[str, dict[str, object]]]:
@@ -67,7 +67,7 @@ def calls(state_dir: str) -> dict[str, tuple[str, dict[str, object]]]:
                 "deployment": None,
                 "timeout": 1.0,
                 "run": None,
-                "first_signal": protocol.FIRST_SIGNAL_LEADER,
+                "first_signal": wire.FIRST_SIGNAL_LEADER,
             },
         ),
         "probe": (protocol.PROBE.name, {"state_dir": state_dir, "paths": [], "hunks": {}}),
@@ -101,7 +101,7 @@ def modules_at(revision: str) -> dict[str, bytes]:
 
 def unpacked(python: str, state_dir: str, bundle: bytes) -> tuple[str, str]:
     """Unpack `bundle` under `state_dir` as a host would: (its folder, its manifest's digest)."""
-    folder = f"{state_dir}/{protocol.AGENT_DIR}/{hashlib.sha256(bundle).hexdigest()}"
+    folder = f"{state_dir}/{wire.AGENT_DIR}/{hashlib.sha256(bundle).hexdigest()}"
     subprocess.run([python, "-c", bootstrap.UNPACK, folder], input=bundle, check=True)
     return folder, agent.manifest_digest_of(bundle)
 

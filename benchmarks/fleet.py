@@ -53,7 +53,7 @@ from deployctl.ops.runs import run_status  # noqa: E402
 from deployctl.patchset import load_patch_sets  # noqa: E402
 from deployctl.project import SHIPPED_DATA  # noqa: E402
 from deployctl.remote.bootstrap import UNPACK  # noqa: E402
-from deployctl.remote.protocol import AGENT_DIR, GPUS_COMMAND  # noqa: E402
+from deployctl.remote.wire import AGENT_DIR, GPUS_COMMAND  # noqa: E402
 from tests.sglang_wheel import build_template, install_on  # noqa: E402
 from tests.sshd_hosts import SSHLab, TestHost, sh, start_lab, stop_lab  # noqa: E402
 

@@ -510,7 +510,7 @@ def breakdown(bench: Bench, samples: int) -> dict[str, Any]:
     from deployctl.inventory import load_inventory
     from deployctl.ops.runs import POLL_LIMIT_BYTES, POLL_WAIT
     from deployctl.remote.bootstrap import BOOTSTRAP, UNPACK
-    from deployctl.remote.protocol import poll_args
+    from deployctl.remote.wire import poll_args
 
     model = bench.model
     for name in ("go", "written"):

@@ -40,7 +40,7 @@ from deployctl.errors import (
 )
 from deployctl.facts import ProbeOutput, run_probes
 from deployctl.inventory import Host
-from deployctl.remote import bootstrap
+from deployctl.remote import bootstrap, wire
 from deployctl.remote import protocol as proto
 from deployctl.remote.protocol import (
     APPLY,
@@ -191,7 +191,7 @@ def agent_folder(host: Host) -> str:
         raise InventoryError(
             f"{host.name}: state_dir is empty", hint="set it to a folder, e.g. ~/.deployctl"
         )
-    return f"{state_dir.rstrip('/')}/{proto.AGENT_DIR}/{agent_hash()}"
+    return f"{state_dir.rstrip('/')}/{wire.AGENT_DIR}/{agent_hash()}"
 
 
 def agent_command(host: Host, call: str, args: Mapping[str, Any]) -> str:
@@ -208,19 +208,19 @@ def agent_command(host: Host, call: str, args: Mapping[str, Any]) -> str:
 def _missing(exit_code: int | None, output: str) -> str | None:
     """Why the host's bootstrap did not run the agent's folder (BUNDLE_ABSENT: there was
     none); None: it ran the call."""
-    if exit_code != proto.AGENT_MISSING_EXIT:
+    if exit_code != wire.AGENT_MISSING_EXIT:
         return None
     for line in output.splitlines():
-        if line.startswith(proto.AGENT_MISSING):
-            why = line[len(proto.AGENT_MISSING) :].strip()[:200]
-            return "".join(c if c.isprintable() else "?" for c in why) or proto.BUNDLE_ABSENT
+        if line.startswith(wire.AGENT_MISSING):
+            why = line[len(wire.AGENT_MISSING) :].strip()[:200]
+            return "".join(c if c.isprintable() else "?" for c in why) or wire.BUNDLE_ABSENT
     return None
 
 
 def _held_missing(held: Held) -> str | None:
     """As `_missing`, for a command held open: one that ended before its first reply."""
     output = held.output.decode(errors="replace")
-    return _missing(proto.AGENT_MISSING_EXIT if held.ended else None, output)
+    return _missing(wire.AGENT_MISSING_EXIT if held.ended else None, output)
 
 
 def install_agent(host: Host, conn: Connection) -> None:
@@ -256,7 +256,7 @@ def _send_again(host: Host, conn: Connection, why: str) -> None:
     _send_agent(host, conn)
     folder = agent_folder(host)
     with _SAID_LOCK:
-        if why == proto.BUNDLE_ABSENT or (host.name, folder, why) in _SAID:
+        if why == wire.BUNDLE_ABSENT or (host.name, folder, why) in _SAID:
             return
         _SAID.add((host.name, folder, why))
     if (host.name, folder) in _BUNDLE_IN_MEMORY:
@@ -300,7 +300,7 @@ def parse_reply(
     """Read the agent's JSON answer and check it has every key its type declares."""
     doc = _reply_document(stdout)
     detail = (stderr.strip() or stdout.strip())[-300:] or f"exit {exit_code}"
-    if doc is None and f"\n{proto.REPLY_MARK}" in f"\n{stdout}":
+    if doc is None and f"\n{wire.REPLY_MARK}" in f"\n{stdout}":
         detail = "its reply is no JSON deployctl can read (malformed, or nested too deep)"
     return check_reply(host, call, doc, detail, reply_type)
 
@@ -308,9 +308,9 @@ def parse_reply(
 def _reply_document(output: str) -> Any:
     """The JSON document on the output's last reply line (None: none, or not JSON, or nested
     deeper than Python can read)."""
-    lines = [line for line in output.splitlines() if line.startswith(proto.REPLY_MARK)]
+    lines = [line for line in output.splitlines() if line.startswith(wire.REPLY_MARK)]
     try:
-        return json.loads(lines[-1][len(proto.REPLY_MARK) :]) if lines else None
+        return json.loads(lines[-1][len(wire.REPLY_MARK) :]) if lines else None
     except (ValueError, RecursionError):
         return None
 
@@ -365,7 +365,7 @@ def hold(host: Host, conn: Connection, spec: Call[A, R], args: A) -> tuple[R, He
 
     def start() -> Held:  # the command is built anew: a failed send changes it
         command = agent_command(host, spec.name, args)
-        return conn.start(command, proto.REPLY_MARK.encode(), purpose=spec.purpose)
+        return conn.start(command, wire.REPLY_MARK.encode(), purpose=spec.purpose)
 
     held = _with_agent(host, conn, start, _held_missing, lambda ended: ended.close())
     try:
@@ -480,7 +480,7 @@ class KeptAgent:
                 raise ConnectError(f"{self.host.name}: the kept agent has ended")
             try:
                 self.held.send(json.dumps(request).encode() + b"\n")
-                output = self.held.read_until(proto.REPLY_MARK.encode(), timeout, late)
+                output = self.held.read_until(wire.REPLY_MARK.encode(), timeout, late)
             except BaseException as exc:  # a timeout, its end, Ctrl-C: no later call may read
                 if isinstance(exc, ConnectError) and self.answered == 0:
                     # Read before the close: its status comes late on a busy host.
@@ -564,7 +564,7 @@ def _cannot_keep(host: Host, why: str) -> None:
 def kept_agent(host: Host, conn: Connection, spec: Call[Any, Any]) -> KeptAgent | None:
     """The host's kept agent for this call, started if need be; None: one process per call
     (not a front end that polls, a call that changes something, or a host that cannot)."""
-    if not conn.keeps_agent or spec.name not in proto.SESSION_CALLS:
+    if not conn.keeps_agent or spec.name not in wire.SESSION_CALLS:
         return None
     with conn.kept_lock:
         if _NO_KEPT_AGENT.get(_cannot_keep_key(host), 0.0) > time.monotonic():
@@ -585,10 +585,10 @@ def kept_agent(host: Host, conn: Connection, spec: Call[Any, Any]) -> KeptAgent 
 def _start_kept_agent(host: Host, conn: Connection) -> KeptAgent | None:
     """Start the agent as a kept process; None (with a note) where the host's python
     answers no request stream."""
-    mark = proto.REPLY_MARK.encode()
+    mark = wire.REPLY_MARK.encode()
 
     def start() -> Held:  # the command is built anew: a failed send changes it
-        command = "exec " + agent_command(host, proto.SESSION, {})
+        command = "exec " + agent_command(host, wire.SESSION, {})
         return conn.start(command, mark, purpose="start deployctl's kept host agent")
 
     held = _with_agent(host, conn, start, _held_missing, lambda ended: ended.close())

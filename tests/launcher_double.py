@@ -34,8 +34,8 @@ from deployctl.remote.protocol import (
     RunRecord,
     StartArgs,
     StopReply,
-    placement_ref,
 )
+from deployctl.remote.wire import placement_ref
 
 KIND = "unit"
 REPO = Path(__file__).resolve().parent.parent

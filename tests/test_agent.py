@@ -27,7 +27,7 @@ from deployctl.errors import AgentError, HostError, PatchError
 from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.ops import runs as launch_ops
 from deployctl.ops.runs import run_status
-from deployctl.remote import bootstrap, protocol
+from deployctl.remote import bootstrap, protocol, wire
 from deployctl.remote.protocol import PollReply, PreflightReply, ReleaseReply, StatusArgs
 from tests.sshd_hosts import SSHLab
 
@@ -49,7 +49,7 @@ def local_host(tmp_path: Path) -> Host:
 
 
 def reply(host: Host, document: object, reply_type: type) -> object:
-    text = "Welcome!\n" + protocol.REPLY_MARK + json.dumps(document) + "\n"
+    text = "Welcome!\n" + wire.REPLY_MARK + json.dumps(document) + "\n"
     return agent.parse_reply(host, "test", 0, text, "", reply_type)
 
 
@@ -190,27 +190,33 @@ def imported_by(host: Host, call: str, args: dict[str, Any]) -> set[str]:
     command = agent.agent_command(host, call, args)
     env = {**os.environ, "PYTHONVERBOSE": "1"}
     ran = subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True)
-    assert ran.returncode == 0 and protocol.REPLY_MARK in ran.stdout, ran.stderr[-2000:]
+    assert ran.returncode == 0 and wire.REPLY_MARK in ran.stdout, ran.stderr[-2000:]
     return set(re.findall(r"^import '([\w.]+)'", ran.stderr, re.MULTILINE))
 
 
 def test_a_one_shot_call_imports_its_own_handler_and_not_the_others(tmp_path: Path) -> None:
     # Every import is paid for by each call's Python on every host (benchmarks/agent_call.py):
     # a lock release or a status read never loads the kept agent's threads, a patch apply's
-    # tar reader, a bench, a router client or a survey.
+    # tar reader, a bench, a router client or a survey; nor the type declarations, nor the
+    # standard modules that bring `enum`, `re` or OpenSSL (remote/lean.py: a status call
+    # takes ~20 ms of CPU without them, ~55 with them).
     host, conn = local_host(tmp_path), LocalConnection("here", 30)
     state = str(tmp_path / "state")
     release = {"state_dir": state, "deployment": None, "token": "t"}
     assert agent.call(host, conn, agent.RELEASE, release) == {"released": False}
     others = {f"{bootstrap.PACKAGE}.{name}" for name in ("bench", "kept_agent", "router", "survey")}
-    heavy = {"py_compile", "shutil", "socket", "tarfile", "tempfile"}
+    declarations = {
+        f"{bootstrap.PACKAGE}.{name}" for name in ("protocol", "measures", "patch_types", "routing")
+    }
+    heavy = {"py_compile", "shutil", "socket", "tarfile", "tempfile", "subprocess", "typing"}
+    heavy |= {"json", "re", "enum", "hashlib", "signal", "base64", "contextlib", "collections"}
     imported = imported_by(host, agent.RELEASE.name, release)
     assert f"{bootstrap.PACKAGE}.locks" in imported
-    assert not imported & (others | heavy | {"subprocess", f"{bootstrap.PACKAGE}.runs"})
+    assert not imported & (others | declarations | heavy | {f"{bootstrap.PACKAGE}.runs"})
     status = {**STATUS_ARGS, "state_dir": state, "metrics_bytes": 0}
     imported = imported_by(host, agent.STATUS.name, status)
     assert f"{bootstrap.PACKAGE}.runs" in imported
-    assert not imported & (others | heavy | {f"{bootstrap.PACKAGE}.records"})
+    assert not imported & (others | declarations | heavy | {f"{bootstrap.PACKAGE}.records"})
 
 
 def test_a_call_runs_without_the_hosts_site_packages_and_finds_sglang_in_them(
@@ -352,8 +358,8 @@ def test_a_folder_others_can_write_is_never_run(tmp_path: Path) -> None:
     (folder / "complete").write_text(agent.agent_hash())
     folder.chmod(0o770)  # group-writable: as good as another's
     result = conn.run(agent.agent_command(host, "status", STATUS_ARGS))
-    assert result.exit_code == protocol.AGENT_MISSING_EXIT
-    assert protocol.AGENT_MISSING in result.stdout
+    assert result.exit_code == wire.AGENT_MISSING_EXIT
+    assert wire.AGENT_MISSING in result.stdout
 
 
 def test_status_over_ssh_sends_the_agent_once_per_host(hosts: SSHLab, tmp_path: Path) -> None:
@@ -458,9 +464,9 @@ FLOOD = "    while True:\n        sys.stdout.buffer.write(b'x' * 65536)"
 def fake_host(tmp_path: Path, answer: str, **settings: object) -> Host:
     script = tmp_path / "fake-python"
     text = FAKE_PYTHON.format(
-        python=sys.executable, answer=answer, session=protocol.SESSION, mark=protocol.REPLY_MARK
+        python=sys.executable, answer=answer, session=wire.SESSION, mark=wire.REPLY_MARK
     )
-    script.write_text(text.replace("{mark}", protocol.REPLY_MARK))
+    script.write_text(text.replace("{mark}", wire.REPLY_MARK))
     script.chmod(0o755)
     return Host("here", {**DEFAULT_VARS, **settings, "python": str(script),
                          "state_dir": str(tmp_path / "state"), "ansible_connection": "local"})  # fmt: skip
@@ -506,7 +512,7 @@ def test_a_held_command_that_floods_before_its_first_line_is_ended_at_the_limit(
     conn = open_connection(host, ConnectOptions())
     try:
         with pytest.raises(AgentError, match=r"more than 1 MiB"):
-            conn.start("yes", protocol.REPLY_MARK.encode())
+            conn.start("yes", wire.REPLY_MARK.encode())
     finally:
         conn.close()
 
@@ -541,8 +547,8 @@ def _unsound_with_vanishing(folder: Path, where: Path) -> str:
 
     wrapped = types.SimpleNamespace(getuid=os.getuid, lstat=os.lstat, stat=os.stat)
     wrapped.path, wrapped.scandir = os.path, scandir
-    namespace: dict[str, Any] = {"os": wrapped, "stat": stat, "hashlib": hashlib}
-    exec(bootstrap._UNSOUND, namespace)
+    namespace: dict[str, Any] = {"os": wrapped, "stat": stat}
+    exec(bootstrap._SHA256 + bootstrap._UNSOUND, namespace)
     unsound: Callable[[str, str], str] = namespace["unsound"]
     return unsound(str(folder), agent.manifest_digest())
 

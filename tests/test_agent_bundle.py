@@ -23,8 +23,7 @@ from deployctl.crash.catalog import default_catalog
 from deployctl.fanout import Fleet
 from deployctl.inventory import load_inventory
 from deployctl.ops.rounds import metrics_round
-from deployctl.remote import bootstrap
-from deployctl.remote import protocol as proto
+from deployctl.remote import bootstrap, wire
 from tests.conftest import CLI
 from tests.sshd_hosts import HOST_PYTHON, SSHLab, TestHost, sh
 
@@ -135,7 +134,7 @@ def breaking_python(host: TestHost) -> str:
     """A `python` on a host where something opens every module of the bundle to all users
     before each start of Python (so sending the bundle again cannot help)."""
     wrapper = host.home / "breaking-python"
-    modules = f'"$HOME"/.deployctl/{proto.AGENT_DIR}/*/{bootstrap.PACKAGE}/dispatch.py'
+    modules = f'"$HOME"/.deployctl/{wire.AGENT_DIR}/*/{bootstrap.PACKAGE}/dispatch.py'
     wrapper.write_text(f'#!/bin/sh\nchmod -f o+w {modules}\nexec {HOST_PYTHON} "$@"\n')
     wrapper.chmod(0o755)
     sh("chown", f"{host.user}:{host.user}", wrapper)
@@ -186,10 +185,10 @@ def test_a_kept_agent_on_a_host_whose_bundle_stays_unfit_fails_that_host_alone(
 # is the hash it runs), then bytes without end for the first request.
 FLOODING_PYTHON = f"""#!{HOST_PYTHON}
 import json, os, sys
-if "{proto.SESSION}" in sys.argv:
+if "{wire.SESSION}" in sys.argv:
     folder = sys.argv[sys.argv.index("-c") + 2]  # after the python's flags and the script
     ready = {{"session": os.path.basename(folder), "pid": os.getpid()}}
-    print("{proto.REPLY_MARK}" + json.dumps(ready), flush=True)
+    print("{wire.REPLY_MARK}" + json.dumps(ready), flush=True)
     sys.stdin.readline()
     while True:
         sys.stdout.buffer.write(b"x" * 65536)

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deployctl.remote.protocol import AGENT_DIR
+from deployctl.remote.wire import AGENT_DIR
 from deployctl.text import one_line
 from tests.conftest import CLI
 from tests.sshd_hosts import SSHLab

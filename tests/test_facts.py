@@ -33,7 +33,7 @@ from deployctl.ops.gpus import (
     gpu_report,
 )
 from deployctl.present.documents import gpus_json
-from deployctl.remote.protocol import GPUS_COMMAND, REPLY_MARK
+from deployctl.remote.wire import GPUS_COMMAND, REPLY_MARK
 
 CAPTURES = Path(__file__).resolve().parent / "data" / "nvidia-smi" / "h200-1gpu"
 UUID_A = "GPU-0f384172-4faf-f5c3-14fd-9c3861703c69"  # the machine of idle/busy captures

@@ -30,6 +30,7 @@ from deployctl.ops.rounds import metrics_round
 from deployctl.ops.router import router_silence
 from deployctl.ops.runs import run_status
 from deployctl.remote import protocol as proto
+from deployctl.remote import wire
 from tests.conftest import CLI
 from tests.sshd_hosts import HOST_PYTHON, SSHLab, TestHost, free_port, sh
 from tests.test_deployments import run_json, two_replicas
@@ -53,7 +54,7 @@ def python_starts(host: TestHost) -> int:
 
 def kept_agents(host: TestHost) -> list[int]:
     """The host user's kept agent processes (the agent started with --session)."""
-    found = sh("pgrep", "-u", host.user, "-f", f" {proto.SESSION} ", check=False).stdout
+    found = sh("pgrep", "-u", host.user, "-f", f" {wire.SESSION} ", check=False).stdout
     return [int(pid) for pid in found.split()]
 
 
@@ -416,8 +417,8 @@ def test_a_wrong_reply_from_a_kept_agent_is_an_agent_error_of_its_host(
     reply, said = WRONG_REPLIES[wrong]
     (bravo.home / "fake-session.py").write_text(FAKE_SESSION)
     ready = json.dumps({"session": agent.agent_hash(), "pid": "PID"}).replace('"PID"', "PID")
-    fake = [HOST_PYTHON, str(bravo.home / "fake-session.py"), proto.REPLY_MARK, ready, reply]
-    wrapper, session = bravo.home / "faking-python", shlex.quote(proto.SESSION)
+    fake = [HOST_PYTHON, str(bravo.home / "fake-session.py"), wire.REPLY_MARK, ready, reply]
+    wrapper, session = bravo.home / "faking-python", shlex.quote(wire.SESSION)
     wrapper.write_text(
         "#!/bin/sh\n"
         f'for arg in "$@"; do [ "$arg" = {session} ] && exec {shlex.join(fake)}; done\n'

@@ -166,12 +166,15 @@ def test_the_host_agent_imports_only_the_standard_library_and_itself() -> None:
                 assert top in {"__future__", *sys.stdlib_module_names}, (path.name, module)
 
 
-# The protocol's declarations, one module per concern: the wire (`protocol`), what is
-# measured and kept (`measures`), a router's list and locks (`routing`), patch records and
-# calls (`patch_types`), the launchers' shared words (`placements`) and how a server's command is read (`server_argv`, by the host's flag
-# check and by deployctl alike). The client and presentation import only these.
+# The protocol's declarations, one module per concern: the calls' types (`protocol`), the
+# markers, names and helpers both ends use at run time (`wire`), what is measured and kept
+# (`measures`), a router's list and locks (`routing`), patch records and calls
+# (`patch_types`), the launchers' shared words (`placements`) and how a server's command is
+# read (`server_argv`, by the host's flag check and by deployctl alike). The client and
+# presentation import only these.
 PROTOCOL = {
     f"{REMOTE}.protocol",
+    f"{REMOTE}.wire",
     f"{REMOTE}.measures",
     f"{REMOTE}.patch_types",
     f"{REMOTE}.routing",

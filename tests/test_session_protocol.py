@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from deployctl import agent
-from deployctl.remote import bootstrap
+from deployctl.remote import bootstrap, wire
 from deployctl.remote import protocol as proto
 
 FLAGS = bootstrap.PYTHON_FLAGS  # as deployctl runs the agent
@@ -27,7 +27,7 @@ class Session:
     def __init__(self, folder: Path | None) -> None:
         if folder is None:  # where nothing can be kept: the bundle rides in argv
             bundle = base64.b64encode(agent.agent_bundle()).decode()
-            argv = [sys.executable, *FLAGS, "-c", bootstrap.IN_MEMORY, bundle, proto.SESSION, "{}"]
+            argv = [sys.executable, *FLAGS, "-c", bootstrap.IN_MEMORY, bundle, wire.SESSION, "{}"]
         else:
             digest = agent.manifest_digest()
             argv = [
@@ -37,7 +37,7 @@ class Session:
                 bootstrap.BOOTSTRAP,
                 str(folder),
                 digest,
-                proto.SESSION,
+                wire.SESSION,
             ]
             argv.append("{}")
         self.proc = subprocess.Popen(
@@ -50,8 +50,8 @@ class Session:
     def read(self) -> Any:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()
-        assert line.startswith(proto.REPLY_MARK), line
-        return json.loads(line[len(proto.REPLY_MARK) :])
+        assert line.startswith(wire.REPLY_MARK), line
+        return json.loads(line[len(wire.REPLY_MARK) :])
 
     def ask(self, request: dict[str, Any] | str) -> Any:
         assert self.proc.stdin is not None

@@ -18,8 +18,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from deployctl import agent
 from deployctl.facts import parse_gpus_command
-from deployctl.remote import bootstrap
-from deployctl.remote import protocol as proto
+from deployctl.remote import bootstrap, wire
 
 OUT = os.environ.get("OUT", "/tmp/out")
 os.makedirs(OUT, exist_ok=True)
@@ -29,7 +28,7 @@ subprocess.run(
 )
 digest = agent.manifest_digest()
 proc = subprocess.Popen(
-    [sys.executable, "-c", bootstrap.BOOTSTRAP, folder, digest, proto.SESSION, "{}"],
+    [sys.executable, "-c", bootstrap.BOOTSTRAP, folder, digest, wire.SESSION, "{}"],
     stdin=subprocess.PIPE,
     stdout=subprocess.PIPE,
 )
@@ -37,8 +36,8 @@ proc = subprocess.Popen(
 
 def read():
     line = proc.stdout.readline().decode()
-    assert line.startswith(proto.REPLY_MARK), line
-    return json.loads(line[len(proto.REPLY_MARK) :])
+    assert line.startswith(wire.REPLY_MARK), line
+    return json.loads(line[len(wire.REPLY_MARK) :])
 
 
 def ask(req):
@@ -59,9 +58,9 @@ report = {}
 
 
 def compare(label):
-    smi = subprocess.run(["sh", "-c", proto.GPUS_COMMAND], capture_output=True, text=True)
+    smi = subprocess.run(["sh", "-c", wire.GPUS_COMMAND], capture_output=True, text=True)
     kept = ask(
-        {"call": "status", "args": STATUS, "probes": {"gpus": proto.GPUS_COMMAND}, "timeout": 30}
+        {"call": "status", "args": STATUS, "probes": {"gpus": wire.GPUS_COMMAND}, "timeout": 30}
     )["probes"]["gpus"]
     a = parse_gpus_command(smi.returncode, smi.stdout, smi.stderr)
     b = parse_gpus_command(kept["exit_code"], kept["output"], kept["stderr"])
@@ -104,8 +103,8 @@ def cost(label, command, rounds=50):
 
 
 compare("idle")
-cost("nvml", proto.GPUS_COMMAND, 200)
-cost("nvidia-smi", proto.GPUS_COMMAND + " ")  # not the known command: run by sh
+cost("nvml", wire.GPUS_COMMAND, 200)
+cost("nvidia-smi", wire.GPUS_COMMAND + " ")  # not the known command: run by sh
 holder = subprocess.Popen(
     [
         sys.executable,

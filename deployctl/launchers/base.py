@@ -18,14 +18,8 @@ from typing import Any
 from deployctl.deployments import gpu_set
 from deployctl.findings import Findings
 from deployctl.inventory import Host
-from deployctl.remote.protocol import (
-    Placement,
-    PlacementRef,
-    PreflightReply,
-    RunRecord,
-    answers_at,
-    placement_ref,
-)
+from deployctl.remote.protocol import Placement, PlacementRef, PreflightReply, RunRecord
+from deployctl.remote.wire import answers_at, placement_ref
 from deployctl.settings import Settings
 
 

@@ -10,7 +10,8 @@ from deployctl.connection import Connection
 from deployctl.errors import DeployctlError
 from deployctl.facts import Gpu, GpuProcess, GpuState, parse_gpus_command, run_probes
 from deployctl.inventory import Host
-from deployctl.remote.protocol import GPUS_COMMAND, RunsArgs
+from deployctl.remote.protocol import RunsArgs
+from deployctl.remote.wire import GPUS_COMMAND
 from deployctl.text import counted
 
 DEFAULT_MAX_USED_MIB = 16

@@ -23,7 +23,8 @@ from deployctl.inventory import DEFAULT_VARS, Host
 from deployctl.localfiles import write_file
 from deployctl.ops.patch import parse_patch_facts, probe_args, set_state
 from deployctl.patchset import PatchSet
-from deployctl.remote.protocol import GPUS_COMMAND, SurveyReply
+from deployctl.remote.protocol import SurveyReply
+from deployctl.remote.wire import GPUS_COMMAND
 from deployctl.text import load_yaml
 
 FIRST_PORT = 30000  # SGLang's default port: the first a deployment is given, when free

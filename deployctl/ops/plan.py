@@ -57,10 +57,8 @@ from deployctl.patchset import (
     speculates,
 )
 from deployctl.project import Project
-from deployctl.remote.protocol import (
-    shares_gpus,
-)
 from deployctl.remote.server_argv import CommandValues
+from deployctl.remote.wire import shares_gpus
 from deployctl.render import RenderedCommand, TemplateSet, default_template, parse_overrides
 from deployctl.settings import check_layer, overlay, own_layer
 from deployctl.text import is_number

@@ -51,14 +51,13 @@ from deployctl.patchset import (
     PatchSet,
 )
 from deployctl.remote.protocol import (
-    GPUS_COMMAND,
     ClientIdentity,
     LiveRun,
     PreflightArgs,
     PreflightReply,
     ReleaseArgs,
-    shares_gpus,
 )
+from deployctl.remote.wire import GPUS_COMMAND, shares_gpus
 
 # How long a lock may be held when the holder says nothing shorter; past its expiry it is
 # stale even when its owner cannot be checked (another machine).

@@ -34,15 +34,9 @@ from deployctl.inventory import Host
 from deployctl.launchers import launcher_for, launcher_of
 from deployctl.ops.flags import ROUTER_MODULE
 from deployctl.remote.protocol import RunRecord, StatusArgs
-from deployctl.remote.routing import (
-    HoldArgs,
-    RouterArgs,
-    RouterReply,
-    WorkersArgs,
-    listed_as,
-    url_key,
-)
+from deployctl.remote.routing import HoldArgs, RouterArgs, RouterReply, WorkersArgs
 from deployctl.remote.server_argv import CommandValues
+from deployctl.remote.wire import listed_as, url_key
 from deployctl.settings import SETTINGS
 from deployctl.text import is_number
 

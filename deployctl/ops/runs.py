@@ -67,12 +67,6 @@ from deployctl.ops.router import (
     router_state,
 )
 from deployctl.remote.protocol import (
-    FIRST_SIGNAL_GROUP,
-    FIRST_SIGNAL_LEADER,
-    FIRST_SIGNAL_NONE,
-    GPUS_COMMAND,
-    SHUTDOWN_DRAINED,
-    STOP_MARGIN_S,
     MetricsPage,
     Placement,
     PollReply,
@@ -83,6 +77,14 @@ from deployctl.remote.protocol import (
     StatusReply,
     StopArgs,
     StopReply,
+)
+from deployctl.remote.wire import (
+    FIRST_SIGNAL_GROUP,
+    FIRST_SIGNAL_LEADER,
+    FIRST_SIGNAL_NONE,
+    GPUS_COMMAND,
+    SHUTDOWN_DRAINED,
+    STOP_MARGIN_S,
     poll_args,
 )
 from deployctl.text import plain

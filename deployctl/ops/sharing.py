@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from deployctl.deployments import describe_gpus
 from deployctl.facts import GpuState
-from deployctl.remote.protocol import LiveRun, shares_gpus
+from deployctl.remote.protocol import LiveRun
 from deployctl.remote.server_argv import CommandValues
+from deployctl.remote.wire import shares_gpus
 
 # The most of one GPU's memory the deployments sharing it may take together. SGLang's own
 # default on a large GPU is about 0.88 for one server: what is left over is the CUDA

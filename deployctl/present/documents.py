@@ -442,7 +442,7 @@ def stop_json(stop: StopResult) -> shapes.StopFields:
         "killed": stop.killed,
         "gpus_clean": stop.gpus_clean,
         "note": stop.note,
-        # The host's SHUTDOWN_DRAINED or SHUTDOWN_CUT (remote/protocol.py).
+        # The host's SHUTDOWN_DRAINED or SHUTDOWN_CUT (remote/wire.py).
         "shutdown": cast(Literal["drained", "cut"] | None, stop.shutdown),
         "shutdown_s": stop.shutdown_s,
     }

@@ -1,12 +1,16 @@
 """deployctl's agent: the package that runs ON a host, with the host's python (stdlib only).
 
-`protocol` (the wire: each call's arguments and reply, the call table, the state_dir layout)
-with `measures` (the types of what is measured and kept: bench levels, the tune record),
+`protocol` (each call's arguments and reply, the call table), `wire` (what both ends use at
+run time: the markers, the state_dir layout, the pure helpers), `lean` (JSON, SHA-256 and
+signals without their modules' imports: a one-shot call pays for each import at its start;
+the agent's modules import `typing` and the declarations for the type checker only), with
+`measures` (the types of what is measured and kept: bench levels, the tune record),
 `shapes` (the shape check of a value against its TypedDict), one module per concern
 (`files`, `patches`, `sglang_options`, `locks`, `runs`, `slurm_jobs`, `bench`, `records`,
 `router`), `handlers`, which maps each call to its handler (its module imported only when the
 call comes), and `dispatch`, the entry point. Outside the package, only the declarations
-(`protocol`, `measures`, `routing`, `patch_types`, `placements`, `server_argv`) are imported,
+(`protocol`, `wire`, `measures`, `routing`, `patch_types`, `placements`, `server_argv`) are
+imported,
 but by `agent.py`, which ships the package, and `ops/port.py`, which patches files as an
 apply does (tests/test_layers.py).
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from .protocol import AGENT_MISSING, AGENT_MISSING_EXIT, BUNDLE_ABSENT, BUNDLE_COMPLETE
+from .wire import AGENT_MISSING, AGENT_MISSING_EXIT, BUNDLE_ABSENT, BUNDLE_COMPLETE
 
 # The package's name inside the bundle and on the host: unlike `deployctl`, no module a
 # server or a verify script imports from the home folder is ever shadowed by it.
@@ -31,6 +31,21 @@ def manifest(files: Mapping[str, bytes]) -> bytes:
     lines = (f"{hashlib.sha256(files[name]).hexdigest()}  {name}\n" for name in sorted(files))
     return "".join(lines).encode()
 
+
+# `sha256_hex(DATA)` without hashlib's import (OpenSSL: ~6 ms of each call's start), as
+# lean.sha256_hex: the bootstrap runs before the package may be imported.
+_SHA256 = """def builtin_sha256():
+    for name in ("_sha256", "_sha2"):
+        try:
+            return __import__(name).sha256
+        except (ImportError, AttributeError):
+            pass
+    import hashlib
+    return hashlib.sha256
+sha256 = builtin_sha256()
+def sha256_hex(data):
+    return sha256(data).hexdigest()
+"""
 
 # `unsound(FOLDER, DIGEST)`: why FOLDER must not be run ("": it may). Only what the login user
 # alone can change is run: a file another user can write, or a symlink anywhere in the folder,
@@ -85,14 +100,14 @@ _UNSOUND = f"""def unsound(folder, digest):
                 return "its completion marker names another bundle"
         with open(files["{MANIFEST}"], "rb") as listing:
             text = listing.read()
-        if hashlib.sha256(text).hexdigest() != digest:
+        if sha256_hex(text) != digest:
             return "its manifest is not this bundle's"
         listed = dict(reversed(line.split("  ", 1)) for line in text.decode().splitlines())
         for name in sorted(listed):
             if name not in files:
                 return name + " is missing"
             with open(files[name], "rb") as module:
-                if hashlib.sha256(module.read()).hexdigest() != listed[name]:
+                if sha256_hex(module.read()) != listed[name]:
                     return name + " was changed"
     except OSError as exc:
         return "it cannot be read: " + str(exc.strerror) + ": " + ascii(exc.filename)
@@ -121,7 +136,8 @@ PYTHON_FLAGS = ("-S",)
 # `python -S -c BOOTSTRAP FOLDER DIGEST CALL JSON-ARGS`: run FOLDER only when `unsound` finds
 # nothing (DIGEST: the sha256 of its manifest); else say why and ask for the bundle. The
 # modules are imported normally, so Python keeps their bytecode there.
-BOOTSTRAP = f"""import hashlib, os, stat, sys
+BOOTSTRAP = f"""import os, stat, sys
+{_SHA256}
 {_UNSOUND}
 why = unsound(sys.argv[1], sys.argv[2])
 if why:
@@ -140,6 +156,8 @@ main()
 # then rename it into place, so a call never sees a half-unpacked folder and two first calls
 # at once both succeed. A folder already there that `unsound` refuses is moved aside first.
 UNPACK = f"""import hashlib, io, os, shutil, stat, sys, tempfile, zipfile
+def sha256_hex(data):
+    return hashlib.sha256(data).hexdigest()
 {_UNSOUND}
 folder = sys.argv[1]
 name, parent = os.path.basename(folder), os.path.dirname(folder)

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
 
 from .handlers import handle, write_reply
-from .protocol import APPLY, HOLD, SESSION
+from .lean import ignore_hangup, loads
+from .wire import SESSION
 
 
 def main() -> None:
-    # A dropped connection must not interrupt a change half-way: finish or roll back.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    ignore_hangup()  # a dropped connection must not interrupt a change: finish or roll back
     # The server runs `python -m` from the home folder (cmd_start): look for modules there,
     # not in the working folder (`python -c` puts "" on the path).
     home = os.path.expanduser("~")
@@ -27,13 +24,13 @@ def main() -> None:
         where = globals().get("__file__")
         serve(os.path.basename(os.path.dirname(os.path.dirname(where))) if where else "<bundle>")
         return
-    call, args = sys.argv[1], json.loads(sys.argv[2])
-    payload = sys.stdin.buffer.read() if call == APPLY.name else None
+    call, args = sys.argv[1], loads(sys.argv[2])
+    payload = sys.stdin.buffer.read() if call == "apply" else None
     reply = handle(call, args, payload)
     write_reply(reply)
     if "error" in reply:
         sys.exit(1)
-    if call == HOLD.name:
+    if call == "hold":
         from .router import held, hold_until_eof
 
         if held:

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
-import base64
-import functools
-import hashlib
-import json
+import binascii
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from .patch_types import ReadArgs, ReadReply
-from .protocol import STOP_MARGIN_S, RunRecord
+from .lean import loads, sha256_hex
+from .wire import STOP_MARGIN_S
 
+# The types for the checker only: `typing` and the TypedDicts' classes would cost each call's
+# start ~15 ms (see wire.py); every module of the agent imports them so.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
+    from typing import Any, NoReturn
+
+    from .patch_types import ReadArgs, ReadReply
+    from .protocol import RunRecord
 
 
-@functools.cache
 def with_site_packages() -> None:
     """Put this python's site-packages on the path, once: the agent starts without them
     (bootstrap.PYTHON_FLAGS)."""
-    if sys.flags.no_site:
+    if sys.flags.no_site and "site" not in sys.modules:
         import site
 
         site.main()
@@ -41,11 +43,16 @@ def find_package(name: str) -> ModuleSpec | None:
 
 
 def digest(data: bytes | None) -> str | None:
-    return None if data is None else hashlib.sha256(data).hexdigest()
+    return None if data is None else sha256_hex(data)
 
 
 def sha256(path: str) -> str | None:
     return digest(read_bytes(path))
+
+
+def base64_text(data: bytes) -> str:
+    """`data` in base64 (binascii: the `base64` module imports `re`)."""
+    return binascii.b2a_base64(data, newline=False).decode()
 
 
 def read_bytes(path: str) -> bytes | None:
@@ -59,7 +66,7 @@ def read_bytes(path: str) -> bytes | None:
 def read_json(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
+            return loads(handle.read())
     except (OSError, ValueError):
         return None
 
@@ -98,6 +105,8 @@ def _new_file(folder: str) -> tuple[int, str]:
 
 
 def write_json(path: str, document: Any, mode: int | None = None) -> None:
+    import json  # indented for the reader of the file: only writes pay for the import
+
     write_atomic(path, json.dumps(document, indent=2).encode(), mode)
 
 
@@ -143,7 +152,7 @@ def cmd_read(args: ReadArgs) -> ReadReply:
     contents: dict[str, str | None] = {}
     for path in args["paths"]:
         data = read_bytes(os.path.join(args["base"], path))
-        contents[path] = None if data is None else base64.b64encode(data).decode()
+        contents[path] = None if data is None else base64_text(data)
     return {"files": contents}
 
 
@@ -151,4 +160,4 @@ def marked_stopping(run: RunRecord, timeout: float, **more: Any) -> RunRecord:
     """`run` with a stop's marks (protocol.StopMarks): begun now, ending within `timeout`
     (its drain) and the margin."""
     marks = {"stop_requested_at": time.time(), "stop_budget_s": timeout + STOP_MARGIN_S}
-    return cast(RunRecord, {**run, **marks, **more})
+    return {**run, **marks, **more}  # type: ignore[typeddict-item]

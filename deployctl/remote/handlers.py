@@ -2,55 +2,59 @@
 
 from __future__ import annotations
 
-import importlib
-import json
 import sys
-from collections.abc import Callable
-from typing import Any
 
-from . import protocol
 from .files import CallFailed
+from .lean import dumps
+from .wire import REPLY_MARK
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 # Each call's handler, by the call's name on the wire (protocol.CALLS names the same calls), as
 # (module, function): a call imports its own module only, as each module's imports cost a
 # one-shot call's Python its start-up time. The handler takes the call's args (and `apply` its
 # payload, read from stdin) and returns the reply.
 HANDLERS: dict[str, tuple[str, str]] = {
-    protocol.PROBE.name: ("patches", "cmd_probe"),
-    protocol.READ.name: ("files", "cmd_read"),
-    protocol.APPLY.name: ("patches", "cmd_apply"),
-    protocol.REVERT.name: ("patches", "cmd_revert"),
-    protocol.PREFLIGHT.name: ("runs", "cmd_preflight"),
-    protocol.CHECK_ARGS.name: ("sglang_options", "cmd_check_args"),
-    protocol.START.name: ("runs", "cmd_start"),
-    protocol.POLL.name: ("runs", "cmd_poll"),
-    protocol.STATUS.name: ("runs", "cmd_status"),
-    protocol.STOP.name: ("runs", "cmd_stop"),
-    protocol.RELEASE.name: ("locks", "cmd_release"),
-    protocol.POINT.name: ("runs", "cmd_point"),
-    protocol.RUNS.name: ("runs", "cmd_runs"),
-    protocol.BENCH.name: ("bench", "cmd_bench"),
-    protocol.BENCH_SAVE.name: ("records", "cmd_bench_save"),
-    protocol.BENCH_RESULTS.name: ("records", "cmd_bench_results"),
-    protocol.TUNE_SAVE.name: ("records", "cmd_tune_save"),
-    protocol.TUNE_RECORDS.name: ("records", "cmd_tune_records"),
-    protocol.TUNE_LOCK.name: ("locks", "cmd_tune_lock"),
-    protocol.TUNE_UNLOCK.name: ("locks", "cmd_tune_unlock"),
-    protocol.ROUTER.name: ("router", "cmd_router"),
-    protocol.WORKERS.name: ("router", "cmd_workers"),
-    protocol.HOLD.name: ("router", "cmd_hold"),
-    protocol.CANARY_KEEP.name: ("records", "cmd_canary_keep"),
-    protocol.CANARY_RECORDS.name: ("records", "cmd_canary_records"),
-    protocol.LIVE_KEEP.name: ("records", "cmd_live_keep"),
-    protocol.LIVE_RECORDS.name: ("records", "cmd_live_records"),
-    protocol.SURVEY.name: ("survey", "cmd_survey"),
+    "probe": ("patches", "cmd_probe"),
+    "read": ("files", "cmd_read"),
+    "apply": ("patches", "cmd_apply"),
+    "revert": ("patches", "cmd_revert"),
+    "preflight": ("runs", "cmd_preflight"),
+    "check_args": ("sglang_options", "cmd_check_args"),
+    "start": ("runs", "cmd_start"),
+    "poll": ("runs", "cmd_poll"),
+    "status": ("runs", "cmd_status"),
+    "stop": ("runs", "cmd_stop"),
+    "release": ("locks", "cmd_release"),
+    "point": ("runs", "cmd_point"),
+    "runs": ("runs", "cmd_runs"),
+    "bench": ("bench", "cmd_bench"),
+    "bench_save": ("records", "cmd_bench_save"),
+    "bench_results": ("records", "cmd_bench_results"),
+    "tune_save": ("records", "cmd_tune_save"),
+    "tune_records": ("records", "cmd_tune_records"),
+    "tune_lock": ("locks", "cmd_tune_lock"),
+    "tune_unlock": ("locks", "cmd_tune_unlock"),
+    "router": ("router", "cmd_router"),
+    "workers": ("router", "cmd_workers"),
+    "hold": ("router", "cmd_hold"),
+    "canary_keep": ("records", "cmd_canary_keep"),
+    "canary_records": ("records", "cmd_canary_records"),
+    "live_keep": ("records", "cmd_live_keep"),
+    "live_records": ("records", "cmd_live_records"),
+    "survey": ("survey", "cmd_survey"),
 }
 
 
 def handler(call: str) -> Callable[..., Any]:
     """The function that answers `call` (KeyError: no such call)."""
     module, function = HANDLERS[call]
-    return getattr(importlib.import_module(f"{__package__}.{module}"), function)  # type: ignore[no-any-return]
+    name = f"{__package__}.{module}"
+    __import__(name)  # not importlib's import_module: its own import costs a call ~1 ms
+    return getattr(sys.modules[name], function)  # type: ignore[no-any-return]
 
 
 def handle(call: str, args: Any, payload: bytes | None = None) -> Any:
@@ -77,7 +81,7 @@ def error(message: str, code: str) -> dict[str, str]:
 def write_reply(document: Any) -> bool:
     """One reply line on stdout; False where it cannot be written (the client went)."""
     try:
-        sys.stdout.write(protocol.REPLY_MARK + json.dumps(document) + "\n")
+        sys.stdout.write(REPLY_MARK + dumps(document) + "\n")
         sys.stdout.flush()
     except OSError:
         return False

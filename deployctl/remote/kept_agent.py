@@ -28,12 +28,14 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .gpus import gpus_answer
 from .handlers import error, handle, handler, write_reply
-from .measures import EchoReply
-from .protocol import ECHO, GPUS_COMMAND, SESSION_CALLS
+from .wire import ECHO, GPUS_COMMAND, SESSION_CALLS
+
+if TYPE_CHECKING:
+    from .measures import EchoReply
 
 # The process groups of the probes now running: ended with us.
 _running: list[int] = []
@@ -49,7 +51,7 @@ def serve(bundle: str) -> None:
     try:
         # The calls' modules imported now, right after the bootstrap checked the folder, not
         # at their first call, perhaps hours into a `top`.
-        for call in sorted(SESSION_CALLS - {ECHO.name}):
+        for call in sorted(SESSION_CALLS - {ECHO}):
             handler(call)
         _write({"session": bundle, "pid": os.getpid()})
         while True:
@@ -94,7 +96,7 @@ def _end(code: int) -> None:
 
 
 def _answer(call: str, args: Any) -> Any:
-    if call == ECHO.name:
+    if call == ECHO:
         return _echo()
     if call not in SESSION_CALLS:
         return error(f"{call!r} is not answered by a kept agent", "agent")

@@ -10,49 +10,52 @@ with one class, and its `register` in `LAUNCHERS` below."""
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from .files import fail
 from .placements import launcher_kind
 from .processes import ProcessLauncher
-from .protocol import (
-    LiveRunOrigin,
-    Placement,
-    PlacementRef,
-    PollArgs,
-    RunRecord,
-    StartArgs,
-    StopReply,
-)
 from .slurm_jobs import SlurmJobLauncher
 
+# The seam's types, for the checker only (files.py says why): a launcher is any class with
+# these verbs.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
 
-class Watch(Protocol):
-    placement: Placement | None  # what the reply says of its placement (None: it has none)
+    from .protocol import (
+        LiveRunOrigin,
+        Placement,
+        PlacementRef,
+        PollArgs,
+        RunRecord,
+        StartArgs,
+        StopReply,
+    )
 
-    def look(self) -> tuple[list[int], bool, str, bool]: ...
+    class Watch(Protocol):
+        placement: Placement | None  # what the reply says of its placement (None: it has none)
 
-    def end(self) -> None: ...
+        def look(self) -> tuple[list[int], bool, str, bool]: ...
 
+        def end(self) -> None: ...
 
-class HostLauncher(Protocol):
-    kind: str  # its `launcher` setting's value: the key its starts, records and placements name
+    class HostLauncher(Protocol):
+        kind: str  # its `launcher` setting's value: the key its starts, records and placements name
 
-    def placement_ref(self, state_dir: str, run: RunRecord) -> PlacementRef | None:
-        """What a poll of the run names besides its processes (its placement)."""
-        ...
+        def placement_ref(self, state_dir: str, run: RunRecord) -> PlacementRef | None:
+            """What a poll of the run names besides its processes (its placement)."""
+            ...
 
-    def facts(self) -> dict[str, str | None]: ...
+        def facts(self) -> dict[str, str | None]: ...
 
-    def start(self, args: StartArgs, run_id: str, log_path: str, log_fd: int) -> RunRecord: ...
+        def start(self, args: StartArgs, run_id: str, log_path: str, log_fd: int) -> RunRecord: ...
 
-    def watch(self, args: PollArgs) -> Watch: ...
+        def watch(self, args: PollArgs) -> Watch: ...
 
-    def liveness(self, run: RunRecord) -> tuple[list[int], bool, LiveRunOrigin]: ...
+        def liveness(self, run: RunRecord) -> tuple[list[int], bool, LiveRunOrigin]: ...
 
-    def stop(
-        self, state_dir: str, run: RunRecord, timeout: float, first_signal: str
-    ) -> StopReply: ...
+        def stop(
+            self, state_dir: str, run: RunRecord, timeout: float, first_signal: str
+        ) -> StopReply: ...
 
 
 # By kind. The process launcher is the default: it started any record that names no launcher

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
 import os
 import time
-from typing import Any
 
 from .files import read_bytes, read_json, state_path, write_json
-from .protocol import (
-    LOCK_PREFIX,
-    ClientIdentity,
-    LockReply,
-    ReleaseArgs,
-    ReleaseReply,
-    TuneLockArgs,
-    shares_gpus,
-)
+from .lean import loads, sha256_hex
+from .wire import LOCK_PREFIX, shares_gpus
+
+TYPE_CHECKING = False  # the types for the checker only (files.py says why)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .protocol import ClientIdentity, LockReply, ReleaseArgs, ReleaseReply, TuneLockArgs
 
 
 def lock_identity(raw: bytes) -> tuple[dict[str, Any], str]:
@@ -28,14 +24,14 @@ def lock_identity(raw: bytes) -> tuple[dict[str, Any], str]:
     hash, so that exactly that record can be broken and nothing written after it.
     """
     try:
-        holder = json.loads(raw)
-    except ValueError:
+        holder = loads(raw.decode())
+    except (ValueError, RecursionError):
         holder = None
     if not isinstance(holder, dict):
         holder = {}
     token = holder.get("token")
     if not isinstance(token, str) or not token:
-        token = "sha256:" + hashlib.sha256(raw).hexdigest()
+        token = "sha256:" + sha256_hex(raw)
     return dict(holder, token=token), token
 
 

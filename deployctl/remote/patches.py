@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import io
-import json
 import os
-import subprocess
 import sys
 import time
-from typing import IO, cast
 
 from .files import (
     digest,
@@ -25,17 +20,23 @@ from .files import (
     write_atomic,
     write_json,
 )
-from .patch_types import (
-    ApplyArgs,
-    ApplyReply,
-    BlockMark,
-    HunkMark,
-    Manifest,
-    PatchRecord,
-    RevertArgs,
-    RevertReply,
-)
-from .protocol import ProbeArgs, ProbeReply, SglangInstall
+from .lean import sha256_hex
+
+TYPE_CHECKING = False  # the types for the checker only (files.py says why)
+if TYPE_CHECKING:
+    from typing import IO
+
+    from .patch_types import (
+        ApplyArgs,
+        ApplyReply,
+        BlockMark,
+        HunkMark,
+        Manifest,
+        PatchRecord,
+        RevertArgs,
+        RevertReply,
+    )
+    from .protocol import ProbeArgs, ProbeReply, SglangInstall
 
 
 def sglang_install() -> SglangInstall:
@@ -85,7 +86,7 @@ def patches_dir(state_dir: str) -> str:
 
 def records_dir(state_dir: str, site: str) -> str:
     """Where the records of one SGLang installation (its site-packages) are kept."""
-    key = hashlib.sha256(site.encode()).hexdigest()[:16]
+    key = sha256_hex(site.encode())[:16]
     return os.path.join(patches_dir(state_dir), "sites", key)
 
 
@@ -109,7 +110,7 @@ def records(state_dir: str, site: str | None) -> dict[str, PatchRecord]:
             for name in sorted(os.listdir(folder)):
                 record = read_json(os.path.join(folder, name)) if name.endswith(".json") else None
                 if isinstance(record, dict) and record.get("site") == site:
-                    found[name[:-5]] = cast(PatchRecord, record)
+                    found[name[:-5]] = record  # type: ignore[assignment]  # as it was written
     return found
 
 
@@ -161,7 +162,7 @@ def probe_install(install: SglangInstall, args: ProbeArgs) -> ProbeReply:
 
 def block_sha256(lines: list[str]) -> str:
     """A run of lines hashed as the client's BlockMark is (patch_types.BlockMark)."""
-    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
+    return sha256_hex("\n".join(lines).encode("utf-8", "surrogateescape"))
 
 
 def hunk_states(data: bytes | None, marks: list[HunkMark]) -> list[str]:
@@ -195,12 +196,15 @@ def hunk_states(data: bytes | None, marks: list[HunkMark]) -> list[str]:
 def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
     """Back up, write patched files, compile, verify; undo everything on any failure."""
     # Only a change needs these: imported here, they cost no other call's start.
+    import io
+    import json
     import py_compile
+    import subprocess
     import tarfile
 
     # A dropped connection can cut the upload at a tar block boundary, which reads as a
     # valid but shorter archive: check that every byte arrived before using any of it.
-    if hashlib.sha256(payload).hexdigest() != args["payload_sha256"]:
+    if sha256_hex(payload) != args["payload_sha256"]:
         fail(
             f"the upload is incomplete ({len(payload)} of {args['payload_size']} bytes; "
             "connection dropped?); nothing was changed"
@@ -288,7 +292,8 @@ def cmd_apply(args: ApplyArgs, payload: bytes) -> ApplyReply:
 
 def run_verify_scripts(site: str, scripts: list[str], members: dict[str, bytes]) -> None:
     """Run each verify script of the set against the patched files; raise on the first failure."""
-    import tempfile  # as in cmd_apply
+    import subprocess  # as in cmd_apply
+    import tempfile
 
     with tempfile.TemporaryDirectory(prefix="deployctl-verify-") as verify_dir:
         for script in scripts:

@@ -5,7 +5,9 @@ read."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 SLURM = "slurm"  # the Slurm launcher's kind (`launcher: slurm`)
 

@@ -1,38 +1,9 @@
-"""The wire protocol between deployctl and its agent on a host (stdlib only): each call's
-arguments and reply (`*Args`, `*Reply`), the call table (`CALLS`), the constants and the pure
-helpers both sides use. The types of what is measured and kept (bench levels, tune records)
-are declared in `measures`, a router's list and locks in `routing`. How the agent is shipped and run: deployctl/remote/__init__.py.
-
-Everything deployctl keeps on a host lives under `state_dir` (default ~/.deployctl), laid
-out here and nowhere else:
-
-    agent/                                mode 0700, the login user's
-    agent/<sha256>/                       the agent's bundle, unpacked (mode 0700), named by
-                                          the hash of the bundle; its modules and their
-                                          __pycache__ under deployctl_remote/
-    agent/<sha256>/manifest               "<sha256>  <path>" per module: checked before each
-                                          import (with every part's owner and mode)
-    agent/<sha256>/complete               the folder's name, written last: it is complete
-    agent/<sha256>.py                     (older deployctl: the agent as one file)
-    lock                                  held while a launch changes the host
-    tune-lock[-<deployment>]              held while a tune replaces the deployment's runs
-    runs/<run-id>.json                    one record per launch (run id = log name); kept
-    runs/<run-id>.cmd                     the unmasked command, mode 0600, for restart
-    runs/<run-id>.env                     the server's own environment (JSON), mode 0600
-    runs/current                          id of the host's current run
-    patches/sites/<key>/<set>.json        what is applied now to one SGLang installation (key:
-                                          sha256 of its site-packages path): version, hash,
-                                          files, sha256s (patches/<set>.json: the same, as
-                                          written before records were kept per installation)
-    patches/.lock                         serialises patch changes (flock, dies with us)
-    router-locks/<deployment>             serialises the rollouts through one router (flock,
-                                          held by a `hold` call until its client goes; the
-                                          holder's identity as JSON inside)
-    tunes/<n>.json                        one record per tune, numbered, never overwritten
-    canaries/<n>.json                     one record per canary of a router on this host,
-                                          numbered; rewritten only while it runs
-    patches/history/<set>-<id>-<why>.json records of reverted, replaced or gone applies
-    patches/backups/<set>/<id>/<relpath>  originals saved by one apply; never overwritten
+"""The typed declarations of the wire protocol between deployctl and its agent on a host
+(stdlib only): each call's arguments and reply (`*Args`, `*Reply`) and the call table
+(`CALLS`). The types of what is measured and kept (bench levels, tune records) are declared in
+`measures`, a router's list and locks in `routing`; the markers, the names kept on a host and
+the pure helpers both sides use at run time in `wire`. The host's modules import this one only
+for the type checker. How the agent is shipped and run: deployctl/remote/__init__.py.
 """
 
 from __future__ import annotations
@@ -72,31 +43,6 @@ from .patch_types import (
     RevertReply,
 )  # fmt: skip
 from .routing import HoldArgs, HoldReply, RouterArgs, RouterReply, WorkersArgs
-
-AGENT_DIR = "agent"
-# Written last into an unpacked bundle's folder, holding the folder's name (the hash).
-BUNDLE_COMPLETE = "complete"
-# Printed (with exit status AGENT_MISSING_EXIT), then why, when the bundle's folder must not
-# be run: absent (BUNDLE_ABSENT), incomplete, damaged, or open to others than its owner.
-AGENT_MISSING = "@@deployctl-agent-missing@@"
-BUNDLE_ABSENT = "absent"
-AGENT_MISSING_EXIT = 97
-# Starts the line that holds a reply: what a login prints (motd, an rc file) is never read.
-REPLY_MARK = "@@deployctl-reply@@ "
-
-# The GPUs' state: nvidia-smi's two queries in one probe (a missing nvidia-smi is exit 127).
-# A kept agent answers it through NVML where the library loads (remote/gpus.py).
-GPU_QUERY = (
-    "nvidia-smi --query-gpu=index,uuid,name,memory.used,memory.total,utilization.gpu,"
-    "temperature.gpu,compute_cap,driver_version --format=csv"
-)
-GPU_APPS_QUERY = (
-    "nvidia-smi --query-compute-apps=pid,process_name,used_memory,gpu_uuid --format=csv"
-)
-GPUS_COMMAND = (
-    "command -v nvidia-smi >/dev/null 2>&1 || { echo 'nvidia-smi: command not found'; exit 127; }; "
-    f"{GPU_QUERY} && echo @@apps && {GPU_APPS_QUERY}"
-)
 
 
 class SglangInstall(TypedDict, total=False):
@@ -298,11 +244,6 @@ class StopMarks(TypedDict, total=False):
     stopped_at: float
 
 
-# The longest a stop's agent takes past its drain timeout: SIGTERM to the group, then SIGKILL
-# (each up to 10 s); the client's round trip allows as much.
-STOP_MARGIN_S = 30.0
-
-
 class RunRecord(RunInfo, LeaderIdentity, PlacedRecord, StopMarks):
     id: str
     log: str
@@ -383,21 +324,6 @@ class StatusReply(PollReply):
     metrics: MetricsPage | None  # asked for and the server alive
 
 
-# How a stop begins. SGLang drains on SIGTERM to its main process: it finishes the requests
-# it runs, then ends its own children; a SIGTERM to every process at once kills the
-# schedulers under it and cuts those requests. A node > 0 of a multi-node server has no
-# drain of its own (its main process dies of SIGTERM and takes its schedulers along, which
-# breaks rank 0's collectives): its schedulers end when rank 0's drain shuts them down.
-FIRST_SIGNAL_LEADER = "leader"  # SIGTERM the run's main process only
-FIRST_SIGNAL_NONE = "none"  # signal nothing; the run ends when its rank 0 ends it
-FIRST_SIGNAL_GROUP = "group"  # no drain: SIGTERM the whole group at once (a failed server)
-
-# How a run ended under a stop: by itself after the first signal (what it ran finished), or
-# cut at the timeout (its whole group signalled).
-SHUTDOWN_DRAINED = "drained"
-SHUTDOWN_CUT = "cut"
-
-
 class StopArgs(TypedDict):
     state_dir: str
     deployment: str | None
@@ -446,63 +372,11 @@ class RunsReply(TypedDict):
     live_runs: list[LiveRun]
 
 
-LOCK_PREFIX = "lock"
-
-
-POINTER = "current"
-
-
 class TuneLockArgs(TypedDict):
     state_dir: str
     deployment: str | None
     client: ClientIdentity
     break_lock: str | None  # the token of a stale holder to replace
-
-
-# ---- pure helpers both sides use ----------------------------------------------------------
-
-
-def shares_gpus(first: list[int] | None, second: list[int] | None) -> bool:
-    """Do two GPU sets share a GPU? None stands for every GPU of the host; [] for none (a
-    router's)."""
-    if first == [] or second == []:
-        return False
-    return first is None or second is None or bool(set(first) & set(second))
-
-
-def placement_ref(launcher: str, state_dir: str, run: RunRecord, placed: Placement) -> PlacementRef:
-    """What a poll of a placed run needs to ask its launcher about it (the launchers say
-    which runs are placed, on each side of the wire)."""
-    return {"launcher": launcher, "id": placed["id"], "state_dir": state_dir, "run": run["id"]}
-
-
-def answers_at(bind_host: str, placed: Placement | None) -> str:
-    """Where a run's server answers, from the host that launched it: a placed run at its
-    head's address ("" until it is known), a process on the host at its `bind_host`."""
-    return placed["head"] if placed is not None else bind_host
-
-
-def poll_args(
-    run: RunRecord, ref: PlacementRef | None, offset: int, limit: int, wait: float
-) -> PollArgs:
-    """What a poll of `run` asks: its processes (or its placement, `ref`), its log
-    from `offset` (negative: the last `limit` bytes), its health; waiting up to `wait`
-    seconds for a change."""
-    args: PollArgs = {
-        "pgid": run["pgid"],
-        "sid": run["sid"],
-        "log": run["log"],
-        "port": run["port"],
-        "bind_host": run["bind_host"],
-        "offset": offset,
-        "limit": limit,
-        "wait": wait,
-    }
-    if "starttime" in run:
-        args["starttime"] = run["starttime"]
-    if ref is not None:
-        args["placement"] = ref
-    return args
 
 
 # ---- the calls ----------------------------------------------------------------------------
@@ -516,8 +390,6 @@ class Call(Generic[A, R]):
 
     mypy infers a call's types from a typed value, not from a dict literal: pass a variable
     annotated with the args type, or build it with that type, e.g. `ReadArgs(base=…, paths=…)`.
-    (A plain class: the host imports this module on every call, and `dataclasses` would
-    import `inspect` with it.)
     """
 
     __slots__ = ("args", "name", "reply", "what")
@@ -586,9 +458,8 @@ CALLS: tuple[Call[Any, Any], ...] = (
 
 # ---- the kept agent (remote/kept_agent.py) ------------------------------------------------
 
-SESSION = "--session"  # the call name that starts a kept agent instead of answering a call
+
+# ---- the kept agent (remote/kept_agent.py) ------------------------------------------------
+
 # A trivial answer through a kept agent: the floor a round's cost is measured against.
-ECHO = Call("echo", EchoArgs, EchoReply, "answer through the kept agent")
-# What a kept agent answers: the calls that only read, which front ends repeat every round.
-SESSION_CALLS = frozenset({STATUS.name, RUNS.name, BENCH_RESULTS.name, TUNE_RECORDS.name,
-                           READ.name, PROBE.name, WORKERS.name, ECHO.name})  # fmt: skip
+ECHO = Call("echo", EchoArgs, EchoReply, "answer through the kept agent")  # wire.ECHO

@@ -12,17 +12,9 @@ import time
 from typing import Any
 
 from .files import fail, state_path
-from .routing import (
-    ROUTER_LOCKS,
-    HoldArgs,
-    HoldReply,
-    RouterArgs,
-    RouterReply,
-    RouterWorker,
-    WorkersArgs,
-    listed_as,
-)
+from .routing import HoldArgs, HoldReply, RouterArgs, RouterReply, RouterWorker, WorkersArgs
 from .runs import server_address
+from .wire import ROUTER_LOCKS, listed_as
 
 ROUTER_TIMEOUT = 5.0
 

@@ -47,24 +47,3 @@ class HoldArgs(TypedDict):
 class HoldReply(TypedDict):
     acquired: bool
     holder: dict[str, Any] | None  # who holds it, when not acquired ({} if it does not say)
-
-
-ROUTER_LOCKS = "router-locks"
-
-
-def url_key(url: str) -> str:
-    """A worker URL as compared with another: a router lists the URL it was given, and a hand
-    fix or another tool may have given ours with a trailing slash or another case of scheme
-    and host. Matching uses this; a change to the router uses the router's own spelling."""
-    text = url.strip()
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        return text.rstrip("/")
-    netloc, slash, path = rest.partition("/")
-    return f"{scheme.lower()}://{netloc.lower()}{(slash + path).rstrip('/')}"
-
-
-def listed_as(workers: list[RouterWorker], url: str) -> list[RouterWorker]:
-    """The router's entries for `url`, however the router spells it."""
-    key = url_key(url)
-    return [w for w in workers if url_key(w["url"]) == key]

@@ -3,43 +3,57 @@ preflight, start, poll, status, stop, point, runs."""
 
 from __future__ import annotations
 
-import base64
+# `_socket`: `socket`'s own import brings `enum` and `selectors`, ~9 ms of a call's start.
+import _socket
 import os
-import re
 import time
 
-from .files import find_package, read_bytes, read_json, state_path, write_atomic, write_json
+from .files import (
+    base64_text,
+    find_package,
+    read_bytes,
+    read_json,
+    state_path,
+    write_atomic,
+    write_json,
+)
 from .launchers import launcher_of, launcher_to_poll, liveness, preflight_facts, start
 from .locks import machine_identity, release_lock, take_lock
-from .patches import cmd_probe
-from .protocol import (
-    POINTER,
-    LiveRun,
-    MetricsPage,
-    PointArgs,
-    PointReply,
-    PollArgs,
-    PollReply,
-    PreflightArgs,
-    PreflightReply,
-    RunRecord,
-    RunsArgs,
-    RunsReply,
-    StartArgs,
-    StartReply,
-    StatusArgs,
-    StatusReply,
-    StopArgs,
-    StopReply,
-    answers_at,
-)
-from .protocol import (
-    poll_args as protocol_poll_args,
-)
-from .sglang_options import argv_check
+from .wire import POINTER, answers_at
+from .wire import poll_args as protocol_poll_args
 
-LOG_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.log\Z")
-RUN_NAME = re.compile(r"(?P<stem>.+)_v(?P<n>\d+)\.json\Z")
+# The types for the checker only; a preflight's probe and flag check imported by it alone
+# (files.py says why).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .protocol import (
+        LiveRun,
+        MetricsPage,
+        PointArgs,
+        PointReply,
+        PollArgs,
+        PollReply,
+        PreflightArgs,
+        PreflightReply,
+        RunRecord,
+        RunsArgs,
+        RunsReply,
+        StartArgs,
+        StartReply,
+        StatusArgs,
+        StatusReply,
+        StopArgs,
+        StopReply,
+    )
+
+
+def version_of(name: str, stem: str, suffix: str) -> int | None:
+    """N of a file named `<stem>_v<N><suffix>`; None for any other name."""
+    head = f"{stem}_v"
+    if not (name.startswith(head) and name.endswith(suffix)):
+        return None
+    digits = name[len(head) : len(name) - len(suffix)]
+    return int(digits) if digits.isdecimal() else None
 
 
 def next_log_version(log_dir: str, stem: str, runs_dir: str) -> int:
@@ -49,12 +63,10 @@ def next_log_version(log_dir: str, stem: str, runs_dir: str) -> int:
     record, be reused.
     """
     highest = 0
-    for folder, pattern in ((log_dir, LOG_NAME), (runs_dir, RUN_NAME)):
+    for folder, suffix in ((log_dir, ".log"), (runs_dir, ".json")):
         if os.path.isdir(folder):
             for name in os.listdir(folder):
-                match = pattern.match(name)
-                if match and match.group("stem") == stem:
-                    highest = max(highest, int(match.group("n")))
+                highest = max(highest, version_of(name, stem, suffix) or 0)
     return highest + 1
 
 
@@ -64,16 +76,16 @@ def module_found(module: str | None) -> bool:
 
 
 def port_free(host: str, port: int) -> tuple[bool, str]:
-    import socket
-
     address = "0.0.0.0" if host in ("", "0.0.0.0") else host
-    with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET) as sock:
+    sock = _socket.socket(_socket.AF_INET6 if ":" in address else _socket.AF_INET)
+    try:
         # Like the server will: connections in TIME_WAIT do not make the port busy.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((address, int(port)))
-        except OSError as exc:
-            return False, str(exc)
+        sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+        sock.bind((address, int(port)))
+    except OSError as exc:
+        return False, str(exc)
+    finally:
+        sock.close()
     return True, ""
 
 
@@ -87,6 +99,9 @@ def writable_dir(path: str) -> tuple[bool, str]:
 
 def cmd_preflight(args: PreflightArgs) -> PreflightReply:
     """Everything a launch needs to know, and the host lock, in one round trip."""
+    from .patches import cmd_probe
+    from .sglang_options import argv_check
+
     probe = cmd_probe(args)
     log_dir = os.path.expanduser(args["log_dir"])
     free, port_error = port_free(args["bind_host"], args["port"])
@@ -178,23 +193,50 @@ def http_get(
     host: str, port: int, path: str, limit: int = 0, timeout: float = 0.5, method: str = "GET"
 ) -> tuple[int | None, bytes]:
     """GET `path` from the server on this host: the status code (None when nothing answers)
-    and up to `limit` bytes of the body."""
-    import socket
-
+    and up to `limit` bytes of the body. HTTP/1.0: the server closes the connection after
+    its answer."""
     address = server_address(host)
+    request = f"{method} {path} HTTP/1.0\r\nHost: {address}\r\nContent-Length: 0\r\n\r\n"
     try:
-        with socket.create_connection((address, int(port)), timeout=timeout) as sock:
-            request = f"{method} {path} HTTP/1.0\r\nHost: {address}\r\nContent-Length: 0\r\n\r\n"
-            sock.sendall(request.encode())
-            reply = sock.makefile("rb")
-            status_line = reply.readline().split()
-            while limit and reply.readline().strip():  # the headers
-                pass
-            body = reply.read(limit) if limit else b""
+        received = _exchange(address, int(port), request.encode(), limit, timeout)
     except OSError:
         return None, b""
+    head, _, body = received.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].split()
     code = int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else None
-    return code, body
+    return code, body[:limit]
+
+
+def _exchange(address: str, port: int, request: bytes, limit: int, timeout: float) -> bytes:
+    """Send `request` to the first of the address's addresses that takes a connection, and
+    read its answer until it ends, or up to its status line (`limit` 0) or `limit` bytes of
+    body (as socket.create_connection and a file's reads, each step within `timeout`)."""
+    failed: OSError = OSError(f"{address} has no address")
+    for family, kind, proto, _, where in _socket.getaddrinfo(address, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(where)
+            sock.sendall(request)
+            received = bytearray()
+            while not _enough(received, limit):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+            return bytes(received)
+        except OSError as exc:
+            failed = exc
+        finally:
+            sock.close()
+    raise failed
+
+
+def _enough(received: bytearray, limit: int) -> bool:
+    if not limit:
+        return b"\r\n" in received
+    end = received.find(b"\r\n\r\n")
+    return end >= 0 and len(received) - end - 4 >= limit
 
 
 # Real SGLang's /health (0.5.17: the same handler as /health_generate) sends a 1-token request
@@ -241,7 +283,7 @@ def cmd_poll(args: PollArgs) -> PollReply:
         "members": members,
         "health": code,
         "size": size,
-        "data": base64.b64encode(data).decode(),
+        "data": base64_text(data),
         "placement": watch.placement,
     }
 

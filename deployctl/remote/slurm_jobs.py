@@ -3,28 +3,26 @@ state asked of slurmctld (squeue, else sacct), ended by scancel."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
-import subprocess
 import time
-from typing import cast
 
 from .files import fail, marked_stopping, read_json, state_path, write_atomic, write_json
 from .placements import ACTIVE_JOB_STATES, SLURM, STEP_DRAINS, STOP_SIGNAL
-from .protocol import (
-    SHUTDOWN_CUT,
-    SHUTDOWN_DRAINED,
-    LiveRunOrigin,
-    Placement,
-    PlacementRef,
-    PollArgs,
-    RunRecord,
-    StartArgs,
-    StopReply,
-    answers_at,
-    placement_ref,
-)
+from .wire import SHUTDOWN_CUT, SHUTDOWN_DRAINED, answers_at, placement_ref
+
+# The types for the checker only, and `re` and `subprocess` imported where a Slurm run needs
+# them: every status call imports this module (files.py says why).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .protocol import (
+        LiveRunOrigin,
+        Placement,
+        PlacementRef,
+        PollArgs,
+        RunRecord,
+        StartArgs,
+        StopReply,
+    )
 
 SQUEUE_FORMAT = "%i|%T|%r|%N|%L"
 # The longest a query of slurmctld may take before the job's state counts as unknown.
@@ -35,6 +33,8 @@ SLURM_QUERY_EVERY = 0.5
 
 def slurm(*argv: str) -> tuple[int, str]:
     """Run a Slurm client command: its exit status and its output (stderr after stdout)."""
+    import subprocess
+
     try:
         done = subprocess.run(
             list(argv), check=False, capture_output=True, text=True, timeout=SLURM_TIMEOUT,
@@ -50,6 +50,8 @@ def slurm(*argv: str) -> tuple[int, str]:
 def parse_slurm_duration(text: str) -> float | None:
     """Seconds in squeue's `[days-]hours:minutes:seconds` (or `minutes:seconds`); None for
     UNLIMITED, NOT_SET, INVALID and anything else that is no duration."""
+    import re
+
     match = re.fullmatch(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)", text.strip())
     if match is None:
         return None
@@ -101,6 +103,8 @@ def parse_sacct(text: str, job_id: str) -> Placement | None:
 
 def parse_node_address(text: str) -> str:
     """`NodeAddr=` of `scontrol show node NAME`; "" when it has none."""
+    import re
+
     match = re.search(r"(?:^|\s)NodeAddr=(\S+)", text)
     return match.group(1) if match else ""
 
@@ -146,6 +150,8 @@ def query_job(job_id: str, known: Placement | None) -> Placement:
             found["head"] = (parse_node_address(out) if code == 0 else "") or names[0]
     if found["state"] not in ACTIVE_JOB_STATES and not found["exit_code"]:
         code, out = slurm("scontrol", "show", "job", job_id)
+        import re
+
         match = re.search(r"(?:^|\s)ExitCode=(\S+)", out) if code == 0 else None
         found["exit_code"] = match.group(1) if match else ""
     return found
@@ -177,8 +183,10 @@ def submit_job(args: StartArgs, run_id: str, log_path: str) -> RunRecord:
     if not job_id.isdigit():
         # Nothing was started: the empty log and the script are ours to take back.
         for path in (log_path, script):
-            with contextlib.suppress(OSError):
+            try:  # noqa: SIM105 - contextlib's import would cost every status call ~3 ms
                 os.unlink(path)
+            except OSError:
+                pass
         last = out.splitlines()[-1] if out else f"exit status {code}"
         fail(f"sbatch refused the job: {last}", "host")
     job: Placement = {
@@ -186,8 +194,8 @@ def submit_job(args: StartArgs, run_id: str, log_path: str) -> RunRecord:
         "time_left": None, "exit_code": "",
     }  # fmt: skip
     # pid, pgid and sid 0: no process here is the run's (run_members is never asked).
-    return cast(RunRecord, {
-        **args["run"],
+    record: RunRecord = {
+        **args["run"],  # type: ignore[typeddict-item]  # no stop marks yet
         "job": job,
         "id": run_id,
         "log": log_path,
@@ -196,7 +204,8 @@ def submit_job(args: StartArgs, run_id: str, log_path: str) -> RunRecord:
         "sid": 0,
         "started_at": time.time(),
         "status": "running",
-    })  # fmt: skip
+    }  # fmt: skip
+    return record
 
 
 def stop_job(state_dir: str, run: RunRecord, timeout: float) -> tuple[Placement, str | None]:
@@ -243,9 +252,10 @@ def stop_job_run(state_dir: str, run: RunRecord, timeout: float) -> StopReply:
         write_json(record, run, mode=0o600)
     began = time.monotonic()
     job, shutdown = stop_job(state_dir, run, timeout) if job_alive(was) else (was, None)
-    run = cast(RunRecord, dict(read_json(record) or run, job=job))
+    kept: RunRecord = read_json(record) or run
+    run = {**kept, "job": job}
     if run["status"] == "running":
-        run = cast(RunRecord, dict(run, status="stopped", stopped_at=time.time()))
+        run = {**run, "status": "stopped", "stopped_at": time.time()}
     write_json(record, run, mode=0o600)
     took = round(time.monotonic() - began, 3) if shutdown is not None else None
     return {"run": run, "ended": [], "killed": [], "left": [], "placement": job,
