@@ -25,7 +25,8 @@ from deployctl.ops.flags import adaptive_graph_warning, check_reading, server_ar
 from deployctl.project import SHIPPED_DATA
 from deployctl.remote import protocol
 from deployctl.remote import sglang_options as remote_options
-from deployctl.remote.server_argv import DEPLOYCTL_OPTIONS, CommandValues, OptionSpec
+from deployctl.remote.protocol import OptionSpec
+from deployctl.remote.server_argv import DEPLOYCTL_OPTIONS, CommandValues
 from deployctl.remote.sglang_options import (
     check_server_argv,
     declared_options,

@@ -41,10 +41,15 @@ def test_json_is_written_and_read_as_the_json_module_does(document: object) -> N
     assert text == json.dumps(document)
     assert lean.loads(text) == json.loads(text) == document
     assert lean.loads(" \n\t" + json.dumps(document, indent=2) + "\r\n ") == document
+    assert lean.dumps_indented(document) == json.dumps(document, indent=2)
 
 
 def test_non_finite_numbers_and_keys_as_json_writes_them() -> None:
-    assert lean.dumps({1: math.inf, None: -math.inf}) == json.dumps({1: math.inf, None: -math.inf})
+    keyed = {1: math.inf, None: -math.inf, False: [], 2.5: {}, "s": {"t": [{}, []]}}
+    assert lean.dumps(keyed) == json.dumps(keyed)
+    assert lean.dumps_indented(keyed) == json.dumps(keyed, indent=2)
+    with pytest.raises(TypeError):
+        lean.dumps_indented({(1, 2): "a tuple is no key"})
     assert math.isnan(lean.loads("NaN"))
     assert lean.loads("[Infinity, -Infinity]") == [math.inf, -math.inf]
 

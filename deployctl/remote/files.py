@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from .lean import loads, sha256_hex
+from .lean import dumps_indented, loads, sha256_hex
 from .wire import STOP_MARGIN_S
 
 # The types for the checker only: `typing` and the TypedDicts' classes would cost each call's
@@ -105,9 +105,7 @@ def _new_file(folder: str) -> tuple[int, str]:
 
 
 def write_json(path: str, document: Any, mode: int | None = None) -> None:
-    import json  # indented for the reader of the file: only writes pay for the import
-
-    write_atomic(path, json.dumps(document, indent=2).encode(), mode)
+    write_atomic(path, dumps_indented(document).encode(), mode)
 
 
 def put_back(target: str, data: bytes | None) -> bool:

@@ -77,6 +77,36 @@ try:
 except (ImportError, TypeError, ValueError, AttributeError):
     loads, dumps = _slow()
 
+# How json writes a key that is no string (a key that is a string is written as a string).
+_KEY_WORDS = {True: "true", False: "false", None: "null"}
+
+
+def dumps_indented(value: Any, level: int = 0) -> str:
+    """As json.dumps(value, indent=2), for the files a person may read (run records, locks),
+    without the pure-Python encoder's import; no check for a document that contains itself."""
+    if isinstance(value, dict) and value:
+        items = [
+            f"{dumps(_key(key))}: {dumps_indented(item, level + 1)}" for key, item in value.items()
+        ]
+        ends = "{}"
+    elif isinstance(value, (list, tuple)) and value:
+        items = [dumps_indented(item, level + 1) for item in value]
+        ends = "[]"
+    else:
+        return dumps(value)
+    inner = "\n" + "  " * (level + 1)
+    return ends[0] + inner + ("," + inner).join(items) + "\n" + "  " * level + ends[1]
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool):
+        return _KEY_WORDS[key]
+    if isinstance(key, (int, float)):
+        return dumps(key)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
+
 
 def _builtin_sha256() -> Callable[[bytes], Any]:
     for name in ("_sha256", "_sha2"):  # the builtin module: `_sha2` from Python 3.12

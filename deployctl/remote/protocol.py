@@ -45,6 +45,16 @@ from .patch_types import (
 from .routing import HoldArgs, HoldReply, RouterArgs, RouterReply, WorkersArgs
 
 
+class OptionSpec(TypedDict):
+    """One option of SGLang's server, as the host's flag check reads it (server_argv)."""
+
+    dest: str
+    kind: str  # flag (no value), value (one), list (several), any (a custom action)
+    nargs: str | None  # "?" for an optional value, "+"/"*" for lists
+    type: str | None  # int, float or str when argparse checks it; None: not checked here
+    choices: list[Any] | None
+
+
 class SglangInstall(TypedDict, total=False):
     version: str | None
     site: str

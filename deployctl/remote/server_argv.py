@@ -3,16 +3,13 @@ from them: pure, for the host's flag check and for deployctl's own reading alike
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, TypedDict
+# The types for the checker only: the host's flag check imports this module at each
+# preflight's start (remote/files.py says why).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
-
-class OptionSpec(TypedDict):
-    dest: str
-    kind: str  # flag (no value), value (one), list (several), any (a custom action)
-    nargs: str | None  # "?" for an optional value, "+"/"*" for lists
-    type: str | None  # int, float or str when argparse checks it; None: not checked here
-    choices: list[Any] | None
+    from .protocol import OptionSpec
 
 
 def resolve_flag(
@@ -47,15 +44,20 @@ def looks_like_flag(word: str) -> bool:
     return not (_negative_number(word) or (" " in word and "=" not in word))
 
 
-class Given(NamedTuple):
+class Given:
     """One word of a server's command as SGLang's parser reads it: an option with the values
     it takes, or a word no option takes (`option` "" and no `candidates`: unknown or stray)."""
 
-    word: str  # as written: `--mem-frac=0.8`
-    option: str  # the option it is: `--mem-fraction-static`
-    candidates: list[str]  # an ambiguous prefix's options
-    values: list[str]
-    explicit: bool  # its value came with `=`
+    __slots__ = ("candidates", "explicit", "option", "values", "word")
+
+    def __init__(
+        self, word: str, option: str, candidates: list[str], values: list[str], explicit: bool
+    ) -> None:
+        self.word = word  # as written: `--mem-frac=0.8`
+        self.option = option  # the option it is: `--mem-fraction-static`
+        self.candidates = candidates  # an ambiguous prefix's options
+        self.values = values
+        self.explicit = explicit  # its value came with `=`
 
     @property
     def name(self) -> str:

@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
-from typing import Any
 
 from .files import read_bytes
 from .patches import sglang_install
-from .protocol import (
-    ArgFinding,
-    ArgvCheck,
-    CheckArgsArgs,
-    CheckArgsReply,
-    SglangInstall,
-)
-from .server_argv import (
-    DEPLOYCTL_OPTIONS,
-    OptionSpec,
-    looks_like_flag,
-    parse_server_argv,
-    read_as,
-)
+from .server_argv import DEPLOYCTL_OPTIONS, looks_like_flag, parse_server_argv, read_as
+
+TYPE_CHECKING = False  # the types for the checker only (files.py says why)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .protocol import (
+        ArgFinding,
+        ArgvCheck,
+        CheckArgsArgs,
+        CheckArgsReply,
+        OptionSpec,
+        SglangInstall,
+    )
 
 # Where 0.5.23 declares its options: annotated fields `name: A[type, "help" | Arg(...)]` in
 # these files, plus the few `parser.add_argument` calls in ServerArgs.add_cli_args.
@@ -280,6 +277,9 @@ def declared_options(site: str) -> dict[str, OptionSpec] | None:
 
 def parser_options() -> tuple[dict[str, OptionSpec] | None, str]:
     """The options of SGLang's own parser, built in a child (it imports torch)."""
+    import json
+    import subprocess
+
     try:
         done = subprocess.run(
             [sys.executable, "-c", PARSER_SCRIPT],

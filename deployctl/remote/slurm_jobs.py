@@ -31,6 +31,16 @@ SLURM_TIMEOUT = 30.0
 SLURM_QUERY_EVERY = 0.5
 
 
+def which(command: str) -> str | None:
+    """Where PATH finds an executable `command` (as shutil.which, whose import brings three
+    compressors: ~6 ms of every preflight's start)."""
+    for folder in filter(None, os.environ.get("PATH", os.defpath).split(os.pathsep)):
+        path = os.path.join(folder, command)
+        if os.access(path, os.X_OK) and not os.path.isdir(path):
+            return path
+    return None
+
+
 def slurm(*argv: str) -> tuple[int, str]:
     """Run a Slurm client command: its exit status and its output (stderr after stdout)."""
     import subprocess
@@ -314,9 +324,7 @@ class SlurmJobLauncher:
         return placement_ref(self.kind, state_dir, run, run["job"])
 
     def facts(self) -> dict[str, str | None]:
-        import shutil  # it imports three compressors: a cost to every call's start, if at the top
-
-        return {"sbatch": shutil.which("sbatch")}
+        return {"sbatch": which("sbatch")}
 
     def start(self, args: StartArgs, run_id: str, log_path: str, log_fd: int) -> RunRecord:
         os.close(log_fd)  # sbatch's job appends to it
