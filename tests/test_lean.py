@@ -104,3 +104,18 @@ def test_the_fast_path_imports_neither_json_nor_hashlib() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("text", ["{cut short", "[1, 2", '{"a": }', "tru", '"\\x"'])
+def test_a_malformed_text_is_a_value_error_where_json_was_never_imported(text: str) -> None:
+    # The C scanner raises json's error only once json.decoder is imported: on a host's
+    # fresh Python it would be a SystemError (a lock file cut short was one).
+    script = (
+        "import sys; from deployctl.remote import lean\n"
+        "try:\n    lean.loads(sys.argv[1])\nexcept ValueError as exc:\n"
+        "    print('refused:', isinstance(exc, ValueError))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", script, text], capture_output=True, text=True, cwd=ROOT
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "refused: True"), done.stderr

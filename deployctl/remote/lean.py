@@ -54,6 +54,12 @@ def _fast() -> tuple[Callable[[str], Any], Callable[[Any], str]]:
             value, end = scan(text, start)
         except StopIteration as missing:
             raise ValueError(f"no JSON value at character {missing.value}") from None
+        except Exception:
+            # The scanner raises json's own error only where json.decoder is imported (else a
+            # SystemError): a malformed text is read again by json, for its error.
+            import json
+
+            return json.loads(text)
         if text[end:].strip(_SPACE):
             raise ValueError(f"extra data after the JSON value at character {end}")
         return value
