@@ -21,13 +21,17 @@ if TYPE_CHECKING:
     from .protocol import RunRecord
 
 
+_SITE_ADDED: list[bool] = []  # (not functools.cache: its import costs a status call ~1 ms)
+
+
 def with_site_packages() -> None:
     """Put this python's site-packages on the path, once: the agent starts without them
     (bootstrap.PYTHON_FLAGS)."""
-    if sys.flags.no_site and "site" not in sys.modules:
+    if sys.flags.no_site and not _SITE_ADDED:
         import site
 
         site.main()
+        _SITE_ADDED.append(True)
 
 
 def find_package(name: str) -> ModuleSpec | None:

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-# Each call's handler, by the call's name on the wire (protocol.CALLS names the same calls), as
+# Each call's handler, by the call's name on the wire (protocol.CALLS names the same calls:
+# tests/test_agent_calls.py), as
 # (module, function): a call imports its own module only, as each module's imports cost a
 # one-shot call's Python its start-up time. The handler takes the call's args (and `apply` its
 # payload, read from stdin) and returns the reply.
