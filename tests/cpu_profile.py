@@ -22,7 +22,7 @@ import pytest
 
 from tests import ansible_tools, cli_server
 
-_rows: dict[str, tuple[float, float]] = {}
+_rows: dict[str, tuple[float, float, float]] = {}  # nodeid: CPU s, wall s, start (epoch s)
 _started = 0.0
 
 
@@ -48,9 +48,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    cpu, wall = cpu_now(), time.perf_counter()
+    cpu, wall, start = cpu_now(), time.perf_counter(), time.time()
     yield
-    _rows[item.nodeid] = (cpu_now() - cpu, time.perf_counter() - wall)
+    _rows[item.nodeid] = (cpu_now() - cpu, time.perf_counter() - wall, start)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -72,11 +72,11 @@ def merge(out: Path) -> None:
     parts = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != "cpu.json"]
     tests = {nodeid: row for part in parts for nodeid, row in part["tests"].items()}
     by_file: Counter[str] = Counter()
-    for nodeid, (cpu, _) in tests.items():
+    for nodeid, (cpu, *_) in tests.items():
         by_file[nodeid.split("::")[0]] += cpu
     merged = {
         "session_cpu_s": sum(p["session_cpu_s"] for p in parts),
-        "tests_cpu_s": sum(cpu for cpu, _ in tests.values()),
+        "tests_cpu_s": sum(cpu for cpu, *_ in tests.values()),
         "by_file": dict(by_file.most_common()),
         "tests": tests,
     }
