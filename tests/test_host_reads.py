@@ -137,3 +137,29 @@ def test_a_wait_reads_the_members_it_knows_and_all_of_proc_once_they_are_gone() 
     while left and time.monotonic() < deadline:
         left = processes.members_left(run, left)  # killed: gone, or zombies, which count gone
     assert left == []
+
+
+def test_a_full_look_reads_the_stat_of_the_groups_processes_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    group = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True)
+    run: RunRecord = {"pgid": group.pid, "sid": group.pid}  # type: ignore[typeddict-item]
+    read: list[str] = []
+    stat_fields = processes.stat_fields
+
+    def counted(pid: int | str) -> list[bytes] | None:
+        read.append(str(pid))
+        return stat_fields(pid)
+
+    try:
+        deadline = time.monotonic() + 10
+        while len(processes.run_members(run)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        monkeypatch.setattr(processes, "stat_fields", counted)
+        members = processes.run_members(run)
+    finally:
+        os.killpg(group.pid, signal.SIGKILL)
+        group.wait()
+    assert len(members) == 3 and group.pid in members
+    others = sum(entry.isdigit() for entry in os.listdir("/proc")) - 3
+    assert others > 10 and sorted(map(int, read)) == members, (others, read)

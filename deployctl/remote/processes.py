@@ -49,12 +49,24 @@ def in_group(pid: int | str, pgid: int, sid: int) -> bool:
 
 
 def process_group(pgid: int, sid: int) -> list[int]:
-    """PIDs whose process group and session are the run's (never anyone else's)."""
-    return sorted(
-        int(entry)
-        for entry in os.listdir("/proc")
-        if entry.isdigit() and in_group(entry, pgid, sid)
-    )
+    """PIDs whose process group and session are the run's (never anyone else's).
+
+    Each process's group is asked of the kernel first (getpgid: one system call); only the
+    few in the run's group have their /proc/PID/stat read (and formatted by the kernel) for
+    their session and state. A host runs hundreds to thousands of processes, and a status,
+    a poll and a stop's waits each look at all of them."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) != pgid:
+                continue
+        except OSError:  # gone since the listing
+            continue
+        if in_group(entry, pgid, sid):
+            found.append(int(entry))
+    return sorted(found)
 
 
 def run_members(run: PollArgs | RunRecord) -> list[int]:
