@@ -69,6 +69,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # the order went to one worker, one after the other (xdist queues two tests a worker). So they
 # are spread evenly over this share of the order, the order xdist hands tests out in.
 WINDOWS_FROM, WINDOWS_TO = 0.2, 0.6
+# `long` tests (15 to 50 s each) collected near the end of the order were handed out last: one
+# ran alone for its whole length after every other worker had finished (~50 s of a run). They
+# are spread over this share of the order, after the windows, as they were collected.
+LONG_FROM, LONG_TO = 0.6, 0.85
 
 
 def window_minutes(item: pytest.Item) -> float:
@@ -79,16 +83,26 @@ def window_minutes(item: pytest.Item) -> float:
 
 def spread_windows(items: list[pytest.Item]) -> None:
     """Put the `window` tests at even steps from WINDOWS_FROM to WINDOWS_TO of the others,
-    the longest first."""
+    the longest first, and the other `long` ones from LONG_FROM to LONG_TO."""
     windows = sorted(filter(window_minutes, items), key=window_minutes, reverse=True)
-    rest = [item for item in items if not window_minutes(item)]
-    if not windows or not rest:
-        return
-    step = (WINDOWS_TO - WINDOWS_FROM) / max(1, len(windows) - 1)
+    longs = [i for i in items if i.get_closest_marker("long") and not window_minutes(i)]
+    items[:] = spread(items, longs, LONG_FROM, LONG_TO)
+    items[:] = spread(items, windows, WINDOWS_FROM, WINDOWS_TO)
+
+
+def spread(
+    items: list[pytest.Item], chosen: list[pytest.Item], start: float, end: float
+) -> list[pytest.Item]:
+    """`items` with `chosen` (in their order) at even steps from `start` to `end` of the rest."""
+    picked = set(chosen)
+    rest = [item for item in items if item not in picked]
+    if not chosen or not rest:
+        return items
+    step = (end - start) / max(1, len(chosen) - 1)
     before: dict[int, list[pytest.Item]] = {}  # a few tests collected: several at one place
-    for i, item in enumerate(windows):
-        before.setdefault(int(len(rest) * (WINDOWS_FROM + step * i)), []).append(item)
-    items[:] = [w for i, item in enumerate(rest) for w in (*before.get(i, ()), item)]
+    for i, item in enumerate(chosen):
+        before.setdefault(int(len(rest) * (start + step * i)), []).append(item)
+    return [w for i, item in enumerate(rest) for w in (*before.get(i, ()), item)]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -213,6 +213,7 @@ def throughput_at(server: Server, weights: list[PromptClass], streams: int) -> t
     return statistics.median(steady), served_accept(outcomes)
 
 
+@pytest.mark.long
 def test_the_traffic_mix_moves_the_crossover(
     standin: Launch,  # noqa: F811 (the fixture)
     tmp_path: Path,

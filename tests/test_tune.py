@@ -431,6 +431,7 @@ def tune_json(
     return result.returncode, json.loads(result.stdout), result.stderr
 
 
+@pytest.mark.long
 def test_tune_finds_the_crossover_and_leaves_the_tuned_run_serving(
     hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
 ) -> None:
@@ -476,6 +477,7 @@ def adaptive_host(
             "template": "baseline", "threshold_mode": "adaptive"}  # fmt: skip
 
 
+@pytest.mark.long
 def test_tune_in_adaptive_mode_finds_a_crossover_near_9_at_cuda_graph_sizes(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
@@ -508,6 +510,7 @@ def test_tune_in_adaptive_mode_finds_a_crossover_near_9_at_cuda_graph_sizes(
     assert status["run"] == run and status["state"] == "ready"
 
 
+@pytest.mark.long
 def test_tune_measures_each_level_warm_so_a_cold_first_phase_moves_nothing(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
@@ -545,6 +548,7 @@ def test_tune_measures_each_level_warm_so_a_cold_first_phase_moves_nothing(
     assert entry["phases"]["baseline"]["per_level"]["10"]["warmup_s"] is None
 
 
+@pytest.mark.long
 def test_a_tuned_server_that_crashes_over_t_is_replaced_by_the_best_stable_one(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
@@ -577,6 +581,7 @@ def test_a_tuned_server_that_crashes_over_t_is_replaced_by_the_best_stable_one(
     assert f"serving: {serving}" in shown.stdout
 
 
+@pytest.mark.long
 def test_keep_none_after_a_crash_puts_back_the_run_that_served_before(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
@@ -611,6 +616,7 @@ def tune_falling_short(
     return result, entry
 
 
+@pytest.mark.long
 def test_a_tune_below_min_ratio_at_one_level_does_not_hold(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
@@ -636,6 +642,7 @@ def test_a_tune_below_min_ratio_at_one_level_does_not_hold(
     assert set(entry["phases"]["tuned"]["samples"]) == {"4", "10"}
 
 
+@pytest.mark.long
 def test_a_tuned_run_short_above_t_in_patch_mode_is_named_the_off_states_cost_not_remeasured(
     hosts: SSHLab, sglang_template: Path, cli: CLI, tmp_path: Path
 ) -> None:
@@ -784,6 +791,7 @@ def measuring(host: TestHost, run: str) -> Callable[[], bool]:
     return now
 
 
+@pytest.mark.long
 def test_a_connection_lost_past_the_retry_window_says_what_serves_and_keeps_the_record(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
@@ -811,6 +819,7 @@ def test_a_connection_lost_past_the_retry_window_says_what_serves_and_keeps_the_
     assert kept["serving"] == baseline["run"] and kept["outcome"] == "failed"
 
 
+@pytest.mark.long
 def test_a_lost_connection_stops_the_tune_and_puts_back_the_previous_run(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
@@ -863,6 +872,7 @@ def test_a_replacement_refused_by_its_preflight_stops_nothing(
     assert status["run"] == before and status["state"] == "ready"
 
 
+@pytest.mark.long
 def test_a_worker_behind_a_router_is_drained_as_rollout_does_and_loses_no_request(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:
@@ -974,6 +984,7 @@ def test_a_dry_run_merges_and_bounds_levels_and_its_estimate_keeps_to_max_launch
     assert "hint:" in absurd.stderr
 
 
+@pytest.mark.long
 def test_a_latency_bound_finds_the_highest_concurrency_that_meets_it(
     hosts: SSHLab, cli: CLI, tmp_path: Path
 ) -> None:

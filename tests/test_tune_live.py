@@ -430,6 +430,7 @@ def test_live_window_brackets_the_known_crossover_and_rolls_t_out_losing_no_requ
     cli("stop", "-i", str(inv))
 
 
+@pytest.mark.long
 @pytest.mark.lab
 def test_ctrl_c_puts_both_replicas_back_and_no_request_is_lost(
     hosts: Any, cli: Any, tmp_path: Path
