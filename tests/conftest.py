@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.lab)
         if SLURM_FIXTURES.intersection(fixtures):
             item.add_marker(pytest.mark.xdist_group("slurm"))
-    spread_windows(items)
+    spread_long_tests(items)
 
 
 # `window` tests hold a fixed window of minutes whatever the machine does (2.5 to 5.5 minutes
@@ -81,7 +81,7 @@ def window_minutes(item: pytest.Item) -> float:
     return 0.0 if marker is None else float(marker.kwargs["minutes"])
 
 
-def spread_windows(items: list[pytest.Item]) -> None:
+def spread_long_tests(items: list[pytest.Item]) -> None:
     """Put the `window` tests at even steps from WINDOWS_FROM to WINDOWS_TO of the others,
     the longest first, and the other `long` ones from LONG_FROM to LONG_TO."""
     windows = sorted(filter(window_minutes, items), key=window_minutes, reverse=True)
