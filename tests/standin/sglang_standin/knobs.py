@@ -28,10 +28,7 @@ KNOB_DEFAULTS: dict[str, Any] = {
     # Where 0.5.23 is gentler than the worst case, the default is the worst case:
     "late_bind": False,  # True: listen only once ranks are up, as 0.5.23 does
     "pdeathsig": False,  # True: ranks die with the parent (0.5.23's PR_SET_PDEATHSIG)
-    # SIGTERM to a ready server: its drain looks this often (SGLang: 5 s). An idle server's
-    # stop takes this long (0.77 s, 2.25 s at 2.0): the suite stops hundreds of servers, and
-    # a test that needs a drain to last sets its own.
-    "drain_s": 0.5,
+    "drain_s": 2.0,  # SIGTERM to a ready server: its drain looks this often (SGLang: 5 s)
     # A ready server's /health and /health_generate answer after this long: real SGLang
     # (0.5.17, tests/data/real-sglang-0.5.17) runs a 1-token request and sleeps 1 s first.
     # 0 keeps the suite fast; the fidelity tests run with the real 1.0.
