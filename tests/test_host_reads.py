@@ -4,6 +4,7 @@ during a wait without reading all of /proc each time (remote/processes.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -115,24 +116,37 @@ def test_the_next_log_version_counts_logs_and_records_of_its_stem_only(tmp_path:
     assert runs.next_log_version(str(tmp_path / "none"), "a", str(tmp_path / "none")) == 1
 
 
-def test_a_wait_reads_the_members_it_knows_and_all_of_proc_once_they_are_gone() -> None:
-    group = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True)
-    run: RunRecord = {"pgid": group.pid, "sid": group.pid}  # type: ignore[typeddict-item]
+@pytest.fixture
+def group() -> Iterator[tuple[subprocess.Popen[bytes], RunRecord]]:
+    """A real process group of three (a shell and its two sleeps), in a session of its own,
+    and the run record that names it; killed when the test ends."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True)
+    run: RunRecord = {"pgid": leader.pid, "sid": leader.pid}  # type: ignore[typeddict-item]
     try:
         deadline = time.monotonic() + 10
         while len(processes.run_members(run)) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        everyone = processes.run_members(run)
-        assert len(everyone) == 3
-        # While one it knows is left, the wait reads only those it knows.
-        assert processes.members_left(run, [group.pid]) == [group.pid]
-        os.kill(group.pid, signal.SIGKILL)
-        group.wait()
-        # None left: all of /proc is read, and the group's other processes found.
-        left = processes.members_left(run, [group.pid])
-        assert left == sorted(set(everyone) - {group.pid})
+        yield leader, run
     finally:
-        os.killpg(group.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+
+
+def test_a_wait_reads_the_members_it_knows_and_all_of_proc_once_they_are_gone(
+    group: tuple[subprocess.Popen[bytes], RunRecord],
+) -> None:
+    leader, run = group
+    everyone = processes.run_members(run)
+    assert len(everyone) == 3
+    # While one it knows is left, the wait reads only those it knows.
+    assert processes.members_left(run, [leader.pid]) == [leader.pid]
+    os.kill(leader.pid, signal.SIGKILL)
+    leader.wait()
+    # None left: all of /proc is read, and the group's other processes found.
+    left = processes.members_left(run, [leader.pid])
+    assert left == sorted(set(everyone) - {leader.pid})
+    os.killpg(leader.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while left and time.monotonic() < deadline:
         left = processes.members_left(run, left)  # killed: gone, or zombies, which count gone
@@ -140,10 +154,9 @@ def test_a_wait_reads_the_members_it_knows_and_all_of_proc_once_they_are_gone() 
 
 
 def test_a_full_look_reads_the_stat_of_the_groups_processes_only(
-    monkeypatch: pytest.MonkeyPatch,
+    group: tuple[subprocess.Popen[bytes], RunRecord], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    group = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True)
-    run: RunRecord = {"pgid": group.pid, "sid": group.pid}  # type: ignore[typeddict-item]
+    leader, run = group
     read: list[str] = []
     stat_fields = processes.stat_fields
 
@@ -151,15 +164,8 @@ def test_a_full_look_reads_the_stat_of_the_groups_processes_only(
         read.append(str(pid))
         return stat_fields(pid)
 
-    try:
-        deadline = time.monotonic() + 10
-        while len(processes.run_members(run)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        monkeypatch.setattr(processes, "stat_fields", counted)
-        members = processes.run_members(run)
-    finally:
-        os.killpg(group.pid, signal.SIGKILL)
-        group.wait()
-    assert len(members) == 3 and group.pid in members
+    monkeypatch.setattr(processes, "stat_fields", counted)
     others = sum(entry.isdigit() for entry in os.listdir("/proc")) - 3
+    members = processes.run_members(run)
+    assert len(members) == 3 and leader.pid in members
     assert others > 10 and sorted(map(int, read)) == members, (others, read)

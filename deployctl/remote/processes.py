@@ -59,13 +59,14 @@ def process_group(pgid: int, sid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
+        pid = int(entry)
         try:
-            if os.getpgid(int(entry)) != pgid:
+            if os.getpgid(pid) != pgid:
                 continue
         except OSError:  # gone since the listing
             continue
-        if in_group(entry, pgid, sid):
-            found.append(int(entry))
+        if in_group(pid, pgid, sid):
+            found.append(pid)
     return sorted(found)
 
 
