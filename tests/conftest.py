@@ -69,7 +69,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # the order went to one worker, one after the other (xdist queues two tests a worker). So they
 # are spread evenly over this share of the order, the order xdist hands tests out in.
 WINDOWS_FROM, WINDOWS_TO = 0.2, 0.6
-# `long` tests (15 to 50 s each) collected near the end of the order were handed out last: one
+# `long` tests (12 to 52 s each) collected near the end of the order were handed out last: one
 # ran alone for its whole length after every other worker had finished (~50 s of a run). They
 # are spread over this share of the order, after the windows, as they were collected.
 LONG_FROM, LONG_TO = 0.6, 0.85
