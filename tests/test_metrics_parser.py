@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import random
+import re
+from collections import Counter
+from pathlib import Path
+
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from deployctl.errors import MetricsError
-from deployctl.metrics import parse_metrics, quantile
+from deployctl.metrics import PREFIX, Counts, parse_metrics, quantile, read_counts
 
 INF = float("inf")
 
@@ -114,3 +120,167 @@ def test_the_stand_ins_buckets_are_sglangs_own() -> None:
                     declared.setdefault(target.id, ast.literal_eval(node.value))
     assert declared["bucket_time_to_first_token"] == list(TTFT_BUCKETS)
     assert declared["bucket_inter_token_latency"] == list(ITL_BUCKETS)
+
+
+# ---- read_counts against prometheus_client's own parser ---------------------------------
+
+
+def prometheus_counts(text: str) -> Counts:
+    """What deployctl read from a page through prometheus_client's text parser (its parser
+    before it had its own, its values as floats): the oracle `read_counts` must agree with."""
+    gauges: dict[str, float] = {}
+    ranks: dict[str, str] = {}
+    counters: dict[str, float] = {}
+    histograms: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(PREFIX):
+            continue
+        name = family.name.removeprefix(PREFIX)
+        for sample in family.samples:
+            if family.type == "counter" and sample.name == family.name + "_total":
+                counters[name + "_total"] = counters.get(name + "_total", 0.0) + float(sample.value)
+            elif family.type == "histogram" and sample.name == family.name + "_bucket":
+                counts = histograms.setdefault(name, {})
+                bound = float(sample.labels["le"])
+                counts[bound] = counts.get(bound, 0.0) + float(sample.value)
+            elif sample.name == family.name and family.type not in ("counter", "histogram"):
+                rank = sample.labels.get("tp_rank", "0")
+                if name not in gauges or (rank == "0" and ranks[name] != "0"):
+                    gauges[name], ranks[name] = float(sample.value), rank
+    return Counts(gauges, counters, histograms)
+
+
+def same_counts(text: str) -> Counts:
+    """`read_counts(text)`, asserted equal to the oracle's (NaN equal to NaN)."""
+    ours, theirs = read_counts(text), prometheus_counts(text)
+    assert repr(ours) == repr(theirs)
+    return ours
+
+
+NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"  # a metric name of the text format (0.0.4)
+REAL_PAGES = sorted((Path(__file__).parent / "data" / "real-sglang-0.5.17").glob("metrics*.txt"))
+LABELS = 'model_name="m",tp_rank="0"'
+# Pages prometheus_client reads, each with a turn of the format a parser can get wrong.
+EDGE_PAGES = {
+    "escapes in label values, le among them": (
+        "# TYPE sglang:ttft_seconds histogram\n"
+        'sglang:ttft_seconds_bucket{model_name="a\\"b,le=\\"9\\"\\\\",le="0.5"} 2\n'
+        'sglang:ttft_seconds_bucket{model_name="x,le=",le="+Inf",tp_rank="0"} 3\n'
+        'sglang:ttft_seconds_bucket{le="+Inf",path="c:\\\\d\\n"} 4\n'
+    ),
+    "space around labels, a trailing comma, tabs, CRLF": (
+        "# TYPE sglang:token_usage gauge\r\n"
+        'sglang:token_usage { tp_rank = "1" , } 0.25\r\n'
+        'sglang:token_usage{\ttp_rank="0",}\t0.5\t1700000000000\r\n'
+        'sglang:cache_hit_rate{,tp_rank="1"} 0.75\r\n'
+    ),
+    "values as Go writes them": (
+        "# TYPE sglang:a gauge\nsglang:a NaN\n# TYPE sglang:b gauge\nsglang:b +Inf\n"
+        "# TYPE sglang:c gauge\nsglang:c -1.5e-3\n# TYPE sglang:d gauge\nsglang:d 7\n"
+    ),
+    "counters named with and without _total, and their _created": (
+        "# TYPE sglang:generation_tokens_total counter\n"
+        f"sglang:generation_tokens_total{{{LABELS}}} 10.0\n"
+        f'sglang:generation_tokens_total{{model_name="m",tp_rank="1"}} 5.0\n'
+        f"sglang:generation_tokens_created{{{LABELS}}} 1.7e9\n"
+        "# HELP sglang:num_requests Requests.\n# TYPE sglang:num_requests counter\n"
+        "sglang:num_requests 4\n"
+    ),
+    "a stray sample inside a histogram ends it": (
+        "# TYPE sglang:itl_seconds histogram\n"
+        'sglang:itl_seconds_bucket{le="0.1"} 1\nsglang:itl_seconds_sum 0.05\n'
+        "sglang:other 9\n"
+        'sglang:itl_seconds_bucket{le="+Inf"} 1\n'
+    ),
+    "HELP alone, no TYPE at all, summary, gauges by rank": (
+        "sglang:untyped_first 1\n# HELP sglang:helped Only help.\nsglang:helped 2\n"
+        "# TYPE sglang:latency summary\n"
+        'sglang:latency_count 9\nsglang:latency_sum 3\nsglang:latency{quantile="0.5"} 0.2\n'
+        "# TYPE sglang:h histogram\n# HELP sglang:h Help after its type.\n"
+        'sglang:h_bucket{le="+Inf"} 1\n'
+        "# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{tp_rank="2"} 2\nsglang:num_running_reqs{tp_rank="1"} 1\n'
+        'sglang:num_running_reqs{tp_rank="0"} 0\nsglang:num_running_reqs{tp_rank="0"} 5\n'
+        "# a comment\n\n# TYPE other_total counter\nother_total 1\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("page", REAL_PAGES, ids=lambda path: path.name)
+def test_real_pages_read_as_prometheus_client_reads_them(page: Path) -> None:
+    counts = same_counts(page.read_text(encoding="utf-8"))
+    assert counts.gauges["num_running_reqs"] > 0  # read under load
+    assert counts.histograms["inter_token_latency_seconds"][INF] > 0
+
+
+@pytest.mark.parametrize("text", EDGE_PAGES.values(), ids=EDGE_PAGES.keys())
+def test_edge_pages_read_as_prometheus_client_reads_them(text: str) -> None:
+    same_counts(text)
+
+
+def test_escaped_values_never_hide_or_fake_a_bucket_bound() -> None:
+    counts = same_counts(EDGE_PAGES["escapes in label values, le among them"])
+    assert counts.histograms["ttft_seconds"] == {0.5: 2.0, INF: 7.0}
+
+
+def test_a_gauge_is_rank_0s_wherever_the_page_lists_it() -> None:
+    counts = same_counts(EDGE_PAGES["HELP alone, no TYPE at all, summary, gauges by rank"])
+    assert counts.gauges["num_running_reqs"] == 0  # rank 0's first value, not rank 2's
+    assert counts.gauges["latency"] == 0.2 and "latency_sum" not in counts.gauges
+    assert counts.histograms["h"] == {INF: 1.0}  # a HELP after its TYPE keeps the type
+
+
+@pytest.mark.parametrize(
+    ("text", "detail"),
+    [
+        ('sglang:a{tp_rank="0"} 1_0\n', "line 1: not a number: '1_0'"),
+        ("# TYPE sglang:a\nsglang:a 1\n", "line 1: no metric type"),
+        ("# TYPE sglang:a bogus\n", "line 1: no metric type"),
+        ("\n# TYPE sglang:h histogram\nsglang:h_bucket 1\n", "line 3: no 'le' label"),
+        ('# TYPE sglang:h histogram\nsglang:h_bucket{le="x"} 1\n', "line 2: could not convert"),
+        ('sglang:a{tp_rank="0",tp_rank="1"} 1\n', "line 1: a label named twice"),
+        ('sglang:a{x="1} 1\n', "line 1: not a sample"),
+        ("sglang:a\n", "line 1: not a sample"),
+        ("sglang:a 1 soon\n", "line 1: not a number: 'soon'"),
+        ("# TYPE 9a gauge\n", "line 1: not a metric name: '9a'"),
+    ],
+)
+def test_what_prometheus_client_refuses_is_refused_with_its_line(text: str, detail: str) -> None:
+    with pytest.raises((ValueError, KeyError)):
+        prometheus_counts(text)
+    with pytest.raises(MetricsError, match="not Prometheus text") as refused:
+        read_counts(text)
+    assert detail in str(refused.value)
+
+
+def test_mutated_real_lines_are_read_or_refused_as_prometheus_client_does() -> None:
+    """Real lines with a character dropped, doubled or replaced (a fixed seed): both parsers
+    refuse the page or both read the same counts, but for one difference: prometheus_client
+    reads any UTF-8 metric name (`sglang:a b{…}`), the text format's 0.0.4 names only ours."""
+    lines = REAL_PAGES[0].read_text(encoding="utf-8").splitlines()
+    rng = random.Random(5)
+    outcomes: Counter[str] = Counter()
+    for _ in range(1500):
+        at = rng.randrange(len(lines))
+        line = lines[at]
+        cut = rng.randrange(len(line) + 1)
+        change = rng.choice(['"', "\\", ",", "=", "{", "}", " ", "", line[cut : cut + 1] * 2])
+        mutated = line[:cut] + change + line[cut + 1 :]
+        page = "\n".join([*lines[max(0, at - 3) : at], mutated])
+        try:
+            theirs: Counts | None = prometheus_counts(page)
+        except (ValueError, KeyError):
+            theirs = None
+        try:
+            ours: Counts | None = read_counts(page)
+        except MetricsError:
+            ours = None
+        if ours is None and theirs is not None:
+            # (its name: all before `{`, else before the first space)
+            name = mutated.split("{")[0].strip() if "{" in mutated else mutated.split()[0]
+            assert not mutated.startswith("#") and not re.fullmatch(NAME, name), mutated
+            outcomes["name refused"] += 1
+        else:
+            assert repr(ours) == repr(theirs), mutated
+            outcomes["refused" if ours is None else "read"] += 1
+    assert min(outcomes.values()) > 50, outcomes  # every outcome was exercised
