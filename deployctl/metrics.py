@@ -118,102 +118,163 @@ def read_counts(text: str) -> Counts:
     """Every `sglang:` gauge, counter and histogram of a /metrics page (pure); the one parse
     of the page, for what status shows and for a canary's intervals.
 
-    Samples belong to families as prometheus_client's text parser assigns them (a sample
-    whose name its family does not allow is a family of its own, untyped), so the counts are
-    the ones that parser gives (tests/test_metrics_parser.py compares the two); labels are
-    decoded only where they are read (`le`, `tp_rank`): a real 600-line page costs ~2 ms of
-    CPU, not prometheus_client's ~12."""
-    gauges: dict[str, float] = {}
-    ranks: dict[str, str] = {}
-    counters: dict[str, float] = {}
-    histograms: dict[str, dict[float, float]] = {}
-    family, kind, allowed = "", "untyped", frozenset[str]()
+    A page of the text format (0.0.4, what SGLang writes) gives the counts prometheus_client's
+    parser gives (tests/test_metrics_parser.py compares the two): samples join families as it
+    joins them, and a family's last TYPE decides what its samples are. Labels are decoded only
+    where they are read (`le`, `tp_rank`): a real 600-line page costs ~2.3 ms of CPU, not
+    prometheus_client's ~12. Refused where prometheus_client reads: what the format does not
+    allow (a name outside its grammar, a quoted name, an empty label value, an exemplar,
+    tokens after the timestamp). Read where prometheus_client refuses: a label named twice or
+    a reserved `__` label on a line whose labels are not read."""
+    page = _Page()
+    family = _Family("")
     for number, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
         if not line:
             continue
         try:
             if line[0] == "#":
-                parts = line.split(None, 3)
-                if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
+                parts = _HEADER_SPLIT.split(line, maxsplit=3)
+                if len(parts) < 2 or parts[1] not in ("HELP", "TYPE"):
                     continue  # a comment
-                name = _metric_name(parts[2])
-                if parts[1] == "HELP":
-                    if name != family:
-                        family, kind, allowed = name, "untyped", frozenset((name,))
-                else:
-                    if len(parts) < 4 or parts[3] not in _TYPES:
-                        raise ValueError(f"no metric type in {line!r}")
-                    family, kind = name, parts[3]
-                    allowed = frozenset(name + end for end in _SAMPLES_OF.get(kind, ("",)))
+                name = _metric_name(parts[2]) if len(parts) > 2 else ""
+                if parts[1] == "TYPE" and len(parts) < 4:
+                    raise ValueError(f"no metric type in {line!r}")
+                if name != family.name:
+                    page.add(family)
+                    family = _Family(name)
+                if parts[1] == "TYPE":
+                    family.typed(parts[3], number)
                 continue
             sample = _SAMPLE.fullmatch(line)
             if sample is None:
                 raise ValueError(f"not a sample: {line!r}")
-            name, labels, value = sample["name"], sample["labels"] or "", _value(sample["value"])
+            name, value = sample["name"], _value(sample["value"])
             if sample["timestamp"] is not None:
                 _value(sample["timestamp"])
-            if name not in allowed:  # a family of its own (prometheus_client: untyped)
-                family, kind, allowed = "", "untyped", frozenset()
-                if name.startswith(PREFIX):
-                    _keep_gauge(gauges, ranks, name.removeprefix(PREFIX), labels, value)
-                continue
-            if not family.startswith(PREFIX):
-                continue
-            short = family.removeprefix(PREFIX)
-            if kind == "counter":  # named with or without `_total`: counted as `<base>_total`
-                key = short.removesuffix("_total") + "_total"
-                counters[key] = counters.get(key, 0.0) + value
-            elif kind == "histogram":
-                if name.endswith("_bucket"):
-                    bound = float(_labels(labels)["le"])
-                    counts = histograms.setdefault(short, {})
-                    counts[bound] = counts.get(bound, 0.0) + value
-            elif name == family:
-                _keep_gauge(gauges, ranks, short, labels, value)
-        except (ValueError, KeyError) as exc:
-            detail = f"no {exc} label" if isinstance(exc, KeyError) else str(exc)
-            raise MetricsError(
-                f"the server's /metrics is not Prometheus text: line {number}: {detail}"
-            ) from None
-    return Counts(gauges, counters, histograms)
+            held = (number, name, sample["labels"] or "", value)
+            if name in family.holds:
+                family.samples.append(held)
+            else:  # a family of its own, untyped; the one before has ended
+                page.add(family)
+                family = _Family("")
+                page.add(_Family(name, [held]))
+        except ValueError as exc:
+            raise _not_prometheus(number, exc) from None
+    page.add(family)
+    return Counts(page.gauges, page.counters, page.histograms)
 
 
 # The text exposition format (0.0.4), as SGLang's prometheus_client writes it. A quoted value
-# is "unrolled" (runs of plain characters between escapes): it never backtracks.
+# is "unrolled" (runs of plain characters between escapes), and no two runs of blanks meet:
+# a line is matched in time linear in its length, whatever it holds.
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _QUOTED = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
 _LABEL = rf"[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*{_QUOTED}[ \t]*"
 _SAMPLE = re.compile(
     rf"(?P<name>{_NAME})"
-    rf"(?:[ \t]*\{{[ \t]*,?[ \t]*(?P<labels>(?:{_LABEL}(?:,[ \t]*|(?=\}})))*)\}}[ \t]*|[ \t]+)"
+    rf"(?:[ \t]*\{{[ \t]*(?:,[ \t]*)?(?P<labels>(?:{_LABEL}(?:,[ \t]*|(?=\}})))*)\}}[ \t]*|[ \t]+)"
     r"(?P<value>[^ \t]+)(?:[ \t]+(?P<timestamp>[^ \t]+))?"
 )
+_METRIC_NAME = re.compile(_NAME)
 _LABEL_PAIR = re.compile(rf"([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*({_QUOTED})")
 _UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 _ESCAPE = re.compile(r'\\[\\n"]')
+# A header's words are split on ASCII blanks only, as prometheus_client splits them.
+_HEADER_SPLIT = re.compile(r"[ \t\n\r\x0b\x0c]+")
 _TYPES = frozenset(
     ("counter", "gauge", "summary", "histogram", "gaugehistogram", "unknown", "untyped", "info",
      "stateset")
 )  # fmt: skip
 # The sample names a family of each type holds, after its name (any other: just the name).
 _SAMPLES_OF = {"summary": ("_count", "_sum", ""), "histogram": ("_count", "_sum", "_bucket")}
+# (line number, sample name, labels as written, value)
+_Held = tuple[int, str, str, float]
+
+
+class _Family:
+    """A family as the page builds it: its name ("": none yet), its type and the line that
+    said it, the samples it holds so far."""
+
+    def __init__(self, name: str, samples: list[_Held] | None = None) -> None:
+        self.name, self.kind, self.kind_line = name, "untyped", 0
+        self.samples = samples or []
+        self.holds: frozenset[str] = frozenset((name,) if name else ())
+
+    def typed(self, kind: str, number: int) -> None:
+        self.kind, self.kind_line = kind, number
+        self.holds = frozenset(self.name + end for end in _SAMPLES_OF.get(kind, ("",)))
+
+
+class _Page:
+    """What a page's families add up to: TP rank 0's gauges (else the first rank's listed),
+    counters and cumulative histogram buckets summed over their label sets."""
+
+    def __init__(self) -> None:
+        self.gauges: dict[str, float] = {}
+        self.ranks: dict[str, str] = {}
+        self.counters: dict[str, float] = {}
+        self.histograms: dict[str, dict[float, float]] = {}
+
+    def add(self, family: _Family) -> None:
+        if not family.name:
+            return
+        if family.kind not in _TYPES:
+            raise _not_prometheus(family.kind_line, ValueError(f"no type {family.kind!r}"))
+        # prometheus_client names a counter's family without its `_total`
+        name = family.name.removesuffix("_total") if family.kind == "counter" else family.name
+        if not name.startswith(PREFIX):
+            if not name:
+                raise _not_prometheus(family.kind_line, ValueError("a counter without a name"))
+            return
+        short = name.removeprefix(PREFIX)
+        for number, sample, labels, value in family.samples:
+            try:
+                if family.kind == "counter":
+                    key = short + "_total"
+                    self.counters[key] = self.counters.get(key, 0.0) + value
+                elif family.kind == "histogram":
+                    if sample == family.name + "_bucket":
+                        self._bucket(short, labels, value)
+                elif sample == family.name:
+                    self._gauge(short, labels, value)
+            except ValueError as exc:
+                raise _not_prometheus(number, exc) from None
+
+    def _bucket(self, name: str, labels: str, value: float) -> None:
+        bound = _labels(labels).get("le")
+        if bound is None:
+            raise ValueError("a bucket without its le label")
+        counts = self.histograms.setdefault(name, {})
+        upper = _value(bound)
+        counts[upper] = counts.get(upper, 0.0) + value
+
+    def _gauge(self, name: str, labels: str, value: float) -> None:
+        if name in self.gauges and self.ranks[name] == "0":
+            return
+        rank = _labels(labels).get("tp_rank", "0") if "tp_rank" in labels else "0"
+        if name not in self.gauges or rank == "0":
+            self.gauges[name], self.ranks[name] = value, rank
+
+
+def _not_prometheus(number: int, exc: ValueError) -> MetricsError:
+    return MetricsError(f"the server's /metrics is not Prometheus text: line {number}: {exc}")
 
 
 def _metric_name(text: str) -> str:
-    if re.fullmatch(_NAME, text) is None:
+    if _METRIC_NAME.fullmatch(text) is None:
         raise ValueError(f"not a metric name: {text!r}")
     return text
 
 
 def _value(text: str) -> float:
-    """A sample's value: a float as Go writes one (`NaN`, `+Inf`), never Python's `1_0`."""
+    """A sample's value as Python reads a float (`NaN`, `+Inf`), but never `1_0`."""
+    if "_" in text:
+        raise ValueError(f"not a number: {text!r}")
     try:
-        if "_" not in text:
-            return float(text)
+        return float(text)
     except ValueError:
-        pass
-    raise ValueError(f"not a number: {text!r}")
+        raise ValueError(f"not a number: {text!r}") from None
 
 
 def _labels(text: str) -> dict[str, str]:
@@ -235,17 +296,6 @@ def _labels(text: str) -> dict[str, str]:
 
 def _unescape(escape: re.Match[str]) -> str:
     return _UNESCAPED[escape[0]]
-
-
-def _keep_gauge(
-    gauges: dict[str, float], ranks: dict[str, str], name: str, labels: str, value: float
-) -> None:
-    """Keep a gauge's value: TP rank 0's, else the first rank's the page lists."""
-    if name in gauges and ranks[name] == "0":
-        return
-    rank = _labels(labels).get("tp_rank", "0") if "tp_rank" in labels else "0"
-    if name not in gauges or rank == "0":
-        gauges[name], ranks[name] = value, rank
 
 
 def counter_delta(before: Counts, after: Counts, name: str) -> float:
