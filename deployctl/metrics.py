@@ -223,9 +223,9 @@ class _Page:
             raise _not_prometheus(family.kind_line, ValueError(f"no type {family.kind!r}"))
         # prometheus_client names a counter's family without its `_total`
         name = family.name.removesuffix("_total") if family.kind == "counter" else family.name
+        if not name:
+            raise _not_prometheus(family.kind_line, ValueError("a counter without a name"))
         if not name.startswith(PREFIX):
-            if not name:
-                raise _not_prometheus(family.kind_line, ValueError("a counter without a name"))
             return
         short = name.removeprefix(PREFIX)
         for number, sample, labels, value in family.samples:
