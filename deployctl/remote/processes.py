@@ -41,7 +41,17 @@ def process_starttime(pid: int) -> int | None:
 
 
 def in_group(pid: int | str, pgid: int, sid: int) -> bool:
-    """Is PID a process of the group and session (a zombie is gone, whatever its parent does)?"""
+    """Is PID a process of the group and session (a zombie is gone, whatever its parent does)?
+
+    Its group is asked of the kernel first (getpgid: one system call); only a process of the
+    group has its /proc/PID/stat read (and formatted by the kernel) for its session and state,
+    and its group again (the PID may have been reused in between). A host runs hundreds to
+    thousands of processes, and a status, a poll and a stop's waits each look at all of them."""
+    try:
+        if os.getpgid(int(pid)) != pgid:
+            return False
+    except OSError:  # gone
+        return False
     fields = stat_fields(pid)
     return (
         fields is not None and fields[0] != b"Z" and (int(fields[2]), int(fields[3])) == (pgid, sid)
@@ -49,25 +59,12 @@ def in_group(pid: int | str, pgid: int, sid: int) -> bool:
 
 
 def process_group(pgid: int, sid: int) -> list[int]:
-    """PIDs whose process group and session are the run's (never anyone else's).
-
-    Each process's group is asked of the kernel first (getpgid: one system call); only the
-    few in the run's group have their /proc/PID/stat read (and formatted by the kernel) for
-    their session and state. A host runs hundreds to thousands of processes, and a status,
-    a poll and a stop's waits each look at all of them."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            if os.getpgid(pid) != pgid:
-                continue
-        except OSError:  # gone since the listing
-            continue
-        if in_group(pid, pgid, sid):
-            found.append(pid)
-    return sorted(found)
+    """PIDs whose process group and session are the run's (never anyone else's)."""
+    return sorted(
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and in_group(entry, pgid, sid)
+    )
 
 
 def run_members(run: PollArgs | RunRecord) -> list[int]:
