@@ -170,14 +170,15 @@ def read_counts(text: str) -> Counts:
 # a line is matched in time linear in its length, whatever it holds.
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _QUOTED = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
-_LABEL = rf"[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*{_QUOTED}[ \t]*"
+_LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+_LABEL = rf"{_LABEL_NAME}[ \t]*=[ \t]*{_QUOTED}[ \t]*"
 _SAMPLE = re.compile(
     rf"(?P<name>{_NAME})"
     rf"(?:[ \t]*\{{[ \t]*(?:,[ \t]*)?(?P<labels>(?:{_LABEL}(?:,[ \t]*|(?=\}})))*)\}}[ \t]*|[ \t]+)"
     r"(?P<value>[^ \t]+)(?:[ \t]+(?P<timestamp>[^ \t]+))?"
 )
 _METRIC_NAME = re.compile(_NAME)
-_LABEL_PAIR = re.compile(rf"([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*({_QUOTED})")
+_LABEL_PAIR = re.compile(rf"({_LABEL_NAME})[ \t]*=[ \t]*({_QUOTED})")
 _UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 _ESCAPE = re.compile(r'\\[\\n"]')
 # A header's words are split on ASCII blanks only, as prometheus_client splits them.
@@ -227,14 +228,14 @@ class _Page:
             raise _not_prometheus(family.kind_line, ValueError("a counter without a name"))
         if not name.startswith(PREFIX):
             return
-        short = name.removeprefix(PREFIX)
+        short, bucket = name.removeprefix(PREFIX), family.name + "_bucket"
         for number, sample, labels, value in family.samples:
             try:
                 if family.kind == "counter":
                     key = short + "_total"
                     self.counters[key] = self.counters.get(key, 0.0) + value
                 elif family.kind == "histogram":
-                    if sample == family.name + "_bucket":
+                    if sample == bucket:
                         self._bucket(short, labels, value)
                 elif sample == family.name:
                     self._gauge(short, labels, value)
